@@ -1,0 +1,284 @@
+//! Types shared by the XDP program (`gateway-ebpf`) and userspace (`gateway-daemon`).
+//!
+//! Every map key and value is `#[repr(C)]`, `Copy`, free of `bool` and of implicit
+//! padding (padding is a named field, always zero). Each field documents its byte order:
+//! "network" fields hold the bytes exactly as they appear on the wire, read as a native
+//! integer; "host" fields are ordinary native integers.
+#![no_std]
+
+/// Number of entries in one Maglev lookup table (prime, as the algorithm requires).
+///
+/// 1021 keeps the weight error of a service below 0.1 % per entry while letting a
+/// host hold thousands of services (each table costs 4 KiB).
+pub const MAGLEV_SIZE: u32 = 1021;
+
+/// Names of the maps, which are also their file names under the pin directory.
+pub mod map_names {
+    /// `ServiceKey` → `Service`.
+    pub const SERVICES: &str = "berth_services";
+    /// Gateway address (network order) → number of services on it.
+    pub const ADDRESSES: &str = "berth_addrs";
+    /// Flat array of Maglev tables: `table * MAGLEV_SIZE + hash % MAGLEV_SIZE` → backend id.
+    pub const MAGLEV: &str = "berth_maglev";
+    /// Backend id → `Backend`.
+    pub const BACKENDS: &str = "berth_backends";
+    /// `FlowKey` → `Flow`, shared across CPUs (LRU).
+    pub const CONNTRACK: &str = "berth_ct";
+    /// `FragKey` → `FragPorts`: ports of fragmented datagrams seen by their first fragment.
+    pub const FRAGMENTS: &str = "berth_frags";
+    /// `Counter` index → per-CPU `u64`.
+    pub const COUNTERS: &str = "berth_counters";
+    /// Service id → per-CPU `ServiceStats`.
+    pub const SERVICE_STATS: &str = "berth_svc_stats";
+
+    /// Every map, in a fixed order.
+    pub const ALL: [&str; 8] = [
+        SERVICES,
+        ADDRESSES,
+        MAGLEV,
+        BACKENDS,
+        CONNTRACK,
+        FRAGMENTS,
+        COUNTERS,
+        SERVICE_STATS,
+    ];
+}
+
+/// IP protocol numbers the datapath handles.
+pub mod proto {
+    /// ICMP.
+    pub const ICMP: u8 = 1;
+    /// TCP.
+    pub const TCP: u8 = 6;
+    /// UDP.
+    pub const UDP: u8 = 17;
+}
+
+/// Key of the service map: a gateway address, protocol and port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    /// Gateway IPv4 address, network order.
+    pub addr: u32,
+    /// Gateway port, network order.
+    pub port: u16,
+    /// IP protocol (`proto::TCP` or `proto::UDP`).
+    pub proto: u8,
+    /// Always zero.
+    pub pad: u8,
+}
+
+/// Value of the service map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Service {
+    /// Service id, host order: index into the service statistics map.
+    pub id: u32,
+    /// Maglev table number, host order. Tables are written before a service points at
+    /// them, so switching the backend set is one atomic map update.
+    pub table: u32,
+    /// Number of backends that take new flows (weight > 0), host order. Zero: new
+    /// flows are dropped (`Counter::DropNoBackend`).
+    pub active: u32,
+    /// Always zero.
+    pub pad: u32,
+}
+
+/// `Backend::flags` bit: the slot holds a live backend.
+pub const BACKEND_LIVE: u32 = 1;
+
+/// Value of the backend array, indexed by backend id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Backend {
+    /// Backend IPv4 address, network order.
+    pub addr: u32,
+    /// Backend port, network order.
+    pub port: u16,
+    /// Weight, host order (0: keeps existing flows, gets no new ones).
+    pub weight: u16,
+    /// Id of the service this backend belongs to, host order.
+    pub service: u32,
+    /// `BACKEND_LIVE` or 0, host order.
+    pub flags: u32,
+}
+
+/// Key of the conntrack map: a packet's 5-tuple exactly as seen on the wire.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    /// Source address, network order.
+    pub src: u32,
+    /// Destination address, network order.
+    pub dst: u32,
+    /// Source port, network order.
+    pub sport: u16,
+    /// Destination port, network order.
+    pub dport: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// Always zero.
+    pub pad: [u8; 3],
+}
+
+/// `Flow::kind`: rewrite the destination (client → gateway becomes client → backend).
+pub const NAT_DST: u8 = 1;
+/// `Flow::kind`: rewrite the source (backend → client becomes gateway → client).
+pub const NAT_SRC: u8 = 2;
+
+/// Value of the conntrack map: how to rewrite packets of this tuple.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flow {
+    /// Address written into the packet, network order.
+    pub nat_addr: u32,
+    /// Port written into the packet, network order.
+    pub nat_port: u16,
+    /// `NAT_DST` or `NAT_SRC`.
+    pub kind: u8,
+    /// Always zero.
+    pub pad: u8,
+    /// Backend id the flow was assigned to, host order (checked on every `NAT_DST` hit:
+    /// a flow whose backend was removed is balanced again).
+    pub backend: u32,
+    /// Service id, host order (for statistics).
+    pub service: u32,
+}
+
+/// Key of the fragment map: identifies one fragmented IPv4 datagram.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FragKey {
+    /// Source address, network order.
+    pub src: u32,
+    /// Destination address, network order.
+    pub dst: u32,
+    /// IP identification, network order.
+    pub id: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// Always zero.
+    pub pad: u8,
+}
+
+/// Value of the fragment map: the L4 ports of the datagram, as its first fragment had them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FragPorts {
+    /// Source port, network order.
+    pub sport: u16,
+    /// Destination port, network order.
+    pub dport: u16,
+}
+
+/// Per-service counters, one copy per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ServiceStats {
+    /// Packets client → backend, host order.
+    pub packets: u64,
+    /// Bytes (IP length) client → backend, host order.
+    pub bytes: u64,
+    /// Packets backend → client (reverse NAT), host order.
+    pub reply_packets: u64,
+    /// Bytes backend → client, host order.
+    pub reply_bytes: u64,
+    /// Flows assigned a backend, host order.
+    pub new_flows: u64,
+}
+
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])* $variant:ident = $name:literal,)*) => {
+        /// Named per-CPU counters: every verdict other than "pass untouched" counts one.
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Counter {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl Counter {
+            /// All counters in index order.
+            pub const ALL: &'static [Counter] = &[$(Counter::$variant,)*];
+            /// Number of counters (size of the counter map).
+            pub const COUNT: u32 = Self::ALL.len() as u32;
+
+            /// Name used in metrics and test output.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Counter::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    /// NATed and sent out with `bpf_redirect` (XDP_REDIRECT).
+    Redirect = "redirect",
+    /// NATed and sent back out of the receiving interface (XDP_TX).
+    Tx = "tx",
+    /// NATed and handed to the kernel to forward (no neighbour entry, no route, or TTL 1).
+    KernelForward = "kernel_forward",
+    /// A new flow to a service none of whose backends takes new flows (XDP_DROP).
+    DropNoBackend = "drop_no_backend",
+    /// A packet to a gateway address whose headers are truncated or invalid (XDP_DROP).
+    DropMalformed = "drop_malformed",
+    /// A non-first fragment to a gateway address whose first fragment was not seen (XDP_DROP).
+    DropFragment = "drop_fragment",
+    /// A flow was assigned a backend by Maglev and recorded.
+    NewFlow = "new_flow",
+    /// A tracked flow whose backend was removed was balanced again.
+    BackendGone = "backend_gone",
+    /// An ICMP error about a NATed flow was translated.
+    IcmpTranslated = "icmp_translated",
+    /// A non-first fragment followed its first fragment's flow.
+    FragmentTranslated = "fragment_translated",
+}
+
+/// Hash of a flow's 5-tuple, used to pick its Maglev entry. Shared by the kernel
+/// program and userspace so tests can predict a flow's backend.
+///
+/// Inputs are the raw (network order) values as read from the packet.
+#[inline(always)]
+pub fn flow_hash(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> u32 {
+    let ports = ((sport as u32) << 16) | dport as u32;
+    let mut h = mix(src ^ 0x9e37_79b9);
+    h = mix(h ^ dst);
+    h = mix(h ^ ports);
+    mix(h ^ proto as u32)
+}
+
+/// Murmur3's 32-bit finaliser: cheap and well spread.
+#[inline(always)]
+const fn mix(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<ServiceKey>() == 8);
+    assert!(core::mem::size_of::<Service>() == 16);
+    assert!(core::mem::size_of::<Backend>() == 16);
+    assert!(core::mem::size_of::<FlowKey>() == 16);
+    assert!(core::mem::size_of::<Flow>() == 16);
+    assert!(core::mem::size_of::<FragKey>() == 12);
+    assert!(core::mem::size_of::<FragPorts>() == 4);
+    assert!(core::mem::size_of::<ServiceStats>() == 40);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all of these are repr(C), Copy, with no implicit padding and no invalid bit patterns.
+    unsafe impl aya::Pod for ServiceKey {}
+    unsafe impl aya::Pod for Service {}
+    unsafe impl aya::Pod for Backend {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for Flow {}
+    unsafe impl aya::Pod for FragKey {}
+    unsafe impl aya::Pod for FragPorts {}
+    unsafe impl aya::Pod for ServiceStats {}
+}

@@ -1,0 +1,159 @@
+//! Weighted Maglev lookup tables (Eisenbud et al., NSDI 2016), pure.
+//!
+//! Each backend walks its own permutation of the table, derived from its address
+//! alone, so a table depends only on the set of backends and their weights (not on
+//! their order) and changing one backend moves few entries. Weights are honoured by
+//! giving a backend of weight `w` a turn in `w` out of every `max weight` rounds.
+
+use std::net::SocketAddrV4;
+
+/// One candidate backend of a table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// The backend's address; it seeds the permutation.
+    pub endpoint: SocketAddrV4,
+    /// Share of the table; 0 takes no entries.
+    pub weight: u16,
+}
+
+/// Builds a table of `size` entries (a prime) whose values index into `candidates`.
+/// Returns `None` when no candidate has a positive weight.
+pub fn table(candidates: &[Candidate], size: u32) -> Option<Vec<u32>> {
+    let size = u64::from(size);
+    let active: Vec<(usize, &Candidate)> =
+        candidates.iter().enumerate().filter(|(_, c)| c.weight > 0).collect();
+    let max_weight = u64::from(active.iter().map(|(_, c)| c.weight).max()?);
+
+    struct Walker {
+        index: u32,
+        weight: u64,
+        offset: u64,
+        skip: u64,
+        next: u64,
+        credit: u64,
+    }
+    let mut walkers: Vec<Walker> = active
+        .iter()
+        .map(|&(index, c)| {
+            let seed = endpoint_key(&c.endpoint);
+            Walker {
+                index: index as u32,
+                weight: u64::from(c.weight),
+                offset: fnv1a(seed, 0x5bd1_e995) % size,
+                skip: fnv1a(seed, 0x1b87_3593) % (size - 1) + 1,
+                next: 0,
+                credit: 0,
+            }
+        })
+        .collect();
+
+    let mut entries: Vec<Option<u32>> = vec![None; size as usize];
+    let mut filled = 0u64;
+    loop {
+        for w in &mut walkers {
+            w.credit += w.weight;
+            if w.credit < max_weight {
+                continue;
+            }
+            w.credit -= max_weight;
+            let mut slot = (w.offset + w.next * w.skip) % size;
+            while entries[slot as usize].is_some() {
+                w.next += 1;
+                slot = (w.offset + w.next * w.skip) % size;
+            }
+            entries[slot as usize] = Some(w.index);
+            w.next += 1;
+            filled += 1;
+            if filled == size {
+                return Some(entries.into_iter().map(|e| e.unwrap_or_default()).collect());
+            }
+        }
+    }
+}
+
+fn endpoint_key(endpoint: &SocketAddrV4) -> [u8; 6] {
+    let mut key = [0u8; 6];
+    key[..4].copy_from_slice(&endpoint.ip().octets());
+    key[4..].copy_from_slice(&endpoint.port().to_be_bytes());
+    key
+}
+
+/// FNV-1a over `bytes`, seeded; stable across releases (unlike `std`'s hasher).
+fn fnv1a(bytes: [u8; 6], seed: u64) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // FNV's low bits are weak for short inputs; finish with a multiply-xorshift.
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: u32 = gateway_common::MAGLEV_SIZE;
+
+    fn backend(last: u8, weight: u16) -> Candidate {
+        Candidate { endpoint: SocketAddrV4::new([10, 0, 0, last].into(), 80), weight }
+    }
+
+    fn shares(table: &[u32], n: usize) -> Vec<usize> {
+        let mut counts = vec![0; n];
+        for &e in table {
+            counts[e as usize] += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn equal_weights_share_the_table_evenly() {
+        let c: Vec<_> = (1..=4).map(|i| backend(i, 1)).collect();
+        let t = table(&c, M).unwrap();
+        for share in shares(&t, 4) {
+            assert!(share.abs_diff(M as usize / 4) <= 1, "share {share}");
+        }
+    }
+
+    #[test]
+    fn shares_follow_weights() {
+        let c = [backend(1, 1), backend(2, 3), backend(3, 0)];
+        let t = table(&c, M).unwrap();
+        let s = shares(&t, 3);
+        assert_eq!(s[2], 0, "weight 0 gets no entries");
+        assert!(s[1].abs_diff(3 * s[0]) <= 3, "1:3 split, got {s:?}");
+    }
+
+    #[test]
+    fn no_active_backend_gives_no_table() {
+        assert_eq!(table(&[backend(1, 0)], M), None);
+        assert_eq!(table(&[], M), None);
+    }
+
+    #[test]
+    fn table_does_not_depend_on_candidate_order() {
+        let a = [backend(1, 1), backend(2, 2), backend(3, 1)];
+        let b = [a[2], a[0], a[1]];
+        let ta: Vec<_> = table(&a, M).unwrap().iter().map(|&i| a[i as usize].endpoint).collect();
+        let tb: Vec<_> = table(&b, M).unwrap().iter().map(|&i| b[i as usize].endpoint).collect();
+        assert_eq!(ta, tb);
+    }
+
+    #[test]
+    fn removing_a_backend_moves_little_else() {
+        let before: Vec<_> = (1..=5).map(|i| backend(i, 1)).collect();
+        let after = &before[..4];
+        let tb = table(&before, M).unwrap();
+        let ta = table(after, M).unwrap();
+        let moved = tb
+            .iter()
+            .zip(&ta)
+            .filter(|(b, a)| **b != 4 && before[**b as usize].endpoint != after[**a as usize].endpoint)
+            .count();
+        // Entries of surviving backends that changed owner: Maglev keeps this small.
+        assert!(moved < M as usize / 20, "{moved} entries of surviving backends moved");
+    }
+}

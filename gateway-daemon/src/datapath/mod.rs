@@ -1,0 +1,801 @@
+//! The kernel datapath: load the XDP program, pin and adopt its maps, attach it to
+//! interfaces, and apply a desired state of services as a minimal diff.
+//!
+//! Everything the kernel needs to keep forwarding lives in maps pinned under the pin
+//! directory, and the XDP attachments are pinned bpf links: a daemon that exits (or is
+//! killed) leaves the datapath serving, and a new one adopts it without a gap.
+
+pub mod maglev;
+
+mod desired;
+
+use std::{
+    collections::{BTreeMap, HashMap as StdHashMap},
+    fs, io,
+    net::{Ipv4Addr, SocketAddrV4},
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{Array, HashMap, MapData, MapError, MapInfo, PerCpuArray, PerCpuValues},
+    programs::{
+        links::{FdLink, PinnedLink},
+        ProgramError, Xdp, XdpMode,
+    },
+    Ebpf, EbpfLoader,
+};
+pub use desired::{DesiredState, Protocol, ServiceAddr, WeightedBackend};
+use desired::BackendSet;
+use gateway_common::{
+    map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, Service, ServiceKey,
+    ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
+};
+
+/// Name of the gateway program in the object.
+pub const PROGRAM: &str = "berth";
+/// Name of a program that returns `XDP_PASS` at once (the benchmark's floor).
+pub const FLOOR_PROGRAM: &str = "berth_pass";
+/// Default pin directory.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/berth";
+
+/// Maglev tables beyond one per service: a changed service's new table is written to a
+/// spare one before the service switches to it.
+const SPARE_TABLES: u32 = 64;
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gateway"));
+
+/// Errors of the datapath.
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    /// The object could not be loaded.
+    #[error("loading the XDP object")]
+    Load(#[source] aya::EbpfError),
+    /// A program could not be loaded or found.
+    #[error("program {name}")]
+    Program {
+        /// Program name.
+        name: &'static str,
+        /// Cause.
+        #[source]
+        source: ProgramError,
+    },
+    /// A map operation failed.
+    #[error("map {name}")]
+    Map {
+        /// Map name.
+        name: &'static str,
+        /// Cause.
+        #[source]
+        source: MapError,
+    },
+    /// A pinned map from an earlier run does not match this build or these limits.
+    #[error(
+        "pinned map {path} has {what} {found}, this daemon needs {wanted}; restart with the \
+         same limits, or remove {dir} to start afresh (established flows are then lost)"
+    )]
+    Incompatible {
+        /// Path of the pinned map.
+        path: PathBuf,
+        /// The property that differs.
+        what: &'static str,
+        /// Its value in the pinned map.
+        found: u32,
+        /// Its value in this build.
+        wanted: u32,
+        /// The pin directory.
+        dir: PathBuf,
+    },
+    /// Attaching to an interface failed.
+    #[error("attaching XDP to interface {iface}")]
+    Attach {
+        /// Interface name.
+        iface: String,
+        /// Cause.
+        #[source]
+        source: ProgramError,
+    },
+    /// A pinned link could not be used or created.
+    #[error("pinned link {path}: {message}")]
+    Link {
+        /// Link pin path.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The pin directory could not be prepared.
+    #[error("pin directory {path}")]
+    PinDir {
+        /// The directory.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The desired state does not fit the configured limits.
+    #[error("desired state needs more {what} than the limit of {limit}")]
+    Capacity {
+        /// The exhausted resource.
+        what: &'static str,
+        /// Its limit.
+        limit: u32,
+    },
+}
+
+type Result<T, E = DatapathError> = std::result::Result<T, E>;
+
+fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DatapathError {
+    move |source| DatapathError::Map { name, source }
+}
+
+/// Sizes of the maps. A restarted daemon must use the same limits to adopt the maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Services (gateway address, protocol, port).
+    pub services: u32,
+    /// Backends over all services.
+    pub backends: u32,
+    /// Conntrack entries (two per flow).
+    pub flows: u32,
+    /// Fragmented datagrams tracked at once.
+    pub fragments: u32,
+    /// Distinct gateway addresses.
+    pub addresses: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            services: 16384,
+            backends: 65536,
+            flows: 262_144,
+            fragments: 8192,
+            addresses: 256,
+        }
+    }
+}
+
+impl Limits {
+    fn tables(&self) -> u32 {
+        self.services + SPARE_TABLES
+    }
+
+    /// (map name, key size, value size, max entries) of every map.
+    fn shapes(&self) -> [(&'static str, usize, usize, u32); 8] {
+        use std::mem::size_of;
+        [
+            (map_names::SERVICES, size_of::<ServiceKey>(), size_of::<Service>(), self.services),
+            (map_names::ADDRESSES, 4, 4, self.addresses),
+            (map_names::MAGLEV, 4, 4, self.tables() * MAGLEV_SIZE),
+            (map_names::BACKENDS, 4, size_of::<Backend>(), self.backends),
+            (map_names::CONNTRACK, size_of::<FlowKey>(), size_of::<Flow>(), self.flows),
+            (map_names::FRAGMENTS, size_of::<FragKey>(), size_of::<FragPorts>(), self.fragments),
+            (map_names::COUNTERS, 4, 8, Counter::COUNT),
+            (map_names::SERVICE_STATS, 4, size_of::<ServiceStats>(), self.services),
+        ]
+    }
+}
+
+/// How to attach to an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AttachMode {
+    /// Native (driver) mode, falling back to generic (SKB) mode.
+    #[default]
+    Auto,
+    /// Native (driver) mode only.
+    Native,
+    /// Generic (SKB) mode.
+    Skb,
+}
+
+/// What `attach` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attached {
+    /// A link pinned by an earlier run now runs this program (atomic replacement).
+    Replaced,
+    /// Attached afresh in this mode.
+    New(AttachMode),
+}
+
+/// One service as installed in the maps.
+#[derive(Clone, Debug)]
+struct Installed {
+    id: u32,
+    table: u32,
+    /// Endpoint → (backend id, weight).
+    backends: BTreeMap<SocketAddrV4, (u32, u16)>,
+}
+
+impl Installed {
+    fn same_backends(&self, want: &BackendSet) -> bool {
+        self.backends.len() == want.len()
+            && self.backends.iter().zip(want).all(|((e1, (_, w1)), (e2, w2))| e1 == e2 && w1 == w2)
+    }
+}
+
+/// What `apply` changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    /// Services added.
+    pub added: usize,
+    /// Services whose backends or weights changed.
+    pub changed: usize,
+    /// Services removed.
+    pub removed: usize,
+    /// Services left as they were.
+    pub unchanged: usize,
+}
+
+/// Where the datapath is pinned and how big its maps are.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Pin directory on a bpffs (`/sys/fs/bpf/berth` by default).
+    pub pin_dir: PathBuf,
+    /// Map sizes.
+    pub limits: Limits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { pin_dir: PathBuf::from(DEFAULT_PIN_DIR), limits: Limits::default() }
+    }
+}
+
+/// A loaded datapath whose maps are pinned (and adopted when already pinned).
+pub struct Datapath {
+    ebpf: Ebpf,
+    pin_dir: PathBuf,
+    limits: Limits,
+    services: HashMap<MapData, ServiceKey, Service>,
+    addresses: HashMap<MapData, u32, u32>,
+    maglev: Array<MapData, u32>,
+    backends: Array<MapData, Backend>,
+    conntrack: HashMap<MapData, FlowKey, Flow>,
+    counters: PerCpuArray<MapData, u64>,
+    service_stats: PerCpuArray<MapData, ServiceStats>,
+    installed: BTreeMap<ServiceKey, Installed>,
+    links: BTreeMap<String, FdLink>,
+    /// Next-fit cursors, so that a freed id is not reused at once.
+    next_service: u32,
+    next_backend: u32,
+}
+
+impl Datapath {
+    /// Loads the program, creating the maps or adopting those an earlier run pinned.
+    pub fn load(config: &Config) -> Result<Self> {
+        let Config { pin_dir, limits } = config;
+        ensure_bpffs(pin_dir)?;
+        fs::create_dir_all(pin_dir.join("links"))
+            .map_err(|source| DatapathError::PinDir { path: pin_dir.clone(), source })?;
+
+        let shapes = limits.shapes();
+        let paths: Vec<PathBuf> = shapes.iter().map(|(name, ..)| pin_dir.join(name)).collect();
+        for ((name, key_size, value_size, max_entries), path) in shapes.iter().zip(&paths) {
+            check_pinned(path, pin_dir, *key_size, *value_size, *max_entries)
+                .map_err(|e| e.unwrap_or_else(|source| DatapathError::Map { name, source }))?;
+        }
+        let mut loader = EbpfLoader::new();
+        for ((name, _, _, max_entries), path) in shapes.iter().zip(&paths) {
+            loader.map_max_entries(name, *max_entries);
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader.load(OBJECT).map_err(DatapathError::Load)?;
+        for name in [PROGRAM, FLOOR_PROGRAM] {
+            xdp(&mut ebpf, name)?
+                .load()
+                .map_err(|source| DatapathError::Program { name, source })?;
+        }
+
+        fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T>
+        where
+            T: TryFrom<aya::maps::Map, Error = MapError>,
+        {
+            let map = ebpf.take_map(name).ok_or(DatapathError::Map {
+                name,
+                source: MapError::InvalidName { name: name.to_string() },
+            })?;
+            T::try_from(map).map_err(map_err(name))
+        }
+        let mut dp = Datapath {
+            services: take(&mut ebpf, map_names::SERVICES)?,
+            addresses: take(&mut ebpf, map_names::ADDRESSES)?,
+            maglev: take(&mut ebpf, map_names::MAGLEV)?,
+            backends: take(&mut ebpf, map_names::BACKENDS)?,
+            conntrack: take(&mut ebpf, map_names::CONNTRACK)?,
+            counters: take(&mut ebpf, map_names::COUNTERS)?,
+            service_stats: take(&mut ebpf, map_names::SERVICE_STATS)?,
+            ebpf,
+            pin_dir: pin_dir.clone(),
+            limits: *limits,
+            installed: BTreeMap::new(),
+            links: BTreeMap::new(),
+            next_service: 0,
+            next_backend: 0,
+        };
+        dp.adopt()?;
+        Ok(dp)
+    }
+
+    /// Rebuilds the userspace view of installed services from the (possibly adopted) maps.
+    fn adopt(&mut self) -> Result<()> {
+        let mut by_id = StdHashMap::new();
+        for item in self.services.iter() {
+            let (key, svc) = item.map_err(map_err(map_names::SERVICES))?;
+            by_id.insert(svc.id, key);
+            self.installed
+                .insert(key, Installed { id: svc.id, table: svc.table, backends: BTreeMap::new() });
+            self.next_service = self.next_service.max(svc.id + 1);
+        }
+        let mut orphans = Vec::new();
+        for (id, item) in self.backends.iter().enumerate() {
+            let b = item.map_err(map_err(map_names::BACKENDS))?;
+            if b.flags & BACKEND_LIVE == 0 {
+                continue;
+            }
+            let id = id as u32;
+            match by_id.get(&b.service).and_then(|key| self.installed.get_mut(key)) {
+                Some(svc) => {
+                    svc.backends.insert(endpoint(b.addr, b.port), (id, b.weight));
+                    self.next_backend = self.next_backend.max(id + 1);
+                }
+                // A backend left behind by a run that died mid-update.
+                None => orphans.push(id),
+            }
+        }
+        for id in orphans {
+            self.backends.set(id, Backend::default(), 0).map_err(map_err(map_names::BACKENDS))?;
+        }
+        Ok(())
+    }
+
+    /// The services currently installed, with their backends.
+    pub fn installed(&self) -> DesiredState {
+        let services = self
+            .installed
+            .iter()
+            .filter_map(|(key, svc)| {
+                let backends = svc
+                    .backends
+                    .iter()
+                    .map(|(&endpoint, &(_, weight))| WeightedBackend { endpoint, weight })
+                    .collect();
+                Some((ServiceAddr::from_key(key)?, backends))
+            })
+            .collect();
+        DesiredState { services }
+    }
+
+    /// Makes the maps hold `desired`, touching only what differs. Flows of unchanged
+    /// backends are never disturbed; a changed service switches tables atomically.
+    pub fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
+        let want = desired.normalized();
+        if want.len() as u32 > self.limits.services {
+            return Err(DatapathError::Capacity { what: "services", limit: self.limits.services });
+        }
+        let mut report = ApplyReport::default();
+        let gone: Vec<ServiceKey> =
+            self.installed.keys().filter(|k| !want.contains_key(k)).copied().collect();
+        for key in gone {
+            self.remove_service(&key)?;
+            report.removed += 1;
+        }
+        for (key, backends) in &want {
+            match self.installed.get(key) {
+                None => {
+                    self.add_service(key, backends)?;
+                    report.added += 1;
+                }
+                Some(svc) if svc.same_backends(backends) => report.unchanged += 1,
+                Some(_) => {
+                    self.update_service(key, backends)?;
+                    report.changed += 1;
+                }
+            }
+        }
+        self.sync_addresses()?;
+        Ok(report)
+    }
+
+    fn add_service(&mut self, key: &ServiceKey, want: &BackendSet) -> Result<()> {
+        let id = self.alloc_service_id()?;
+        let table = self.alloc_table()?;
+        let mut svc = Installed { id, table, backends: BTreeMap::new() };
+        for (&endpoint, &weight) in want {
+            let bid = self.alloc_backend_id(&svc)?;
+            self.write_backend(bid, id, endpoint, weight)?;
+            svc.backends.insert(endpoint, (bid, weight));
+        }
+        let active = self.write_table(&svc)?;
+        let zero = PerCpuValues::try_from(vec![ServiceStats::default(); nr_cpus()?])
+            .map_err(|e| map_err(map_names::SERVICE_STATS)(MapError::SyscallError(
+                aya::sys::SyscallError { call: "per-cpu values", io_error: e },
+            )))?;
+        self.service_stats.set(id, zero, 0).map_err(map_err(map_names::SERVICE_STATS))?;
+        self.services
+            .insert(key, Service { id, table, active, pad: 0 }, 0)
+            .map_err(map_err(map_names::SERVICES))?;
+        self.installed.insert(*key, svc);
+        Ok(())
+    }
+
+    fn update_service(&mut self, key: &ServiceKey, want: &BackendSet) -> Result<()> {
+        let Some(old) = self.installed.get(key).cloned() else {
+            return self.add_service(key, want);
+        };
+        let mut svc = Installed { id: old.id, table: self.alloc_table()?, backends: BTreeMap::new() };
+        // New and reweighted backends first, so the new table only names live ones.
+        for (&endpoint, &weight) in want {
+            let bid = match old.backends.get(&endpoint) {
+                Some(&(bid, w)) if w == weight => bid,
+                Some(&(bid, _)) => {
+                    self.write_backend(bid, svc.id, endpoint, weight)?;
+                    bid
+                }
+                None => {
+                    let bid = self.alloc_backend_id_excluding(&old, &svc)?;
+                    self.write_backend(bid, svc.id, endpoint, weight)?;
+                    bid
+                }
+            };
+            svc.backends.insert(endpoint, (bid, weight));
+        }
+        let active = self.write_table(&svc)?;
+        self.services
+            .insert(key, Service { id: svc.id, table: svc.table, active, pad: 0 }, 0)
+            .map_err(map_err(map_names::SERVICES))?;
+        // Only now that no table names them: retire removed backends. Their flows are
+        // balanced again by the kernel program on their next packet.
+        for (endpoint, &(bid, _)) in &old.backends {
+            if !svc.backends.contains_key(endpoint) {
+                self.clear_backend(bid)?;
+            }
+        }
+        self.installed.insert(*key, svc);
+        Ok(())
+    }
+
+    fn remove_service(&mut self, key: &ServiceKey) -> Result<()> {
+        let Some(svc) = self.installed.remove(key) else {
+            return Ok(());
+        };
+        match self.services.remove(key) {
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(map_err(map_names::SERVICES)(e)),
+        }
+        for &(bid, _) in svc.backends.values() {
+            self.clear_backend(bid)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the service's Maglev table; returns the number of backends taking new flows.
+    fn write_table(&mut self, svc: &Installed) -> Result<u32> {
+        let candidates: Vec<maglev::Candidate> = svc
+            .backends
+            .iter()
+            .map(|(&endpoint, &(_, weight))| maglev::Candidate { endpoint, weight })
+            .collect();
+        let ids: Vec<u32> = svc.backends.values().map(|&(bid, _)| bid).collect();
+        let Some(table) = maglev::table(&candidates, MAGLEV_SIZE) else {
+            return Ok(0);
+        };
+        let base = svc.table * MAGLEV_SIZE;
+        for (i, entry) in table.iter().enumerate() {
+            self.maglev
+                .set(base + i as u32, ids[*entry as usize], 0)
+                .map_err(map_err(map_names::MAGLEV))?;
+        }
+        Ok(candidates.iter().filter(|c| c.weight > 0).count() as u32)
+    }
+
+    fn write_backend(&mut self, bid: u32, service: u32, e: SocketAddrV4, weight: u16) -> Result<()> {
+        let value = Backend {
+            addr: u32::from(*e.ip()).to_be(),
+            port: e.port().to_be(),
+            weight,
+            service,
+            flags: BACKEND_LIVE,
+        };
+        self.backends.set(bid, value, 0).map_err(map_err(map_names::BACKENDS))
+    }
+
+    fn clear_backend(&mut self, bid: u32) -> Result<()> {
+        self.backends.set(bid, Backend::default(), 0).map_err(map_err(map_names::BACKENDS))
+    }
+
+    /// Keeps the gateway-address map equal to the addresses of installed services.
+    fn sync_addresses(&mut self) -> Result<()> {
+        let mut want: BTreeMap<u32, u32> = BTreeMap::new();
+        for key in self.installed.keys() {
+            *want.entry(key.addr).or_default() += 1;
+        }
+        if want.len() as u32 > self.limits.addresses {
+            return Err(DatapathError::Capacity { what: "addresses", limit: self.limits.addresses });
+        }
+        let have: Vec<(u32, u32)> = self
+            .addresses
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(map_err(map_names::ADDRESSES))?;
+        for (addr, _) in have.iter().filter(|(a, _)| !want.contains_key(a)) {
+            self.addresses.remove(addr).map_err(map_err(map_names::ADDRESSES))?;
+        }
+        for (addr, count) in want {
+            if !have.contains(&(addr, count)) {
+                self.addresses.insert(addr, count, 0).map_err(map_err(map_names::ADDRESSES))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn alloc_service_id(&mut self) -> Result<u32> {
+        let used: Vec<u32> = self.installed.values().map(|s| s.id).collect();
+        let id = next_free(self.limits.services, self.next_service, |id| used.contains(&id))
+            .ok_or(DatapathError::Capacity { what: "services", limit: self.limits.services })?;
+        self.next_service = id + 1;
+        Ok(id)
+    }
+
+    fn alloc_table(&self) -> Result<u32> {
+        let used: Vec<u32> = self.installed.values().map(|s| s.table).collect();
+        next_free(self.limits.tables(), 0, |t| used.contains(&t))
+            .ok_or(DatapathError::Capacity { what: "Maglev tables", limit: self.limits.tables() })
+    }
+
+    fn alloc_backend_id(&mut self, pending: &Installed) -> Result<u32> {
+        self.alloc_backend_id_excluding(pending, pending)
+    }
+
+    fn alloc_backend_id_excluding(&mut self, a: &Installed, b: &Installed) -> Result<u32> {
+        let mut used = vec![false; self.limits.backends as usize];
+        let all = self.installed.values().chain([a, b]);
+        for &(bid, _) in all.flat_map(|s| s.backends.values()) {
+            if let Some(u) = used.get_mut(bid as usize) {
+                *u = true;
+            }
+        }
+        let id = next_free(self.limits.backends, self.next_backend, |id| used[id as usize])
+            .ok_or(DatapathError::Capacity { what: "backends", limit: self.limits.backends })?;
+        self.next_backend = id + 1;
+        Ok(id)
+    }
+
+    /// Attaches the gateway program to `iface`. If an earlier run left a pinned link
+    /// there, the program in it is replaced atomically (no packet sees no program);
+    /// otherwise a new link is created and pinned.
+    pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<Attached> {
+        let ifindex = ifindex(iface).ok_or_else(|| DatapathError::Attach {
+            iface: iface.to_string(),
+            source: ProgramError::UnknownInterface { name: iface.to_string() },
+        })?;
+        let path = self.link_path(iface, ifindex);
+        self.remove_stale_links(iface, &path);
+        let program = xdp(&mut self.ebpf, PROGRAM)?;
+        let link_err = |message: String| DatapathError::Link { path: path.clone(), message };
+        if path.exists() {
+            let pinned = PinnedLink::from_pin(&path).map_err(|e| link_err(e.to_string()))?;
+            let link = aya::programs::xdp::XdpLink::try_from(FdLink::from(pinned))
+                .map_err(|e| link_err(e.to_string()))?;
+            let id = program
+                .attach_to_link(link)
+                .map_err(|source| DatapathError::Attach { iface: iface.to_string(), source })?;
+            let link = program.take_link(id).map_err(|source| DatapathError::Attach {
+                iface: iface.to_string(),
+                source,
+            })?;
+            let fd = FdLink::try_from(link).map_err(|e| link_err(e.to_string()))?;
+            self.links.insert(iface.to_string(), fd);
+            return Ok(Attached::Replaced);
+        }
+        let attempts: &[(AttachMode, XdpMode)] = match mode {
+            AttachMode::Auto => &[(AttachMode::Native, XdpMode::Driver), (AttachMode::Skb, XdpMode::Skb)],
+            AttachMode::Native => &[(AttachMode::Native, XdpMode::Driver)],
+            AttachMode::Skb => &[(AttachMode::Skb, XdpMode::Skb)],
+        };
+        let mut last = None;
+        for &(used, xdp_mode) in attempts {
+            match program.attach(iface, xdp_mode) {
+                Ok(id) => {
+                    let link = program.take_link(id).map_err(|source| DatapathError::Attach {
+                        iface: iface.to_string(),
+                        source,
+                    })?;
+                    let fd = FdLink::try_from(link).map_err(|e| link_err(e.to_string()))?;
+                    let pinned = fd.pin(&path).map_err(|e| link_err(e.to_string()))?;
+                    self.links.insert(iface.to_string(), FdLink::from(pinned));
+                    return Ok(Attached::New(used));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(DatapathError::Attach {
+            iface: iface.to_string(),
+            source: last.unwrap_or(ProgramError::UnknownInterface { name: iface.to_string() }),
+        })
+    }
+
+    /// Detaches from `iface` and forgets its pinned link.
+    pub fn detach(&mut self, iface: &str) -> Result<()> {
+        if let Some(index) = ifindex(iface) {
+            let path = self.link_path(iface, index);
+            let _ = fs::remove_file(&path);
+        }
+        self.remove_stale_links(iface, Path::new(""));
+        // Dropping the last descriptor of an unpinned link detaches the program.
+        self.links.remove(iface);
+        Ok(())
+    }
+
+    fn link_path(&self, iface: &str, ifindex: u32) -> PathBuf {
+        self.pin_dir.join("links").join(format!("{iface}@{ifindex}"))
+    }
+
+    /// Removes pins for `iface` other than `keep`: the interface was recreated and got
+    /// a new index, so those links point at nothing.
+    fn remove_stale_links(&self, iface: &str, keep: &Path) {
+        let Ok(entries) = fs::read_dir(self.pin_dir.join("links")) else {
+            return;
+        };
+        let prefix = format!("{iface}@");
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with(&prefix) && path != keep {
+                let _ = fs::remove_file(path);
+            }
+        }
+    }
+
+    /// Named counters summed over CPUs.
+    pub fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
+        Counter::ALL
+            .iter()
+            .map(|c| {
+                let values = self.counters.get(&(*c as u32), 0).map_err(map_err(map_names::COUNTERS))?;
+                Ok((c.name(), values.iter().sum()))
+            })
+            .collect()
+    }
+
+    /// Statistics of every installed service, summed over CPUs.
+    pub fn service_stats(&self) -> Result<BTreeMap<ServiceAddr, ServiceStats>> {
+        let mut out = BTreeMap::new();
+        for (key, svc) in &self.installed {
+            let Some(addr) = ServiceAddr::from_key(key) else {
+                continue;
+            };
+            let per_cpu =
+                self.service_stats.get(&svc.id, 0).map_err(map_err(map_names::SERVICE_STATS))?;
+            let sum = per_cpu.iter().fold(ServiceStats::default(), |a, s| ServiceStats {
+                packets: a.packets + s.packets,
+                bytes: a.bytes + s.bytes,
+                reply_packets: a.reply_packets + s.reply_packets,
+                reply_bytes: a.reply_bytes + s.reply_bytes,
+                new_flows: a.new_flows + s.new_flows,
+            });
+            out.insert(addr, sum);
+        }
+        Ok(out)
+    }
+
+    /// Tracked flows, client → gateway direction only: (flow tuple, backend endpoint, service).
+    pub fn flows(&self) -> Result<Vec<(FlowKey, Flow)>> {
+        self.conntrack
+            .iter()
+            .filter(|item| !matches!(item, Ok((_, f)) if f.kind != gateway_common::NAT_DST))
+            .collect::<Result<_, _>>()
+            .map_err(map_err(map_names::CONNTRACK))
+    }
+
+    /// A loaded program of the object (`PROGRAM` or `FLOOR_PROGRAM`), e.g. for
+    /// `BPF_PROG_TEST_RUN`.
+    pub fn program_mut(&mut self, name: &'static str) -> Result<&mut Xdp> {
+        xdp(&mut self.ebpf, name)
+    }
+
+    /// The pin directory.
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+}
+
+/// Removes every pin of a datapath (maps and links). Attached programs whose link is
+/// held by no process are detached; established flows are forgotten.
+pub fn remove_pins(pin_dir: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(pin_dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Whether the kernel forwards IPv4 in this network namespace. Packets the program
+/// hands to the kernel (no neighbour entry yet, TTL expiry) need it.
+pub fn ipv4_forwarding_enabled() -> io::Result<bool> {
+    Ok(fs::read_to_string("/proc/sys/net/ipv4/ip_forward")?.trim() == "1")
+}
+
+fn xdp<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp> {
+    let missing = || DatapathError::Program {
+        name,
+        source: ProgramError::UnexpectedProgramType,
+    };
+    let program = ebpf.program_mut(name).ok_or_else(missing)?;
+    program.try_into().map_err(|source| DatapathError::Program { name, source })
+}
+
+/// Compares a pinned map's shape with this build's. `Ok(())` when absent or equal.
+fn check_pinned(
+    path: &Path,
+    dir: &Path,
+    key_size: usize,
+    value_size: usize,
+    max_entries: u32,
+) -> std::result::Result<(), std::result::Result<DatapathError, MapError>> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let info = MapInfo::from_pin(path).map_err(Err)?;
+    let checks = [
+        ("key size", info.key_size(), key_size as u32),
+        ("value size", info.value_size(), value_size as u32),
+        ("max entries", info.max_entries(), max_entries),
+    ];
+    for (what, found, wanted) in checks {
+        if found != wanted {
+            return Err(Ok(DatapathError::Incompatible {
+                path: path.to_path_buf(),
+                what,
+                found,
+                wanted,
+                dir: dir.to_path_buf(),
+            }));
+        }
+    }
+    Ok(())
+}
+
+fn endpoint(addr: u32, port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::from(u32::from_be(addr)), u16::from_be(port))
+}
+
+fn next_free(cap: u32, start: u32, used: impl Fn(u32) -> bool) -> Option<u32> {
+    (0..cap).map(|i| (start + i) % cap).find(|&id| !used(id))
+}
+
+fn ifindex(iface: &str) -> Option<u32> {
+    let name = std::ffi::CString::new(iface).ok()?;
+    // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    (index != 0).then_some(index)
+}
+
+fn nr_cpus() -> Result<usize> {
+    aya::util::nr_cpus().map_err(|(_, source)| DatapathError::Map {
+        name: map_names::SERVICE_STATS,
+        source: MapError::SyscallError(aya::sys::SyscallError { call: "nr_cpus", io_error: source }),
+    })
+}
+
+/// Mounts bpffs on `/sys/fs/bpf` if the pin directory lies there and it is not mounted.
+fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    let root = Path::new("/sys/fs/bpf");
+    if !pin_dir.starts_with(root) {
+        return Ok(());
+    }
+    let err = |source| DatapathError::PinDir { path: pin_dir.to_path_buf(), source };
+    let c_root = std::ffi::CString::new("/sys/fs/bpf").map_err(|e| err(io::Error::other(e)))?;
+    // SAFETY: statfs writes into the zeroed struct we own; the path is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c_root.as_ptr(), &mut st) } == 0 && st.f_type as i64 == BPF_FS_MAGIC {
+        return Ok(());
+    }
+    let fstype = std::ffi::CString::new("bpf").map_err(|e| err(io::Error::other(e)))?;
+    // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
+    let rc = unsafe {
+        libc::mount(fstype.as_ptr(), c_root.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
+    };
+    if rc != 0 {
+        return Err(err(io::Error::last_os_error()));
+    }
+    Ok(())
+}

@@ -1,0 +1,5 @@
+//! Berth: one L4 gateway address shared by many owners, one port each.
+//!
+//! This library holds the daemon's parts; the `berth` binary is a thin `main` over it.
+
+pub mod datapath;

@@ -1,0 +1,9 @@
+use which::which;
+
+/// Building this crate needs `bpf-linker`; rebuild when it changes.
+fn main() {
+    match which("bpf-linker") {
+        Ok(path) => println!("cargo:rerun-if-changed={}", path.display()),
+        Err(err) => panic!("bpf-linker not found ({err}); run `cargo xtask setup`"),
+    }
+}

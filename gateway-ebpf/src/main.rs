@@ -1,0 +1,165 @@
+//! Berth's XDP datapath: per-port DNAT to weighted Maglev backends with an LRU
+//! conntrack, reverse NAT of replies, ICMP error translation and fragment tracking.
+#![no_std]
+#![no_main]
+
+mod conntrack;
+mod csum;
+mod fwd;
+mod icmp;
+mod maps;
+mod nat;
+mod packet;
+
+use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use gateway_common::{proto, Counter, FlowKey, FragKey, FragPorts, NAT_DST};
+
+use crate::{
+    conntrack::{lookup_or_balance, Hit},
+    maps::{account, count, is_gateway_address, Direction, FRAGMENTS},
+    nat::{rewrite, L4},
+    packet::{
+        ptr_at, Eth, Ipv4, Ports, ETH_LEN, ETH_P_IP, IPV4_MIN_LEN, IP_MF, IP_OFFSET,
+        TCP_CHECK_OFF, UDP_CHECK_OFF,
+    },
+};
+
+/// The gateway program, attached to every `--interface`.
+#[xdp]
+pub fn berth(ctx: XdpContext) -> u32 {
+    match try_berth(&ctx) {
+        Ok(action) => action,
+        Err(reason) => {
+            count(reason);
+            xdp_action::XDP_DROP
+        }
+    }
+}
+
+/// Returns at once: the benchmark's floor.
+#[xdp]
+pub fn berth_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
+const PASS: Result<u32, Counter> = Ok(xdp_action::XDP_PASS);
+
+fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
+    let Some(eth) = ptr_at::<Eth>(ctx, 0) else {
+        return PASS;
+    };
+    // SAFETY (all header accesses below): every pointer comes from `ptr_at`, which
+    // checked that the whole header lies inside the packet.
+    if unsafe { (*eth).ether_type } != ETH_P_IP {
+        return PASS;
+    }
+    let Some(ip) = ptr_at::<Ipv4>(ctx, ETH_LEN) else {
+        return PASS;
+    };
+    let (vihl, ip_proto, src, dst, frag, tot_len) = unsafe {
+        (
+            (*ip).vihl,
+            (*ip).proto,
+            (*ip).src,
+            (*ip).dst,
+            u16::from_be((*ip).frag),
+            u16::from_be((*ip).tot_len) as usize,
+        )
+    };
+    let ihl = ((vihl & 0x0f) as usize) * 4;
+    if vihl >> 4 != 4 || ihl < IPV4_MIN_LEN || tot_len < ihl || ETH_LEN + tot_len > ctx.data_end() - ctx.data() {
+        return malformed(dst);
+    }
+    let l4_off = ETH_LEN + ihl;
+    let udp = match ip_proto {
+        proto::TCP => false,
+        proto::UDP => true,
+        proto::ICMP if frag & (IP_MF | IP_OFFSET) == 0 => {
+            return Ok(unsafe { icmp::handle(ctx, eth, ip, l4_off) })
+        }
+        _ => return PASS,
+    };
+
+    if frag & IP_OFFSET != 0 {
+        // A later fragment carries no ports: follow the flow its first fragment took.
+        let key = FragKey { src, dst, id: unsafe { (*ip).id }, proto: ip_proto, pad: 0 };
+        let Some(ports) = (unsafe { FRAGMENTS.get(&key) }).copied() else {
+            return if is_gateway_address(dst) { Err(Counter::DropFragment) } else { PASS };
+        };
+        let t = FlowKey { src, dst, sport: ports.sport, dport: ports.dport, proto: ip_proto, pad: [0; 3] };
+        let Some(hit) = lookup_or_balance(&t)? else {
+            return PASS;
+        };
+        count(Counter::FragmentTranslated);
+        return Ok(unsafe { translate(ctx, eth, ip, None, &hit, tot_len) });
+    }
+
+    let (ports, check_off, hdr_len) = if udp {
+        (ptr_at::<[u8; 8]>(ctx, l4_off).map(|p| p as *mut Ports), UDP_CHECK_OFF, 8)
+    } else {
+        (ptr_at::<[u8; 20]>(ctx, l4_off).map(|p| p as *mut Ports), TCP_CHECK_OFF, 20)
+    };
+    let Some(ports) = ports else {
+        return malformed(dst);
+    };
+    if l4_off + hdr_len > ETH_LEN + tot_len {
+        return malformed(dst);
+    }
+    let (sport, dport) = unsafe { ((*ports).src, (*ports).dst) };
+    let t = FlowKey { src, dst, sport, dport, proto: ip_proto, pad: [0; 3] };
+    let hit = lookup_or_balance(&t)?;
+    if frag & IP_MF != 0 && (hit.is_some() || is_gateway_address(dst)) {
+        // First fragment of a datagram for us: remember its ports for the rest.
+        let key = FragKey { src, dst, id: unsafe { (*ip).id }, proto: ip_proto, pad: 0 };
+        let _ = FRAGMENTS.insert(&key, &FragPorts { sport, dport }, 0);
+    }
+    let Some(hit) = hit else {
+        return PASS;
+    };
+    let l4 = L4 {
+        ports,
+        check: unsafe { (ports as *mut u8).add(check_off) as *mut u16 },
+        udp,
+    };
+    Ok(unsafe { translate(ctx, eth, ip, Some(&l4), &hit, tot_len) })
+}
+
+/// Rewrites the packet for its flow, accounts it and forwards it.
+///
+/// # Safety
+/// All pointers must point into the packet, bounds-checked.
+#[inline(always)]
+unsafe fn translate(
+    ctx: &XdpContext,
+    eth: *mut Eth,
+    ip: *mut Ipv4,
+    l4: Option<&L4>,
+    hit: &Hit,
+    len: usize,
+) -> u32 {
+    rewrite(ip, l4, &hit.flow);
+    let dir = if hit.flow.kind == NAT_DST { Direction::Forward } else { Direction::Reply };
+    account(hit.flow.service, dir, len as u64, hit.new);
+    fwd::forward(ctx, eth, ip)
+}
+
+/// A packet whose headers cannot be parsed: ours to drop if it was sent to a gateway
+/// address, otherwise none of our business.
+#[inline(always)]
+fn malformed(dst: u32) -> Result<u32, Counter> {
+    if is_gateway_address(dst) {
+        Err(Counter::DropMalformed)
+    } else {
+        PASS
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,85 @@
+//! Map definitions. Sizes here are defaults; the loader overrides them.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+};
+use gateway_common::{
+    Backend, Counter, Flow, FlowKey, FragKey, FragPorts, Service, ServiceKey, ServiceStats,
+    MAGLEV_SIZE,
+};
+
+const SERVICES_MAX: u32 = 1024;
+
+#[map(name = "berth_services")]
+pub static SERVICES: HashMap<ServiceKey, Service> = HashMap::with_max_entries(SERVICES_MAX, 0);
+
+#[map(name = "berth_addrs")]
+pub static ADDRESSES: HashMap<u32, u32> = HashMap::with_max_entries(256, 0);
+
+#[map(name = "berth_maglev")]
+pub static MAGLEV: Array<u32> = Array::with_max_entries((SERVICES_MAX + 64) * MAGLEV_SIZE, 0);
+
+#[map(name = "berth_backends")]
+pub static BACKENDS: Array<Backend> = Array::with_max_entries(16384, 0);
+
+#[map(name = "berth_ct")]
+pub static CONNTRACK: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(65536, 0);
+
+#[map(name = "berth_frags")]
+pub static FRAGMENTS: LruHashMap<FragKey, FragPorts> = LruHashMap::with_max_entries(8192, 0);
+
+#[map(name = "berth_counters")]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
+
+#[map(name = "berth_svc_stats")]
+pub static SERVICE_STATS: PerCpuArray<ServiceStats> =
+    PerCpuArray::with_max_entries(SERVICES_MAX, 0);
+
+/// Adds one to a named counter on this CPU.
+#[inline(always)]
+pub fn count(counter: Counter) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Whether `addr` (network order) is a gateway address of some service.
+#[inline(always)]
+pub fn is_gateway_address(addr: u32) -> bool {
+    // SAFETY: the value is only tested for presence.
+    unsafe { ADDRESSES.get(&addr).is_some() }
+}
+
+/// Direction of a NATed packet, for statistics.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Client → backend.
+    Forward,
+    /// Backend → client.
+    Reply,
+}
+
+/// Accounts one packet of `len` bytes to a service.
+#[inline(always)]
+pub fn account(service: u32, dir: Direction, len: u64, new_flow: bool) {
+    let Some(stats) = SERVICE_STATS.get_ptr_mut(service) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+    let stats = unsafe { &mut *stats };
+    match dir {
+        Direction::Forward => {
+            stats.packets += 1;
+            stats.bytes += len;
+        }
+        Direction::Reply => {
+            stats.reply_packets += 1;
+            stats.reply_bytes += len;
+        }
+    }
+    if new_flow {
+        stats.new_flows += 1;
+    }
+}

@@ -1,0 +1,66 @@
+//! Header layouts and bounds-checked packet access.
+//!
+//! Multi-byte fields hold wire bytes read as native integers ("network order").
+
+use aya_ebpf::programs::XdpContext;
+
+pub const ETH_LEN: usize = 14;
+/// EtherType IPv4 as read natively from the wire.
+pub const ETH_P_IP: u16 = 0x0800u16.to_be();
+pub const IPV4_MIN_LEN: usize = 20;
+/// "More fragments" flag in `Ipv4::frag`, host order.
+pub const IP_MF: u16 = 0x2000;
+/// Fragment offset mask in `Ipv4::frag`, host order.
+pub const IP_OFFSET: u16 = 0x1fff;
+
+#[repr(C)]
+pub struct Eth {
+    pub dst: [u8; 6],
+    pub src: [u8; 6],
+    pub ether_type: u16,
+}
+
+#[repr(C)]
+pub struct Ipv4 {
+    pub vihl: u8,
+    pub tos: u8,
+    pub tot_len: u16,
+    pub id: u16,
+    pub frag: u16,
+    pub ttl: u8,
+    pub proto: u8,
+    pub check: u16,
+    pub src: u32,
+    pub dst: u32,
+}
+
+/// The first eight bytes of TCP and UDP headers share the port layout.
+#[repr(C)]
+pub struct Ports {
+    pub src: u16,
+    pub dst: u16,
+}
+
+#[repr(C)]
+pub struct Icmp {
+    pub kind: u8,
+    pub code: u8,
+    pub check: u16,
+    pub rest: u32,
+}
+
+/// Offset of the checksum within the TCP header.
+pub const TCP_CHECK_OFF: usize = 16;
+/// Offset of the checksum within the UDP header.
+pub const UDP_CHECK_OFF: usize = 6;
+
+/// A pointer to a `T` at `offset` into the packet, if the packet is long enough.
+#[inline(always)]
+pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + offset + core::mem::size_of::<T>() > end {
+        return None;
+    }
+    Some((start + offset) as *mut T)
+}
