@@ -107,15 +107,21 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     }
     let (sport, dport) = unsafe { ((*ports).src, (*ports).dst) };
     let t = FlowKey { src, dst, sport, dport, proto: ip_proto, pad: [0; 3] };
-    let hit = lookup_or_balance(&t)?;
-    if frag & IP_MF != 0 && (hit.is_some() || is_gateway_address(dst)) {
-        // First fragment of a datagram for us: remember its ports for the rest.
-        let key = FragKey { src, dst, id: unsafe { (*ip).id }, proto: ip_proto, pad: 0 };
-        let _ = FRAGMENTS.insert(&key, &FragPorts { sport, dport }, 0);
-    }
-    let Some(hit) = hit else {
+    let first_fragment = frag & IP_MF != 0;
+    let frag_key = FragKey { src, dst, id: unsafe { (*ip).id }, proto: ip_proto, pad: 0 };
+    let ports_seen = FragPorts { sport, dport };
+    // First fragment of a datagram for us: remember its ports for the later ones. (Each
+    // arm handles this on its own: carrying an `Option<Hit>` across it let LLVM read
+    // the undefined payload of `None`, which the verifier rejects.)
+    let Some(hit) = lookup_or_balance(&t)? else {
+        if first_fragment && is_gateway_address(dst) {
+            remember_fragment(&frag_key, &ports_seen);
+        }
         return PASS;
     };
+    if first_fragment {
+        remember_fragment(&frag_key, &ports_seen);
+    }
     let l4 = L4 {
         ports,
         check: unsafe { (ports as *mut u8).add(check_off) as *mut u16 },
@@ -141,6 +147,11 @@ unsafe fn translate(
     let dir = if hit.flow.kind == NAT_DST { Direction::Forward } else { Direction::Reply };
     account(hit.flow.service, dir, len as u64, hit.new);
     fwd::forward(ctx, eth, ip)
+}
+
+#[inline(never)]
+fn remember_fragment(key: &FragKey, ports: &FragPorts) {
+    let _ = FRAGMENTS.insert(key, ports, 0);
 }
 
 /// A packet whose headers cannot be parsed: ours to drop if it was sent to a gateway

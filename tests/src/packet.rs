@@ -1,0 +1,321 @@
+//! Packets built field by field, with checksums computed from scratch (independently of
+//! the kernel program's incremental updates), and decoded for failure messages.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+/// Transport part of a packet.
+#[derive(Clone, Debug)]
+pub enum L4 {
+    /// TCP with the given flags byte.
+    Tcp { sport: u16, dport: u16, seq: u32, ack: u32, flags: u8 },
+    /// UDP; `checksum: false` sends 0 ("no checksum").
+    Udp { sport: u16, dport: u16, checksum: bool },
+    /// ICMP header; the payload follows.
+    Icmp { kind: u8, code: u8, rest: u32 },
+}
+
+/// TCP flags.
+pub const SYN: u8 = 0x02;
+pub const ACK: u8 = 0x10;
+pub const PSH: u8 = 0x08;
+
+/// An Ethernet + IPv4 packet.
+#[derive(Clone, Debug)]
+pub struct Packet {
+    pub eth_src: [u8; 6],
+    pub eth_dst: [u8; 6],
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub ttl: u8,
+    pub id: u16,
+    pub options: Vec<u8>,
+    pub l4: L4,
+    pub payload: Vec<u8>,
+}
+
+impl Packet {
+    fn new(src: Ipv4Addr, dst: Ipv4Addr, l4: L4) -> Self {
+        Packet {
+            eth_src: [2, 0, 0, 0, 0, 0xaa],
+            eth_dst: [2, 0, 0, 0, 0, 0xbb],
+            src,
+            dst,
+            ttl: 64,
+            id: 0x1234,
+            options: Vec::new(),
+            l4,
+            payload: b"berth".to_vec(),
+        }
+    }
+
+    /// A TCP segment (ACK+PSH unless changed with `flags`).
+    pub fn tcp(src: SocketAddrV4, dst: SocketAddrV4) -> Self {
+        let l4 = L4::Tcp { sport: src.port(), dport: dst.port(), seq: 1000, ack: 2000, flags: ACK | PSH };
+        Self::new(*src.ip(), *dst.ip(), l4)
+    }
+
+    /// A UDP datagram with a checksum.
+    pub fn udp(src: SocketAddrV4, dst: SocketAddrV4) -> Self {
+        let l4 = L4::Udp { sport: src.port(), dport: dst.port(), checksum: true };
+        Self::new(*src.ip(), *dst.ip(), l4)
+    }
+
+    /// An ICMP error quoting `quoted` (an IP packet, cut to its header + 8 bytes).
+    pub fn icmp_error(src: Ipv4Addr, dst: Ipv4Addr, kind: u8, code: u8, rest: u32, quoted: &[u8]) -> Self {
+        let mut p = Self::new(src, dst, L4::Icmp { kind, code, rest });
+        p.payload = quoted.to_vec();
+        p
+    }
+
+    pub fn macs(mut self, src: [u8; 6], dst: [u8; 6]) -> Self {
+        self.eth_src = src;
+        self.eth_dst = dst;
+        self
+    }
+    pub fn flags(mut self, f: u8) -> Self {
+        if let L4::Tcp { flags, .. } = &mut self.l4 {
+            *flags = f;
+        }
+        self
+    }
+    pub fn ttl(mut self, ttl: u8) -> Self {
+        self.ttl = ttl;
+        self
+    }
+    pub fn options(mut self, options: &[u8]) -> Self {
+        assert!(options.len() % 4 == 0 && options.len() <= 40);
+        self.options = options.to_vec();
+        self
+    }
+    pub fn payload(mut self, payload: &[u8]) -> Self {
+        self.payload = payload.to_vec();
+        self
+    }
+    pub fn no_udp_checksum(mut self) -> Self {
+        if let L4::Udp { checksum, .. } = &mut self.l4 {
+            *checksum = false;
+        }
+        self
+    }
+    /// The same packet with other addresses/ports (what NAT should produce).
+    pub fn with_src(mut self, src: SocketAddrV4) -> Self {
+        self.src = *src.ip();
+        match &mut self.l4 {
+            L4::Tcp { sport, .. } | L4::Udp { sport, .. } => *sport = src.port(),
+            L4::Icmp { .. } => {}
+        }
+        self
+    }
+    pub fn with_dst(mut self, dst: SocketAddrV4) -> Self {
+        self.dst = *dst.ip();
+        match &mut self.l4 {
+            L4::Tcp { dport, .. } | L4::Udp { dport, .. } => *dport = dst.port(),
+            L4::Icmp { .. } => {}
+        }
+        self
+    }
+
+    fn proto(&self) -> u8 {
+        match self.l4 {
+            L4::Tcp { .. } => 6,
+            L4::Udp { .. } => 17,
+            L4::Icmp { .. } => 1,
+        }
+    }
+
+    /// Transport header and payload, checksum included.
+    pub fn l4_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        let check_at;
+        match self.l4 {
+            L4::Tcp { sport, dport, seq, ack, flags } => {
+                b.extend(sport.to_be_bytes());
+                b.extend(dport.to_be_bytes());
+                b.extend(seq.to_be_bytes());
+                b.extend(ack.to_be_bytes());
+                b.extend([5 << 4, flags]);
+                b.extend(64240u16.to_be_bytes());
+                b.extend([0, 0, 0, 0]);
+                check_at = Some(16);
+            }
+            L4::Udp { sport, dport, checksum } => {
+                b.extend(sport.to_be_bytes());
+                b.extend(dport.to_be_bytes());
+                b.extend(((8 + self.payload.len()) as u16).to_be_bytes());
+                b.extend([0, 0]);
+                check_at = checksum.then_some(6);
+            }
+            L4::Icmp { kind, code, rest } => {
+                b.extend([kind, code, 0, 0]);
+                b.extend(rest.to_be_bytes());
+                b.extend(&self.payload);
+                let c = checksum(&b);
+                b[2..4].copy_from_slice(&c.to_be_bytes());
+                return b;
+            }
+        }
+        b.extend(&self.payload);
+        if let Some(at) = check_at {
+            let mut pseudo = Vec::new();
+            pseudo.extend(self.src.octets());
+            pseudo.extend(self.dst.octets());
+            pseudo.extend([0, self.proto()]);
+            pseudo.extend((b.len() as u16).to_be_bytes());
+            pseudo.extend(&b);
+            let mut c = checksum(&pseudo);
+            if c == 0 && self.proto() == 17 {
+                c = 0xffff;
+            }
+            b[at..at + 2].copy_from_slice(&c.to_be_bytes());
+        }
+        b
+    }
+
+    /// IPv4 header for a packet carrying `len` bytes after it.
+    fn ip_header(&self, len: usize, more_fragments: bool, offset: usize) -> Vec<u8> {
+        let ihl = 20 + self.options.len();
+        let mut h = Vec::with_capacity(ihl);
+        h.push(0x40 | (ihl / 4) as u8);
+        h.push(0);
+        h.extend(((ihl + len) as u16).to_be_bytes());
+        h.extend(self.id.to_be_bytes());
+        assert!(offset % 8 == 0);
+        let frag = ((offset / 8) as u16) | if more_fragments { 0x2000 } else { 0 };
+        h.extend(frag.to_be_bytes());
+        h.extend([self.ttl, self.proto(), 0, 0]);
+        h.extend(self.src.octets());
+        h.extend(self.dst.octets());
+        h.extend(&self.options);
+        let c = checksum(&h);
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+        h
+    }
+
+    fn eth(&self) -> Vec<u8> {
+        let mut e = Vec::new();
+        e.extend(self.eth_dst);
+        e.extend(self.eth_src);
+        e.extend([0x08, 0x00]);
+        e
+    }
+
+    /// The IP packet (no Ethernet header).
+    pub fn ip_bytes(&self) -> Vec<u8> {
+        let l4 = self.l4_bytes();
+        let mut b = self.ip_header(l4.len(), false, 0);
+        b.extend(l4);
+        b
+    }
+
+    /// The whole frame.
+    pub fn frame(&self) -> Vec<u8> {
+        let mut f = self.eth();
+        f.extend(self.ip_bytes());
+        f
+    }
+
+    /// The frame cut in two IP fragments: the first carries `first_len` bytes of the
+    /// transport part (a multiple of 8), the second the rest.
+    pub fn fragments(&self, first_len: usize) -> (Vec<u8>, Vec<u8>) {
+        let l4 = self.l4_bytes();
+        let mut first = self.eth();
+        first.extend(self.ip_header(first_len, true, 0));
+        first.extend(&l4[..first_len]);
+        let mut later = self.eth();
+        later.extend(self.ip_header(l4.len() - first_len, false, first_len));
+        later.extend(&l4[first_len..]);
+        (first, later)
+    }
+
+    /// What an ICMP error quotes of this packet: its IP header and 8 bytes.
+    pub fn quote(&self) -> Vec<u8> {
+        let ip = self.ip_bytes();
+        ip[..20 + self.options.len() + 8].to_vec()
+    }
+}
+
+/// The Internet checksum of `bytes`, computed from scratch.
+pub fn checksum(bytes: &[u8]) -> u16 {
+    let mut sum = 0u32;
+    for chunk in bytes.chunks(2) {
+        let word = if chunk.len() == 2 { u16::from_be_bytes([chunk[0], chunk[1]]) } else { u16::from(chunk[0]) << 8 };
+        sum += u32::from(word);
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// A one-line-per-layer rendering of a frame, with checksums verified from scratch.
+pub fn decode(frame: &[u8]) -> String {
+    let hex: Vec<String> = frame
+        .chunks(16)
+        .map(|c| c.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" "))
+        .collect();
+    format!("{}\n    {}", summary(frame), hex.join("\n    "))
+}
+
+fn mac(m: &[u8]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+/// The headers of a frame in one line each.
+pub fn summary(f: &[u8]) -> String {
+    if f.len() < 14 {
+        return format!("truncated frame ({} bytes)", f.len());
+    }
+    let mut s = format!("eth {} -> {} type {:02x}{:02x}", mac(&f[6..12]), mac(&f[0..6]), f[12], f[13]);
+    if f[12..14] != [0x08, 0x00] || f.len() < 34 {
+        return s;
+    }
+    let ip = &f[14..];
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if ihl < 20 || ip.len() < ihl {
+        return s + &format!("\n  ipv4 bad ihl {ihl}");
+    }
+    let ok = |good: bool| if good { "ok" } else { "BAD" };
+    let src = std::net::Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    let dst = std::net::Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+    let frag = u16::from_be_bytes([ip[6], ip[7]]);
+    s += &format!(
+        "\n  ipv4 {src} -> {dst} ttl {} proto {} len {} id {:04x} frag {:04x} ihl {ihl} csum {}",
+        ip[8],
+        ip[9],
+        u16::from_be_bytes([ip[2], ip[3]]),
+        u16::from_be_bytes([ip[4], ip[5]]),
+        frag,
+        ok(checksum(&ip[..ihl]) == 0)
+    );
+    let l4 = &ip[ihl..];
+    if frag & 0x1fff != 0 || l4.len() < 8 {
+        return s;
+    }
+    let ports = format!("{} -> {}", u16::from_be_bytes([l4[0], l4[1]]), u16::from_be_bytes([l4[2], l4[3]]));
+    let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
+    let whole = frag & 0x2000 == 0;
+    let pseudo_ok = |data: &[u8]| {
+        let mut p = Vec::new();
+        p.extend(&ip[12..20]);
+        p.extend([0, ip[9]]);
+        p.extend((data.len() as u16).to_be_bytes());
+        p.extend(data);
+        checksum(&p) == 0
+    };
+    match ip[9] {
+        6 => s += &format!("\n  tcp {ports} csum {}", if whole { ok(pseudo_ok(&ip[ihl..tot])) } else { "n/a (fragment)" }),
+        17 => {
+            let c = u16::from_be_bytes([l4[6], l4[7]]);
+            let v = if c == 0 { "none" } else if whole { ok(pseudo_ok(&ip[ihl..tot])) } else { "n/a (fragment)" };
+            s += &format!("\n  udp {ports} csum {v}");
+        }
+        1 => {
+            s += &format!("\n  icmp type {} code {} csum {}", l4[0], l4[1], ok(checksum(&ip[ihl..tot]) == 0));
+            if l4.len() >= 8 + 28 {
+                s += &format!("\n  quoted:{}", summary(&[&f[..14], &l4[8..]].concat()).replace("\n", "\n  "));
+            }
+        }
+        _ => {}
+    }
+    s
+}

@@ -1,0 +1,158 @@
+//! Running the gateway program with `BPF_PROG_TEST_RUN` inside a namespace whose
+//! routes and neighbours make its FIB lookups deterministic.
+
+use std::path::PathBuf;
+
+use aya::programs::{TestRun, TestRunOptions};
+use berth::datapath::{Config, Datapath, Limits, PROGRAM};
+
+use crate::netns::{unique, Netns};
+
+/// XDP verdicts.
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
+
+/// Name of a verdict for messages.
+pub fn verdict_name(v: u32) -> &'static str {
+    match v {
+        0 => "XDP_ABORTED",
+        XDP_DROP => "XDP_DROP",
+        XDP_PASS => "XDP_PASS",
+        XDP_TX => "XDP_TX",
+        XDP_REDIRECT => "XDP_REDIRECT",
+        _ => "unknown",
+    }
+}
+
+/// Small map sizes for tests.
+pub fn test_limits() -> Limits {
+    Limits { services: 64, backends: 256, flows: 4096, fragments: 64, addresses: 8 }
+}
+
+/// A datapath loaded with its own pin directory, removed on drop.
+pub struct TestDatapath {
+    pub dp: Datapath,
+    pub pin_dir: PathBuf,
+}
+
+impl TestDatapath {
+    pub fn load() -> Self {
+        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/berth-test-{}", unique("dp")));
+        let config = Config { pin_dir: pin_dir.clone(), limits: test_limits() };
+        let dp = Datapath::load(&config).unwrap_or_else(|e| panic!("loading datapath: {}", chain(&e)));
+        TestDatapath { dp, pin_dir }
+    }
+}
+
+impl Drop for TestDatapath {
+    fn drop(&mut self) {
+        let _ = berth::datapath::remove_pins(&self.pin_dir);
+    }
+}
+
+/// An error with its sources, one per line.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(&format!(": {c}"));
+        cur = c.source();
+    }
+    s
+}
+
+/// Runs `program` once on `input` as if received on `ingress_ifindex` (0: loopback).
+/// Must be called on a thread inside the namespace owning that interface.
+pub fn run(dp: &mut Datapath, program: &'static str, ingress_ifindex: u32, input: &[u8]) -> (u32, Vec<u8>) {
+    let prog = dp.program_mut(program).expect("program");
+    let mut out = vec![0u8; input.len() + 256];
+    // struct xdp_md { data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex }
+    let mut ctx = [0u8; 24];
+    ctx[4..8].copy_from_slice(&(input.len() as u32).to_ne_bytes());
+    ctx[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    let opts = TestRunOptions {
+        data_in: Some(input),
+        data_out: Some(&mut out),
+        ctx_in: if ingress_ifindex == 0 { None } else { Some(&ctx) },
+        ..TestRunOptions::default()
+    };
+    let result = prog.test_run(opts).unwrap_or_else(|e| panic!("test_run: {}", chain(&e)));
+    out.truncate(result.data_size_out as usize);
+    (result.return_value, out)
+}
+
+/// Runs the gateway program (see `run`).
+pub fn run_gateway(dp: &mut Datapath, ingress_ifindex: u32, input: &[u8]) -> (u32, Vec<u8>) {
+    run(dp, PROGRAM, ingress_ifindex, input)
+}
+
+/// Addresses of the fixture network (all inside the fixture namespace).
+pub mod net {
+    use std::net::{Ipv4Addr, SocketAddrV4};
+
+    pub const GW: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 100);
+    pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 250, 1, 10);
+    pub const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 1, 0x10];
+    pub const FX0_MAC: [u8; 6] = [2, 0, 0, 0, 1, 1];
+    pub const FX1_MAC: [u8; 6] = [2, 0, 0, 0, 2, 1];
+    /// Backends with static neighbour entries on fx1.
+    pub const B1: Ipv4Addr = Ipv4Addr::new(10, 250, 2, 10);
+    pub const B2: Ipv4Addr = Ipv4Addr::new(10, 250, 2, 11);
+    pub const B3: Ipv4Addr = Ipv4Addr::new(10, 250, 2, 12);
+    /// A backend on fx1's subnet with no neighbour entry.
+    pub const B_NO_NEIGH: Ipv4Addr = Ipv4Addr::new(10, 250, 2, 20);
+    /// A backend on the client side (fx0).
+    pub const B_SAME_SIDE: Ipv4Addr = Ipv4Addr::new(10, 250, 1, 50);
+    pub const B_SAME_SIDE_MAC: [u8; 6] = [2, 0, 0, 0, 1, 0x50];
+
+    pub fn mac_of(backend: Ipv4Addr) -> [u8; 6] {
+        let o = backend.octets();
+        [2, 0, 0, 0, o[2], o[3]]
+    }
+
+    pub fn sa(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
+        SocketAddrV4::new(ip, port)
+    }
+}
+
+/// A namespace with two veth pairs standing for the client side (fx0) and the backend
+/// side (fx1) of a gateway, static neighbours and forwarding on.
+pub struct FixtureNet {
+    pub ns: Netns,
+    pub fx0: u32,
+    pub fx1: u32,
+}
+
+impl FixtureNet {
+    pub fn new() -> Self {
+        use net::*;
+        let ns = Netns::new("fx");
+        let mac = |m: [u8; 6]| m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
+        for (dev, peer, m, addr) in [("fx0", "fx0p", FX0_MAC, "10.250.1.1/24"), ("fx1", "fx1p", FX1_MAC, "10.250.2.1/24")] {
+            ns.ip(&["link", "add", dev, "address", &mac(m), "type", "veth", "peer", "name", peer]);
+            ns.ip(&["addr", "add", addr, "dev", dev]);
+            ns.ip(&["link", "set", dev, "up"]);
+            ns.ip(&["link", "set", peer, "up"]);
+        }
+        let neigh = |ip: std::net::Ipv4Addr, m: [u8; 6], dev: &str| {
+            ns.ip(&["neigh", "replace", &ip.to_string(), "lladdr", &mac(m), "dev", dev, "nud", "permanent"]);
+        };
+        neigh(CLIENT, CLIENT_MAC, "fx0");
+        neigh(B_SAME_SIDE, B_SAME_SIDE_MAC, "fx0");
+        for b in [B1, B2, B3] {
+            neigh(b, mac_of(b), "fx1");
+        }
+        ns.sysctl("net.ipv4.ip_forward", "1");
+        let fx0 = ns.ifindex("fx0");
+        let fx1 = ns.ifindex("fx1");
+        FixtureNet { ns, fx0, fx1 }
+    }
+}
+
+impl Default for FixtureNet {
+    fn default() -> Self {
+        Self::new()
+    }
+}
