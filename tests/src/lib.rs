@@ -3,4 +3,5 @@
 
 pub mod netns;
 pub mod packet;
+pub mod topo;
 pub mod xdp;

@@ -125,6 +125,11 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Takes charge of a process started elsewhere.
+    pub fn from_child(child: Child, what: &str) -> Self {
+        Proc { child: Some(child), what: what.to_string() }
+    }
+
     /// Kills the process with SIGKILL and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

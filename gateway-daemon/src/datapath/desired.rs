@@ -97,7 +97,38 @@ pub struct WeightedBackend {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredState {
     /// Backends of every service.
+    #[serde(with = "service_list")]
     pub services: BTreeMap<ServiceAddr, Vec<WeightedBackend>>,
+}
+
+/// JSON/YAML form: a list of `{service, backends}` (map keys must be strings there).
+mod service_list {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct Entry {
+        service: ServiceAddr,
+        backends: Vec<WeightedBackend>,
+    }
+
+    pub fn serialize<S: Serializer>(
+        map: &BTreeMap<ServiceAddr, Vec<WeightedBackend>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let list: Vec<Entry> = map
+            .iter()
+            .map(|(service, backends)| Entry { service: *service, backends: backends.clone() })
+            .collect();
+        list.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<ServiceAddr, Vec<WeightedBackend>>, D::Error> {
+        let list = Vec::<Entry>::deserialize(d)?;
+        Ok(list.into_iter().map(|e| (e.service, e.backends)).collect())
+    }
 }
 
 /// Backends of one service keyed by endpoint (duplicates merged by adding weights).
