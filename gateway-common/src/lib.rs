@@ -126,6 +126,29 @@ pub const NAT_DST: u8 = 1;
 /// `Flow::kind`: rewrite the source (backend → client becomes gateway → client).
 pub const NAT_SRC: u8 = 2;
 
+/// A next hop learnt from the kernel's FIB and cached in a flow, so established
+/// packets skip `bpf_fib_lookup`. Written by the kernel program only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NextHop {
+    /// Egress interface index, host order; 0: nothing cached.
+    pub ifindex: u32,
+    /// When the FIB was asked, in units of 2^20 ns of `bpf_ktime_get_coarse_ns`, host order.
+    pub checked_at: u32,
+    /// Largest IP packet length the FIB accepted for this hop's MTU, host order.
+    pub fit_len: u16,
+    /// Destination MAC.
+    pub dmac: [u8; 6],
+    /// Source MAC.
+    pub smac: [u8; 6],
+    /// Always zero.
+    pub pad: u16,
+}
+
+/// A cached next hop is asked again after this many 2^20 ns units (about a second), so
+/// route and neighbour changes are picked up.
+pub const NEXT_HOP_REFRESH: u32 = 1024;
+
 /// Value of the conntrack map: how to rewrite packets of this tuple.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,6 +166,8 @@ pub struct Flow {
     pub backend: u32,
     /// Service id, host order (for statistics).
     pub service: u32,
+    /// Where packets of this flow were last sent.
+    pub next_hop: NextHop,
 }
 
 /// Key of the fragment map: identifies one fragmented IPv4 datagram.
@@ -263,7 +288,8 @@ const _: () = {
     assert!(core::mem::size_of::<Service>() == 16);
     assert!(core::mem::size_of::<Backend>() == 16);
     assert!(core::mem::size_of::<FlowKey>() == 16);
-    assert!(core::mem::size_of::<Flow>() == 16);
+    assert!(core::mem::size_of::<NextHop>() == 24);
+    assert!(core::mem::size_of::<Flow>() == 40);
     assert!(core::mem::size_of::<FragKey>() == 12);
     assert!(core::mem::size_of::<FragPorts>() == 4);
     assert!(core::mem::size_of::<ServiceStats>() == 40);
@@ -278,6 +304,7 @@ mod pod {
     unsafe impl aya::Pod for Backend {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for Flow {}
+    unsafe impl aya::Pod for NextHop {}
     unsafe impl aya::Pod for FragKey {}
     unsafe impl aya::Pod for FragPorts {}
     unsafe impl aya::Pod for ServiceStats {}

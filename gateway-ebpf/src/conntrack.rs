@@ -1,28 +1,36 @@
 //! Flow lookup and backend selection: the conntrack hit path and weighted Maglev.
 
 use gateway_common::{
-    flow_hash, Counter, Flow, FlowKey, Service, ServiceKey, BACKEND_LIVE, MAGLEV_SIZE, NAT_DST,
-    NAT_SRC,
+    flow_hash, Counter, Flow, FlowKey, NextHop, Service, ServiceKey, BACKEND_LIVE, MAGLEV_SIZE,
+    NAT_DST, NAT_SRC,
 };
 
 use crate::maps::{count, BACKENDS, CONNTRACK, MAGLEV, SERVICES};
 
-/// The flow a packet belongs to.
-pub struct Hit {
-    pub flow: Flow,
-    /// The flow was created by this packet.
-    pub new: bool,
+/// What the conntrack says about a packet.
+///
+/// (New flows are returned through a caller-owned slot rather than in this enum: an
+/// enum whose variants differ in size is copied with undefined bytes, which LLVM may
+/// then read from registers the verifier considers uninitialised.)
+pub enum Found {
+    /// Not ours.
+    Miss,
+    /// A tracked flow: its entry in the map, updated in place (next-hop cache).
+    Tracked(*mut Flow),
+    /// The first packet of a flow: the new flow is in the caller's slot, to be recorded
+    /// with `record` once forwarded (so the entry starts with its next hop cached).
+    New,
 }
 
-/// Finds the flow of the packet with tuple `t`, or balances it to a backend when it is
-/// the first packet to a service. `Ok(None)`: the packet is not ours.
+/// Finds the flow of the packet with tuple `t`, or balances it to a backend (written
+/// to `new`) when it is the first packet to a service.
 #[inline(always)]
-pub fn lookup_or_balance(t: &FlowKey) -> Result<Option<Hit>, Counter> {
-    // SAFETY: the value is copied out at once.
-    if let Some(flow) = unsafe { CONNTRACK.get(t) } {
-        let flow = *flow;
-        if flow.kind == NAT_SRC || backend_alive(&flow) {
-            return Ok(Some(Hit { flow, new: false }));
+pub fn lookup_or_balance(t: &FlowKey, new: &mut Flow) -> Result<Found, Counter> {
+    if let Some(flow) = CONNTRACK.get_ptr_mut(t) {
+        // SAFETY: a valid map value pointer for the duration of this program run.
+        let f = unsafe { &*flow };
+        if f.kind == NAT_SRC || backend_alive(f) {
+            return Ok(Found::Tracked(flow));
         }
         count(Counter::BackendGone);
     }
@@ -34,9 +42,10 @@ pub fn lookup_or_balance(t: &FlowKey) -> Result<Option<Hit>, Counter> {
     };
     // SAFETY: the value is copied out at once.
     let Some(service) = (unsafe { SERVICES.get(&key) }).copied() else {
-        return Ok(None);
+        return Ok(Found::Miss);
     };
-    balance(t, &service).map(|flow| Some(Hit { flow, new: true }))
+    *new = balance(t, &service)?;
+    Ok(Found::New)
 }
 
 /// A tracked flow keeps its backend while that backend is still configured for the
@@ -54,7 +63,7 @@ fn backend_alive(flow: &Flow) -> bool {
     }
 }
 
-/// Picks a backend with the service's Maglev table and records both directions.
+/// Picks a backend with the service's Maglev table.
 #[inline(always)]
 fn balance(t: &FlowKey, service: &Service) -> Result<Flow, Counter> {
     if service.active == 0 {
@@ -67,35 +76,41 @@ fn balance(t: &FlowKey, service: &Service) -> Result<Flow, Counter> {
     if backend.flags & BACKEND_LIVE == 0 {
         return Err(Counter::DropNoBackend);
     }
-    let forward = Flow {
+    Ok(Flow {
         nat_addr: backend.addr,
         nat_port: backend.port,
         kind: NAT_DST,
         pad: 0,
         backend: backend_id,
         service: service.id,
-    };
+        next_hop: NextHop::default(),
+    })
+}
+
+/// Records both directions of a new flow with tuple `key`.
+#[inline(always)]
+pub fn record(key: &FlowKey, flow: &Flow) {
     let reply_key = FlowKey {
-        src: backend.addr,
-        dst: t.src,
-        sport: backend.port,
-        dport: t.sport,
-        proto: t.proto,
+        src: flow.nat_addr,
+        dst: key.src,
+        sport: flow.nat_port,
+        dport: key.sport,
+        proto: key.proto,
         pad: [0; 3],
     };
     let reply = Flow {
-        nat_addr: t.dst,
-        nat_port: t.dport,
+        nat_addr: key.dst,
+        nat_port: key.dport,
         kind: NAT_SRC,
         pad: 0,
-        backend: backend_id,
-        service: service.id,
+        backend: flow.backend,
+        service: flow.service,
+        next_hop: NextHop::default(),
     };
     // The reply entry goes first so that a reply can never arrive before it exists.
     // Inserting into an LRU map only fails on allocation failure; the packet is still
     // forwarded and the next one retries.
     let _ = CONNTRACK.insert(&reply_key, &reply, 0);
-    let _ = CONNTRACK.insert(t, &forward, 0);
+    let _ = CONNTRACK.insert(key, flow, 0);
     count(Counter::NewFlow);
-    Ok(forward)
 }

@@ -2,10 +2,10 @@
 
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, xdp_action, BPF_FIB_LKUP_RET_SUCCESS},
-    helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect},
+    helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_coarse_ns, bpf_redirect},
     programs::XdpContext,
 };
-use gateway_common::Counter;
+use gateway_common::{Counter, NextHop, NEXT_HOP_REFRESH};
 
 use crate::{
     csum::replace2,
@@ -19,11 +19,58 @@ const AF_INET: u8 = 2;
 /// FIB knows the route and the neighbour, otherwise up the stack, which forwards it
 /// (and resolves the neighbour, or answers with ICMP when the TTL runs out).
 ///
+/// `hop` caches the FIB's answer for the flow; it is asked again when the cache is
+/// empty, about a second old, or the packet is longer than any the FIB has accepted
+/// (the FIB checks the MTU).
+///
 /// # Safety
 /// `eth` and `ip` must point into the packet, bounds-checked.
 #[inline(always)]
-pub unsafe fn forward(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4) -> u32 {
+pub unsafe fn forward(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, hop: &mut NextHop) -> u32 {
+    if (*ip).ttl <= 1 {
+        count(Counter::KernelForward);
+        return xdp_action::XDP_PASS;
+    }
     let ingress = ctx.ingress_ifindex() as u32;
+    let len = u16::from_be((*ip).tot_len);
+    let now = (bpf_ktime_get_coarse_ns() >> 20) as u32;
+    if hop.ifindex == 0 || len > hop.fit_len || now.wrapping_sub(hop.checked_at) > NEXT_HOP_REFRESH {
+        let Some(found) = fib(ctx, ip, ingress) else {
+            hop.ifindex = 0;
+            count(Counter::KernelForward);
+            return xdp_action::XDP_PASS;
+        };
+        let fresh = hop.ifindex == found.ifindex && now.wrapping_sub(hop.checked_at) <= NEXT_HOP_REFRESH;
+        hop.fit_len = if fresh && hop.fit_len > len { hop.fit_len } else { len };
+        hop.ifindex = found.ifindex;
+        hop.checked_at = now;
+        hop.dmac = found.dmac;
+        hop.smac = found.smac;
+    }
+    // The TTL shares a 16-bit checksum word with the protocol field.
+    let word = (ip as *mut u8).add(8) as *mut u16;
+    let old = *word;
+    (*ip).ttl -= 1;
+    (*ip).check = replace2((*ip).check, old, *word);
+    (*eth).dst = hop.dmac;
+    (*eth).src = hop.smac;
+    if hop.ifindex == ingress {
+        count(Counter::Tx);
+        return xdp_action::XDP_TX;
+    }
+    count(Counter::Redirect);
+    bpf_redirect(hop.ifindex, 0) as u32
+}
+
+struct Found {
+    ifindex: u32,
+    dmac: [u8; 6],
+    smac: [u8; 6],
+}
+
+/// Asks the kernel's FIB (routes and neighbours, MTU checked) where `ip` goes.
+#[inline(always)]
+unsafe fn fib(ctx: &XdpContext, ip: *mut Ipv4, ingress: u32) -> Option<Found> {
     // SAFETY: bpf_fib_lookup is plain data; all-zero is a valid value.
     let mut params: bpf_fib_lookup = core::mem::zeroed();
     params.family = AF_INET;
@@ -39,21 +86,8 @@ pub unsafe fn forward(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4) -> u32 {
         core::mem::size_of::<bpf_fib_lookup>() as i32,
         0,
     );
-    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 || (*ip).ttl <= 1 {
-        count(Counter::KernelForward);
-        return xdp_action::XDP_PASS;
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
+        return None;
     }
-    // The TTL shares a 16-bit checksum word with the protocol field.
-    let word = (ip as *mut u8).add(8) as *mut u16;
-    let old = *word;
-    (*ip).ttl -= 1;
-    (*ip).check = replace2((*ip).check, old, *word);
-    (*eth).dst = params.dmac;
-    (*eth).src = params.smac;
-    if params.ifindex == ingress {
-        count(Counter::Tx);
-        return xdp_action::XDP_TX;
-    }
-    count(Counter::Redirect);
-    bpf_redirect(params.ifindex, 0) as u32
+    Some(Found { ifindex: params.ifindex, dmac: params.dmac, smac: params.smac })
 }

@@ -3,7 +3,7 @@
 //! quote, so the sender of the quoted packet recognises it.
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
-use gateway_common::{proto, Counter, FlowKey, NAT_DST};
+use gateway_common::{proto, Counter, FlowKey, NextHop, NAT_DST};
 
 use crate::{
     csum::{replace2, replace4},
@@ -52,6 +52,8 @@ pub unsafe fn handle(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, l4_off: usi
     let Some(flow) = CONNTRACK.get(&key).copied() else {
         return pass;
     };
+    // Errors are rare: they use their own next-hop lookup, not the flow's cache.
+    let mut hop = NextHop::default();
 
     // A NAT_DST flow (client → gateway) quotes a reply: restore its source to the
     // backend. A NAT_SRC flow (backend → client) quotes a forwarded packet: restore its
@@ -80,5 +82,5 @@ pub unsafe fn handle(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, l4_off: usi
         (*ip).check = replace4((*ip).check, old_addr, flow.nat_addr);
     }
     count(Counter::IcmpTranslated);
-    forward(ctx, eth, ip)
+    forward(ctx, eth, ip, &mut hop)
 }

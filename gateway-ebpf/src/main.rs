@@ -12,10 +12,10 @@ mod nat;
 mod packet;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
-use gateway_common::{proto, Counter, FlowKey, FragKey, FragPorts, NAT_DST};
+use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NextHop, NAT_DST};
 
 use crate::{
-    conntrack::{lookup_or_balance, Hit},
+    conntrack::{lookup_or_balance, Found},
     maps::{account, count, is_gateway_address, Direction, FRAGMENTS},
     nat::{rewrite, L4},
     packet::{
@@ -87,11 +87,13 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
             return if is_gateway_address(dst) { Err(Counter::DropFragment) } else { PASS };
         };
         let t = FlowKey { src, dst, sport: ports.sport, dport: ports.dport, proto: ip_proto, pad: [0; 3] };
-        let Some(hit) = lookup_or_balance(&t)? else {
+        let mut new = EMPTY_FLOW;
+        let found = lookup_or_balance(&t, &mut new)?;
+        if matches!(found, Found::Miss) {
             return PASS;
-        };
+        }
         count(Counter::FragmentTranslated);
-        return Ok(unsafe { translate(ctx, eth, ip, None, &hit, tot_len) });
+        return Ok(unsafe { translate(ctx, eth, ip, None, &t, found, &mut new, tot_len) });
     }
 
     let (ports, check_off, hdr_len) = if udp {
@@ -110,15 +112,15 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let first_fragment = frag & IP_MF != 0;
     let frag_key = FragKey { src, dst, id: unsafe { (*ip).id }, proto: ip_proto, pad: 0 };
     let ports_seen = FragPorts { sport, dport };
-    // First fragment of a datagram for us: remember its ports for the later ones. (Each
-    // arm handles this on its own: carrying an `Option<Hit>` across it let LLVM read
-    // the undefined payload of `None`, which the verifier rejects.)
-    let Some(hit) = lookup_or_balance(&t)? else {
+    // First fragment of a datagram for us: remember its ports for the later ones.
+    let mut new = EMPTY_FLOW;
+    let found = lookup_or_balance(&t, &mut new)?;
+    if matches!(found, Found::Miss) {
         if first_fragment && is_gateway_address(dst) {
             remember_fragment(&frag_key, &ports_seen);
         }
         return PASS;
-    };
+    }
     if first_fragment {
         remember_fragment(&frag_key, &ports_seen);
     }
@@ -127,32 +129,56 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         check: unsafe { (ports as *mut u8).add(check_off) as *mut u16 },
         udp,
     };
-    Ok(unsafe { translate(ctx, eth, ip, Some(&l4), &hit, tot_len) })
+    Ok(unsafe { translate(ctx, eth, ip, Some(&l4), &t, found, &mut new, tot_len) })
 }
 
-/// Rewrites the packet for its flow, accounts it and forwards it.
+/// Rewrites the packet for its flow, accounts it and forwards it; records a new flow.
 ///
 /// # Safety
-/// All pointers must point into the packet, bounds-checked.
+/// All pointers must point into the packet, bounds-checked; a `Tracked` pointer must
+/// come from this run.
+#[expect(clippy::too_many_arguments, reason = "one call per path, all inlined")]
 #[inline(always)]
 unsafe fn translate(
     ctx: &XdpContext,
     eth: *mut Eth,
     ip: *mut Ipv4,
     l4: Option<&L4>,
-    hit: &Hit,
+    key: &FlowKey,
+    found: Found,
+    new: &mut Flow,
     len: usize,
 ) -> u32 {
-    rewrite(ip, l4, &hit.flow);
-    let dir = if hit.flow.kind == NAT_DST { Direction::Forward } else { Direction::Reply };
-    account(hit.flow.service, dir, len as u64, hit.new);
-    fwd::forward(ctx, eth, ip)
+    let (flow, is_new) = match found {
+        Found::Tracked(flow) => (&mut *flow, false),
+        _ => (new, true),
+    };
+    rewrite(ip, l4, flow);
+    let dir = if flow.kind == NAT_DST { Direction::Forward } else { Direction::Reply };
+    account(flow.service, dir, len as u64, is_new);
+    let verdict = fwd::forward(ctx, eth, ip, &mut flow.next_hop);
+    if is_new {
+        conntrack::record(key, flow);
+    }
+    verdict
 }
 
-#[inline(never)]
+/// Records the ports of a fragmented datagram seen in its first fragment.
+#[inline(always)]
 fn remember_fragment(key: &FragKey, ports: &FragPorts) {
     let _ = FRAGMENTS.insert(key, ports, 0);
 }
+
+/// A zeroed flow slot.
+const EMPTY_FLOW: Flow = Flow {
+    nat_addr: 0,
+    nat_port: 0,
+    kind: 0,
+    pad: 0,
+    backend: 0,
+    service: 0,
+    next_hop: NextHop { ifindex: 0, checked_at: 0, fit_len: 0, dmac: [0; 6], smac: [0; 6], pad: 0 },
+};
 
 /// A packet whose headers cannot be parsed: ours to drop if it was sent to a gateway
 /// address, otherwise none of our business.

@@ -39,8 +39,12 @@ pub struct TestDatapath {
 
 impl TestDatapath {
     pub fn load() -> Self {
+        Self::load_with(test_limits())
+    }
+
+    pub fn load_with(limits: Limits) -> Self {
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/berth-test-{}", unique("dp")));
-        let config = Config { pin_dir: pin_dir.clone(), limits: test_limits() };
+        let config = Config { pin_dir: pin_dir.clone(), limits };
         let dp = Datapath::load(&config).unwrap_or_else(|e| panic!("loading datapath: {}", chain(&e)));
         TestDatapath { dp, pin_dir }
     }
