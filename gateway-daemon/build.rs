@@ -9,7 +9,9 @@ fn main() -> anyhow::Result<()> {
         .parent()
         .ok_or_else(|| anyhow!("gateway-daemon has no parent directory"))?
         .join("gateway-ebpf");
-    let root = root.to_str().ok_or_else(|| anyhow!("non-UTF-8 path {}", root.display()))?;
+    let root = root
+        .to_str()
+        .ok_or_else(|| anyhow!("non-UTF-8 path {}", root.display()))?;
     let package = Package {
         name: "gateway-ebpf",
         root_dir: root,

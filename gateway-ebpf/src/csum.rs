@@ -20,10 +20,6 @@ pub fn replace2(check: u16, old: u16, new: u16) -> u16 {
 /// Checksum after a 32-bit field changed from `old` to `new`.
 #[inline(always)]
 pub fn replace4(check: u16, old: u32, new: u32) -> u16 {
-    let sum = (!check) as u32
-        + ((!old) & 0xffff)
-        + ((!old) >> 16)
-        + (new & 0xffff)
-        + (new >> 16);
+    let sum = (!check) as u32 + ((!old) & 0xffff) + ((!old) >> 16) + (new & 0xffff) + (new >> 16);
     !fold(sum)
 }

@@ -34,14 +34,20 @@ pub unsafe fn forward(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, hop: &mut 
     let ingress = ctx.ingress_ifindex() as u32;
     let len = u16::from_be((*ip).tot_len);
     let now = (bpf_ktime_get_coarse_ns() >> 20) as u32;
-    if hop.ifindex == 0 || len > hop.fit_len || now.wrapping_sub(hop.checked_at) > NEXT_HOP_REFRESH {
+    if hop.ifindex == 0 || len > hop.fit_len || now.wrapping_sub(hop.checked_at) > NEXT_HOP_REFRESH
+    {
         let Some(found) = fib(ctx, ip, ingress) else {
             hop.ifindex = 0;
             count(Counter::KernelForward);
             return xdp_action::XDP_PASS;
         };
-        let fresh = hop.ifindex == found.ifindex && now.wrapping_sub(hop.checked_at) <= NEXT_HOP_REFRESH;
-        hop.fit_len = if fresh && hop.fit_len > len { hop.fit_len } else { len };
+        let fresh =
+            hop.ifindex == found.ifindex && now.wrapping_sub(hop.checked_at) <= NEXT_HOP_REFRESH;
+        hop.fit_len = if fresh && hop.fit_len > len {
+            hop.fit_len
+        } else {
+            len
+        };
         hop.ifindex = found.ifindex;
         hop.checked_at = now;
         hop.dmac = found.dmac;
@@ -89,5 +95,9 @@ unsafe fn fib(ctx: &XdpContext, ip: *mut Ipv4, ingress: u32) -> Option<Found> {
     if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
         return None;
     }
-    Some(Found { ifindex: params.ifindex, dmac: params.dmac, smac: params.smac })
+    Some(Found {
+        ifindex: params.ifindex,
+        dmac: params.dmac,
+        smac: params.smac,
+    })
 }

@@ -19,8 +19,8 @@ use crate::{
     maps::{account, count, is_gateway_address, Direction, FRAGMENTS},
     nat::{rewrite, L4},
     packet::{
-        ptr_at, Eth, Ipv4, Ports, ETH_LEN, ETH_P_IP, IPV4_MIN_LEN, IP_MF, IP_OFFSET,
-        TCP_CHECK_OFF, UDP_CHECK_OFF,
+        ptr_at, Eth, Ipv4, Ports, ETH_LEN, ETH_P_IP, IPV4_MIN_LEN, IP_MF, IP_OFFSET, TCP_CHECK_OFF,
+        UDP_CHECK_OFF,
     },
 };
 
@@ -67,7 +67,11 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         )
     };
     let ihl = ((vihl & 0x0f) as usize) * 4;
-    if vihl >> 4 != 4 || ihl < IPV4_MIN_LEN || tot_len < ihl || ETH_LEN + tot_len > ctx.data_end() - ctx.data() {
+    if vihl >> 4 != 4
+        || ihl < IPV4_MIN_LEN
+        || tot_len < ihl
+        || ETH_LEN + tot_len > ctx.data_end() - ctx.data()
+    {
         return malformed(dst);
     }
     let l4_off = ETH_LEN + ihl;
@@ -82,11 +86,28 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
 
     if frag & IP_OFFSET != 0 {
         // A later fragment carries no ports: follow the flow its first fragment took.
-        let key = FragKey { src, dst, id: unsafe { (*ip).id }, proto: ip_proto, pad: 0 };
-        let Some(ports) = (unsafe { FRAGMENTS.get(&key) }).copied() else {
-            return if is_gateway_address(dst) { Err(Counter::DropFragment) } else { PASS };
+        let key = FragKey {
+            src,
+            dst,
+            id: unsafe { (*ip).id },
+            proto: ip_proto,
+            pad: 0,
         };
-        let t = FlowKey { src, dst, sport: ports.sport, dport: ports.dport, proto: ip_proto, pad: [0; 3] };
+        let Some(ports) = (unsafe { FRAGMENTS.get(&key) }).copied() else {
+            return if is_gateway_address(dst) {
+                Err(Counter::DropFragment)
+            } else {
+                PASS
+            };
+        };
+        let t = FlowKey {
+            src,
+            dst,
+            sport: ports.sport,
+            dport: ports.dport,
+            proto: ip_proto,
+            pad: [0; 3],
+        };
         let mut new = EMPTY_FLOW;
         let found = lookup_or_balance(&t, &mut new)?;
         if matches!(found, Found::Miss) {
@@ -97,9 +118,17 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     }
 
     let (ports, check_off, hdr_len) = if udp {
-        (ptr_at::<[u8; 8]>(ctx, l4_off).map(|p| p as *mut Ports), UDP_CHECK_OFF, 8)
+        (
+            ptr_at::<[u8; 8]>(ctx, l4_off).map(|p| p as *mut Ports),
+            UDP_CHECK_OFF,
+            8,
+        )
     } else {
-        (ptr_at::<[u8; 20]>(ctx, l4_off).map(|p| p as *mut Ports), TCP_CHECK_OFF, 20)
+        (
+            ptr_at::<[u8; 20]>(ctx, l4_off).map(|p| p as *mut Ports),
+            TCP_CHECK_OFF,
+            20,
+        )
     };
     let Some(ports) = ports else {
         return malformed(dst);
@@ -108,9 +137,22 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         return malformed(dst);
     }
     let (sport, dport) = unsafe { ((*ports).src, (*ports).dst) };
-    let t = FlowKey { src, dst, sport, dport, proto: ip_proto, pad: [0; 3] };
+    let t = FlowKey {
+        src,
+        dst,
+        sport,
+        dport,
+        proto: ip_proto,
+        pad: [0; 3],
+    };
     let first_fragment = frag & IP_MF != 0;
-    let frag_key = FragKey { src, dst, id: unsafe { (*ip).id }, proto: ip_proto, pad: 0 };
+    let frag_key = FragKey {
+        src,
+        dst,
+        id: unsafe { (*ip).id },
+        proto: ip_proto,
+        pad: 0,
+    };
     let ports_seen = FragPorts { sport, dport };
     // First fragment of a datagram for us: remember its ports for the later ones.
     let mut new = EMPTY_FLOW;
@@ -154,7 +196,11 @@ unsafe fn translate(
         _ => (new, true),
     };
     rewrite(ip, l4, flow);
-    let dir = if flow.kind == NAT_DST { Direction::Forward } else { Direction::Reply };
+    let dir = if flow.kind == NAT_DST {
+        Direction::Forward
+    } else {
+        Direction::Reply
+    };
     account(flow.service, dir, len as u64, is_new);
     let verdict = fwd::forward(ctx, eth, ip, &mut flow.next_hop);
     if is_new {
@@ -177,7 +223,14 @@ const EMPTY_FLOW: Flow = Flow {
     pad: 0,
     backend: 0,
     service: 0,
-    next_hop: NextHop { ifindex: 0, checked_at: 0, fit_len: 0, dmac: [0; 6], smac: [0; 6], pad: 0 },
+    next_hop: NextHop {
+        ifindex: 0,
+        checked_at: 0,
+        fit_len: 0,
+        dmac: [0; 6],
+        smac: [0; 6],
+        pad: 0,
+    },
 };
 
 /// A packet whose headers cannot be parsed: ours to drop if it was sent to a gateway

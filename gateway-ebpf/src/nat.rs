@@ -23,11 +23,7 @@ pub struct L4 {
 #[inline(always)]
 pub unsafe fn rewrite(ip: *mut Ipv4, l4: Option<&L4>, flow: &Flow) {
     let dst = flow.kind == NAT_DST;
-    let addr = if dst {
-        &mut (*ip).dst
-    } else {
-        &mut (*ip).src
-    };
+    let addr = if dst { &mut (*ip).dst } else { &mut (*ip).src };
     let old_addr = *addr;
     *addr = flow.nat_addr;
     (*ip).check = replace4((*ip).check, old_addr, flow.nat_addr);
@@ -46,7 +42,11 @@ pub unsafe fn rewrite(ip: *mut Ipv4, l4: Option<&L4>, flow: &Flow) {
     if l4.udp && check == 0 {
         return;
     }
-    let mut check = replace2(replace4(check, old_addr, flow.nat_addr), old_port, flow.nat_port);
+    let mut check = replace2(
+        replace4(check, old_addr, flow.nat_addr),
+        old_port,
+        flow.nat_port,
+    );
     if l4.udp && check == 0 {
         check = 0xffff;
     }

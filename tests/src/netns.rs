@@ -80,7 +80,10 @@ impl Netns {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("starting {cmd:?} in {}: {e}", self.name));
-        Proc { child: Some(child), what: format!("{cmd:?}") }
+        Proc {
+            child: Some(child),
+            what: format!("{cmd:?}"),
+        }
     }
 
     /// Sets a sysctl inside the namespace.
@@ -108,13 +111,18 @@ impl Netns {
     /// The index of an interface inside the namespace.
     pub fn ifindex(&self, iface: &str) -> u32 {
         let out = self.exec(&["cat", &format!("/sys/class/net/{iface}/ifindex")]);
-        String::from_utf8_lossy(&out.stdout).trim().parse().expect("ifindex")
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("ifindex")
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
     }
 }
 
@@ -127,7 +135,10 @@ pub struct Proc {
 impl Proc {
     /// Takes charge of a process started elsewhere.
     pub fn from_child(child: Child, what: &str) -> Self {
-        Proc { child: Some(child), what: what.to_string() }
+        Proc {
+            child: Some(child),
+            what: what.to_string(),
+        }
     }
 
     /// Kills the process with SIGKILL and reaps it.
@@ -145,11 +156,17 @@ impl Proc {
 
     /// Panics if the process already exited, showing what it printed.
     pub fn assert_running(&mut self) {
-        let Some(child) = self.child.as_mut() else { return };
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
         if let Ok(Some(status)) = child.try_wait() {
             let out = self.child.take().map(|c| c.wait_with_output());
             let text = match out {
-                Some(Ok(o)) => format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+                Some(Ok(o)) => format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
                 _ => String::new(),
             };
             panic!("{} exited with {status}: {text}", self.what);
@@ -167,7 +184,10 @@ impl Drop for Proc {
 pub fn wait_until(what: &str, timeout: std::time::Duration, mut cond: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + timeout;
     while !cond() {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }

@@ -7,9 +7,19 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 #[derive(Clone, Debug)]
 pub enum L4 {
     /// TCP with the given flags byte.
-    Tcp { sport: u16, dport: u16, seq: u32, ack: u32, flags: u8 },
+    Tcp {
+        sport: u16,
+        dport: u16,
+        seq: u32,
+        ack: u32,
+        flags: u8,
+    },
     /// UDP; `checksum: false` sends 0 ("no checksum").
-    Udp { sport: u16, dport: u16, checksum: bool },
+    Udp {
+        sport: u16,
+        dport: u16,
+        checksum: bool,
+    },
     /// ICMP header; the payload follows.
     Icmp { kind: u8, code: u8, rest: u32 },
 }
@@ -50,18 +60,35 @@ impl Packet {
 
     /// A TCP segment (ACK+PSH unless changed with `flags`).
     pub fn tcp(src: SocketAddrV4, dst: SocketAddrV4) -> Self {
-        let l4 = L4::Tcp { sport: src.port(), dport: dst.port(), seq: 1000, ack: 2000, flags: ACK | PSH };
+        let l4 = L4::Tcp {
+            sport: src.port(),
+            dport: dst.port(),
+            seq: 1000,
+            ack: 2000,
+            flags: ACK | PSH,
+        };
         Self::new(*src.ip(), *dst.ip(), l4)
     }
 
     /// A UDP datagram with a checksum.
     pub fn udp(src: SocketAddrV4, dst: SocketAddrV4) -> Self {
-        let l4 = L4::Udp { sport: src.port(), dport: dst.port(), checksum: true };
+        let l4 = L4::Udp {
+            sport: src.port(),
+            dport: dst.port(),
+            checksum: true,
+        };
         Self::new(*src.ip(), *dst.ip(), l4)
     }
 
     /// An ICMP error quoting `quoted` (an IP packet, cut to its header + 8 bytes).
-    pub fn icmp_error(src: Ipv4Addr, dst: Ipv4Addr, kind: u8, code: u8, rest: u32, quoted: &[u8]) -> Self {
+    pub fn icmp_error(
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        kind: u8,
+        code: u8,
+        rest: u32,
+        quoted: &[u8],
+    ) -> Self {
         let mut p = Self::new(src, dst, L4::Icmp { kind, code, rest });
         p.payload = quoted.to_vec();
         p
@@ -83,7 +110,7 @@ impl Packet {
         self
     }
     pub fn options(mut self, options: &[u8]) -> Self {
-        assert!(options.len() % 4 == 0 && options.len() <= 40);
+        assert!(options.len().is_multiple_of(4) && options.len() <= 40);
         self.options = options.to_vec();
         self
     }
@@ -126,9 +153,14 @@ impl Packet {
     /// Transport header and payload, checksum included.
     pub fn l4_bytes(&self) -> Vec<u8> {
         let mut b = Vec::new();
-        let check_at;
-        match self.l4 {
-            L4::Tcp { sport, dport, seq, ack, flags } => {
+        let check_at = match self.l4 {
+            L4::Tcp {
+                sport,
+                dport,
+                seq,
+                ack,
+                flags,
+            } => {
                 b.extend(sport.to_be_bytes());
                 b.extend(dport.to_be_bytes());
                 b.extend(seq.to_be_bytes());
@@ -136,14 +168,18 @@ impl Packet {
                 b.extend([5 << 4, flags]);
                 b.extend(64240u16.to_be_bytes());
                 b.extend([0, 0, 0, 0]);
-                check_at = Some(16);
+                Some(16)
             }
-            L4::Udp { sport, dport, checksum } => {
+            L4::Udp {
+                sport,
+                dport,
+                checksum,
+            } => {
                 b.extend(sport.to_be_bytes());
                 b.extend(dport.to_be_bytes());
                 b.extend(((8 + self.payload.len()) as u16).to_be_bytes());
                 b.extend([0, 0]);
-                check_at = checksum.then_some(6);
+                checksum.then_some(6)
             }
             L4::Icmp { kind, code, rest } => {
                 b.extend([kind, code, 0, 0]);
@@ -153,7 +189,7 @@ impl Packet {
                 b[2..4].copy_from_slice(&c.to_be_bytes());
                 return b;
             }
-        }
+        };
         b.extend(&self.payload);
         if let Some(at) = check_at {
             let mut pseudo = Vec::new();
@@ -179,7 +215,7 @@ impl Packet {
         h.push(0);
         h.extend(((ihl + len) as u16).to_be_bytes());
         h.extend(self.id.to_be_bytes());
-        assert!(offset % 8 == 0);
+        assert!(offset.is_multiple_of(8));
         let frag = ((offset / 8) as u16) | if more_fragments { 0x2000 } else { 0 };
         h.extend(frag.to_be_bytes());
         h.extend([self.ttl, self.proto(), 0, 0]);
@@ -238,7 +274,11 @@ impl Packet {
 pub fn checksum(bytes: &[u8]) -> u16 {
     let mut sum = 0u32;
     for chunk in bytes.chunks(2) {
-        let word = if chunk.len() == 2 { u16::from_be_bytes([chunk[0], chunk[1]]) } else { u16::from(chunk[0]) << 8 };
+        let word = if chunk.len() == 2 {
+            u16::from_be_bytes([chunk[0], chunk[1]])
+        } else {
+            u16::from(chunk[0]) << 8
+        };
         sum += u32::from(word);
     }
     while sum > 0xffff {
@@ -251,13 +291,21 @@ pub fn checksum(bytes: &[u8]) -> u16 {
 pub fn decode(frame: &[u8]) -> String {
     let hex: Vec<String> = frame
         .chunks(16)
-        .map(|c| c.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" "))
+        .map(|c| {
+            c.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .collect();
     format!("{}\n    {}", summary(frame), hex.join("\n    "))
 }
 
 fn mac(m: &[u8]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// The headers of a frame in one line each.
@@ -265,7 +313,13 @@ pub fn summary(f: &[u8]) -> String {
     if f.len() < 14 {
         return format!("truncated frame ({} bytes)", f.len());
     }
-    let mut s = format!("eth {} -> {} type {:02x}{:02x}", mac(&f[6..12]), mac(&f[0..6]), f[12], f[13]);
+    let mut s = format!(
+        "eth {} -> {} type {:02x}{:02x}",
+        mac(&f[6..12]),
+        mac(&f[0..6]),
+        f[12],
+        f[13]
+    );
     if f[12..14] != [0x08, 0x00] || f.len() < 34 {
         return s;
     }
@@ -291,7 +345,11 @@ pub fn summary(f: &[u8]) -> String {
     if frag & 0x1fff != 0 || l4.len() < 8 {
         return s;
     }
-    let ports = format!("{} -> {}", u16::from_be_bytes([l4[0], l4[1]]), u16::from_be_bytes([l4[2], l4[3]]));
+    let ports = format!(
+        "{} -> {}",
+        u16::from_be_bytes([l4[0], l4[1]]),
+        u16::from_be_bytes([l4[2], l4[3]])
+    );
     let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
     let whole = frag & 0x2000 == 0;
     let pseudo_ok = |data: &[u8]| {
@@ -303,16 +361,39 @@ pub fn summary(f: &[u8]) -> String {
         checksum(&p) == 0
     };
     match ip[9] {
-        6 => s += &format!("\n  tcp {ports} csum {}", if whole { ok(pseudo_ok(&ip[ihl..tot])) } else { "n/a (fragment)" }),
+        6 => {
+            s += &format!(
+                "\n  tcp {ports} csum {}",
+                if whole {
+                    ok(pseudo_ok(&ip[ihl..tot]))
+                } else {
+                    "n/a (fragment)"
+                }
+            )
+        }
         17 => {
             let c = u16::from_be_bytes([l4[6], l4[7]]);
-            let v = if c == 0 { "none" } else if whole { ok(pseudo_ok(&ip[ihl..tot])) } else { "n/a (fragment)" };
+            let v = if c == 0 {
+                "none"
+            } else if whole {
+                ok(pseudo_ok(&ip[ihl..tot]))
+            } else {
+                "n/a (fragment)"
+            };
             s += &format!("\n  udp {ports} csum {v}");
         }
         1 => {
-            s += &format!("\n  icmp type {} code {} csum {}", l4[0], l4[1], ok(checksum(&ip[ihl..tot]) == 0));
+            s += &format!(
+                "\n  icmp type {} code {} csum {}",
+                l4[0],
+                l4[1],
+                ok(checksum(&ip[ihl..tot]) == 0)
+            );
             if l4.len() >= 8 + 28 {
-                s += &format!("\n  quoted:{}", summary(&[&f[..14], &l4[8..]].concat()).replace("\n", "\n  "));
+                s += &format!(
+                    "\n  quoted:{}",
+                    summary(&[&f[..14], &l4[8..]].concat()).replace("\n", "\n  ")
+                );
             }
         }
         _ => {}

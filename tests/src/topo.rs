@@ -67,20 +67,45 @@ impl Topology {
     pub fn new(n: usize) -> Self {
         let client = Netns::new("cl");
         let gateway = Netns::new("gw");
-        veth(&gateway, "c0", "10.251.1.1/24", &client, "eth0", "10.251.1.2/24");
+        veth(
+            &gateway,
+            "c0",
+            "10.251.1.1/24",
+            &client,
+            "eth0",
+            "10.251.1.2/24",
+        );
         client.ip(&["route", "add", "default", "via", "10.251.1.1"]);
         let mut backends = Vec::new();
         let mut gateway_ifaces = vec!["c0".to_string()];
         for i in 1..=n {
             let b = Netns::new("be");
             let gw_if = format!("b{i}");
-            veth(&gateway, &gw_if, &format!("10.251.{}.1/24", 10 + i), &b, "eth0", &format!("{}/24", backend_addr(i)));
-            b.ip(&["route", "add", "default", "via", &format!("10.251.{}.1", 10 + i)]);
+            veth(
+                &gateway,
+                &gw_if,
+                &format!("10.251.{}.1/24", 10 + i),
+                &b,
+                "eth0",
+                &format!("{}/24", backend_addr(i)),
+            );
+            b.ip(&[
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("10.251.{}.1", 10 + i),
+            ]);
             gateway_ifaces.push(gw_if);
             backends.push(b);
         }
         gateway.sysctl("net.ipv4.ip_forward", "1");
-        Topology { client, gateway, backends, gateway_ifaces }
+        Topology {
+            client,
+            gateway,
+            backends,
+            gateway_ifaces,
+        }
     }
 
     /// Starts nginx and dnsmasq on every backend and waits until they answer.
@@ -94,12 +119,27 @@ impl Topology {
             std::fs::create_dir_all(&prefix).expect("nginx prefix");
             let conf = prefix.join("nginx.conf");
             std::fs::write(&conf, nginx_conf(&prefix, n)).expect("nginx.conf");
-            procs.push(ns.spawn(&["nginx", "-p", prefix.to_str().unwrap_or_default(), "-c", conf.to_str().unwrap_or_default()]));
+            procs.push(ns.spawn(&[
+                "nginx",
+                "-p",
+                prefix.to_str().unwrap_or_default(),
+                "-c",
+                conf.to_str().unwrap_or_default(),
+            ]));
             let listen = backend_addr(n).to_string();
             procs.push(ns.spawn(&[
-                "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
-                "--bind-interfaces", &format!("--listen-address={listen}"), &format!("--port={DNS_PORT}"),
-                &format!("--address=/{WHOAMI}/{}", marker(n)), "--pid-file", "--user=root", "--log-facility=-",
+                "dnsmasq",
+                "--keep-in-foreground",
+                "--conf-file=/dev/null",
+                "--no-resolv",
+                "--no-hosts",
+                "--bind-interfaces",
+                &format!("--listen-address={listen}"),
+                &format!("--port={DNS_PORT}"),
+                &format!("--address=/{WHOAMI}/{}", marker(n)),
+                "--pid-file",
+                "--user=root",
+                "--log-facility=-",
             ]));
         }
         for (i, ns) in self.backends.iter().enumerate() {
@@ -107,12 +147,16 @@ impl Topology {
             let target = SocketAddrV4::new(backend_addr(n), DNS_PORT);
             let http = SocketAddrV4::new(backend_addr(n), HTTP_PORT);
             ns.enter(|| {
-                wait_until(&format!("dnsmasq on backend {n}"), Duration::from_secs(10), || {
-                    dns_whoami_from(target, Duration::from_millis(200)).is_some()
-                });
-                wait_until(&format!("nginx on backend {n}"), Duration::from_secs(10), || {
-                    http_get(http).is_ok()
-                });
+                wait_until(
+                    &format!("dnsmasq on backend {n}"),
+                    Duration::from_secs(10),
+                    || dns_whoami_from(target, Duration::from_millis(200)).is_some(),
+                );
+                wait_until(
+                    &format!("nginx on backend {n}"),
+                    Duration::from_secs(10),
+                    || http_get(http).is_ok(),
+                );
             });
         }
         for p in &mut procs {
@@ -163,7 +207,8 @@ fn dns_query(id: u16) -> Vec<u8> {
 
 /// The A record of a DNS answer to `dns_query(id)`: its last four bytes.
 fn dns_answer(id: u16, buf: &[u8]) -> Option<Ipv4Addr> {
-    if buf.len() < 16 || buf[0..2] != id.to_be_bytes() || u16::from_be_bytes([buf[6], buf[7]]) == 0 {
+    if buf.len() < 16 || buf[0..2] != id.to_be_bytes() || u16::from_be_bytes([buf[6], buf[7]]) == 0
+    {
         return None;
     }
     let a = &buf[buf.len() - 4..];
@@ -193,7 +238,11 @@ impl Flow {
 
     fn from_socket(sock: UdpSocket, server: SocketAddrV4, timeout: Duration) -> Self {
         sock.set_read_timeout(Some(timeout)).expect("timeout");
-        Flow { sock, server, next_id: 1 }
+        Flow {
+            sock,
+            server,
+            next_id: 1,
+        }
     }
 
     /// Sends one query; returns the marker of the answering backend. Answers must come
@@ -239,14 +288,21 @@ pub fn http_request(s: &mut TcpStream) -> std::io::Result<String> {
     loop {
         let n = s.read(&mut chunk)?;
         if n == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            ));
         }
         buf.extend(&chunk[..n]);
         let text = String::from_utf8_lossy(&buf).to_string();
         if let Some(end) = text.find("\r\n\r\n") {
             let len = text[..end]
                 .lines()
-                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>()))
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>())
+                })
                 .and_then(Result::ok)
                 .unwrap_or(0);
             if buf.len() >= end + 4 + len {

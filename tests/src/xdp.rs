@@ -28,7 +28,13 @@ pub fn verdict_name(v: u32) -> &'static str {
 
 /// Small map sizes for tests.
 pub fn test_limits() -> Limits {
-    Limits { services: 64, backends: 256, flows: 4096, fragments: 64, addresses: 8 }
+    Limits {
+        services: 64,
+        backends: 256,
+        flows: 4096,
+        fragments: 64,
+        addresses: 8,
+    }
 }
 
 /// A datapath loaded with its own pin directory, removed on drop.
@@ -44,8 +50,12 @@ impl TestDatapath {
 
     pub fn load_with(limits: Limits) -> Self {
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/berth-test-{}", unique("dp")));
-        let config = Config { pin_dir: pin_dir.clone(), limits };
-        let dp = Datapath::load(&config).unwrap_or_else(|e| panic!("loading datapath: {}", chain(&e)));
+        let config = Config {
+            pin_dir: pin_dir.clone(),
+            limits,
+        };
+        let dp =
+            Datapath::load(&config).unwrap_or_else(|e| panic!("loading datapath: {}", chain(&e)));
         TestDatapath { dp, pin_dir }
     }
 }
@@ -69,7 +79,12 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 
 /// Runs `program` once on `input` as if received on `ingress_ifindex` (0: loopback).
 /// Must be called on a thread inside the namespace owning that interface.
-pub fn run(dp: &mut Datapath, program: &'static str, ingress_ifindex: u32, input: &[u8]) -> (u32, Vec<u8>) {
+pub fn run(
+    dp: &mut Datapath,
+    program: &'static str,
+    ingress_ifindex: u32,
+    input: &[u8],
+) -> (u32, Vec<u8>) {
     let prog = dp.program_mut(program).expect("program");
     let mut out = vec![0u8; input.len() + 256];
     // struct xdp_md { data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex }
@@ -79,10 +94,16 @@ pub fn run(dp: &mut Datapath, program: &'static str, ingress_ifindex: u32, input
     let opts = TestRunOptions {
         data_in: Some(input),
         data_out: Some(&mut out),
-        ctx_in: if ingress_ifindex == 0 { None } else { Some(&ctx) },
+        ctx_in: if ingress_ifindex == 0 {
+            None
+        } else {
+            Some(&ctx)
+        },
         ..TestRunOptions::default()
     };
-    let result = prog.test_run(opts).unwrap_or_else(|e| panic!("test_run: {}", chain(&e)));
+    let result = prog
+        .test_run(opts)
+        .unwrap_or_else(|e| panic!("test_run: {}", chain(&e)));
     out.truncate(result.data_size_out as usize);
     (result.return_value, out)
 }
@@ -133,15 +154,44 @@ impl FixtureNet {
     pub fn new() -> Self {
         use net::*;
         let ns = Netns::new("fx");
-        let mac = |m: [u8; 6]| m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
-        for (dev, peer, m, addr) in [("fx0", "fx0p", FX0_MAC, "10.250.1.1/24"), ("fx1", "fx1p", FX1_MAC, "10.250.2.1/24")] {
-            ns.ip(&["link", "add", dev, "address", &mac(m), "type", "veth", "peer", "name", peer]);
+        let mac = |m: [u8; 6]| {
+            m.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":")
+        };
+        for (dev, peer, m, addr) in [
+            ("fx0", "fx0p", FX0_MAC, "10.250.1.1/24"),
+            ("fx1", "fx1p", FX1_MAC, "10.250.2.1/24"),
+        ] {
+            ns.ip(&[
+                "link",
+                "add",
+                dev,
+                "address",
+                &mac(m),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                peer,
+            ]);
             ns.ip(&["addr", "add", addr, "dev", dev]);
             ns.ip(&["link", "set", dev, "up"]);
             ns.ip(&["link", "set", peer, "up"]);
         }
         let neigh = |ip: std::net::Ipv4Addr, m: [u8; 6], dev: &str| {
-            ns.ip(&["neigh", "replace", &ip.to_string(), "lladdr", &mac(m), "dev", dev, "nud", "permanent"]);
+            ns.ip(&[
+                "neigh",
+                "replace",
+                &ip.to_string(),
+                "lladdr",
+                &mac(m),
+                "dev",
+                dev,
+                "nud",
+                "permanent",
+            ]);
         };
         neigh(CLIENT, CLIENT_MAC, "fx0");
         neigh(B_SAME_SIDE, B_SAME_SIDE_MAC, "fx0");

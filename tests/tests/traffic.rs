@@ -6,7 +6,7 @@ use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
     net::{SocketAddrV4, TcpStream},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::Duration,
 };
@@ -14,18 +14,29 @@ use std::{
 use berth::datapath::{AttachMode, Attached, DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use berth_tests::{
     netns::Proc,
-    topo::{backend_addr, backend_of_marker, http_request, Flow, Servers, Topology, DNS_PORT, GW, HTTP_PORT},
+    topo::{
+        backend_addr, backend_of_marker, http_request, Flow, Servers, Topology, DNS_PORT, GW,
+        HTTP_PORT,
+    },
     xdp::TestDatapath,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
 fn tcp_service() -> ServiceAddr {
-    ServiceAddr { addr: GW, protocol: Protocol::Tcp, port: 80 }
+    ServiceAddr {
+        addr: GW,
+        protocol: Protocol::Tcp,
+        port: 80,
+    }
 }
 
 fn udp_service() -> ServiceAddr {
-    ServiceAddr { addr: GW, protocol: Protocol::Udp, port: 53 }
+    ServiceAddr {
+        addr: GW,
+        protocol: Protocol::Udp,
+        port: 53,
+    }
 }
 
 /// Both services over backends `1..=weights.len()` with the given weights.
@@ -34,7 +45,10 @@ fn state(weights: &[u16]) -> DesiredState {
         weights
             .iter()
             .enumerate()
-            .map(|(i, &weight)| WeightedBackend { endpoint: SocketAddrV4::new(backend_addr(i + 1), port), weight })
+            .map(|(i, &weight)| WeightedBackend {
+                endpoint: SocketAddrV4::new(backend_addr(i + 1), port),
+                weight,
+            })
             .collect()
     };
     DesiredState::default()
@@ -56,12 +70,23 @@ fn lab(weights: &[u16]) -> Lab {
     let mut dp = TestDatapath::load();
     topo.gateway.enter(|| {
         for iface in &topo.gateway_ifaces {
-            let how = dp.dp.attach(iface, AttachMode::Auto).unwrap_or_else(|e| panic!("attach {iface}: {e}"));
-            assert_eq!(how, Attached::New(AttachMode::Native), "veth supports native XDP");
+            let how = dp
+                .dp
+                .attach(iface, AttachMode::Auto)
+                .unwrap_or_else(|e| panic!("attach {iface}: {e}"));
+            assert_eq!(
+                how,
+                Attached::New(AttachMode::Native),
+                "veth supports native XDP"
+            );
         }
     });
     dp.dp.apply(&state(weights)).expect("apply");
-    Lab { dp, _servers: servers, topo }
+    Lab {
+        dp,
+        _servers: servers,
+        topo,
+    }
 }
 
 fn gw(port: u16) -> SocketAddrV4 {
@@ -71,26 +96,51 @@ fn gw(port: u16) -> SocketAddrV4 {
 #[test]
 fn curl_and_dig_reach_backends_through_the_gateway_address() {
     let lab = lab(&[1, 1]);
-    let out = lab.topo.client.exec(&["curl", "-sS", "--max-time", "3", "http://10.251.0.100:80/"]);
+    let out = lab
+        .topo
+        .client
+        .exec(&["curl", "-sS", "--max-time", "3", "http://10.251.0.100:80/"]);
     let body = String::from_utf8_lossy(&out.stdout);
-    assert!(body.starts_with("backend-"), "curl through the gateway got {body:?}");
+    assert!(
+        body.starts_with("backend-"),
+        "curl through the gateway got {body:?}"
+    );
 
-    let out = lab.topo.client.exec(&["dig", "+short", "+time=2", "+tries=2", "-p", "53", "@10.251.0.100", "whoami.berth.test"]);
+    let out = lab.topo.client.exec(&[
+        "dig",
+        "+short",
+        "+time=2",
+        "+tries=2",
+        "-p",
+        "53",
+        "@10.251.0.100",
+        "whoami.berth.test",
+    ]);
     let answer = String::from_utf8_lossy(&out.stdout);
-    assert!(answer.trim().starts_with("10.99.0."), "dig through the gateway got {answer:?}");
+    assert!(
+        answer.trim().starts_with("10.99.0."),
+        "dig through the gateway got {answer:?}"
+    );
 
     // Replies must come from the gateway address and port: `Flow` only accepts those,
     // and a TCP handshake only completes with them.
     lab.topo.client.enter(|| {
-        assert!(Flow::new(gw(53), TIMEOUT).ask().is_some(), "udp answer from 10.251.0.100:53");
-        let mut s = TcpStream::connect_timeout(&gw(80).into(), TIMEOUT).expect("tcp connect to the gateway");
+        assert!(
+            Flow::new(gw(53), TIMEOUT).ask().is_some(),
+            "udp answer from 10.251.0.100:53"
+        );
+        let mut s = TcpStream::connect_timeout(&gw(80).into(), TIMEOUT)
+            .expect("tcp connect to the gateway");
         assert_eq!(s.peer_addr().expect("peer").to_string(), "10.251.0.100:80");
         s.set_read_timeout(Some(TIMEOUT)).expect("timeout");
         assert!(http_request(&mut s).expect("http").starts_with("backend-"));
     });
 
     let stats = lab.dp.dp.service_stats().expect("stats");
-    assert!(stats[&tcp_service()].reply_packets > 0 && stats[&udp_service()].reply_packets > 0, "{stats:?}");
+    assert!(
+        stats[&tcp_service()].reply_packets > 0 && stats[&udp_service()].reply_packets > 0,
+        "{stats:?}"
+    );
 }
 
 #[test]
@@ -106,37 +156,68 @@ fn a_flow_sticks_to_its_backend_and_new_flows_follow_the_weights() {
         }
         (sticky, split)
     });
-    assert!(sticky.iter().all(|m| *m == sticky[0]), "one 5-tuple, several backends: {sticky:?}");
+    assert!(
+        sticky.iter().all(|m| *m == sticky[0]),
+        "one 5-tuple, several backends: {sticky:?}"
+    );
     let total: u32 = split.values().sum();
     let share = f64::from(split.get(&2).copied().unwrap_or(0)) / f64::from(total);
-    assert!((share - 0.75).abs() < 0.03, "weights 1:3, backend 2 got {:.1}% of {total} flows ({split:?})", share * 100.0);
+    assert!(
+        (share - 0.75).abs() < 0.03,
+        "weights 1:3, backend 2 got {:.1}% of {total} flows ({split:?})",
+        share * 100.0
+    );
 }
 
 #[test]
 fn removing_a_backend_moves_only_its_own_flows() {
     let mut lab = lab(&[1, 1, 1]);
-    let mut flows = lab.topo.client.enter(|| (0..300).map(|_| Flow::new(gw(53), TIMEOUT)).collect::<Vec<_>>());
-    let before: Vec<usize> = lab.topo.client.enter(|| flows.iter_mut().map(|f| backend_of_marker(f.ask().expect("answer"))).collect());
+    let mut flows = lab.topo.client.enter(|| {
+        (0..300)
+            .map(|_| Flow::new(gw(53), TIMEOUT))
+            .collect::<Vec<_>>()
+    });
+    let before: Vec<usize> = lab.topo.client.enter(|| {
+        flows
+            .iter_mut()
+            .map(|f| backend_of_marker(f.ask().expect("answer")))
+            .collect()
+    });
     let on_third = before.iter().filter(|&&b| b == 3).count();
     assert!(on_third > 50, "only {on_third} of 300 flows on backend 3");
 
     lab.dp.dp.apply(&state(&[1, 1])).expect("remove backend 3");
 
-    let after: Vec<usize> = lab.topo.client.enter(|| flows.iter_mut().map(|f| backend_of_marker(f.ask().expect("answer"))).collect());
+    let after: Vec<usize> = lab.topo.client.enter(|| {
+        flows
+            .iter_mut()
+            .map(|f| backend_of_marker(f.ask().expect("answer")))
+            .collect()
+    });
     for (i, (b, a)) in before.iter().zip(&after).enumerate() {
         if *b == 3 {
             assert!(*a != 3, "flow {i} still reaches the removed backend");
         } else {
-            assert_eq!(b, a, "flow {i} (port {}) moved from backend {b} to {a}", flows[i].port());
+            assert_eq!(
+                b,
+                a,
+                "flow {i} (port {}) moved from backend {b} to {a}",
+                flows[i].port()
+            );
         }
     }
 }
 
 /// The loader binary, joined to the gateway namespace. (Not with `ip netns exec`: that
 /// also gives the process its own /sys, hence a private bpffs whose pins die with it.)
-fn start_loader(lab_topo: &Topology, pin_dir: &PathBuf, state_file: &PathBuf) -> (Proc, String) {
+fn start_loader(lab_topo: &Topology, pin_dir: &Path, state_file: &Path) -> (Proc, String) {
     let mut cmd = vec!["--netns".to_string(), lab_topo.gateway.name.clone()];
-    cmd.extend(["--pin-dir".into(), pin_dir.display().to_string(), "--state".into(), state_file.display().to_string()]);
+    cmd.extend([
+        "--pin-dir".into(),
+        pin_dir.display().to_string(),
+        "--state".into(),
+        state_file.display().to_string(),
+    ]);
     for iface in &lab_topo.gateway_ifaces {
         cmd.extend(["--interface".to_string(), iface.clone()]);
     }
@@ -160,7 +241,10 @@ fn start_loader(lab_topo: &Topology, pin_dir: &PathBuf, state_file: &PathBuf) ->
 fn killing_and_restarting_the_loader_keeps_established_flows() {
     let topo = Topology::new(2);
     let _servers = topo.start_servers();
-    let pin_dir = PathBuf::from(format!("/sys/fs/bpf/berth-test-{}", berth_tests::netns::unique("rs")));
+    let pin_dir = PathBuf::from(format!(
+        "/sys/fs/bpf/berth-test-{}",
+        berth_tests::netns::unique("rs")
+    ));
     struct Unpin(PathBuf);
     impl Drop for Unpin {
         fn drop(&mut self) {
@@ -168,11 +252,21 @@ fn killing_and_restarting_the_loader_keeps_established_flows() {
         }
     }
     let _unpin = Unpin(pin_dir.clone());
-    let state_file = std::env::temp_dir().join(format!("berth-state-{}.json", berth_tests::netns::unique("st")));
-    std::fs::write(&state_file, serde_json::to_vec(&state(&[1, 1])).expect("json")).expect("state file");
+    let state_file = std::env::temp_dir().join(format!(
+        "berth-state-{}.json",
+        berth_tests::netns::unique("st")
+    ));
+    std::fs::write(
+        &state_file,
+        serde_json::to_vec(&state(&[1, 1])).expect("json"),
+    )
+    .expect("state file");
 
     let (mut loader, report) = start_loader(&topo, &pin_dir, &state_file);
-    assert!(report.contains("\"adopted\":0") && report.contains("\"added\":2"), "first start: {report}");
+    assert!(
+        report.contains("\"adopted\":0") && report.contains("\"added\":2"),
+        "first start: {report}"
+    );
 
     let (mut conn, first_body, mut flow, first_backend) = topo.client.enter(|| {
         let mut conn = TcpStream::connect_timeout(&gw(80).into(), TIMEOUT).expect("connect");
@@ -184,16 +278,37 @@ fn killing_and_restarting_the_loader_keeps_established_flows() {
     });
 
     loader.kill(); // SIGKILL: no chance to clean up.
-    // With no loader running, the pinned program keeps serving the established flows.
-    assert_eq!(http_request(&mut conn).expect("request while the loader is down"), first_body);
-    assert_eq!(flow.ask(), Some(first_backend), "udp flow while the loader is down");
+                   // With no loader running, the pinned program keeps serving the established flows.
+    assert_eq!(
+        http_request(&mut conn).expect("request while the loader is down"),
+        first_body
+    );
+    assert_eq!(
+        flow.ask(),
+        Some(first_backend),
+        "udp flow while the loader is down"
+    );
 
     let (_loader, report) = start_loader(&topo, &pin_dir, &state_file);
-    assert!(report.contains("\"adopted\":2") && report.contains("\"unchanged\":2"), "restart adopts the maps: {report}");
-    assert!(report.contains("\"c0\":\"replaced\""), "restart replaces the program in the pinned link: {report}");
+    assert!(
+        report.contains("\"adopted\":2") && report.contains("\"unchanged\":2"),
+        "restart adopts the maps: {report}"
+    );
+    assert!(
+        report.contains("\"c0\":\"replaced\""),
+        "restart replaces the program in the pinned link: {report}"
+    );
     for _ in 0..5 {
-        assert_eq!(http_request(&mut conn).expect("request after the restart"), first_body, "same connection, same backend");
-        assert_eq!(flow.ask(), Some(first_backend), "udp flow after the restart");
+        assert_eq!(
+            http_request(&mut conn).expect("request after the restart"),
+            first_body,
+            "same connection, same backend"
+        );
+        assert_eq!(
+            flow.ask(),
+            Some(first_backend),
+            "udp flow after the restart"
+        );
     }
     let _ = std::fs::remove_file(&state_file);
 }

@@ -1,1 +1,245 @@
-fn main(){}
+//! Project tasks: `cargo xtask setup|test|demo|bench datapath`.
+//!
+//! `setup` installs what a fresh machine lacks and is idempotent: Debian packages the
+//! tests and demo use, `rust-src` for the nightly toolchain, and `bpf-linker` built
+//! against the nightly's own libLLVM. Every other task runs it first. This crate
+//! depends on nothing that needs the eBPF toolchain, so it builds on a fresh machine.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+/// Debian packages and the command each provides (checked before installing).
+const PACKAGES: &[(&str, &str)] = &[
+    ("iproute2", "ip"),
+    ("ethtool", "ethtool"),
+    ("nginx-light", "nginx"),
+    ("dnsmasq-base", "dnsmasq"),
+    ("bind9-dnsutils", "dig"),
+    ("curl", "curl"),
+];
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Where the nightly's libLLVM is linked for bpf-linker (its path is baked in as rpath).
+const LLVM_PREFIX: &str = "/usr/local/lib/berth-llvm";
+
+const USAGE: &str = "usage: cargo xtask <setup | test | demo | bench datapath>
+  setup            install what this machine lacks (idempotent; needs root)
+  test             setup, then fmt and clippy checks and every test (needs root)
+  demo             setup, then the datapath demo in network namespaces (needs root)
+  bench datapath   setup, then ns/packet of the XDP program under BPF_PROG_TEST_RUN";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = match args.as_slice() {
+        ["setup"] => setup(),
+        ["test"] => setup().and_then(|()| test()),
+        ["demo"] => setup().and_then(|()| demo()),
+        ["bench", "datapath"] => setup().and_then(|()| bench_datapath()),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// Runs a command, failing with its name if it does not succeed.
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
+
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn is_root() -> bool {
+    output(Command::new("id").arg("-u"))
+        .map(|u| u.trim() == "0")
+        .unwrap_or(false)
+}
+
+fn require_root(what: &str) -> Result<()> {
+    if !is_root() {
+        bail!(
+            "{what} needs root (XDP, BPF maps and network namespaces): run it with sudo or as root"
+        );
+    }
+    Ok(())
+}
+
+fn setup() -> Result<()> {
+    require_root("setup")?;
+    install_packages()?;
+    install_rust_src()?;
+    install_bpf_linker()?;
+    Ok(())
+}
+
+fn install_packages() -> Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(pkg, _)| {
+            let status = output(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]));
+            !matches!(status, Ok(s) if s.contains("install ok installed"))
+        })
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("setup: installing Debian packages: {}", missing.join(" "));
+    run(Command::new("apt-get").arg("update").arg("-q"))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    for (pkg, bin) in PACKAGES {
+        if !succeeds(Command::new("sh").args(["-c", &format!("command -v {bin}")])) {
+            bail!("package {pkg} installed but {bin} is not on PATH");
+        }
+    }
+    Ok(())
+}
+
+fn install_rust_src() -> Result<()> {
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))
+    .context("the nightly toolchain is needed to build the XDP program")?;
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        return Ok(());
+    }
+    eprintln!("setup: adding rust-src to the nightly toolchain");
+    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+/// Builds bpf-linker against the nightly's own libLLVM, so both agree on the LLVM
+/// major version (no prebuilt binary can be downloaded here).
+fn install_bpf_linker() -> Result<()> {
+    if succeeds(Command::new("bpf-linker").arg("--version")) {
+        return Ok(());
+    }
+    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let libdir = Path::new(sysroot.trim()).join("lib");
+    let verbose = output(Command::new("rustc").args(["+nightly", "--version", "--verbose"]))?;
+    let major = verbose
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .context("the nightly rustc does not report its LLVM version")?
+        .to_string();
+    let prefix_lib = Path::new(LLVM_PREFIX).join("lib");
+    std::fs::create_dir_all(&prefix_lib)
+        .with_context(|| format!("creating {}", prefix_lib.display()))?;
+    let mut found = false;
+    for entry in
+        std::fs::read_dir(&libdir).with_context(|| format!("reading {}", libdir.display()))?
+    {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("libLLVM") && name.contains(".so") {
+            found = true;
+            link(&entry.path(), &prefix_lib.join(&name))?;
+            link(&entry.path(), &prefix_lib.join("libLLVM.so"))?;
+        }
+    }
+    if !found {
+        bail!("no libLLVM in {}", libdir.display());
+    }
+    eprintln!(
+        "setup: building bpf-linker {BPF_LINKER_VERSION} against LLVM {major} (a few minutes)"
+    );
+    run(Command::new("cargo")
+        .args([
+            "+nightly",
+            "install",
+            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+        ])
+        .args([
+            "--no-default-features",
+            "--features",
+            &format!("llvm-{major}"),
+        ])
+        .env("LLVM_PREFIX", LLVM_PREFIX))?;
+    if !succeeds(Command::new("bpf-linker").arg("--version")) {
+        bail!("bpf-linker was built but does not run (is ~/.cargo/bin on PATH?)");
+    }
+    Ok(())
+}
+
+fn link(target: &Path, link: &Path) -> Result<()> {
+    let _ = std::fs::remove_file(link);
+    std::os::unix::fs::symlink(target, link)
+        .with_context(|| format!("linking {} -> {}", link.display(), target.display()))
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+fn test() -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    run(cargo().args(["test"]))
+}
+
+/// Runs one of the `berth-tests` binaries, optimised.
+fn run_bin(name: &str) -> Result<()> {
+    run(cargo().args([
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        "berth-tests",
+        "--bin",
+        name,
+    ]))
+}
+
+fn demo() -> Result<()> {
+    run_bin("berth-demo")
+}
+
+fn bench_datapath() -> Result<()> {
+    run_bin("berth-bench-datapath")
+}

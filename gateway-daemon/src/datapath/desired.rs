@@ -118,7 +118,10 @@ mod service_list {
     ) -> Result<S::Ok, S::Error> {
         let list: Vec<Entry> = map
             .iter()
-            .map(|(service, backends)| Entry { service: *service, backends: backends.clone() })
+            .map(|(service, backends)| Entry {
+                service: *service,
+                backends: backends.clone(),
+            })
             .collect();
         list.serialize(s)
     }

@@ -20,8 +20,11 @@ pub struct Candidate {
 /// Returns `None` when no candidate has a positive weight.
 pub fn table(candidates: &[Candidate], size: u32) -> Option<Vec<u32>> {
     let size = u64::from(size);
-    let active: Vec<(usize, &Candidate)> =
-        candidates.iter().enumerate().filter(|(_, c)| c.weight > 0).collect();
+    let active: Vec<(usize, &Candidate)> = candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.weight > 0)
+        .collect();
     let max_weight = u64::from(active.iter().map(|(_, c)| c.weight).max()?);
 
     struct Walker {
@@ -98,7 +101,10 @@ mod tests {
     const M: u32 = gateway_common::MAGLEV_SIZE;
 
     fn backend(last: u8, weight: u16) -> Candidate {
-        Candidate { endpoint: SocketAddrV4::new([10, 0, 0, last].into(), 80), weight }
+        Candidate {
+            endpoint: SocketAddrV4::new([10, 0, 0, last].into(), 80),
+            weight,
+        }
     }
 
     fn shares(table: &[u32], n: usize) -> Vec<usize> {
@@ -137,8 +143,16 @@ mod tests {
     fn table_does_not_depend_on_candidate_order() {
         let a = [backend(1, 1), backend(2, 2), backend(3, 1)];
         let b = [a[2], a[0], a[1]];
-        let ta: Vec<_> = table(&a, M).unwrap().iter().map(|&i| a[i as usize].endpoint).collect();
-        let tb: Vec<_> = table(&b, M).unwrap().iter().map(|&i| b[i as usize].endpoint).collect();
+        let ta: Vec<_> = table(&a, M)
+            .unwrap()
+            .iter()
+            .map(|&i| a[i as usize].endpoint)
+            .collect();
+        let tb: Vec<_> = table(&b, M)
+            .unwrap()
+            .iter()
+            .map(|&i| b[i as usize].endpoint)
+            .collect();
         assert_eq!(ta, tb);
     }
 
@@ -151,9 +165,14 @@ mod tests {
         let moved = tb
             .iter()
             .zip(&ta)
-            .filter(|(b, a)| **b != 4 && before[**b as usize].endpoint != after[**a as usize].endpoint)
+            .filter(|(b, a)| {
+                **b != 4 && before[**b as usize].endpoint != after[**a as usize].endpoint
+            })
             .count();
         // Entries of surviving backends that changed owner: Maglev keeps this small.
-        assert!(moved < M as usize / 20, "{moved} entries of surviving backends moved");
+        assert!(
+            moved < M as usize / 20,
+            "{moved} entries of surviving backends moved"
+        );
     }
 }

@@ -24,8 +24,8 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-pub use desired::{DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use desired::BackendSet;
+pub use desired::{DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use gateway_common::{
     map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, Service, ServiceKey,
     ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
@@ -163,14 +163,34 @@ impl Limits {
     fn shapes(&self) -> [(&'static str, usize, usize, u32); 8] {
         use std::mem::size_of;
         [
-            (map_names::SERVICES, size_of::<ServiceKey>(), size_of::<Service>(), self.services),
+            (
+                map_names::SERVICES,
+                size_of::<ServiceKey>(),
+                size_of::<Service>(),
+                self.services,
+            ),
             (map_names::ADDRESSES, 4, 4, self.addresses),
             (map_names::MAGLEV, 4, 4, self.tables() * MAGLEV_SIZE),
             (map_names::BACKENDS, 4, size_of::<Backend>(), self.backends),
-            (map_names::CONNTRACK, size_of::<FlowKey>(), size_of::<Flow>(), self.flows),
-            (map_names::FRAGMENTS, size_of::<FragKey>(), size_of::<FragPorts>(), self.fragments),
+            (
+                map_names::CONNTRACK,
+                size_of::<FlowKey>(),
+                size_of::<Flow>(),
+                self.flows,
+            ),
+            (
+                map_names::FRAGMENTS,
+                size_of::<FragKey>(),
+                size_of::<FragPorts>(),
+                self.fragments,
+            ),
             (map_names::COUNTERS, 4, 8, Counter::COUNT),
-            (map_names::SERVICE_STATS, 4, size_of::<ServiceStats>(), self.services),
+            (
+                map_names::SERVICE_STATS,
+                4,
+                size_of::<ServiceStats>(),
+                self.services,
+            ),
         ]
     }
 }
@@ -208,7 +228,11 @@ struct Installed {
 impl Installed {
     fn same_backends(&self, want: &BackendSet) -> bool {
         self.backends.len() == want.len()
-            && self.backends.iter().zip(want).all(|((e1, (_, w1)), (e2, w2))| e1 == e2 && w1 == w2)
+            && self
+                .backends
+                .iter()
+                .zip(want)
+                .all(|((e1, (_, w1)), (e2, w2))| e1 == e2 && w1 == w2)
     }
 }
 
@@ -236,7 +260,10 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { pin_dir: PathBuf::from(DEFAULT_PIN_DIR), limits: Limits::default() }
+        Config {
+            pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
+            limits: Limits::default(),
+        }
     }
 }
 
@@ -264,8 +291,10 @@ impl Datapath {
     pub fn load(config: &Config) -> Result<Self> {
         let Config { pin_dir, limits } = config;
         ensure_bpffs(pin_dir)?;
-        fs::create_dir_all(pin_dir.join("links"))
-            .map_err(|source| DatapathError::PinDir { path: pin_dir.clone(), source })?;
+        fs::create_dir_all(pin_dir.join("links")).map_err(|source| DatapathError::PinDir {
+            path: pin_dir.clone(),
+            source,
+        })?;
 
         let shapes = limits.shapes();
         let paths: Vec<PathBuf> = shapes.iter().map(|(name, ..)| pin_dir.join(name)).collect();
@@ -291,7 +320,9 @@ impl Datapath {
         {
             let map = ebpf.take_map(name).ok_or(DatapathError::Map {
                 name,
-                source: MapError::InvalidName { name: name.to_string() },
+                source: MapError::InvalidName {
+                    name: name.to_string(),
+                },
             })?;
             T::try_from(map).map_err(map_err(name))
         }
@@ -321,8 +352,14 @@ impl Datapath {
         for item in self.services.iter() {
             let (key, svc) = item.map_err(map_err(map_names::SERVICES))?;
             by_id.insert(svc.id, key);
-            self.installed
-                .insert(key, Installed { id: svc.id, table: svc.table, backends: BTreeMap::new() });
+            self.installed.insert(
+                key,
+                Installed {
+                    id: svc.id,
+                    table: svc.table,
+                    backends: BTreeMap::new(),
+                },
+            );
             self.next_service = self.next_service.max(svc.id + 1);
         }
         let mut orphans = Vec::new();
@@ -332,9 +369,13 @@ impl Datapath {
                 continue;
             }
             let id = id as u32;
-            match by_id.get(&b.service).and_then(|key| self.installed.get_mut(key)) {
+            match by_id
+                .get(&b.service)
+                .and_then(|key| self.installed.get_mut(key))
+            {
                 Some(svc) => {
-                    svc.backends.insert(endpoint(b.addr, b.port), (id, b.weight));
+                    svc.backends
+                        .insert(endpoint(b.addr, b.port), (id, b.weight));
                     self.next_backend = self.next_backend.max(id + 1);
                 }
                 // A backend left behind by a run that died mid-update.
@@ -342,7 +383,9 @@ impl Datapath {
             }
         }
         for id in orphans {
-            self.backends.set(id, Backend::default(), 0).map_err(map_err(map_names::BACKENDS))?;
+            self.backends
+                .set(id, Backend::default(), 0)
+                .map_err(map_err(map_names::BACKENDS))?;
         }
         Ok(())
     }
@@ -369,11 +412,18 @@ impl Datapath {
     pub fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
         let want = desired.normalized();
         if want.len() as u32 > self.limits.services {
-            return Err(DatapathError::Capacity { what: "services", limit: self.limits.services });
+            return Err(DatapathError::Capacity {
+                what: "services",
+                limit: self.limits.services,
+            });
         }
         let mut report = ApplyReport::default();
-        let gone: Vec<ServiceKey> =
-            self.installed.keys().filter(|k| !want.contains_key(k)).copied().collect();
+        let gone: Vec<ServiceKey> = self
+            .installed
+            .keys()
+            .filter(|k| !want.contains_key(k))
+            .copied()
+            .collect();
         for key in gone {
             self.remove_service(&key)?;
             report.removed += 1;
@@ -398,20 +448,38 @@ impl Datapath {
     fn add_service(&mut self, key: &ServiceKey, want: &BackendSet) -> Result<()> {
         let id = self.alloc_service_id()?;
         let table = self.alloc_table()?;
-        let mut svc = Installed { id, table, backends: BTreeMap::new() };
+        let mut svc = Installed {
+            id,
+            table,
+            backends: BTreeMap::new(),
+        };
         for (&endpoint, &weight) in want {
             let bid = self.alloc_backend_id(&svc)?;
             self.write_backend(bid, id, endpoint, weight)?;
             svc.backends.insert(endpoint, (bid, weight));
         }
         let active = self.write_table(&svc)?;
-        let zero = PerCpuValues::try_from(vec![ServiceStats::default(); nr_cpus()?])
-            .map_err(|e| map_err(map_names::SERVICE_STATS)(MapError::SyscallError(
-                aya::sys::SyscallError { call: "per-cpu values", io_error: e },
-            )))?;
-        self.service_stats.set(id, zero, 0).map_err(map_err(map_names::SERVICE_STATS))?;
+        let zero =
+            PerCpuValues::try_from(vec![ServiceStats::default(); nr_cpus()?]).map_err(|e| {
+                map_err(map_names::SERVICE_STATS)(MapError::SyscallError(aya::sys::SyscallError {
+                    call: "per-cpu values",
+                    io_error: e,
+                }))
+            })?;
+        self.service_stats
+            .set(id, zero, 0)
+            .map_err(map_err(map_names::SERVICE_STATS))?;
         self.services
-            .insert(key, Service { id, table, active, pad: 0 }, 0)
+            .insert(
+                key,
+                Service {
+                    id,
+                    table,
+                    active,
+                    pad: 0,
+                },
+                0,
+            )
             .map_err(map_err(map_names::SERVICES))?;
         self.installed.insert(*key, svc);
         Ok(())
@@ -421,7 +489,11 @@ impl Datapath {
         let Some(old) = self.installed.get(key).cloned() else {
             return self.add_service(key, want);
         };
-        let mut svc = Installed { id: old.id, table: self.alloc_table()?, backends: BTreeMap::new() };
+        let mut svc = Installed {
+            id: old.id,
+            table: self.alloc_table()?,
+            backends: BTreeMap::new(),
+        };
         // New and reweighted backends first, so the new table only names live ones.
         for (&endpoint, &weight) in want {
             let bid = match old.backends.get(&endpoint) {
@@ -440,7 +512,16 @@ impl Datapath {
         }
         let active = self.write_table(&svc)?;
         self.services
-            .insert(key, Service { id: svc.id, table: svc.table, active, pad: 0 }, 0)
+            .insert(
+                key,
+                Service {
+                    id: svc.id,
+                    table: svc.table,
+                    active,
+                    pad: 0,
+                },
+                0,
+            )
             .map_err(map_err(map_names::SERVICES))?;
         // Only now that no table names them: retire removed backends. Their flows are
         // balanced again by the kernel program on their next packet.
@@ -487,7 +568,13 @@ impl Datapath {
         Ok(candidates.iter().filter(|c| c.weight > 0).count() as u32)
     }
 
-    fn write_backend(&mut self, bid: u32, service: u32, e: SocketAddrV4, weight: u16) -> Result<()> {
+    fn write_backend(
+        &mut self,
+        bid: u32,
+        service: u32,
+        e: SocketAddrV4,
+        weight: u16,
+    ) -> Result<()> {
         let value = Backend {
             addr: u32::from(*e.ip()).to_be(),
             port: e.port().to_be(),
@@ -495,11 +582,15 @@ impl Datapath {
             service,
             flags: BACKEND_LIVE,
         };
-        self.backends.set(bid, value, 0).map_err(map_err(map_names::BACKENDS))
+        self.backends
+            .set(bid, value, 0)
+            .map_err(map_err(map_names::BACKENDS))
     }
 
     fn clear_backend(&mut self, bid: u32) -> Result<()> {
-        self.backends.set(bid, Backend::default(), 0).map_err(map_err(map_names::BACKENDS))
+        self.backends
+            .set(bid, Backend::default(), 0)
+            .map_err(map_err(map_names::BACKENDS))
     }
 
     /// Keeps the gateway-address map equal to the addresses of installed services.
@@ -509,7 +600,10 @@ impl Datapath {
             *want.entry(key.addr).or_default() += 1;
         }
         if want.len() as u32 > self.limits.addresses {
-            return Err(DatapathError::Capacity { what: "addresses", limit: self.limits.addresses });
+            return Err(DatapathError::Capacity {
+                what: "addresses",
+                limit: self.limits.addresses,
+            });
         }
         let have: Vec<(u32, u32)> = self
             .addresses
@@ -517,11 +611,15 @@ impl Datapath {
             .collect::<Result<_, _>>()
             .map_err(map_err(map_names::ADDRESSES))?;
         for (addr, _) in have.iter().filter(|(a, _)| !want.contains_key(a)) {
-            self.addresses.remove(addr).map_err(map_err(map_names::ADDRESSES))?;
+            self.addresses
+                .remove(addr)
+                .map_err(map_err(map_names::ADDRESSES))?;
         }
         for (addr, count) in want {
             if !have.contains(&(addr, count)) {
-                self.addresses.insert(addr, count, 0).map_err(map_err(map_names::ADDRESSES))?;
+                self.addresses
+                    .insert(addr, count, 0)
+                    .map_err(map_err(map_names::ADDRESSES))?;
             }
         }
         Ok(())
@@ -529,16 +627,23 @@ impl Datapath {
 
     fn alloc_service_id(&mut self) -> Result<u32> {
         let used: Vec<u32> = self.installed.values().map(|s| s.id).collect();
-        let id = next_free(self.limits.services, self.next_service, |id| used.contains(&id))
-            .ok_or(DatapathError::Capacity { what: "services", limit: self.limits.services })?;
+        let id = next_free(self.limits.services, self.next_service, |id| {
+            used.contains(&id)
+        })
+        .ok_or(DatapathError::Capacity {
+            what: "services",
+            limit: self.limits.services,
+        })?;
         self.next_service = id + 1;
         Ok(id)
     }
 
     fn alloc_table(&self) -> Result<u32> {
         let used: Vec<u32> = self.installed.values().map(|s| s.table).collect();
-        next_free(self.limits.tables(), 0, |t| used.contains(&t))
-            .ok_or(DatapathError::Capacity { what: "Maglev tables", limit: self.limits.tables() })
+        next_free(self.limits.tables(), 0, |t| used.contains(&t)).ok_or(DatapathError::Capacity {
+            what: "Maglev tables",
+            limit: self.limits.tables(),
+        })
     }
 
     fn alloc_backend_id(&mut self, pending: &Installed) -> Result<u32> {
@@ -553,8 +658,13 @@ impl Datapath {
                 *u = true;
             }
         }
-        let id = next_free(self.limits.backends, self.next_backend, |id| used[id as usize])
-            .ok_or(DatapathError::Capacity { what: "backends", limit: self.limits.backends })?;
+        let id = next_free(self.limits.backends, self.next_backend, |id| {
+            used[id as usize]
+        })
+        .ok_or(DatapathError::Capacity {
+            what: "backends",
+            limit: self.limits.backends,
+        })?;
         self.next_backend = id + 1;
         Ok(id)
     }
@@ -565,29 +675,36 @@ impl Datapath {
     pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<Attached> {
         let ifindex = ifindex(iface).ok_or_else(|| DatapathError::Attach {
             iface: iface.to_string(),
-            source: ProgramError::UnknownInterface { name: iface.to_string() },
+            source: ProgramError::UnknownInterface {
+                name: iface.to_string(),
+            },
         })?;
         let path = self.link_path(iface, ifindex);
         self.remove_stale_links(iface, &path);
         let program = xdp(&mut self.ebpf, PROGRAM)?;
-        let link_err = |message: String| DatapathError::Link { path: path.clone(), message };
+        let link_err = |message: String| DatapathError::Link {
+            path: path.clone(),
+            message,
+        };
+        let attach_err = |source| DatapathError::Attach {
+            iface: iface.to_string(),
+            source,
+        };
         if path.exists() {
             let pinned = PinnedLink::from_pin(&path).map_err(|e| link_err(e.to_string()))?;
             let link = aya::programs::xdp::XdpLink::try_from(FdLink::from(pinned))
                 .map_err(|e| link_err(e.to_string()))?;
-            let id = program
-                .attach_to_link(link)
-                .map_err(|source| DatapathError::Attach { iface: iface.to_string(), source })?;
-            let link = program.take_link(id).map_err(|source| DatapathError::Attach {
-                iface: iface.to_string(),
-                source,
-            })?;
+            let id = program.attach_to_link(link).map_err(attach_err)?;
+            let link = program.take_link(id).map_err(attach_err)?;
             let fd = FdLink::try_from(link).map_err(|e| link_err(e.to_string()))?;
             self.links.insert(iface.to_string(), fd);
             return Ok(Attached::Replaced);
         }
         let attempts: &[(AttachMode, XdpMode)] = match mode {
-            AttachMode::Auto => &[(AttachMode::Native, XdpMode::Driver), (AttachMode::Skb, XdpMode::Skb)],
+            AttachMode::Auto => &[
+                (AttachMode::Native, XdpMode::Driver),
+                (AttachMode::Skb, XdpMode::Skb),
+            ],
             AttachMode::Native => &[(AttachMode::Native, XdpMode::Driver)],
             AttachMode::Skb => &[(AttachMode::Skb, XdpMode::Skb)],
         };
@@ -595,10 +712,7 @@ impl Datapath {
         for &(used, xdp_mode) in attempts {
             match program.attach(iface, xdp_mode) {
                 Ok(id) => {
-                    let link = program.take_link(id).map_err(|source| DatapathError::Attach {
-                        iface: iface.to_string(),
-                        source,
-                    })?;
+                    let link = program.take_link(id).map_err(attach_err)?;
                     let fd = FdLink::try_from(link).map_err(|e| link_err(e.to_string()))?;
                     let pinned = fd.pin(&path).map_err(|e| link_err(e.to_string()))?;
                     self.links.insert(iface.to_string(), FdLink::from(pinned));
@@ -607,10 +721,9 @@ impl Datapath {
                 Err(e) => last = Some(e),
             }
         }
-        Err(DatapathError::Attach {
-            iface: iface.to_string(),
-            source: last.unwrap_or(ProgramError::UnknownInterface { name: iface.to_string() }),
-        })
+        Err(attach_err(last.unwrap_or(ProgramError::UnknownInterface {
+            name: iface.to_string(),
+        })))
     }
 
     /// Detaches from `iface` and forgets its pinned link.
@@ -626,7 +739,9 @@ impl Datapath {
     }
 
     fn link_path(&self, iface: &str, ifindex: u32) -> PathBuf {
-        self.pin_dir.join("links").join(format!("{iface}@{ifindex}"))
+        self.pin_dir
+            .join("links")
+            .join(format!("{iface}@{ifindex}"))
     }
 
     /// Removes pins for `iface` other than `keep`: the interface was recreated and got
@@ -650,7 +765,10 @@ impl Datapath {
         Counter::ALL
             .iter()
             .map(|c| {
-                let values = self.counters.get(&(*c as u32), 0).map_err(map_err(map_names::COUNTERS))?;
+                let values = self
+                    .counters
+                    .get(&(*c as u32), 0)
+                    .map_err(map_err(map_names::COUNTERS))?;
                 Ok((c.name(), values.iter().sum()))
             })
             .collect()
@@ -663,15 +781,19 @@ impl Datapath {
             let Some(addr) = ServiceAddr::from_key(key) else {
                 continue;
             };
-            let per_cpu =
-                self.service_stats.get(&svc.id, 0).map_err(map_err(map_names::SERVICE_STATS))?;
-            let sum = per_cpu.iter().fold(ServiceStats::default(), |a, s| ServiceStats {
-                packets: a.packets + s.packets,
-                bytes: a.bytes + s.bytes,
-                reply_packets: a.reply_packets + s.reply_packets,
-                reply_bytes: a.reply_bytes + s.reply_bytes,
-                new_flows: a.new_flows + s.new_flows,
-            });
+            let per_cpu = self
+                .service_stats
+                .get(&svc.id, 0)
+                .map_err(map_err(map_names::SERVICE_STATS))?;
+            let sum = per_cpu
+                .iter()
+                .fold(ServiceStats::default(), |a, s| ServiceStats {
+                    packets: a.packets + s.packets,
+                    bytes: a.bytes + s.bytes,
+                    reply_packets: a.reply_packets + s.reply_packets,
+                    reply_bytes: a.reply_bytes + s.reply_bytes,
+                    new_flows: a.new_flows + s.new_flows,
+                });
             out.insert(addr, sum);
         }
         Ok(out)
@@ -719,7 +841,9 @@ fn xdp<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp> {
         source: ProgramError::UnexpectedProgramType,
     };
     let program = ebpf.program_mut(name).ok_or_else(missing)?;
-    program.try_into().map_err(|source| DatapathError::Program { name, source })
+    program
+        .try_into()
+        .map_err(|source| DatapathError::Program { name, source })
 }
 
 /// Compares a pinned map's shape with this build's. `Ok(())` when absent or equal.
@@ -771,7 +895,10 @@ fn ifindex(iface: &str) -> Option<u32> {
 fn nr_cpus() -> Result<usize> {
     aya::util::nr_cpus().map_err(|(_, source)| DatapathError::Map {
         name: map_names::SERVICE_STATS,
-        source: MapError::SyscallError(aya::sys::SyscallError { call: "nr_cpus", io_error: source }),
+        source: MapError::SyscallError(aya::sys::SyscallError {
+            call: "nr_cpus",
+            io_error: source,
+        }),
     })
 }
 
@@ -782,7 +909,10 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
     if !pin_dir.starts_with(root) {
         return Ok(());
     }
-    let err = |source| DatapathError::PinDir { path: pin_dir.to_path_buf(), source };
+    let err = |source| DatapathError::PinDir {
+        path: pin_dir.to_path_buf(),
+        source,
+    };
     let c_root = std::ffi::CString::new("/sys/fs/bpf").map_err(|e| err(io::Error::other(e)))?;
     // SAFETY: statfs writes into the zeroed struct we own; the path is NUL-terminated.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
@@ -792,7 +922,13 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
     let fstype = std::ffi::CString::new("bpf").map_err(|e| err(io::Error::other(e)))?;
     // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
     let rc = unsafe {
-        libc::mount(fstype.as_ptr(), c_root.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
+        libc::mount(
+            fstype.as_ptr(),
+            c_root.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
     };
     if rc != 0 {
         return Err(err(io::Error::last_os_error()));

@@ -18,7 +18,9 @@
 use std::net::Ipv4Addr;
 
 use aya::programs::{TestRun, TestRunOptions};
-use berth::datapath::{Datapath, DesiredState, Limits, Protocol, ServiceAddr, WeightedBackend, FLOOR_PROGRAM, PROGRAM};
+use berth::datapath::{
+    Datapath, DesiredState, Limits, Protocol, ServiceAddr, WeightedBackend, FLOOR_PROGRAM, PROGRAM,
+};
 use berth_tests::{
     packet::Packet,
     xdp::{net::*, FixtureNet, TestDatapath, XDP_PASS, XDP_REDIRECT},
@@ -32,12 +34,25 @@ const COLD_RUNS: usize = 20_000;
 const ROUNDS: usize = 5;
 
 /// One test run; returns (verdict, kernel-measured ns per repetition).
-fn run(dp: &mut Datapath, program: &'static str, ifindex: u32, frame: &[u8], repeat: u32, out: &mut [u8]) -> (u32, u64) {
+fn run(
+    dp: &mut Datapath,
+    program: &'static str,
+    ifindex: u32,
+    frame: &[u8],
+    repeat: u32,
+    out: &mut [u8],
+) -> (u32, u64) {
     let mut ctx = [0u8; 24];
     ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
     ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
     let prog = dp.program_mut(program).expect("program");
-    let opts = TestRunOptions { data_in: Some(frame), data_out: Some(out), ctx_in: Some(&ctx), repeat, ..TestRunOptions::default() };
+    let opts = TestRunOptions {
+        data_in: Some(frame),
+        data_out: Some(out),
+        ctx_in: Some(&ctx),
+        repeat,
+        ..TestRunOptions::default()
+    };
     let r = prog.test_run(opts).expect("test_run");
     (r.return_value, r.duration.as_nanos() as u64)
 }
@@ -63,7 +78,9 @@ fn measure(dp: &mut Datapath, case: &Case, repeat: u32, runs: usize, offset: usi
     let mut out = vec![0u8; 512];
     let mut round_medians = Vec::new();
     for r in 0..ROUNDS {
-        let frames: Vec<Vec<u8>> = (0..runs).map(|i| (case.frame)(offset + r * runs + i)).collect();
+        let frames: Vec<Vec<u8>> = (0..runs)
+            .map(|i| (case.frame)(offset + r * runs + i))
+            .collect();
         let mut times = Vec::with_capacity(runs);
         for f in &frames {
             let (v, ns) = run(dp, case.program, case.ingress, f, repeat, &mut out);
@@ -77,33 +94,111 @@ fn measure(dp: &mut Datapath, case: &Case, repeat: u32, runs: usize, offset: usi
 
 fn main() {
     let flows = 4 * (COLD_RUNS * ROUNDS) as u32;
-    let limits = Limits { services: 64, backends: 256, flows, fragments: 64, addresses: 8 };
+    let limits = Limits {
+        services: 64,
+        backends: 256,
+        flows,
+        fragments: 64,
+        addresses: 8,
+    };
     let mut t = TestDatapath::load_with(limits);
     let fx = FixtureNet::new();
     // The gateway address routes out of fx1, like a backend.
     fx.ns.ip(&["route", "add", "10.250.0.100/32", "dev", "fx1"]);
-    fx.ns.ip(&["neigh", "replace", "10.250.0.100", "lladdr", "02:00:00:00:00:64", "dev", "fx1", "nud", "permanent"]);
+    fx.ns.ip(&[
+        "neigh",
+        "replace",
+        "10.250.0.100",
+        "lladdr",
+        "02:00:00:00:00:64",
+        "dev",
+        "fx1",
+        "nud",
+        "permanent",
+    ]);
     let gw = |port| sa(GW, port);
-    let identity = vec![WeightedBackend { endpoint: gw(53), weight: 1 }];
+    let identity = vec![WeightedBackend {
+        endpoint: gw(53),
+        weight: 1,
+    }];
     let backends: Vec<WeightedBackend> = [B1, B2, B3]
         .iter()
-        .flat_map(|&b| (0..3).map(move |i| WeightedBackend { endpoint: sa(b, 8080 + i), weight: 1 + i }))
+        .flat_map(|&b| {
+            (0..3).map(move |i| WeightedBackend {
+                endpoint: sa(b, 8080 + i),
+                weight: 1 + i,
+            })
+        })
         .collect();
     let state = DesiredState::default()
-        .with_service(ServiceAddr { addr: GW, protocol: Protocol::Udp, port: 53 }, identity)
-        .with_service(ServiceAddr { addr: GW, protocol: Protocol::Udp, port: 54 }, backends);
+        .with_service(
+            ServiceAddr {
+                addr: GW,
+                protocol: Protocol::Udp,
+                port: 53,
+            },
+            identity,
+        )
+        .with_service(
+            ServiceAddr {
+                addr: GW,
+                protocol: Protocol::Udp,
+                port: 54,
+            },
+            backends,
+        );
     t.dp.apply(&state).expect("apply");
 
     let udp = |src, dst| Packet::udp(src, dst).payload(&[0u8; 18]).ttl(255);
-    let established = udp(sa(CLIENT, 40000), gw(53)).macs(CLIENT_MAC, FX0_MAC).frame();
-    let reply = udp(gw(53), sa(CLIENT, 40000)).macs([2, 0, 0, 0, 0, 0x64], FX1_MAC).frame();
-    let miss = udp(sa(CLIENT, 40000), sa(Ipv4Addr::new(10, 250, 9, 9), 53)).macs(CLIENT_MAC, FX0_MAC).frame();
-    let fixed = |f: Vec<u8>| -> Box<dyn Fn(usize) -> Vec<u8> + Send + Sync> { Box::new(move |_| f.clone()) };
-    let cases = vec![
-        Case { name: "floor (empty XDP program)", key: "floor_ns", program: FLOOR_PROGRAM, ingress: fx.fx0, verdict: XDP_PASS, frame: fixed(established.clone()), repeatable: true },
-        Case { name: "established flow (conntrack hit, DNAT, redirect)", key: "established_ns", program: PROGRAM, ingress: fx.fx0, verdict: XDP_REDIRECT, frame: fixed(established.clone()), repeatable: true },
-        Case { name: "reply (reverse NAT, redirect)", key: "reply_ns", program: PROGRAM, ingress: fx.fx1, verdict: XDP_REDIRECT, frame: fixed(reply), repeatable: true },
-        Case { name: "miss (not a service, passes untouched)", key: "miss_ns", program: PROGRAM, ingress: fx.fx0, verdict: XDP_PASS, frame: fixed(miss), repeatable: true },
+    let established = udp(sa(CLIENT, 40000), gw(53))
+        .macs(CLIENT_MAC, FX0_MAC)
+        .frame();
+    let reply = udp(gw(53), sa(CLIENT, 40000))
+        .macs([2, 0, 0, 0, 0, 0x64], FX1_MAC)
+        .frame();
+    let miss = udp(sa(CLIENT, 40000), sa(Ipv4Addr::new(10, 250, 9, 9), 53))
+        .macs(CLIENT_MAC, FX0_MAC)
+        .frame();
+    let fixed = |f: Vec<u8>| -> Box<dyn Fn(usize) -> Vec<u8> + Send + Sync> {
+        Box::new(move |_| f.clone())
+    };
+    let cases = [
+        Case {
+            name: "floor (empty XDP program)",
+            key: "floor_ns",
+            program: FLOOR_PROGRAM,
+            ingress: fx.fx0,
+            verdict: XDP_PASS,
+            frame: fixed(established.clone()),
+            repeatable: true,
+        },
+        Case {
+            name: "established flow (conntrack hit, DNAT, redirect)",
+            key: "established_ns",
+            program: PROGRAM,
+            ingress: fx.fx0,
+            verdict: XDP_REDIRECT,
+            frame: fixed(established.clone()),
+            repeatable: true,
+        },
+        Case {
+            name: "reply (reverse NAT, redirect)",
+            key: "reply_ns",
+            program: PROGRAM,
+            ingress: fx.fx1,
+            verdict: XDP_REDIRECT,
+            frame: fixed(reply),
+            repeatable: true,
+        },
+        Case {
+            name: "miss (not a service, passes untouched)",
+            key: "miss_ns",
+            program: PROGRAM,
+            ingress: fx.fx0,
+            verdict: XDP_PASS,
+            frame: fixed(miss),
+            repeatable: true,
+        },
         Case {
             name: "new flow (Maglev, 2 conntrack inserts, FIB, DNAT)",
             key: "new_flow_ns",
@@ -112,7 +207,10 @@ fn main() {
             verdict: XDP_REDIRECT,
             // A distinct client address and port per sample: every one is a new flow.
             frame: Box::new(move |n| {
-                let src = sa(Ipv4Addr::new(10, 250, 1, 100 + (n / 60000) as u8), 1024 + (n % 60000) as u16);
+                let src = sa(
+                    Ipv4Addr::new(10, 250, 1, 100 + (n / 60000) as u8),
+                    1024 + (n % 60000) as u16,
+                );
                 udp(src, gw(54)).macs(CLIENT_MAC, FX0_MAC).frame()
             }),
             repeatable: false,
@@ -121,33 +219,55 @@ fn main() {
 
     let results: Vec<(Option<u64>, u64)> = fx.ns.enter(|| {
         // Open the established flow (and its reply entry) first.
-        let (v, _) = run(&mut t.dp, PROGRAM, fx.fx0, &established, 1, &mut vec![0u8; 512]);
+        let (v, _) = run(
+            &mut t.dp,
+            PROGRAM,
+            fx.fx0,
+            &established,
+            1,
+            &mut vec![0u8; 512],
+        );
         assert_eq!(v, XDP_REDIRECT, "established flow setup");
         cases
             .iter()
             .map(|c| {
-                let hot = c.repeatable.then(|| measure(&mut t.dp, c, HOT_REPEAT, HOT_RUNS, 0));
+                let hot = c
+                    .repeatable
+                    .then(|| measure(&mut t.dp, c, HOT_REPEAT, HOT_RUNS, 0));
                 (hot, measure(&mut t.dp, c, 1, COLD_RUNS, 0))
             })
             .collect()
     });
 
-    let (hot_floor, cold_floor) = (results[0].0.unwrap_or_default() as i64, results[1 - 1].1 as i64);
+    let (hot_floor, cold_floor) = (results[0].0.unwrap_or_default() as i64, results[0].1 as i64);
     println!("XDP datapath, ns per packet under BPF_PROG_TEST_RUN (medians of {ROUNDS} rounds)");
     println!("  hot: repeat={HOT_REPEAT} x {HOT_RUNS} runs; cold: repeat=1 x {COLD_RUNS} runs");
-    println!("{:<52} {:>8} {:>8} {:>9} {:>8}", "case", "hot", "+floor", "cold", "+floor");
+    println!(
+        "{:<52} {:>8} {:>8} {:>9} {:>8}",
+        "case", "hot", "+floor", "cold", "+floor"
+    );
     let mut headline = Vec::new();
     for (case, (hot, cold)) in cases.iter().zip(&results) {
         let cold_over = *cold as i64 - cold_floor;
         let (hot_s, hot_over_s, value) = match hot {
-            Some(h) => (h.to_string(), format!("{:+}", *h as i64 - hot_floor), *h as i64),
+            Some(h) => (
+                h.to_string(),
+                format!("{:+}", *h as i64 - hot_floor),
+                *h as i64,
+            ),
             None => ("-".into(), "-".into(), hot_floor + cold_over),
         };
-        println!("{:<52} {:>8} {:>8} {:>9} {:>+8}", case.name, hot_s, hot_over_s, cold, cold_over);
+        println!(
+            "{:<52} {:>8} {:>8} {:>9} {:>+8}",
+            case.name, hot_s, hot_over_s, cold, cold_over
+        );
         headline.push(format!("\"{}\":{}", case.key, value));
     }
     println!("new_flow_ns = hot floor + the new flow's cold cost over the cold floor");
     let c = t.dp.counters().expect("counters");
-    println!("counters: new_flow {} redirect {} kernel_forward {}", c["new_flow"], c["redirect"], c["kernel_forward"]);
+    println!(
+        "counters: new_flow {} redirect {} kernel_forward {}",
+        c["new_flow"], c["redirect"], c["kernel_forward"]
+    );
     println!("{{{}}}", headline.join(","));
 }

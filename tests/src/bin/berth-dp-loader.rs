@@ -42,12 +42,18 @@ fn main() -> anyhow::Result<()> {
     )
     .with_context(|| format!("parsing {}", state.display()))?;
 
-    let config = Config { pin_dir, limits: berth_tests::xdp::test_limits() };
+    let config = Config {
+        pin_dir,
+        limits: berth_tests::xdp::test_limits(),
+    };
     let mut dp = Datapath::load(&config).context("loading the datapath")?;
     let adopted = dp.installed().services.len();
     let mut attached = Vec::new();
     for iface in &ifaces {
-        let how = match dp.attach(iface, mode).with_context(|| format!("attaching to {iface}"))? {
+        let how = match dp
+            .attach(iface, mode)
+            .with_context(|| format!("attaching to {iface}"))?
+        {
             Attached::Replaced => "replaced".to_string(),
             Attached::New(m) => format!("new {m:?}"),
         };
