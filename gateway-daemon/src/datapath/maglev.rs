@@ -20,11 +20,13 @@ pub struct Candidate {
 /// Returns `None` when no candidate has a positive weight.
 pub fn table(candidates: &[Candidate], size: u32) -> Option<Vec<u32>> {
     let size = u64::from(size);
-    let active: Vec<(usize, &Candidate)> = candidates
+    let mut active: Vec<(usize, &Candidate)> = candidates
         .iter()
         .enumerate()
         .filter(|(_, c)| c.weight > 0)
         .collect();
+    // Turns are taken in endpoint order, so the caller's order does not matter.
+    active.sort_by_key(|(_, c)| c.endpoint);
     let max_weight = u64::from(active.iter().map(|(_, c)| c.weight).max()?);
 
     struct Walker {

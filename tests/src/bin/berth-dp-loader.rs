@@ -59,6 +59,12 @@ fn main() -> anyhow::Result<()> {
         };
         attached.push(format!("\"{iface}\":\"{how}\""));
     }
+    if !berth::datapath::ipv4_forwarding_enabled().unwrap_or(false) {
+        eprintln!(
+            "warning: IPv4 forwarding is off (net.ipv4.ip_forward=0): packets the XDP program \
+             hands to the kernel (neighbour not yet resolved, TTL 1) will be dropped"
+        );
+    }
     let report = dp.apply(&desired).context("applying the state")?;
     println!(
         "{{\"adopted\":{adopted},\"attached\":{{{}}},\"added\":{},\"changed\":{},\"removed\":{},\"unchanged\":{}}}",

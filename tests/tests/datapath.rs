@@ -1,0 +1,170 @@
+//! The userspace datapath API against the real kernel: minimal diffs, adoption of
+//! pinned maps by a new loader, refusal of incompatible pins, attach modes. Needs root.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use berth::datapath::{
+    ApplyReport, AttachMode, Attached, Config, Datapath, DatapathError, DesiredState, Limits,
+    Protocol, ServiceAddr, WeightedBackend,
+};
+use berth_tests::{
+    netns::Netns,
+    xdp::{test_limits, TestDatapath},
+};
+
+fn svc(port: u16) -> ServiceAddr {
+    ServiceAddr {
+        addr: Ipv4Addr::new(10, 252, 0, 1),
+        protocol: Protocol::Udp,
+        port,
+    }
+}
+
+fn backends(n: u8, weight: u16) -> Vec<WeightedBackend> {
+    (1..=n)
+        .map(|i| WeightedBackend {
+            endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 252, 1, i), 53),
+            weight,
+        })
+        .collect()
+}
+
+fn state() -> DesiredState {
+    DesiredState::default()
+        .with_service(svc(1000), backends(2, 1))
+        .with_service(svc(1001), backends(3, 1))
+        .with_service(svc(1002), backends(1, 5))
+}
+
+#[test]
+fn applying_touches_only_what_changed() {
+    let mut t = TestDatapath::load();
+    let report = t.dp.apply(&state()).expect("apply");
+    assert_eq!(
+        report,
+        ApplyReport {
+            added: 3,
+            ..Default::default()
+        }
+    );
+    assert_eq!(
+        t.dp.apply(&state()).expect("apply"),
+        ApplyReport {
+            unchanged: 3,
+            ..Default::default()
+        }
+    );
+
+    let mut next = state();
+    next.services.insert(svc(1001), backends(2, 1));
+    next.services.remove(&svc(1002));
+    next.services.insert(svc(1003), backends(1, 1));
+    let report = t.dp.apply(&next).expect("apply");
+    assert_eq!(
+        report,
+        ApplyReport {
+            added: 1,
+            changed: 1,
+            removed: 1,
+            unchanged: 1
+        }
+    );
+    assert_eq!(
+        t.dp.installed(),
+        next,
+        "the maps hold exactly the desired state"
+    );
+}
+
+#[test]
+fn duplicate_backends_are_merged_by_adding_weights() {
+    let mut t = TestDatapath::load();
+    let mut twice = backends(1, 2);
+    twice.extend(backends(1, 3));
+    t.dp.apply(&DesiredState::default().with_service(svc(2000), twice))
+        .expect("apply");
+    assert_eq!(t.dp.installed().services[&svc(2000)], backends(1, 5));
+}
+
+#[test]
+fn a_new_loader_adopts_the_pinned_maps_and_their_services() {
+    let mut t = TestDatapath::load();
+    t.dp.apply(&state()).expect("apply");
+    let config = Config {
+        pin_dir: t.pin_dir.clone(),
+        limits: test_limits(),
+    };
+    let mut again = Datapath::load(&config).expect("adopt");
+    assert_eq!(
+        again.installed(),
+        state(),
+        "services read back from the maps"
+    );
+    assert_eq!(
+        again.apply(&state()).expect("apply"),
+        ApplyReport {
+            unchanged: 3,
+            ..Default::default()
+        }
+    );
+}
+
+#[test]
+fn pinned_maps_of_other_limits_are_refused_with_a_clear_error() {
+    let t = TestDatapath::load();
+    let limits = Limits {
+        flows: test_limits().flows * 2,
+        ..test_limits()
+    };
+    let config = Config {
+        pin_dir: t.pin_dir.clone(),
+        limits,
+    };
+    let err = match Datapath::load(&config) {
+        Ok(_) => panic!("loading over maps pinned with other limits must fail"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(
+            err,
+            DatapathError::Incompatible {
+                what: "max entries",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("berth_ct") && message.contains("max entries"),
+        "{message}"
+    );
+}
+
+#[test]
+fn attach_modes_native_skb_and_replacement() {
+    let mut t = TestDatapath::load();
+    let ns = Netns::new("am");
+    ns.ip(&["link", "add", "x0", "type", "veth", "peer", "name", "x1"]);
+    ns.ip(&["link", "set", "x0", "up"]);
+    ns.ip(&["link", "set", "x1", "up"]);
+    let (native, skb, again) = ns.enter(|| {
+        let native = t.dp.attach("x0", AttachMode::Native).expect("native");
+        let skb = t.dp.attach("x1", AttachMode::Skb).expect("skb");
+        let again = t.dp.attach("x0", AttachMode::Auto).expect("again");
+        (native, skb, again)
+    });
+    assert_eq!(native, Attached::New(AttachMode::Native));
+    assert_eq!(skb, Attached::New(AttachMode::Skb));
+    assert_eq!(again, Attached::Replaced, "a pinned link is reused");
+    let links = String::from_utf8_lossy(&ns.ip(&["link", "show"]).stdout).into_owned();
+    assert!(
+        links.contains("x0") && links.contains("xdp "),
+        "x0 in native mode:\n{links}"
+    );
+    assert!(links.contains("xdpgeneric"), "x1 in generic mode:\n{links}");
+
+    ns.enter(|| t.dp.detach("x1").expect("detach"));
+    let links = String::from_utf8_lossy(&ns.ip(&["link", "show", "x1"]).stdout).into_owned();
+    assert!(!links.contains("xdp"), "x1 detached:\n{links}");
+}
