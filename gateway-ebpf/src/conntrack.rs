@@ -1,5 +1,7 @@
 //! Flow lookup and backend selection: the conntrack hit path and weighted Maglev.
 
+use core::mem::MaybeUninit;
+
 use gateway_common::{
     flow_hash, Counter, Flow, FlowKey, NextHop, Service, ServiceKey, BACKEND_LIVE, MAGLEV_SIZE,
     NAT_DST, NAT_SRC,
@@ -23,9 +25,9 @@ pub enum Found {
 }
 
 /// Finds the flow of the packet with tuple `t`, or balances it to a backend (written
-/// to `new`) when it is the first packet to a service.
+/// to `new`, left untouched otherwise) when it is the first packet to a service.
 #[inline(always)]
-pub fn lookup_or_balance(t: &FlowKey, new: &mut Flow) -> Result<Found, Counter> {
+pub fn lookup_or_balance(t: &FlowKey, new: &mut MaybeUninit<Flow>) -> Result<Found, Counter> {
     if let Some(flow) = CONNTRACK.get_ptr_mut(t) {
         // SAFETY: a valid map value pointer for the duration of this program run.
         let f = unsafe { &*flow };
@@ -44,7 +46,7 @@ pub fn lookup_or_balance(t: &FlowKey, new: &mut Flow) -> Result<Found, Counter> 
     let Some(service) = (unsafe { SERVICES.get(&key) }).copied() else {
         return Ok(Found::Miss);
     };
-    *new = balance(t, &service)?;
+    new.write(balance(t, &service)?);
     Ok(Found::New)
 }
 

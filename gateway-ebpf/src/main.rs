@@ -11,8 +11,10 @@ mod maps;
 mod nat;
 mod packet;
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
-use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NextHop, NAT_DST};
+use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NAT_DST};
 
 use crate::{
     conntrack::{lookup_or_balance, Found},
@@ -108,7 +110,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
             proto: ip_proto,
             pad: [0; 3],
         };
-        let mut new = EMPTY_FLOW;
+        let mut new = MaybeUninit::uninit();
         let found = lookup_or_balance(&t, &mut new)?;
         if matches!(found, Found::Miss) {
             return PASS;
@@ -155,7 +157,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     };
     let ports_seen = FragPorts { sport, dport };
     // First fragment of a datagram for us: remember its ports for the later ones.
-    let mut new = EMPTY_FLOW;
+    let mut new = MaybeUninit::uninit();
     let found = lookup_or_balance(&t, &mut new)?;
     if matches!(found, Found::Miss) {
         if first_fragment && is_gateway_address(dst) {
@@ -188,12 +190,13 @@ unsafe fn translate(
     l4: Option<&L4>,
     key: &FlowKey,
     found: Found,
-    new: &mut Flow,
+    new: &mut MaybeUninit<Flow>,
     len: usize,
 ) -> u32 {
     let (flow, is_new) = match found {
         Found::Tracked(flow) => (&mut *flow, false),
-        _ => (new, true),
+        // SAFETY: `lookup_or_balance` wrote the slot when it returned `New`.
+        _ => (new.assume_init_mut(), true),
     };
     rewrite(ip, l4, flow);
     let dir = if flow.kind == NAT_DST {
@@ -214,24 +217,6 @@ unsafe fn translate(
 fn remember_fragment(key: &FragKey, ports: &FragPorts) {
     let _ = FRAGMENTS.insert(key, ports, 0);
 }
-
-/// A zeroed flow slot.
-const EMPTY_FLOW: Flow = Flow {
-    nat_addr: 0,
-    nat_port: 0,
-    kind: 0,
-    pad: 0,
-    backend: 0,
-    service: 0,
-    next_hop: NextHop {
-        ifindex: 0,
-        checked_at: 0,
-        fit_len: 0,
-        dmac: [0; 6],
-        smac: [0; 6],
-        pad: 0,
-    },
-};
 
 /// A packet whose headers cannot be parsed: ours to drop if it was sent to a gateway
 /// address, otherwise none of our business.
