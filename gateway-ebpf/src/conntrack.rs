@@ -43,7 +43,7 @@ pub fn lookup_or_balance(t: &FlowKey, new: &mut MaybeUninit<Flow>) -> Result<Fou
         pad: 0,
     };
     // SAFETY: the value is copied out at once.
-    let Some(service) = (unsafe { SERVICES.get(&key) }).copied() else {
+    let Some(service) = (unsafe { SERVICES.get(key) }).copied() else {
         return Ok(Found::Miss);
     };
     new.write(balance(t, &service)?);
@@ -112,7 +112,7 @@ pub fn record(key: &FlowKey, flow: &Flow) {
     // The reply entry goes first so that a reply can never arrive before it exists.
     // Inserting into an LRU map only fails on allocation failure; the packet is still
     // forwarded and the next one retries.
-    let _ = CONNTRACK.insert(&reply_key, &reply, 0);
+    let _ = CONNTRACK.insert(reply_key, reply, 0);
     let _ = CONNTRACK.insert(key, flow, 0);
     count(Counter::NewFlow);
 }

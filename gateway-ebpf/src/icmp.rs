@@ -49,7 +49,7 @@ pub unsafe fn handle(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, l4_off: usi
         proto: (*inner).proto,
         pad: [0; 3],
     };
-    let Some(flow) = CONNTRACK.get(&key).copied() else {
+    let Some(flow) = CONNTRACK.get(key).copied() else {
         return pass;
     };
     // Errors are rare: they use their own next-hop lookup, not the flow's cache.

@@ -95,7 +95,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
             proto: ip_proto,
             pad: 0,
         };
-        let Some(ports) = (unsafe { FRAGMENTS.get(&key) }).copied() else {
+        let Some(ports) = (unsafe { FRAGMENTS.get(key) }).copied() else {
             return if is_gateway_address(dst) {
                 Err(Counter::DropFragment)
             } else {

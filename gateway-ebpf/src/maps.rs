@@ -49,7 +49,7 @@ pub fn count(counter: Counter) {
 #[inline(always)]
 pub fn is_gateway_address(addr: u32) -> bool {
     // SAFETY: the value is only tested for presence.
-    unsafe { ADDRESSES.get(&addr).is_some() }
+    unsafe { ADDRESSES.get(addr).is_some() }
 }
 
 /// Direction of a NATed packet, for statistics.

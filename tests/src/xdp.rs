@@ -54,9 +54,14 @@ impl TestDatapath {
             pin_dir: pin_dir.clone(),
             limits,
         };
-        let dp =
-            Datapath::load(&config).unwrap_or_else(|e| panic!("loading datapath: {}", chain(&e)));
-        TestDatapath { dp, pin_dir }
+        match Datapath::load(&config) {
+            Ok(dp) => TestDatapath { dp, pin_dir },
+            Err(e) => {
+                // Maps may be pinned already when the program fails to load.
+                let _ = berth::datapath::remove_pins(&pin_dir);
+                panic!("loading datapath: {}", chain(&e))
+            }
+        }
     }
 }
 

@@ -104,7 +104,7 @@ fn require_root(what: &str) -> Result<()> {
 fn setup() -> Result<()> {
     require_root("setup")?;
     install_packages()?;
-    install_rust_src()?;
+    install_nightly_components()?;
     install_bpf_linker()?;
     Ok(())
 }
@@ -135,7 +135,7 @@ fn install_packages() -> Result<()> {
     Ok(())
 }
 
-fn install_rust_src() -> Result<()> {
+fn install_nightly_components() -> Result<()> {
     let installed = output(Command::new("rustup").args([
         "component",
         "list",
@@ -144,11 +144,21 @@ fn install_rust_src() -> Result<()> {
         "nightly",
     ]))
     .context("the nightly toolchain is needed to build the XDP program")?;
-    if installed.lines().any(|l| l.starts_with("rust-src")) {
-        return Ok(());
+    // rust-src for -Z build-std=core; clippy to lint the kernel program.
+    for component in ["rust-src", "clippy"] {
+        if installed.lines().any(|l| l.starts_with(component)) {
+            continue;
+        }
+        eprintln!("setup: adding {component} to the nightly toolchain");
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            component,
+            "--toolchain",
+            "nightly",
+        ]))?;
     }
-    eprintln!("setup: adding rust-src to the nightly toolchain");
-    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+    Ok(())
 }
 
 /// Builds bpf-linker against the nightly's own libLLVM, so both agree on the LLVM
@@ -218,9 +228,52 @@ fn cargo() -> Command {
 }
 
 fn test() -> Result<()> {
+    remove_leftovers()?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    // The kernel program is not a default member: lint it for its own target.
+    run(Command::new("rustup")
+        .current_dir(workspace_root().join("gateway-ebpf"))
+        .env_remove("RUSTC")
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "clippy",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+        ])
+        .args(["-Z", "build-std=core", "--", "-D", "warnings"]))?;
     run(cargo().args(["test"]))
+}
+
+/// Removes namespaces and pins that a test run killed before its cleanup left behind
+/// (tests name everything they create `berth-...` and `/sys/fs/bpf/berth-test-...`).
+fn remove_leftovers() -> Result<()> {
+    let list = output(Command::new("ip").args(["netns", "list"]))?;
+    for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
+        if name.starts_with("berth-") {
+            eprintln!("test: removing namespace {name} left by an earlier run");
+            run(Command::new("ip").args(["netns", "del", name]))?;
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir("/sys/fs/bpf") {
+        for entry in entries.flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("berth-test-")
+            {
+                eprintln!(
+                    "test: removing pins {} left by an earlier run",
+                    entry.path().display()
+                );
+                std::fs::remove_dir_all(entry.path())?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Runs one of the `berth-tests` binaries, optimised.
