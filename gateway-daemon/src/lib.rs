@@ -3,3 +3,5 @@
 //! This library holds the daemon's parts; the `berth` binary is a thin `main` over it.
 
 pub mod datapath;
+pub mod manifests;
+pub mod model;

@@ -1,0 +1,221 @@
+//! Reading objects from multi-document YAML: parse, don't validate. Each document
+//! becomes a typed object or an error that names the file, the document, the object
+//! and the field; kinds Berth does not use are noted and skipped.
+
+use std::{
+    fmt,
+    path::{Path, PathBuf},
+};
+
+use serde::de::DeserializeOwned;
+
+use crate::model::{Object, Route, RouteKind, Snapshot, BERTH_GROUP, GATEWAY_GROUP};
+
+/// Where a document came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// File.
+    pub file: PathBuf,
+    /// 0-based index of the document in the file.
+    pub document: usize,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} document {}", self.file.display(), self.document + 1)
+    }
+}
+
+/// A document that could not be turned into an object.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{source_doc}: {object}{message}")]
+pub struct ManifestError {
+    /// Where.
+    pub source_doc: Source,
+    /// `Kind namespace/name: ` when known, else empty.
+    pub object: String,
+    /// What is wrong, naming the field.
+    pub message: String,
+}
+
+/// The objects of one file, and what was wrong or skipped in it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileObjects {
+    /// Parsed objects, in document order.
+    pub objects: Vec<Object>,
+    /// Documents that failed.
+    pub errors: Vec<ManifestError>,
+    /// Documents of kinds Berth does not use.
+    pub ignored: Vec<String>,
+}
+
+/// Parses the documents of one file.
+pub fn parse_file(file: &Path, text: &str) -> FileObjects {
+    let mut out = FileObjects::default();
+    for (document, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let source_doc = Source {
+            file: file.to_path_buf(),
+            document,
+        };
+        let value: Result<serde_yaml::Value, _> = serde::Deserialize::deserialize(de);
+        let value = match value {
+            Ok(serde_yaml::Value::Null) => continue,
+            Ok(v) => v,
+            Err(e) => {
+                out.errors.push(ManifestError {
+                    source_doc,
+                    object: String::new(),
+                    message: format!("not YAML: {e}"),
+                });
+                continue;
+            }
+        };
+        match parse_object(value) {
+            Ok(Parsed::Object(o)) => out.objects.push(*o),
+            Ok(Parsed::Ignored(what)) => out.ignored.push(format!("{source_doc}: {what} ignored")),
+            Err((object, message)) => out.errors.push(ManifestError {
+                source_doc,
+                object,
+                message,
+            }),
+        }
+    }
+    out
+}
+
+enum Parsed {
+    Object(Box<Object>),
+    Ignored(String),
+}
+
+/// Turns one YAML document into an object. Errors carry (`Kind ns/name: `, message).
+fn parse_object(value: serde_yaml::Value) -> Result<Parsed, (String, String)> {
+    let text = |key: &str| value.get(key).and_then(|v| v.as_str()).map(str::to_string);
+    let api_version =
+        text("apiVersion").ok_or((String::new(), "field apiVersion is missing".to_string()))?;
+    let kind = text("kind").ok_or((String::new(), "field kind is missing".to_string()))?;
+    let meta = value.get("metadata");
+    let name = meta
+        .and_then(|m| m.get("name"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("?");
+    let object = match meta
+        .and_then(|m| m.get("namespace"))
+        .and_then(|v| v.as_str())
+    {
+        Some(ns) => format!("{kind} {ns}/{name}: "),
+        None => format!("{kind} {name}: "),
+    };
+    let (group, version) = api_version
+        .split_once('/')
+        .unwrap_or(("", api_version.as_str()));
+    let typed = |v| -> Result<Parsed, (String, String)> { Ok(Parsed::Object(Box::new(v))) };
+    let fail = |message: String| (object.clone(), message);
+    match (group, version, kind.as_str()) {
+        (GATEWAY_GROUP, "v1" | "v1beta1", "GatewayClass") => {
+            typed(Object::GatewayClass(de(value).map_err(fail)?))
+        }
+        (GATEWAY_GROUP, "v1" | "v1beta1", "Gateway") => {
+            typed(Object::Gateway(de(value).map_err(fail)?))
+        }
+        (GATEWAY_GROUP, "v1" | "v1alpha2", "TCPRoute" | "UDPRoute") => {
+            let mut route: Route = de(value).map_err(fail)?;
+            route.kind = if kind == "TCPRoute" {
+                RouteKind::Tcp
+            } else {
+                RouteKind::Udp
+            };
+            typed(Object::Route(route))
+        }
+        (GATEWAY_GROUP, "v1" | "v1beta1", "ReferenceGrant") => {
+            typed(Object::ReferenceGrant(de(value).map_err(fail)?))
+        }
+        ("", "v1", "Service") => typed(Object::Service(de(value).map_err(fail)?)),
+        ("", "v1", "Namespace") => typed(Object::Namespace(de(value).map_err(fail)?)),
+        ("discovery.k8s.io", "v1", "EndpointSlice") => {
+            typed(Object::EndpointSlice(de(value).map_err(fail)?))
+        }
+        (BERTH_GROUP, "v1alpha1", "GatewayConfig") => {
+            typed(Object::GatewayConfig(de(value).map_err(fail)?))
+        }
+        (GATEWAY_GROUP | BERTH_GROUP, _, _) => Err(fail(format!(
+            "apiVersion {api_version} kind {kind} is not supported"
+        ))),
+        _ => Ok(Parsed::Ignored(format!("{kind} ({api_version})"))),
+    }
+}
+
+/// Deserialises with the failing field's path in the message.
+fn de<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            inner.to_string()
+        } else {
+            format!("field {path}: {inner}")
+        }
+    })
+}
+
+/// Every `*.yaml`/`*.yml` file of a directory, in file-name order, parsed.
+pub fn load_dir(dir: &Path) -> std::io::Result<Vec<(PathBuf, FileObjects)>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file() && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+        })
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(&f)?;
+            let objects = parse_file(&f, &text);
+            Ok((f, objects))
+        })
+        .collect()
+}
+
+/// The snapshot of parsed files, in order.
+pub fn snapshot<'a>(files: impl IntoIterator<Item = &'a FileObjects>) -> Snapshot {
+    let mut s = Snapshot::default();
+    for f in files {
+        for o in &f.objects {
+            s.push(o.clone());
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_field_is_reported_with_file_document_object_and_path() {
+        let text = "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\n\
+                    apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+                    metadata: {name: web, namespace: team-a}\n\
+                    spec:\n  parentRefs:\n  - name: gw\n    port: seventy\n";
+        let parsed = parse_file(Path::new("routes.yaml"), text);
+        assert_eq!(parsed.objects.len(), 1);
+        let err = parsed.errors[0].to_string();
+        assert!(
+            err.starts_with(
+                "routes.yaml document 2: TCPRoute team-a/web: field spec.parentRefs[0].port"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_kinds_are_noted_and_v1alpha2_routes_accepted() {
+        let text = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n---\n\
+                    apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: UDPRoute\n\
+                    metadata: {name: dns}\nspec: {}\n";
+        let parsed = parse_file(Path::new("x.yaml"), text);
+        assert_eq!(parsed.ignored.len(), 1, "{:?}", parsed.ignored);
+        assert!(matches!(&parsed.objects[0], Object::Route(r) if r.kind == RouteKind::Udp));
+    }
+}
