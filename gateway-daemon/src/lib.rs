@@ -2,6 +2,8 @@
 //!
 //! This library holds the daemon's parts; the `berth` binary is a thin `main` over it.
 
+pub mod check;
 pub mod datapath;
 pub mod manifests;
 pub mod model;
+pub mod planner;

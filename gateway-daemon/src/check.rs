@@ -1,0 +1,131 @@
+//! The `berth check` / `/api/v1/state` document: claims and statuses, as DESIGN.md
+//! specifies its JSON shape.
+
+use serde::Serialize;
+
+use crate::planner::{GatewayEntry, Plan, RouteEntry};
+
+/// The state document.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StateDocument {
+    /// Gateway statuses.
+    pub gateways: Vec<GatewayEntry>,
+    /// Route statuses.
+    pub routes: Vec<RouteEntry>,
+    /// Claims held (bound or cooling down).
+    pub claims: Vec<ClaimEntry>,
+}
+
+/// One claim in the document.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClaimEntry {
+    /// Namespace (the Gateway's).
+    pub namespace: String,
+    /// Name (`<gateway>-<tcp|udp>-<port>`).
+    pub name: String,
+    /// Gateway.
+    pub gateway: String,
+    /// Listener.
+    pub listener: String,
+    /// `TCP` or `UDP`.
+    pub protocol: String,
+    /// Port.
+    pub port: u16,
+    /// Holder.
+    pub route: ClaimRouteEntry,
+}
+
+/// The route of a claim.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClaimRouteEntry {
+    /// Kind.
+    pub kind: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+/// The document for a plan.
+pub fn document(plan: &Plan) -> StateDocument {
+    StateDocument {
+        gateways: plan.gateways.clone(),
+        routes: plan.routes.clone(),
+        claims: plan
+            .claims
+            .iter()
+            .map(|c| ClaimEntry {
+                namespace: c.metadata.ns().to_string(),
+                name: c.metadata.name.clone(),
+                gateway: c.spec.gateway.clone(),
+                listener: c.spec.listener.clone(),
+                protocol: c.spec.protocol.clone(),
+                port: c.spec.port,
+                route: ClaimRouteEntry {
+                    kind: c.spec.route.kind.clone(),
+                    namespace: c.spec.route.namespace.clone(),
+                    name: c.spec.route.name.clone(),
+                },
+            })
+            .collect(),
+    }
+}
+
+/// kubectl-style tables of a document.
+pub fn tables(doc: &StateDocument) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "{:<16} {:<24} {:<9} {:<10} {}\n",
+        "NAMESPACE", "GATEWAY", "ACCEPTED", "PROGRAMMED", "LISTENERS"
+    ));
+    for g in &doc.gateways {
+        let cond = |t: &str| {
+            g.status
+                .conditions
+                .iter()
+                .find(|c| c.kind == t)
+                .map_or("Unknown", |c| c.status.as_str())
+                .to_string()
+        };
+        let listeners: Vec<String> = g
+            .status
+            .listeners
+            .iter()
+            .map(|l| format!("{}({})", l.name, l.attached_routes))
+            .collect();
+        out.push_str(&format!(
+            "{:<16} {:<24} {:<9} {:<10} {}\n",
+            g.namespace,
+            g.name,
+            cond("Accepted"),
+            cond("Programmed"),
+            listeners.join(",")
+        ));
+    }
+    out.push('\n');
+    out.push_str(&format!(
+        "{:<16} {:<24} {:<9} {:<22} {:<7} {:<9} {}\n",
+        "NAMESPACE", "NAME", "KIND", "GATEWAY", "PORT", "ACCEPTED", "REASON"
+    ));
+    for r in &doc.routes {
+        for p in &r.status.parents {
+            let accepted = p.conditions.iter().find(|c| c.kind == "Accepted");
+            let port = p
+                .parent_ref
+                .port
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "-".into());
+            out.push_str(&format!(
+                "{:<16} {:<24} {:<9} {:<22} {:<7} {:<9} {}\n",
+                r.namespace,
+                r.name,
+                r.kind,
+                p.parent_ref.name,
+                port,
+                accepted.map_or("Unknown", |c| c.status.as_str()),
+                accepted.map_or("", |c| c.reason.as_str())
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,1059 @@
+//! The planner: objects and existing claims in, claims, statuses and the datapath's
+//! desired state out. Pure (no I/O, no clock: the time is an input) and deterministic.
+//!
+//! Allocation follows DESIGN.md: a bound claim never moves while its route attaches;
+//! static requests are served before dynamic ones, each oldest route first; a dynamic
+//! route gets the lowest free port not in cool-down; released claims block their port
+//! until the cool-down ends (and their own route may take them back until then).
+
+mod backends;
+pub mod status;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    time::{Duration, SystemTime},
+};
+
+use serde::Serialize;
+
+use crate::{
+    datapath::{DesiredState, Protocol, ServiceAddr},
+    model::*,
+};
+use backends::resolve_backends;
+use status::*;
+
+/// Cool-down when a GatewayConfig does not set `releaseCooldown`.
+pub const DEFAULT_RELEASE_COOLDOWN: Duration = Duration::from_secs(300);
+
+/// What the planner reads.
+pub struct Input<'a> {
+    /// All objects.
+    pub snapshot: &'a Snapshot,
+    /// Claims as stored.
+    pub claims: &'a [PortClaim],
+    /// The current time.
+    pub now: SystemTime,
+}
+
+/// What the planner decides.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    /// Every claim that should exist (bound, or released and cooling down), by name.
+    pub claims: Vec<PortClaim>,
+    /// Status of every Gateway of our classes.
+    pub gateways: Vec<GatewayEntry>,
+    /// Status of every route with a parent of ours.
+    pub routes: Vec<RouteEntry>,
+    /// The datapath's desired state.
+    #[serde(skip)]
+    pub datapath: DesiredState,
+}
+
+/// A Gateway's computed status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GatewayEntry {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Status.
+    pub status: GatewayStatus,
+}
+
+/// A route's computed status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RouteEntry {
+    /// `TCPRoute` or `UDPRoute`.
+    pub kind: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Status.
+    pub status: RouteStatus,
+}
+
+/// A listener as the planner sees it.
+struct Lis<'a> {
+    spec: &'a Listener,
+    protocol: Option<Protocol>,
+    /// `port..=end` when a GatewayConfig makes it a range.
+    range: Option<(u16, u16)>,
+    quota: Option<u32>,
+}
+
+/// A Gateway of ours.
+struct Gw<'a> {
+    spec: &'a Gateway,
+    listeners: Vec<Lis<'a>>,
+    params_error: Option<String>,
+    cooldown: Duration,
+    address: Option<Ipv4Addr>,
+}
+
+impl Gw<'_> {
+    fn key(&self) -> (String, String) {
+        (
+            self.spec.metadata.ns().to_string(),
+            self.spec.metadata.name.clone(),
+        )
+    }
+}
+
+/// What a parentRef attaches to on one Gateway.
+#[derive(Clone, Debug)]
+enum Attach {
+    Refused {
+        reason: &'static str,
+        message: String,
+    },
+    /// The Gateway's parameters are invalid: nothing changes for it.
+    Frozen { message: String },
+    Listeners {
+        fixed: Vec<usize>,
+        /// Range listeners that may serve the route, in Gateway order.
+        ranges: Vec<usize>,
+        requested: Option<u16>,
+    },
+}
+
+/// One (route, parentRef) pair that targets a Gateway of ours.
+struct Attachment<'a> {
+    route: &'a Route,
+    route_index: usize,
+    parent: &'a ParentRef,
+    gw: usize,
+    attach: Attach,
+    /// The claim serving a range attachment, once found or made.
+    claim: Option<usize>,
+    /// Why a range attachment got no port.
+    failure: Option<(&'static str, String)>,
+}
+
+fn parse_time(t: &str) -> Option<SystemTime> {
+    humantime::parse_rfc3339_weak(t).ok()
+}
+
+fn format_time(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn protocol_of(p: &str) -> Option<Protocol> {
+    match p {
+        "TCP" => Some(Protocol::Tcp),
+        "UDP" => Some(Protocol::Udp),
+        _ => None,
+    }
+}
+
+fn route_ref(route: &Route) -> ClaimRoute {
+    ClaimRoute {
+        group: GATEWAY_GROUP.to_string(),
+        kind: route.kind.name().to_string(),
+        namespace: route.metadata.ns().to_string(),
+        name: route.metadata.name.clone(),
+        uid: route.metadata.uid.clone(),
+    }
+}
+
+fn same_route(a: &ClaimRoute, b: &ClaimRoute) -> bool {
+    a.kind == b.kind
+        && a.namespace == b.namespace
+        && a.name == b.name
+        && (a.uid.is_none() || b.uid.is_none() || a.uid == b.uid)
+}
+
+/// Resolves a Gateway's listeners against its GatewayConfig.
+fn gateway_view<'a>(gw: &'a Gateway, configs: &'a [GatewayConfig]) -> Gw<'a> {
+    let mut listeners: Vec<Lis<'a>> = gw
+        .spec
+        .listeners
+        .iter()
+        .map(|l| Lis {
+            spec: l,
+            protocol: protocol_of(&l.protocol),
+            range: None,
+            quota: None,
+        })
+        .collect();
+    let address = gw
+        .spec
+        .addresses
+        .iter()
+        .find_map(|a| a.value.parse::<Ipv4Addr>().ok());
+    let mut view = Gw {
+        spec: gw,
+        listeners: Vec::new(),
+        params_error: None,
+        cooldown: DEFAULT_RELEASE_COOLDOWN,
+        address,
+    };
+    let Some(pref) = gw
+        .spec
+        .infrastructure
+        .as_ref()
+        .and_then(|i| i.parameters_ref.as_ref())
+    else {
+        view.listeners = listeners;
+        return view;
+    };
+    let ns = gw.metadata.ns();
+    let mut errors = Vec::new();
+    if pref.group != BERTH_GROUP || pref.kind != "GatewayConfig" {
+        errors.push(format!(
+            "spec.infrastructure.parametersRef: {}/{} is not a {BERTH_GROUP}/GatewayConfig",
+            pref.group, pref.kind
+        ));
+    } else if let Some(config) = configs
+        .iter()
+        .find(|c| c.metadata.ns() == ns && c.metadata.name == pref.name)
+    {
+        let cname = format!("GatewayConfig {ns}/{}", pref.name);
+        if let Some(c) = &config.spec.release_cooldown {
+            match humantime::parse_duration(c) {
+                Ok(d) => view.cooldown = d,
+                Err(e) => errors.push(format!("{cname}: spec.releaseCooldown {c:?}: {e}")),
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for (i, r) in config.spec.listeners.iter().enumerate() {
+            let field = format!("{cname}: spec.listeners[{i}]");
+            if !seen.insert(r.name.clone()) {
+                errors.push(format!("{field}.name: listener {} is listed twice", r.name));
+                continue;
+            }
+            let Some(l) = listeners.iter_mut().find(|l| l.spec.name == r.name) else {
+                errors.push(format!(
+                    "{field}.name: the Gateway has no listener {}",
+                    r.name
+                ));
+                continue;
+            };
+            if l.protocol.is_none() {
+                errors.push(format!(
+                    "{field}: listener {} has protocol {}; only TCP and UDP take port ranges",
+                    r.name, l.spec.protocol
+                ));
+                continue;
+            }
+            if r.end_port < l.spec.port {
+                errors.push(format!(
+                    "{field}.endPort: {} is below the listener's port {}",
+                    r.end_port, l.spec.port
+                ));
+                continue;
+            }
+            l.range = Some((l.spec.port, r.end_port));
+            l.quota = r.max_ports_per_namespace;
+        }
+        // Ranges of one protocol must not overlap each other or a fixed listener's port.
+        for (i, a) in listeners.iter().enumerate() {
+            for b in listeners.iter().skip(i + 1) {
+                if a.protocol.is_none() || a.protocol != b.protocol {
+                    continue;
+                }
+                let span = |l: &Lis| l.range.unwrap_or((l.spec.port, l.spec.port));
+                let ((a0, a1), (b0, b1)) = (span(a), span(b));
+                if (a.range.is_some() || b.range.is_some()) && a0 <= b1 && b0 <= a1 {
+                    errors.push(format!(
+                        "{cname}: listeners {} ({a0}-{a1}) and {} ({b0}-{b1}) overlap",
+                        a.spec.name, b.spec.name
+                    ));
+                }
+            }
+        }
+    } else {
+        errors.push(format!(
+            "spec.infrastructure.parametersRef: GatewayConfig {ns}/{} not found",
+            pref.name
+        ));
+    }
+    if !errors.is_empty() {
+        view.params_error = Some(errors.join("; "));
+        for l in &mut listeners {
+            l.range = None;
+        }
+    }
+    view.listeners = listeners;
+    view
+}
+
+/// Which listeners of `gw` a parentRef of `route` attaches to.
+fn attach(
+    route: &Route,
+    parent: &ParentRef,
+    gw: &Gw,
+    namespaces: &BTreeMap<&str, &Namespace>,
+) -> Attach {
+    if let Some(e) = &gw.params_error {
+        let (ns, name) = gw.key();
+        return Attach::Frozen { message: format!("Gateway {ns}/{name} has invalid parameters ({e}); port assignments are kept as they are") };
+    }
+    let no_match = |message: String| Attach::Refused {
+        reason: "NoMatchingParent",
+        message,
+    };
+    let mut candidates: Vec<usize> = (0..gw.listeners.len()).collect();
+    if let Some(section) = &parent.section_name {
+        candidates.retain(|&i| &gw.listeners[i].spec.name == section);
+        if candidates.is_empty() {
+            return no_match(format!("the Gateway has no listener {section}"));
+        }
+    }
+    let protocol = route.kind.protocol();
+    candidates.retain(|&i| gw.listeners[i].spec.protocol == protocol);
+    if candidates.is_empty() {
+        return no_match(format!("no {protocol} listener matches"));
+    }
+    if let Some(port) = parent.port {
+        candidates.retain(|&i| {
+            let l = &gw.listeners[i];
+            match l.range {
+                Some((a, b)) => (a..=b).contains(&port),
+                None => l.spec.port == port,
+            }
+        });
+        if candidates.is_empty() {
+            return no_match(format!("port {port} is neither the port nor in the port range of a matching {protocol} listener"));
+        }
+    }
+    let route_ns = route.metadata.ns();
+    let gw_ns = gw.spec.metadata.ns();
+    candidates.retain(|&i| allowed(&gw.listeners[i], route, route_ns, gw_ns, namespaces));
+    if candidates.is_empty() {
+        return Attach::Refused {
+            reason: "NotAllowedByListeners",
+            message: format!(
+                "no matching listener allows {} routes from namespace {route_ns}",
+                route.kind.name()
+            ),
+        };
+    }
+    let (ranges, fixed) = candidates
+        .into_iter()
+        .partition(|&i| gw.listeners[i].range.is_some());
+    Attach::Listeners {
+        fixed,
+        ranges,
+        requested: parent.port,
+    }
+}
+
+fn allowed(
+    l: &Lis,
+    route: &Route,
+    route_ns: &str,
+    gw_ns: &str,
+    namespaces: &BTreeMap<&str, &Namespace>,
+) -> bool {
+    let allowed = l.spec.allowed_routes.clone().unwrap_or_default();
+    let from = allowed
+        .namespaces
+        .as_ref()
+        .and_then(|n| n.from.as_deref())
+        .unwrap_or("Same");
+    let ns_ok = match from {
+        "All" => true,
+        "Same" => route_ns == gw_ns,
+        "Selector" => {
+            let selector = allowed
+                .namespaces
+                .as_ref()
+                .and_then(|n| n.selector.clone())
+                .unwrap_or_default();
+            let empty = BTreeMap::new();
+            let labels = namespaces
+                .get(route_ns)
+                .map(|n| &n.metadata.labels)
+                .unwrap_or(&empty);
+            selector.matches(labels)
+        }
+        _ => false,
+    };
+    let kind_ok = allowed.kinds.is_empty()
+        || allowed.kinds.iter().any(|k| {
+            k.kind == route.kind.name()
+                && k.group.as_deref().unwrap_or(GATEWAY_GROUP) == GATEWAY_GROUP
+        });
+    ns_ok && kind_ok
+}
+
+fn condition(
+    kind: &str,
+    ok: bool,
+    reason: &str,
+    message: impl Into<String>,
+    now: &str,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        kind: kind.to_string(),
+        status: if ok { "True" } else { "False" }.to_string(),
+        reason: reason.to_string(),
+        message: message.into(),
+        last_transition_time: now.to_string(),
+        observed_generation: generation,
+    }
+}
+
+/// Plans claims, statuses and the datapath from `input`.
+pub fn plan(input: &Input) -> Plan {
+    let snap = input.snapshot;
+    let now_text = format_time(input.now);
+    let classes: BTreeSet<&str> = snap
+        .gateway_classes
+        .iter()
+        .filter(|c| c.spec.controller_name == CONTROLLER_NAME)
+        .map(|c| c.metadata.name.as_str())
+        .collect();
+    let mut gateways: Vec<Gw> = snap
+        .gateways
+        .iter()
+        .filter(|g| classes.contains(g.spec.gateway_class_name.as_str()))
+        .map(|g| gateway_view(g, &snap.gateway_configs))
+        .collect();
+    gateways.sort_by_key(|g| g.key());
+    let namespaces: BTreeMap<&str, &Namespace> = snap
+        .namespaces
+        .iter()
+        .map(|n| (n.metadata.name.as_str(), n))
+        .collect();
+
+    // Routes, oldest first: creation time, then source order, then namespace/name.
+    let mut order: Vec<usize> = (0..snap.routes.len()).collect();
+    order.sort_by_key(|&i| {
+        let m = &snap.routes[i].metadata;
+        let created = m.creation_timestamp.as_deref().and_then(parse_time);
+        (
+            created.is_none(),
+            created,
+            if created.is_some() { 0 } else { i },
+            m.ns().to_string(),
+            m.name.clone(),
+        )
+    });
+
+    let mut attachments: Vec<Attachment> = Vec::new();
+    for &ri in &order {
+        let route = &snap.routes[ri];
+        for parent in &route.spec.parent_refs {
+            if parent.group.as_deref().unwrap_or(GATEWAY_GROUP) != GATEWAY_GROUP
+                || parent.kind.as_deref().unwrap_or("Gateway") != "Gateway"
+            {
+                continue;
+            }
+            let gw_ns = parent.namespace.as_deref().unwrap_or(route.metadata.ns());
+            let Some(gi) = gateways
+                .iter()
+                .position(|g| g.key() == (gw_ns.to_string(), parent.name.clone()))
+            else {
+                continue;
+            };
+            let attach = attach(route, parent, &gateways[gi], &namespaces);
+            attachments.push(Attachment {
+                route,
+                route_index: ri,
+                parent,
+                gw: gi,
+                attach,
+                claim: None,
+                failure: None,
+            });
+        }
+    }
+
+    // --- Claims ----------------------------------------------------------------------
+    let mut claims: Vec<PortClaim> = input.claims.to_vec();
+    claims.sort_by(|a, b| {
+        (a.metadata.ns(), &a.metadata.name).cmp(&(b.metadata.ns(), &b.metadata.name))
+    });
+    let gw_index = |claim: &PortClaim| {
+        gateways
+            .iter()
+            .position(|g| g.key() == (claim.metadata.ns().to_string(), claim.spec.gateway.clone()))
+    };
+    let mut keep = vec![true; claims.len()];
+    for (ci, claim) in claims.iter_mut().enumerate() {
+        let Some(gi) = gw_index(claim) else {
+            // The Gateway is gone (or no longer ours): release its claims.
+            release(claim, input.now);
+            continue;
+        };
+        let gw = &gateways[gi];
+        if gw.params_error.is_some() {
+            continue;
+        }
+        let bound = claim
+            .status
+            .as_ref()
+            .is_none_or(|s| s.phase == ClaimPhase::Bound);
+        if bound {
+            let holder = attachments.iter_mut().find(|a| {
+                a.gw == gi
+                    && a.claim.is_none()
+                    && same_route(&route_ref(a.route), &claim.spec.route)
+                    && matches!(&a.attach, Attach::Listeners { ranges, requested, .. }
+                        if ranges.iter().any(|&li| {
+                            let l = &gw.listeners[li];
+                            l.spec.name == claim.spec.listener
+                                && l.range.is_some_and(|(x, y)| (x..=y).contains(&claim.spec.port))
+                        }) && requested.is_none_or(|p| p == claim.spec.port))
+            });
+            match holder {
+                Some(a) => a.claim = Some(ci),
+                None => release(claim, input.now),
+            }
+        } else if cooled_down(claim, gw.cooldown, input.now) {
+            keep[ci] = false;
+        }
+    }
+    // Claims whose cool-down ended while this plan released them stay until next time.
+    let mut claims: Vec<Option<PortClaim>> = claims
+        .into_iter()
+        .zip(keep)
+        .map(|(c, k)| k.then_some(c))
+        .collect();
+
+    // Unserved range attachments: static requests first, then dynamic, oldest first.
+    let pending: Vec<usize> = {
+        let mut statics = Vec::new();
+        let mut dynamics = Vec::new();
+        for (ai, a) in attachments.iter().enumerate() {
+            if let Attach::Listeners {
+                ranges, requested, ..
+            } = &a.attach
+            {
+                if a.claim.is_none() && !ranges.is_empty() {
+                    if requested.is_some() {
+                        statics.push(ai)
+                    } else {
+                        dynamics.push(ai)
+                    }
+                }
+            }
+        }
+        statics.into_iter().chain(dynamics).collect()
+    };
+    for ai in pending {
+        let outcome = allocate(&attachments[ai], &gateways, &mut claims, input.now);
+        match outcome {
+            Ok(ci) => attachments[ai].claim = Some(ci),
+            Err(f) => attachments[ai].failure = Some(f),
+        }
+    }
+
+    // --- Backends, statuses, datapath ------------------------------------------------
+    let mut route_status: BTreeMap<(String, String, String), RouteStatus> = BTreeMap::new();
+    let mut datapath = DesiredState::default();
+    let mut fixed_attached: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
+    for (ai, a) in attachments.iter().enumerate() {
+        if let Attach::Listeners { fixed, .. } = &a.attach {
+            for &li in fixed {
+                fixed_attached.entry((a.gw, li)).or_default().push(ai);
+            }
+        }
+    }
+    let backends_of: Vec<_> = snap
+        .routes
+        .iter()
+        .map(|r| resolve_backends(r, snap))
+        .collect();
+
+    for a in &attachments {
+        let gw = &gateways[a.gw];
+        let generation = a.route.metadata.generation;
+        let mut parent_ref = a.parent.clone();
+        let accepted = match &a.attach {
+            Attach::Refused { reason, message } => condition(
+                "Accepted",
+                false,
+                reason,
+                message.clone(),
+                &now_text,
+                generation,
+            ),
+            Attach::Frozen { message } => condition(
+                "Accepted",
+                false,
+                "Pending",
+                message.clone(),
+                &now_text,
+                generation,
+            ),
+            Attach::Listeners { fixed, ranges, .. } => {
+                let names = |ls: &[usize]| {
+                    ls.iter()
+                        .map(|&i| gw.listeners[i].spec.name.clone())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                let mut parts = Vec::new();
+                let mut ok = !fixed.is_empty();
+                let mut reason = "Accepted";
+                if let Some(ci) = a.claim {
+                    if let Some(c) = &claims[ci] {
+                        parts.push(format!("assigned port {}", c.spec.port));
+                        parent_ref.port = Some(c.spec.port);
+                        ok = true;
+                    }
+                } else if !ranges.is_empty() {
+                    let (r, m) = a
+                        .failure
+                        .clone()
+                        .unwrap_or(("PortRangeExhausted", "no port".to_string()));
+                    if fixed.is_empty() {
+                        reason = r;
+                    }
+                    parts.push(m);
+                }
+                if !fixed.is_empty() {
+                    parts.push(format!("attached to listener {}", names(fixed)));
+                }
+                condition(
+                    "Accepted",
+                    ok,
+                    reason,
+                    parts.join("; "),
+                    &now_text,
+                    generation,
+                )
+            }
+        };
+        let (refs_ok, refs_reason, refs_message) = backends_of[a.route_index].status();
+        let resolved = condition(
+            "ResolvedRefs",
+            refs_ok,
+            refs_reason,
+            refs_message,
+            &now_text,
+            generation,
+        );
+        let key = (
+            a.route.kind.name().to_string(),
+            a.route.metadata.ns().to_string(),
+            a.route.metadata.name.clone(),
+        );
+        route_status
+            .entry(key)
+            .or_default()
+            .parents
+            .push(RouteParentStatus {
+                parent_ref,
+                controller_name: CONTROLLER_NAME.to_string(),
+                conditions: vec![accepted, resolved],
+            });
+    }
+
+    // Datapath: every bound claim of a gateway with an address, plus fixed listeners'
+    // oldest route.
+    let route_by_ref = |r: &ClaimRoute| {
+        snap.routes
+            .iter()
+            .position(|x| same_route(&route_ref(x), r))
+    };
+    for claim in claims.iter().flatten() {
+        if claim
+            .status
+            .as_ref()
+            .is_some_and(|s| s.phase == ClaimPhase::Released)
+        {
+            continue;
+        }
+        let Some(gw) = gateways
+            .iter()
+            .find(|g| g.key() == (claim.metadata.ns().to_string(), claim.spec.gateway.clone()))
+        else {
+            continue;
+        };
+        let (Some(addr), Some(protocol), Some(ri)) = (
+            gw.address,
+            protocol_of(&claim.spec.protocol),
+            route_by_ref(&claim.spec.route),
+        ) else {
+            continue;
+        };
+        datapath.services.insert(
+            ServiceAddr {
+                addr,
+                protocol,
+                port: claim.spec.port,
+            },
+            backends_of[ri].backends.clone(),
+        );
+    }
+    for (&(gi, li), list) in &fixed_attached {
+        let gw = &gateways[gi];
+        let l = &gw.listeners[li];
+        let (Some(addr), Some(protocol), Some(&oldest)) = (gw.address, l.protocol, list.first())
+        else {
+            continue;
+        };
+        let ri = attachments[oldest].route_index;
+        datapath.services.insert(
+            ServiceAddr {
+                addr,
+                protocol,
+                port: l.spec.port,
+            },
+            backends_of[ri].backends.clone(),
+        );
+    }
+
+    // Gateway statuses.
+    let mut gateway_entries = Vec::new();
+    for (gi, gw) in gateways.iter().enumerate() {
+        let generation = gw.spec.metadata.generation;
+        let accepted_ok = gw.params_error.is_none();
+        let mut conditions = vec![match &gw.params_error {
+            None => condition(
+                "Accepted",
+                true,
+                "Accepted",
+                "accepted by Berth",
+                &now_text,
+                generation,
+            ),
+            Some(e) => condition(
+                "Accepted",
+                false,
+                "InvalidParameters",
+                e.clone(),
+                &now_text,
+                generation,
+            ),
+        }];
+        conditions.push(match (accepted_ok, gw.address) {
+            (false, _) => condition(
+                "Programmed",
+                false,
+                "Invalid",
+                "the Gateway is not accepted",
+                &now_text,
+                generation,
+            ),
+            (true, None) => condition(
+                "Programmed",
+                false,
+                "AddressNotAssigned",
+                "spec.addresses has no IPv4 address",
+                &now_text,
+                generation,
+            ),
+            (true, Some(a)) => condition(
+                "Programmed",
+                true,
+                "Programmed",
+                format!("serving on {a}"),
+                &now_text,
+                generation,
+            ),
+        });
+        let listeners = gw
+            .listeners
+            .iter()
+            .enumerate()
+            .map(|(li, l)| {
+                let attached = match l.range {
+                    Some(_) => claims
+                        .iter()
+                        .flatten()
+                        .filter(|c| {
+                            c.metadata.ns() == gw.spec.metadata.ns()
+                                && c.spec.gateway == gw.spec.metadata.name
+                                && c.spec.listener == l.spec.name
+                                && c.status
+                                    .as_ref()
+                                    .is_none_or(|s| s.phase == ClaimPhase::Bound)
+                        })
+                        .count(),
+                    None => fixed_attached.get(&(gi, li)).map_or(0, Vec::len),
+                };
+                let kinds = match l.protocol {
+                    Some(Protocol::Tcp) => vec![RouteGroupKind {
+                        group: Some(GATEWAY_GROUP.to_string()),
+                        kind: "TCPRoute".to_string(),
+                    }],
+                    Some(Protocol::Udp) => vec![RouteGroupKind {
+                        group: Some(GATEWAY_GROUP.to_string()),
+                        kind: "UDPRoute".to_string(),
+                    }],
+                    None => vec![],
+                };
+                let supported = l.protocol.is_some();
+                let range_note = l
+                    .range
+                    .map(|(a, b)| format!(" (ports {a}-{b})"))
+                    .unwrap_or_default();
+                ListenerStatus {
+                    name: l.spec.name.clone(),
+                    supported_kinds: kinds,
+                    attached_routes: attached as i32,
+                    conditions: vec![
+                        if supported {
+                            condition(
+                                "Accepted",
+                                true,
+                                "Accepted",
+                                format!("listener accepted{range_note}"),
+                                &now_text,
+                                generation,
+                            )
+                        } else {
+                            condition(
+                                "Accepted",
+                                false,
+                                "UnsupportedProtocol",
+                                format!(
+                                    "protocol {} is not supported; use TCP or UDP",
+                                    l.spec.protocol
+                                ),
+                                &now_text,
+                                generation,
+                            )
+                        },
+                        condition(
+                            "Programmed",
+                            supported && accepted_ok,
+                            if supported && accepted_ok {
+                                "Programmed"
+                            } else {
+                                "Invalid"
+                            },
+                            "",
+                            &now_text,
+                            generation,
+                        ),
+                        condition(
+                            "ResolvedRefs",
+                            true,
+                            "ResolvedRefs",
+                            "",
+                            &now_text,
+                            generation,
+                        ),
+                        condition(
+                            "Conflicted",
+                            false,
+                            "NoConflicts",
+                            "",
+                            &now_text,
+                            generation,
+                        ),
+                    ],
+                }
+            })
+            .collect();
+        let addresses = gw
+            .address
+            .map(|a| {
+                vec![GatewayStatusAddress {
+                    kind: "IPAddress".to_string(),
+                    value: a.to_string(),
+                }]
+            })
+            .unwrap_or_default();
+        let (namespace, name) = gw.key();
+        gateway_entries.push(GatewayEntry {
+            namespace,
+            name,
+            status: GatewayStatus {
+                addresses,
+                conditions,
+                listeners,
+            },
+        });
+    }
+
+    let routes = route_status
+        .into_iter()
+        .map(|((kind, namespace, name), status)| RouteEntry {
+            kind,
+            namespace,
+            name,
+            status,
+        })
+        .collect();
+    let mut claims: Vec<PortClaim> = claims.into_iter().flatten().collect();
+    claims.sort_by(|a, b| {
+        (a.metadata.ns(), &a.metadata.name).cmp(&(b.metadata.ns(), &b.metadata.name))
+    });
+    Plan {
+        claims,
+        gateways: gateway_entries,
+        routes,
+        datapath,
+    }
+}
+
+fn release(claim: &mut PortClaim, now: SystemTime) {
+    if claim
+        .status
+        .as_ref()
+        .is_some_and(|s| s.phase == ClaimPhase::Released)
+    {
+        return;
+    }
+    claim.status = Some(PortClaimStatus {
+        phase: ClaimPhase::Released,
+        released_at: Some(format_time(now)),
+    });
+}
+
+fn cooled_down(claim: &PortClaim, cooldown: Duration, now: SystemTime) -> bool {
+    let released = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.released_at.as_deref())
+        .and_then(parse_time);
+    // A released claim without a readable time cools down from now on: never lose a port early.
+    released.is_some_and(|t| t + cooldown <= now)
+}
+
+/// Finds or makes the claim for a range attachment.
+fn allocate(
+    a: &Attachment,
+    gateways: &[Gw],
+    claims: &mut Vec<Option<PortClaim>>,
+    now: SystemTime,
+) -> Result<usize, (&'static str, String)> {
+    let Attach::Listeners {
+        ranges, requested, ..
+    } = &a.attach
+    else {
+        return Err(("NoMatchingParent", "no range listener".to_string()));
+    };
+    let gw = &gateways[a.gw];
+    let (gw_ns, gw_name) = gw.key();
+    let me = route_ref(a.route);
+    let route_ns = a.route.metadata.ns();
+    let on_gateway = |c: &PortClaim| c.metadata.ns() == gw_ns && c.spec.gateway == gw_name;
+
+    // Its own released claim, still cooling down, comes back to it.
+    for (ci, c) in claims.iter_mut().enumerate() {
+        let Some(c) = c else { continue };
+        if on_gateway(c)
+            && same_route(&c.spec.route, &me)
+            && c.status
+                .as_ref()
+                .is_some_and(|s| s.phase == ClaimPhase::Released)
+            && ranges
+                .iter()
+                .any(|&li| gw.listeners[li].spec.name == c.spec.listener)
+            && requested.is_none_or(|p| p == c.spec.port)
+        {
+            c.status = Some(PortClaimStatus {
+                phase: ClaimPhase::Bound,
+                released_at: None,
+            });
+            return Ok(ci);
+        }
+    }
+
+    let mut quota_hit = None;
+    for &li in ranges {
+        let l = &gw.listeners[li];
+        let (Some((first, last)), Some(protocol)) = (l.range, l.protocol) else {
+            continue;
+        };
+        let proto = protocol.to_string();
+        let holder = |port: u16| {
+            claims
+                .iter()
+                .flatten()
+                .find(|c| on_gateway(c) && c.spec.protocol == proto && c.spec.port == port)
+        };
+        if let Some(quota) = l.quota {
+            let held = claims
+                .iter()
+                .flatten()
+                .filter(|c| {
+                    on_gateway(c)
+                        && c.spec.listener == l.spec.name
+                        && c.spec.route.namespace == route_ns
+                        && c.status
+                            .as_ref()
+                            .is_none_or(|s| s.phase == ClaimPhase::Bound)
+                })
+                .count() as u32;
+            if held >= quota {
+                quota_hit = Some(format!(
+                    "namespace {route_ns} already holds {held} of its {quota} ports on listener {}",
+                    l.spec.name
+                ));
+                continue;
+            }
+        }
+        let port = match requested {
+            Some(p) => {
+                if let Some(h) = holder(*p) {
+                    let who = if h.spec.route.namespace == route_ns {
+                        format!(
+                            "{} {}/{}",
+                            h.spec.route.kind, h.spec.route.namespace, h.spec.route.name
+                        )
+                    } else {
+                        "a route in another namespace".to_string()
+                    };
+                    let state = if h
+                        .status
+                        .as_ref()
+                        .is_some_and(|s| s.phase == ClaimPhase::Released)
+                    {
+                        " (released, cooling down)"
+                    } else {
+                        ""
+                    };
+                    return Err((
+                        "PortUnavailable",
+                        format!("port {p} is held by {who}{state}"),
+                    ));
+                }
+                *p
+            }
+            None => match (first..=last).find(|&p| holder(p).is_none()) {
+                Some(p) => p,
+                None => continue,
+            },
+        };
+        let claim = PortClaim {
+            metadata: Meta {
+                name: claim_name(&gw_name, &proto, port),
+                namespace: Some(gw_ns.clone()),
+                ..Meta::default()
+            },
+            spec: PortClaimSpec {
+                gateway: gw_name.clone(),
+                listener: l.spec.name.clone(),
+                protocol: proto,
+                port,
+                route: me.clone(),
+            },
+            status: Some(PortClaimStatus {
+                phase: ClaimPhase::Bound,
+                released_at: None,
+            }),
+        };
+        let _ = now;
+        claims.push(Some(claim));
+        return Ok(claims.len() - 1);
+    }
+    match quota_hit {
+        Some(m) => Err(("QuotaExceeded", m)),
+        None => {
+            let spans: Vec<String> = ranges
+                .iter()
+                .filter_map(|&li| {
+                    gateways[a.gw].listeners[li]
+                        .range
+                        .map(|(x, y)| format!("{x}-{y}"))
+                })
+                .collect();
+            Err((
+                "PortRangeExhausted",
+                format!("no free port in {}", spans.join(", ")),
+            ))
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Status shapes exactly as Gateway API defines them (camelCase JSON).
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{ParentRef, RouteGroupKind};
+
+/// A status condition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Condition type.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Machine-readable reason.
+    pub reason: String,
+    /// Human-readable message.
+    pub message: String,
+    /// RFC 3339 time of the last change.
+    pub last_transition_time: String,
+    /// Generation of the object this condition was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Gateway status.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayStatus {
+    /// Addresses the Gateway serves.
+    #[serde(default)]
+    pub addresses: Vec<GatewayStatusAddress>,
+    /// Gateway conditions.
+    pub conditions: Vec<Condition>,
+    /// One entry per listener (a range listener is one entry, not one per port).
+    pub listeners: Vec<ListenerStatus>,
+}
+
+/// A Gateway status address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayStatusAddress {
+    /// `IPAddress`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The address.
+    pub value: String,
+}
+
+/// A listener's status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerStatus {
+    /// Listener name.
+    pub name: String,
+    /// Route kinds the listener supports.
+    pub supported_kinds: Vec<RouteGroupKind>,
+    /// Attached routes (for a range: its bound claims).
+    pub attached_routes: i32,
+    /// Listener conditions.
+    pub conditions: Vec<Condition>,
+}
+
+/// A route's status.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteStatus {
+    /// One entry per parent (ours only).
+    pub parents: Vec<RouteParentStatus>,
+}
+
+/// A route's status for one parent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteParentStatus {
+    /// The parent reference; for a range listener `port` is the assigned port.
+    pub parent_ref: ParentRef,
+    /// Our controller name.
+    pub controller_name: String,
+    /// Accepted and ResolvedRefs.
+    pub conditions: Vec<Condition>,
+}
