@@ -561,7 +561,7 @@ pub fn plan(input: &Input) -> Plan {
         .map(|r| resolve_backends(r, snap))
         .collect();
 
-    for a in &attachments {
+    for (ai, a) in attachments.iter().enumerate() {
         let gw = &gateways[a.gw];
         let generation = a.route.metadata.generation;
         let mut parent_ref = a.parent.clone();
@@ -610,6 +610,20 @@ pub fn plan(input: &Input) -> Plan {
                 }
                 if !fixed.is_empty() {
                     parts.push(format!("attached to listener {}", names(fixed)));
+                    // GEP-2644: every route is accepted; only the oldest gets traffic.
+                    let shadowed: Vec<usize> = fixed
+                        .iter()
+                        .copied()
+                        .filter(|&li| {
+                            fixed_attached.get(&(a.gw, li)).and_then(|l| l.first()) != Some(&ai)
+                        })
+                        .collect();
+                    if !shadowed.is_empty() {
+                        parts.push(format!(
+                            "an older route gets the traffic of listener {}",
+                            names(&shadowed)
+                        ));
+                    }
                 }
                 condition(
                     "Accepted",

@@ -1,0 +1,125 @@
+//! Golden files for the planner: `golden/NAME.in.yaml` (objects, existing PortClaims,
+//! and optionally a `PlannerClock` document with `now`) → `golden/NAME.out.yaml`
+//! (statuses, claims and the datapath plan). `BLESS=1 cargo test --test golden`
+//! rewrites the outputs; review the diff.
+
+use std::{path::Path, time::SystemTime};
+
+use berth::{
+    manifests,
+    model::PortClaim,
+    planner::{self, GatewayEntry, RouteEntry},
+};
+use serde::Serialize;
+
+const DEFAULT_NOW: &str = "2026-01-01T00:00:00Z";
+
+#[derive(Serialize)]
+struct Golden {
+    gateways: Vec<GatewayEntry>,
+    routes: Vec<RouteEntry>,
+    claims: Vec<PortClaim>,
+    datapath: Vec<DatapathEntry>,
+}
+
+#[derive(Serialize)]
+struct DatapathEntry {
+    service: String,
+    backends: Vec<String>,
+}
+
+fn run_case(input: &Path) -> String {
+    let text = std::fs::read_to_string(input).expect("read input");
+    let mut claims = Vec::new();
+    let mut now = DEFAULT_NOW.to_string();
+    let mut manifest_docs = Vec::new();
+    for de in serde_yaml::Deserializer::from_str(&text) {
+        let value: serde_yaml::Value = serde::Deserialize::deserialize(de).expect("yaml");
+        match value.get("kind").and_then(|k| k.as_str()) {
+            Some("PortClaim") => {
+                claims.push(serde_yaml::from_value::<PortClaim>(value).expect("PortClaim"))
+            }
+            Some("PlannerClock") => now = value["now"].as_str().expect("now").to_string(),
+            _ => manifest_docs.push(serde_yaml::to_string(&value).expect("yaml")),
+        }
+    }
+    let parsed = manifests::parse_file(input, &manifest_docs.join("---\n"));
+    assert!(
+        parsed.errors.is_empty(),
+        "{}: {:?}",
+        input.display(),
+        parsed.errors
+    );
+    let snapshot = manifests::snapshot([&parsed]);
+    let now: SystemTime = humantime::parse_rfc3339(&now).expect("now");
+    let plan = planner::plan(&planner::Input {
+        snapshot: &snapshot,
+        claims: &claims,
+        now,
+    });
+    let again = planner::plan(&planner::Input {
+        snapshot: &snapshot,
+        claims: &claims,
+        now,
+    });
+    assert_eq!(
+        plan,
+        again,
+        "{}: the planner is not deterministic",
+        input.display()
+    );
+    let golden = Golden {
+        gateways: plan.gateways,
+        routes: plan.routes,
+        claims: plan.claims,
+        datapath: plan
+            .datapath
+            .services
+            .iter()
+            .map(|(s, b)| DatapathEntry {
+                service: s.to_string(),
+                backends: b
+                    .iter()
+                    .map(|b| format!("{} weight {}", b.endpoint, b.weight))
+                    .collect(),
+            })
+            .collect(),
+    };
+    serde_yaml::to_string(&golden).expect("yaml")
+}
+
+#[test]
+fn planner_golden_files() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let bless = std::env::var_os("BLESS").is_some();
+    let mut inputs: Vec<_> = std::fs::read_dir(&dir)
+        .expect("golden dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".in.yaml"))
+        .collect();
+    inputs.sort();
+    assert!(!inputs.is_empty(), "no golden inputs in {}", dir.display());
+    let mut failures = Vec::new();
+    for input in &inputs {
+        let out_path = input.to_string_lossy().replace(".in.yaml", ".out.yaml");
+        let got = run_case(input);
+        if bless {
+            std::fs::write(&out_path, &got).expect("write golden");
+            continue;
+        }
+        let want = std::fs::read_to_string(&out_path).unwrap_or_default();
+        if got != want {
+            failures.push(format!(
+                "{}: output differs from {out_path}:\n{got}",
+                input.display()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} golden files differ (BLESS=1 to regenerate and review):\n{}",
+        failures.len(),
+        inputs.len(),
+        failures.join("\n")
+    );
+}
