@@ -540,7 +540,7 @@ pub struct PortClaimSpec {
 }
 
 /// The route a claim belongs to.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimRoute {
     /// Group.

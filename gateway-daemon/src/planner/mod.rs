@@ -7,10 +7,11 @@
 //! until the cool-down ends (and their own route may take them back until then).
 
 mod backends;
+mod ledger;
 pub mod status;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::Ipv4Addr,
     time::{Duration, SystemTime},
 };
@@ -22,6 +23,7 @@ use crate::{
     model::*,
 };
 use backends::resolve_backends;
+use ledger::Ledger;
 use status::*;
 
 /// Cool-down when a GatewayConfig does not set `releaseCooldown`.
@@ -469,20 +471,33 @@ pub fn plan(input: &Input) -> Plan {
     claims.sort_by(|a, b| {
         (a.metadata.ns(), &a.metadata.name).cmp(&(b.metadata.ns(), &b.metadata.name))
     });
-    let gw_index = |claim: &PortClaim| {
-        gateways
-            .iter()
-            .position(|g| g.key() == (claim.metadata.ns().to_string(), claim.spec.gateway.clone()))
-    };
-    let mut keep = vec![true; claims.len()];
-    for (ci, claim) in claims.iter_mut().enumerate() {
-        let Some(gi) = gw_index(claim) else {
+    let gw_index: HashMap<(String, String), usize> = gateways
+        .iter()
+        .enumerate()
+        .map(|(gi, g)| (g.key(), gi))
+        .collect();
+    // Range attachments by (gateway, route), oldest first.
+    let mut by_route: HashMap<(usize, ClaimRoute), Vec<usize>> = HashMap::new();
+    for (ai, a) in attachments.iter().enumerate() {
+        if matches!(&a.attach, Attach::Listeners { ranges, .. } if !ranges.is_empty()) {
+            let mut key = route_ref(a.route);
+            key.uid = None;
+            by_route.entry((a.gw, key)).or_default().push(ai);
+        }
+    }
+    let mut kept = Vec::with_capacity(claims.len());
+    for mut claim in claims {
+        let Some(&gi) =
+            gw_index.get(&(claim.metadata.ns().to_string(), claim.spec.gateway.clone()))
+        else {
             // The Gateway is gone (or no longer ours): release its claims.
-            release(claim, input.now);
+            release(&mut claim, input.now);
+            kept.push(Some(claim));
             continue;
         };
         let gw = &gateways[gi];
         if gw.params_error.is_some() {
+            kept.push(Some(claim));
             continue;
         }
         let bound = claim
@@ -490,31 +505,33 @@ pub fn plan(input: &Input) -> Plan {
             .as_ref()
             .is_none_or(|s| s.phase == ClaimPhase::Bound);
         if bound {
-            let holder = attachments.iter_mut().find(|a| {
-                a.gw == gi
-                    && a.claim.is_none()
-                    && same_route(&route_ref(a.route), &claim.spec.route)
-                    && matches!(&a.attach, Attach::Listeners { ranges, requested, .. }
-                        if ranges.iter().any(|&li| {
-                            let l = &gw.listeners[li];
-                            l.spec.name == claim.spec.listener
-                                && l.range.is_some_and(|(x, y)| (x..=y).contains(&claim.spec.port))
-                        }) && requested.is_none_or(|p| p == claim.spec.port))
+            let mut key = claim.spec.route.clone();
+            key.uid = None;
+            let holder = by_route.get(&(gi, key)).and_then(|list| {
+                list.iter().copied().find(|&ai| {
+                    let a = &attachments[ai];
+                    a.claim.is_none()
+                        && same_route(&route_ref(a.route), &claim.spec.route)
+                        && matches!(&a.attach, Attach::Listeners { ranges, requested, .. }
+                            if ranges.iter().any(|&li| {
+                                let l = &gw.listeners[li];
+                                l.spec.name == claim.spec.listener
+                                    && l.range.is_some_and(|(x, y)| (x..=y).contains(&claim.spec.port))
+                            }) && requested.is_none_or(|p| p == claim.spec.port))
+                })
             });
             match holder {
-                Some(a) => a.claim = Some(ci),
-                None => release(claim, input.now),
+                Some(ai) => attachments[ai].claim = Some(kept.len()),
+                None => release(&mut claim, input.now),
             }
-        } else if cooled_down(claim, gw.cooldown, input.now) {
-            keep[ci] = false;
+            kept.push(Some(claim));
+        } else if cooled_down(&claim, gw.cooldown, input.now) {
+            kept.push(None);
+        } else {
+            kept.push(Some(claim));
         }
     }
-    // Claims whose cool-down ended while this plan released them stay until next time.
-    let mut claims: Vec<Option<PortClaim>> = claims
-        .into_iter()
-        .zip(keep)
-        .map(|(c, k)| k.then_some(c))
-        .collect();
+    let mut ledger = Ledger::new(kept);
 
     // Unserved range attachments: static requests first, then dynamic, oldest first.
     let pending: Vec<usize> = {
@@ -537,12 +554,12 @@ pub fn plan(input: &Input) -> Plan {
         statics.into_iter().chain(dynamics).collect()
     };
     for ai in pending {
-        let outcome = allocate(&attachments[ai], &gateways, &mut claims, input.now);
-        match outcome {
+        match allocate(&attachments[ai], &gateways, &mut ledger) {
             Ok(ci) => attachments[ai].claim = Some(ci),
             Err(f) => attachments[ai].failure = Some(f),
         }
     }
+    let claims = ledger.claims;
 
     // --- Backends, statuses, datapath ------------------------------------------------
     let mut route_status: BTreeMap<(String, String, String), RouteStatus> = BTreeMap::new();
@@ -929,8 +946,7 @@ fn cooled_down(claim: &PortClaim, cooldown: Duration, now: SystemTime) -> bool {
 fn allocate(
     a: &Attachment,
     gateways: &[Gw],
-    claims: &mut Vec<Option<PortClaim>>,
-    now: SystemTime,
+    ledger: &mut Ledger,
 ) -> Result<usize, (&'static str, String)> {
     let Attach::Listeners {
         ranges, requested, ..
@@ -939,31 +955,9 @@ fn allocate(
         return Err(("NoMatchingParent", "no range listener".to_string()));
     };
     let gw = &gateways[a.gw];
-    let (gw_ns, gw_name) = gw.key();
+    let key = gw.key();
     let me = route_ref(a.route);
     let route_ns = a.route.metadata.ns();
-    let on_gateway = |c: &PortClaim| c.metadata.ns() == gw_ns && c.spec.gateway == gw_name;
-
-    // Its own released claim, still cooling down, comes back to it.
-    for (ci, c) in claims.iter_mut().enumerate() {
-        let Some(c) = c else { continue };
-        if on_gateway(c)
-            && same_route(&c.spec.route, &me)
-            && c.status
-                .as_ref()
-                .is_some_and(|s| s.phase == ClaimPhase::Released)
-            && ranges
-                .iter()
-                .any(|&li| gw.listeners[li].spec.name == c.spec.listener)
-            && requested.is_none_or(|p| p == c.spec.port)
-        {
-            c.status = Some(PortClaimStatus {
-                phase: ClaimPhase::Bound,
-                released_at: None,
-            });
-            return Ok(ci);
-        }
-    }
 
     let mut quota_hit = None;
     for &li in ranges {
@@ -972,25 +966,8 @@ fn allocate(
             continue;
         };
         let proto = protocol.to_string();
-        let holder = |port: u16| {
-            claims
-                .iter()
-                .flatten()
-                .find(|c| on_gateway(c) && c.spec.protocol == proto && c.spec.port == port)
-        };
         if let Some(quota) = l.quota {
-            let held = claims
-                .iter()
-                .flatten()
-                .filter(|c| {
-                    on_gateway(c)
-                        && c.spec.listener == l.spec.name
-                        && c.spec.route.namespace == route_ns
-                        && c.status
-                            .as_ref()
-                            .is_none_or(|s| s.phase == ClaimPhase::Bound)
-                })
-                .count() as u32;
+            let held = ledger.bound_in(&key, &l.spec.name, route_ns);
             if held >= quota {
                 quota_hit = Some(format!(
                     "namespace {route_ns} already holds {held} of its {quota} ports on listener {}",
@@ -999,9 +976,13 @@ fn allocate(
                 continue;
             }
         }
+        // Its own released claim on this listener, still cooling down, comes back to it.
+        if let Some(ci) = ledger.rebind(&key, &l.spec.name, &me, *requested) {
+            return Ok(ci);
+        }
         let port = match requested {
             Some(p) => {
-                if let Some(h) = holder(*p) {
+                if let Some(h) = ledger.holder(&key, &proto, *p) {
                     let who = if h.spec.route.namespace == route_ns {
                         format!(
                             "{} {}/{}",
@@ -1010,11 +991,11 @@ fn allocate(
                     } else {
                         "a route in another namespace".to_string()
                     };
-                    let state = if h
+                    let cooling = h
                         .status
                         .as_ref()
-                        .is_some_and(|s| s.phase == ClaimPhase::Released)
-                    {
+                        .is_some_and(|s| s.phase == ClaimPhase::Released);
+                    let state = if cooling {
                         " (released, cooling down)"
                     } else {
                         ""
@@ -1026,19 +1007,20 @@ fn allocate(
                 }
                 *p
             }
-            None => match (first..=last).find(|&p| holder(p).is_none()) {
+            None => match ledger.lowest_free(&key, &proto, first, last) {
                 Some(p) => p,
                 None => continue,
             },
         };
+        let (gw_ns, gw_name) = key.clone();
         let claim = PortClaim {
             metadata: Meta {
                 name: claim_name(&gw_name, &proto, port),
-                namespace: Some(gw_ns.clone()),
+                namespace: Some(gw_ns),
                 ..Meta::default()
             },
             spec: PortClaimSpec {
-                gateway: gw_name.clone(),
+                gateway: gw_name,
                 listener: l.spec.name.clone(),
                 protocol: proto,
                 port,
@@ -1049,20 +1031,14 @@ fn allocate(
                 released_at: None,
             }),
         };
-        let _ = now;
-        claims.push(Some(claim));
-        return Ok(claims.len() - 1);
+        return Ok(ledger.push(claim));
     }
     match quota_hit {
         Some(m) => Err(("QuotaExceeded", m)),
         None => {
             let spans: Vec<String> = ranges
                 .iter()
-                .filter_map(|&li| {
-                    gateways[a.gw].listeners[li]
-                        .range
-                        .map(|(x, y)| format!("{x}-{y}"))
-                })
+                .filter_map(|&li| gw.listeners[li].range.map(|(x, y)| format!("{x}-{y}")))
                 .collect();
             Err((
                 "PortRangeExhausted",

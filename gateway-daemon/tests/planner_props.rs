@@ -1,0 +1,172 @@
+//! Property tests of the allocator: random sequences of route creations, deletions,
+//! edits and time steps, each followed by a plan that feeds its claims to the next.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime},
+};
+
+use berth::{
+    manifests,
+    model::{ClaimPhase, PortClaim},
+    planner::{self, Input},
+};
+use proptest::prelude::*;
+
+const FIRST: u16 = 30000;
+const LAST: u16 = 30007;
+const QUOTA: usize = 3;
+const COOLDOWN: u64 = 60;
+const NAMESPACES: [&str; 3] = ["a", "b", "c"];
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Create (or recreate) route `i`, optionally asking for a port (may be outside).
+    Create(usize, Option<u16>),
+    Delete(usize),
+    /// Change route `i`'s port request.
+    Edit(usize, Option<u16>),
+    Advance(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let port = prop_oneof![3 => Just(None), 2 => (FIRST - 1..=LAST + 1).prop_map(Some)];
+    prop_oneof![
+        4 => (0..12usize, port.clone()).prop_map(|(i, p)| Op::Create(i, p)),
+        2 => (0..12usize).prop_map(Op::Delete),
+        1 => (0..12usize, port).prop_map(|(i, p)| Op::Edit(i, p)),
+        2 => (1..90u64).prop_map(Op::Advance),
+    ]
+}
+
+#[derive(Clone)]
+struct RouteState {
+    created: u64,
+    port: Option<u16>,
+}
+
+fn manifests_text(routes: &BTreeMap<usize, RouteState>) -> String {
+    let mut s = format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: berth}}\n\
+         spec: {{controllerName: berth.dev/gateway-controller}}\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: gw, namespace: infra}}\n\
+         spec:\n  gatewayClassName: berth\n  addresses: [{{value: 10.0.0.1}}]\n  infrastructure:\n    \
+         parametersRef: {{group: berth.dev, kind: GatewayConfig, name: cfg}}\n  listeners:\n  \
+         - {{name: pool, protocol: TCP, port: {FIRST}, allowedRoutes: {{namespaces: {{from: All}}}}}}\n---\n\
+         apiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: cfg, namespace: infra}}\n\
+         spec:\n  releaseCooldown: {COOLDOWN}s\n  listeners: [{{name: pool, endPort: {LAST}, maxPortsPerNamespace: {QUOTA}}}]\n"
+    );
+    for (i, r) in routes {
+        let port = r.port.map(|p| format!(", port: {p}")).unwrap_or_default();
+        let created = humantime::format_rfc3339_seconds(time(r.created));
+        s.push_str(&format!(
+            "---\napiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+             metadata: {{name: r{i}, namespace: {}, creationTimestamp: \"{created}\"}}\n\
+             spec:\n  parentRefs: [{{name: gw, namespace: infra{port}}}]\n",
+            NAMESPACES[i % NAMESPACES.len()]
+        ));
+    }
+    s
+}
+
+fn time(t: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600 + t)
+}
+
+fn run(routes: &BTreeMap<usize, RouteState>, claims: &[PortClaim], now: u64) -> Vec<PortClaim> {
+    let parsed = manifests::parse_file(std::path::Path::new("props.yaml"), &manifests_text(routes));
+    assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+    let snapshot = manifests::snapshot([&parsed]);
+    planner::plan(&Input {
+        snapshot: &snapshot,
+        claims,
+        now: time(now),
+    })
+    .claims
+}
+
+fn bound(claims: &[PortClaim]) -> BTreeMap<String, u16> {
+    claims
+        .iter()
+        .filter(|c| {
+            c.status
+                .as_ref()
+                .is_none_or(|s| s.phase == ClaimPhase::Bound)
+        })
+        .map(|c| (c.spec.route.name.clone(), c.spec.port))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn allocation_invariants_hold_over_random_histories(ops in proptest::collection::vec(op(), 1..40)) {
+        let mut routes: BTreeMap<usize, RouteState> = BTreeMap::new();
+        let mut claims: Vec<PortClaim> = Vec::new();
+        let mut now = 0u64;
+        // port -> (route, released at) of releases still cooling down
+        let mut released: BTreeMap<u16, (String, u64)> = BTreeMap::new();
+        for op in ops {
+            let before = bound(&claims);
+            let mut changed_request = None;
+            match op {
+                Op::Create(i, port) => {
+                    routes.entry(i).or_insert(RouteState { created: now, port });
+                }
+                Op::Delete(i) => {
+                    routes.remove(&i);
+                }
+                Op::Edit(i, port) => {
+                    if let Some(r) = routes.get_mut(&i) {
+                        if r.port != port {
+                            changed_request = Some(format!("r{i}"));
+                        }
+                        r.port = port;
+                    }
+                }
+                Op::Advance(s) => now += s,
+            }
+            claims = run(&routes, &claims, now);
+            let after = bound(&claims);
+
+            // No port is held by two claims; claim names are unique.
+            let mut ports = std::collections::BTreeSet::new();
+            for c in &claims {
+                prop_assert!(ports.insert(c.spec.port), "port {} held twice: {claims:?}", c.spec.port);
+                prop_assert!((FIRST..=LAST).contains(&c.spec.port));
+            }
+            // A bound claim never moves while its route stays and its request is unchanged.
+            for (route, port) in &before {
+                let stays = routes.iter().any(|(i, _)| &format!("r{i}") == route);
+                if stays && changed_request.as_deref() != Some(route.as_str()) {
+                    prop_assert_eq!(after.get(route), Some(port), "{} moved", route);
+                }
+            }
+            // A released port is not given to another route within its cool-down.
+            for c in &claims {
+                if let Some(at) = c.status.as_ref().and_then(|s| s.released_at.as_deref()) {
+                    let at = humantime::parse_rfc3339(at).expect("releasedAt");
+                    let at = at.duration_since(time(0)).expect("after start").as_secs();
+                    released.insert(c.spec.port, (c.spec.route.name.clone(), at));
+                }
+            }
+            released.retain(|_, (_, at)| now < *at + COOLDOWN);
+            for (route, port) in &after {
+                if let Some((owner, _)) = released.get(port) {
+                    prop_assert_eq!(owner, route, "port {} reassigned during its cool-down", port);
+                }
+            }
+            // Quotas hold.
+            for ns in NAMESPACES {
+                let held = claims.iter().filter(|c| c.spec.route.namespace == ns
+                    && c.status.as_ref().is_none_or(|s| s.phase == ClaimPhase::Bound)).count();
+                prop_assert!(held <= QUOTA, "namespace {} holds {} ports", ns, held);
+            }
+        }
+        // Replaying the final snapshot from scratch with the surviving claims gives the
+        // same assignments.
+        let replay = run(&routes, &claims, now);
+        prop_assert_eq!(bound(&replay), bound(&claims));
+    }
+}
