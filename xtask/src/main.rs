@@ -26,11 +26,12 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Where the nightly's libLLVM is linked for bpf-linker (its path is baked in as rpath).
 const LLVM_PREFIX: &str = "/usr/local/lib/berth-llvm";
 
-const USAGE: &str = "usage: cargo xtask <setup | test | demo | bench datapath>
+const USAGE: &str = "usage: cargo xtask <setup | test | demo | bench datapath | bench planner>
   setup            install what this machine lacks (idempotent; needs root)
   test             setup, then fmt and clippy checks and every test (needs root)
   demo             setup, then the datapath demo in network namespaces (needs root)
-  bench datapath   setup, then ns/packet of the XDP program under BPF_PROG_TEST_RUN";
+  bench datapath   setup, then ns/packet of the XDP program under BPF_PROG_TEST_RUN
+  bench planner    setup, then planning time for 100, 1k and 10k routes";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -39,7 +40,8 @@ fn main() -> ExitCode {
         ["setup"] => setup(),
         ["test"] => setup().and_then(|()| test()),
         ["demo"] => setup().and_then(|()| demo()),
-        ["bench", "datapath"] => setup().and_then(|()| bench_datapath()),
+        ["bench", "datapath"] => setup().and_then(|()| run_bin("berth-bench-datapath")),
+        ["bench", "planner"] => setup().and_then(|()| run_bin("berth-bench-planner")),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -291,8 +293,4 @@ fn run_bin(name: &str) -> Result<()> {
 
 fn demo() -> Result<()> {
     run_bin("berth-demo")
-}
-
-fn bench_datapath() -> Result<()> {
-    run_bin("berth-bench-datapath")
 }

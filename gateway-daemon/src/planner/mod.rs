@@ -679,10 +679,20 @@ pub fn plan(input: &Input) -> Plan {
 
     // Datapath: every bound claim of a gateway with an address, plus fixed listeners'
     // oldest route.
+    let route_index: HashMap<(&str, &str, &str), usize> = snap
+        .routes
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            (
+                (r.kind.name(), r.metadata.ns(), r.metadata.name.as_str()),
+                i,
+            )
+        })
+        .collect();
     let route_by_ref = |r: &ClaimRoute| {
-        snap.routes
-            .iter()
-            .position(|x| same_route(&route_ref(x), r))
+        let i = *route_index.get(&(r.kind.as_str(), r.namespace.as_str(), r.name.as_str()))?;
+        same_route(&route_ref(&snap.routes[i]), r).then_some(i)
     };
     for claim in claims.iter().flatten() {
         if claim

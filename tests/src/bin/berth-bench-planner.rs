@@ -1,0 +1,195 @@
+//! `cargo xtask bench planner`: planning time for 100, 1k and 10k routes over a
+//! 20k-port range, a full plan from no claims and a one-route change with every other
+//! claim in place. Prints a table and, last, one JSON line.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use berth::{
+    model::*,
+    planner::{plan, Input},
+};
+
+const RANGE_FIRST: u16 = 30000;
+const RANGE_LAST: u16 = 49999;
+const RUNS: usize = 7;
+
+fn meta(name: &str, ns: &str) -> Meta {
+    Meta {
+        name: name.to_string(),
+        namespace: Some(ns.to_string()),
+        ..Meta::default()
+    }
+}
+
+fn snapshot(routes: usize) -> Snapshot {
+    let mut s = Snapshot::default();
+    s.gateway_classes.push(GatewayClass {
+        metadata: meta("berth", ""),
+        spec: GatewayClassSpec {
+            controller_name: CONTROLLER_NAME.to_string(),
+        },
+    });
+    let all = Some(AllowedRoutes {
+        namespaces: Some(RouteNamespaces {
+            from: Some("All".to_string()),
+            selector: None,
+        }),
+        kinds: vec![],
+    });
+    s.gateways.push(Gateway {
+        metadata: meta("shared", "infra"),
+        spec: GatewaySpec {
+            gateway_class_name: "berth".to_string(),
+            listeners: vec![Listener {
+                name: "pool".to_string(),
+                port: RANGE_FIRST,
+                protocol: "TCP".to_string(),
+                allowed_routes: all,
+            }],
+            addresses: vec![GatewayAddress {
+                kind: None,
+                value: "10.0.0.1".to_string(),
+            }],
+            infrastructure: Some(Infrastructure {
+                parameters_ref: Some(LocalParametersRef {
+                    group: BERTH_GROUP.to_string(),
+                    kind: "GatewayConfig".to_string(),
+                    name: "cfg".to_string(),
+                }),
+            }),
+        },
+    });
+    s.gateway_configs.push(GatewayConfig {
+        metadata: meta("cfg", "infra"),
+        spec: GatewayConfigSpec {
+            listeners: vec![ListenerRange {
+                name: "pool".to_string(),
+                end_port: RANGE_LAST,
+                max_ports_per_namespace: None,
+            }],
+            release_cooldown: None,
+        },
+    });
+    for i in 0..routes {
+        s.routes.push(route(i));
+    }
+    // One Service with one endpoint per namespace.
+    for ns in 0..100 {
+        let ns = format!("team-{ns}");
+        s.services.push(Service {
+            metadata: meta("web", &ns),
+            spec: ServiceSpec {
+                ports: vec![ServicePort {
+                    name: Some("p".into()),
+                    port: 80,
+                    protocol: None,
+                    target_port: None,
+                }],
+            },
+        });
+        let mut m = meta("web-1", &ns);
+        m.labels
+            .insert("kubernetes.io/service-name".into(), "web".into());
+        s.endpoint_slices.push(EndpointSlice {
+            metadata: m,
+            address_type: "IPv4".into(),
+            endpoints: vec![Endpoint {
+                addresses: vec!["10.1.0.1".into()],
+                conditions: EndpointConditions::default(),
+            }],
+            ports: vec![EndpointPort {
+                name: Some("p".into()),
+                port: Some(8080),
+                protocol: None,
+            }],
+        });
+    }
+    s
+}
+
+fn route(i: usize) -> Route {
+    Route {
+        kind: RouteKind::Tcp,
+        metadata: meta(&format!("r{i}"), &format!("team-{}", i % 100)),
+        spec: RouteSpec {
+            parent_refs: vec![ParentRef {
+                name: "shared".into(),
+                namespace: Some("infra".into()),
+                ..ParentRef::default()
+            }],
+            rules: vec![RouteRule {
+                backend_refs: vec![BackendRef {
+                    name: "web".into(),
+                    port: Some(80),
+                    ..BackendRef::default()
+                }],
+            }],
+        },
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let now = SystemTime::now();
+    let mut rows = Vec::new();
+    for n in [100usize, 1_000, 10_000] {
+        let snap = snapshot(n);
+        let mut full = Vec::new();
+        let mut claims = Vec::new();
+        for _ in 0..RUNS {
+            let t = Instant::now();
+            let p = plan(&Input {
+                snapshot: &snap,
+                claims: &[],
+                now,
+            });
+            full.push(t.elapsed());
+            assert_eq!(p.claims.len(), n, "every route gets a port");
+            claims = p.claims;
+        }
+        let mut changed = snap.clone();
+        changed.routes.push(route(n));
+        let mut one = Vec::new();
+        for _ in 0..RUNS {
+            let t = Instant::now();
+            let p = plan(&Input {
+                snapshot: &changed,
+                claims: &claims,
+                now,
+            });
+            one.push(t.elapsed());
+            assert_eq!(p.claims.len(), n + 1);
+        }
+        rows.push((n, median(full), median(one)));
+    }
+    println!(
+        "planner time, median of {RUNS} runs, one TCP range of {} ports",
+        RANGE_LAST - RANGE_FIRST + 1
+    );
+    println!(
+        "{:>8} {:>14} {:>18}",
+        "routes", "full plan ms", "one-route change ms"
+    );
+    for (n, f, o) in &rows {
+        println!(
+            "{n:>8} {:>14.2} {:>18.2}",
+            f.as_secs_f64() * 1e3,
+            o.as_secs_f64() * 1e3
+        );
+    }
+    let json: Vec<String> = rows
+        .iter()
+        .map(|(n, f, o)| {
+            format!(
+                "\"full_{n}_ms\":{:.3},\"change_{n}_ms\":{:.3}",
+                f.as_secs_f64() * 1e3,
+                o.as_secs_f64() * 1e3
+            )
+        })
+        .collect();
+    println!("{{{}}}", json.join(","));
+}
