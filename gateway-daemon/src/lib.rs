@@ -7,3 +7,4 @@ pub mod datapath;
 pub mod manifests;
 pub mod model;
 pub mod planner;
+pub mod store;

@@ -1,0 +1,48 @@
+//! Test helper: races to create PortClaims for ports `FIRST..FIRST+COUNT` in a state
+//! directory (no lock, so only the store's exclusive creation decides), then prints
+//! the ports it won, one per line.
+//!
+//! `berth-claim-race STATE_DIR WHO COUNT`
+
+use berth::{
+    model::{ClaimRoute, Meta, PortClaim, PortClaimSpec},
+    store::{Store, StoreError},
+};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, dir, who, count] = args.as_slice() else {
+        eprintln!("usage: berth-claim-race STATE_DIR WHO COUNT");
+        std::process::exit(2);
+    };
+    let count: u16 = count.parse().expect("COUNT");
+    let store = Store::open(std::path::Path::new(dir)).expect("open store");
+    for port in 30000..30000 + count {
+        let claim = PortClaim {
+            metadata: Meta {
+                name: format!("gw-tcp-{port}"),
+                namespace: Some("infra".into()),
+                ..Meta::default()
+            },
+            spec: PortClaimSpec {
+                gateway: "gw".into(),
+                listener: "pool".into(),
+                protocol: "TCP".into(),
+                port,
+                route: ClaimRoute {
+                    group: "gateway.networking.k8s.io".into(),
+                    kind: "TCPRoute".into(),
+                    namespace: who.clone(),
+                    name: "r".into(),
+                    uid: None,
+                },
+            },
+            status: None,
+        };
+        match store.create(&claim) {
+            Ok(()) => println!("{port}"),
+            Err(StoreError::AlreadyExists { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
