@@ -1,12 +1,12 @@
 //! The `berth check` / `/api/v1/state` document: claims and statuses, as DESIGN.md
 //! specifies its JSON shape.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::planner::{GatewayEntry, Plan, RouteEntry};
 
 /// The state document.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateDocument {
     /// Gateway statuses.
     pub gateways: Vec<GatewayEntry>,
@@ -17,7 +17,7 @@ pub struct StateDocument {
 }
 
 /// One claim in the document.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimEntry {
     /// Namespace (the Gateway's).
     pub namespace: String,
@@ -36,7 +36,7 @@ pub struct ClaimEntry {
 }
 
 /// The route of a claim.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimRouteEntry {
     /// Kind.
     pub kind: String,

@@ -2,9 +2,11 @@
 //!
 //! This library holds the daemon's parts; the `berth` binary is a thin `main` over it.
 
+pub mod admin;
 pub mod check;
 pub mod datapath;
 pub mod manifests;
 pub mod model;
 pub mod planner;
+pub mod standalone;
 pub mod store;

@@ -1,10 +1,25 @@
 //! `berth`: one L4 gateway address shared by many owners, one port each.
 
-use std::{path::PathBuf, process::ExitCode, time::SystemTime};
+use std::{
+    net::{Ipv4Addr, TcpListener},
+    path::PathBuf,
+    process::ExitCode,
+    sync::{Arc, Mutex},
+    time::SystemTime,
+};
 
 use anyhow::{bail, Context as _};
-use berth::{check, manifests, planner};
+use berth::{
+    admin::{self, RouteRow},
+    check::{self, StateDocument},
+    datapath::{self, AttachMode, Attached, Config, Datapath},
+    manifests, planner,
+    standalone::{self, ManifestSource, Published},
+    store::Store,
+};
 use clap::{Parser, Subcommand, ValueEnum};
+
+const DEFAULT_ADMIN: &str = "127.0.0.1:9470";
 
 #[derive(Parser)]
 #[command(
@@ -19,11 +34,59 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the daemon: watch the manifests, allocate ports, program the datapath.
+    Run {
+        /// Directory of YAML manifests (standalone mode).
+        #[arg(long, conflicts_with = "kubernetes")]
+        manifests: Option<PathBuf>,
+        /// Read objects from the Kubernetes API.
+        #[arg(long)]
+        kubernetes: bool,
+        /// Interfaces to attach the XDP program to (none: plan and serve state only).
+        #[arg(long = "interface")]
+        interfaces: Vec<String>,
+        /// Where claims and first-seen times are kept.
+        #[arg(long, default_value = "/var/lib/berth")]
+        state_dir: PathBuf,
+        /// Gateway address for Gateways whose spec.addresses has no IPv4 address.
+        #[arg(long)]
+        address: Option<Ipv4Addr>,
+        /// Admin endpoint (/healthz, /readyz, /metrics, /api/v1/state).
+        #[arg(long, default_value = DEFAULT_ADMIN)]
+        admin_addr: String,
+        /// XDP attach mode.
+        #[arg(long, value_enum, default_value_t = XdpMode::Auto)]
+        xdp_mode: XdpMode,
+        /// This node's name (Kubernetes mode).
+        #[arg(long)]
+        node_name: Option<String>,
+        /// Log format.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
+        /// Where the datapath's maps and links are pinned.
+        #[arg(long, default_value = datapath::DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+    },
     /// Plan from manifests, with no kernel and no network: print claims and statuses.
     Check {
         /// Directory of YAML manifests.
         #[arg(long)]
         manifests: PathBuf,
+        /// Also read the claims kept in this state directory.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Show what a running daemon holds.
+    Get {
+        /// What to show.
+        #[arg(value_enum)]
+        what: What,
+        /// The daemon's admin endpoint.
+        #[arg(long, default_value = DEFAULT_ADMIN)]
+        admin_addr: String,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -37,9 +100,29 @@ enum Output {
     Yaml,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum What {
+    Gateways,
+    Routes,
+    Claims,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum XdpMode {
+    Auto,
+    Native,
+    Skb,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 fn main() -> ExitCode {
     match run(Cli::parse()) {
-        Ok(code) => code,
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("berth: {e:#}");
             ExitCode::FAILURE
@@ -47,40 +130,250 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Check {
             manifests: dir,
+            state_dir,
             output,
+        } => check_cmd(&dir, state_dir, output),
+        Command::Get {
+            what,
+            admin_addr,
+            output,
+        } => get_cmd(what, &admin_addr, output),
+        Command::Run {
+            manifests,
+            kubernetes,
+            interfaces,
+            state_dir,
+            address,
+            admin_addr,
+            xdp_mode,
+            node_name: _,
+            log_format,
+            pin_dir,
         } => {
-            let files = manifests::load_dir(&dir)
-                .with_context(|| format!("reading manifests from {}", dir.display()))?;
-            let mut failed = false;
-            for (_, f) in &files {
-                for note in &f.ignored {
-                    eprintln!("note: {note}");
-                }
-                for e in &f.errors {
-                    eprintln!("error: {e}");
-                    failed = true;
-                }
+            init_logging(log_format);
+            if kubernetes {
+                bail!("--kubernetes is not available yet; use --manifests DIR");
             }
-            if failed {
-                bail!("some manifests could not be read (see above)");
-            }
-            let snapshot = manifests::snapshot(files.iter().map(|(_, f)| f));
-            let plan = planner::plan(&planner::Input {
-                snapshot: &snapshot,
-                claims: &[],
-                now: SystemTime::now(),
-            });
-            let doc = check::document(&plan);
-            match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
-                Output::Yaml => print!("{}", serde_yaml::to_string(&doc)?),
-                Output::Table => print!("{}", check::tables(&doc)),
-            }
-            Ok(ExitCode::SUCCESS)
+            let dir = manifests.context("--manifests DIR is required")?;
+            run_standalone(
+                &dir,
+                &state_dir,
+                &interfaces,
+                address,
+                &admin_addr,
+                xdp_mode,
+                pin_dir,
+            )
         }
     }
+}
+
+fn init_logging(format: LogFormat) {
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn check_cmd(
+    dir: &std::path::Path,
+    state_dir: Option<PathBuf>,
+    output: Output,
+) -> anyhow::Result<()> {
+    let files = manifests::load_dir(dir)
+        .with_context(|| format!("reading manifests from {}", dir.display()))?;
+    let mut failed = false;
+    for (_, f) in &files {
+        for note in &f.ignored {
+            eprintln!("note: {note}");
+        }
+        for e in &f.errors {
+            eprintln!("error: {e}");
+            failed = true;
+        }
+    }
+    if failed {
+        bail!("some manifests could not be read (see above)");
+    }
+    let claims = match &state_dir {
+        Some(s) => Store::open(s)
+            .and_then(|s| s.claims())
+            .with_context(|| format!("reading claims from {}", s.display()))?,
+        None => Vec::new(),
+    };
+    let snapshot = manifests::snapshot(files.iter().map(|(_, f)| f));
+    let plan = planner::plan(&planner::Input {
+        snapshot: &snapshot,
+        claims: &claims,
+        now: SystemTime::now(),
+        default_address: None,
+    });
+    print_document(&check::document(&plan), output)
+}
+
+fn print_document(doc: &StateDocument, output: Output) -> anyhow::Result<()> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(doc)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(doc)?),
+        Output::Table => print!("{}", check::tables(doc)),
+    }
+    Ok(())
+}
+
+fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
+    let state: StateDocument = serde_json::from_str(
+        &admin::get(addr, "/api/v1/state")
+            .with_context(|| format!("asking the daemon at {addr}"))?,
+    )?;
+    match what {
+        What::Routes => {
+            let rows: Vec<RouteRow> = serde_json::from_str(&admin::get(addr, "/api/v1/routes")?)?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+                Output::Yaml => print!("{}", serde_yaml::to_string(&rows)?),
+                Output::Table => {
+                    println!(
+                        "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} AGE",
+                        "NAMESPACE",
+                        "NAME",
+                        "KIND",
+                        "GATEWAY",
+                        "LISTENER",
+                        "PORT",
+                        "ACCEPTED",
+                        "BACKENDS"
+                    );
+                    for r in rows {
+                        let port = r.port.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
+                        println!(
+                            "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {}",
+                            r.namespace,
+                            r.name,
+                            r.kind,
+                            r.gateway,
+                            r.listener,
+                            port,
+                            r.accepted,
+                            r.backends,
+                            age(r.created.as_deref())
+                        );
+                    }
+                }
+            }
+        }
+        What::Gateways | What::Claims => match output {
+            Output::Table if matches!(what, What::Claims) => {
+                println!(
+                    "{:<16} {:<24} {:<16} {:<12} {:<5} {:<6} ROUTE",
+                    "NAMESPACE", "NAME", "GATEWAY", "LISTENER", "PROTO", "PORT"
+                );
+                for c in &state.claims {
+                    println!(
+                        "{:<16} {:<24} {:<16} {:<12} {:<5} {:<6} {} {}/{}",
+                        c.namespace,
+                        c.name,
+                        c.gateway,
+                        c.listener,
+                        c.protocol,
+                        c.port,
+                        c.route.kind,
+                        c.route.namespace,
+                        c.route.name
+                    );
+                }
+            }
+            Output::Table => print!(
+                "{}",
+                check::tables(&StateDocument {
+                    routes: vec![],
+                    claims: vec![],
+                    ..state
+                })
+            ),
+            _ if matches!(what, What::Claims) => print_value(&state.claims, output)?,
+            _ => print_value(&state.gateways, output)?,
+        },
+    }
+    Ok(())
+}
+
+fn print_value<T: serde::Serialize>(v: &T, output: Output) -> anyhow::Result<()> {
+    match output {
+        Output::Yaml => print!("{}", serde_yaml::to_string(v)?),
+        _ => println!("{}", serde_json::to_string_pretty(v)?),
+    }
+    Ok(())
+}
+
+fn age(created: Option<&str>) -> String {
+    let Some(t) = created.and_then(|c| humantime::parse_rfc3339_weak(c).ok()) else {
+        return "-".into();
+    };
+    let secs = SystemTime::now()
+        .duration_since(t)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+fn run_standalone(
+    dir: &std::path::Path,
+    state_dir: &std::path::Path,
+    interfaces: &[String],
+    address: Option<Ipv4Addr>,
+    admin_addr: &str,
+    xdp_mode: XdpMode,
+    pin_dir: PathBuf,
+) -> anyhow::Result<()> {
+    let store = Store::open(state_dir)
+        .with_context(|| format!("opening state directory {}", state_dir.display()))?;
+    let mut datapath = None;
+    if interfaces.is_empty() {
+        tracing::warn!("no --interface: planning and serving state only, no datapath");
+    } else {
+        let mut dp = Datapath::load(&Config {
+            pin_dir,
+            ..Config::default()
+        })
+        .context("loading the datapath")?;
+        let mode = match xdp_mode {
+            XdpMode::Auto => AttachMode::Auto,
+            XdpMode::Native => AttachMode::Native,
+            XdpMode::Skb => AttachMode::Skb,
+        };
+        for iface in interfaces {
+            match dp
+                .attach(iface, mode)
+                .with_context(|| format!("attaching to {iface}"))?
+            {
+                Attached::Replaced => {
+                    tracing::info!(iface, "took over the XDP program pinned by an earlier run")
+                }
+                Attached::New(m) => tracing::info!(iface, mode = ?m, "attached XDP program"),
+            }
+        }
+        if !datapath::ipv4_forwarding_enabled().unwrap_or(false) {
+            tracing::warn!("IPv4 forwarding is off (net.ipv4.ip_forward=0): packets the XDP program hands to the kernel will be dropped");
+        }
+        datapath = Some(dp);
+    }
+    let shared = Arc::new(Mutex::new(Published::default()));
+    let listener = TcpListener::bind(admin_addr)
+        .with_context(|| format!("binding the admin endpoint {admin_addr}"))?;
+    tracing::info!(admin = admin_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
+    let served = shared.clone();
+    std::thread::spawn(move || admin::serve(listener, served));
+    let mut source = ManifestSource::new(dir);
+    standalone::run_loop(&mut source, &store, datapath.as_mut(), address, &shared)
+        .context("standalone loop")
 }

@@ -67,7 +67,9 @@ pub fn parse_file(file: &Path, text: &str) -> FileObjects {
                     object: String::new(),
                     message: format!("not YAML: {e}"),
                 });
-                continue;
+                // The stream cannot be resumed after a syntax error (the iterator
+                // would repeat it forever): the rest of the file is unread.
+                break;
             }
         };
         match parse_object(value) {
@@ -206,6 +208,20 @@ mod tests {
                 "routes.yaml document 2: TCPRoute team-a/web: field spec.parentRefs[0].port"
             ),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn a_yaml_syntax_error_is_reported_once() {
+        let text = "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\ngarbage: [\n";
+        let parsed = parse_file(Path::new("x.yaml"), text);
+        assert_eq!(parsed.errors.len(), 1, "{:?}", parsed.errors);
+        assert!(
+            parsed.errors[0]
+                .to_string()
+                .starts_with("x.yaml document 1: not YAML"),
+            "{}",
+            parsed.errors[0]
         );
     }
 

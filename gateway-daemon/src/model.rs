@@ -22,19 +22,19 @@ pub struct Meta {
     /// Name.
     pub name: String,
     /// Namespace; `default` when absent on a namespaced object.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     /// UID, if the object came from an API server.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
     /// Generation (for `observedGeneration`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<i64>,
     /// RFC 3339 creation time.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creation_timestamp: Option<String>,
     /// Labels.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
 }
 

@@ -56,11 +56,13 @@ fn run_case(input: &Path) -> String {
         snapshot: &snapshot,
         claims: &claims,
         now,
+        default_address: None,
     });
     let again = planner::plan(&planner::Input {
         snapshot: &snapshot,
         claims: &claims,
         now,
+        default_address: None,
     });
     assert_eq!(
         plan,

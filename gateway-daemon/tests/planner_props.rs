@@ -81,6 +81,7 @@ fn run(routes: &BTreeMap<usize, RouteState>, claims: &[PortClaim], now: u64) -> 
         snapshot: &snapshot,
         claims,
         now: time(now),
+        default_address: None,
     })
     .claims
 }

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     datapath::{DesiredState, Protocol, ServiceAddr},
@@ -37,6 +37,8 @@ pub struct Input<'a> {
     pub claims: &'a [PortClaim],
     /// The current time.
     pub now: SystemTime,
+    /// The address of Gateways whose `spec.addresses` has no IPv4 address (`--address`).
+    pub default_address: Option<Ipv4Addr>,
 }
 
 /// What the planner decides.
@@ -54,7 +56,7 @@ pub struct Plan {
 }
 
 /// A Gateway's computed status.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GatewayEntry {
     /// Namespace.
     pub namespace: String,
@@ -65,7 +67,7 @@ pub struct GatewayEntry {
 }
 
 /// A route's computed status.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouteEntry {
     /// `TCPRoute` or `UDPRoute`.
     pub kind: String,
@@ -168,7 +170,11 @@ fn same_route(a: &ClaimRoute, b: &ClaimRoute) -> bool {
 }
 
 /// Resolves a Gateway's listeners against its GatewayConfig.
-fn gateway_view<'a>(gw: &'a Gateway, configs: &'a [GatewayConfig]) -> Gw<'a> {
+fn gateway_view<'a>(
+    gw: &'a Gateway,
+    configs: &'a [GatewayConfig],
+    default_address: Option<Ipv4Addr>,
+) -> Gw<'a> {
     let mut listeners: Vec<Lis<'a>> = gw
         .spec
         .listeners
@@ -184,7 +190,8 @@ fn gateway_view<'a>(gw: &'a Gateway, configs: &'a [GatewayConfig]) -> Gw<'a> {
         .spec
         .addresses
         .iter()
-        .find_map(|a| a.value.parse::<Ipv4Addr>().ok());
+        .find_map(|a| a.value.parse::<Ipv4Addr>().ok())
+        .or(default_address);
     let mut view = Gw {
         spec: gw,
         listeners: Vec::new(),
@@ -414,7 +421,7 @@ pub fn plan(input: &Input) -> Plan {
         .gateways
         .iter()
         .filter(|g| classes.contains(g.spec.gateway_class_name.as_str()))
-        .map(|g| gateway_view(g, &snap.gateway_configs))
+        .map(|g| gateway_view(g, &snap.gateway_configs, input.default_address))
         .collect();
     gateways.sort_by_key(|g| g.key());
     let namespaces: BTreeMap<&str, &Namespace> = snap

@@ -146,6 +146,7 @@ fn main() {
                 snapshot: &snap,
                 claims: &[],
                 now,
+                default_address: None,
             });
             full.push(t.elapsed());
             assert_eq!(p.claims.len(), n, "every route gets a port");
@@ -160,6 +161,7 @@ fn main() {
                 snapshot: &changed,
                 claims: &claims,
                 now,
+                default_address: None,
             });
             one.push(t.elapsed());
             assert_eq!(p.claims.len(), n + 1);

@@ -1,0 +1,176 @@
+//! The admin endpoint: `/healthz`, `/readyz`, `/metrics` (Prometheus text) and
+//! `/api/v1/state` (the `berth check -o json` document), plus `/api/v1/routes` for
+//! `berth get routes`. A small HTTP/1.0 responder: GET only, one request per connection.
+
+use std::{
+    fmt::Write as _,
+    io::{BufRead, BufReader, Write},
+    net::{TcpListener, TcpStream},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::standalone::{Published, Shared};
+
+/// One row of `berth get routes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteRow {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Kind.
+    pub kind: String,
+    /// Gateway.
+    pub gateway: String,
+    /// Listener (of the claim), if any.
+    pub listener: String,
+    /// Assigned port, if any.
+    pub port: Option<u16>,
+    /// Accepted condition status and reason.
+    pub accepted: String,
+    /// Backend endpoints in the datapath for this port.
+    pub backends: usize,
+    /// First seen (RFC 3339), if known.
+    pub created: Option<String>,
+}
+
+/// Serves until the listener fails.
+pub fn serve(listener: TcpListener, shared: Shared) {
+    for stream in listener.incoming().flatten() {
+        let shared = shared.clone();
+        std::thread::spawn(move || {
+            let _ = handle(stream, &shared);
+        });
+    }
+}
+
+fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
+    let mut reader = BufReader::new(&stream);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    // Read the headers too: closing with unread input would reset the connection.
+    let mut header = String::new();
+    while reader.read_line(&mut header)? > 2 {
+        header.clear();
+    }
+    let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let p = shared.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let (code, kind, body) = match path.as_str() {
+        "/healthz" => (200, "text/plain", "ok\n".to_string()),
+        "/readyz" if p.cycles > 0 => (200, "text/plain", "ready\n".to_string()),
+        "/readyz" => (503, "text/plain", "not ready: no plan yet\n".to_string()),
+        "/api/v1/state" => match &p.state {
+            Some(s) => (
+                200,
+                "application/json",
+                serde_json::to_string_pretty(s).unwrap_or_default(),
+            ),
+            None => (503, "text/plain", "no plan yet\n".to_string()),
+        },
+        "/api/v1/routes" => (
+            200,
+            "application/json",
+            serde_json::to_string(&route_rows(&p)).unwrap_or_default(),
+        ),
+        "/metrics" => (200, "text/plain; version=0.0.4", metrics(&p)),
+        _ => (404, "text/plain", "not found\n".to_string()),
+    };
+    let status = match code {
+        200 => "200 OK",
+        404 => "404 Not Found",
+        _ => "503 Service Unavailable",
+    };
+    write!(stream, "HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+}
+
+/// The rows of `berth get routes`.
+pub fn route_rows(p: &Published) -> Vec<RouteRow> {
+    let Some(state) = &p.state else {
+        return Vec::new();
+    };
+    let mut rows = Vec::new();
+    for r in &state.routes {
+        for parent in &r.status.parents {
+            let accepted = parent.conditions.iter().find(|c| c.kind == "Accepted");
+            let claim = state.claims.iter().find(|c| {
+                c.route.kind == r.kind
+                    && c.route.namespace == r.namespace
+                    && c.route.name == r.name
+                    && c.gateway == parent.parent_ref.name
+            });
+            let backends = p
+                .datapath
+                .services
+                .iter()
+                .find(|(s, _)| {
+                    Some(s.port) == parent.parent_ref.port
+                        && s.protocol.to_string() == r.kind.trim_end_matches("Route")
+                })
+                .map_or(0, |(_, b)| b.len());
+            rows.push(RouteRow {
+                namespace: r.namespace.clone(),
+                name: r.name.clone(),
+                kind: r.kind.clone(),
+                gateway: parent.parent_ref.name.clone(),
+                listener: claim
+                    .map(|c| c.listener.clone())
+                    .or_else(|| parent.parent_ref.section_name.clone())
+                    .unwrap_or_default(),
+                port: parent.parent_ref.port,
+                accepted: accepted
+                    .map(|c| format!("{} ({})", c.status, c.reason))
+                    .unwrap_or_default(),
+                backends,
+                created: p
+                    .first_seen
+                    .get(&format!("{}/{}/{}", r.kind, r.namespace, r.name))
+                    .cloned(),
+            });
+        }
+    }
+    rows
+}
+
+fn metrics(p: &Published) -> String {
+    let mut m = String::new();
+    let _ = writeln!(m, "# HELP berth_plans_total Plans made since start.\n# TYPE berth_plans_total counter\nberth_plans_total {}", p.cycles);
+    let _ = writeln!(m, "# HELP berth_manifest_errors Manifest files whose current version is broken.\n# TYPE berth_manifest_errors gauge\nberth_manifest_errors {}", p.broken.len());
+    if let Some(s) = &p.state {
+        let _ = writeln!(m, "# HELP berth_claims Claims held (bound or cooling down).\n# TYPE berth_claims gauge\nberth_claims {}", s.claims.len());
+        let _ = writeln!(m, "# HELP berth_listener_attached_routes Attached routes per listener.\n# TYPE berth_listener_attached_routes gauge");
+        for g in &s.gateways {
+            for l in &g.status.listeners {
+                let _ = writeln!(
+                    m,
+                    "berth_listener_attached_routes{{namespace=\"{}\",gateway=\"{}\",listener=\"{}\"}} {}",
+                    g.namespace, g.name, l.name, l.attached_routes
+                );
+            }
+        }
+    }
+    if !p.counters.is_empty() {
+        let _ = writeln!(m, "# HELP berth_datapath_packets_total XDP verdicts and events by reason.\n# TYPE berth_datapath_packets_total counter");
+        for (name, v) in &p.counters {
+            let _ = writeln!(m, "berth_datapath_packets_total{{reason=\"{name}\"}} {v}");
+        }
+    }
+    m
+}
+
+/// A GET against a running daemon's admin endpoint; returns the body.
+pub fn get(addr: &str, path: &str) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut s = TcpStream::connect(addr)?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text.as_str(), ""));
+    if !head.starts_with("HTTP/1.0 200") {
+        return Err(std::io::Error::other(format!(
+            "{path}: {}",
+            head.lines().next().unwrap_or_default()
+        )));
+    }
+    Ok(body.to_string())
+}

@@ -1,0 +1,259 @@
+//! Standalone mode: a directory of manifests and a state directory in, claims, the
+//! state document and the datapath out. One cycle = read changed files, plan under the
+//! store's lock, write claim changes, program the datapath, publish the state.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use crate::{
+    check::{self, StateDocument},
+    datapath::{Datapath, DesiredState},
+    manifests::{self, FileObjects},
+    model::{PortClaim, Snapshot},
+    planner::{self, Plan},
+    store::{Store, StoreError},
+};
+
+/// How often the directory is looked at (a change takes effect within a second).
+pub const POLL: Duration = Duration::from_millis(200);
+
+/// The files of a manifest directory, each with its last good objects.
+#[derive(Default)]
+pub struct ManifestSource {
+    dir: PathBuf,
+    files: BTreeMap<PathBuf, Tracked>,
+}
+
+struct Tracked {
+    stamp: (SystemTime, u64),
+    objects: FileObjects,
+    /// The current version failed; `objects` is the last good one.
+    broken: Vec<String>,
+}
+
+impl ManifestSource {
+    /// Watches `dir`.
+    pub fn new(dir: &Path) -> Self {
+        ManifestSource {
+            dir: dir.to_path_buf(),
+            files: BTreeMap::new(),
+        }
+    }
+
+    /// Re-reads files that changed; returns whether anything did, and the errors of
+    /// files newly found broken (their last good objects stay in force).
+    pub fn refresh(&mut self) -> std::io::Result<(bool, Vec<String>)> {
+        let mut seen = Vec::new();
+        let mut changed = false;
+        let mut errors = Vec::new();
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(&self.dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.is_file()
+                    && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+            })
+            .collect();
+        entries.sort();
+        for path in entries {
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            let stamp = (
+                meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                meta.len(),
+            );
+            seen.push(path.clone());
+            if self.files.get(&path).is_some_and(|t| t.stamp == stamp) {
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let parsed = manifests::parse_file(&path, &text);
+            changed = true;
+            if parsed.errors.is_empty() {
+                self.files.insert(
+                    path,
+                    Tracked {
+                        stamp,
+                        objects: parsed,
+                        broken: Vec::new(),
+                    },
+                );
+            } else {
+                let messages: Vec<String> = parsed.errors.iter().map(ToString::to_string).collect();
+                errors.extend(messages.iter().cloned());
+                let objects = self
+                    .files
+                    .remove(&path)
+                    .map(|t| t.objects)
+                    .unwrap_or_default();
+                self.files.insert(
+                    path,
+                    Tracked {
+                        stamp,
+                        objects,
+                        broken: messages,
+                    },
+                );
+            }
+        }
+        let before = self.files.len();
+        self.files.retain(|p, _| seen.contains(p));
+        Ok((changed || before != self.files.len(), errors))
+    }
+
+    /// The objects in force.
+    pub fn snapshot(&self) -> Snapshot {
+        manifests::snapshot(self.files.values().map(|t| &t.objects))
+    }
+
+    /// Errors of files whose current version is broken.
+    pub fn broken(&self) -> Vec<String> {
+        self.files
+            .values()
+            .flat_map(|t| t.broken.iter().cloned())
+            .collect()
+    }
+}
+
+/// What the admin endpoint serves.
+#[derive(Clone, Debug, Default)]
+pub struct Published {
+    /// The state document.
+    pub state: Option<StateDocument>,
+    /// The datapath's desired state.
+    pub datapath: DesiredState,
+    /// Errors of broken manifest files.
+    pub broken: Vec<String>,
+    /// Plans made.
+    pub cycles: u64,
+    /// First-seen times of routes.
+    pub first_seen: BTreeMap<String, String>,
+    /// Datapath counters, when a datapath is attached.
+    pub counters: BTreeMap<&'static str, u64>,
+}
+
+/// Shared between the loop and the admin server.
+pub type Shared = Arc<Mutex<Published>>;
+
+/// Errors of one cycle.
+#[derive(Debug, thiserror::Error)]
+pub enum CycleError {
+    /// The claim store failed.
+    #[error("claim store")]
+    Store(#[from] StoreError),
+    /// The manifest directory could not be read.
+    #[error("reading manifests")]
+    Manifests(#[source] std::io::Error),
+    /// The datapath could not be programmed.
+    #[error("programming the datapath")]
+    Datapath(#[from] crate::datapath::DatapathError),
+}
+
+fn route_key(kind: &str, ns: &str, name: &str) -> String {
+    format!("{kind}/{ns}/{name}")
+}
+
+/// Plans once from `snapshot`, commits the claim changes and returns the plan.
+pub fn cycle(
+    store: &Store,
+    mut snapshot: Snapshot,
+    now: SystemTime,
+    default_address: Option<std::net::Ipv4Addr>,
+) -> Result<(Plan, BTreeMap<String, String>), CycleError> {
+    let _lock = store.lock()?;
+    // Routes without a creation time are ordered by when Berth first saw them.
+    let mut first_seen = store.first_seen()?;
+    let now_text = humantime::format_rfc3339_seconds(now).to_string();
+    let mut seen_changed = false;
+    for r in &mut snapshot.routes {
+        let key = route_key(r.kind.name(), r.metadata.ns(), &r.metadata.name);
+        let t = first_seen.entry(key).or_insert_with(|| {
+            seen_changed = true;
+            now_text.clone()
+        });
+        if r.metadata.creation_timestamp.is_none() {
+            r.metadata.creation_timestamp = Some(t.clone());
+        }
+    }
+    if seen_changed {
+        store.set_first_seen(&first_seen)?;
+    }
+    loop {
+        let stored = store.claims()?;
+        let plan = planner::plan(&planner::Input {
+            snapshot: &snapshot,
+            claims: &stored,
+            now,
+            default_address,
+        });
+        match commit(store, &stored, &plan.claims) {
+            Ok(()) => return Ok((plan, first_seen)),
+            // Someone else created that claim meanwhile: read again and plan again.
+            Err(StoreError::AlreadyExists { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Makes the store hold `want`, given it holds `have`.
+fn commit(store: &Store, have: &[PortClaim], want: &[PortClaim]) -> Result<(), StoreError> {
+    let key = |c: &PortClaim| (c.metadata.ns().to_string(), c.metadata.name.clone());
+    let have: BTreeMap<_, _> = have.iter().map(|c| (key(c), c)).collect();
+    let want_map: BTreeMap<_, _> = want.iter().map(|c| (key(c), c)).collect();
+    // Releases and deletions first, so a port handed over within one plan is free.
+    for (k, c) in &have {
+        match want_map.get(k) {
+            None => store.delete(&k.0, &k.1)?,
+            Some(w) if w != c => store.update(w)?,
+            Some(_) => {}
+        }
+    }
+    for (k, c) in &want_map {
+        if !have.contains_key(k) {
+            store.create(c)?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs the loop forever: poll the directory, plan, commit, program, publish.
+pub fn run_loop(
+    source: &mut ManifestSource,
+    store: &Store,
+    mut datapath: Option<&mut Datapath>,
+    default_address: Option<std::net::Ipv4Addr>,
+    shared: &Shared,
+) -> Result<(), CycleError> {
+    let mut last_plan = std::time::Instant::now() - Duration::from_secs(3600);
+    loop {
+        let (changed, errors) = source.refresh().map_err(CycleError::Manifests)?;
+        for e in &errors {
+            tracing::error!("{e} (the last good version of this file stays in force)");
+        }
+        // Plan on every change, and every second for cool-downs that end.
+        if changed || last_plan.elapsed() >= Duration::from_secs(1) {
+            let (plan, first_seen) =
+                cycle(store, source.snapshot(), SystemTime::now(), default_address)?;
+            let mut counters = BTreeMap::new();
+            if let Some(dp) = datapath.as_deref_mut() {
+                dp.apply(&plan.datapath)?;
+                counters = dp.counters().unwrap_or_default();
+            }
+            let mut p = shared.lock().unwrap_or_else(|e| e.into_inner());
+            p.state = Some(check::document(&plan));
+            p.datapath = plan.datapath;
+            p.broken = source.broken();
+            p.cycles += 1;
+            p.first_seen = first_seen;
+            p.counters = counters;
+            last_plan = std::time::Instant::now();
+        }
+        std::thread::sleep(POLL);
+    }
+}

@@ -1,0 +1,206 @@
+//! `berth run --manifests DIR` and `berth check` as a user runs them (no datapath, so
+//! no root needed): live changes, broken files, restarts, and the check document.
+
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+struct Daemon {
+    child: Child,
+    admin: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("berth-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+fn start(manifests: &Path, state: &Path) -> Daemon {
+    let admin = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("free port");
+        l.local_addr().expect("addr").to_string()
+    };
+    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["run", "--manifests"])
+        .arg(manifests)
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--admin-addr", &admin])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start berth run");
+    let d = Daemon { child, admin };
+    wait_for(&d, "readiness", |d| {
+        berth::admin::get(&d.admin, "/readyz").is_ok()
+    });
+    d
+}
+
+fn wait_for(d: &Daemon, what: &str, mut cond: impl FnMut(&Daemon) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond(d) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn state(d: &Daemon) -> Value {
+    serde_json::from_str(&berth::admin::get(&d.admin, "/api/v1/state").expect("state"))
+        .expect("json")
+}
+
+/// The port in the route's status for its first parent, if accepted.
+fn port_of(state: &Value, name: &str) -> Option<u64> {
+    let r = state["routes"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == name)?;
+    let p = &r["status"]["parents"][0];
+    let accepted = p["conditions"]
+        .as_array()?
+        .iter()
+        .any(|c| c["type"] == "Accepted" && c["status"] == "True");
+    accepted.then(|| p["parentRef"]["port"].as_u64()).flatten()
+}
+
+#[test]
+fn run_follows_file_changes_keeps_broken_files_last_good_and_survives_kill_9() {
+    let manifests = temp_dir("man");
+    let state_dir = temp_dir("state");
+    for f in ["gateway.yaml", "team-a.yaml", "team-b.yaml"] {
+        std::fs::copy(examples().join(f), manifests.join(f)).expect("copy example");
+    }
+    let d = start(&manifests, &state_dir);
+    let s = state(&d);
+    assert_eq!(port_of(&s, "web"), Some(30000), "{s:#}");
+    assert_eq!(port_of(&s, "dns"), Some(30053), "{s:#}");
+
+    // A new route file is picked up.
+    let team_a = std::fs::read_to_string(manifests.join("team-a.yaml")).expect("read");
+    std::fs::write(
+        manifests.join("team-c.yaml"),
+        team_a.replace("team-a", "team-c"),
+    )
+    .expect("write");
+    wait_for(&d, "team-c's route", |d| {
+        port_of(&state(d), "web").is_some()
+            && state(d)["claims"].as_array().is_some_and(|c| c.len() == 3)
+    });
+
+    // A broken file is reported; its last good objects stay in force.
+    std::fs::write(manifests.join("team-b.yaml"), "garbage: [\n").expect("break");
+    wait_for(&d, "the broken file to be reported", |d| {
+        berth::admin::get(&d.admin, "/metrics").is_ok_and(|m| m.contains("berth_manifest_errors 1"))
+    });
+    assert_eq!(
+        port_of(&state(&d), "dns"),
+        Some(30053),
+        "the broken file's route keeps its port"
+    );
+
+    // kill -9 and start again on the same state: same ports.
+    let before = state(&d)["claims"].clone();
+    drop(d);
+    std::fs::copy(
+        examples().join("team-b.yaml"),
+        manifests.join("team-b.yaml"),
+    )
+    .expect("repair");
+    let d = start(&manifests, &state_dir);
+    assert_eq!(
+        state(&d)["claims"],
+        before,
+        "claims after a kill -9 and restart"
+    );
+
+    // Removing a file releases its route's claim (kept, cooling down).
+    std::fs::remove_file(manifests.join("team-c.yaml")).expect("remove");
+    wait_for(&d, "team-c's route to go", |d| {
+        state(d)["routes"].as_array().is_some_and(|r| r.len() == 2)
+    });
+    let claims = berth::store::Store::open(&state_dir)
+        .expect("store")
+        .claims()
+        .expect("claims");
+    let released: Vec<_> = claims
+        .iter()
+        .filter(|c| {
+            c.status
+                .as_ref()
+                .is_some_and(|s| s.phase == berth::model::ClaimPhase::Released)
+        })
+        .collect();
+    assert_eq!(released.len(), 1, "{claims:#?}");
+    assert_eq!(released[0].spec.route.namespace, "team-c");
+    drop(d);
+    let _ = std::fs::remove_dir_all(&manifests);
+    let _ = std::fs::remove_dir_all(&state_dir);
+}
+
+#[test]
+fn check_prints_the_documented_json_and_fails_clearly_on_a_broken_file() {
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["check", "-o", "json", "--manifests"])
+        .arg(examples())
+        .output()
+        .expect("check");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let keys: Vec<&String> = doc.as_object().expect("object").keys().collect();
+    assert_eq!(keys, ["claims", "gateways", "routes"]);
+    let claim = &doc["claims"][0];
+    for k in [
+        "namespace",
+        "name",
+        "gateway",
+        "listener",
+        "protocol",
+        "port",
+        "route",
+    ] {
+        assert!(!claim[k].is_null(), "claim field {k}: {claim}");
+    }
+    assert_eq!(
+        claim["route"].as_object().map(|o| o.len()),
+        Some(3),
+        "route has kind, namespace, name"
+    );
+
+    let broken = temp_dir("broken");
+    std::fs::write(broken.join("bad.yaml"), "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\nmetadata: {name: x, namespace: y}\nspec:\n  parentRefs:\n  - name: gw\n    port: seventy\n").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["check", "--manifests"])
+        .arg(&broken)
+        .output()
+        .expect("check");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.yaml document 1: TCPRoute y/x: field spec.parentRefs[0].port"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&broken);
+}
