@@ -497,7 +497,16 @@ pub fn plan(input: &Input) -> Plan {
         let Some(&gi) =
             gw_index.get(&(claim.metadata.ns().to_string(), claim.spec.gateway.clone()))
         else {
-            // The Gateway is gone (or no longer ours): release its claims.
+            // The Gateway is gone (or no longer ours): release its claims, and forget
+            // them after the default cool-down (its GatewayConfig may be gone too).
+            let released = claim
+                .status
+                .as_ref()
+                .is_some_and(|s| s.phase == ClaimPhase::Released);
+            if released && cooled_down(&claim, DEFAULT_RELEASE_COOLDOWN, input.now) {
+                kept.push(None);
+                continue;
+            }
             release(&mut claim, input.now);
             kept.push(Some(claim));
             continue;
