@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod check;
+pub mod crd;
 pub mod datapath;
 pub mod manifests;
 pub mod model;

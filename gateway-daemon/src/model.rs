@@ -485,8 +485,26 @@ pub struct GatewayConfig {
     pub spec: GatewayConfigSpec,
 }
 
-/// GatewayConfig spec.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+// The derive also generates `GatewayConfigResource`, the kube type behind our CRD.
+/// GatewayConfig spec: turns a Gateway's TCP/UDP listeners into port ranges.
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    kube::CustomResource,
+)]
+#[kube(
+    group = "berth.dev",
+    version = "v1alpha1",
+    kind = "GatewayConfig",
+    root = "GatewayConfigResource",
+    namespaced
+)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayConfigSpec {
     /// Listeners turned into port ranges.
@@ -498,7 +516,7 @@ pub struct GatewayConfigSpec {
 }
 
 /// One listener's range.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ListenerRange {
     /// The Gateway listener's name.
@@ -523,8 +541,33 @@ pub struct PortClaim {
     pub status: Option<PortClaimStatus>,
 }
 
-/// PortClaim spec.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+// The derive also generates `PortClaimResource`, the kube type behind our CRD.
+/// PortClaim spec: which route holds which port of which Gateway listener.
+#[derive(
+    Clone,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    kube::CustomResource,
+)]
+#[kube(
+    group = "berth.dev",
+    version = "v1alpha1",
+    kind = "PortClaim",
+    root = "PortClaimResource",
+    namespaced
+)]
+#[kube(status = "PortClaimStatus")]
+#[kube(printcolumn = r#"{"name":"Gateway","type":"string","jsonPath":".spec.gateway"}"#)]
+#[kube(printcolumn = r#"{"name":"Protocol","type":"string","jsonPath":".spec.protocol"}"#)]
+#[kube(printcolumn = r#"{"name":"Port","type":"integer","jsonPath":".spec.port"}"#)]
+#[kube(printcolumn = r#"{"name":"Route","type":"string","jsonPath":".spec.route.name"}"#)]
+#[kube(printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct PortClaimSpec {
     /// Gateway name (same namespace as the claim).
@@ -540,7 +583,9 @@ pub struct PortClaimSpec {
 }
 
 /// The route a claim belongs to.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimRoute {
     /// Group.
@@ -557,7 +602,7 @@ pub struct ClaimRoute {
 }
 
 /// PortClaim status.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PortClaimStatus {
     /// `Bound` or `Released`.
@@ -568,7 +613,7 @@ pub struct PortClaimStatus {
 }
 
 /// Phase of a claim.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum ClaimPhase {
     /// Held by its route.
     Bound,
