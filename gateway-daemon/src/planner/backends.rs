@@ -1,10 +1,13 @@
 //! Turning a route's backendRefs into weighted endpoints.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::{
+    collections::HashMap,
+    net::{Ipv4Addr, SocketAddrV4},
+};
 
 use crate::{
     datapath::WeightedBackend,
-    model::{Route, Snapshot, GATEWAY_GROUP},
+    model::{EndpointSlice, Route, Service, Snapshot, GATEWAY_GROUP},
 };
 
 /// Share of one backendRef spread over its endpoints (so weights stay integers).
@@ -51,8 +54,35 @@ impl Resolved {
     }
 }
 
+/// Services and EndpointSlices indexed by namespace and (service) name.
+pub struct Index<'a> {
+    services: HashMap<(&'a str, &'a str), &'a Service>,
+    slices: HashMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+}
+
+impl<'a> Index<'a> {
+    /// Indexes a snapshot.
+    pub fn new(snap: &'a Snapshot) -> Self {
+        let services = snap
+            .services
+            .iter()
+            .map(|s| ((s.metadata.ns(), s.metadata.name.as_str()), s))
+            .collect();
+        let mut slices: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+        for s in &snap.endpoint_slices {
+            if let Some(svc) = s.metadata.labels.get("kubernetes.io/service-name") {
+                slices
+                    .entry((s.metadata.ns(), svc.as_str()))
+                    .or_default()
+                    .push(s);
+            }
+        }
+        Index { services, slices }
+    }
+}
+
 /// Resolves the backends of every rule of `route`.
-pub fn resolve_backends(route: &Route, snap: &Snapshot) -> Resolved {
+pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolved {
     let mut out = Resolved::default();
     let route_ns = route.metadata.ns();
     for (ri, rule) in route.spec.rules.iter().enumerate() {
@@ -75,11 +105,7 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot) -> Resolved {
                 ));
                 continue;
             }
-            let Some(svc) = snap
-                .services
-                .iter()
-                .find(|s| s.metadata.ns() == ns && s.metadata.name == b.name)
-            else {
+            let Some(svc) = index.services.get(&(ns, b.name.as_str())).copied() else {
                 out.errors.push((
                     "BackendNotFound",
                     format!("{field}: Service {ns}/{} not found", b.name),
@@ -112,11 +138,12 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot) -> Resolved {
                 continue;
             }
             let mut endpoints: Vec<(SocketAddrV4, bool)> = Vec::new();
-            for slice in snap.endpoint_slices.iter().filter(|s| {
-                s.metadata.ns() == ns
-                    && s.address_type == "IPv4"
-                    && s.metadata.labels.get("kubernetes.io/service-name") == Some(&b.name)
-            }) {
+            let slices = index
+                .slices
+                .get(&(ns, b.name.as_str()))
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            for slice in slices.iter().filter(|s| s.address_type == "IPv4") {
                 let Some(target) = slice
                     .ports
                     .iter()

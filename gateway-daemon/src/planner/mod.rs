@@ -22,7 +22,7 @@ use crate::{
     datapath::{DesiredState, Protocol, ServiceAddr},
     model::*,
 };
-use backends::resolve_backends;
+use backends::{resolve_backends, Index};
 use ledger::Ledger;
 use status::*;
 
@@ -432,17 +432,22 @@ pub fn plan(input: &Input) -> Plan {
 
     // Routes, oldest first: creation time, then source order, then namespace/name.
     let mut order: Vec<usize> = (0..snap.routes.len()).collect();
-    order.sort_by_key(|&i| {
+    order.sort_by_cached_key(|&i| {
         let m = &snap.routes[i].metadata;
         let created = m.creation_timestamp.as_deref().and_then(parse_time);
         (
             created.is_none(),
             created,
             if created.is_some() { 0 } else { i },
-            m.ns().to_string(),
-            m.name.clone(),
+            m.ns(),
+            m.name.as_str(),
         )
     });
+    let gateway_at: HashMap<(&str, &str), usize> = gateways
+        .iter()
+        .enumerate()
+        .map(|(gi, g)| ((g.spec.metadata.ns(), g.spec.metadata.name.as_str()), gi))
+        .collect();
 
     let mut attachments: Vec<Attachment> = Vec::new();
     for &ri in &order {
@@ -454,10 +459,7 @@ pub fn plan(input: &Input) -> Plan {
                 continue;
             }
             let gw_ns = parent.namespace.as_deref().unwrap_or(route.metadata.ns());
-            let Some(gi) = gateways
-                .iter()
-                .position(|g| g.key() == (gw_ns.to_string(), parent.name.clone()))
-            else {
+            let Some(&gi) = gateway_at.get(&(gw_ns, parent.name.as_str())) else {
                 continue;
             };
             let attach = attach(route, parent, &gateways[gi], &namespaces);
@@ -588,10 +590,11 @@ pub fn plan(input: &Input) -> Plan {
             }
         }
     }
+    let index = Index::new(snap);
     let backends_of: Vec<_> = snap
         .routes
         .iter()
-        .map(|r| resolve_backends(r, snap))
+        .map(|r| resolve_backends(r, snap, &index))
         .collect();
 
     for (ai, a) in attachments.iter().enumerate() {
