@@ -16,7 +16,14 @@ fn crd_dir() -> PathBuf {
 /// (kind, version) → compiled schema.
 fn schemas() -> BTreeMap<(String, String), jsonschema::Validator> {
     let mut out = BTreeMap::new();
-    for entry in std::fs::read_dir(crd_dir()).expect("upstream CRDs") {
+    let dir = crd_dir();
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| {
+        panic!(
+            "upstream CRDs at {} (shared/ beside the repository): {e}",
+            dir.display()
+        )
+    });
+    for entry in entries {
         let path = entry.expect("entry").path();
         if path.extension().is_none_or(|e| e != "yaml") {
             continue;
