@@ -245,17 +245,19 @@ fn killing_and_restarting_the_loader_keeps_established_flows() {
         "/sys/fs/bpf/berth-test-{}",
         berth_tests::netns::unique("rs")
     ));
-    struct Unpin(PathBuf);
-    impl Drop for Unpin {
+    /// Removes the test's pins and state file, also when it fails.
+    struct Cleanup(PathBuf, PathBuf);
+    impl Drop for Cleanup {
         fn drop(&mut self) {
             let _ = berth::datapath::remove_pins(&self.0);
+            let _ = std::fs::remove_file(&self.1);
         }
     }
-    let _unpin = Unpin(pin_dir.clone());
     let state_file = std::env::temp_dir().join(format!(
         "berth-state-{}.json",
         berth_tests::netns::unique("st")
     ));
+    let _cleanup = Cleanup(pin_dir.clone(), state_file.clone());
     std::fs::write(
         &state_file,
         serde_json::to_vec(&state(&[1, 1])).expect("json"),
@@ -310,5 +312,4 @@ fn killing_and_restarting_the_loader_keeps_established_flows() {
             "udp flow after the restart"
         );
     }
-    let _ = std::fs::remove_file(&state_file);
 }

@@ -292,5 +292,14 @@ fn run_bin(name: &str) -> Result<()> {
 }
 
 fn demo() -> Result<()> {
+    run(cargo().args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "gateway-daemon",
+        "--bin",
+        "berth",
+    ]))?;
     run_bin("berth-demo")
 }

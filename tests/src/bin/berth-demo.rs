@@ -1,105 +1,186 @@
-//! `cargo xtask demo`: the XDP datapath sharing one gateway address between two teams,
-//! in network namespaces on this machine, with real servers and clients. Cleans up
-//! after itself.
+//! `cargo xtask demo`: `berth run` on the example manifests, in network namespaces on
+//! this machine, with real servers and clients: two teams share one gateway address,
+//! each reaches its service on the port Berth assigned. Cleans up after itself.
 
-use std::net::SocketAddrV4;
-
-use berth::datapath::{AttachMode, DesiredState, Protocol, ServiceAddr, WeightedBackend};
-use berth_tests::{
-    topo::{backend_addr, Topology, DNS_PORT, GW, HTTP_PORT},
-    xdp::TestDatapath,
+use std::{
+    os::{fd::AsRawFd, unix::process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
 };
 
+use berth_tests::{netns::Netns, topo::Topology};
+
+/// A command that runs inside `ns` without `ip netns exec` (which would give it a
+/// private /sys, hence a private bpffs).
+fn in_netns(ns: &Netns, program: &Path) -> Command {
+    let path = format!("/run/netns/{}", ns.name);
+    let mut cmd = Command::new(program);
+    // SAFETY: setns is async-signal-safe; the descriptor is valid until exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let f = std::fs::File::open(&path)?;
+            if libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: signalling the child we started, by PID.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_dir_all(p).or_else(|_| std::fs::remove_file(p));
+        }
+    }
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
 fn main() {
-    println!("Berth datapath demo: one gateway address shared by two teams, one port each.\n");
-    println!("  client 10.251.1.2 ── gateway (XDP) ─┬─ backend 1  10.251.11.2  nginx    (team A)");
-    println!("                                       ├─ backend 2  10.251.12.2  nginx    (team A)");
-    println!("                                       └─ backend 3  10.251.13.2  dnsmasq  (team B)");
-    println!("  gateway address {GW}: on no interface; only the XDP program answers it.\n");
+    let here = std::env::current_exe().expect("own path");
+    let berth = here.parent().expect("target dir").join("berth");
+    assert!(
+        berth.exists(),
+        "{} missing: build it with cargo build --release -p gateway-daemon",
+        berth.display()
+    );
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+
+    println!(
+        "Berth demo: one gateway address shared by two teams, one port each, assigned by Berth.\n"
+    );
+    println!("  client 10.251.1.2 ── gateway (berth run, XDP) ─┬─ backend 1  10.251.11.2  nginx    (team A)");
+    println!("                                                  ├─ backend 2  10.251.12.2  nginx    (team A)");
+    println!("                                                  └─ backend 3  10.251.13.2  dnsmasq  (team B)");
+    println!(
+        "  The gateway address 10.251.0.100 is on no interface: only the XDP program answers it.\n"
+    );
 
     let topo = Topology::new(3);
     let _servers = topo.start_servers();
-    let mut dp = TestDatapath::load();
-    topo.gateway.enter(|| {
-        for iface in &topo.gateway_ifaces {
-            dp.dp
-                .attach(iface, AttachMode::Auto)
-                .unwrap_or_else(|e| panic!("attach {iface}: {e}"));
-        }
-    });
-    let team_a = ServiceAddr {
-        addr: GW,
-        protocol: Protocol::Tcp,
-        port: 30000,
-    };
-    let team_b = ServiceAddr {
-        addr: GW,
-        protocol: Protocol::Udp,
-        port: 30001,
-    };
-    let web = |n| WeightedBackend {
-        endpoint: SocketAddrV4::new(backend_addr(n), HTTP_PORT),
-        weight: 1,
-    };
-    let dns = WeightedBackend {
-        endpoint: SocketAddrV4::new(backend_addr(3), DNS_PORT),
-        weight: 1,
-    };
-    let state = DesiredState::default()
-        .with_service(team_a, vec![web(1), web(2)])
-        .with_service(team_b, vec![dns]);
-    dp.dp.apply(&state).expect("apply");
-
-    println!("{:<8} {:<24} BACKENDS", "TEAM", "GATEWAY PORT");
-    for (team, (svc, backends)) in ["A", "B"].iter().zip(&state.services) {
-        let list: Vec<String> = backends
-            .iter()
-            .map(|b| format!("{} (weight {})", b.endpoint, b.weight))
-            .collect();
-        println!("{team:<8} {:<24} {}", svc.to_string(), list.join(", "));
+    let id = std::process::id();
+    let manifests = std::env::temp_dir().join(format!("berth-demo-manifests-{id}"));
+    let state = std::env::temp_dir().join(format!("berth-demo-state-{id}"));
+    let pins = PathBuf::from(format!("/sys/fs/bpf/berth-demo-{id}"));
+    let _cleanup = Cleanup(vec![
+        manifests.clone(),
+        state.clone(),
+        state.with_extension("log"),
+        pins.clone(),
+    ]);
+    std::fs::create_dir_all(&manifests).expect("manifest dir");
+    for f in ["gateway.yaml", "team-a.yaml", "team-b.yaml"] {
+        std::fs::copy(examples.join(f), manifests.join(f)).expect("copy example");
     }
+    println!(
+        "Manifests (copied from examples/): a Gateway with TCP and UDP port ranges 30000-30999,"
+    );
+    println!("team A's TCPRoute (any free port) and team B's UDPRoute (asking for 30053).\n");
 
-    println!("\nTeam A's clients: curl http://{GW}:30000/ (new connection each time)");
+    let mut run = in_netns(&topo.gateway, &berth);
+    run.arg("run")
+        .arg("--manifests")
+        .arg(&manifests)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--pin-dir")
+        .arg(&pins);
+    for iface in &topo.gateway_ifaces {
+        run.args(["--interface", iface]);
+    }
+    let log = std::fs::File::create(state.with_extension("log")).expect("log file");
+    let _daemon = Daemon(
+        run.stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start berth run"),
+    );
+    let get = |what: &str| {
+        in_netns(&topo.gateway, &berth)
+            .args(["get", what])
+            .output()
+            .expect("berth get")
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !get("routes").status.success() {
+        assert!(
+            Instant::now() < deadline,
+            "berth run did not come up; see {}",
+            state.with_extension("log").display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("$ berth get routes");
+    println!("{}\n", text(&get("routes")));
+
+    println!("Team A's clients: curl http://10.251.0.100:30000/ (a new connection each time)");
     for _ in 0..6 {
-        let out = topo.client.exec(&[
+        let out = topo.client.try_exec(&[
             "curl",
             "-sS",
             "--max-time",
             "3",
-            &format!("http://{GW}:30000/"),
+            "http://10.251.0.100:30000/",
         ]);
-        println!("  -> {}", String::from_utf8_lossy(&out.stdout).trim());
+        println!("  -> {}", text(&out));
     }
-    println!("\nTeam B's clients: dig @{GW} -p 30001 whoami.berth.test");
-    let out = topo.client.exec(&[
+    println!("\nTeam B's clients: dig @10.251.0.100 -p 30053 whoami.berth.test");
+    let out = topo.client.try_exec(&[
         "dig",
         "+short",
         "+time=2",
         "+tries=2",
         "-p",
-        "30001",
-        &format!("@{GW}"),
+        "30053",
+        "@10.251.0.100",
         "whoami.berth.test",
     ]);
     println!(
         "  -> {} (backend 3's dnsmasq answers 10.99.0.3)",
-        String::from_utf8_lossy(&out.stdout).trim()
+        text(&out)
     );
 
-    println!("\nPer-service counters from the XDP program:");
-    for (svc, s) in dp.dp.service_stats().expect("stats") {
-        println!(
-            "  {svc:<22} flows {:>3}  to backends {:>3} pkts {:>6} B  replies {:>3} pkts {:>6} B",
-            s.new_flows, s.packets, s.bytes, s.reply_packets, s.reply_bytes
-        );
+    println!("\nA third team adds a route file; within a second it has a port and traffic flows:");
+    let team_a = std::fs::read_to_string(manifests.join("team-a.yaml")).expect("read");
+    std::fs::write(
+        manifests.join("team-c.yaml"),
+        team_a.replace("team-a", "team-c"),
+    )
+    .expect("write team-c");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !text(&get("routes")).contains("team-c") {
+        assert!(Instant::now() < deadline, "team C's route did not appear");
+        std::thread::sleep(Duration::from_millis(50));
     }
-    let counters = dp.dp.counters().expect("counters");
-    let nonzero: Vec<String> = counters
-        .iter()
-        .filter(|(_, v)| **v > 0)
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    println!("  verdicts: {}", nonzero.join(" "));
-    println!("  (kernel_forward: first packets to a neighbour not yet resolved go through the kernel, which resolves it)");
-    println!("\nCleaning up: servers stopped, namespaces and pinned maps removed.");
+    println!("$ berth get routes");
+    println!("{}", text(&get("routes")));
+    let out = topo.client.try_exec(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "3",
+        "http://10.251.0.100:30001/",
+    ]);
+    println!("  curl http://10.251.0.100:30001/ -> {}", text(&out));
+
+    println!(
+        "\nCleaning up: berth stopped, servers stopped, namespaces, pinned maps and state removed."
+    );
 }
