@@ -136,6 +136,11 @@ fn metrics(p: &Published) -> String {
     let mut m = String::new();
     let _ = writeln!(m, "# HELP berth_plans_total Plans made since start.\n# TYPE berth_plans_total counter\nberth_plans_total {}", p.cycles);
     let _ = writeln!(m, "# HELP berth_manifest_errors Manifest files whose current version is broken.\n# TYPE berth_manifest_errors gauge\nberth_manifest_errors {}", p.broken.len());
+    let _ = writeln!(
+        m,
+        "# HELP berth_cycle_failing 1 while the last plan/commit/program cycle failed.\n# TYPE berth_cycle_failing gauge\nberth_cycle_failing {}",
+        u8::from(p.last_error.is_some())
+    );
     if let Some(s) = &p.state {
         let _ = writeln!(m, "# HELP berth_claims Claims held (bound or cooling down).\n# TYPE berth_claims gauge\nberth_claims {}", s.claims.len());
         let _ = writeln!(m, "# HELP berth_listener_attached_routes Attached routes per listener.\n# TYPE berth_listener_attached_routes gauge");

@@ -136,6 +136,8 @@ pub struct Published {
     pub first_seen: BTreeMap<String, String>,
     /// Datapath counters, when a datapath is attached.
     pub counters: BTreeMap<&'static str, u64>,
+    /// Why the last cycle failed, if it did.
+    pub last_error: Option<String>,
 }
 
 /// Shared between the loop and the admin server.
@@ -222,38 +224,83 @@ fn commit(store: &Store, have: &[PortClaim], want: &[PortClaim]) -> Result<(), S
     Ok(())
 }
 
-/// Runs the loop forever: poll the directory, plan, commit, program, publish.
+/// Runs the loop forever: poll the directory, plan, commit, program, publish. A failed
+/// cycle is logged and retried; what was last committed and programmed stays in force.
 pub fn run_loop(
     source: &mut ManifestSource,
     store: &Store,
     mut datapath: Option<&mut Datapath>,
     default_address: Option<std::net::Ipv4Addr>,
     shared: &Shared,
-) -> Result<(), CycleError> {
+) {
     let mut last_plan = std::time::Instant::now() - Duration::from_secs(3600);
+    let mut failing = false;
     loop {
-        let (changed, errors) = source.refresh().map_err(CycleError::Manifests)?;
-        for e in &errors {
-            tracing::error!("{e} (the last good version of this file stays in force)");
-        }
-        // Plan on every change, and every second for cool-downs that end.
-        if changed || last_plan.elapsed() >= Duration::from_secs(1) {
-            let (plan, first_seen) =
-                cycle(store, source.snapshot(), SystemTime::now(), default_address)?;
-            let mut counters = BTreeMap::new();
-            if let Some(dp) = datapath.as_deref_mut() {
-                dp.apply(&plan.datapath)?;
-                counters = dp.counters().unwrap_or_default();
+        match step(
+            source,
+            store,
+            datapath.as_deref_mut(),
+            default_address,
+            shared,
+            &mut last_plan,
+        ) {
+            Ok(()) if failing => {
+                tracing::info!("recovered");
+                failing = false;
             }
-            let mut p = shared.lock().unwrap_or_else(|e| e.into_inner());
-            p.state = Some(check::document(&plan));
-            p.datapath = plan.datapath;
-            p.broken = source.broken();
-            p.cycles += 1;
-            p.first_seen = first_seen;
-            p.counters = counters;
-            last_plan = std::time::Instant::now();
+            Ok(()) => {}
+            Err(e) => {
+                if !failing {
+                    tracing::error!(error = %error_chain(&e), "cycle failed; retrying");
+                }
+                failing = true;
+                shared.lock().unwrap_or_else(|e| e.into_inner()).last_error = Some(error_chain(&e));
+            }
         }
         std::thread::sleep(POLL);
     }
+}
+
+fn step(
+    source: &mut ManifestSource,
+    store: &Store,
+    datapath: Option<&mut Datapath>,
+    default_address: Option<std::net::Ipv4Addr>,
+    shared: &Shared,
+    last_plan: &mut std::time::Instant,
+) -> Result<(), CycleError> {
+    let (changed, errors) = source.refresh().map_err(CycleError::Manifests)?;
+    for e in &errors {
+        tracing::error!("{e} (the last good version of this file stays in force)");
+    }
+    // Plan on every change, and every second for cool-downs that end.
+    if !changed && last_plan.elapsed() < Duration::from_secs(1) {
+        return Ok(());
+    }
+    let (plan, first_seen) = cycle(store, source.snapshot(), SystemTime::now(), default_address)?;
+    let mut counters = BTreeMap::new();
+    if let Some(dp) = datapath {
+        dp.apply(&plan.datapath)?;
+        counters = dp.counters().unwrap_or_default();
+    }
+    let mut p = shared.lock().unwrap_or_else(|e| e.into_inner());
+    p.state = Some(check::document(&plan));
+    p.datapath = plan.datapath;
+    p.broken = source.broken();
+    p.cycles += 1;
+    p.first_seen = first_seen;
+    p.counters = counters;
+    p.last_error = None;
+    *last_plan = std::time::Instant::now();
+    Ok(())
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(&format!(": {c}"));
+        cur = c.source();
+    }
+    s
 }

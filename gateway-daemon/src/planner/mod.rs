@@ -357,32 +357,38 @@ fn allowed(
     gw_ns: &str,
     namespaces: &BTreeMap<&str, &Namespace>,
 ) -> bool {
-    let allowed = l.spec.allowed_routes.clone().unwrap_or_default();
-    let from = allowed
-        .namespaces
+    let namespaces_rule = l
+        .spec
+        .allowed_routes
         .as_ref()
+        .and_then(|a| a.namespaces.as_ref());
+    let kinds = l
+        .spec
+        .allowed_routes
+        .as_ref()
+        .map(|a| a.kinds.as_slice())
+        .unwrap_or_default();
+    let ns_ok = match namespaces_rule
         .and_then(|n| n.from.as_deref())
-        .unwrap_or("Same");
-    let ns_ok = match from {
+        .unwrap_or("Same")
+    {
         "All" => true,
         "Same" => route_ns == gw_ns,
         "Selector" => {
-            let selector = allowed
-                .namespaces
-                .as_ref()
-                .and_then(|n| n.selector.clone())
-                .unwrap_or_default();
             let empty = BTreeMap::new();
             let labels = namespaces
                 .get(route_ns)
                 .map(|n| &n.metadata.labels)
                 .unwrap_or(&empty);
-            selector.matches(labels)
+            // No selector selects nothing: an operator must say which namespaces.
+            namespaces_rule
+                .and_then(|n| n.selector.as_ref())
+                .is_some_and(|s| s.matches(labels))
         }
         _ => false,
     };
-    let kind_ok = allowed.kinds.is_empty()
-        || allowed.kinds.iter().any(|k| {
+    let kind_ok = kinds.is_empty()
+        || kinds.iter().any(|k| {
             k.kind == route.kind.name()
                 && k.group.as_deref().unwrap_or(GATEWAY_GROUP) == GATEWAY_GROUP
         });
