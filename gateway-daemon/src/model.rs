@@ -621,6 +621,24 @@ pub enum ClaimPhase {
     Released,
 }
 
+impl PortClaim {
+    /// A bound claim for `port` of a Gateway listener, named by `claim_name`.
+    pub fn bound(gateway_ns: &str, spec: PortClaimSpec) -> Self {
+        PortClaim {
+            metadata: Meta {
+                name: claim_name(&spec.gateway, &spec.protocol, spec.port),
+                namespace: Some(gateway_ns.to_string()),
+                ..Meta::default()
+            },
+            spec,
+            status: Some(PortClaimStatus {
+                phase: ClaimPhase::Bound,
+                released_at: None,
+            }),
+        }
+    }
+}
+
 /// The name of the claim for a port: creating it is the lock.
 pub fn claim_name(gateway: &str, protocol: &str, port: u16) -> String {
     format!("{gateway}-{}-{port}", protocol.to_ascii_lowercase())

@@ -250,16 +250,12 @@ fn sync_dir(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ClaimRoute, Meta, PortClaimSpec};
+    use crate::model::{ClaimRoute, PortClaimSpec};
 
     fn claim(port: u16) -> PortClaim {
-        PortClaim {
-            metadata: Meta {
-                name: format!("gw-tcp-{port}"),
-                namespace: Some("infra".into()),
-                ..Meta::default()
-            },
-            spec: PortClaimSpec {
+        PortClaim::bound(
+            "infra",
+            PortClaimSpec {
                 gateway: "gw".into(),
                 listener: "pool".into(),
                 protocol: "TCP".into(),
@@ -272,8 +268,7 @@ mod tests {
                     uid: None,
                 },
             },
-            status: None,
-        }
+        )
     }
 
     #[test]

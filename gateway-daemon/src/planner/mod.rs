@@ -1048,24 +1048,14 @@ fn allocate(
             },
         };
         let (gw_ns, gw_name) = key.clone();
-        let claim = PortClaim {
-            metadata: Meta {
-                name: claim_name(&gw_name, &proto, port),
-                namespace: Some(gw_ns),
-                ..Meta::default()
-            },
-            spec: PortClaimSpec {
-                gateway: gw_name,
-                listener: l.spec.name.clone(),
-                protocol: proto,
-                port,
-                route: me.clone(),
-            },
-            status: Some(PortClaimStatus {
-                phase: ClaimPhase::Bound,
-                released_at: None,
-            }),
+        let spec = PortClaimSpec {
+            gateway: gw_name,
+            listener: l.spec.name.clone(),
+            protocol: proto,
+            port,
+            route: me.clone(),
         };
+        let claim = PortClaim::bound(&gw_ns, spec);
         return Ok(ledger.push(claim));
     }
     match quota_hit {

@@ -5,7 +5,7 @@
 //! `berth-claim-race STATE_DIR WHO COUNT`
 
 use berth::{
-    model::{ClaimRoute, Meta, PortClaim, PortClaimSpec},
+    model::{ClaimRoute, PortClaim, PortClaimSpec},
     store::{Store, StoreError},
 };
 
@@ -18,13 +18,9 @@ fn main() {
     let count: u16 = count.parse().expect("COUNT");
     let store = Store::open(std::path::Path::new(dir)).expect("open store");
     for port in 30000..30000 + count {
-        let claim = PortClaim {
-            metadata: Meta {
-                name: format!("gw-tcp-{port}"),
-                namespace: Some("infra".into()),
-                ..Meta::default()
-            },
-            spec: PortClaimSpec {
+        let claim = PortClaim::bound(
+            "infra",
+            PortClaimSpec {
                 gateway: "gw".into(),
                 listener: "pool".into(),
                 protocol: "TCP".into(),
@@ -37,8 +33,7 @@ fn main() {
                     uid: None,
                 },
             },
-            status: None,
-        };
+        );
         match store.create(&claim) {
             Ok(()) => println!("{port}"),
             Err(StoreError::AlreadyExists { .. }) => {}
