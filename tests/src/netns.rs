@@ -86,6 +86,26 @@ impl Netns {
         }
     }
 
+    /// A command that will run inside the namespace, started without `ip netns exec`
+    /// (which would also give it a private /sys, hence a private bpffs whose pins die
+    /// with it).
+    pub fn command(&self, program: &std::path::Path) -> Command {
+        use std::os::unix::process::CommandExt as _;
+        let path = format!("/run/netns/{}", self.name);
+        let mut cmd = Command::new(program);
+        // SAFETY: only async-signal-safe calls between fork and exec: open, setns.
+        unsafe {
+            cmd.pre_exec(move || {
+                let f = File::open(&path)?;
+                if libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
     /// Sets a sysctl inside the namespace.
     pub fn sysctl(&self, key: &str, value: &str) {
         self.exec(&["sysctl", "-qw", &format!("{key}={value}")]);

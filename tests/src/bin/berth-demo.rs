@@ -3,31 +3,12 @@
 //! each reaches its service on the port Berth assigned. Cleans up after itself.
 
 use std::{
-    os::{fd::AsRawFd, unix::process::CommandExt},
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Output, Stdio},
     time::{Duration, Instant},
 };
 
-use berth_tests::{netns::Netns, topo::Topology};
-
-/// A command that runs inside `ns` without `ip netns exec` (which would give it a
-/// private /sys, hence a private bpffs).
-fn in_netns(ns: &Netns, program: &Path) -> Command {
-    let path = format!("/run/netns/{}", ns.name);
-    let mut cmd = Command::new(program);
-    // SAFETY: setns is async-signal-safe; the descriptor is valid until exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            let f = std::fs::File::open(&path)?;
-            if libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    cmd
-}
+use berth_tests::topo::Topology;
 
 struct Daemon(Child);
 
@@ -94,7 +75,7 @@ fn main() {
     );
     println!("team A's TCPRoute (any free port) and team B's UDPRoute (asking for 30053).\n");
 
-    let mut run = in_netns(&topo.gateway, &berth);
+    let mut run = topo.gateway.command(&berth);
     run.arg("run")
         .arg("--manifests")
         .arg(&manifests)
@@ -113,7 +94,8 @@ fn main() {
             .expect("start berth run"),
     );
     let get = |what: &str| {
-        in_netns(&topo.gateway, &berth)
+        topo.gateway
+            .command(&berth)
             .args(["get", what])
             .output()
             .expect("berth get")
