@@ -1,6 +1,7 @@
 //! Shared helpers of Berth's privileged integration tests: packets, network
 //! namespaces, and `BPF_PROG_TEST_RUN` of the gateway program.
 
+pub mod daemon;
 pub mod netns;
 pub mod packet;
 pub mod topo;
