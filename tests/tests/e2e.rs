@@ -54,7 +54,7 @@ fn kill_9_and_restart_keeps_ports_an_open_tcp_connection_and_every_udp_packet() 
             })
         });
         let mut conn = topo.client.enter(|| {
-            let mut c = TcpStream::connect_timeout(&web.into(), TIMEOUT).expect("tcp connect");
+            let c = TcpStream::connect_timeout(&web.into(), TIMEOUT).expect("tcp connect");
             c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
             c
         });
