@@ -98,3 +98,171 @@ fn kill_9_and_restart_keeps_ports_an_open_tcp_connection_and_every_udp_packet() 
         "same ports after the restart"
     );
 }
+
+/// A TCPRoute in `ns` to the team A web servers' Service copied into `ns`, optionally
+/// asking for `port`.
+fn web_route(ns: &str, port: Option<u16>, service: &str) -> String {
+    let team_a = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/team-a.yaml"),
+    )
+    .expect("example");
+    let mut text = team_a.replace("team-a", ns);
+    if let Some(p) = port {
+        text = text.replace(
+            "    sectionName: tcp-pool\n",
+            &format!("    sectionName: tcp-pool\n    port: {p}\n"),
+        );
+    }
+    text.replace(
+        "    - name: web\n      port: 80",
+        &format!("    - name: {service}\n      port: 80"),
+    )
+}
+
+fn curl(topo: &Topology, port: u16) -> String {
+    let out = topo.client.try_exec(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "3",
+        &format!("http://10.251.0.100:{port}/"),
+    ]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn row<'a>(rows: &'a [berth::admin::RouteRow], ns: &str) -> &'a berth::admin::RouteRow {
+    rows.iter()
+        .find(|r| r.namespace == ns)
+        .unwrap_or_else(|| panic!("no route in {ns}: {rows:?}"))
+}
+
+#[test]
+fn teams_get_distinct_ports_static_requests_are_granted_or_refused_without_disturbing_the_holder() {
+    let topo = Topology::new(3);
+    let _servers = topo.start_servers();
+    let dirs = Dirs::with_examples();
+    let daemon = Daemon::start(&topo, &dirs);
+    let rows = daemon.routes(&topo.gateway);
+    assert_eq!(
+        (row(&rows, "team-a").port, row(&rows, "team-b").port),
+        (Some(30000), Some(30053))
+    );
+    // Each port reaches only its team's backends.
+    for _ in 0..10 {
+        let body = curl(&topo, 30000);
+        assert!(
+            body == "backend-1" || body == "backend-2",
+            "team A's port answered {body:?}"
+        );
+    }
+    let dns = SocketAddrV4::new(GW, 30053);
+    let answer = topo.client.enter(|| Flow::new(dns, TIMEOUT).ask());
+    assert_eq!(
+        answer,
+        Some(std::net::Ipv4Addr::new(10, 99, 0, 3)),
+        "team B's port reaches backend 3 only"
+    );
+
+    // Team C asks for a free port: granted and served. Team D asks for team A's: refused.
+    std::fs::write(
+        dirs.manifests.join("team-c.yaml"),
+        web_route("team-c", Some(30100), "web"),
+    )
+    .expect("write");
+    std::fs::write(
+        dirs.manifests.join("team-d.yaml"),
+        web_route("team-d", Some(30000), "web"),
+    )
+    .expect("write");
+    wait_until(
+        "teams C and D to be planned",
+        Duration::from_secs(10),
+        || {
+            let rows = daemon.routes(&topo.gateway);
+            rows.iter().any(|r| r.namespace == "team-c")
+                && rows.iter().any(|r| r.namespace == "team-d")
+        },
+    );
+    let rows = daemon.routes(&topo.gateway);
+    assert_eq!(row(&rows, "team-c").port, Some(30100));
+    assert!(
+        row(&rows, "team-d").accepted.contains("PortUnavailable"),
+        "{:?}",
+        row(&rows, "team-d")
+    );
+    assert_eq!(
+        row(&rows, "team-a").port,
+        Some(30000),
+        "the holder keeps its port"
+    );
+    assert!(curl(&topo, 30100).starts_with("backend-"));
+    assert!(
+        curl(&topo, 30000).starts_with("backend-"),
+        "the holder is undisturbed"
+    );
+}
+
+#[test]
+fn bad_input_is_reported_and_other_traffic_is_unaffected() {
+    let topo = Topology::new(3);
+    let _servers = topo.start_servers();
+    let dirs = Dirs::with_examples();
+    let daemon = Daemon::start(&topo, &dirs);
+    let dns = SocketAddrV4::new(GW, 30053);
+    let mut flow = topo.client.enter(|| Flow::new(dns, TIMEOUT));
+    assert!(flow.ask().is_some());
+
+    // A route to a missing Service gets a port but no backends, and says why.
+    std::fs::write(
+        dirs.manifests.join("team-e.yaml"),
+        web_route("team-e", None, "nope"),
+    )
+    .expect("write");
+    // A broken file is reported; nothing else changes.
+    std::fs::write(dirs.manifests.join("broken.yaml"), "kind: [\n").expect("write");
+    wait_until("team E's route", Duration::from_secs(10), || {
+        daemon
+            .routes(&topo.gateway)
+            .iter()
+            .any(|r| r.namespace == "team-e")
+    });
+    let out = std::process::Command::new(berth_tests::daemon::berth_binary())
+        .args(["check", "-o", "json", "--manifests"])
+        .arg(&dirs.manifests)
+        .output()
+        .expect("check");
+    assert!(!out.status.success(), "berth check reports the broken file");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("broken.yaml document 1"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e = daemon
+        .routes(&topo.gateway)
+        .into_iter()
+        .find(|r| r.namespace == "team-e")
+        .expect("team-e");
+    assert!(e.port.is_some() && e.backends == 0, "{e:?}");
+
+    // An invalid GatewayConfig freezes the Gateway's assignments: traffic goes on.
+    let gateway = std::fs::read_to_string(dirs.manifests.join("gateway.yaml")).expect("read");
+    std::fs::write(
+        dirs.manifests.join("gateway.yaml"),
+        gateway.replace(
+            "endPort: 30999\n    maxPortsPerNamespace",
+            "endPort: 29999\n    maxPortsPerNamespace",
+        ),
+    )
+    .expect("write");
+    wait_until("the Gateway to be refused", Duration::from_secs(10), || {
+        daemon
+            .routes(&topo.gateway)
+            .iter()
+            .any(|r| r.accepted.contains("Pending"))
+    });
+    assert!(flow.ask().is_some(), "team B's flow is unaffected");
+    assert!(
+        curl(&topo, 30000).starts_with("backend-"),
+        "team A's port is unaffected"
+    );
+}
