@@ -33,6 +33,12 @@ pub struct RouteRow {
     pub backends: usize,
     /// First seen (RFC 3339), if known.
     pub created: Option<String>,
+    /// Packets to and from the route's port, counted by the XDP program.
+    #[serde(default)]
+    pub packets: u64,
+    /// Bytes to and from the route's port.
+    #[serde(default)]
+    pub bytes: u64,
 }
 
 /// Serves until the listener fails.
@@ -99,15 +105,19 @@ pub fn route_rows(p: &Published) -> Vec<RouteRow> {
                     && c.route.name == r.name
                     && c.gateway == parent.parent_ref.name
             });
-            let backends = p
-                .datapath
-                .services
-                .iter()
-                .find(|(s, _)| {
-                    Some(s.port) == parent.parent_ref.port
-                        && s.protocol.to_string() == r.kind.trim_end_matches("Route")
-                })
-                .map_or(0, |(_, b)| b.len());
+            let service = p.owners.iter().find(|(s, o)| {
+                o.kind == r.kind
+                    && o.namespace == r.namespace
+                    && o.name == r.name
+                    && Some(s.port) == parent.parent_ref.port
+            });
+            let backends = service
+                .and_then(|(s, _)| p.datapath.services.get(s))
+                .map_or(0, Vec::len);
+            let traffic = service
+                .and_then(|(s, _)| p.traffic.get(s))
+                .copied()
+                .unwrap_or_default();
             rows.push(RouteRow {
                 namespace: r.namespace.clone(),
                 name: r.name.clone(),
@@ -126,6 +136,8 @@ pub fn route_rows(p: &Published) -> Vec<RouteRow> {
                     .first_seen
                     .get(&format!("{}/{}/{}", r.kind, r.namespace, r.name))
                     .cloned(),
+                packets: traffic.packets + traffic.reply_packets,
+                bytes: traffic.bytes + traffic.reply_bytes,
             });
         }
     }
@@ -152,6 +164,60 @@ fn metrics(p: &Published) -> String {
                     g.namespace, g.name, l.name, l.attached_routes
                 );
             }
+        }
+    }
+    let _ = writeln!(m, "# HELP berth_listener_ports Ports of a range listener by state.\n# TYPE berth_listener_ports gauge");
+    for u in &p.usage {
+        let labels = format!(
+            "namespace=\"{}\",gateway=\"{}\",listener=\"{}\"",
+            u.namespace, u.gateway, u.listener
+        );
+        let free = u.size.saturating_sub(u.bound + u.cooling);
+        let _ = writeln!(
+            m,
+            "berth_listener_ports{{{labels},state=\"used\"}} {}",
+            u.bound
+        );
+        let _ = writeln!(
+            m,
+            "berth_listener_ports{{{labels},state=\"cooling\"}} {}",
+            u.cooling
+        );
+        let _ = writeln!(m, "berth_listener_ports{{{labels},state=\"free\"}} {free}");
+    }
+    if !p.traffic.is_empty() {
+        let _ = writeln!(m, "# HELP berth_route_packets_total Packets through a route's port, by direction.\n# TYPE berth_route_packets_total counter");
+        let _ = writeln!(m, "# HELP berth_route_bytes_total Bytes through a route's port, by direction.\n# TYPE berth_route_bytes_total counter");
+        let _ = writeln!(m, "# HELP berth_route_flows_total Flows balanced to a route's backends.\n# TYPE berth_route_flows_total counter");
+        for (service, t) in &p.traffic {
+            let Some(o) = p.owners.get(service) else {
+                continue;
+            };
+            let labels = format!(
+                "kind=\"{}\",namespace=\"{}\",name=\"{}\",port=\"{}\"",
+                o.kind, o.namespace, o.name, service.port
+            );
+            let _ = writeln!(
+                m,
+                "berth_route_packets_total{{{labels},direction=\"forward\"}} {}",
+                t.packets
+            );
+            let _ = writeln!(
+                m,
+                "berth_route_packets_total{{{labels},direction=\"reply\"}} {}",
+                t.reply_packets
+            );
+            let _ = writeln!(
+                m,
+                "berth_route_bytes_total{{{labels},direction=\"forward\"}} {}",
+                t.bytes
+            );
+            let _ = writeln!(
+                m,
+                "berth_route_bytes_total{{{labels},direction=\"reply\"}} {}",
+                t.reply_bytes
+            );
+            let _ = writeln!(m, "berth_route_flows_total{{{labels}}} {}", t.new_flows);
         }
     }
     if !p.counters.is_empty() {

@@ -238,7 +238,7 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
                 Output::Yaml => print!("{}", serde_yaml::to_string(&rows)?),
                 Output::Table => {
                     println!(
-                        "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} AGE",
+                        "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} TRAFFIC",
                         "NAMESPACE",
                         "NAME",
                         "KIND",
@@ -246,12 +246,13 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
                         "LISTENER",
                         "PORT",
                         "ACCEPTED",
-                        "BACKENDS"
+                        "BACKENDS",
+                        "AGE"
                     );
                     for r in rows {
                         let port = r.port.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
                         println!(
-                            "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {}",
+                            "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {} pkts, {} B",
                             r.namespace,
                             r.name,
                             r.kind,
@@ -260,7 +261,9 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
                             port,
                             r.accepted,
                             r.backends,
-                            age(r.created.as_deref())
+                            age(r.created.as_deref()),
+                            r.packets,
+                            r.bytes
                         );
                     }
                 }

@@ -138,6 +138,12 @@ pub struct Published {
     pub counters: BTreeMap<&'static str, u64>,
     /// Why the last cycle failed, if it did.
     pub last_error: Option<String>,
+    /// The route behind each datapath service.
+    pub owners: BTreeMap<crate::datapath::ServiceAddr, crate::planner::RouteId>,
+    /// Port usage of range listeners.
+    pub usage: Vec<crate::planner::ListenerUsage>,
+    /// Per-service traffic counted by the XDP program.
+    pub traffic: BTreeMap<crate::datapath::ServiceAddr, gateway_common::ServiceStats>,
 }
 
 /// Shared between the loop and the admin server.
@@ -278,10 +284,11 @@ fn step(
         return Ok(());
     }
     let (plan, first_seen) = cycle(store, source.snapshot(), SystemTime::now(), default_address)?;
-    let mut counters = BTreeMap::new();
+    let (mut counters, mut traffic) = (BTreeMap::new(), BTreeMap::new());
     if let Some(dp) = datapath {
         dp.apply(&plan.datapath)?;
         counters = dp.counters().unwrap_or_default();
+        traffic = dp.service_stats().unwrap_or_default();
     }
     let mut p = shared.lock().unwrap_or_else(|e| e.into_inner());
     p.state = Some(check::document(&plan));
@@ -290,6 +297,9 @@ fn step(
     p.cycles += 1;
     p.first_seen = first_seen;
     p.counters = counters;
+    p.traffic = traffic;
+    p.owners = plan.owners;
+    p.usage = plan.usage;
     p.last_error = None;
     *last_plan = std::time::Instant::now();
     Ok(())

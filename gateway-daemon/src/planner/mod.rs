@@ -53,6 +53,40 @@ pub struct Plan {
     /// The datapath's desired state.
     #[serde(skip)]
     pub datapath: DesiredState,
+    /// The route whose backends serve each datapath service.
+    #[serde(skip)]
+    pub owners: BTreeMap<ServiceAddr, RouteId>,
+    /// Port usage of every range listener.
+    #[serde(skip)]
+    pub usage: Vec<ListenerUsage>,
+}
+
+/// A route's identity.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RouteId {
+    /// `TCPRoute` or `UDPRoute`.
+    pub kind: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+/// How full a range listener is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListenerUsage {
+    /// Gateway namespace.
+    pub namespace: String,
+    /// Gateway name.
+    pub gateway: String,
+    /// Listener name.
+    pub listener: String,
+    /// Ports in the range.
+    pub size: u32,
+    /// Ports held by bound claims.
+    pub bound: u32,
+    /// Ports released and cooling down.
+    pub cooling: u32,
 }
 
 /// A Gateway's computed status.
@@ -588,6 +622,7 @@ pub fn plan(input: &Input) -> Plan {
     // --- Backends, statuses, datapath ------------------------------------------------
     let mut route_status: BTreeMap<(String, String, String), RouteStatus> = BTreeMap::new();
     let mut datapath = DesiredState::default();
+    let mut owners = BTreeMap::new();
     let mut fixed_attached: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
     for (ai, a) in attachments.iter().enumerate() {
         if let Attach::Listeners { fixed, .. } = &a.attach {
@@ -727,9 +762,9 @@ pub fn plan(input: &Input) -> Plan {
         {
             continue;
         }
-        let Some(gw) = gateways
-            .iter()
-            .find(|g| g.key() == (claim.metadata.ns().to_string(), claim.spec.gateway.clone()))
+        let Some(gw) = gw_index
+            .get(&(claim.metadata.ns().to_string(), claim.spec.gateway.clone()))
+            .map(|&gi| &gateways[gi])
         else {
             continue;
         };
@@ -740,14 +775,15 @@ pub fn plan(input: &Input) -> Plan {
         ) else {
             continue;
         };
-        datapath.services.insert(
-            ServiceAddr {
-                addr,
-                protocol,
-                port: claim.spec.port,
-            },
-            backends_of[ri].backends.clone(),
-        );
+        let service = ServiceAddr {
+            addr,
+            protocol,
+            port: claim.spec.port,
+        };
+        owners.insert(service, route_id(&snap.routes[ri]));
+        datapath
+            .services
+            .insert(service, backends_of[ri].backends.clone());
     }
     for (&(gi, li), list) in &fixed_attached {
         let gw = &gateways[gi];
@@ -757,14 +793,15 @@ pub fn plan(input: &Input) -> Plan {
             continue;
         };
         let ri = attachments[oldest].route_index;
-        datapath.services.insert(
-            ServiceAddr {
-                addr,
-                protocol,
-                port: l.spec.port,
-            },
-            backends_of[ri].backends.clone(),
-        );
+        let service = ServiceAddr {
+            addr,
+            protocol,
+            port: l.spec.port,
+        };
+        owners.insert(service, route_id(&snap.routes[ri]));
+        datapath
+            .services
+            .insert(service, backends_of[ri].backends.clone());
     }
 
     // Gateway statuses.
@@ -945,12 +982,54 @@ pub fn plan(input: &Input) -> Plan {
     claims.sort_by(|a, b| {
         (a.metadata.ns(), &a.metadata.name).cmp(&(b.metadata.ns(), &b.metadata.name))
     });
+    let usage = listener_usage(&gateways, &claims);
     Plan {
         claims,
         gateways: gateway_entries,
         routes,
         datapath,
+        owners,
+        usage,
     }
+}
+
+fn route_id(r: &Route) -> RouteId {
+    RouteId {
+        kind: r.kind.name().to_string(),
+        namespace: r.metadata.ns().to_string(),
+        name: r.metadata.name.clone(),
+    }
+}
+
+fn listener_usage(gateways: &[Gw], claims: &[PortClaim]) -> Vec<ListenerUsage> {
+    let mut out = Vec::new();
+    for gw in gateways {
+        let (namespace, gateway) = gw.key();
+        for l in &gw.listeners {
+            let Some((first, last)) = l.range else {
+                continue;
+            };
+            let mut u = ListenerUsage {
+                namespace: namespace.clone(),
+                gateway: gateway.clone(),
+                listener: l.spec.name.clone(),
+                size: u32::from(last - first) + 1,
+                ..ListenerUsage::default()
+            };
+            for c in claims.iter().filter(|c| {
+                c.metadata.ns() == namespace
+                    && c.spec.gateway == gateway
+                    && c.spec.listener == l.spec.name
+            }) {
+                match c.status.as_ref().map_or(ClaimPhase::Bound, |s| s.phase) {
+                    ClaimPhase::Bound => u.bound += 1,
+                    ClaimPhase::Released => u.cooling += 1,
+                }
+            }
+            out.push(u);
+        }
+    }
+    out
 }
 
 fn release(claim: &mut PortClaim, now: SystemTime) {
