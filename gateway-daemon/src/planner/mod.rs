@@ -623,6 +623,8 @@ pub fn plan(input: &Input) -> Plan {
     let mut route_status: BTreeMap<(String, String, String), RouteStatus> = BTreeMap::new();
     let mut datapath = DesiredState::default();
     let mut owners = BTreeMap::new();
+    // (datapath service, index of the route whose backends serve it)
+    let mut serving: Vec<(ServiceAddr, usize)> = Vec::new();
     let mut fixed_attached: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
     for (ai, a) in attachments.iter().enumerate() {
         if let Attach::Listeners { fixed, .. } = &a.attach {
@@ -775,15 +777,14 @@ pub fn plan(input: &Input) -> Plan {
         ) else {
             continue;
         };
-        let service = ServiceAddr {
-            addr,
-            protocol,
-            port: claim.spec.port,
-        };
-        owners.insert(service, route_id(&snap.routes[ri]));
-        datapath
-            .services
-            .insert(service, backends_of[ri].backends.clone());
+        serving.push((
+            ServiceAddr {
+                addr,
+                protocol,
+                port: claim.spec.port,
+            },
+            ri,
+        ));
     }
     for (&(gi, li), list) in &fixed_attached {
         let gw = &gateways[gi];
@@ -792,12 +793,16 @@ pub fn plan(input: &Input) -> Plan {
         else {
             continue;
         };
-        let ri = attachments[oldest].route_index;
-        let service = ServiceAddr {
-            addr,
-            protocol,
-            port: l.spec.port,
-        };
+        serving.push((
+            ServiceAddr {
+                addr,
+                protocol,
+                port: l.spec.port,
+            },
+            attachments[oldest].route_index,
+        ));
+    }
+    for (service, ri) in serving {
         owners.insert(service, route_id(&snap.routes[ri]));
         datapath
             .services
