@@ -266,3 +266,57 @@ fn bad_input_is_reported_and_other_traffic_is_unaffected() {
         "team A's port is unaffected"
     );
 }
+
+#[test]
+fn on_a_fixed_port_listener_only_the_oldest_route_ever_answers() {
+    let topo = Topology::new(3);
+    let _servers = topo.start_servers();
+    let dirs = Dirs::with_examples();
+    let single = |name: &str, addr: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: team-f}}\n\
+             spec: {{ports: [{{name: http, port: 80, protocol: TCP}}]}}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: {name}-1, namespace: team-f, labels: {{kubernetes.io/service-name: {name}}}}}\n\
+             addressType: IPv4\nendpoints: [{{addresses: [{addr}]}}]\nports: [{{name: http, port: 8080, protocol: TCP}}]\n"
+        )
+    };
+    let route = |name: &str, service: &str, created: &str| {
+        format!(
+            "---\napiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+             metadata: {{name: {name}, namespace: team-f, creationTimestamp: \"{created}\"}}\n\
+             spec:\n  parentRefs: [{{name: shared, namespace: infra, sectionName: tcp-8443}}]\n  \
+             rules: [{{backendRefs: [{{name: {service}, port: 80}}]}}]\n"
+        )
+    };
+    // A fixed listener next to the ranges, and two routes on it: the newer one is
+    // accepted too, but only the older one's backend (backend 1) may answer.
+    let gateway = std::fs::read_to_string(dirs.manifests.join("gateway.yaml")).expect("read");
+    let fixed = "  - name: tcp-8443\n    protocol: TCP\n    port: 8443\n    allowedRoutes:\n      namespaces:\n        from: All\n---\napiVersion: berth.dev/v1alpha1";
+    std::fs::write(
+        dirs.manifests.join("gateway.yaml"),
+        gateway.replacen("---\napiVersion: berth.dev/v1alpha1", fixed, 1),
+    )
+    .expect("write");
+    let team_f = [
+        single("one", "10.251.11.2"),
+        single("two", "10.251.12.2"),
+        route("newer", "two", "2025-06-01T00:00:00Z"),
+        route("older", "one", "2025-01-01T00:00:00Z"),
+    ];
+    std::fs::write(dirs.manifests.join("team-f.yaml"), team_f.concat()).expect("write");
+    let daemon = Daemon::start(&topo, &dirs);
+    let rows = daemon.routes(&topo.gateway);
+    let f: Vec<_> = rows.iter().filter(|r| r.namespace == "team-f").collect();
+    assert_eq!(f.len(), 2, "{rows:?}");
+    assert!(
+        f.iter().all(|r| r.accepted.starts_with("True")),
+        "both routes are accepted: {f:?}"
+    );
+    let answers: std::collections::BTreeSet<String> = (0..100).map(|_| curl(&topo, 8443)).collect();
+    assert_eq!(
+        answers.into_iter().collect::<Vec<_>>(),
+        ["backend-1"],
+        "only the oldest route's backend answers"
+    );
+}
