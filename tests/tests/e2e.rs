@@ -320,3 +320,84 @@ fn on_a_fixed_port_listener_only_the_oldest_route_ever_answers() {
         "only the oldest route's backend answers"
     );
 }
+
+fn set_team_a_endpoints(dirs: &Dirs, addrs: &[&str]) {
+    let path = dirs.manifests.join("team-a.yaml");
+    let text = std::fs::read_to_string(&path).expect("read");
+    let start = text.find("endpoints:\n").expect("endpoints");
+    let end = text[start..]
+        .find("ports:\n")
+        .map(|i| start + i)
+        .expect("ports");
+    let list: String = addrs
+        .iter()
+        .map(|a| format!("- addresses: [{a}]\n"))
+        .collect();
+    std::fs::write(
+        &path,
+        format!("{}endpoints:\n{list}{}", &text[..start], &text[end..]),
+    )
+    .expect("write");
+}
+
+#[test]
+fn live_backend_and_route_changes_move_new_flows_and_keep_established_ones() {
+    let topo = Topology::new(3);
+    let _servers = topo.start_servers();
+    let dirs = Dirs::with_examples();
+    let daemon = Daemon::start(&topo, &dirs);
+    let web = SocketAddrV4::new(GW, 30000);
+    let connect = || {
+        topo.client.enter(|| {
+            let c = TcpStream::connect_timeout(&web.into(), TIMEOUT).expect("connect");
+            c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+            c
+        })
+    };
+    // Established connections, spread over backends 1 and 2.
+    let mut conns: Vec<(TcpStream, String)> = (0..12)
+        .map(|_| {
+            let mut c = connect();
+            let body = http_request(&mut c).expect("request").trim().to_string();
+            (c, body)
+        })
+        .collect();
+    let bodies: Vec<&str> = conns.iter().map(|(_, b)| b.as_str()).collect();
+    assert!(
+        bodies.contains(&"backend-1") && bodies.contains(&"backend-2"),
+        "both backends in use: {bodies:?}"
+    );
+
+    // Backend 2 leaves, backend 3 joins.
+    set_team_a_endpoints(&dirs, &["10.251.11.2", "10.251.13.2"]);
+    wait_until("the new backend set", Duration::from_secs(10), || {
+        (0..20)
+            .map(|_| curl(&topo, 30000))
+            .any(|b| b == "backend-3")
+    });
+    for (c, body) in conns.iter_mut().filter(|(_, b)| b == "backend-1") {
+        let again = http_request(c).expect("established connection to a remaining backend");
+        assert_eq!(again.trim(), body);
+    }
+    let fresh: std::collections::BTreeSet<String> = (0..30).map(|_| curl(&topo, 30000)).collect();
+    assert!(
+        !fresh.contains("backend-2"),
+        "new flows avoid the removed backend: {fresh:?}"
+    );
+
+    // The route goes: its port stops answering, team B is untouched.
+    std::fs::remove_file(dirs.manifests.join("team-a.yaml")).expect("remove");
+    wait_until(
+        "team A's port to stop answering",
+        Duration::from_secs(10),
+        || curl(&topo, 30000).is_empty(),
+    );
+    let dns = SocketAddrV4::new(GW, 30053);
+    assert!(
+        topo.client
+            .enter(|| Flow::new(dns, TIMEOUT).ask())
+            .is_some(),
+        "team B still answers"
+    );
+    drop(daemon);
+}
