@@ -401,3 +401,100 @@ fn live_backend_and_route_changes_move_new_flows_and_keep_established_ones() {
     );
     drop(daemon);
 }
+
+#[test]
+fn a_full_range_and_a_quota_say_why_and_a_freed_port_goes_to_the_oldest_waiting_route() {
+    let topo = Topology::new(3);
+    let _servers = topo.start_servers();
+    let dirs = Dirs::with_examples();
+    let gateway = std::fs::read_to_string(dirs.manifests.join("gateway.yaml")).expect("read");
+    let small = gateway
+        .replace(
+            "endPort: 30999\n    maxPortsPerNamespace: 50",
+            "endPort: 30002\n    maxPortsPerNamespace: 1",
+        )
+        .replace("releaseCooldown: 300s", "releaseCooldown: 2s");
+    std::fs::write(dirs.manifests.join("gateway.yaml"), small).expect("write");
+    let daemon = Daemon::start(&topo, &dirs);
+    // Explicit creation times: c and d are older than f, which is older than e.
+    let with_time = |ns: &str, t: &str| {
+        web_route(ns, None, "web").replacen(
+            &format!("namespace: {ns}\n"),
+            &format!("namespace: {ns}\n  creationTimestamp: \"{t}\"\n"),
+            1,
+        )
+    };
+    for (ns, t) in [
+        ("team-c", "2024-01-01T00:00:00Z"),
+        ("team-d", "2024-02-01T00:00:00Z"),
+        ("team-f", "2025-01-01T00:00:00Z"),
+        ("team-e", "2025-06-01T00:00:00Z"),
+    ] {
+        std::fs::write(dirs.manifests.join(format!("{ns}.yaml")), with_time(ns, t)).expect("write");
+    }
+    let extra = web_route("team-a", None, "web").replace(
+        "name: web\n  namespace: team-a",
+        "name: extra\n  namespace: team-a",
+    );
+    std::fs::write(dirs.manifests.join("team-a-extra.yaml"), extra).expect("write");
+    wait_until("all routes planned", Duration::from_secs(10), || {
+        daemon.routes(&topo.gateway).len() == 7
+    });
+    let rows = daemon.routes(&topo.gateway);
+    let by = |ns: &str, name: &str| {
+        rows.iter()
+            .find(|r| r.namespace == ns && r.name == name)
+            .cloned()
+            .expect("route")
+    };
+    assert_eq!(by("team-a", "web").port, Some(30000));
+    assert_eq!(by("team-c", "web").port, Some(30001));
+    assert_eq!(by("team-d", "web").port, Some(30002));
+    assert!(
+        by("team-e", "web").accepted.contains("PortRangeExhausted"),
+        "{:?}",
+        by("team-e", "web")
+    );
+    assert!(
+        by("team-f", "web").accepted.contains("PortRangeExhausted"),
+        "{:?}",
+        by("team-f", "web")
+    );
+    assert!(
+        by("team-a", "extra").accepted.contains("QuotaExceeded"),
+        "{:?}",
+        by("team-a", "extra")
+    );
+
+    // Team C leaves: its port cools down, then goes to the oldest waiting route (f, not e).
+    std::fs::remove_file(dirs.manifests.join("team-c.yaml")).expect("remove");
+    wait_until("team C to go", Duration::from_secs(10), || {
+        daemon
+            .routes(&topo.gateway)
+            .iter()
+            .all(|r| r.namespace != "team-c")
+    });
+    wait_until(
+        "team F to get the freed port",
+        Duration::from_secs(10),
+        || {
+            daemon
+                .routes(&topo.gateway)
+                .iter()
+                .any(|r| r.namespace == "team-f" && r.port == Some(30001))
+        },
+    );
+    let rows = daemon.routes(&topo.gateway);
+    let e = rows
+        .iter()
+        .find(|r| r.namespace == "team-e")
+        .expect("team-e");
+    assert!(
+        e.accepted.contains("PortRangeExhausted"),
+        "the newer waiting route still waits: {e:?}"
+    );
+    assert!(
+        curl(&topo, 30001).starts_with("backend-"),
+        "team F is served on its new port"
+    );
+}
