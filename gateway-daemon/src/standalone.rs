@@ -189,7 +189,15 @@ pub fn cycle(
             r.metadata.creation_timestamp = Some(t.clone());
         }
     }
-    if seen_changed {
+    // A route that is gone and comes back later is a new object with a new time.
+    let present: std::collections::BTreeSet<String> = snapshot
+        .routes
+        .iter()
+        .map(|r| route_key(r.kind.name(), r.metadata.ns(), &r.metadata.name))
+        .collect();
+    let before = first_seen.len();
+    first_seen.retain(|k, _| present.contains(k));
+    if seen_changed || first_seen.len() != before {
         store.set_first_seen(&first_seen)?;
     }
     loop {
