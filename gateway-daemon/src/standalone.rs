@@ -18,8 +18,85 @@ use crate::{
     store::{Store, StoreError},
 };
 
-/// How often the directory is looked at (a change takes effect within a second).
+/// How often the directory is looked at when inotify is unavailable (a change takes
+/// effect within a second either way).
 pub const POLL: Duration = Duration::from_millis(200);
+
+/// Wakes the loop as soon as the manifest directory changes (inotify), or after a
+/// timeout; without inotify it simply waits `POLL`.
+pub struct DirWatch {
+    fd: Option<std::os::fd::OwnedFd>,
+}
+
+impl DirWatch {
+    /// Watches `dir` for files written, moved, created or deleted.
+    pub fn new(dir: &Path) -> Self {
+        use std::os::{fd::FromRawFd, unix::ffi::OsStrExt};
+        let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+            return DirWatch { fd: None };
+        };
+        // SAFETY: plain syscalls; the descriptor is owned by the OwnedFd from here on.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return DirWatch { fd: None };
+        }
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let mask = libc::IN_CLOSE_WRITE
+            | libc::IN_MOVED_TO
+            | libc::IN_MOVED_FROM
+            | libc::IN_CREATE
+            | libc::IN_DELETE
+            | libc::IN_MODIFY;
+        // SAFETY: valid descriptor and NUL-terminated path.
+        if unsafe {
+            libc::inotify_add_watch(std::os::fd::AsRawFd::as_raw_fd(&fd), path.as_ptr(), mask)
+        } < 0
+        {
+            return DirWatch { fd: None };
+        }
+        DirWatch { fd: Some(fd) }
+    }
+
+    /// Waits until the directory changes (then lets a burst of events settle) or
+    /// `timeout` passes.
+    pub fn wait(&self, timeout: Duration) {
+        let Some(fd) = &self.fd else {
+            std::thread::sleep(POLL.min(timeout));
+            return;
+        };
+        if self.poll(fd, timeout) {
+            // A writer may still be writing: wait for a short quiet spell.
+            let deadline = std::time::Instant::now() + Duration::from_millis(100);
+            while std::time::Instant::now() < deadline && self.poll(fd, Duration::from_millis(10)) {
+            }
+        }
+    }
+
+    /// Polls for events and drains them; whether there were any.
+    fn poll(&self, fd: &std::os::fd::OwnedFd, timeout: Duration) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe {
+            libc::poll(
+                &mut pfd,
+                1,
+                timeout.as_millis().min(i32::MAX as u128) as i32,
+            )
+        };
+        if ready <= 0 {
+            return false;
+        }
+        let mut buf = [0u8; 4096];
+        // SAFETY: reading into a buffer we own; non-blocking descriptor.
+        while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+        true
+    }
+}
 
 /// The files of a manifest directory, each with its last good objects.
 #[derive(Default)]
@@ -249,6 +326,7 @@ pub fn run_loop(
 ) {
     let mut last_plan = std::time::Instant::now() - Duration::from_secs(3600);
     let mut failing = false;
+    let watch = DirWatch::new(&source.dir);
     loop {
         match step(
             source,
@@ -271,7 +349,13 @@ pub fn run_loop(
                 shared.lock().unwrap_or_else(|e| e.into_inner()).last_error = Some(error_chain(&e));
             }
         }
-        std::thread::sleep(POLL);
+        // Wake on a change, and about every second for cool-downs that end (never
+        // more often than POLL without a change, also while cycles fail).
+        watch.wait(
+            Duration::from_secs(1)
+                .saturating_sub(last_plan.elapsed())
+                .max(POLL),
+        );
     }
 }
 
