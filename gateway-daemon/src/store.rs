@@ -78,9 +78,36 @@ impl Store {
     /// Opens (creating if needed) a state directory.
     pub fn open(dir: &Path) -> Result<Self> {
         fs::create_dir_all(dir.join("claims")).map_err(io_err("creating", dir))?;
-        Ok(Store {
+        let store = Store {
             dir: dir.to_path_buf(),
-        })
+        };
+        store.remove_stale_temporaries()?;
+        Ok(store)
+    }
+
+    /// Removes temporary files left by writers killed mid-write (their process is gone).
+    fn remove_stale_temporaries(&self) -> Result<()> {
+        let mut dirs = vec![self.dir.clone()];
+        dirs.extend(
+            read_dir(&self.dir.join("claims"))?
+                .into_iter()
+                .filter(|p| p.is_dir()),
+        );
+        for d in dirs {
+            for f in read_dir(&d)? {
+                let name = f
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let Some(pid) = name.strip_prefix(".tmp-").and_then(|r| r.split('-').next()) else {
+                    continue;
+                };
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = fs::remove_file(&f);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Takes the directory's writer lock, waiting for another holder to finish.
@@ -269,6 +296,21 @@ mod tests {
                 },
             },
         )
+    }
+
+    #[test]
+    fn temporaries_of_dead_writers_are_removed_on_open() {
+        let dir = std::env::temp_dir().join(format!("berth-store-tmp-{}", std::process::id()));
+        fs::create_dir_all(dir.join("claims/infra")).expect("dir");
+        // PID 0 is never a process; our own PID is alive.
+        let dead = dir.join("claims/infra/.tmp-0-1");
+        let alive = dir.join(format!("claims/infra/.tmp-{}-1", std::process::id()));
+        fs::write(&dead, "x").expect("write");
+        fs::write(&alive, "x").expect("write");
+        Store::open(&dir).expect("open");
+        assert!(!dead.exists(), "dead writer's file removed");
+        assert!(alive.exists(), "live writer's file kept");
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
