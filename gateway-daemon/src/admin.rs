@@ -1,5 +1,5 @@
 //! The admin endpoint: `/healthz`, `/readyz`, `/metrics` (Prometheus text) and
-//! `/api/v1/state` (the `berth check -o json` document), plus `/api/v1/routes` for
+//! `/api/v1/state` (the `berth check -o json` document), plus `/api/v1/routes[/NS]` for
 //! `berth get routes`. A small HTTP/1.0 responder: GET only, one request per connection.
 
 use std::{
@@ -77,8 +77,16 @@ fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         "/api/v1/routes" => (
             200,
             "application/json",
-            serde_json::to_string(&route_rows(&p)).unwrap_or_default(),
+            serde_json::to_string(&route_rows(&p, None)).unwrap_or_default(),
         ),
+        other if other.starts_with("/api/v1/routes/") => {
+            let ns = &other["/api/v1/routes/".len()..];
+            (
+                200,
+                "application/json",
+                serde_json::to_string(&route_rows(&p, Some(ns))).unwrap_or_default(),
+            )
+        }
         "/metrics" => (200, "text/plain; version=0.0.4", metrics(&p)),
         _ => (404, "text/plain", "not found\n".to_string()),
     };
@@ -90,13 +98,17 @@ fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     write!(stream, "HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
 }
 
-/// The rows of `berth get routes`.
-pub fn route_rows(p: &Published) -> Vec<RouteRow> {
+/// The rows of `berth get routes`, of one namespace or all.
+pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
     let Some(state) = &p.state else {
         return Vec::new();
     };
     let mut rows = Vec::new();
-    for r in &state.routes {
+    for r in state
+        .routes
+        .iter()
+        .filter(|r| namespace.is_none_or(|ns| r.namespace == ns))
+    {
         for parent in &r.status.parents {
             let accepted = parent.conditions.iter().find(|c| c.kind == "Accepted");
             let claim = state.claims.iter().find(|c| {

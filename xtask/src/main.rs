@@ -26,12 +26,14 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Where the nightly's libLLVM is linked for bpf-linker (its path is baked in as rpath).
 const LLVM_PREFIX: &str = "/usr/local/lib/berth-llvm";
 
-const USAGE: &str = "usage: cargo xtask <setup | test | demo | bench datapath | bench planner>
+const USAGE: &str =
+    "usage: cargo xtask <setup | test | demo | bench datapath|planner|control-plane>
   setup            install what this machine lacks (idempotent; needs root)
   test             setup, then fmt and clippy checks and every test (needs root)
   demo             setup, then the datapath demo in network namespaces (needs root)
   bench datapath   setup, then ns/packet of the XDP program under BPF_PROG_TEST_RUN
-  bench planner    setup, then planning time for 100, 1k and 10k routes";
+  bench planner    setup, then planning time for 100, 1k and 10k routes
+  bench control-plane  setup, then berth run with 10k routes: cold start, change latency, RSS";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -42,6 +44,18 @@ fn main() -> ExitCode {
         ["demo"] => setup().and_then(|()| demo()),
         ["bench", "datapath"] => setup().and_then(|()| run_bin("berth-bench-datapath")),
         ["bench", "planner"] => setup().and_then(|()| run_bin("berth-bench-planner")),
+        ["bench", "control-plane"] => setup().and_then(|()| {
+            run(cargo().args([
+                "build",
+                "--quiet",
+                "--release",
+                "-p",
+                "gateway-daemon",
+                "--bin",
+                "berth",
+            ]))?;
+            run_bin("berth-bench-control-plane")
+        }),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
