@@ -30,7 +30,7 @@ const USAGE: &str =
     "usage: cargo xtask <setup | test | demo | bench datapath|planner|control-plane>
   setup            install what this machine lacks (idempotent; needs root)
   test             setup, then fmt and clippy checks and every test (needs root)
-  demo             setup, then the datapath demo in network namespaces (needs root)
+  demo             setup, then berth run on the examples in network namespaces (needs root)
   bench datapath   setup, then ns/packet of the XDP program under BPF_PROG_TEST_RUN
   bench planner    setup, then planning time for 100, 1k and 10k routes
   bench control-plane  setup, then berth run with 10k routes: cold start, change latency, RSS";

@@ -4,6 +4,7 @@
 //! - 100 changes: from a new route file appearing to its port in the API and its
 //!   service in the BPF map (p50, p99),
 //! - the daemon's resident memory.
+//!
 //! Prints a table and, last, one JSON line.
 
 use std::{
