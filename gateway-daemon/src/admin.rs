@@ -103,6 +103,40 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
     let Some(state) = &p.state else {
         return Vec::new();
     };
+    // Indexes, so that listing stays linear in the number of routes.
+    let claims: std::collections::HashMap<(&str, &str, &str, &str), &str> = state
+        .claims
+        .iter()
+        .map(|c| {
+            (
+                (
+                    c.route.kind.as_str(),
+                    c.route.namespace.as_str(),
+                    c.route.name.as_str(),
+                    c.gateway.as_str(),
+                ),
+                c.listener.as_str(),
+            )
+        })
+        .collect();
+    let services: std::collections::HashMap<
+        (&str, &str, &str, u16),
+        &crate::datapath::ServiceAddr,
+    > = p
+        .owners
+        .iter()
+        .map(|(s, o)| {
+            (
+                (
+                    o.kind.as_str(),
+                    o.namespace.as_str(),
+                    o.name.as_str(),
+                    s.port,
+                ),
+                s,
+            )
+        })
+        .collect();
     let mut rows = Vec::new();
     for r in state
         .routes
@@ -111,23 +145,20 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
     {
         for parent in &r.status.parents {
             let accepted = parent.conditions.iter().find(|c| c.kind == "Accepted");
-            let claim = state.claims.iter().find(|c| {
-                c.route.kind == r.kind
-                    && c.route.namespace == r.namespace
-                    && c.route.name == r.name
-                    && c.gateway == parent.parent_ref.name
-            });
-            let service = p.owners.iter().find(|(s, o)| {
-                o.kind == r.kind
-                    && o.namespace == r.namespace
-                    && o.name == r.name
-                    && Some(s.port) == parent.parent_ref.port
-            });
+            let key = (r.kind.as_str(), r.namespace.as_str(), r.name.as_str());
+            let listener = claims
+                .get(&(key.0, key.1, key.2, parent.parent_ref.name.as_str()))
+                .copied();
+            let service = parent
+                .parent_ref
+                .port
+                .and_then(|port| services.get(&(key.0, key.1, key.2, port)))
+                .copied();
             let backends = service
-                .and_then(|(s, _)| p.datapath.services.get(s))
+                .and_then(|s| p.datapath.services.get(s))
                 .map_or(0, Vec::len);
             let traffic = service
-                .and_then(|(s, _)| p.traffic.get(s))
+                .and_then(|s| p.traffic.get(s))
                 .copied()
                 .unwrap_or_default();
             rows.push(RouteRow {
@@ -135,8 +166,8 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
                 name: r.name.clone(),
                 kind: r.kind.clone(),
                 gateway: parent.parent_ref.name.clone(),
-                listener: claim
-                    .map(|c| c.listener.clone())
+                listener: listener
+                    .map(str::to_string)
                     .or_else(|| parent.parent_ref.section_name.clone())
                     .unwrap_or_default(),
                 port: parent.parent_ref.port,

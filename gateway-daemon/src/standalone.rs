@@ -274,9 +274,7 @@ pub fn cycle(
         .collect();
     let before = first_seen.len();
     first_seen.retain(|k, _| present.contains(k));
-    if seen_changed || first_seen.len() != before {
-        store.set_first_seen(&first_seen)?;
-    }
+    seen_changed |= first_seen.len() != before;
     loop {
         let stored = store.claims()?;
         let plan = planner::plan(&planner::Input {
@@ -285,6 +283,14 @@ pub fn cycle(
             now,
             default_address,
         });
+        if seen_changed || stored != plan.claims {
+            // Other readers of the directory must read it again.
+            store.begin_write()?;
+            if seen_changed {
+                store.set_first_seen(&first_seen)?;
+                seen_changed = false;
+            }
+        }
         match commit(store, &stored, &plan.claims) {
             Ok(()) => return Ok((plan, first_seen)),
             // Someone else created that claim meanwhile: read again and plan again.

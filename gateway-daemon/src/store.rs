@@ -62,9 +62,21 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
 }
 
 /// A state directory.
+///
+/// Reads are served from memory while the directory's generation (`STATE/generation`,
+/// bumped by `begin_write` before any writer changes anything) is the one they were
+/// read at; a writer keeps that memory in step with what it writes.
 #[derive(Clone, Debug)]
 pub struct Store {
     dir: PathBuf,
+    cache: std::sync::Arc<std::sync::Mutex<Cache>>,
+}
+
+#[derive(Debug, Default)]
+struct Cache {
+    generation: Option<u64>,
+    claims: Option<BTreeMap<(String, String), PortClaim>>,
+    first_seen: Option<BTreeMap<String, String>>,
 }
 
 /// The exclusive lock of a state directory; released on drop (or process death).
@@ -80,6 +92,7 @@ impl Store {
         fs::create_dir_all(dir.join("claims")).map_err(io_err("creating", dir))?;
         let store = Store {
             dir: dir.to_path_buf(),
+            cache: Default::default(),
         };
         store.remove_stale_temporaries()?;
         Ok(store)
@@ -133,8 +146,71 @@ impl Store {
             .join(format!("{name}.yaml"))
     }
 
+    fn generation(&self) -> Result<u64> {
+        let path = self.dir.join("generation");
+        match fs::read_to_string(&path) {
+            Ok(t) => t.trim().parse().map_err(|e| StoreError::Corrupt {
+                path,
+                message: format!("{e}"),
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(io_err("reading", &path)(e)),
+        }
+    }
+
+    /// The cache, emptied if the directory changed since it was filled.
+    fn fresh_cache(&self) -> Result<std::sync::MutexGuard<'_, Cache>> {
+        let generation = self.generation()?;
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.generation != Some(generation) {
+            *cache = Cache {
+                generation: Some(generation),
+                ..Cache::default()
+            };
+        }
+        Ok(cache)
+    }
+
+    fn with_claims<T>(
+        &self,
+        cache: &mut Cache,
+        f: impl FnOnce(&mut BTreeMap<(String, String), PortClaim>) -> T,
+    ) -> Option<T> {
+        cache.claims.as_mut().map(f)
+    }
+
+    /// Announces a batch of writes (call under the lock, before the first write): other
+    /// readers of the directory will read it again.
+    pub fn begin_write(&self) -> Result<()> {
+        let mut cache = self.fresh_cache()?;
+        let next = cache.generation.unwrap_or(0) + 1;
+        let path = self.dir.join("generation");
+        let tmp = write_tmp(&self.dir, &format!("{next}\n"))?;
+        fs::rename(&tmp, &path).map_err(io_err("replacing", &path))?;
+        sync_dir(&self.dir)?;
+        cache.generation = Some(next);
+        Ok(())
+    }
+
     /// Every stored claim, by namespace then name.
     pub fn claims(&self) -> Result<Vec<PortClaim>> {
+        let mut cache = self.fresh_cache()?;
+        if cache.claims.is_none() {
+            let read = self.read_claims()?;
+            cache.claims = Some(
+                read.into_iter()
+                    .map(|c| ((c.metadata.ns().to_string(), c.metadata.name.clone()), c))
+                    .collect(),
+            );
+        }
+        Ok(cache
+            .claims
+            .as_ref()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    fn read_claims(&self) -> Result<Vec<PortClaim>> {
         let root = self.dir.join("claims");
         let mut out = Vec::new();
         let mut namespaces: Vec<PathBuf> = read_dir(&root)?
@@ -170,12 +246,22 @@ impl Store {
         let tmp = write_tmp(&dir, &yaml(claim, &path)?)?;
         let linked = fs::hard_link(&tmp, &path);
         let _ = fs::remove_file(&tmp);
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         match linked {
-            Ok(()) => sync_dir(&dir),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(StoreError::AlreadyExists {
-                namespace: ns.to_string(),
-                name: claim.metadata.name.clone(),
-            }),
+            Ok(()) => {
+                sync_dir(&dir)?;
+                let key = (ns.to_string(), claim.metadata.name.clone());
+                self.with_claims(&mut cache, |m| m.insert(key, claim.clone()));
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // Someone else wrote it: what we remember is out of date.
+                *cache = Cache::default();
+                Err(StoreError::AlreadyExists {
+                    namespace: ns.to_string(),
+                    name: claim.metadata.name.clone(),
+                })
+            }
             Err(e) => Err(io_err("publishing", &path)(e)),
         }
     }
@@ -186,21 +272,38 @@ impl Store {
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let tmp = write_tmp(&dir, &yaml(claim, &path)?)?;
         fs::rename(&tmp, &path).map_err(io_err("replacing", &path))?;
-        sync_dir(&dir)
+        sync_dir(&dir)?;
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (claim.metadata.ns().to_string(), claim.metadata.name.clone());
+        self.with_claims(&mut cache, |m| m.insert(key, claim.clone()));
+        Ok(())
     }
 
     /// Deletes a claim (absent is fine).
     pub fn delete(&self, namespace: &str, name: &str) -> Result<()> {
         let path = self.claim_path(namespace, name);
         match fs::remove_file(&path) {
-            Ok(()) => sync_dir(path.parent().unwrap_or(&self.dir)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_err("deleting", &path)(e)),
+            Ok(()) => sync_dir(path.parent().unwrap_or(&self.dir))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("deleting", &path)(e)),
         }
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        self.with_claims(&mut cache, |m| {
+            m.remove(&(namespace.to_string(), name.to_string()))
+        });
+        Ok(())
     }
 
     /// First-seen times of routes (`Kind/namespace/name` → RFC 3339).
     pub fn first_seen(&self) -> Result<BTreeMap<String, String>> {
+        let mut cache = self.fresh_cache()?;
+        if cache.first_seen.is_none() {
+            cache.first_seen = Some(self.read_first_seen()?);
+        }
+        Ok(cache.first_seen.clone().unwrap_or_default())
+    }
+
+    fn read_first_seen(&self) -> Result<BTreeMap<String, String>> {
         let path = self.dir.join("first-seen.yaml");
         match fs::read_to_string(&path) {
             Ok(text) => serde_yaml::from_str(&text).map_err(|e| StoreError::Corrupt {
@@ -221,7 +324,12 @@ impl Store {
         })?;
         let tmp = write_tmp(&self.dir, &text)?;
         fs::rename(&tmp, &path).map_err(io_err("replacing", &path))?;
-        sync_dir(&self.dir)
+        sync_dir(&self.dir)?;
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .first_seen = Some(times.clone());
+        Ok(())
     }
 }
 
@@ -296,6 +404,29 @@ mod tests {
                 },
             },
         )
+    }
+
+    #[test]
+    fn a_reader_sees_what_another_writer_wrote_after_its_generation_bump() {
+        let dir = std::env::temp_dir().join(format!("berth-store-gen-{}", std::process::id()));
+        let (a, b) = (Store::open(&dir).expect("a"), Store::open(&dir).expect("b"));
+        assert!(
+            a.claims().expect("claims").is_empty(),
+            "a caches an empty store"
+        );
+        b.begin_write().expect("begin");
+        b.create(&claim(30001)).expect("create");
+        assert_eq!(
+            a.claims().expect("claims"),
+            vec![claim(30001)],
+            "a reads again"
+        );
+        assert_eq!(
+            b.claims().expect("claims"),
+            vec![claim(30001)],
+            "b kept its memory in step"
+        );
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
