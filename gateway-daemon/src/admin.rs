@@ -61,7 +61,7 @@ fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         header.clear();
     }
     let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
-    let p = shared.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let p = std::sync::Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
     let (code, kind, body) = match path.as_str() {
         "/healthz" => (200, "text/plain", "ok\n".to_string()),
         "/readyz" if p.cycles > 0 => (200, "text/plain", "ready\n".to_string()),

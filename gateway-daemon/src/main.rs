@@ -370,7 +370,7 @@ fn run_standalone(
         }
         datapath = Some(dp);
     }
-    let shared = Arc::new(Mutex::new(Published::default()));
+    let shared = Arc::new(Mutex::new(Arc::new(Published::default())));
     let listener = TcpListener::bind(admin_addr)
         .with_context(|| format!("binding the admin endpoint {admin_addr}"))?;
     tracing::info!(admin = admin_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");

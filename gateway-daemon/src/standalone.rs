@@ -221,10 +221,16 @@ pub struct Published {
     pub usage: Vec<crate::planner::ListenerUsage>,
     /// Per-service traffic counted by the XDP program.
     pub traffic: BTreeMap<crate::datapath::ServiceAddr, gateway_common::ServiceStats>,
+    /// When `traffic` was read.
+    pub traffic_at: Option<std::time::Instant>,
 }
 
-/// Shared between the loop and the admin server.
-pub type Shared = Arc<Mutex<Published>>;
+/// Shared between the loop and the admin server: the loop swaps in a new snapshot,
+/// readers take a reference to the current one (no copying under the lock).
+pub type Shared = Arc<Mutex<Arc<Published>>>;
+
+/// How often per-service traffic is read from the kernel (one lookup per service).
+pub const TRAFFIC_REFRESH: Duration = Duration::from_secs(5);
 
 /// Errors of one cycle.
 #[derive(Debug, thiserror::Error)]
@@ -352,7 +358,10 @@ pub fn run_loop(
                     tracing::error!(error = %error_chain(&e), "cycle failed; retrying");
                 }
                 failing = true;
-                shared.lock().unwrap_or_else(|e| e.into_inner()).last_error = Some(error_chain(&e));
+                let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+                let mut p = Published::clone(&guard);
+                p.last_error = Some(error_chain(&e));
+                *guard = Arc::new(p);
             }
         }
         // Wake on a change, and about every second for cool-downs that end (never
@@ -382,23 +391,35 @@ fn step(
         return Ok(());
     }
     let (plan, first_seen) = cycle(store, source.snapshot(), SystemTime::now(), default_address)?;
-    let (mut counters, mut traffic) = (BTreeMap::new(), BTreeMap::new());
+    let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
+    let (mut counters, mut traffic, mut traffic_at) = (BTreeMap::new(), BTreeMap::new(), None);
     if let Some(dp) = datapath {
         dp.apply(&plan.datapath)?;
         counters = dp.counters().unwrap_or_default();
-        traffic = dp.service_stats().unwrap_or_default();
+        if prev
+            .traffic_at
+            .is_none_or(|t| t.elapsed() >= TRAFFIC_REFRESH)
+        {
+            traffic = dp.service_stats().unwrap_or_default();
+            traffic_at = Some(std::time::Instant::now());
+        } else {
+            (traffic, traffic_at) = (prev.traffic.clone(), prev.traffic_at);
+        }
     }
-    let mut p = shared.lock().unwrap_or_else(|e| e.into_inner());
-    p.state = Some(check::document(&plan));
-    p.datapath = plan.datapath;
-    p.broken = source.broken();
-    p.cycles += 1;
-    p.first_seen = first_seen;
-    p.counters = counters;
-    p.traffic = traffic;
-    p.owners = plan.owners;
-    p.usage = plan.usage;
-    p.last_error = None;
+    let next = Published {
+        state: Some(check::document(&plan)),
+        datapath: plan.datapath,
+        broken: source.broken(),
+        cycles: prev.cycles + 1,
+        first_seen,
+        counters,
+        last_error: None,
+        owners: plan.owners,
+        usage: plan.usage,
+        traffic,
+        traffic_at,
+    };
+    *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     *last_plan = std::time::Instant::now();
     Ok(())
 }
