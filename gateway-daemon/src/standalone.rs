@@ -319,12 +319,12 @@ fn commit(store: &Store, have: &[PortClaim], want: &[PortClaim]) -> Result<(), S
             Some(_) => {}
         }
     }
-    for (k, c) in &want_map {
-        if !have.contains_key(k) {
-            store.create(c)?;
-        }
-    }
-    Ok(())
+    let creates: Vec<&PortClaim> = want_map
+        .iter()
+        .filter(|(k, _)| !have.contains_key(*k))
+        .map(|(_, c)| *c)
+        .collect();
+    store.create_all(&creates)
 }
 
 /// Runs the loop forever: poll the directory, plan, commit, program, publish. A failed

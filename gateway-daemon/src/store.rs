@@ -266,6 +266,71 @@ impl Store {
         }
     }
 
+    /// Creates several claims with one filesystem sync instead of one per claim: every
+    /// file is written, the filesystem synced once, then each is published with `link`
+    /// (exclusive, as in `create`) and each directory synced once. Stops with
+    /// `AlreadyExists` at the first claim someone else holds; those published before it
+    /// stay (and are durable).
+    pub fn create_all(&self, claims: &[&PortClaim]) -> Result<()> {
+        if claims.len() <= 1 {
+            return claims.iter().try_for_each(|c| self.create(c));
+        }
+        let mut staged: Vec<(PathBuf, PathBuf, &PortClaim)> = Vec::new();
+        let result = self.publish_staged(claims, &mut staged);
+        for (tmp, _, _) in &staged {
+            let _ = fs::remove_file(tmp);
+        }
+        result
+    }
+
+    fn publish_staged<'c>(
+        &self,
+        claims: &[&'c PortClaim],
+        staged: &mut Vec<(PathBuf, PathBuf, &'c PortClaim)>,
+    ) -> Result<()> {
+        for c in claims {
+            let path = self.claim_path(c.metadata.ns(), &c.metadata.name);
+            let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+            let tmp = write_tmp_unsynced(&dir, &yaml(c, &path)?)?;
+            staged.push((tmp, path, c));
+        }
+        let root = File::open(&self.dir).map_err(io_err("opening", &self.dir))?;
+        // SAFETY: syncfs on a descriptor we own.
+        if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
+            return Err(io_err("syncing", &self.dir)(io::Error::last_os_error()));
+        }
+        let mut dirs = std::collections::BTreeSet::new();
+        let mut outcome = Ok(());
+        for (tmp, path, c) in staged.iter() {
+            match fs::hard_link(tmp, path) {
+                Ok(()) => {
+                    dirs.insert(path.parent().map(Path::to_path_buf).unwrap_or_default());
+                    let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+                    let key = (c.metadata.ns().to_string(), c.metadata.name.clone());
+                    self.with_claims(&mut cache, |m| m.insert(key, (*c).clone()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    *self.cache.lock().unwrap_or_else(|e| e.into_inner()) = Cache::default();
+                    outcome = Err(StoreError::AlreadyExists {
+                        namespace: c.metadata.ns().to_string(),
+                        name: c.metadata.name.clone(),
+                    });
+                    break;
+                }
+                Err(e) => {
+                    outcome = Err(io_err("publishing", path)(e));
+                    break;
+                }
+            }
+        }
+        // What was published must be durable, also when stopping early.
+        for d in dirs {
+            sync_dir(&d)?;
+        }
+        outcome
+    }
+
     /// Replaces a claim's content.
     pub fn update(&self, claim: &PortClaim) -> Result<()> {
         let path = self.claim_path(claim.metadata.ns(), &claim.metadata.name);
@@ -363,6 +428,15 @@ fn read_dir(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Writes `text` to a new temporary file in `dir` and fsyncs it.
 fn write_tmp(dir: &Path, text: &str) -> Result<PathBuf> {
+    let tmp = write_tmp_unsynced(dir, text)?;
+    File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err("syncing", &tmp))?;
+    Ok(tmp)
+}
+
+/// Writes `text` to a new temporary file in `dir` (not yet durable).
+fn write_tmp_unsynced(dir: &Path, text: &str) -> Result<PathBuf> {
     let n = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
     let tmp = dir.join(format!(".tmp-{}-{n}", std::process::id()));
     let mut f = OpenOptions::new()
@@ -372,7 +446,6 @@ fn write_tmp(dir: &Path, text: &str) -> Result<PathBuf> {
         .map_err(io_err("creating", &tmp))?;
     f.write_all(text.as_bytes())
         .map_err(io_err("writing", &tmp))?;
-    f.sync_all().map_err(io_err("syncing", &tmp))?;
     Ok(tmp)
 }
 
@@ -426,6 +499,34 @@ mod tests {
             vec![claim(30001)],
             "b kept its memory in step"
         );
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn create_all_publishes_every_claim_and_stops_at_one_held_by_someone_else() {
+        let dir = std::env::temp_dir().join(format!("berth-store-all-{}", std::process::id()));
+        let store = Store::open(&dir).expect("open");
+        let (a, b, c) = (claim(30001), claim(30002), claim(30003));
+        store.create_all(&[&a, &b]).expect("create all");
+        assert_eq!(store.claims().expect("claims"), vec![a.clone(), b.clone()]);
+        // 30000 is new, 30002 exists: 30000 is published, then it stops.
+        let z = claim(30000);
+        assert!(matches!(
+            store.create_all(&[&z, &b, &c]),
+            Err(StoreError::AlreadyExists { .. })
+        ));
+        let on_disk = Store::open(&dir).expect("reopen").claims().expect("claims");
+        assert_eq!(
+            on_disk,
+            vec![z, a, b],
+            "the claim before the conflict is durable, the one after is not written"
+        );
+        let stray: Vec<_> = fs::read_dir(dir.join("claims/infra"))
+            .expect("dir")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp"))
+            .collect();
+        assert!(stray.is_empty(), "no temporary files left");
         let _ = fs::remove_dir_all(&dir);
     }
 
