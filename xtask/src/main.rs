@@ -45,15 +45,7 @@ fn main() -> ExitCode {
         ["bench", "datapath"] => setup().and_then(|()| run_bin("berth-bench-datapath")),
         ["bench", "planner"] => setup().and_then(|()| run_bin("berth-bench-planner")),
         ["bench", "control-plane"] => setup().and_then(|()| {
-            run(cargo().args([
-                "build",
-                "--quiet",
-                "--release",
-                "-p",
-                "gateway-daemon",
-                "--bin",
-                "berth",
-            ]))?;
+            build_berth()?;
             run_bin("berth-bench-control-plane")
         }),
         _ => {
@@ -305,7 +297,8 @@ fn run_bin(name: &str) -> Result<()> {
     ]))
 }
 
-fn demo() -> Result<()> {
+/// Builds the optimised `berth` binary, which the demo and a benchmark start.
+fn build_berth() -> Result<()> {
     run(cargo().args([
         "build",
         "--quiet",
@@ -314,6 +307,10 @@ fn demo() -> Result<()> {
         "gateway-daemon",
         "--bin",
         "berth",
-    ]))?;
+    ]))
+}
+
+fn demo() -> Result<()> {
+    build_berth()?;
     run_bin("berth-demo")
 }
