@@ -13,7 +13,7 @@ use crate::{
     check::{self, StateDocument},
     datapath::{Datapath, DesiredState},
     manifests::{self, FileObjects},
-    model::{PortClaim, Snapshot},
+    model::{ClaimPhase, PortClaim, Snapshot},
     planner::{self, Plan},
     store::{Store, StoreError},
 };
@@ -223,6 +223,8 @@ pub struct Published {
     pub traffic: BTreeMap<crate::datapath::ServiceAddr, gateway_common::ServiceStats>,
     /// When `traffic` was read.
     pub traffic_at: Option<std::time::Instant>,
+    /// Some claim is released and cooling down: plan again when its cool-down ends.
+    pub cooling: bool,
 }
 
 /// Shared between the loop and the admin server: the loop swaps in a new snapshot,
@@ -386,12 +388,27 @@ fn step(
     for e in &errors {
         tracing::error!("{e} (the last good version of this file stays in force)");
     }
-    // Plan on every change, and every second for cool-downs that end.
-    if !changed && last_plan.elapsed() < Duration::from_secs(1) {
+    let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
+    // Plan on a change, after a failure, and (about every second) while a released
+    // port cools down; otherwise nothing the plan depends on has moved.
+    let due = changed
+        || prev.cycles == 0
+        || prev.last_error.is_some()
+        || (prev.cooling && last_plan.elapsed() >= Duration::from_secs(1));
+    if !due {
+        if let Some(dp) = datapath.filter(|_| {
+            prev.traffic_at
+                .is_none_or(|t| t.elapsed() >= TRAFFIC_REFRESH)
+        }) {
+            let mut p = Published::clone(&prev);
+            p.counters = dp.counters().unwrap_or_default();
+            p.traffic = dp.service_stats().unwrap_or_default();
+            p.traffic_at = Some(std::time::Instant::now());
+            *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(p);
+        }
         return Ok(());
     }
     let (plan, first_seen) = cycle(store, source.snapshot(), SystemTime::now(), default_address)?;
-    let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
     let (mut counters, mut traffic, mut traffic_at) = (BTreeMap::new(), BTreeMap::new(), None);
     if let Some(dp) = datapath {
         dp.apply(&plan.datapath)?;
@@ -418,6 +435,11 @@ fn step(
         usage: plan.usage,
         traffic,
         traffic_at,
+        cooling: plan.claims.iter().any(|c| {
+            c.status
+                .as_ref()
+                .is_some_and(|s| s.phase == ClaimPhase::Released)
+        }),
     };
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     *last_plan = std::time::Instant::now();
