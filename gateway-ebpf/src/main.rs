@@ -88,13 +88,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
 
     if frag & IP_OFFSET != 0 {
         // A later fragment carries no ports: follow the flow its first fragment took.
-        let key = FragKey {
-            src,
-            dst,
-            id: unsafe { (*ip).id },
-            proto: ip_proto,
-            pad: 0,
-        };
+        let key = fragment_key(ip, src, dst, ip_proto);
         let Some(ports) = (unsafe { FRAGMENTS.get(key) }).copied() else {
             return if is_gateway_address(dst) {
                 Err(Counter::DropFragment)
@@ -147,26 +141,18 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         proto: ip_proto,
         pad: [0; 3],
     };
-    let first_fragment = frag & IP_MF != 0;
-    let frag_key = FragKey {
-        src,
-        dst,
-        id: unsafe { (*ip).id },
-        proto: ip_proto,
-        pad: 0,
-    };
-    let ports_seen = FragPorts { sport, dport };
     // First fragment of a datagram for us: remember its ports for the later ones.
+    let first_fragment = frag & IP_MF != 0;
     let mut new = MaybeUninit::uninit();
     let found = lookup_or_balance(&t, &mut new)?;
     if matches!(found, Found::Miss) {
         if first_fragment && is_gateway_address(dst) {
-            remember_fragment(&frag_key, &ports_seen);
+            remember_fragment(ip, &t);
         }
         return PASS;
     }
     if first_fragment {
-        remember_fragment(&frag_key, &ports_seen);
+        remember_fragment(ip, &t);
     }
     let l4 = L4 {
         ports,
@@ -214,8 +200,29 @@ unsafe fn translate(
 
 /// Records the ports of a fragmented datagram seen in its first fragment.
 #[inline(always)]
-fn remember_fragment(key: &FragKey, ports: &FragPorts) {
-    let _ = FRAGMENTS.insert(key, ports, 0);
+fn remember_fragment(ip: *mut Ipv4, t: &FlowKey) {
+    let key = fragment_key(ip, t.src, t.dst, t.proto);
+    let _ = FRAGMENTS.insert(
+        key,
+        FragPorts {
+            sport: t.sport,
+            dport: t.dport,
+        },
+        0,
+    );
+}
+
+/// The datagram a fragment belongs to. (`ip` is bounds-checked by the caller.)
+#[inline(always)]
+fn fragment_key(ip: *mut Ipv4, src: u32, dst: u32, proto: u8) -> FragKey {
+    // SAFETY: `ip` points at a bounds-checked IPv4 header.
+    FragKey {
+        src,
+        dst,
+        id: unsafe { (*ip).id },
+        proto,
+        pad: 0,
+    }
 }
 
 /// A packet whose headers cannot be parsed: ours to drop if it was sent to a gateway
