@@ -11,3 +11,15 @@ pub mod model;
 pub mod planner;
 pub mod standalone;
 pub mod store;
+
+/// An error and its sources on one line, `: `-separated (for logs and test failures).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

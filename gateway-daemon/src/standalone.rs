@@ -357,12 +357,12 @@ pub fn run_loop(
             Ok(()) => {}
             Err(e) => {
                 if !failing {
-                    tracing::error!(error = %error_chain(&e), "cycle failed; retrying");
+                    tracing::error!(error = %crate::error_chain(&e), "cycle failed; retrying");
                 }
                 failing = true;
                 let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
                 let mut p = Published::clone(&guard);
-                p.last_error = Some(error_chain(&e));
+                p.last_error = Some(crate::error_chain(&e));
                 *guard = Arc::new(p);
             }
         }
@@ -444,14 +444,4 @@ fn step(
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     *last_plan = std::time::Instant::now();
     Ok(())
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(&format!(": {c}"));
-        cur = c.source();
-    }
-    s
 }

@@ -59,7 +59,7 @@ impl TestDatapath {
             Err(e) => {
                 // Maps may be pinned already when the program fails to load.
                 let _ = berth::datapath::remove_pins(&pin_dir);
-                panic!("loading datapath: {}", chain(&e))
+                panic!("loading datapath: {}", berth::error_chain(&e))
             }
         }
     }
@@ -69,17 +69,6 @@ impl Drop for TestDatapath {
     fn drop(&mut self) {
         let _ = berth::datapath::remove_pins(&self.pin_dir);
     }
-}
-
-/// An error with its sources, one per line.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(&format!(": {c}"));
-        cur = c.source();
-    }
-    s
 }
 
 /// Runs `program` once on `input` as if received on `ingress_ifindex` (0: loopback).
@@ -108,7 +97,7 @@ pub fn run(
     };
     let result = prog
         .test_run(opts)
-        .unwrap_or_else(|e| panic!("test_run: {}", chain(&e)));
+        .unwrap_or_else(|e| panic!("test_run: {}", berth::error_chain(&e)));
     out.truncate(result.data_size_out as usize);
     (result.return_value, out)
 }
