@@ -12,13 +12,17 @@
 /// host hold thousands of services (each table costs 4 KiB).
 pub const MAGLEV_SIZE: u32 = 1021;
 
+/// One service's Maglev lookup table: `hash % MAGLEV_SIZE` → backend id. A whole
+/// table is one map value, so userspace writes it with one update.
+pub type MaglevTable = [u32; MAGLEV_SIZE as usize];
+
 /// Names of the maps, which are also their file names under the pin directory.
 pub mod map_names {
     /// `ServiceKey` → `Service`.
     pub const SERVICES: &str = "berth_services";
     /// Gateway address (network order) → number of services on it.
     pub const ADDRESSES: &str = "berth_addrs";
-    /// Flat array of Maglev tables: `table * MAGLEV_SIZE + hash % MAGLEV_SIZE` → backend id.
+    /// Table index → `MaglevTable`.
     pub const MAGLEV: &str = "berth_maglev";
     /// Backend id → `Backend`.
     pub const BACKENDS: &str = "berth_backends";

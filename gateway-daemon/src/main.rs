@@ -173,7 +173,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn init_logging(format: LogFormat) {
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    // RUST_LOG (e.g. `berth=debug`) refines the default level, info.
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing::level_filters::LevelFilter::INFO.into())
+        .from_env_lossy();
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

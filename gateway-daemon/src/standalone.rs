@@ -408,7 +408,11 @@ fn step(
         }
         return Ok(());
     }
-    let (plan, first_seen) = cycle(store, source.snapshot(), SystemTime::now(), default_address)?;
+    let started = std::time::Instant::now();
+    let snapshot = source.snapshot();
+    let t_snapshot = started.elapsed();
+    let (plan, first_seen) = cycle(store, snapshot, SystemTime::now(), default_address)?;
+    let t_cycle = started.elapsed();
     let (mut counters, mut traffic, mut traffic_at) = (BTreeMap::new(), BTreeMap::new(), None);
     if let Some(dp) = datapath {
         dp.apply(&plan.datapath)?;
@@ -423,8 +427,11 @@ fn step(
             (traffic, traffic_at) = (prev.traffic.clone(), prev.traffic_at);
         }
     }
+    let t_datapath = started.elapsed();
+    let state = check::document(&plan);
+    let t_document = started.elapsed();
     let next = Published {
-        state: Some(check::document(&plan)),
+        state: Some(state),
         datapath: plan.datapath,
         broken: source.broken(),
         cycles: prev.cycles + 1,
@@ -443,5 +450,13 @@ fn step(
     };
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     *last_plan = std::time::Instant::now();
+    tracing::debug!(
+        total = ?started.elapsed(),
+        snapshot = ?t_snapshot,
+        plan_and_store = ?(t_cycle - t_snapshot),
+        datapath = ?(t_datapath - t_cycle),
+        document = ?(t_document - t_datapath),
+        "planned"
+    );
     Ok(())
 }

@@ -27,8 +27,8 @@ use aya::{
 use desired::BackendSet;
 pub use desired::{DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use gateway_common::{
-    map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, Service, ServiceKey,
-    ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
+    map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service,
+    ServiceKey, ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
 };
 
 /// Name of the gateway program in the object.
@@ -159,33 +159,44 @@ impl Limits {
         self.services + SPARE_TABLES
     }
 
-    /// (map name, key size, value size, max entries) of every map.
-    fn shapes(&self) -> [(&'static str, usize, usize, u32); 8] {
+    /// The shape of every map.
+    fn shapes(&self) -> [Shape; 8] {
         use std::mem::size_of;
+        let shape = |name, key_size, value_size, max_entries| Shape {
+            name,
+            key_size,
+            value_size,
+            max_entries,
+        };
         [
-            (
+            shape(
                 map_names::SERVICES,
                 size_of::<ServiceKey>(),
                 size_of::<Service>(),
                 self.services,
             ),
-            (map_names::ADDRESSES, 4, 4, self.addresses),
-            (map_names::MAGLEV, 4, 4, self.tables() * MAGLEV_SIZE),
-            (map_names::BACKENDS, 4, size_of::<Backend>(), self.backends),
-            (
+            shape(map_names::ADDRESSES, 4, 4, self.addresses),
+            shape(
+                map_names::MAGLEV,
+                4,
+                size_of::<MaglevTable>(),
+                self.tables(),
+            ),
+            shape(map_names::BACKENDS, 4, size_of::<Backend>(), self.backends),
+            shape(
                 map_names::CONNTRACK,
                 size_of::<FlowKey>(),
                 size_of::<Flow>(),
                 self.flows,
             ),
-            (
+            shape(
                 map_names::FRAGMENTS,
                 size_of::<FragKey>(),
                 size_of::<FragPorts>(),
                 self.fragments,
             ),
-            (map_names::COUNTERS, 4, 8, Counter::COUNT),
-            (
+            shape(map_names::COUNTERS, 4, 8, Counter::COUNT),
+            shape(
                 map_names::SERVICE_STATS,
                 4,
                 size_of::<ServiceStats>(),
@@ -193,6 +204,14 @@ impl Limits {
             ),
         ]
     }
+}
+
+/// What a map must look like: an earlier run's pinned map is adopted only if it matches.
+struct Shape {
+    name: &'static str,
+    key_size: usize,
+    value_size: usize,
+    max_entries: u32,
 }
 
 /// How to attach to an interface.
@@ -274,16 +293,16 @@ pub struct Datapath {
     limits: Limits,
     services: HashMap<MapData, ServiceKey, Service>,
     addresses: HashMap<MapData, u32, u32>,
-    maglev: Array<MapData, u32>,
+    maglev: Array<MapData, MaglevTable>,
     backends: Array<MapData, Backend>,
     conntrack: HashMap<MapData, FlowKey, Flow>,
     counters: PerCpuArray<MapData, u64>,
     service_stats: PerCpuArray<MapData, ServiceStats>,
     installed: BTreeMap<ServiceKey, Installed>,
     links: BTreeMap<String, FdLink>,
-    /// Next-fit cursors, so that a freed id is not reused at once.
-    next_service: u32,
-    next_backend: u32,
+    service_ids: IdPool,
+    tables: IdPool,
+    backend_ids: IdPool,
 }
 
 impl Datapath {
@@ -297,15 +316,19 @@ impl Datapath {
         })?;
 
         let shapes = limits.shapes();
-        let paths: Vec<PathBuf> = shapes.iter().map(|(name, ..)| pin_dir.join(name)).collect();
-        for ((name, key_size, value_size, max_entries), path) in shapes.iter().zip(&paths) {
-            check_pinned(path, pin_dir, *key_size, *value_size, *max_entries)
-                .map_err(|e| e.unwrap_or_else(|source| DatapathError::Map { name, source }))?;
+        let paths: Vec<PathBuf> = shapes.iter().map(|s| pin_dir.join(s.name)).collect();
+        for (shape, path) in shapes.iter().zip(&paths) {
+            check_pinned(path, pin_dir, shape).map_err(|e| {
+                e.unwrap_or_else(|source| DatapathError::Map {
+                    name: shape.name,
+                    source,
+                })
+            })?;
         }
         let mut loader = EbpfLoader::new();
-        for ((name, _, _, max_entries), path) in shapes.iter().zip(&paths) {
-            loader.map_max_entries(name, *max_entries);
-            loader.map_pin_path(name, path.as_path());
+        for (shape, path) in shapes.iter().zip(&paths) {
+            loader.map_max_entries(shape.name, shape.max_entries);
+            loader.map_pin_path(shape.name, path.as_path());
         }
         let mut ebpf = loader.load(OBJECT).map_err(DatapathError::Load)?;
         for name in [PROGRAM, FLOOR_PROGRAM] {
@@ -339,8 +362,9 @@ impl Datapath {
             limits: *limits,
             installed: BTreeMap::new(),
             links: BTreeMap::new(),
-            next_service: 0,
-            next_backend: 0,
+            service_ids: IdPool::new("services", limits.services),
+            tables: IdPool::new("Maglev tables", limits.tables()),
+            backend_ids: IdPool::new("backends", limits.backends),
         };
         dp.adopt()?;
         Ok(dp)
@@ -360,7 +384,8 @@ impl Datapath {
                     backends: BTreeMap::new(),
                 },
             );
-            self.next_service = self.next_service.max(svc.id + 1);
+            self.service_ids.mark(svc.id);
+            self.tables.mark(svc.table);
         }
         let mut orphans = Vec::new();
         for (id, item) in self.backends.iter().enumerate() {
@@ -376,7 +401,7 @@ impl Datapath {
                 Some(svc) => {
                     svc.backends
                         .insert(endpoint(b.addr, b.port), (id, b.weight));
-                    self.next_backend = self.next_backend.max(id + 1);
+                    self.backend_ids.mark(id);
                 }
                 // A backend left behind by a run that died mid-update.
                 None => orphans.push(id),
@@ -410,6 +435,15 @@ impl Datapath {
     /// Makes the maps hold `desired`, touching only what differs. Flows of unchanged
     /// backends are never disturbed; a changed service switches tables atomically.
     pub fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
+        let result = self.apply_diff(desired);
+        if result.is_err() {
+            // Ids handed out to what was not installed in the end are free again.
+            self.rebuild_pools();
+        }
+        result
+    }
+
+    fn apply_diff(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
         let want = desired.normalized();
         if want.len() as u32 > self.limits.services {
             return Err(DatapathError::Capacity {
@@ -446,15 +480,15 @@ impl Datapath {
     }
 
     fn add_service(&mut self, key: &ServiceKey, want: &BackendSet) -> Result<()> {
-        let id = self.alloc_service_id()?;
-        let table = self.alloc_table()?;
+        let id = self.service_ids.alloc()?;
+        let table = self.tables.alloc()?;
         let mut svc = Installed {
             id,
             table,
             backends: BTreeMap::new(),
         };
         for (&endpoint, &weight) in want {
-            let bid = self.alloc_backend_id(&svc)?;
+            let bid = self.backend_ids.alloc()?;
             self.write_backend(bid, id, endpoint, weight)?;
             svc.backends.insert(endpoint, (bid, weight));
         }
@@ -491,7 +525,7 @@ impl Datapath {
         };
         let mut svc = Installed {
             id: old.id,
-            table: self.alloc_table()?,
+            table: self.tables.alloc()?,
             backends: BTreeMap::new(),
         };
         // New and reweighted backends first, so the new table only names live ones.
@@ -503,7 +537,7 @@ impl Datapath {
                     bid
                 }
                 None => {
-                    let bid = self.alloc_backend_id_excluding(&old, &svc)?;
+                    let bid = self.backend_ids.alloc()?;
                     self.write_backend(bid, svc.id, endpoint, weight)?;
                     bid
                 }
@@ -530,6 +564,7 @@ impl Datapath {
                 self.clear_backend(bid)?;
             }
         }
+        self.tables.free(old.table);
         self.installed.insert(*key, svc);
         Ok(())
     }
@@ -545,6 +580,8 @@ impl Datapath {
         for &(bid, _) in svc.backends.values() {
             self.clear_backend(bid)?;
         }
+        self.service_ids.free(svc.id);
+        self.tables.free(svc.table);
         Ok(())
     }
 
@@ -559,12 +596,13 @@ impl Datapath {
         let Some(table) = maglev::table(&candidates, MAGLEV_SIZE) else {
             return Ok(0);
         };
-        let base = svc.table * MAGLEV_SIZE;
-        for (i, entry) in table.iter().enumerate() {
-            self.maglev
-                .set(base + i as u32, ids[*entry as usize], 0)
-                .map_err(map_err(map_names::MAGLEV))?;
+        let mut entries: MaglevTable = [0; MAGLEV_SIZE as usize];
+        for (slot, &e) in entries.iter_mut().zip(&table) {
+            *slot = ids[e as usize];
         }
+        self.maglev
+            .set(svc.table, entries, 0)
+            .map_err(map_err(map_names::MAGLEV))?;
         Ok(candidates.iter().filter(|c| c.weight > 0).count() as u32)
     }
 
@@ -590,7 +628,9 @@ impl Datapath {
     fn clear_backend(&mut self, bid: u32) -> Result<()> {
         self.backends
             .set(bid, Backend::default(), 0)
-            .map_err(map_err(map_names::BACKENDS))
+            .map_err(map_err(map_names::BACKENDS))?;
+        self.backend_ids.free(bid);
+        Ok(())
     }
 
     /// Keeps the gateway-address map equal to the addresses of installed services.
@@ -625,48 +665,18 @@ impl Datapath {
         Ok(())
     }
 
-    fn alloc_service_id(&mut self) -> Result<u32> {
-        let used: Vec<u32> = self.installed.values().map(|s| s.id).collect();
-        let id = next_free(self.limits.services, self.next_service, |id| {
-            used.contains(&id)
-        })
-        .ok_or(DatapathError::Capacity {
-            what: "services",
-            limit: self.limits.services,
-        })?;
-        self.next_service = id + 1;
-        Ok(id)
-    }
-
-    fn alloc_table(&self) -> Result<u32> {
-        let used: Vec<u32> = self.installed.values().map(|s| s.table).collect();
-        next_free(self.limits.tables(), 0, |t| used.contains(&t)).ok_or(DatapathError::Capacity {
-            what: "Maglev tables",
-            limit: self.limits.tables(),
-        })
-    }
-
-    fn alloc_backend_id(&mut self, pending: &Installed) -> Result<u32> {
-        self.alloc_backend_id_excluding(pending, pending)
-    }
-
-    fn alloc_backend_id_excluding(&mut self, a: &Installed, b: &Installed) -> Result<u32> {
-        let mut used = vec![false; self.limits.backends as usize];
-        let all = self.installed.values().chain([a, b]);
-        for &(bid, _) in all.flat_map(|s| s.backends.values()) {
-            if let Some(u) = used.get_mut(bid as usize) {
-                *u = true;
+    /// Marks exactly the ids of installed services as used.
+    fn rebuild_pools(&mut self) {
+        self.service_ids.clear();
+        self.tables.clear();
+        self.backend_ids.clear();
+        for svc in self.installed.values() {
+            self.service_ids.mark(svc.id);
+            self.tables.mark(svc.table);
+            for &(bid, _) in svc.backends.values() {
+                self.backend_ids.mark(bid);
             }
         }
-        let id = next_free(self.limits.backends, self.next_backend, |id| {
-            used[id as usize]
-        })
-        .ok_or(DatapathError::Capacity {
-            what: "backends",
-            limit: self.limits.backends,
-        })?;
-        self.next_backend = id + 1;
-        Ok(id)
     }
 
     /// Attaches the gateway program to `iface`. If an earlier run left a pinned link
@@ -850,18 +860,16 @@ fn xdp<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp> {
 fn check_pinned(
     path: &Path,
     dir: &Path,
-    key_size: usize,
-    value_size: usize,
-    max_entries: u32,
+    shape: &Shape,
 ) -> std::result::Result<(), std::result::Result<DatapathError, MapError>> {
     if !path.exists() {
         return Ok(());
     }
     let info = MapInfo::from_pin(path).map_err(Err)?;
     let checks = [
-        ("key size", info.key_size(), key_size as u32),
-        ("value size", info.value_size(), value_size as u32),
-        ("max entries", info.max_entries(), max_entries),
+        ("key size", info.key_size(), shape.key_size as u32),
+        ("value size", info.value_size(), shape.value_size as u32),
+        ("max entries", info.max_entries(), shape.max_entries),
     ];
     for (what, found, wanted) in checks {
         if found != wanted {
@@ -881,8 +889,55 @@ fn endpoint(addr: u32, port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::from(u32::from_be(addr)), u16::from_be(port))
 }
 
-fn next_free(cap: u32, start: u32, used: impl Fn(u32) -> bool) -> Option<u32> {
-    (0..cap).map(|i| (start + i) % cap).find(|&id| !used(id))
+/// The ids of one kind of map slot (services, Maglev tables, backends) in use. Handed
+/// out next-fit, so that a freed id is not reused at once: a CPU may still be reading
+/// the slot through a lookup made just before it was freed.
+struct IdPool {
+    what: &'static str,
+    used: Vec<bool>,
+    cursor: u32,
+}
+
+impl IdPool {
+    fn new(what: &'static str, capacity: u32) -> Self {
+        IdPool {
+            what,
+            used: vec![false; capacity as usize],
+            cursor: 0,
+        }
+    }
+
+    fn alloc(&mut self) -> Result<u32> {
+        let cap = self.used.len() as u32;
+        let id = (0..cap)
+            .map(|i| (self.cursor + i) % cap)
+            .find(|&id| !self.used[id as usize])
+            .ok_or(DatapathError::Capacity {
+                what: self.what,
+                limit: cap,
+            })?;
+        self.used[id as usize] = true;
+        self.cursor = (id + 1) % cap;
+        Ok(id)
+    }
+
+    /// Marks an id found in use (adopted maps); new ids come after the highest.
+    fn mark(&mut self, id: u32) {
+        if let Some(u) = self.used.get_mut(id as usize) {
+            *u = true;
+            self.cursor = self.cursor.max(id + 1);
+        }
+    }
+
+    fn free(&mut self, id: u32) {
+        if let Some(u) = self.used.get_mut(id as usize) {
+            *u = false;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.used.fill(false);
+    }
 }
 
 fn ifindex(iface: &str) -> Option<u32> {
