@@ -120,6 +120,11 @@ enum LogFormat {
     Json,
 }
 
+/// The planner allocates many small strings per route; mimalloc makes a plan of 10k
+/// routes markedly faster than glibc's allocator does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,

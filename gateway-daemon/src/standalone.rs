@@ -210,7 +210,7 @@ pub struct Published {
     /// Plans made.
     pub cycles: u64,
     /// First-seen times of routes.
-    pub first_seen: BTreeMap<String, String>,
+    pub first_seen: Arc<BTreeMap<String, String>>,
     /// Datapath counters, when a datapath is attached.
     pub counters: BTreeMap<&'static str, u64>,
     /// Why the last cycle failed, if it did.
@@ -258,31 +258,34 @@ pub fn cycle(
     mut snapshot: Snapshot,
     now: SystemTime,
     default_address: Option<std::net::Ipv4Addr>,
-) -> Result<(Plan, BTreeMap<String, String>), CycleError> {
+) -> Result<(Plan, Arc<BTreeMap<String, String>>), CycleError> {
     let _lock = store.lock()?;
     // Routes without a creation time are ordered by when Berth first saw them.
-    let mut first_seen = store.first_seen()?;
+    let first_seen = store.first_seen()?;
     let now_text = humantime::format_rfc3339_seconds(now).to_string();
-    let mut seen_changed = false;
+    let mut added: Vec<(String, String)> = Vec::new();
+    let mut present = std::collections::HashSet::with_capacity(snapshot.routes.len());
     for r in &mut snapshot.routes {
         let key = route_key(r.kind.name(), r.metadata.ns(), &r.metadata.name);
-        let t = first_seen.entry(key).or_insert_with(|| {
-            seen_changed = true;
-            now_text.clone()
-        });
+        let t = match first_seen.get(&key) {
+            Some(t) => t.clone(),
+            None => {
+                added.push((key.clone(), now_text.clone()));
+                now_text.clone()
+            }
+        };
         if r.metadata.creation_timestamp.is_none() {
-            r.metadata.creation_timestamp = Some(t.clone());
+            r.metadata.creation_timestamp = Some(t);
         }
+        present.insert(key);
     }
     // A route that is gone and comes back later is a new object with a new time.
-    let present: std::collections::BTreeSet<String> = snapshot
-        .routes
-        .iter()
-        .map(|r| route_key(r.kind.name(), r.metadata.ns(), &r.metadata.name))
+    let removed: Vec<String> = first_seen
+        .keys()
+        .filter(|k| !present.contains(*k))
+        .cloned()
         .collect();
-    let before = first_seen.len();
-    first_seen.retain(|k, _| present.contains(k));
-    seen_changed |= first_seen.len() != before;
+    let mut seen_changed = !added.is_empty() || !removed.is_empty();
     loop {
         let stored = store.claims()?;
         let plan = planner::plan(&planner::Input {
@@ -291,16 +294,17 @@ pub fn cycle(
             now,
             default_address,
         });
-        if seen_changed || stored != plan.claims {
+        let changes = claim_changes(&stored, &plan.claims);
+        if seen_changed || !changes.is_empty() {
             // Other readers of the directory must read it again.
             store.begin_write()?;
             if seen_changed {
-                store.set_first_seen(&first_seen)?;
+                store.record_first_seen(&added, &removed)?;
                 seen_changed = false;
             }
         }
-        match commit(store, &stored, &plan.claims) {
-            Ok(()) => return Ok((plan, first_seen)),
+        match commit(store, &changes) {
+            Ok(()) => return Ok((plan, store.first_seen()?)),
             // Someone else created that claim meanwhile: read again and plan again.
             Err(StoreError::AlreadyExists { .. }) => continue,
             Err(e) => return Err(e.into()),
@@ -308,24 +312,73 @@ pub fn cycle(
     }
 }
 
-/// Makes the store hold `want`, given it holds `have`.
-fn commit(store: &Store, have: &[PortClaim], want: &[PortClaim]) -> Result<(), StoreError> {
-    let key = |c: &PortClaim| (c.metadata.ns().to_string(), c.metadata.name.clone());
-    let have: BTreeMap<_, _> = have.iter().map(|c| (key(c), c)).collect();
-    let want_map: BTreeMap<_, _> = want.iter().map(|c| (key(c), c)).collect();
-    // Releases and deletions first, so a port handed over within one plan is free.
-    for (k, c) in &have {
-        match want_map.get(k) {
-            None => store.delete(&k.0, &k.1)?,
-            Some(w) if w != c => store.update(w)?,
-            Some(_) => {}
+/// One claim write that makes the store hold what the plan wants.
+#[derive(Debug, PartialEq)]
+enum ClaimChange<'a> {
+    Create(&'a PortClaim),
+    Update(&'a PortClaim),
+    Delete(&'a PortClaim),
+}
+
+/// The writes that turn `have` into `want`: one merge of the two lists by namespace,
+/// then name (the store lists claims and the planner returns them in that order).
+fn claim_changes<'a>(have: &'a [PortClaim], want: &'a [PortClaim]) -> Vec<ClaimChange<'a>> {
+    fn key(c: &PortClaim) -> (&str, &str) {
+        (c.metadata.ns(), c.metadata.name.as_str())
+    }
+    let sorted = |list: &'a [PortClaim]| {
+        let mut refs: Vec<&PortClaim> = list.iter().collect();
+        if !refs.is_sorted_by_key(|c| key(c)) {
+            refs.sort_by(|a, b| key(a).cmp(&key(b)));
+        }
+        refs
+    };
+    let (have, want) = (sorted(have), sorted(want));
+    let (mut h, mut w) = (have.into_iter().peekable(), want.into_iter().peekable());
+    let mut changes = Vec::new();
+    loop {
+        match (h.peek(), w.peek()) {
+            (None, None) => return changes,
+            (Some(&a), None) => {
+                changes.push(ClaimChange::Delete(a));
+                h.next();
+            }
+            (None, Some(&b)) => {
+                changes.push(ClaimChange::Create(b));
+                w.next();
+            }
+            (Some(&a), Some(&b)) => match key(a).cmp(&key(b)) {
+                std::cmp::Ordering::Less => {
+                    changes.push(ClaimChange::Delete(a));
+                    h.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    changes.push(ClaimChange::Create(b));
+                    w.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    if a != b {
+                        changes.push(ClaimChange::Update(b));
+                    }
+                    h.next();
+                    w.next();
+                }
+            },
         }
     }
-    let creates: Vec<&PortClaim> = want_map
-        .iter()
-        .filter(|(k, _)| !have.contains_key(*k))
-        .map(|(_, c)| *c)
-        .collect();
+}
+
+/// Writes `changes`: releases and deletions first, so a port handed over within one
+/// plan is free before its new claim is created.
+fn commit(store: &Store, changes: &[ClaimChange]) -> Result<(), StoreError> {
+    let mut creates = Vec::new();
+    for change in changes {
+        match change {
+            ClaimChange::Delete(c) => store.delete(c.metadata.ns(), &c.metadata.name)?,
+            ClaimChange::Update(c) => store.update(c)?,
+            ClaimChange::Create(c) => creates.push(*c),
+        }
+    }
     store.create_all(&creates)
 }
 
@@ -459,4 +512,51 @@ fn step(
         "planned"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ClaimRoute, PortClaimSpec};
+
+    fn claim(ns: &str, port: u16, route: &str) -> PortClaim {
+        let mut c = PortClaim::bound(
+            ns,
+            PortClaimSpec {
+                gateway: "gw".into(),
+                listener: "pool".into(),
+                protocol: "TCP".into(),
+                port,
+                route: ClaimRoute {
+                    group: "gateway.networking.k8s.io".into(),
+                    kind: "TCPRoute".into(),
+                    namespace: "a".into(),
+                    name: route.into(),
+                    uid: None,
+                },
+            },
+        );
+        c.metadata.name = format!("gw-tcp-{port}");
+        c
+    }
+
+    #[test]
+    fn claim_changes_merge_both_lists_in_any_order() {
+        let have = vec![claim("a", 1, "x"), claim("a", 2, "y"), claim("b", 3, "z")];
+        let want = vec![
+            claim("b", 4, "w"),
+            claim("a", 2, "moved"),
+            claim("a", 1, "x"),
+        ];
+        let changes = claim_changes(&have, &want);
+        assert_eq!(
+            changes,
+            vec![
+                ClaimChange::Update(&want[1]),
+                ClaimChange::Delete(&have[2]),
+                ClaimChange::Create(&want[0]),
+            ]
+        );
+        assert!(claim_changes(&have, &have).is_empty());
+    }
 }
