@@ -744,7 +744,10 @@ mod tests {
             reopened.record_first_seen(&[], &[key]).expect("remove");
         }
         let lines = fs::read_to_string(&log).expect("log").lines().count();
-        assert!(lines <= 2 + 64 + 2, "compacted (one route held): {lines} lines");
+        assert!(
+            lines <= 2 + 64 + 2,
+            "compacted (one route held): {lines} lines"
+        );
         let fresh = Store::open(&dir).expect("reopen");
         let want: BTreeMap<String, String> =
             [(t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z"))].into();
