@@ -103,10 +103,13 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
     let Some(state) = &p.state else {
         return Vec::new();
     };
-    // Indexes, so that listing stays linear in the number of routes.
+    // Indexes of the listed namespace only, so that listing stays linear in the number
+    // of routes and cheap for one namespace of many.
+    let listed = |ns: &str| namespace.is_none_or(|n| n == ns);
     let claims: std::collections::HashMap<(&str, &str, &str, &str), &str> = state
         .claims
         .iter()
+        .filter(|c| listed(&c.route.namespace))
         .map(|c| {
             (
                 (
@@ -125,6 +128,7 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
     > = p
         .owners
         .iter()
+        .filter(|(_, o)| listed(&o.namespace))
         .map(|(s, o)| {
             (
                 (
@@ -138,11 +142,7 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
         })
         .collect();
     let mut rows = Vec::new();
-    for r in state
-        .routes
-        .iter()
-        .filter(|r| namespace.is_none_or(|ns| r.namespace == ns))
-    {
+    for r in state.routes.iter().filter(|r| listed(&r.namespace)) {
         for parent in &r.status.parents {
             let accepted = parent.conditions.iter().find(|c| c.kind == "Accepted");
             let key = (r.kind.as_str(), r.namespace.as_str(), r.name.as_str());

@@ -10,7 +10,7 @@ use std::{
 };
 
 use crate::{
-    check::{self, StateDocument},
+    check::StateDocument,
     datapath::{Datapath, DesiredState},
     manifests::{self, FileObjects},
     model::{ClaimPhase, PortClaim, Snapshot},
@@ -481,21 +481,29 @@ fn step(
         }
     }
     let t_datapath = started.elapsed();
-    let state = check::document(&plan);
+    let Plan {
+        claims,
+        gateways,
+        routes,
+        datapath: desired,
+        owners,
+        usage,
+    } = plan;
+    let state = StateDocument::new(gateways, routes, &claims);
     let t_document = started.elapsed();
     let next = Published {
         state: Some(state),
-        datapath: plan.datapath,
+        datapath: desired,
         broken: source.broken(),
         cycles: prev.cycles + 1,
         first_seen,
         counters,
         last_error: None,
-        owners: plan.owners,
-        usage: plan.usage,
+        owners,
+        usage,
         traffic,
         traffic_at,
-        cooling: plan.claims.iter().any(|c| {
+        cooling: claims.iter().any(|c| {
             c.status
                 .as_ref()
                 .is_some_and(|s| s.phase == ClaimPhase::Released)
