@@ -39,6 +39,9 @@ pub struct RouteRow {
     /// Bytes to and from the route's port.
     #[serde(default)]
     pub bytes: u64,
+    /// Tracked flows of the route's port that forwarded a packet in the last minute.
+    #[serde(default)]
+    pub active_flows: u64,
 }
 
 /// Serves until the listener fails.
@@ -179,8 +182,9 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
                     .first_seen
                     .get(&format!("{}/{}/{}", r.kind, r.namespace, r.name))
                     .cloned(),
-                packets: traffic.packets + traffic.reply_packets,
-                bytes: traffic.bytes + traffic.reply_bytes,
+                packets: traffic.stats.packets + traffic.stats.reply_packets,
+                bytes: traffic.stats.bytes + traffic.stats.reply_bytes,
+                active_flows: traffic.active_flows,
             });
         }
     }
@@ -232,7 +236,9 @@ fn metrics(p: &Published) -> String {
         let _ = writeln!(m, "# HELP berth_route_packets_total Packets through a route's port, by direction.\n# TYPE berth_route_packets_total counter");
         let _ = writeln!(m, "# HELP berth_route_bytes_total Bytes through a route's port, by direction.\n# TYPE berth_route_bytes_total counter");
         let _ = writeln!(m, "# HELP berth_route_flows_total Flows balanced to a route's backends.\n# TYPE berth_route_flows_total counter");
+        let _ = writeln!(m, "# HELP berth_route_active_flows Tracked flows of a route that forwarded a packet in the last minute.\n# TYPE berth_route_active_flows gauge");
         for (service, t) in &p.traffic {
+            let (active, t) = (t.active_flows, t.stats);
             let Some(o) = p.owners.get(service) else {
                 continue;
             };
@@ -261,6 +267,7 @@ fn metrics(p: &Published) -> String {
                 t.reply_bytes
             );
             let _ = writeln!(m, "berth_route_flows_total{{{labels}}} {}", t.new_flows);
+            let _ = writeln!(m, "berth_route_active_flows{{{labels}}} {active}");
         }
     }
     if !p.counters.is_empty() {

@@ -263,7 +263,7 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
                     for r in rows {
                         let port = r.port.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
                         println!(
-                            "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {} pkts, {} B",
+                            "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {} pkts, {} B, {} active flows",
                             r.namespace,
                             r.name,
                             r.kind,
@@ -274,7 +274,8 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
                             r.backends,
                             age(r.created.as_deref()),
                             r.packets,
-                            r.bytes
+                            r.bytes,
+                            r.active_flows
                         );
                     }
                 }

@@ -220,7 +220,7 @@ pub struct Published {
     /// Port usage of range listeners.
     pub usage: Vec<crate::planner::ListenerUsage>,
     /// Per-service traffic counted by the XDP program.
-    pub traffic: BTreeMap<crate::datapath::ServiceAddr, gateway_common::ServiceStats>,
+    pub traffic: BTreeMap<crate::datapath::ServiceAddr, crate::datapath::Traffic>,
     /// When `traffic` was read.
     pub traffic_at: Option<std::time::Instant>,
     /// Some claim is released and cooling down: plan again when its cool-down ends.
@@ -231,7 +231,11 @@ pub struct Published {
 /// readers take a reference to the current one (no copying under the lock).
 pub type Shared = Arc<Mutex<Arc<Published>>>;
 
-/// How often per-service traffic is read from the kernel (one lookup per service).
+/// A tracked flow counts as active if it forwarded a packet within this time.
+pub const ACTIVE_FLOW_WINDOW: Duration = Duration::from_secs(60);
+
+/// How often per-service traffic is read from the kernel (one lookup per service, and
+/// the conntrack table in batches).
 pub const TRAFFIC_REFRESH: Duration = Duration::from_secs(5);
 
 /// Errors of one cycle.
@@ -455,7 +459,7 @@ fn step(
         }) {
             let mut p = Published::clone(&prev);
             p.counters = dp.counters().unwrap_or_default();
-            p.traffic = dp.service_stats().unwrap_or_default();
+            p.traffic = dp.traffic(ACTIVE_FLOW_WINDOW).unwrap_or_default();
             p.traffic_at = Some(std::time::Instant::now());
             *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(p);
         }
@@ -474,7 +478,7 @@ fn step(
             .traffic_at
             .is_none_or(|t| t.elapsed() >= TRAFFIC_REFRESH)
         {
-            traffic = dp.service_stats().unwrap_or_default();
+            traffic = dp.traffic(ACTIVE_FLOW_WINDOW).unwrap_or_default();
             traffic_at = Some(std::time::Instant::now());
         } else {
             (traffic, traffic_at) = (prev.traffic.clone(), prev.traffic_at);

@@ -31,6 +31,15 @@ use gateway_common::{
     ServiceKey, ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
 };
 
+/// What the datapath counted for one service.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Packets, bytes and new flows, summed over CPUs.
+    pub stats: ServiceStats,
+    /// Tracked flows that forwarded a packet recently.
+    pub active_flows: u64,
+}
+
 /// Name of the gateway program in the object.
 pub const PROGRAM: &str = "berth";
 /// Name of a program that returns `XDP_PASS` at once (the benchmark's floor).
@@ -809,13 +818,69 @@ impl Datapath {
         Ok(out)
     }
 
+    /// Per-service counters and active flows (see `active_flows`).
+    pub fn traffic(&self, window: std::time::Duration) -> Result<BTreeMap<ServiceAddr, Traffic>> {
+        let mut active = self.active_flows(window)?;
+        Ok(self
+            .service_stats()?
+            .into_iter()
+            .map(|(service, stats)| {
+                let active_flows = active.remove(&service).unwrap_or(0);
+                (
+                    service,
+                    Traffic {
+                        stats,
+                        active_flows,
+                    },
+                )
+            })
+            .collect())
+    }
+
     /// Tracked flows, client → gateway direction only: (flow tuple, backend endpoint, service).
     pub fn flows(&self) -> Result<Vec<(FlowKey, Flow)>> {
-        self.conntrack
+        let mut out = Vec::new();
+        self.each_flow(|k, f| {
+            if f.kind == gateway_common::NAT_DST {
+                out.push((*k, *f));
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// Per service, the tracked flows (client → gateway) that forwarded a packet within
+    /// about `window` (a flow's next hop is checked at least every second while packets
+    /// flow, and that time is what is compared).
+    pub fn active_flows(&self, window: std::time::Duration) -> Result<BTreeMap<ServiceAddr, u64>> {
+        let now = coarse_clock_units();
+        let window = u32::try_from(window.as_nanos() >> 20).unwrap_or(u32::MAX);
+        let mut per_id: StdHashMap<u32, u64> = StdHashMap::new();
+        self.each_flow(|_, f| {
+            if f.kind == gateway_common::NAT_DST
+                && f.next_hop.ifindex != 0
+                && now.wrapping_sub(f.next_hop.checked_at) <= window
+            {
+                *per_id.entry(f.service).or_default() += 1;
+            }
+        })?;
+        Ok(self
+            .installed
             .iter()
-            .filter(|item| !matches!(item, Ok((_, f)) if f.kind != gateway_common::NAT_DST))
-            .collect::<Result<_, _>>()
-            .map_err(map_err(map_names::CONNTRACK))
+            .filter_map(|(key, svc)| Some((ServiceAddr::from_key(key)?, *per_id.get(&svc.id)?)))
+            .collect())
+    }
+
+    /// Calls `f` on every conntrack entry, reading them in batches (a few syscalls for
+    /// the whole table, not two per entry).
+    fn each_flow(&self, f: impl FnMut(&FlowKey, &Flow)) -> Result<()> {
+        use aya::maps::IterableMap as _;
+        let fd = std::os::fd::AsFd::as_fd(self.conntrack.map().fd());
+        lookup_batch(fd, f).map_err(|io_error| {
+            map_err(map_names::CONNTRACK)(MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_lookup_batch",
+                io_error,
+            }))
+        })
     }
 
     /// A loaded program of the object (`PROGRAM` or `FLOOR_PROGRAM`), e.g. for
@@ -883,6 +948,90 @@ fn check_pinned(
         }
     }
     Ok(())
+}
+
+/// `bpf_ktime_get_coarse_ns() >> 20` as the program computes it (CLOCK_MONOTONIC_COARSE).
+fn coarse_clock_units() -> u32 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    let ns = (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64;
+    (ns >> 20) as u32
+}
+
+/// Reads every entry of a BPF hash map with `BPF_MAP_LOOKUP_BATCH`, calling `f` on each.
+/// `K` and `V` must be the map's key and value types (sizes checked at load).
+fn lookup_batch<K: aya::Pod, V: aya::Pod>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    mut f: impl FnMut(&K, &V),
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    /// The `batch` member of `union bpf_attr` (uapi/linux/bpf.h).
+    #[repr(C)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    const CHUNK: usize = 4096;
+    // SAFETY: Pod types are valid for any bit pattern, zero included.
+    let mut keys: Vec<K> = vec![unsafe { std::mem::zeroed() }; CHUNK];
+    let mut values: Vec<V> = vec![unsafe { std::mem::zeroed() }; CHUNK];
+    // Hash maps use a bucket index as the batch cursor.
+    let (mut cursor_in, mut cursor_out) = (0u64, 0u64);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                std::ptr::addr_of!(cursor_in) as u64
+            },
+            out_batch: std::ptr::addr_of_mut!(cursor_out) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            elem_flags: 0,
+            flags: 0,
+        };
+        // SAFETY: the buffers hold CHUNK keys and values of the map's sizes; the cursors
+        // are 8 bytes, more than the 4 a hash map's cursor takes.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        let done = if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(e);
+            }
+            true
+        } else {
+            false
+        };
+        for i in 0..(attr.count as usize).min(CHUNK) {
+            f(&keys[i], &values[i]);
+        }
+        if done {
+            return Ok(());
+        }
+        cursor_in = cursor_out;
+        first = false;
+    }
 }
 
 fn endpoint(addr: u32, port: u16) -> SocketAddrV4 {
