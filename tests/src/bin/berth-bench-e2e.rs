@@ -124,7 +124,12 @@ const MODES: [Mode; 6] = [
 ];
 
 /// The references every mode is compared with.
-const REFERENCES: [Mode; 3] = [Mode::IptablesLegacy, Mode::IptablesNft, Mode::Nftables];
+const REFERENCES: [Mode; 4] = [
+    Mode::IptablesLegacy,
+    Mode::IptablesNft,
+    Mode::Ipvs,
+    Mode::Nftables,
+];
 
 impl Mode {
     fn name(self) -> &'static str {
