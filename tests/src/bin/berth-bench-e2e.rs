@@ -950,7 +950,7 @@ fn chart(rows: &[Row], load: Load, headline: &str) -> String {
             decimals: 0,
             label: &|r: &Row| {
                 r.stat(|x| x.gateway_busy)
-                    .map(|(b, _, _)| ["gw busy".into(), format!("{:.0}%", b * 100.0)])
+                    .map(|(b, _, _)| ["busy".into(), format!("{:.0}%", b * 100.0)])
             },
         },
     );
@@ -992,7 +992,7 @@ fn chart(rows: &[Row], load: Load, headline: &str) -> String {
     let notes = notes.join("; ");
     let _ = writeln!(
         svg,
-        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">Gateway CPU: its receive, forwarding/NAT and transmit run in one threaded-NAPI kernel thread pinned to its own CPU; its run time ÷ delivered packets.</text>
+        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">Gateway CPU = run time of its threaded-NAPI kernel thread (receive, forwarding/NAT, transmit; own CPU) ÷ delivered packets; busy = its share of that CPU.</text>
 <text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">{}</text>
 </svg>"##,
         w / 2.0,
