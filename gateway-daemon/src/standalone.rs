@@ -57,23 +57,29 @@ impl DirWatch {
         DirWatch { fd: Some(fd) }
     }
 
-    /// Waits until the directory changes (then lets a burst of events settle) or
-    /// `timeout` passes.
+    /// Waits until the directory changes or `timeout` passes. A change counts once the
+    /// file is complete: closed after writing, moved in, or deleted. While some file is
+    /// still being written, waits for it (at most 100 ms of a continuing burst).
     pub fn wait(&self, timeout: Duration) {
         let Some(fd) = &self.fd else {
             std::thread::sleep(POLL.min(timeout));
             return;
         };
-        if self.poll(fd, timeout) {
-            // A writer may still be writing: wait for a short quiet spell.
-            let deadline = std::time::Instant::now() + Duration::from_millis(100);
-            while std::time::Instant::now() < deadline && self.poll(fd, Duration::from_millis(10)) {
+        let Some(mut writing) = self.poll(fd, timeout) else {
+            return;
+        };
+        let deadline = std::time::Instant::now() + Duration::from_millis(100);
+        while writing && std::time::Instant::now() < deadline {
+            match self.poll(fd, Duration::from_millis(10)) {
+                Some(w) => writing = w,
+                None => break,
             }
         }
     }
 
-    /// Polls for events and drains them; whether there were any.
-    fn poll(&self, fd: &std::os::fd::OwnedFd, timeout: Duration) -> bool {
+    /// Polls for events and drains them: `None` if there were none, else whether the
+    /// last event leaves a file being written (modified or created, not yet closed).
+    fn poll(&self, fd: &std::os::fd::OwnedFd, timeout: Duration) -> Option<bool> {
         use std::os::fd::AsRawFd;
         let mut pfd = libc::pollfd {
             fd: fd.as_raw_fd(),
@@ -89,12 +95,27 @@ impl DirWatch {
             )
         };
         if ready <= 0 {
-            return false;
+            return None;
         }
+        let mut writing = None;
         let mut buf = [0u8; 4096];
-        // SAFETY: reading into a buffer we own; non-blocking descriptor.
-        while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
-        true
+        loop {
+            // SAFETY: reading into a buffer we own; non-blocking descriptor.
+            let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return writing;
+            }
+            // struct inotify_event: wd (i32), mask (u32), cookie (u32), len (u32), name.
+            let mut at = 0;
+            while at + 16 <= n as usize {
+                let field = |i: usize| {
+                    u32::from_ne_bytes(buf[at + i..at + i + 4].try_into().unwrap_or_default())
+                };
+                let (mask, len) = (field(4), field(12) as usize);
+                writing = Some(mask & (libc::IN_MODIFY | libc::IN_CREATE) != 0);
+                at += 16 + len;
+            }
+        }
     }
 }
 
@@ -252,8 +273,14 @@ pub enum CycleError {
     Datapath(#[from] crate::datapath::DatapathError),
 }
 
-fn route_key(kind: &str, ns: &str, name: &str) -> String {
-    format!("{kind}/{ns}/{name}")
+/// Appends the first-seen key of a route, `Kind/namespace/name`, to `out`.
+fn route_key(out: &mut String, kind: &str, ns: &str, name: &str) {
+    for (i, part) in [kind, ns, name].into_iter().enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        out.push_str(part);
+    }
 }
 
 /// Plans once from `snapshot`, commits the claim changes and returns the plan.
@@ -268,10 +295,11 @@ pub fn cycle(
     let first_seen = store.first_seen()?;
     let now_text = humantime::format_rfc3339_seconds(now).to_string();
     let mut added: Vec<(String, String)> = Vec::new();
-    let mut present = std::collections::HashSet::with_capacity(snapshot.routes.len());
+    let mut key = String::new();
     for r in &mut snapshot.routes {
-        let key = route_key(r.kind.name(), r.metadata.ns(), &r.metadata.name);
-        let t = match first_seen.get(&key) {
+        key.clear();
+        route_key(&mut key, r.kind.name(), r.metadata.ns(), &r.metadata.name);
+        let t = match first_seen.get(key.as_str()) {
             Some(t) => t.clone(),
             None => {
                 added.push((key.clone(), now_text.clone()));
@@ -281,12 +309,22 @@ pub fn cycle(
         if r.metadata.creation_timestamp.is_none() {
             r.metadata.creation_timestamp = Some(t);
         }
-        present.insert(key);
     }
     // A route that is gone and comes back later is a new object with a new time.
+    let present: std::collections::HashSet<(&str, &str, &str)> = snapshot
+        .routes
+        .iter()
+        .map(|r| (r.kind.name(), r.metadata.ns(), r.metadata.name.as_str()))
+        .collect();
     let removed: Vec<String> = first_seen
         .keys()
-        .filter(|k| !present.contains(*k))
+        .filter(|k| {
+            let mut parts = k.splitn(3, '/');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some(kind), Some(ns), Some(name)) => !present.contains(&(kind, ns, name)),
+                _ => true,
+            }
+        })
         .cloned()
         .collect();
     let mut seen_changed = !added.is_empty() || !removed.is_empty();
