@@ -44,13 +44,17 @@ pub struct RouteRow {
     pub active_flows: u64,
 }
 
-/// Serves until the listener fails.
+/// Serves until the listener fails, one connection at a time on this thread: answers
+/// are built from the published snapshot without waiting for the planner (the whole
+/// state of 10k routes in tens of milliseconds, anything else in far less), a thread
+/// per connection would cost more in thread starts and per-thread allocator memory,
+/// and a client that stalls is cut off after a second.
 pub fn serve(listener: TcpListener, shared: Shared) {
     for stream in listener.incoming().flatten() {
-        let shared = shared.clone();
-        std::thread::spawn(move || {
+        let timeout = Some(std::time::Duration::from_secs(1));
+        if stream.set_read_timeout(timeout).is_ok() && stream.set_write_timeout(timeout).is_ok() {
             let _ = handle(stream, &shared);
-        });
+        }
     }
 }
 
