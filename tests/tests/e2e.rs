@@ -225,9 +225,7 @@ fn teams_get_distinct_ports_static_requests_are_granted_or_refused_without_distu
         .expect("metrics");
     let line = metrics
         .lines()
-        .find(|l| {
-            l.starts_with("berth_route_active_flows{") && l.contains("namespace=\"team-a\"")
-        })
+        .find(|l| l.starts_with("berth_route_active_flows{") && l.contains("namespace=\"team-a\""))
         .unwrap_or_else(|| panic!("no active flows of team A in /metrics:\n{metrics}"));
     let active: u64 = line
         .rsplit(' ')
