@@ -137,7 +137,8 @@ pub const NAT_SRC: u8 = 2;
 pub struct NextHop {
     /// Egress interface index, host order; 0: nothing cached.
     pub ifindex: u32,
-    /// When the FIB was asked, in units of 2^20 ns of `bpf_ktime_get_coarse_ns`, host order.
+    /// When the FIB was last asked (answered or not), in units of 2^20 ns of
+    /// `bpf_ktime_get_coarse_ns`, host order.
     pub checked_at: u32,
     /// Largest IP packet length the FIB accepted for this hop's MTU, host order.
     pub fit_len: u16,

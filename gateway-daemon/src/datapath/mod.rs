@@ -795,27 +795,38 @@ impl Datapath {
 
     /// Statistics of every installed service, summed over CPUs.
     pub fn service_stats(&self) -> Result<BTreeMap<ServiceAddr, ServiceStats>> {
-        let mut out = BTreeMap::new();
-        for (key, svc) in &self.installed {
-            let Some(addr) = ServiceAddr::from_key(key) else {
-                continue;
-            };
-            let per_cpu = self
-                .service_stats
-                .get(&svc.id, 0)
-                .map_err(map_err(map_names::SERVICE_STATS))?;
-            let sum = per_cpu
-                .iter()
-                .fold(ServiceStats::default(), |a, s| ServiceStats {
-                    packets: a.packets + s.packets,
-                    bytes: a.bytes + s.bytes,
-                    reply_packets: a.reply_packets + s.reply_packets,
-                    reply_bytes: a.reply_bytes + s.reply_bytes,
-                    new_flows: a.new_flows + s.new_flows,
+        use aya::maps::IterableMap as _;
+        // Per-CPU values come as one 8-byte-aligned slot per possible CPU.
+        let slot = std::mem::size_of::<ServiceStats>().next_multiple_of(8);
+        let cpus = nr_cpus()?;
+        let mut by_id: StdHashMap<u32, ServiceStats> = StdHashMap::new();
+        let fd = std::os::fd::AsFd::as_fd(self.service_stats.map().fd());
+        lookup_batch(fd, 4, slot * cpus, |key, value| {
+            let id = u32::from_ne_bytes(key.try_into().unwrap_or_default());
+            let sum = value
+                .chunks_exact(slot)
+                .fold(ServiceStats::default(), |a, v| {
+                    // SAFETY: each slot starts with a ServiceStats (Pod, any bytes valid);
+                    // read unaligned from the byte buffer.
+                    let s: ServiceStats = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
+                    ServiceStats {
+                        packets: a.packets + s.packets,
+                        bytes: a.bytes + s.bytes,
+                        reply_packets: a.reply_packets + s.reply_packets,
+                        reply_bytes: a.reply_bytes + s.reply_bytes,
+                        new_flows: a.new_flows + s.new_flows,
+                    }
                 });
-            out.insert(addr, sum);
-        }
-        Ok(out)
+            by_id.insert(id, sum);
+        })
+        .map_err(batch_err(map_names::SERVICE_STATS))?;
+        Ok(self
+            .installed
+            .iter()
+            .filter_map(|(key, svc)| {
+                Some((ServiceAddr::from_key(key)?, by_id.get(&svc.id).copied()?))
+            })
+            .collect())
     }
 
     /// Per-service counters and active flows (see `active_flows`).
@@ -849,15 +860,14 @@ impl Datapath {
     }
 
     /// Per service, the tracked flows (client → gateway) that forwarded a packet within
-    /// about `window` (a flow's next hop is checked at least every second while packets
-    /// flow, and that time is what is compared).
+    /// about `window` (a flow's next hop is asked for at least every second while its
+    /// packets flow, and that time is what is compared).
     pub fn active_flows(&self, window: std::time::Duration) -> Result<BTreeMap<ServiceAddr, u64>> {
         let now = coarse_clock_units();
         let window = u32::try_from(window.as_nanos() >> 20).unwrap_or(u32::MAX);
         let mut per_id: StdHashMap<u32, u64> = StdHashMap::new();
         self.each_flow(|_, f| {
             if f.kind == gateway_common::NAT_DST
-                && f.next_hop.ifindex != 0
                 && now.wrapping_sub(f.next_hop.checked_at) <= window
             {
                 *per_id.entry(f.service).or_default() += 1;
@@ -872,15 +882,22 @@ impl Datapath {
 
     /// Calls `f` on every conntrack entry, reading them in batches (a few syscalls for
     /// the whole table, not two per entry).
-    fn each_flow(&self, f: impl FnMut(&FlowKey, &Flow)) -> Result<()> {
+    fn each_flow(&self, mut f: impl FnMut(&FlowKey, &Flow)) -> Result<()> {
         use aya::maps::IterableMap as _;
         let fd = std::os::fd::AsFd::as_fd(self.conntrack.map().fd());
-        lookup_batch(fd, f).map_err(|io_error| {
-            map_err(map_names::CONNTRACK)(MapError::SyscallError(aya::sys::SyscallError {
-                call: "bpf_map_lookup_batch",
-                io_error,
-            }))
+        let (key_size, value_size) = (std::mem::size_of::<FlowKey>(), std::mem::size_of::<Flow>());
+        lookup_batch(fd, key_size, value_size, |k, v| {
+            // SAFETY: the map's key and value are a FlowKey and a Flow (sizes checked at
+            // load; Pod, any bytes valid); read unaligned from the byte buffers.
+            let (k, v): (FlowKey, Flow) = unsafe {
+                (
+                    std::ptr::read_unaligned(k.as_ptr().cast()),
+                    std::ptr::read_unaligned(v.as_ptr().cast()),
+                )
+            };
+            f(&k, &v)
         })
+        .map_err(batch_err(map_names::CONNTRACK))
     }
 
     /// A loaded program of the object (`PROGRAM` or `FLOOR_PROGRAM`), e.g. for
@@ -962,11 +979,24 @@ fn coarse_clock_units() -> u32 {
     (ns >> 20) as u32
 }
 
-/// Reads every entry of a BPF hash map with `BPF_MAP_LOOKUP_BATCH`, calling `f` on each.
-/// `K` and `V` must be the map's key and value types (sizes checked at load).
-fn lookup_batch<K: aya::Pod, V: aya::Pod>(
+fn batch_err(name: &'static str) -> impl FnOnce(io::Error) -> DatapathError {
+    move |io_error| {
+        map_err(name)(MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_lookup_batch",
+            io_error,
+        }))
+    }
+}
+
+/// Reads every entry of a BPF hash or array map with `BPF_MAP_LOOKUP_BATCH` (a few
+/// syscalls for the whole map, not two per entry), calling `f` on each key's and value's
+/// bytes (`value_size` as the kernel copies it: per-CPU maps give one 8-byte-aligned
+/// slot per possible CPU).
+fn lookup_batch(
     fd: std::os::fd::BorrowedFd<'_>,
-    mut f: impl FnMut(&K, &V),
+    key_size: usize,
+    value_size: usize,
+    mut f: impl FnMut(&[u8], &[u8]),
 ) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     /// The `batch` member of `union bpf_attr` (uapi/linux/bpf.h).
@@ -982,11 +1012,10 @@ fn lookup_batch<K: aya::Pod, V: aya::Pod>(
         flags: u64,
     }
     const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-    const CHUNK: usize = 4096;
-    // SAFETY: Pod types are valid for any bit pattern, zero included.
-    let mut keys: Vec<K> = vec![unsafe { std::mem::zeroed() }; CHUNK];
-    let mut values: Vec<V> = vec![unsafe { std::mem::zeroed() }; CHUNK];
-    // Hash maps use a bucket index as the batch cursor.
+    const CHUNK: usize = 1024;
+    let mut keys = vec![0u8; CHUNK * key_size];
+    let mut values = vec![0u8; CHUNK * value_size];
+    // Hash maps and arrays both use a u32 (bucket, index) as the batch cursor.
     let (mut cursor_in, mut cursor_out) = (0u64, 0u64);
     let mut first = true;
     loop {
@@ -1004,8 +1033,8 @@ fn lookup_batch<K: aya::Pod, V: aya::Pod>(
             elem_flags: 0,
             flags: 0,
         };
-        // SAFETY: the buffers hold CHUNK keys and values of the map's sizes; the cursors
-        // are 8 bytes, more than the 4 a hash map's cursor takes.
+        // SAFETY: the buffers hold CHUNK keys and values of the sizes the kernel copies;
+        // the cursors are 8 bytes, more than the 4 the kernel writes.
         let rc = unsafe {
             libc::syscall(
                 libc::SYS_bpf,
@@ -1023,8 +1052,13 @@ fn lookup_batch<K: aya::Pod, V: aya::Pod>(
         } else {
             false
         };
-        for i in 0..(attr.count as usize).min(CHUNK) {
-            f(&keys[i], &values[i]);
+        let n = (attr.count as usize).min(CHUNK);
+        for (k, v) in keys
+            .chunks_exact(key_size)
+            .zip(values.chunks_exact(value_size))
+            .take(n)
+        {
+            f(k, v);
         }
         if done {
             return Ok(());
