@@ -77,7 +77,7 @@ fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
             Some(s) => (
                 200,
                 "application/json",
-                serde_json::to_string_pretty(s).unwrap_or_default(),
+                serde_json::to_string_pretty(&**s).unwrap_or_default(),
             ),
             None => (503, "text/plain", "no plan yet\n".to_string()),
         },

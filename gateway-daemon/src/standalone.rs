@@ -219,13 +219,14 @@ impl ManifestSource {
     }
 }
 
-/// What the admin endpoint serves.
+/// What the admin endpoint serves. The parts that come from a plan are shared, so that
+/// publishing fresh counters between plans copies none of them.
 #[derive(Clone, Debug, Default)]
 pub struct Published {
     /// The state document.
-    pub state: Option<StateDocument>,
+    pub state: Option<Arc<StateDocument>>,
     /// The datapath's desired state.
-    pub datapath: DesiredState,
+    pub datapath: Arc<DesiredState>,
     /// Errors of broken manifest files.
     pub broken: Vec<String>,
     /// Plans made.
@@ -237,7 +238,7 @@ pub struct Published {
     /// Why the last cycle failed, if it did.
     pub last_error: Option<String>,
     /// The route behind each datapath service.
-    pub owners: BTreeMap<crate::datapath::ServiceAddr, crate::planner::RouteId>,
+    pub owners: Arc<BTreeMap<crate::datapath::ServiceAddr, crate::planner::RouteId>>,
     /// Port usage of range listeners.
     pub usage: Vec<crate::planner::ListenerUsage>,
     /// Per-service traffic counted by the XDP program.
@@ -534,14 +535,14 @@ fn step(
     let state = StateDocument::new(gateways, routes, &claims);
     let t_document = started.elapsed();
     let next = Published {
-        state: Some(state),
-        datapath: desired,
+        state: Some(Arc::new(state)),
+        datapath: Arc::new(desired),
         broken: source.broken(),
         cycles: prev.cycles + 1,
         first_seen,
         counters,
         last_error: None,
-        owners,
+        owners: Arc::new(owners),
         usage,
         traffic,
         traffic_at,
