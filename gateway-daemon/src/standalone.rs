@@ -310,23 +310,15 @@ pub fn cycle(
 
 /// Makes the store hold `want`, given it holds `have`.
 fn commit(store: &Store, have: &[PortClaim], want: &[PortClaim]) -> Result<(), StoreError> {
-    let key = |c: &PortClaim| (c.metadata.ns().to_string(), c.metadata.name.clone());
-    let have: BTreeMap<_, _> = have.iter().map(|c| (key(c), c)).collect();
-    let want_map: BTreeMap<_, _> = want.iter().map(|c| (key(c), c)).collect();
+    let changes = crate::model::claim_changes(have, want);
     // Releases and deletions first, so a port handed over within one plan is free.
-    for (k, c) in &have {
-        match want_map.get(k) {
-            None => store.delete(&k.0, &k.1)?,
-            Some(w) if w != c => store.update(w)?,
-            Some(_) => {}
-        }
+    for c in changes.delete {
+        store.delete(c.metadata.ns(), &c.metadata.name)?;
     }
-    let creates: Vec<&PortClaim> = want_map
-        .iter()
-        .filter(|(k, _)| !have.contains_key(*k))
-        .map(|(_, c)| *c)
-        .collect();
-    store.create_all(&creates)
+    for c in changes.update {
+        store.update(c)?;
+    }
+    store.create_all(&changes.create)
 }
 
 /// Runs the loop forever: poll the directory, plan, commit, program, publish. A failed
@@ -409,6 +401,21 @@ fn step(
         return Ok(());
     }
     let (plan, first_seen) = cycle(store, source.snapshot(), SystemTime::now(), default_address)?;
+    let mut next = effects(plan, datapath, &prev)?;
+    next.broken = source.broken();
+    next.first_seen = first_seen;
+    *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+    *last_plan = std::time::Instant::now();
+    Ok(())
+}
+
+/// The effects of a plan every mode shares: programs the datapath (when there is one)
+/// and returns what to publish next, following `prev` (counters, traffic, cycles).
+pub fn effects(
+    plan: Plan,
+    datapath: Option<&mut Datapath>,
+    prev: &Published,
+) -> Result<Published, crate::datapath::DatapathError> {
     let (mut counters, mut traffic, mut traffic_at) = (BTreeMap::new(), BTreeMap::new(), None);
     if let Some(dp) = datapath {
         dp.apply(&plan.datapath)?;
@@ -423,25 +430,22 @@ fn step(
             (traffic, traffic_at) = (prev.traffic.clone(), prev.traffic_at);
         }
     }
-    let next = Published {
+    Ok(Published {
         state: Some(check::document(&plan)),
+        cooling: plan.claims.iter().any(|c| {
+            c.status
+                .as_ref()
+                .is_some_and(|s| s.phase == ClaimPhase::Released)
+        }),
         datapath: plan.datapath,
-        broken: source.broken(),
+        broken: Vec::new(),
         cycles: prev.cycles + 1,
-        first_seen,
+        first_seen: BTreeMap::new(),
         counters,
         last_error: None,
         owners: plan.owners,
         usage: plan.usage,
         traffic,
         traffic_at,
-        cooling: plan.claims.iter().any(|c| {
-            c.status
-                .as_ref()
-                .is_some_and(|s| s.phase == ClaimPhase::Released)
-        }),
-    };
-    *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
-    *last_plan = std::time::Instant::now();
-    Ok(())
+    })
 }
