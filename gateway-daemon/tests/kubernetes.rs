@@ -501,6 +501,28 @@ async fn repair_releases_the_claim_of_a_gone_route_and_gives_a_route_its_lost_po
     assert_eq!(gone.status.as_ref().unwrap().phase, ClaimPhase::Released);
 }
 
+/// Writes our entries of TCPRoute team/web, starting from `cached`, as the leader.
+fn spawn_write_route(
+    client: Client,
+    ours: Vec<RouteParentStatus>,
+    cached: Arc<DynamicObject>,
+) -> tokio::task::JoinHandle<Result<Option<status::Merged>, status::StatusError>> {
+    tokio::spawn(async move {
+        let resource = Versions::default().route(berth::model::RouteKind::Tcp);
+        let leader = Leadership::always();
+        status::write_route(
+            &client,
+            &leader,
+            &resource,
+            "team",
+            "web",
+            &ours,
+            Some(&cached),
+        )
+        .await
+    })
+}
+
 #[tokio::test]
 async fn route_status_replaces_our_entry_and_keeps_another_controllers_entry_as_it_was() {
     let (client, mut handle) = mock();
@@ -511,19 +533,7 @@ async fn route_status_replaces_our_entry_and_keeps_another_controllers_entry_as_
         Some(json!({"parents": [other_controllers_entry(), old_ours]})),
     );
     let ours = vec![our_parent(30001, true, "2026-03-03T00:00:00Z")];
-    let task = tokio::spawn(async move {
-        let resource = Versions::default().route(berth::model::RouteKind::Tcp);
-        status::write_route(
-            &client,
-            &Leadership::always(),
-            &resource,
-            "team",
-            "web",
-            &ours,
-            Some(&cached),
-        )
-        .await
-    });
+    let task = spawn_write_route(client, ours, cached);
     let log = serve(
         &mut handle,
         |s, _| {
@@ -571,19 +581,7 @@ async fn a_resource_version_conflict_is_retried_on_a_fresh_read_keeping_the_newe
     let (client, mut handle) = mock();
     let (_, cached) = route("web", "2026-01-01T00:00:00Z", None);
     let ours = vec![our_parent(30001, true, "2026-03-03T00:00:00Z")];
-    let task = tokio::spawn(async move {
-        let resource = Versions::default().route(berth::model::RouteKind::Tcp);
-        status::write_route(
-            &client,
-            &Leadership::always(),
-            &resource,
-            "team",
-            "web",
-            &ours,
-            Some(&cached),
-        )
-        .await
-    });
+    let task = spawn_write_route(client, ours, cached);
     let path = format!("{GW}/namespaces/team/tcproutes/web");
     let log = serve(
         &mut handle,
@@ -757,6 +755,50 @@ async fn losing_the_lease_stops_writes_at_once() {
         handle.next_request().await.is_none(),
         "no request after losing the lease"
     );
+}
+
+#[tokio::test]
+async fn a_lease_is_taken_over_only_after_its_record_stood_still_for_its_duration() {
+    let (client, mut handle) = mock();
+    let leadership = Leadership::default();
+    let mut elector = Elector::new(
+        client,
+        LeaseConfig::new("berth-system", "node-a"),
+        leadership.clone(),
+    );
+    let held_by_b = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "berth-allocator", "namespace": "berth-system", "resourceVersion": "50"},
+        "spec": {"holderIdentity": "node-b", "leaseDurationSeconds": 1,
+                 "acquireTime": "2026-01-01T00:00:00.000000Z",
+                 "renewTime": "2026-01-01T00:00:00.000000Z", "leaseTransitions": 3}});
+    let server = tokio::spawn(async move {
+        serve(
+            &mut handle,
+            move |s, log| match (&s.method, log.len()) {
+                (&Method::GET, 0 | 1) => (200, held_by_b.clone()),
+                (&Method::PUT, 2) => {
+                    assert_eq!(s.body["metadata"]["resourceVersion"], "50");
+                    assert_eq!(s.body["spec"]["holderIdentity"], "node-a");
+                    assert_eq!(s.body["spec"]["leaseTransitions"], 4);
+                    (200, stored(s.body.clone(), "51"))
+                }
+                _ => panic!("unexpected request {s:?}"),
+            },
+            |log| log.len() == 3,
+        )
+        .await
+    });
+    // node-b's record is judged on our clock, from when we first saw it: live for now.
+    assert!(!elector.step().await.expect("first step"));
+    assert!(!leadership.is_leader());
+    // The lease's duration passes on our clock without node-b renewing.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(
+        elector.step().await.expect("second step"),
+        "took over the expired lease"
+    );
+    assert!(leadership.is_leader());
+    finish(server).await;
 }
 
 #[tokio::test]
