@@ -384,7 +384,10 @@ async fn a_port_taken_meanwhile_is_reread_and_the_route_gets_another_without_a_d
                     assert_eq!(s.body["regarding"]["name"], "web");
                     (201, stored(s.body.clone(), "23"))
                 }
-                (&Method::PATCH, p) if p == format!("{GW}/namespaces/infra/gateways/gw/status") => {
+                (&Method::PATCH, p)
+                    if p == format!("{GW}/namespaces/infra/gateways/gw/status")
+                        || p == format!("{GW}/gatewayclasses/berth/status") =>
+                {
                     (200, s.body.clone())
                 }
                 (&Method::PUT, p) if p.starts_with(&format!("{GW}/namespaces/team/tcproutes/")) => {
@@ -462,6 +465,11 @@ async fn repair_releases_the_claim_of_a_gone_route_and_gives_a_route_its_lost_po
             }
             (&Method::POST, p) if p.ends_with("/events") => (201, stored(s.body.clone(), "40")),
             (&Method::PATCH, p) if p.ends_with("/gateways/gw/status") => (200, s.body.clone()),
+            (&Method::PATCH, p) if p == format!("{GW}/gatewayclasses/berth/status") => {
+                assert_eq!(s.content_type, "application/apply-patch+yaml");
+                assert_eq!(s.body["status"]["conditions"][0]["type"], "Accepted");
+                (200, s.body.clone())
+            }
             (&Method::PUT, p) if p.ends_with("/tcproutes/web/status") => (200, s.body.clone()),
             _ => panic!("unexpected request {s:?}"),
         },
@@ -667,6 +675,12 @@ async fn gateway_status_is_server_side_applied_with_our_field_manager() {
     let mut applied = (*view.gateways.values().next().unwrap()).as_ref().clone();
     applied.data["status"] = s.body["status"].clone();
     assert!(status::gateway_status(&plan.gateways[0], Some(&applied)).is_none());
+    // Our GatewayClass: Accepted once per generation.
+    let mut class = (*view.classes["berth"]).clone();
+    let class_status =
+        status::gateway_class_status(&class, "2026-01-01T00:00:00Z").expect("not shown yet");
+    class.data["status"] = class_status;
+    assert!(status::gateway_class_status(&class, "2026-02-02T00:00:00Z").is_none());
 }
 
 #[tokio::test]

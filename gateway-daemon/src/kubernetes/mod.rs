@@ -12,6 +12,7 @@
 //! | group | resource | verbs | why |
 //! |---|---|---|---|
 //! | gateway.networking.k8s.io | gatewayclasses | list, watch | which Gateways are ours |
+//! | gateway.networking.k8s.io | gatewayclasses/status | patch | server-side apply of `Accepted` on our classes |
 //! | gateway.networking.k8s.io | gateways | list, watch | listeners, addresses, parametersRef |
 //! | gateway.networking.k8s.io | gateways/status | patch | server-side apply of Gateway status |
 //! | gateway.networking.k8s.io | tcproutes, udproutes | list, watch, get | routes; get re-reads on a status conflict |
@@ -197,7 +198,7 @@ impl Controller {
             }
             match result {
                 Ok(()) => {
-                    self.write_statuses(view, &plan).await?;
+                    self.write_statuses(view, &plan, now).await?;
                     return Ok(plan);
                 }
                 Err(ClaimError::Raced { namespace, name }) => {
@@ -218,22 +219,30 @@ impl Controller {
         Err(CycleError::Unsettled)
     }
 
-    /// Gateway statuses, then route statuses (several at once); every status is tried,
+    /// GatewayClass and Gateway statuses, then route statuses (several at once); every status is tried,
     /// the first error is returned.
-    async fn write_statuses(&self, view: &View, plan: &Plan) -> Result<(), StatusError> {
+    async fn write_statuses(
+        &self,
+        view: &View,
+        plan: &Plan,
+        now: SystemTime,
+    ) -> Result<(), StatusError> {
         let mut first_error = None;
+        let now_text = humantime::format_rfc3339_seconds(now).to_string();
+        let ours = view
+            .snapshot
+            .gateway_classes
+            .iter()
+            .filter(|c| c.spec.controller_name == crate::model::CONTROLLER_NAME)
+            .filter_map(|c| view.classes.get(&c.metadata.name));
+        for class in ours {
+            let r = status::apply_gateway_class(&self.client, &self.leadership, class, &now_text);
+            keep_first(&mut first_error, r.await)?;
+        }
         for g in &plan.gateways {
             let current = view.gateways.get(&(g.namespace.clone(), g.name.clone()));
-            if let Err(e) =
-                status::apply_gateway(&self.client, &self.leadership, g, current.map(|o| &**o))
-                    .await
-            {
-                if matches!(e, StatusError::NotLeader(_)) {
-                    return Err(e);
-                }
-                tracing::warn!(error = %crate::error_chain(&e), "Gateway status");
-                first_error.get_or_insert(e);
-            }
+            let r = status::apply_gateway(&self.client, &self.leadership, g, current.map(|o| &**o));
+            keep_first(&mut first_error, r.await)?;
         }
         // Every route of the plan, and every route that still shows entries of ours.
         let mut targets: Vec<(crate::model::RouteKind, String, String, Vec<_>)> = plan
@@ -291,28 +300,38 @@ impl Controller {
         });
         let mut results = stream::iter(writes).buffer_unordered(STATUS_CONCURRENCY);
         while let Some((kind, ns, name, cached, result)) = results.next().await {
-            match result {
-                Ok(Some(merged)) => {
-                    let route = ClaimRoute {
-                        group: GATEWAY_GROUP.to_string(),
-                        kind: kind.name().to_string(),
-                        namespace: ns,
-                        name,
-                        uid: cached.and_then(|o| o.metadata.uid.clone()),
-                    };
-                    for n in events::from_status(route, &merged) {
-                        events::publish(&self.recorder, &self.versions, &n).await;
-                    }
-                }
-                Ok(None) => {}
-                Err(e @ StatusError::NotLeader(_)) => return Err(e),
-                Err(e) => {
-                    tracing::warn!(error = %crate::error_chain(&e), "route status");
-                    first_error.get_or_insert(e);
-                }
+            let Some(Some(merged)) = keep_first(&mut first_error, result)? else {
+                continue;
+            };
+            let route = ClaimRoute {
+                group: GATEWAY_GROUP.to_string(),
+                kind: kind.name().to_string(),
+                namespace: ns,
+                name,
+                uid: cached.and_then(|o| o.metadata.uid.clone()),
+            };
+            for n in events::from_status(route, &merged) {
+                events::publish(&self.recorder, &self.versions, &n).await;
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Passes a status write's result on, except that a failure other than lost
+/// leadership is logged and kept (the first one) so that the other writes go on.
+fn keep_first<T>(
+    first: &mut Option<StatusError>,
+    result: Result<T, StatusError>,
+) -> Result<Option<T>, StatusError> {
+    match result {
+        Ok(v) => Ok(Some(v)),
+        Err(e @ StatusError::NotLeader(_)) => Err(e),
+        Err(e) => {
+            tracing::warn!(error = %crate::error_chain(&e), "status not written");
+            first.get_or_insert(e);
+            Ok(None)
+        }
     }
 }
 

@@ -273,6 +273,8 @@ pub struct View {
     pub snapshot: Snapshot,
     /// PortClaims as stored.
     pub held: Held,
+    /// GatewayClasses as stored (for their current status), by name.
+    pub classes: BTreeMap<String, Arc<DynamicObject>>,
     /// Gateways as stored (for their current status), by namespace/name.
     pub gateways: BTreeMap<Key, Arc<DynamicObject>>,
     /// Routes as stored (for their current status and resourceVersion).
@@ -304,7 +306,10 @@ impl View {
             let ns = obj.namespace().unwrap_or_default();
             let name = obj.name_any();
             let object = match kind {
-                Kind::GatewayClass => convert(kind.name(), &obj).map(model::Object::GatewayClass),
+                Kind::GatewayClass => {
+                    view.classes.insert(name, obj.clone());
+                    convert(kind.name(), &obj).map(model::Object::GatewayClass)
+                }
                 Kind::Gateway => {
                     view.gateways.insert((ns, name), obj.clone());
                     convert(kind.name(), &obj).map(model::Object::Gateway)

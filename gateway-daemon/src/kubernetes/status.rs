@@ -14,10 +14,11 @@ use serde_json::Value;
 use super::{
     api_code,
     lease::{Leadership, NotLeader},
+    sources::{Kind, Versions},
     ApiError,
 };
 use crate::{
-    model::{ParentRef, CONTROLLER_NAME, GATEWAY_GROUP},
+    model::{ParentRef, CONTROLLER_NAME},
     planner::{
         status::{Condition, GatewayStatus, RouteParentStatus},
         GatewayEntry,
@@ -96,32 +97,87 @@ pub async fn apply_gateway(
     let Some(status) = gateway_status(entry, current) else {
         return Ok(false);
     };
-    let (ns, name) = (&entry.namespace, &entry.name);
-    leadership.ensure(|| format!("status of Gateway {ns}/{name}"))?;
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &gateway_resource());
-    let body = serde_json::json!({
-        "apiVersion": format!("{GATEWAY_GROUP}/v1"),
-        "kind": "Gateway",
-        "metadata": { "name": name, "namespace": ns },
-        "status": status,
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(body),
-    )
-    .await
-    .map_err(ApiError::about(
-        "applying the status of",
-        "Gateway",
-        ns,
-        name,
-    ))?;
+    let status = serde_json::to_value(status).unwrap_or_default();
+    let (ns, name) = (entry.namespace.as_str(), entry.name.as_str());
+    apply_status(client, leadership, Kind::Gateway, Some(ns), name, status).await?;
     Ok(true)
 }
 
-fn gateway_resource() -> ApiResource {
-    super::sources::Versions::default().resource(super::sources::Kind::Gateway)
+/// Server-side applies `status` to an object of ours (forced: the status is ours).
+async fn apply_status(
+    client: &Client,
+    leadership: &Leadership,
+    kind: Kind,
+    namespace: Option<&str>,
+    name: &str,
+    status: Value,
+) -> Result<(), StatusError> {
+    let ns = namespace.unwrap_or_default();
+    leadership.ensure(|| format!("status of {} {ns}/{name}", kind.name()))?;
+    let resource = Versions::default().resource(kind);
+    let api: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    let mut metadata = serde_json::json!({ "name": name });
+    if let Some(ns) = namespace {
+        metadata["namespace"] = ns.into();
+    }
+    let body = serde_json::json!({
+        "apiVersion": resource.api_version,
+        "kind": kind.name(),
+        "metadata": metadata,
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch_status(name, &params, &Patch::Apply(body))
+        .await
+        .map_err(ApiError::about(
+            "applying the status of",
+            kind.name(),
+            ns,
+            name,
+        ))?;
+    Ok(())
+}
+
+/// The status of one of our GatewayClasses: Accepted. `None` when `current` shows it
+/// already for the class's generation.
+pub fn gateway_class_status(class: &DynamicObject, now: &str) -> Option<Value> {
+    let generation = class.metadata.generation;
+    let shown = class
+        .data
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c["type"] == "Accepted"
+                    && c["status"] == "True"
+                    && c["observedGeneration"].as_i64() == generation
+            })
+        });
+    (!shown).then(|| {
+        serde_json::json!({ "conditions": [{
+            "type": "Accepted", "status": "True", "reason": "Accepted",
+            "message": "handled by Berth", "lastTransitionTime": now,
+            "observedGeneration": generation,
+        }]})
+    })
+}
+
+/// Applies `Accepted` to one of our GatewayClasses (server-side apply, forced).
+pub async fn apply_gateway_class(
+    client: &Client,
+    leadership: &Leadership,
+    class: &DynamicObject,
+    now: &str,
+) -> Result<bool, StatusError> {
+    let Some(status) = gateway_class_status(class, now) else {
+        return Ok(false);
+    };
+    let name = class.metadata.name.clone().unwrap_or_default();
+    apply_status(client, leadership, Kind::GatewayClass, None, &name, status).await?;
+    Ok(true)
 }
 
 /// Whether two parentRefs name the same parent; the port is left out, since on a
