@@ -958,3 +958,154 @@ fn a_bad_object_is_left_out_and_named_with_its_field() {
         view.errors[0]
     );
 }
+
+/// A list response for `items`.
+fn list(kind: &str, items: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": format!("{kind}List"),
+           "metadata": {"resourceVersion": "100"}, "items": items})
+}
+
+#[tokio::test]
+async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_state() {
+    let (client, mut handle) = mock();
+    let fixtures: Vec<Value> = gateway_objects(30009)
+        .into_iter()
+        .chain([route("web", "2026-01-01T00:00:00Z", None)])
+        .map(|(_, o)| serde_json::to_value(&*o).unwrap())
+        .collect();
+    let of_kind = move |kind: &str| -> Vec<Value> {
+        fixtures
+            .iter()
+            .filter(|o| o["kind"] == kind)
+            .cloned()
+            .collect()
+    };
+    let log = Arc::new(std::sync::Mutex::new(Vec::<Seen>::new()));
+    let server_log = log.clone();
+    let server = tokio::spawn(async move {
+        // Watches are held open (never answered) for the whole test.
+        let mut watches = Vec::new();
+        loop {
+            let Some((request, reply)) = handle.next_request().await else {
+                return;
+            };
+            let (parts, body) = request.into_parts();
+            let bytes = body.collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let (method, path) = (parts.method.clone(), parts.uri.path().to_string());
+            let query = parts.uri.query().unwrap_or_default().to_string();
+            let (code, answer) = match (method.as_str(), path.as_str()) {
+                _ if query.contains("watch=true") => {
+                    watches.push(reply);
+                    continue;
+                }
+                ("GET", GW) => (
+                    200,
+                    json!({"kind": "APIResourceList", "apiVersion": "v1",
+                    "groupVersion": "gateway.networking.k8s.io/v1", "resources": [
+                    {"name": "tcproutes", "singularName": "tcproute", "namespaced": true, "kind": "TCPRoute", "verbs": ["list"]},
+                    {"name": "udproutes", "singularName": "udproute", "namespaced": true, "kind": "UDPRoute", "verbs": ["list"]},
+                    {"name": "referencegrants", "singularName": "referencegrant", "namespaced": true, "kind": "ReferenceGrant", "verbs": ["list"]}]}),
+                ),
+                ("GET", p) if p == format!("{GW}/gatewayclasses") => {
+                    (200, list("GatewayClass", of_kind("GatewayClass")))
+                }
+                ("GET", p) if p == format!("{GW}/gateways") => {
+                    (200, list("Gateway", of_kind("Gateway")))
+                }
+                ("GET", p) if p == format!("{GW}/tcproutes") => {
+                    (200, list("TCPRoute", of_kind("TCPRoute")))
+                }
+                ("GET", "/apis/berth.dev/v1alpha1/gatewayconfigs") => {
+                    (200, list("GatewayConfig", of_kind("GatewayConfig")))
+                }
+                ("GET", p)
+                    if p == format!("{GW}/udproutes")
+                        || p == format!("{GW}/referencegrants")
+                        || p == "/api/v1/services"
+                        || p == "/api/v1/namespaces"
+                        || p == "/apis/discovery.k8s.io/v1/endpointslices"
+                        || p == "/apis/berth.dev/v1alpha1/portclaims" =>
+                {
+                    (200, list("Any", vec![]))
+                }
+                ("GET", p) if p.ends_with("/leases/berth-allocator") => {
+                    (404, status_error(404, "NotFound", "not found"))
+                }
+                ("POST", p) if p.ends_with("/leases") => (201, stored(body.clone(), "200")),
+                ("POST", CLAIMS) => (201, stored(body.clone(), "201")),
+                ("PATCH", p) if p.starts_with(CLAIMS) => {
+                    (200, claim_json(30000, "web", "Bound", "202"))
+                }
+                ("POST", p) if p.ends_with("/events") => (201, stored(body.clone(), "203")),
+                ("PATCH", p) if p.ends_with("/status") => (200, body.clone()),
+                ("PUT", p) if p.ends_with("/tcproutes/web/status") => (200, body.clone()),
+                _ => panic!("unexpected request {method} {path}?{query}"),
+            };
+            respond(reply, code, &answer);
+            server_log.lock().unwrap().push(Seen {
+                method,
+                path,
+                query,
+                content_type: String::new(),
+                body,
+            });
+        }
+    });
+    let shared: berth::standalone::Shared = Default::default();
+    let options = berth::kubernetes::Options {
+        identity: "node-a".into(),
+        lease_namespace: "berth-system".into(),
+        default_address: None,
+    };
+    let daemon = tokio::spawn(berth::kubernetes::run(
+        client,
+        options,
+        None,
+        shared.clone(),
+    ));
+
+    // Poll the published state until the route shows its port.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let port = loop {
+        let state = shared.lock().unwrap().state.clone();
+        let port = state.and_then(|s| {
+            s.routes
+                .iter()
+                .find(|r| r.name == "web")
+                .and_then(|r| r.status.parents[0].parent_ref.port)
+        });
+        let created = log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.is(&Method::POST, CLAIMS));
+        if let (Some(p), true) = (port, created) {
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no port published: {:?}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(port, 30000);
+    let log = log.lock().unwrap().clone();
+    let first_write = log.iter().position(|l| l.method != Method::GET).unwrap();
+    let lists = log[..first_write]
+        .iter()
+        .filter(|l| l.query.contains("limit="))
+        .count();
+    assert_eq!(
+        lists, 10,
+        "every kind is listed before anything is written: {log:?}"
+    );
+    assert!(
+        log[first_write].path.ends_with("/leases"),
+        "the lease comes first: {:?}",
+        log[first_write]
+    );
+    daemon.abort();
+    server.abort();
+}

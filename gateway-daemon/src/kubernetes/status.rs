@@ -157,11 +157,14 @@ pub fn gateway_class_status(class: &DynamicObject, now: &str) -> Option<Value> {
             })
         });
     (!shown).then(|| {
-        serde_json::json!({ "conditions": [{
+        let mut accepted = serde_json::json!({
             "type": "Accepted", "status": "True", "reason": "Accepted",
             "message": "handled by Berth", "lastTransitionTime": now,
-            "observedGeneration": generation,
-        }]})
+        });
+        if let Some(g) = generation {
+            accepted["observedGeneration"] = g.into();
+        }
+        serde_json::json!({ "conditions": [accepted] })
     })
 }
 
