@@ -324,6 +324,71 @@ async fn a_claim_is_created_under_its_deterministic_name_then_marked_bound() {
 }
 
 #[tokio::test]
+async fn a_cooled_down_claim_is_deleted_only_at_the_version_read() {
+    // Claim 30002 was released long ago; the plan drops it. Meanwhile another writer
+    // changed it (resourceVersion 6): our delete at version 5 fails and we read again.
+    let mut objects = gateway_objects(30009);
+    let mut released = claim_json(30002, "gone", "Released", "5");
+    released["status"]["releasedAt"] = json!("2025-01-01T00:00:00Z");
+    objects.push((Kind::PortClaim, obj(released)));
+    let view = View::new(objects);
+    let plan = berth::planner::plan(&berth::planner::Input {
+        snapshot: &view.snapshot,
+        claims: &view.held.list(),
+        now: SystemTime::now(),
+        default_address: None,
+    });
+    assert!(plan.claims.is_empty(), "cooled down: no longer wanted");
+    let (client, mut handle) = mock();
+    let held = view.held.clone();
+    let task = tokio::spawn(async move {
+        let mut recent = Recent::default();
+        let mut done = Vec::new();
+        let leader = Leadership::always();
+        let r = claims::commit(
+            &client,
+            &leader,
+            &held,
+            &plan.claims,
+            &mut recent,
+            &mut done,
+        )
+        .await;
+        let mut after = held.clone();
+        recent.overlay(&mut after);
+        (r, done, after)
+    });
+    let path = format!("{CLAIMS}/gw-tcp-30002");
+    let log = serve(
+        &mut handle,
+        |s, log| match (&s.method, log.len()) {
+            (&Method::DELETE, 0) => {
+                assert_eq!(s.path, path);
+                assert_eq!(s.body["preconditions"]["resourceVersion"], "5", "{s:?}");
+                (409, status_error(409, "Conflict", "Precondition failed: UID in precondition: claim-30002, ResourceVersion in precondition: 5"))
+            }
+            (&Method::GET, 1) => (200, claim_json(30002, "gone", "Bound", "6")),
+            _ => panic!("unexpected request {s:?}"),
+        },
+        |log| log.len() == 2,
+    )
+    .await;
+    let (result, done, after) = finish(task).await;
+    assert!(
+        matches!(result, Err(ClaimError::Raced { .. })),
+        "{result:?}"
+    );
+    assert!(done.is_empty());
+    assert_eq!(log.len(), 2);
+    let (c, rv) = &after.claims[&("infra".to_string(), "gw-tcp-30002".to_string())];
+    assert_eq!(
+        (rv.as_str(), c.status.as_ref().unwrap().phase),
+        ("6", ClaimPhase::Bound),
+        "the next plan sees the fresh claim"
+    );
+}
+
+#[tokio::test]
 async fn a_port_taken_meanwhile_is_reread_and_the_route_gets_another_without_a_duplicate() {
     // `web` is older than `other`; a stale allocator already gave 30000 to `other`,
     // which our reflector has not shown yet.
