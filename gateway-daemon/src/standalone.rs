@@ -248,7 +248,8 @@ pub enum CycleError {
     Datapath(#[from] crate::datapath::DatapathError),
 }
 
-fn route_key(kind: &str, ns: &str, name: &str) -> String {
+/// The key of a route in `Published::first_seen`.
+pub fn route_key(kind: &str, ns: &str, name: &str) -> String {
     format!("{kind}/{ns}/{name}")
 }
 

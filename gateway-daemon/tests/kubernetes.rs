@@ -880,6 +880,61 @@ async fn a_lease_is_taken_over_only_after_its_record_stood_still_for_its_duratio
     finish(server).await;
 }
 
+#[test]
+fn a_lost_port_is_offered_back_only_while_no_one_else_holds_it() {
+    let status = json!({"parents": [serde_json::to_value(our_parent(30005, true, "2026-01-01T00:00:00Z")).unwrap()]});
+    let mut objects = gateway_objects(30009);
+    objects.push(route("web", "2026-01-01T00:00:00Z", Some(status)));
+    let hints = berth::kubernetes::repair::hints(&View::new(objects.clone()));
+    assert_eq!(hints.len(), 1);
+    assert_eq!(
+        (
+            hints[0].metadata.name.as_str(),
+            hints[0].spec.route.name.as_str()
+        ),
+        ("gw-tcp-30005", "web")
+    );
+    objects.push((Kind::PortClaim, obj(claim_json(30005, "api", "Bound", "9"))));
+    assert!(
+        berth::kubernetes::repair::hints(&View::new(objects)).is_empty(),
+        "30005 is api's now"
+    );
+}
+
+#[test]
+fn a_refusal_is_announced_once_as_a_warning() {
+    let web = ClaimRoute {
+        group: "gateway.networking.k8s.io".into(),
+        kind: "TCPRoute".into(),
+        namespace: "team".into(),
+        name: "web".into(),
+        uid: None,
+    };
+    let refused = our_parent(30005, false, "2026-01-01T00:00:00Z");
+    let merge = |old: Vec<RouteParentStatus>, new: Vec<RouteParentStatus>| {
+        let current: Vec<Value> = old
+            .iter()
+            .map(|p| serde_json::to_value(p).unwrap())
+            .collect();
+        status::merge_parents(&current, &new)
+    };
+    let first = berth::kubernetes::events::from_status(
+        web.clone(),
+        &merge(vec![our_parent(30005, true, "t")], vec![refused.clone()]),
+    );
+    assert_eq!(first.len(), 1);
+    assert!(first[0].warning);
+    assert_eq!(first[0].reason, "PortUnavailable");
+    assert!(
+        first[0].note.starts_with("Gateway infra/gw: "),
+        "{}",
+        first[0].note
+    );
+    let again =
+        berth::kubernetes::events::from_status(web, &merge(vec![refused.clone()], vec![refused]));
+    assert!(again.is_empty(), "no new event while the refusal stands");
+}
+
 #[tokio::test]
 async fn a_follower_writes_nothing_and_programs_only_stored_claims() {
     let mut objects = gateway_objects(30009);
@@ -1156,6 +1211,12 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(port, 30000);
+    let rows = berth::admin::route_rows(&shared.lock().unwrap(), None);
+    assert_eq!(
+        rows[0].created.as_deref(),
+        Some("2026-01-01T00:00:00Z"),
+        "route age from the API server"
+    );
     let log = log.lock().unwrap().clone();
     let first_write = log.iter().position(|l| l.method != Method::GET).unwrap();
     let lists = log[..first_write]

@@ -435,6 +435,17 @@ pub async fn run(client: Client, options: Options, mut datapath: Option<Datapath
                     tracing::info!("recovered");
                 }
                 next.broken = view.errors.clone();
+                // Route age in `berth get routes`: the API server's creation time.
+                next.first_seen = view
+                    .snapshot
+                    .routes
+                    .iter()
+                    .filter_map(|r| {
+                        let m = &r.metadata;
+                        let key = standalone::route_key(r.kind.name(), m.ns(), &m.name);
+                        Some((key, m.creation_timestamp.clone()?))
+                    })
+                    .collect();
                 let cooling = next.cooling;
                 *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
                 (false, cooling)
