@@ -12,13 +12,17 @@
 /// host hold thousands of services (each table costs 4 KiB).
 pub const MAGLEV_SIZE: u32 = 1021;
 
+/// One service's Maglev lookup table: `hash % MAGLEV_SIZE` → backend id. A whole
+/// table is one map value, so userspace writes it with one update.
+pub type MaglevTable = [u32; MAGLEV_SIZE as usize];
+
 /// Names of the maps, which are also their file names under the pin directory.
 pub mod map_names {
     /// `ServiceKey` → `Service`.
     pub const SERVICES: &str = "berth_services";
     /// Gateway address (network order) → number of services on it.
     pub const ADDRESSES: &str = "berth_addrs";
-    /// Flat array of Maglev tables: `table * MAGLEV_SIZE + hash % MAGLEV_SIZE` → backend id.
+    /// Table index → `MaglevTable`.
     pub const MAGLEV: &str = "berth_maglev";
     /// Backend id → `Backend`.
     pub const BACKENDS: &str = "berth_backends";
@@ -133,7 +137,8 @@ pub const NAT_SRC: u8 = 2;
 pub struct NextHop {
     /// Egress interface index, host order; 0: nothing cached.
     pub ifindex: u32,
-    /// When the FIB was asked, in units of 2^20 ns of `bpf_ktime_get_coarse_ns`, host order.
+    /// When the FIB was last asked (answered or not), in units of 2^20 ns of
+    /// `bpf_ktime_get_coarse_ns`, host order.
     pub checked_at: u32,
     /// Largest IP packet length the FIB accepted for this hop's MTU, host order.
     pub fit_len: u16,

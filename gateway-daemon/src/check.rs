@@ -48,26 +48,36 @@ pub struct ClaimRouteEntry {
 
 /// The document for a plan.
 pub fn document(plan: &Plan) -> StateDocument {
-    StateDocument {
-        gateways: plan.gateways.clone(),
-        routes: plan.routes.clone(),
-        claims: plan
-            .claims
-            .iter()
-            .map(|c| ClaimEntry {
-                namespace: c.metadata.ns().to_string(),
-                name: c.metadata.name.clone(),
-                gateway: c.spec.gateway.clone(),
-                listener: c.spec.listener.clone(),
-                protocol: c.spec.protocol.clone(),
-                port: c.spec.port,
-                route: ClaimRouteEntry {
-                    kind: c.spec.route.kind.clone(),
-                    namespace: c.spec.route.namespace.clone(),
-                    name: c.spec.route.name.clone(),
-                },
-            })
-            .collect(),
+    StateDocument::new(plan.gateways.clone(), plan.routes.clone(), &plan.claims)
+}
+
+impl StateDocument {
+    /// The document of a plan's statuses (moved in) and claims.
+    pub fn new(
+        gateways: Vec<GatewayEntry>,
+        routes: Vec<RouteEntry>,
+        claims: &[crate::model::PortClaim],
+    ) -> Self {
+        StateDocument {
+            gateways,
+            routes,
+            claims: claims
+                .iter()
+                .map(|c| ClaimEntry {
+                    namespace: c.metadata.ns().to_string(),
+                    name: c.metadata.name.clone(),
+                    gateway: c.spec.gateway.clone(),
+                    listener: c.spec.listener.clone(),
+                    protocol: c.spec.protocol.clone(),
+                    port: c.spec.port,
+                    route: ClaimRouteEntry {
+                        kind: c.spec.route.kind.clone(),
+                        namespace: c.spec.route.namespace.clone(),
+                        name: c.spec.route.name.clone(),
+                    },
+                })
+                .collect(),
+        }
     }
 }
 

@@ -644,40 +644,6 @@ pub fn claim_name(gateway: &str, protocol: &str, port: u16) -> String {
     format!("{gateway}-{}-{port}", protocol.to_ascii_lowercase())
 }
 
-/// What to change so that a claim store holding `have` holds `want`, matched by
-/// namespace and name. Apply deletions and updates before creations, so that a port
-/// handed over within one plan is free when its new claim is created.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct ClaimChanges<'a> {
-    /// Held but no longer wanted.
-    pub delete: Vec<&'a PortClaim>,
-    /// Held and wanted differently (the wanted version).
-    pub update: Vec<&'a PortClaim>,
-    /// Wanted and not held.
-    pub create: Vec<&'a PortClaim>,
-}
-
-/// The changes that turn `have` into `want`.
-pub fn claim_changes<'a>(have: &'a [PortClaim], want: &'a [PortClaim]) -> ClaimChanges<'a> {
-    let key = |c: &PortClaim| (c.metadata.ns().to_string(), c.metadata.name.clone());
-    let have_map: BTreeMap<_, _> = have.iter().map(|c| (key(c), c)).collect();
-    let want_map: BTreeMap<_, _> = want.iter().map(|c| (key(c), c)).collect();
-    let mut changes = ClaimChanges::default();
-    for (k, &c) in &have_map {
-        match want_map.get(k) {
-            None => changes.delete.push(c),
-            Some(&w) if w != c => changes.update.push(w),
-            Some(_) => {}
-        }
-    }
-    changes.create = want_map
-        .iter()
-        .filter(|(k, _)| !have_map.contains_key(*k))
-        .map(|(_, &c)| c)
-        .collect();
-    changes
-}
-
 /// Every object the planner reads, as one consistent view.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {

@@ -10,7 +10,7 @@ use std::{
 };
 
 use crate::{
-    check::{self, StateDocument},
+    check::StateDocument,
     datapath::{Datapath, DesiredState},
     manifests::{self, FileObjects},
     model::{ClaimPhase, PortClaim, Snapshot},
@@ -57,23 +57,29 @@ impl DirWatch {
         DirWatch { fd: Some(fd) }
     }
 
-    /// Waits until the directory changes (then lets a burst of events settle) or
-    /// `timeout` passes.
+    /// Waits until the directory changes or `timeout` passes. A change counts once the
+    /// file is complete: closed after writing, moved in, or deleted. While some file is
+    /// still being written, waits for it (at most 100 ms of a continuing burst).
     pub fn wait(&self, timeout: Duration) {
         let Some(fd) = &self.fd else {
             std::thread::sleep(POLL.min(timeout));
             return;
         };
-        if self.poll(fd, timeout) {
-            // A writer may still be writing: wait for a short quiet spell.
-            let deadline = std::time::Instant::now() + Duration::from_millis(100);
-            while std::time::Instant::now() < deadline && self.poll(fd, Duration::from_millis(10)) {
+        let Some(mut writing) = self.poll(fd, timeout) else {
+            return;
+        };
+        let deadline = std::time::Instant::now() + Duration::from_millis(100);
+        while writing && std::time::Instant::now() < deadline {
+            match self.poll(fd, Duration::from_millis(10)) {
+                Some(w) => writing = w,
+                None => break,
             }
         }
     }
 
-    /// Polls for events and drains them; whether there were any.
-    fn poll(&self, fd: &std::os::fd::OwnedFd, timeout: Duration) -> bool {
+    /// Polls for events and drains them: `None` if there were none, else whether the
+    /// last event leaves a file being written (modified or created, not yet closed).
+    fn poll(&self, fd: &std::os::fd::OwnedFd, timeout: Duration) -> Option<bool> {
         use std::os::fd::AsRawFd;
         let mut pfd = libc::pollfd {
             fd: fd.as_raw_fd(),
@@ -89,12 +95,27 @@ impl DirWatch {
             )
         };
         if ready <= 0 {
-            return false;
+            return None;
         }
+        let mut writing = None;
         let mut buf = [0u8; 4096];
-        // SAFETY: reading into a buffer we own; non-blocking descriptor.
-        while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
-        true
+        loop {
+            // SAFETY: reading into a buffer we own; non-blocking descriptor.
+            let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return writing;
+            }
+            // struct inotify_event: wd (i32), mask (u32), cookie (u32), len (u32), name.
+            let mut at = 0;
+            while at + 16 <= n as usize {
+                let field = |i: usize| {
+                    u32::from_ne_bytes(buf[at + i..at + i + 4].try_into().unwrap_or_default())
+                };
+                let (mask, len) = (field(4), field(12) as usize);
+                writing = Some(mask & (libc::IN_MODIFY | libc::IN_CREATE) != 0);
+                at += 16 + len;
+            }
+        }
     }
 }
 
@@ -198,29 +219,30 @@ impl ManifestSource {
     }
 }
 
-/// What the admin endpoint serves.
+/// What the admin endpoint serves. The parts that come from a plan are shared, so that
+/// publishing fresh counters between plans copies none of them.
 #[derive(Clone, Debug, Default)]
 pub struct Published {
     /// The state document.
-    pub state: Option<StateDocument>,
+    pub state: Option<Arc<StateDocument>>,
     /// The datapath's desired state.
-    pub datapath: DesiredState,
+    pub datapath: Arc<DesiredState>,
     /// Errors of broken manifest files.
     pub broken: Vec<String>,
     /// Plans made.
     pub cycles: u64,
     /// First-seen times of routes.
-    pub first_seen: BTreeMap<String, String>,
+    pub first_seen: Arc<BTreeMap<String, String>>,
     /// Datapath counters, when a datapath is attached.
     pub counters: BTreeMap<&'static str, u64>,
     /// Why the last cycle failed, if it did.
     pub last_error: Option<String>,
     /// The route behind each datapath service.
-    pub owners: BTreeMap<crate::datapath::ServiceAddr, crate::planner::RouteId>,
+    pub owners: Arc<BTreeMap<crate::datapath::ServiceAddr, crate::planner::RouteId>>,
     /// Port usage of range listeners.
     pub usage: Vec<crate::planner::ListenerUsage>,
     /// Per-service traffic counted by the XDP program.
-    pub traffic: BTreeMap<crate::datapath::ServiceAddr, gateway_common::ServiceStats>,
+    pub traffic: BTreeMap<crate::datapath::ServiceAddr, crate::datapath::Traffic>,
     /// When `traffic` was read.
     pub traffic_at: Option<std::time::Instant>,
     /// Some claim is released and cooling down: plan again when its cool-down ends.
@@ -231,8 +253,12 @@ pub struct Published {
 /// readers take a reference to the current one (no copying under the lock).
 pub type Shared = Arc<Mutex<Arc<Published>>>;
 
-/// How often per-service traffic is read from the kernel (one lookup per service).
-pub const TRAFFIC_REFRESH: Duration = Duration::from_secs(5);
+/// A tracked flow counts as active if it forwarded a packet within this time.
+pub const ACTIVE_FLOW_WINDOW: Duration = Duration::from_secs(60);
+
+/// How often per-service traffic is read from the kernel (the statistics and conntrack
+/// maps in batches: a few syscalls, about a millisecond with 10k services).
+pub const TRAFFIC_REFRESH: Duration = Duration::from_secs(1);
 
 /// Errors of one cycle.
 #[derive(Debug, thiserror::Error)]
@@ -248,9 +274,14 @@ pub enum CycleError {
     Datapath(#[from] crate::datapath::DatapathError),
 }
 
-/// The key of a route in `Published::first_seen`.
-pub fn route_key(kind: &str, ns: &str, name: &str) -> String {
-    format!("{kind}/{ns}/{name}")
+/// Appends the first-seen key of a route, `Kind/namespace/name`, to `out`.
+pub fn route_key(out: &mut String, kind: &str, ns: &str, name: &str) {
+    for (i, part) in [kind, ns, name].into_iter().enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        out.push_str(part);
+    }
 }
 
 /// Plans once from `snapshot`, commits the claim changes and returns the plan.
@@ -259,31 +290,45 @@ pub fn cycle(
     mut snapshot: Snapshot,
     now: SystemTime,
     default_address: Option<std::net::Ipv4Addr>,
-) -> Result<(Plan, BTreeMap<String, String>), CycleError> {
+) -> Result<(Plan, Arc<BTreeMap<String, String>>), CycleError> {
     let _lock = store.lock()?;
     // Routes without a creation time are ordered by when Berth first saw them.
-    let mut first_seen = store.first_seen()?;
+    let first_seen = store.first_seen()?;
     let now_text = humantime::format_rfc3339_seconds(now).to_string();
-    let mut seen_changed = false;
+    let mut added: Vec<(String, String)> = Vec::new();
+    let mut key = String::new();
     for r in &mut snapshot.routes {
-        let key = route_key(r.kind.name(), r.metadata.ns(), &r.metadata.name);
-        let t = first_seen.entry(key).or_insert_with(|| {
-            seen_changed = true;
-            now_text.clone()
-        });
+        key.clear();
+        route_key(&mut key, r.kind.name(), r.metadata.ns(), &r.metadata.name);
+        let t = match first_seen.get(key.as_str()) {
+            Some(t) => t.clone(),
+            None => {
+                added.push((key.clone(), now_text.clone()));
+                now_text.clone()
+            }
+        };
         if r.metadata.creation_timestamp.is_none() {
-            r.metadata.creation_timestamp = Some(t.clone());
+            r.metadata.creation_timestamp = Some(t);
         }
     }
     // A route that is gone and comes back later is a new object with a new time.
-    let present: std::collections::BTreeSet<String> = snapshot
+    let present: std::collections::HashSet<(&str, &str, &str)> = snapshot
         .routes
         .iter()
-        .map(|r| route_key(r.kind.name(), r.metadata.ns(), &r.metadata.name))
+        .map(|r| (r.kind.name(), r.metadata.ns(), r.metadata.name.as_str()))
         .collect();
-    let before = first_seen.len();
-    first_seen.retain(|k, _| present.contains(k));
-    seen_changed |= first_seen.len() != before;
+    let removed: Vec<String> = first_seen
+        .keys()
+        .filter(|k| {
+            let mut parts = k.splitn(3, '/');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some(kind), Some(ns), Some(name)) => !present.contains(&(kind, ns, name)),
+                _ => true,
+            }
+        })
+        .cloned()
+        .collect();
+    let mut seen_changed = !added.is_empty() || !removed.is_empty();
     loop {
         let stored = store.claims()?;
         let plan = planner::plan(&planner::Input {
@@ -292,16 +337,17 @@ pub fn cycle(
             now,
             default_address,
         });
-        if seen_changed || stored != plan.claims {
+        let changes = claim_changes(&stored, &plan.claims);
+        if seen_changed || !changes.is_empty() {
             // Other readers of the directory must read it again.
             store.begin_write()?;
             if seen_changed {
-                store.set_first_seen(&first_seen)?;
+                store.record_first_seen(&added, &removed)?;
                 seen_changed = false;
             }
         }
-        match commit(store, &stored, &plan.claims) {
-            Ok(()) => return Ok((plan, first_seen)),
+        match commit(store, &changes) {
+            Ok(()) => return Ok((plan, store.first_seen()?)),
             // Someone else created that claim meanwhile: read again and plan again.
             Err(StoreError::AlreadyExists { .. }) => continue,
             Err(e) => return Err(e.into()),
@@ -309,17 +355,77 @@ pub fn cycle(
     }
 }
 
-/// Makes the store hold `want`, given it holds `have`.
-fn commit(store: &Store, have: &[PortClaim], want: &[PortClaim]) -> Result<(), StoreError> {
-    let changes = crate::model::claim_changes(have, want);
-    // Releases and deletions first, so a port handed over within one plan is free.
-    for c in changes.delete {
-        store.delete(c.metadata.ns(), &c.metadata.name)?;
+/// One claim write that makes the store hold what the plan wants.
+#[derive(Debug, PartialEq)]
+pub enum ClaimChange<'a> {
+    /// Wanted and not held.
+    Create(&'a PortClaim),
+    /// Held and wanted differently (the wanted version).
+    Update(&'a PortClaim),
+    /// Held and no longer wanted.
+    Delete(&'a PortClaim),
+}
+
+/// The writes that turn `have` into `want`: one merge of the two lists by namespace,
+/// then name (the store lists claims and the planner returns them in that order).
+pub fn claim_changes<'a>(have: &'a [PortClaim], want: &'a [PortClaim]) -> Vec<ClaimChange<'a>> {
+    fn key(c: &PortClaim) -> (&str, &str) {
+        (c.metadata.ns(), c.metadata.name.as_str())
     }
-    for c in changes.update {
-        store.update(c)?;
+    let sorted = |list: &'a [PortClaim]| {
+        let mut refs: Vec<&PortClaim> = list.iter().collect();
+        if !refs.is_sorted_by_key(|c| key(c)) {
+            refs.sort_by(|a, b| key(a).cmp(&key(b)));
+        }
+        refs
+    };
+    let (have, want) = (sorted(have), sorted(want));
+    let (mut h, mut w) = (have.into_iter().peekable(), want.into_iter().peekable());
+    let mut changes = Vec::new();
+    loop {
+        match (h.peek(), w.peek()) {
+            (None, None) => return changes,
+            (Some(&a), None) => {
+                changes.push(ClaimChange::Delete(a));
+                h.next();
+            }
+            (None, Some(&b)) => {
+                changes.push(ClaimChange::Create(b));
+                w.next();
+            }
+            (Some(&a), Some(&b)) => match key(a).cmp(&key(b)) {
+                std::cmp::Ordering::Less => {
+                    changes.push(ClaimChange::Delete(a));
+                    h.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    changes.push(ClaimChange::Create(b));
+                    w.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    if a != b {
+                        changes.push(ClaimChange::Update(b));
+                    }
+                    h.next();
+                    w.next();
+                }
+            },
+        }
     }
-    store.create_all(&changes.create)
+}
+
+/// Writes `changes`: releases and deletions first, so a port handed over within one
+/// plan is free before its new claim is created.
+fn commit(store: &Store, changes: &[ClaimChange]) -> Result<(), StoreError> {
+    let mut creates = Vec::new();
+    for change in changes {
+        match change {
+            ClaimChange::Delete(c) => store.delete(c.metadata.ns(), &c.metadata.name)?,
+            ClaimChange::Update(c) => store.update(c)?,
+            ClaimChange::Create(c) => creates.push(*c),
+        }
+    }
+    store.create_all(&creates)
 }
 
 /// Runs the loop forever: poll the directory, plan, commit, program, publish. A failed
@@ -395,23 +501,36 @@ fn step(
         }) {
             let mut p = Published::clone(&prev);
             p.counters = dp.counters().unwrap_or_default();
-            p.traffic = dp.service_stats().unwrap_or_default();
+            p.traffic = dp.traffic(ACTIVE_FLOW_WINDOW).unwrap_or_default();
             p.traffic_at = Some(std::time::Instant::now());
             *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(p);
         }
         return Ok(());
     }
-    let (plan, first_seen) = cycle(store, source.snapshot(), SystemTime::now(), default_address)?;
+    let started = std::time::Instant::now();
+    let snapshot = source.snapshot();
+    let t_snapshot = started.elapsed();
+    let (plan, first_seen) = cycle(store, snapshot, SystemTime::now(), default_address)?;
+    let t_cycle = started.elapsed();
     let mut next = effects(plan, datapath, &prev)?;
+    let t_effects = started.elapsed();
     next.broken = source.broken();
     next.first_seen = first_seen;
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     *last_plan = std::time::Instant::now();
+    tracing::debug!(
+        total = ?started.elapsed(),
+        snapshot = ?t_snapshot,
+        plan_and_store = ?(t_cycle - t_snapshot),
+        datapath_and_document = ?(t_effects - t_cycle),
+        "planned"
+    );
     Ok(())
 }
 
-/// The effects of a plan every mode shares: programs the datapath (when there is one)
-/// and returns what to publish next, following `prev` (counters, traffic, cycles).
+/// The effects of a plan that every mode shares: programs the datapath (when there is
+/// one) and returns what to publish next, following `prev` (counters, traffic, cycles).
+/// The caller fills in `broken` and `first_seen`.
 pub fn effects(
     plan: Plan,
     datapath: Option<&mut Datapath>,
@@ -425,28 +544,84 @@ pub fn effects(
             .traffic_at
             .is_none_or(|t| t.elapsed() >= TRAFFIC_REFRESH)
         {
-            traffic = dp.service_stats().unwrap_or_default();
+            traffic = dp.traffic(ACTIVE_FLOW_WINDOW).unwrap_or_default();
             traffic_at = Some(std::time::Instant::now());
         } else {
             (traffic, traffic_at) = (prev.traffic.clone(), prev.traffic_at);
         }
     }
+    let Plan {
+        claims,
+        gateways,
+        routes,
+        datapath: desired,
+        owners,
+        usage,
+    } = plan;
+    let state = StateDocument::new(gateways, routes, &claims);
     Ok(Published {
-        state: Some(check::document(&plan)),
-        cooling: plan.claims.iter().any(|c| {
+        state: Some(Arc::new(state)),
+        datapath: Arc::new(desired),
+        broken: Vec::new(),
+        cycles: prev.cycles + 1,
+        first_seen: Arc::default(),
+        counters,
+        last_error: None,
+        owners: Arc::new(owners),
+        usage,
+        traffic,
+        traffic_at,
+        cooling: claims.iter().any(|c| {
             c.status
                 .as_ref()
                 .is_some_and(|s| s.phase == ClaimPhase::Released)
         }),
-        datapath: plan.datapath,
-        broken: Vec::new(),
-        cycles: prev.cycles + 1,
-        first_seen: BTreeMap::new(),
-        counters,
-        last_error: None,
-        owners: plan.owners,
-        usage: plan.usage,
-        traffic,
-        traffic_at,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ClaimRoute, PortClaimSpec};
+
+    fn claim(ns: &str, port: u16, route: &str) -> PortClaim {
+        let mut c = PortClaim::bound(
+            ns,
+            PortClaimSpec {
+                gateway: "gw".into(),
+                listener: "pool".into(),
+                protocol: "TCP".into(),
+                port,
+                route: ClaimRoute {
+                    group: "gateway.networking.k8s.io".into(),
+                    kind: "TCPRoute".into(),
+                    namespace: "a".into(),
+                    name: route.into(),
+                    uid: None,
+                },
+            },
+        );
+        c.metadata.name = format!("gw-tcp-{port}");
+        c
+    }
+
+    #[test]
+    fn claim_changes_merge_both_lists_in_any_order() {
+        let have = vec![claim("a", 1, "x"), claim("a", 2, "y"), claim("b", 3, "z")];
+        let want = vec![
+            claim("b", 4, "w"),
+            claim("a", 2, "moved"),
+            claim("a", 1, "x"),
+        ];
+        let changes = claim_changes(&have, &want);
+        assert_eq!(
+            changes,
+            vec![
+                ClaimChange::Update(&want[1]),
+                ClaimChange::Delete(&have[2]),
+                ClaimChange::Create(&want[0]),
+            ]
+        );
+        assert!(claim_changes(&have, &have).is_empty());
+    }
 }

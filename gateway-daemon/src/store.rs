@@ -1,11 +1,13 @@
 //! The standalone claim store: one YAML file per PortClaim under `STATE/claims/NS/`,
-//! and the first-seen times of routes in `STATE/first-seen.yaml`.
+//! and the first-seen times of routes in the journal `STATE/first-seen.log`.
 //!
 //! Every write is atomic and durable: the content goes to a temporary file that is
 //! fsynced, then published with `link` (creation: fails if the claim exists, so two
 //! allocators can never both create one) or `rename` (update), and the directory is
 //! fsynced. A `kill -9` at any instant leaves either the old or the new file, never a
-//! partial one. Writers also hold an exclusive `flock` on `STATE/lock` for a whole
+//! partial one. The first-seen journal is appended to and fsynced (a torn last line,
+//! which only a crash mid-append leaves, is ignored and cut off), and rewritten whole,
+//! atomically, when it has grown to twice what it holds. Writers also hold an exclusive `flock` on `STATE/lock` for a whole
 //! read-plan-write cycle, released by the kernel if the process dies.
 
 use std::{
@@ -14,7 +16,10 @@ use std::{
     io::{self, Write},
     os::fd::AsRawFd,
     path::{Path, PathBuf},
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
 };
 
 use crate::model::PortClaim;
@@ -76,8 +81,19 @@ pub struct Store {
 struct Cache {
     generation: Option<u64>,
     claims: Option<BTreeMap<(String, String), PortClaim>>,
-    first_seen: Option<BTreeMap<String, String>>,
+    first_seen: Option<FirstSeen>,
 }
+
+/// First-seen times as read from the journal, and the journal's length in lines.
+#[derive(Debug, Clone)]
+struct FirstSeen {
+    times: Arc<BTreeMap<String, String>>,
+    lines: usize,
+}
+
+const FIRST_SEEN_LOG: &str = "first-seen.log";
+/// Written by earlier versions; read once and turned into the journal.
+const FIRST_SEEN_YAML: &str = "first-seen.yaml";
 
 /// The exclusive lock of a state directory; released on drop (or process death).
 pub struct StoreLock {
@@ -185,9 +201,10 @@ impl Store {
         let mut cache = self.fresh_cache()?;
         let next = cache.generation.unwrap_or(0) + 1;
         let path = self.dir.join("generation");
-        let tmp = write_tmp(&self.dir, &format!("{next}\n"))?;
+        // Only other processes' caches depend on the generation, and a restarted process
+        // starts with an empty cache: replaced atomically, it need not be durable.
+        let tmp = write_tmp_unsynced(&self.dir, &format!("{next}\n"))?;
         fs::rename(&tmp, &path).map_err(io_err("replacing", &path))?;
-        sync_dir(&self.dir)?;
         cache.generation = Some(next);
         Ok(())
     }
@@ -360,41 +377,152 @@ impl Store {
     }
 
     /// First-seen times of routes (`Kind/namespace/name` → RFC 3339).
-    pub fn first_seen(&self) -> Result<BTreeMap<String, String>> {
+    pub fn first_seen(&self) -> Result<Arc<BTreeMap<String, String>>> {
         let mut cache = self.fresh_cache()?;
+        Ok(Arc::clone(&self.loaded_first_seen(&mut cache)?.times))
+    }
+
+    fn loaded_first_seen<'c>(&self, cache: &'c mut Cache) -> Result<&'c mut FirstSeen> {
         if cache.first_seen.is_none() {
             cache.first_seen = Some(self.read_first_seen()?);
         }
-        Ok(cache.first_seen.clone().unwrap_or_default())
+        Ok(cache.first_seen.as_mut().expect("just filled"))
     }
 
-    fn read_first_seen(&self) -> Result<BTreeMap<String, String>> {
-        let path = self.dir.join("first-seen.yaml");
-        match fs::read_to_string(&path) {
-            Ok(text) => serde_yaml::from_str(&text).map_err(|e| StoreError::Corrupt {
-                path,
-                message: e.to_string(),
-            }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(BTreeMap::new()),
-            Err(e) => Err(io_err("reading", &path)(e)),
+    fn read_first_seen(&self) -> Result<FirstSeen> {
+        let path = self.dir.join(FIRST_SEEN_LOG);
+        let text = match fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return self.import_first_seen_yaml();
+            }
+            Err(e) => return Err(io_err("reading", &path)(e)),
+        };
+        let mut times = BTreeMap::new();
+        let mut lines = 0;
+        // A last line without its newline is a torn append: not part of the journal.
+        for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
+            lines += 1;
+            let mut fields = line.trim_end_matches('\n').splitn(3, '\t');
+            match (fields.next(), fields.next(), fields.next()) {
+                (Some("+"), Some(time), Some(key)) => {
+                    times.insert(key.to_string(), time.to_string());
+                }
+                (Some("-"), Some(key), None) => {
+                    times.remove(key);
+                }
+                _ => {
+                    return Err(StoreError::Corrupt {
+                        path,
+                        message: format!("line {lines}: not a first-seen record: {line:?}"),
+                    })
+                }
+            }
         }
+        Ok(FirstSeen {
+            times: Arc::new(times),
+            lines,
+        })
     }
 
-    /// Replaces the first-seen times.
-    pub fn set_first_seen(&self, times: &BTreeMap<String, String>) -> Result<()> {
-        let path = self.dir.join("first-seen.yaml");
-        let text = serde_yaml::to_string(times).map_err(|e| StoreError::Corrupt {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+    fn import_first_seen_yaml(&self) -> Result<FirstSeen> {
+        let path = self.dir.join(FIRST_SEEN_YAML);
+        let times: BTreeMap<String, String> = match fs::read_to_string(&path) {
+            Ok(text) => serde_yaml::from_str(&text).map_err(|e| StoreError::Corrupt {
+                path: path.clone(),
+                message: e.to_string(),
+            })?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(io_err("reading", &path)(e)),
+        };
+        Ok(FirstSeen {
+            times: Arc::new(times),
+            // Not in the journal yet: the next record rewrites it whole.
+            lines: usize::MAX,
+        })
+    }
+
+    /// Records routes seen for the first time and forgets routes that are gone. Call
+    /// under the lock, after `begin_write`.
+    pub fn record_first_seen(&self, added: &[(String, String)], removed: &[String]) -> Result<()> {
+        if added.is_empty() && removed.is_empty() {
+            return Ok(());
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = self.loaded_first_seen(&mut cache)?;
+        let times = Arc::make_mut(&mut seen.times);
+        let mut journal = String::new();
+        for (key, time) in added {
+            times.insert(key.clone(), time.clone());
+            journal.push_str(&format!("+\t{time}\t{key}\n"));
+        }
+        for key in removed {
+            times.remove(key);
+            journal.push_str(&format!("-\t{key}\n"));
+        }
+        let lines = seen.lines.saturating_add(added.len() + removed.len());
+        if lines > 2 * times.len() + 64 {
+            self.rewrite_first_seen(times)?;
+            seen.lines = times.len();
+        } else {
+            self.append_first_seen(&journal)?;
+            seen.lines = lines;
+        }
+        Ok(())
+    }
+
+    fn append_first_seen(&self, journal: &str) -> Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = self.dir.join(FIRST_SEEN_LOG);
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err("opening", &path))?;
+        // Cut off a torn last line before appending after it.
+        let mut text = Vec::new();
+        let len = f.metadata().map_err(io_err("reading", &path))?.len();
+        if len > 0 {
+            let mut last = [0u8];
+            f.seek(SeekFrom::Start(len - 1))
+                .and_then(|_| f.read_exact(&mut last))
+                .map_err(io_err("reading", &path))?;
+            if last[0] != b'\n' {
+                f.seek(SeekFrom::Start(0))
+                    .and_then(|_| f.read_to_end(&mut text))
+                    .map_err(io_err("reading", &path))?;
+                let keep = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+                f.set_len(keep as u64)
+                    .map_err(io_err("truncating", &path))?;
+            }
+        }
+        f.seek(SeekFrom::End(0))
+            .and_then(|_| f.write_all(journal.as_bytes()))
+            .and_then(|()| f.sync_data())
+            .map_err(io_err("appending to", &path))?;
+        if len == 0 {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    fn rewrite_first_seen(&self, times: &BTreeMap<String, String>) -> Result<()> {
+        let path = self.dir.join(FIRST_SEEN_LOG);
+        let mut text = String::new();
+        for (key, time) in times {
+            text.push_str(&format!("+\t{time}\t{key}\n"));
+        }
         let tmp = write_tmp(&self.dir, &text)?;
         fs::rename(&tmp, &path).map_err(io_err("replacing", &path))?;
         sync_dir(&self.dir)?;
-        self.cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .first_seen = Some(times.clone());
-        Ok(())
+        let old = self.dir.join(FIRST_SEEN_YAML);
+        match fs::remove_file(&old) {
+            Ok(()) => sync_dir(&self.dir),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("removing", &old)(e)),
+        }
     }
 }
 
@@ -568,6 +696,94 @@ mod tests {
         assert!(
             leftovers.is_empty(),
             "no temporary files left: {leftovers:?}"
+        );
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn first_seen_journal_survives_a_torn_append_and_compacts() {
+        let dir = std::env::temp_dir().join(format!("berth-store-seen-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).expect("open");
+        let t = |s: &str| s.to_string();
+        store
+            .record_first_seen(&[(t("TCPRoute/a/r"), t("2026-01-01T00:00:00Z"))], &[])
+            .expect("record");
+        store
+            .record_first_seen(&[(t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z"))], &[])
+            .expect("record");
+        // A writer killed mid-append leaves a torn line: it is ignored, then cut off.
+        let log = dir.join(FIRST_SEEN_LOG);
+        fs::OpenOptions::new()
+            .append(true)
+            .open(&log)
+            .and_then(|mut f| f.write_all(b"+\t2026-01-03T00:0"))
+            .expect("tear");
+        let reopened = Store::open(&dir).expect("reopen");
+        let want: BTreeMap<String, String> = [
+            (t("TCPRoute/a/r"), t("2026-01-01T00:00:00Z")),
+            (t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z")),
+        ]
+        .into();
+        assert_eq!(*reopened.first_seen().expect("read"), want);
+        reopened
+            .record_first_seen(&[], &[t("TCPRoute/a/r")])
+            .expect("forget");
+        let text = fs::read_to_string(&log).expect("log");
+        assert!(text.ends_with("-\tTCPRoute/a/r\n"), "{text:?}");
+        assert!(!text.contains("2026-01-03"), "torn line cut off: {text:?}");
+        // Many records of few routes: the journal is rewritten to what it holds.
+        for i in 0..100 {
+            let key = t("TCPRoute/c/x");
+            reopened
+                .record_first_seen(
+                    &[(key.clone(), format!("2026-02-{:02}T00:00:00Z", i % 28 + 1))],
+                    &[],
+                )
+                .expect("add");
+            reopened.record_first_seen(&[], &[key]).expect("remove");
+        }
+        let lines = fs::read_to_string(&log).expect("log").lines().count();
+        assert!(
+            lines <= 2 + 64 + 2,
+            "compacted (one route held): {lines} lines"
+        );
+        let fresh = Store::open(&dir).expect("reopen");
+        let want: BTreeMap<String, String> =
+            [(t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z"))].into();
+        assert_eq!(*fresh.first_seen().expect("read"), want);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn first_seen_of_earlier_versions_is_imported() {
+        let dir = std::env::temp_dir().join(format!("berth-store-yaml-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("dir");
+        fs::write(
+            dir.join(FIRST_SEEN_YAML),
+            "TCPRoute/a/r: 2026-01-01T00:00:00Z\n",
+        )
+        .expect("write");
+        let store = Store::open(&dir).expect("open");
+        assert_eq!(store.first_seen().expect("read").len(), 1);
+        store
+            .record_first_seen(
+                &[("UDPRoute/b/s".into(), "2026-01-02T00:00:00Z".into())],
+                &[],
+            )
+            .expect("record");
+        assert!(
+            !dir.join(FIRST_SEEN_YAML).exists(),
+            "turned into the journal"
+        );
+        assert_eq!(
+            Store::open(&dir)
+                .expect("reopen")
+                .first_seen()
+                .expect("read")
+                .len(),
+            2
         );
         let _ = fs::remove_dir_all(&dir);
     }

@@ -2,49 +2,11 @@
 //! the upstream v1.6.1 CRD OpenAPI schemas in `../shared/gateway-api/v1.6.1/crds`.
 //! (CEL rules, `x-kubernetes-validations`, are not evaluated: no API server here.)
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-};
+mod common;
+
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-
-fn crd_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/gateway-api/v1.6.1/crds")
-}
-
-/// (kind, version) → compiled schema.
-fn schemas() -> BTreeMap<(String, String), jsonschema::Validator> {
-    let mut out = BTreeMap::new();
-    let dir = crd_dir();
-    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| {
-        panic!(
-            "upstream CRDs at {} (shared/ beside the repository): {e}",
-            dir.display()
-        )
-    });
-    for entry in entries {
-        let path = entry.expect("entry").path();
-        if path.extension().is_none_or(|e| e != "yaml") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).expect("read CRD");
-        for de in serde_yaml::Deserializer::from_str(&text) {
-            let crd: Value = serde::Deserialize::deserialize(de).expect("CRD YAML");
-            let kind = crd["spec"]["names"]["kind"]
-                .as_str()
-                .expect("kind")
-                .to_string();
-            for v in crd["spec"]["versions"].as_array().expect("versions") {
-                let version = v["name"].as_str().expect("version").to_string();
-                let validator = jsonschema::validator_for(&v["schema"]["openAPIV3Schema"])
-                    .expect("schema compiles");
-                out.insert((kind.clone(), version), validator);
-            }
-        }
-    }
-    out
-}
 
 fn manifests() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -64,7 +26,7 @@ fn manifests() -> Vec<PathBuf> {
 
 #[test]
 fn example_and_test_manifests_validate_against_the_upstream_crds() {
-    let schemas = schemas();
+    let schemas = common::upstream_schemas();
     assert!(
         schemas.contains_key(&("TCPRoute".to_string(), "v1".to_string())),
         "TCPRoute v1 schema present"
@@ -92,7 +54,7 @@ fn example_and_test_manifests_validate_against_the_upstream_crds() {
                 continue;
             };
             checked += 1;
-            for error in schema.iter_errors(&doc) {
+            for error in schema.validator.iter_errors(&doc) {
                 failures.push(format!(
                     "{} document {} ({kind}): {} at {}",
                     file.display(),

@@ -72,8 +72,11 @@ fn balance(t: &FlowKey, service: &Service) -> Result<Flow, Counter> {
         return Err(Counter::DropNoBackend);
     }
     let hash = flow_hash(t.src, t.dst, t.sport, t.dport, t.proto);
-    let slot = service.table * MAGLEV_SIZE + hash % MAGLEV_SIZE;
-    let backend_id = *MAGLEV.get(slot).ok_or(Counter::DropNoBackend)?;
+    let table = MAGLEV.get(service.table).ok_or(Counter::DropNoBackend)?;
+    // LLVM turns the modulo into a multiply the verifier cannot bound, and then drops
+    // the index check as redundant; hiding the value keeps the check for the verifier.
+    let slot = core::hint::black_box(hash % MAGLEV_SIZE) as usize;
+    let backend_id = *table.get(slot).ok_or(Counter::DropNoBackend)?;
     let backend = BACKENDS.get(backend_id).ok_or(Counter::DropNoBackend)?;
     if backend.flags & BACKEND_LIVE == 0 {
         return Err(Counter::DropNoBackend);

@@ -37,7 +37,10 @@ pub unsafe fn forward(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, hop: &mut 
     if hop.ifindex == 0 || len > hop.fit_len || now.wrapping_sub(hop.checked_at) > NEXT_HOP_REFRESH
     {
         let Some(found) = fib(ctx, ip, ingress) else {
+            // Asked and not answered: ask again on the next packet. The time still says
+            // the flow is alive (userspace counts active flows by it).
             hop.ifindex = 0;
+            hop.checked_at = now;
             count(Counter::KernelForward);
             return xdp_action::XDP_PASS;
         };

@@ -5,8 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use gateway_common::{
-    Backend, Counter, Flow, FlowKey, FragKey, FragPorts, Service, ServiceKey, ServiceStats,
-    MAGLEV_SIZE,
+    Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service, ServiceKey,
+    ServiceStats,
 };
 
 const SERVICES_MAX: u32 = 1024;
@@ -18,7 +18,7 @@ pub static SERVICES: HashMap<ServiceKey, Service> = HashMap::with_max_entries(SE
 pub static ADDRESSES: HashMap<u32, u32> = HashMap::with_max_entries(256, 0);
 
 #[map(name = "berth_maglev")]
-pub static MAGLEV: Array<u32> = Array::with_max_entries((SERVICES_MAX + 64) * MAGLEV_SIZE, 0);
+pub static MAGLEV: Array<MaglevTable> = Array::with_max_entries(SERVICES_MAX + 64, 0);
 
 #[map(name = "berth_backends")]
 pub static BACKENDS: Array<Backend> = Array::with_max_entries(16384, 0);

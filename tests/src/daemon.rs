@@ -43,6 +43,12 @@ pub struct Dirs {
 impl Dirs {
     /// Fresh directories; the manifests are a copy of `examples/`.
     pub fn with_examples() -> Self {
+        Self::with_example_files(&["gateway.yaml", "team-a.yaml", "team-b.yaml"])
+    }
+
+    /// Fresh directories; the manifests are copies of the named files of `examples/`
+    /// (add more files to `manifests` as needed).
+    pub fn with_example_files(files: &[&str]) -> Self {
         let id = unique("e");
         let tmp = std::env::temp_dir();
         let d = Dirs {
@@ -52,7 +58,7 @@ impl Dirs {
         };
         std::fs::create_dir_all(&d.manifests).expect("manifest dir");
         let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
-        for f in ["gateway.yaml", "team-a.yaml", "team-b.yaml"] {
+        for f in files {
             std::fs::copy(examples.join(f), d.manifests.join(f)).expect("copy example");
         }
         d

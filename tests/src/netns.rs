@@ -114,18 +114,34 @@ impl Netns {
     /// Runs `f` on a thread that has entered this namespace: sockets and
     /// `BPF_PROG_TEST_RUN` calls made there see its interfaces and routes.
     pub fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        let path = format!("/run/netns/{}", self.name);
-        let file = File::open(&path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+        let (path, file) = self.open();
         std::thread::scope(|s| {
             s.spawn(|| {
-                // SAFETY: setns on this thread only, with a valid namespace descriptor.
-                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+                join_netns(&path, &file);
                 f()
             })
             .join()
             .unwrap_or_else(|e| std::panic::resume_unwind(e))
         })
+    }
+
+    /// Like `enter`, but returns at once: `f` runs on a new thread inside the namespace
+    /// (for work that goes on while the caller does other things; join it).
+    pub fn spawn_thread<R: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> R + Send + 'static,
+    ) -> std::thread::JoinHandle<R> {
+        let (path, file) = self.open();
+        std::thread::spawn(move || {
+            join_netns(&path, &file);
+            f()
+        })
+    }
+
+    fn open(&self) -> (String, File) {
+        let path = format!("/run/netns/{}", self.name);
+        let file = File::open(&path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+        (path, file)
     }
 
     /// The index of an interface inside the namespace.
@@ -144,6 +160,13 @@ impl Drop for Netns {
             .args(["netns", "del", &self.name])
             .status();
     }
+}
+
+/// Moves the calling thread into the network namespace open as `file`.
+fn join_netns(path: &str, file: &File) {
+    // SAFETY: setns on this thread only, with a valid namespace descriptor.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
 }
 
 /// A process started by a test, killed (by PID) on drop.

@@ -200,6 +200,39 @@ fn teams_get_distinct_ports_static_requests_are_granted_or_refused_without_distu
         curl(&topo, 30000).starts_with("backend-"),
         "the holder is undisturbed"
     );
+
+    // Per-route packets and active flows reach `berth get routes` and /metrics (read
+    // from the kernel every few seconds); a route nobody used has none.
+    wait_until(
+        "team A's traffic to be counted",
+        Duration::from_secs(15),
+        || {
+            let rows = daemon.routes(&topo.gateway);
+            let a = row(&rows, "team-a");
+            a.packets > 0 && a.active_flows > 0
+        },
+    );
+    let rows = daemon.routes(&topo.gateway);
+    assert!(
+        row(&rows, "team-a").active_flows >= 11,
+        "eleven curls, eleven flows: {:?}",
+        row(&rows, "team-a")
+    );
+    assert_eq!(row(&rows, "team-d").active_flows, 0);
+    let metrics = topo
+        .gateway
+        .enter(|| berth::admin::get("127.0.0.1:9470", "/metrics"))
+        .expect("metrics");
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("berth_route_active_flows{") && l.contains("namespace=\"team-a\""))
+        .unwrap_or_else(|| panic!("no active flows of team A in /metrics:\n{metrics}"));
+    let active: u64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a number");
+    assert!(active >= 11, "{line}");
 }
 
 #[test]

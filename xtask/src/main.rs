@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup|test|demo|bench datapath`.
+//! Project tasks: `cargo xtask setup|test|demo|bench datapath|planner|control-plane|e2e`.
 //!
 //! `setup` installs what a fresh machine lacks and is idempotent: Debian packages the
 //! tests and demo use, `rust-src` for the nightly toolchain, and `bpf-linker` built
@@ -20,6 +20,9 @@ const PACKAGES: &[(&str, &str)] = &[
     ("dnsmasq-base", "dnsmasq"),
     ("bind9-dnsutils", "dig"),
     ("curl", "curl"),
+    // The end-to-end benchmark's kernel NAT baselines.
+    ("iptables", "iptables-legacy"),
+    ("nftables", "nft"),
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -27,13 +30,17 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/local/lib/berth-llvm";
 
 const USAGE: &str =
-    "usage: cargo xtask <setup | test | demo | bench datapath|planner|control-plane>
+    "usage: cargo xtask <setup | test | demo | bench datapath|planner|control-plane|e2e>
   setup            install what this machine lacks (idempotent; needs root)
   test             setup, then fmt and clippy checks and every test (needs root)
   demo             setup, then berth run on the examples in network namespaces (needs root)
   bench datapath   setup, then ns/packet of the XDP program under BPF_PROG_TEST_RUN
   bench planner    setup, then planning time for 100, 1k and 10k routes
-  bench control-plane  setup, then berth run with 10k routes: cold start, change latency, RSS";
+  bench control-plane  setup, then berth run with 10k routes: cold start, change latency, RSS
+  bench e2e        setup, then one UDP load through the gateway by Berth's XDP, iptables,
+                   nftables (IPVS if the kernel has it) and plain routing: delivered pps,
+                   loss, gateway CPU per packet; a table, target/bench/e2e.svg, a JSON line
+                   (arguments go to it: [--load xdp-live-frames|sendmmsg] [MODE...])";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -47,6 +54,10 @@ fn main() -> ExitCode {
         ["bench", "control-plane"] => setup().and_then(|()| {
             build_berth()?;
             run_bin("berth-bench-control-plane")
+        }),
+        ["bench", "e2e", rest @ ..] => setup().and_then(|()| {
+            build_berth()?;
+            run_bin_with("berth-bench-e2e", rest)
         }),
         _ => {
             eprintln!("{USAGE}");
@@ -286,15 +297,23 @@ fn remove_leftovers() -> Result<()> {
 
 /// Runs one of the `berth-tests` binaries, optimised.
 fn run_bin(name: &str) -> Result<()> {
-    run(cargo().args([
-        "run",
-        "--quiet",
-        "--release",
-        "-p",
-        "berth-tests",
-        "--bin",
-        name,
-    ]))
+    run_bin_with(name, &[])
+}
+
+/// Runs one of the `berth-tests` binaries, optimised, with arguments.
+fn run_bin_with(name: &str, args: &[&str]) -> Result<()> {
+    run(cargo()
+        .args([
+            "run",
+            "--quiet",
+            "--release",
+            "-p",
+            "berth-tests",
+            "--bin",
+            name,
+            "--",
+        ])
+        .args(args))
 }
 
 /// Builds the optimised `berth` binary, which the demo and a benchmark start.

@@ -27,9 +27,18 @@ use aya::{
 use desired::BackendSet;
 pub use desired::{DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use gateway_common::{
-    map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, Service, ServiceKey,
-    ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
+    map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service,
+    ServiceKey, ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
 };
+
+/// What the datapath counted for one service.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Packets, bytes and new flows, summed over CPUs.
+    pub stats: ServiceStats,
+    /// Tracked flows that forwarded a packet recently.
+    pub active_flows: u64,
+}
 
 /// Name of the gateway program in the object.
 pub const PROGRAM: &str = "berth";
@@ -159,33 +168,44 @@ impl Limits {
         self.services + SPARE_TABLES
     }
 
-    /// (map name, key size, value size, max entries) of every map.
-    fn shapes(&self) -> [(&'static str, usize, usize, u32); 8] {
+    /// The shape of every map.
+    fn shapes(&self) -> [Shape; 8] {
         use std::mem::size_of;
+        let shape = |name, key_size, value_size, max_entries| Shape {
+            name,
+            key_size,
+            value_size,
+            max_entries,
+        };
         [
-            (
+            shape(
                 map_names::SERVICES,
                 size_of::<ServiceKey>(),
                 size_of::<Service>(),
                 self.services,
             ),
-            (map_names::ADDRESSES, 4, 4, self.addresses),
-            (map_names::MAGLEV, 4, 4, self.tables() * MAGLEV_SIZE),
-            (map_names::BACKENDS, 4, size_of::<Backend>(), self.backends),
-            (
+            shape(map_names::ADDRESSES, 4, 4, self.addresses),
+            shape(
+                map_names::MAGLEV,
+                4,
+                size_of::<MaglevTable>(),
+                self.tables(),
+            ),
+            shape(map_names::BACKENDS, 4, size_of::<Backend>(), self.backends),
+            shape(
                 map_names::CONNTRACK,
                 size_of::<FlowKey>(),
                 size_of::<Flow>(),
                 self.flows,
             ),
-            (
+            shape(
                 map_names::FRAGMENTS,
                 size_of::<FragKey>(),
                 size_of::<FragPorts>(),
                 self.fragments,
             ),
-            (map_names::COUNTERS, 4, 8, Counter::COUNT),
-            (
+            shape(map_names::COUNTERS, 4, 8, Counter::COUNT),
+            shape(
                 map_names::SERVICE_STATS,
                 4,
                 size_of::<ServiceStats>(),
@@ -193,6 +213,14 @@ impl Limits {
             ),
         ]
     }
+}
+
+/// What a map must look like: an earlier run's pinned map is adopted only if it matches.
+struct Shape {
+    name: &'static str,
+    key_size: usize,
+    value_size: usize,
+    max_entries: u32,
 }
 
 /// How to attach to an interface.
@@ -274,16 +302,16 @@ pub struct Datapath {
     limits: Limits,
     services: HashMap<MapData, ServiceKey, Service>,
     addresses: HashMap<MapData, u32, u32>,
-    maglev: Array<MapData, u32>,
+    maglev: Array<MapData, MaglevTable>,
     backends: Array<MapData, Backend>,
     conntrack: HashMap<MapData, FlowKey, Flow>,
     counters: PerCpuArray<MapData, u64>,
     service_stats: PerCpuArray<MapData, ServiceStats>,
     installed: BTreeMap<ServiceKey, Installed>,
     links: BTreeMap<String, FdLink>,
-    /// Next-fit cursors, so that a freed id is not reused at once.
-    next_service: u32,
-    next_backend: u32,
+    service_ids: IdPool,
+    tables: IdPool,
+    backend_ids: IdPool,
 }
 
 impl Datapath {
@@ -297,15 +325,19 @@ impl Datapath {
         })?;
 
         let shapes = limits.shapes();
-        let paths: Vec<PathBuf> = shapes.iter().map(|(name, ..)| pin_dir.join(name)).collect();
-        for ((name, key_size, value_size, max_entries), path) in shapes.iter().zip(&paths) {
-            check_pinned(path, pin_dir, *key_size, *value_size, *max_entries)
-                .map_err(|e| e.unwrap_or_else(|source| DatapathError::Map { name, source }))?;
+        let paths: Vec<PathBuf> = shapes.iter().map(|s| pin_dir.join(s.name)).collect();
+        for (shape, path) in shapes.iter().zip(&paths) {
+            check_pinned(path, pin_dir, shape).map_err(|e| {
+                e.unwrap_or_else(|source| DatapathError::Map {
+                    name: shape.name,
+                    source,
+                })
+            })?;
         }
         let mut loader = EbpfLoader::new();
-        for ((name, _, _, max_entries), path) in shapes.iter().zip(&paths) {
-            loader.map_max_entries(name, *max_entries);
-            loader.map_pin_path(name, path.as_path());
+        for (shape, path) in shapes.iter().zip(&paths) {
+            loader.map_max_entries(shape.name, shape.max_entries);
+            loader.map_pin_path(shape.name, path.as_path());
         }
         let mut ebpf = loader.load(OBJECT).map_err(DatapathError::Load)?;
         for name in [PROGRAM, FLOOR_PROGRAM] {
@@ -339,8 +371,9 @@ impl Datapath {
             limits: *limits,
             installed: BTreeMap::new(),
             links: BTreeMap::new(),
-            next_service: 0,
-            next_backend: 0,
+            service_ids: IdPool::new("services", limits.services),
+            tables: IdPool::new("Maglev tables", limits.tables()),
+            backend_ids: IdPool::new("backends", limits.backends),
         };
         dp.adopt()?;
         Ok(dp)
@@ -360,7 +393,8 @@ impl Datapath {
                     backends: BTreeMap::new(),
                 },
             );
-            self.next_service = self.next_service.max(svc.id + 1);
+            self.service_ids.mark(svc.id);
+            self.tables.mark(svc.table);
         }
         let mut orphans = Vec::new();
         for (id, item) in self.backends.iter().enumerate() {
@@ -376,7 +410,7 @@ impl Datapath {
                 Some(svc) => {
                     svc.backends
                         .insert(endpoint(b.addr, b.port), (id, b.weight));
-                    self.next_backend = self.next_backend.max(id + 1);
+                    self.backend_ids.mark(id);
                 }
                 // A backend left behind by a run that died mid-update.
                 None => orphans.push(id),
@@ -410,6 +444,15 @@ impl Datapath {
     /// Makes the maps hold `desired`, touching only what differs. Flows of unchanged
     /// backends are never disturbed; a changed service switches tables atomically.
     pub fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
+        let result = self.apply_diff(desired);
+        if result.is_err() {
+            // Ids handed out to what was not installed in the end are free again.
+            self.rebuild_pools();
+        }
+        result
+    }
+
+    fn apply_diff(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
         let want = desired.normalized();
         if want.len() as u32 > self.limits.services {
             return Err(DatapathError::Capacity {
@@ -446,15 +489,15 @@ impl Datapath {
     }
 
     fn add_service(&mut self, key: &ServiceKey, want: &BackendSet) -> Result<()> {
-        let id = self.alloc_service_id()?;
-        let table = self.alloc_table()?;
+        let id = self.service_ids.alloc()?;
+        let table = self.tables.alloc()?;
         let mut svc = Installed {
             id,
             table,
             backends: BTreeMap::new(),
         };
         for (&endpoint, &weight) in want {
-            let bid = self.alloc_backend_id(&svc)?;
+            let bid = self.backend_ids.alloc()?;
             self.write_backend(bid, id, endpoint, weight)?;
             svc.backends.insert(endpoint, (bid, weight));
         }
@@ -491,7 +534,7 @@ impl Datapath {
         };
         let mut svc = Installed {
             id: old.id,
-            table: self.alloc_table()?,
+            table: self.tables.alloc()?,
             backends: BTreeMap::new(),
         };
         // New and reweighted backends first, so the new table only names live ones.
@@ -503,7 +546,7 @@ impl Datapath {
                     bid
                 }
                 None => {
-                    let bid = self.alloc_backend_id_excluding(&old, &svc)?;
+                    let bid = self.backend_ids.alloc()?;
                     self.write_backend(bid, svc.id, endpoint, weight)?;
                     bid
                 }
@@ -530,6 +573,7 @@ impl Datapath {
                 self.clear_backend(bid)?;
             }
         }
+        self.tables.free(old.table);
         self.installed.insert(*key, svc);
         Ok(())
     }
@@ -545,6 +589,8 @@ impl Datapath {
         for &(bid, _) in svc.backends.values() {
             self.clear_backend(bid)?;
         }
+        self.service_ids.free(svc.id);
+        self.tables.free(svc.table);
         Ok(())
     }
 
@@ -559,12 +605,13 @@ impl Datapath {
         let Some(table) = maglev::table(&candidates, MAGLEV_SIZE) else {
             return Ok(0);
         };
-        let base = svc.table * MAGLEV_SIZE;
-        for (i, entry) in table.iter().enumerate() {
-            self.maglev
-                .set(base + i as u32, ids[*entry as usize], 0)
-                .map_err(map_err(map_names::MAGLEV))?;
+        let mut entries: MaglevTable = [0; MAGLEV_SIZE as usize];
+        for (slot, &e) in entries.iter_mut().zip(&table) {
+            *slot = ids[e as usize];
         }
+        self.maglev
+            .set(svc.table, entries, 0)
+            .map_err(map_err(map_names::MAGLEV))?;
         Ok(candidates.iter().filter(|c| c.weight > 0).count() as u32)
     }
 
@@ -590,7 +637,9 @@ impl Datapath {
     fn clear_backend(&mut self, bid: u32) -> Result<()> {
         self.backends
             .set(bid, Backend::default(), 0)
-            .map_err(map_err(map_names::BACKENDS))
+            .map_err(map_err(map_names::BACKENDS))?;
+        self.backend_ids.free(bid);
+        Ok(())
     }
 
     /// Keeps the gateway-address map equal to the addresses of installed services.
@@ -625,48 +674,18 @@ impl Datapath {
         Ok(())
     }
 
-    fn alloc_service_id(&mut self) -> Result<u32> {
-        let used: Vec<u32> = self.installed.values().map(|s| s.id).collect();
-        let id = next_free(self.limits.services, self.next_service, |id| {
-            used.contains(&id)
-        })
-        .ok_or(DatapathError::Capacity {
-            what: "services",
-            limit: self.limits.services,
-        })?;
-        self.next_service = id + 1;
-        Ok(id)
-    }
-
-    fn alloc_table(&self) -> Result<u32> {
-        let used: Vec<u32> = self.installed.values().map(|s| s.table).collect();
-        next_free(self.limits.tables(), 0, |t| used.contains(&t)).ok_or(DatapathError::Capacity {
-            what: "Maglev tables",
-            limit: self.limits.tables(),
-        })
-    }
-
-    fn alloc_backend_id(&mut self, pending: &Installed) -> Result<u32> {
-        self.alloc_backend_id_excluding(pending, pending)
-    }
-
-    fn alloc_backend_id_excluding(&mut self, a: &Installed, b: &Installed) -> Result<u32> {
-        let mut used = vec![false; self.limits.backends as usize];
-        let all = self.installed.values().chain([a, b]);
-        for &(bid, _) in all.flat_map(|s| s.backends.values()) {
-            if let Some(u) = used.get_mut(bid as usize) {
-                *u = true;
+    /// Marks exactly the ids of installed services as used.
+    fn rebuild_pools(&mut self) {
+        self.service_ids.clear();
+        self.tables.clear();
+        self.backend_ids.clear();
+        for svc in self.installed.values() {
+            self.service_ids.mark(svc.id);
+            self.tables.mark(svc.table);
+            for &(bid, _) in svc.backends.values() {
+                self.backend_ids.mark(bid);
             }
         }
-        let id = next_free(self.limits.backends, self.next_backend, |id| {
-            used[id as usize]
-        })
-        .ok_or(DatapathError::Capacity {
-            what: "backends",
-            limit: self.limits.backends,
-        })?;
-        self.next_backend = id + 1;
-        Ok(id)
     }
 
     /// Attaches the gateway program to `iface`. If an earlier run left a pinned link
@@ -776,36 +795,109 @@ impl Datapath {
 
     /// Statistics of every installed service, summed over CPUs.
     pub fn service_stats(&self) -> Result<BTreeMap<ServiceAddr, ServiceStats>> {
-        let mut out = BTreeMap::new();
-        for (key, svc) in &self.installed {
-            let Some(addr) = ServiceAddr::from_key(key) else {
-                continue;
-            };
-            let per_cpu = self
-                .service_stats
-                .get(&svc.id, 0)
-                .map_err(map_err(map_names::SERVICE_STATS))?;
-            let sum = per_cpu
-                .iter()
-                .fold(ServiceStats::default(), |a, s| ServiceStats {
-                    packets: a.packets + s.packets,
-                    bytes: a.bytes + s.bytes,
-                    reply_packets: a.reply_packets + s.reply_packets,
-                    reply_bytes: a.reply_bytes + s.reply_bytes,
-                    new_flows: a.new_flows + s.new_flows,
+        use aya::maps::IterableMap as _;
+        // Per-CPU values come as one 8-byte-aligned slot per possible CPU.
+        let slot = std::mem::size_of::<ServiceStats>().next_multiple_of(8);
+        let cpus = nr_cpus()?;
+        let mut by_id: StdHashMap<u32, ServiceStats> = StdHashMap::new();
+        let fd = std::os::fd::AsFd::as_fd(self.service_stats.map().fd());
+        lookup_batch(fd, 4, slot * cpus, |key, value| {
+            let id = u32::from_ne_bytes(key.try_into().unwrap_or_default());
+            let sum = value
+                .chunks_exact(slot)
+                .fold(ServiceStats::default(), |a, v| {
+                    // SAFETY: each slot starts with a ServiceStats (Pod, any bytes valid);
+                    // read unaligned from the byte buffer.
+                    let s: ServiceStats = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
+                    ServiceStats {
+                        packets: a.packets + s.packets,
+                        bytes: a.bytes + s.bytes,
+                        reply_packets: a.reply_packets + s.reply_packets,
+                        reply_bytes: a.reply_bytes + s.reply_bytes,
+                        new_flows: a.new_flows + s.new_flows,
+                    }
                 });
-            out.insert(addr, sum);
-        }
-        Ok(out)
+            by_id.insert(id, sum);
+        })
+        .map_err(batch_err(map_names::SERVICE_STATS))?;
+        Ok(self
+            .installed
+            .iter()
+            .filter_map(|(key, svc)| {
+                Some((ServiceAddr::from_key(key)?, by_id.get(&svc.id).copied()?))
+            })
+            .collect())
+    }
+
+    /// Per-service counters and active flows (see `active_flows`).
+    pub fn traffic(&self, window: std::time::Duration) -> Result<BTreeMap<ServiceAddr, Traffic>> {
+        let mut active = self.active_flows(window)?;
+        Ok(self
+            .service_stats()?
+            .into_iter()
+            .map(|(service, stats)| {
+                let active_flows = active.remove(&service).unwrap_or(0);
+                (
+                    service,
+                    Traffic {
+                        stats,
+                        active_flows,
+                    },
+                )
+            })
+            .collect())
     }
 
     /// Tracked flows, client → gateway direction only: (flow tuple, backend endpoint, service).
     pub fn flows(&self) -> Result<Vec<(FlowKey, Flow)>> {
-        self.conntrack
+        let mut out = Vec::new();
+        self.each_flow(|k, f| {
+            if f.kind == gateway_common::NAT_DST {
+                out.push((*k, *f));
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// Per service, the tracked flows (client → gateway) that forwarded a packet within
+    /// about `window` (a flow's next hop is asked for at least every second while its
+    /// packets flow, and that time is what is compared).
+    pub fn active_flows(&self, window: std::time::Duration) -> Result<BTreeMap<ServiceAddr, u64>> {
+        let now = coarse_clock_units();
+        let window = u32::try_from(window.as_nanos() >> 20).unwrap_or(u32::MAX);
+        let mut per_id: StdHashMap<u32, u64> = StdHashMap::new();
+        self.each_flow(|_, f| {
+            if f.kind == gateway_common::NAT_DST
+                && now.wrapping_sub(f.next_hop.checked_at) <= window
+            {
+                *per_id.entry(f.service).or_default() += 1;
+            }
+        })?;
+        Ok(self
+            .installed
             .iter()
-            .filter(|item| !matches!(item, Ok((_, f)) if f.kind != gateway_common::NAT_DST))
-            .collect::<Result<_, _>>()
-            .map_err(map_err(map_names::CONNTRACK))
+            .filter_map(|(key, svc)| Some((ServiceAddr::from_key(key)?, *per_id.get(&svc.id)?)))
+            .collect())
+    }
+
+    /// Calls `f` on every conntrack entry, reading them in batches (a few syscalls for
+    /// the whole table, not two per entry).
+    fn each_flow(&self, mut f: impl FnMut(&FlowKey, &Flow)) -> Result<()> {
+        use aya::maps::IterableMap as _;
+        let fd = std::os::fd::AsFd::as_fd(self.conntrack.map().fd());
+        let (key_size, value_size) = (std::mem::size_of::<FlowKey>(), std::mem::size_of::<Flow>());
+        lookup_batch(fd, key_size, value_size, |k, v| {
+            // SAFETY: the map's key and value are a FlowKey and a Flow (sizes checked at
+            // load; Pod, any bytes valid); read unaligned from the byte buffers.
+            let (k, v): (FlowKey, Flow) = unsafe {
+                (
+                    std::ptr::read_unaligned(k.as_ptr().cast()),
+                    std::ptr::read_unaligned(v.as_ptr().cast()),
+                )
+            };
+            f(&k, &v)
+        })
+        .map_err(batch_err(map_names::CONNTRACK))
     }
 
     /// A loaded program of the object (`PROGRAM` or `FLOOR_PROGRAM`), e.g. for
@@ -850,18 +942,16 @@ fn xdp<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp> {
 fn check_pinned(
     path: &Path,
     dir: &Path,
-    key_size: usize,
-    value_size: usize,
-    max_entries: u32,
+    shape: &Shape,
 ) -> std::result::Result<(), std::result::Result<DatapathError, MapError>> {
     if !path.exists() {
         return Ok(());
     }
     let info = MapInfo::from_pin(path).map_err(Err)?;
     let checks = [
-        ("key size", info.key_size(), key_size as u32),
-        ("value size", info.value_size(), value_size as u32),
-        ("max entries", info.max_entries(), max_entries),
+        ("key size", info.key_size(), shape.key_size as u32),
+        ("value size", info.value_size(), shape.value_size as u32),
+        ("max entries", info.max_entries(), shape.max_entries),
     ];
     for (what, found, wanted) in checks {
         if found != wanted {
@@ -877,12 +967,160 @@ fn check_pinned(
     Ok(())
 }
 
+/// `bpf_ktime_get_coarse_ns() >> 20` as the program computes it (CLOCK_MONOTONIC_COARSE).
+fn coarse_clock_units() -> u32 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    let ns = (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64;
+    (ns >> 20) as u32
+}
+
+fn batch_err(name: &'static str) -> impl FnOnce(io::Error) -> DatapathError {
+    move |io_error| {
+        map_err(name)(MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_lookup_batch",
+            io_error,
+        }))
+    }
+}
+
+/// Reads every entry of a BPF hash or array map with `BPF_MAP_LOOKUP_BATCH` (a few
+/// syscalls for the whole map, not two per entry), calling `f` on each key's and value's
+/// bytes (`value_size` as the kernel copies it: per-CPU maps give one 8-byte-aligned
+/// slot per possible CPU).
+fn lookup_batch(
+    fd: std::os::fd::BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+    mut f: impl FnMut(&[u8], &[u8]),
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    /// The `batch` member of `union bpf_attr` (uapi/linux/bpf.h).
+    #[repr(C)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    const CHUNK: usize = 1024;
+    let mut keys = vec![0u8; CHUNK * key_size];
+    let mut values = vec![0u8; CHUNK * value_size];
+    // Hash maps and arrays both use a u32 (bucket, index) as the batch cursor.
+    let (mut cursor_in, mut cursor_out) = (0u64, 0u64);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                std::ptr::addr_of!(cursor_in) as u64
+            },
+            out_batch: std::ptr::addr_of_mut!(cursor_out) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            elem_flags: 0,
+            flags: 0,
+        };
+        // SAFETY: the buffers hold CHUNK keys and values of the sizes the kernel copies;
+        // the cursors are 8 bytes, more than the 4 the kernel writes.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        let done = if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(e);
+            }
+            true
+        } else {
+            false
+        };
+        let n = (attr.count as usize).min(CHUNK);
+        for (k, v) in keys
+            .chunks_exact(key_size)
+            .zip(values.chunks_exact(value_size))
+            .take(n)
+        {
+            f(k, v);
+        }
+        if done {
+            return Ok(());
+        }
+        cursor_in = cursor_out;
+        first = false;
+    }
+}
+
 fn endpoint(addr: u32, port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::from(u32::from_be(addr)), u16::from_be(port))
 }
 
-fn next_free(cap: u32, start: u32, used: impl Fn(u32) -> bool) -> Option<u32> {
-    (0..cap).map(|i| (start + i) % cap).find(|&id| !used(id))
+/// The ids of one kind of map slot (services, Maglev tables, backends) in use. Handed
+/// out next-fit, so that a freed id is not reused at once: a CPU may still be reading
+/// the slot through a lookup made just before it was freed.
+struct IdPool {
+    what: &'static str,
+    used: Vec<bool>,
+    cursor: u32,
+}
+
+impl IdPool {
+    fn new(what: &'static str, capacity: u32) -> Self {
+        IdPool {
+            what,
+            used: vec![false; capacity as usize],
+            cursor: 0,
+        }
+    }
+
+    fn alloc(&mut self) -> Result<u32> {
+        let cap = self.used.len() as u32;
+        let id = (0..cap)
+            .map(|i| (self.cursor + i) % cap)
+            .find(|&id| !self.used[id as usize])
+            .ok_or(DatapathError::Capacity {
+                what: self.what,
+                limit: cap,
+            })?;
+        self.used[id as usize] = true;
+        self.cursor = (id + 1) % cap;
+        Ok(id)
+    }
+
+    /// Marks an id found in use (adopted maps); new ids come after the highest.
+    fn mark(&mut self, id: u32) {
+        if let Some(u) = self.used.get_mut(id as usize) {
+            *u = true;
+            self.cursor = self.cursor.max(id + 1);
+        }
+    }
+
+    fn free(&mut self, id: u32) {
+        if let Some(u) = self.used.get_mut(id as usize) {
+            *u = false;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.used.fill(false);
+    }
 }
 
 fn ifindex(iface: &str) -> Option<u32> {

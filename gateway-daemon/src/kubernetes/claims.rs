@@ -20,7 +20,10 @@ use super::{
     sources::{Held, Key},
     ApiError,
 };
-use crate::model::{ClaimPhase, PortClaim, PortClaimResource};
+use crate::{
+    model::{ClaimPhase, PortClaim, PortClaimResource},
+    standalone::{claim_changes, ClaimChange},
+};
 
 /// A committed change, for events.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,9 +142,17 @@ pub async fn commit(
     done: &mut Vec<Change>,
 ) -> Result<(), ClaimError> {
     let have = held.list();
-    let changes = crate::model::claim_changes(&have, want);
+    let changes = claim_changes(&have, want);
+    let (mut deletes, mut updates, mut creates) = (Vec::new(), Vec::new(), Vec::new());
+    for change in changes {
+        match change {
+            ClaimChange::Delete(c) => deletes.push(c),
+            ClaimChange::Update(c) => updates.push(c),
+            ClaimChange::Create(c) => creates.push(c),
+        }
+    }
     let rv = |c: &PortClaim| held.claims.get(&key(c)).map(|(_, rv)| rv.clone());
-    for c in changes.delete {
+    for c in deletes {
         let (ns, name) = key(c);
         leadership.ensure(|| format!("deletion of PortClaim {ns}/{name}"))?;
         let api: Api<PortClaimResource> = Api::namespaced(client.clone(), &ns);
@@ -161,7 +172,7 @@ pub async fn commit(
         recent.record((ns, name), None);
         done.push(Change::Deleted(c.clone()));
     }
-    for c in changes.update {
+    for c in updates {
         let (ns, name) = key(c);
         leadership.ensure(|| format!("status of PortClaim {ns}/{name}"))?;
         let api: Api<PortClaimResource> = Api::namespaced(client.clone(), &ns);
@@ -183,7 +194,7 @@ pub async fn commit(
             done.push(Change::Released(c.clone()));
         }
     }
-    for c in changes.create {
+    for c in creates {
         // A released claim that is not stored holds nothing worth creating.
         if c.status
             .as_ref()

@@ -37,7 +37,7 @@ pub mod sources;
 pub mod status;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
     sync::Arc,
     time::{Duration, Instant, SystemTime},
@@ -442,10 +442,12 @@ pub async fn run(client: Client, options: Options, mut datapath: Option<Datapath
                     .iter()
                     .filter_map(|r| {
                         let m = &r.metadata;
-                        let key = standalone::route_key(r.kind.name(), m.ns(), &m.name);
+                        let mut key = String::new();
+                        standalone::route_key(&mut key, r.kind.name(), m.ns(), &m.name);
                         Some((key, m.creation_timestamp.clone()?))
                     })
-                    .collect();
+                    .collect::<BTreeMap<_, _>>()
+                    .into();
                 let cooling = next.cooling;
                 *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
                 (false, cooling)

@@ -1,10 +1,8 @@
 //! Turning a route's backendRefs into weighted endpoints.
 
-use std::{
-    collections::HashMap,
-    net::{Ipv4Addr, SocketAddrV4},
-};
+use std::net::{Ipv4Addr, SocketAddrV4};
 
+use super::FastMap;
 use crate::{
     datapath::WeightedBackend,
     model::{EndpointSlice, Route, Service, Snapshot, GATEWAY_GROUP},
@@ -56,8 +54,8 @@ impl Resolved {
 
 /// Services and EndpointSlices indexed by namespace and (service) name.
 pub struct Index<'a> {
-    services: HashMap<(&'a str, &'a str), &'a Service>,
-    slices: HashMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    services: FastMap<(&'a str, &'a str), &'a Service>,
+    slices: FastMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
 }
 
 impl<'a> Index<'a> {
@@ -68,7 +66,7 @@ impl<'a> Index<'a> {
             .iter()
             .map(|s| ((s.metadata.ns(), s.metadata.name.as_str()), s))
             .collect();
-        let mut slices: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+        let mut slices: FastMap<(&str, &str), Vec<&EndpointSlice>> = FastMap::default();
         for s in &snap.endpoint_slices {
             if let Some(svc) = s.metadata.labels.get("kubernetes.io/service-name") {
                 slices

@@ -1,6 +1,6 @@
 //! The claims of one plan, indexed so that allocation stays fast with many routes.
 
-use std::collections::HashMap;
+use super::FastMap as HashMap;
 
 use crate::model::{ClaimPhase, ClaimRoute, PortClaim, PortClaimStatus};
 

@@ -11,7 +11,7 @@ mod ledger;
 pub mod status;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
     time::{Duration, SystemTime},
 };
@@ -186,6 +186,10 @@ fn protocol_of(p: &str) -> Option<Protocol> {
     }
 }
 
+/// A hash map with a fast, non-cryptographic hasher: the planner's keys are names from
+/// the objects it plans, and a plan is made often.
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 fn route_ref(route: &Route) -> ClaimRoute {
     ClaimRoute {
         group: GATEWAY_GROUP.to_string(),
@@ -196,11 +200,14 @@ fn route_ref(route: &Route) -> ClaimRoute {
     }
 }
 
-fn same_route(a: &ClaimRoute, b: &ClaimRoute) -> bool {
-    a.kind == b.kind
-        && a.namespace == b.namespace
-        && a.name == b.name
-        && (a.uid.is_none() || b.uid.is_none() || a.uid == b.uid)
+/// Whether `claimed` names `route` (a missing uid on either side matches any).
+fn holds(claimed: &ClaimRoute, route: &Route) -> bool {
+    claimed.kind == route.kind.name()
+        && claimed.namespace == route.metadata.ns()
+        && claimed.name == route.metadata.name
+        && (claimed.uid.is_none()
+            || route.metadata.uid.is_none()
+            || claimed.uid == route.metadata.uid)
 }
 
 /// Resolves a Gateway's listeners against its GatewayConfig.
@@ -483,7 +490,7 @@ pub fn plan(input: &Input) -> Plan {
             m.name.as_str(),
         )
     });
-    let gateway_at: HashMap<(&str, &str), usize> = gateways
+    let gateway_at: FastMap<(&str, &str), usize> = gateways
         .iter()
         .enumerate()
         .map(|(gi, g)| ((g.spec.metadata.ns(), g.spec.metadata.name.as_str()), gi))
@@ -520,25 +527,21 @@ pub fn plan(input: &Input) -> Plan {
     claims.sort_by(|a, b| {
         (a.metadata.ns(), &a.metadata.name).cmp(&(b.metadata.ns(), &b.metadata.name))
     });
-    let gw_index: HashMap<(String, String), usize> = gateways
-        .iter()
-        .enumerate()
-        .map(|(gi, g)| (g.key(), gi))
-        .collect();
-    // Range attachments by (gateway, route), oldest first.
-    let mut by_route: HashMap<(usize, ClaimRoute), Vec<usize>> = HashMap::new();
+    let gw_index = &gateway_at;
+    // Range attachments by (gateway, route kind, namespace, name), oldest first.
+    let mut by_route: FastMap<(usize, &str, &str, &str), Vec<usize>> = FastMap::default();
     for (ai, a) in attachments.iter().enumerate() {
         if matches!(&a.attach, Attach::Listeners { ranges, .. } if !ranges.is_empty()) {
-            let mut key = route_ref(a.route);
-            key.uid = None;
-            by_route.entry((a.gw, key)).or_default().push(ai);
+            let m = &a.route.metadata;
+            by_route
+                .entry((a.gw, a.route.kind.name(), m.ns(), m.name.as_str()))
+                .or_default()
+                .push(ai);
         }
     }
     let mut kept = Vec::with_capacity(claims.len());
     for mut claim in claims {
-        let Some(&gi) =
-            gw_index.get(&(claim.metadata.ns().to_string(), claim.spec.gateway.clone()))
-        else {
+        let Some(&gi) = gw_index.get(&(claim.metadata.ns(), claim.spec.gateway.as_str())) else {
             // The Gateway is gone (or no longer ours): release its claims, and forget
             // them after the default cool-down (its GatewayConfig may be gone too).
             let released = claim
@@ -563,13 +566,13 @@ pub fn plan(input: &Input) -> Plan {
             .as_ref()
             .is_none_or(|s| s.phase == ClaimPhase::Bound);
         if bound {
-            let mut key = claim.spec.route.clone();
-            key.uid = None;
-            let holder = by_route.get(&(gi, key)).and_then(|list| {
+            let r = &claim.spec.route;
+            let key = (gi, r.kind.as_str(), r.namespace.as_str(), r.name.as_str());
+            let holder = by_route.get(&key).and_then(|list| {
                 list.iter().copied().find(|&ai| {
                     let a = &attachments[ai];
                     a.claim.is_none()
-                        && same_route(&route_ref(a.route), &claim.spec.route)
+                        && holds(&claim.spec.route, a.route)
                         && matches!(&a.attach, Attach::Listeners { ranges, requested, .. }
                             if ranges.iter().any(|&li| {
                                 let l = &gw.listeners[li];
@@ -741,7 +744,7 @@ pub fn plan(input: &Input) -> Plan {
 
     // Datapath: every bound claim of a gateway with an address, plus fixed listeners'
     // oldest route.
-    let route_index: HashMap<(&str, &str, &str), usize> = snap
+    let route_index: FastMap<(&str, &str, &str), usize> = snap
         .routes
         .iter()
         .enumerate()
@@ -754,7 +757,7 @@ pub fn plan(input: &Input) -> Plan {
         .collect();
     let route_by_ref = |r: &ClaimRoute| {
         let i = *route_index.get(&(r.kind.as_str(), r.namespace.as_str(), r.name.as_str()))?;
-        same_route(&route_ref(&snap.routes[i]), r).then_some(i)
+        holds(r, &snap.routes[i]).then_some(i)
     };
     for claim in claims.iter().flatten() {
         if claim
@@ -765,7 +768,7 @@ pub fn plan(input: &Input) -> Plan {
             continue;
         }
         let Some(gw) = gw_index
-            .get(&(claim.metadata.ns().to_string(), claim.spec.gateway.clone()))
+            .get(&(claim.metadata.ns(), claim.spec.gateway.as_str()))
             .map(|&gi| &gateways[gi])
         else {
             continue;

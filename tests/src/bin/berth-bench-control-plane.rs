@@ -117,7 +117,13 @@ fn main() {
         .arg(&pins)
         .args(["--interface", "c0", "--admin-addr", ADMIN])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        // BERTH_BENCH_LOG=1: the daemon's log (with per-cycle timings) on stderr.
+        .stderr(if std::env::var_os("BERTH_BENCH_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .env("RUST_LOG", "berth=debug")
         .spawn()
         .expect("start berth run");
     let run = Run {

@@ -9,6 +9,10 @@ use berth::{
     planner::{plan, Input},
 };
 
+/// The allocator `berth` uses.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const RANGE_FIRST: u16 = 30000;
 const RANGE_LAST: u16 = 49999;
 const RUNS: usize = 7;

@@ -162,6 +162,20 @@ fn main() {
     ]);
     println!("  curl http://10.251.0.100:30001/ -> {}", text(&out));
 
+    println!("\nWhat the XDP program counted per route (read from the kernel every second):");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let counted = |rows: &str| {
+        ["team-a", "team-b", "team-c"].iter().all(|team| {
+            rows.lines()
+                .any(|l| l.starts_with(team) && !l.contains(" 0 pkts"))
+        })
+    };
+    while !counted(&text(&get("routes"))) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("$ berth get routes");
+    println!("{}", text(&get("routes")));
+
     println!(
         "\nCleaning up: berth stopped, servers stopped, namespaces, pinned maps and state removed."
     );

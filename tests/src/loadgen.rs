@@ -1,0 +1,396 @@
+//! Load for the end-to-end benchmark, made and counted by two tiny XDP programs loaded
+//! with raw `bpf(2)` calls (a few instructions each, no object file, no toolchain):
+//!
+//! - [`FrameGenerator`]: the kernel's own packet generator, `BPF_PROG_TEST_RUN` with
+//!   `BPF_F_TEST_XDP_LIVE_FRAMES`. A thread in the client namespace runs a program over
+//!   a template frame again and again; the program picks the next flow (source port,
+//!   and destination when there are several), counts the frame and redirects it out of
+//!   the client's veth. The frames reach the gateway's veth as XDP frames in page-pool
+//!   pages with headroom, as a NIC driver hands them over: XDP runs on them in place,
+//!   and the stack builds its skb around the page without a copy.
+//! - [`Sink`]: on a backend's veth, counts UDP/IPv4 and drops it (ARP and the rest
+//!   pass): the cheapest receiver there is, and the same in every mode.
+
+use std::{
+    net::SocketAddrV4,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+};
+
+use crate::{netns::Netns, packet::Packet};
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_XDP: u32 = 37;
+const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
+const XDP_DROP: i32 = 1;
+const XDP_PASS: i32 = 2;
+const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
+const HELPER_REDIRECT: i32 = 23;
+
+/// A `bpf_attr`, zero-padded.
+type Attr = [u64; 16];
+
+fn bpf(cmd: libc::c_long, attr: &mut Attr) -> std::io::Result<libc::c_long> {
+    // SAFETY: attr is a zero-padded bpf_attr of the size passed; the pointers in it
+    // point at buffers the caller keeps alive for the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(attr),
+        )
+    };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn bpf_fd(cmd: libc::c_long, attr: &mut Attr) -> std::io::Result<OwnedFd> {
+    // SAFETY: a descriptor bpf(2) just returned, owned by nobody else.
+    bpf(cmd, attr).map(|fd| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn put_u32(attr: &mut Attr, offset: usize, v: u32) {
+    let word = &mut attr[offset / 8];
+    let shift = (offset % 8) * 8;
+    *word = (*word & !(0xffff_ffffu64 << shift)) | (u64::from(v) << shift);
+}
+
+/// One instruction: opcode, destination and source registers, offset, immediate.
+fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
+    u64::from(code)
+        | (u64::from(dst | (src << 4)) << 8)
+        | (u64::from(off as u16) << 16)
+        | (u64::from(imm as u32) << 32)
+}
+
+// The opcodes used (eBPF instruction set).
+const LDXW: u8 = 0x61;
+const LDXH: u8 = 0x69;
+const LDXB: u8 = 0x71;
+const STW: u8 = 0x62;
+const STH: u8 = 0x6a;
+const STXH: u8 = 0x6b;
+const MOV: u8 = 0xbf;
+const MOVI: u8 = 0xb7;
+const ADDI: u8 = 0x07;
+const MODI: u8 = 0x97;
+const TO_BE: u8 = 0xdc;
+const JA: u8 = 0x05;
+const JEQI: u8 = 0x15;
+const JNEI: u8 = 0x55;
+const JGT: u8 = 0x2d;
+const CALL: u8 = 0x85;
+const EXIT: u8 = 0x95;
+const ATOMIC_DW: u8 = 0xdb;
+const ATOMIC_ADD: i32 = 0x00;
+const ATOMIC_FETCH_ADD: i32 = 0x01;
+const LD_MAP_FD: u8 = 0x18;
+
+/// `r0 = &map[0]` or jump `to_null` (an absolute instruction index) if absent; `at` is
+/// the index of the first of its seven slots (the map load takes two). Clobbers r1-r5.
+fn lookup_counter(map: &OwnedFd, at: i16, to_null: i16) -> [u64; 7] {
+    [
+        insn(STW, 10, 0, -4, 0),                     // key = 0
+        insn(LD_MAP_FD, 1, 1, 0, map.as_raw_fd()),   // r1 = map
+        0,                                           // (second half)
+        insn(MOV, 2, 10, 0, 0),                      // r2 = fp
+        insn(ADDI, 2, 0, 0, -4),                     // r2 = &key
+        insn(CALL, 0, 0, 0, HELPER_MAP_LOOKUP_ELEM), // r0 = &value or NULL
+        insn(JEQI, 0, 0, to_null - (at + 7), 0),     // if !r0 goto to_null
+    ]
+}
+
+/// An array map of one u64 counter.
+struct Counter(OwnedFd);
+
+impl Counter {
+    fn new() -> Self {
+        let mut attr = Attr::default();
+        put_u32(&mut attr, 0, BPF_MAP_TYPE_ARRAY);
+        put_u32(&mut attr, 4, 4); // key size
+        put_u32(&mut attr, 8, 8); // value size
+        put_u32(&mut attr, 12, 1); // entries
+        Counter(bpf_fd(BPF_MAP_CREATE, &mut attr).expect("creating a BPF array map"))
+    }
+
+    fn get(&self) -> u64 {
+        let key = 0u32;
+        let mut value = 0u64;
+        let mut attr = Attr::default();
+        put_u32(&mut attr, 0, self.0.as_raw_fd() as u32);
+        attr[1] = &key as *const u32 as u64;
+        attr[2] = &mut value as *mut u64 as u64;
+        bpf(BPF_MAP_LOOKUP_ELEM, &mut attr).expect("reading a BPF counter");
+        value
+    }
+}
+
+fn load_xdp(what: &str, insns: &[u64]) -> OwnedFd {
+    let license = b"GPL\0";
+    let mut log = vec![0u8; 1 << 16];
+    let mut attr = Attr::default();
+    put_u32(&mut attr, 0, BPF_PROG_TYPE_XDP);
+    put_u32(&mut attr, 4, insns.len() as u32);
+    attr[1] = insns.as_ptr() as u64;
+    attr[2] = license.as_ptr() as u64;
+    put_u32(&mut attr, 24, 1); // log level
+    put_u32(&mut attr, 28, log.len() as u32);
+    attr[4] = log.as_mut_ptr() as u64;
+    put_u32(&mut attr, 68, BPF_XDP); // expected attach type
+    bpf_fd(BPF_PROG_LOAD, &mut attr).unwrap_or_else(|e| {
+        let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+        panic!(
+            "loading the {what} program: {e}\n{}",
+            String::from_utf8_lossy(&log[..end])
+        )
+    })
+}
+
+/// Counts and drops UDP/IPv4 arriving on an interface; detached on drop.
+pub struct Sink {
+    counter: Counter,
+    _prog: OwnedFd,
+    _link: OwnedFd,
+}
+
+impl Sink {
+    /// Attaches to `iface` of `ns` (native XDP).
+    pub fn attach(ns: &Netns, iface: &str) -> Self {
+        let counter = Counter::new();
+        const DROP: i16 = 18;
+        const PASS: i16 = 20;
+        let mut p = vec![
+            insn(LDXW, 2, 1, 0, 0),             // 0: r2 = data
+            insn(LDXW, 3, 1, 4, 0),             // 1: r3 = data_end
+            insn(MOV, 4, 2, 0, 0),              // 2: r4 = data
+            insn(ADDI, 4, 0, 0, 14 + 20),       // 3: r4 += Ethernet + IPv4
+            insn(JGT, 4, 3, PASS - 5, 0),       // 4: too short: pass
+            insn(LDXH, 5, 2, 12, 0),            // 5: r5 = EtherType
+            insn(JNEI, 5, 0, PASS - 7, 0x0008), // 6: not IPv4 (0x0800 on the wire): pass
+            insn(LDXB, 5, 2, 23, 0),            // 7: r5 = IP protocol
+            insn(JNEI, 5, 0, PASS - 9, 17),     // 8: not UDP: pass
+        ];
+        p.extend(lookup_counter(&counter.0, 9, DROP)); // 9-15: r0 = &counter
+        p.extend([
+            insn(MOVI, 1, 0, 0, 1),               // 16: r1 = 1
+            insn(ATOMIC_DW, 0, 1, 0, ATOMIC_ADD), // 17: *r0 += r1
+            insn(MOVI, 0, 0, 0, XDP_DROP),        // 18 (DROP)
+            insn(EXIT, 0, 0, 0, 0),               // 19
+            insn(MOVI, 0, 0, 0, XDP_PASS),        // 20 (PASS)
+            insn(EXIT, 0, 0, 0, 0),               // 21
+        ]);
+        let prog = load_xdp("sink", &p);
+        let ifindex = ns.ifindex(iface);
+        let link = ns
+            .enter(|| {
+                let mut attr = Attr::default();
+                put_u32(&mut attr, 0, prog.as_raw_fd() as u32);
+                put_u32(&mut attr, 4, ifindex);
+                put_u32(&mut attr, 8, BPF_XDP);
+                bpf_fd(BPF_LINK_CREATE, &mut attr)
+            })
+            .unwrap_or_else(|e| panic!("attaching the sink to {iface} in {}: {e}", ns.name));
+        Sink {
+            counter,
+            _prog: prog,
+            _link: link,
+        }
+    }
+
+    /// UDP packets counted (and dropped) so far.
+    pub fn count(&self) -> u64 {
+        self.counter.get()
+    }
+}
+
+/// Pins a thread (`0`: the calling one) or process to one CPU.
+pub fn pin(pid: u32, cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(pid as i32, std::mem::size_of_val(&set), &set)
+    };
+    assert_eq!(
+        rc,
+        0,
+        "pinning {pid} to CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Frames per `BPF_PROG_TEST_RUN` call (each call swaps the XDP dispatcher, an RCU
+/// grace period, so calls are long; stopping waits for the current one).
+const FRAMES_PER_CALL: u32 = 1 << 20;
+
+/// The kernel sending frames as fast as one CPU can, from a thread of this process in
+/// the client namespace; stopped on drop.
+pub struct FrameGenerator {
+    counter: Counter,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FrameGenerator {
+    /// Starts sending `template` (an Ethernet frame from the client to the gateway's
+    /// MAC, UDP without checksum) out of `iface` of `ns`, on `cpu`. Flow `i` of
+    /// `flows` has source port `template`'s + `i` and goes to `dsts[i % dsts.len()]`
+    /// (addresses only; the port is `template`'s).
+    pub fn start(
+        ns: &Netns,
+        iface: &str,
+        template: &Packet,
+        flows: u16,
+        dsts: &[SocketAddrV4],
+        cpu: usize,
+    ) -> Self {
+        assert!(template.options.is_empty() && !dsts.is_empty());
+        let frame = template.frame();
+        let base_port = match template.l4 {
+            crate::packet::L4::Udp {
+                sport,
+                checksum: false,
+                ..
+            } => sport,
+            _ => panic!("the template must be UDP without checksum"),
+        };
+        let counter = Counter::new();
+        // The stack that receives a frame may change it (TTL, MACs, NAT) and its page
+        // comes back to the generator as it was left: every frame gets its headers
+        // written afresh (Ethernet, IPv4, UDP: 42 bytes), then its flow's fields.
+        let header = &frame[..42];
+        let blocks = 32;
+        let redirect = blocks + 4 * dsts.len() as i16;
+        let mut p = vec![insn(MOV, 6, 1, 0, 0)]; // 0: r6 = ctx
+        p.extend(lookup_counter(&counter.0, 1, redirect)); // 1-7: r0 = &counter
+        p.extend([
+            insn(MOVI, 1, 0, 0, 1),                     // 8: r1 = 1
+            insn(ATOMIC_DW, 0, 1, 0, ATOMIC_FETCH_ADD), // 9: r1 = (*r0)++
+            insn(MODI, 1, 0, 0, i32::from(flows)),      // 10: r1 = flow
+            insn(LDXW, 2, 6, 0, 0),                     // 11: r2 = data
+            insn(LDXW, 3, 6, 4, 0),                     // 12: r3 = data_end
+            insn(MOV, 4, 2, 0, 0),                      // 13: r4 = data
+            insn(ADDI, 4, 0, 0, header.len() as i32),   // 14: r4 += headers
+            insn(JGT, 4, 3, redirect - 16, 0),          // 15: too short: send as is
+        ]);
+        for (i, w) in header[..40].chunks(4).enumerate() {
+            let word = i32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+            p.push(insn(STW, 2, 0, 4 * i as i16, word)); // 16-25: headers
+        }
+        p.extend([
+            insn(
+                STH,
+                2,
+                0,
+                40,
+                i32::from(u16::from_le_bytes([header[40], header[41]])),
+            ), // 26
+            insn(MOV, 5, 1, 0, 0),                     // 27: r5 = flow
+            insn(ADDI, 5, 0, 0, i32::from(base_port)), // 28: r5 += first port
+            insn(TO_BE, 5, 0, 0, 16),                  // 29: r5 = htons(r5)
+            insn(STXH, 2, 5, 34, 0),                   // 30: UDP source port = r5
+            insn(MODI, 1, 0, 0, dsts.len() as i32),    // 31: r1 = destination index
+        ]);
+        assert_eq!(p.len() as i16, blocks);
+        for (i, dst) in dsts.iter().enumerate() {
+            assert_eq!(dst.port(), template_dport(template), "one destination port");
+            let f = template.clone().with_dst(*dst).frame();
+            let at = blocks + 4 * i as i16;
+            p.extend([
+                insn(JNEI, 1, 0, 3, i as i32), // not this one: next
+                insn(
+                    STW,
+                    2,
+                    0,
+                    30,
+                    i32::from_le_bytes([f[30], f[31], f[32], f[33]]),
+                ),
+                insn(STH, 2, 0, 24, i32::from(u16::from_le_bytes([f[24], f[25]]))),
+                insn(JA, 0, 0, redirect - (at + 4), 0),
+            ]);
+        }
+        let ifindex = ns.ifindex(iface);
+        assert_eq!(p.len() as i16, redirect);
+        p.extend([
+            insn(MOVI, 1, 0, 0, ifindex as i32), // r1 = the client's interface
+            insn(MOVI, 2, 0, 0, 0),              // r2 = 0
+            insn(CALL, 0, 0, 0, HELPER_REDIRECT), // r0 = XDP_REDIRECT
+            insn(EXIT, 0, 0, 0, 0),
+        ]);
+        let prog = load_xdp("generator", &p);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = ns.spawn_thread(move || {
+            pin(0, cpu);
+            // xdp_md: data, data_end, data_meta, ingress_ifindex (0: loopback, whose
+            // namespace resolves the redirect), rx_queue_index, egress_ifindex.
+            let ctx: [u32; 6] = [0, frame.len() as u32, 0, 0, 0, 0];
+            while !stopped.load(Ordering::Relaxed) {
+                let mut attr = Attr::default();
+                put_u32(&mut attr, 0, prog.as_raw_fd() as u32);
+                put_u32(&mut attr, 8, frame.len() as u32);
+                attr[2] = frame.as_ptr() as u64;
+                put_u32(&mut attr, 32, FRAMES_PER_CALL);
+                put_u32(&mut attr, 40, std::mem::size_of_val(&ctx) as u32);
+                attr[6] = ctx.as_ptr() as u64;
+                put_u32(&mut attr, 64, BPF_F_TEST_XDP_LIVE_FRAMES);
+                put_u32(&mut attr, 72, 64); // frames per batch
+                if let Err(e) = bpf(BPF_PROG_TEST_RUN, &mut attr) {
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        panic!("BPF_PROG_TEST_RUN with live frames: {e}");
+                    }
+                }
+            }
+        });
+        FrameGenerator {
+            counter,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Frames sent so far.
+    pub fn sent(&self) -> u64 {
+        self.counter.get()
+    }
+
+    /// Panics if the sending thread has stopped.
+    pub fn assert_running(&mut self) {
+        if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+            if let Some(Err(e)) = self.thread.take().map(JoinHandle::join) {
+                std::panic::resume_unwind(e);
+            }
+            panic!("the frame generator stopped");
+        }
+    }
+}
+
+fn template_dport(p: &Packet) -> u16 {
+    match p.l4 {
+        crate::packet::L4::Udp { dport, .. } => dport,
+        _ => 0,
+    }
+}
+
+impl Drop for FrameGenerator {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
