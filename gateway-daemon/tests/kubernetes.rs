@@ -323,6 +323,18 @@ async fn a_claim_is_created_under_its_deterministic_name_then_marked_bound() {
     assert_eq!(done, vec![Change::Created(claim(30000, "web"))]);
 }
 
+/// One cycle over `view` as the leader (node-a).
+fn spawn_leader_cycle(
+    client: Client,
+    view: View,
+) -> tokio::task::JoinHandle<Result<berth::planner::Plan, berth::kubernetes::CycleError>> {
+    tokio::spawn(async move {
+        let leader = Leadership::always();
+        let mut c = Controller::new(client, Versions::default(), leader, "node-a", None);
+        c.reconcile(&view, SystemTime::now()).await
+    })
+}
+
 #[tokio::test]
 async fn a_cooled_down_claim_is_deleted_only_at_the_version_read() {
     // Claim 30002 was released long ago; the plan drops it. Meanwhile another writer
@@ -398,16 +410,7 @@ async fn a_port_taken_meanwhile_is_reread_and_the_route_gets_another_without_a_d
     let view = View::new(objects);
     assert!(view.errors.is_empty(), "{:?}", view.errors);
     let (client, mut handle) = mock();
-    let task = tokio::spawn(async move {
-        let mut c = Controller::new(
-            client,
-            Versions::default(),
-            Leadership::always(),
-            "node-a",
-            None,
-        );
-        c.reconcile(&view, SystemTime::now()).await
-    });
+    let task = spawn_leader_cycle(client, view);
     let events = "/apis/events.k8s.io/v1/namespaces/team/events";
     let log = serve(
         &mut handle,
@@ -496,16 +499,7 @@ async fn repair_releases_the_claim_of_a_gone_route_and_gives_a_route_its_lost_po
     ));
     let view = View::new(objects);
     let (client, mut handle) = mock();
-    let task = tokio::spawn(async move {
-        let mut c = Controller::new(
-            client,
-            Versions::default(),
-            Leadership::always(),
-            "node-a",
-            None,
-        );
-        c.reconcile(&view, SystemTime::now()).await
-    });
+    let task = spawn_leader_cycle(client, view);
     let log = serve(
         &mut handle,
         |s, _| match (&s.method, s.path.as_str()) {
