@@ -445,7 +445,25 @@ fn run_kubernetes(
             lease_namespace = options.lease_namespace,
             "berth running in Kubernetes mode"
         );
-        berth::kubernetes::run(client, options, datapath, shared).await;
-        Ok(())
-    })
+        berth::kubernetes::run(client, options, datapath, shared, terminated()).await;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    // Leave as a kill would: the pinned datapath keeps serving for the next daemon.
+    std::process::exit(0)
+}
+
+/// Resolves on SIGTERM (how Kubernetes stops a pod) or Ctrl-C.
+async fn terminated() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

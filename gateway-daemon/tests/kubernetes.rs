@@ -1099,6 +1099,7 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
     let server = tokio::spawn(async move {
         // Watches are held open (never answered) for the whole test.
         let mut watches = Vec::new();
+        let mut lease: Option<Value> = None;
         loop {
             let Some((request, reply)) = handle.next_request().await else {
                 return;
@@ -1143,10 +1144,18 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
                 {
                     (200, list("Any", vec![]))
                 }
-                ("GET", p) if p.ends_with("/leases/berth-allocator") => {
-                    (404, status_error(404, "NotFound", "not found"))
+                ("GET", p) if p.ends_with("/leases/berth-allocator") => match &lease {
+                    Some(l) => (200, l.clone()),
+                    None => (404, status_error(404, "NotFound", "not found")),
+                },
+                ("POST", p) if p.ends_with("/leases") => {
+                    lease = Some(stored(body.clone(), "200"));
+                    (201, lease.clone().unwrap())
                 }
-                ("POST", p) if p.ends_with("/leases") => (201, stored(body.clone(), "200")),
+                ("PUT", p) if p.ends_with("/leases/berth-allocator") => {
+                    lease = Some(stored(body.clone(), "201"));
+                    (200, lease.clone().unwrap())
+                }
                 ("POST", CLAIMS) => (201, stored(body.clone(), "201")),
                 ("PATCH", p) if p.starts_with(CLAIMS) => {
                     (200, claim_json(30000, "web", "Bound", "202"))
@@ -1156,7 +1165,7 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
                 ("PUT", p) if p.ends_with("/tcproutes/web/status") => (200, body.clone()),
                 _ => panic!("unexpected request {method} {path}?{query}"),
             };
-            respond(reply, code, &answer);
+            // Logged before the answer: whoever sees the answer sees the log entry.
             server_log.lock().unwrap().push(Seen {
                 method,
                 path,
@@ -1164,6 +1173,7 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
                 content_type: String::new(),
                 body,
             });
+            respond(reply, code, &answer);
         }
     });
     let shared: berth::standalone::Shared = Default::default();
@@ -1172,11 +1182,16 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
         lease_namespace: "berth-system".into(),
         default_address: None,
     };
+    let (shut_down, shutdown) = tokio::sync::oneshot::channel::<()>();
+    let stop = async {
+        let _ = shutdown.await;
+    };
     let daemon = tokio::spawn(berth::kubernetes::run(
         client,
         options,
         None,
         shared.clone(),
+        stop,
     ));
 
     // Poll the published state until the route shows its port.
@@ -1211,6 +1226,7 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
         Some("2026-01-01T00:00:00Z"),
         "route age from the API server"
     );
+    let log_after = log.clone();
     let log = log.lock().unwrap().clone();
     let first_write = log.iter().position(|l| l.method != Method::GET).unwrap();
     let lists = log[..first_write]
@@ -1226,6 +1242,19 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
         "the lease comes first: {:?}",
         log[first_write]
     );
-    daemon.abort();
+
+    // Stopping gives the lease back, so that another node allocates at once.
+    shut_down.send(()).unwrap();
+    finish(daemon).await;
+    let log = log_after.lock().unwrap().clone();
+    let release = log
+        .iter()
+        .rfind(|l| l.method == Method::PUT && l.path.ends_with("/leases/berth-allocator"))
+        .expect("the lease is written on shutdown");
+    assert!(
+        release.body["spec"].get("holderIdentity").is_none(),
+        "{release:?}"
+    );
+    assert_eq!(release.body["spec"]["leaseDurationSeconds"], 1);
     server.abort();
 }

@@ -144,11 +144,7 @@ impl Elector {
     pub async fn step(&mut self) -> Result<bool, LeaseError> {
         let sent = Instant::now();
         let now = Timestamp::now();
-        let current = self
-            .api
-            .get_opt(&self.config.name)
-            .await
-            .map_err(self.error("reading"))?;
+        let current = self.read().await?;
         let Some(mut lease) = current else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -193,15 +189,30 @@ impl Elector {
             self.spec(now, None, transitions + 1)
         };
         lease.spec = Some(next);
+        // A conflict: someone else renewed or took it between our read and write.
+        match self.write(&lease, "renewing").await? {
+            true => Ok(self.lead(sent)),
+            false => Ok(self.follow()),
+        }
+    }
+
+    async fn read(&self) -> Result<Option<Lease>, LeaseError> {
+        self.api
+            .get_opt(&self.config.name)
+            .await
+            .map_err(self.error("reading"))
+    }
+
+    /// Replaces the lease at the version read; `false` on a conflict.
+    async fn write(&self, lease: &Lease, action: &'static str) -> Result<bool, LeaseError> {
         match self
             .api
-            .replace(&self.config.name, &PostParams::default(), &lease)
+            .replace(&self.config.name, &PostParams::default(), lease)
             .await
         {
-            Ok(_) => Ok(self.lead(sent)),
-            // Someone else renewed or took it between our read and write.
-            Err(e) if super::api_code(&e) == Some(409) => Ok(self.follow()),
-            Err(e) => Err(self.error("renewing")(e)),
+            Ok(_) => Ok(true),
+            Err(e) if super::api_code(&e) == Some(409) => Ok(false),
+            Err(e) => Err(self.error(action)(e)),
         }
     }
 
@@ -216,8 +227,30 @@ impl Elector {
         false
     }
 
-    /// Steps forever, every `retry`; wakes `changed` when leadership starts or ends.
-    pub async fn run(mut self, changed: Arc<Notify>) {
+    /// Gives the lease back if we hold it, so that another daemon takes over at once
+    /// rather than after the lease duration (client-go's release on cancel). Leadership
+    /// ends first, whatever the API says.
+    pub async fn release(&mut self) -> Result<(), LeaseError> {
+        self.leadership.set(None);
+        let current = self.read().await?;
+        let Some(mut lease) = current else {
+            return Ok(());
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        // A conflict means someone else wrote it: it is not ours to give back.
+        self.write(&lease, "releasing").await.map(drop)
+    }
+
+    /// Steps every `retry` until `stop`, then releases the lease; wakes `changed` when
+    /// leadership starts or ends.
+    pub async fn run(mut self, changed: Arc<Notify>, stop: impl std::future::Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
         let mut was = false;
         loop {
             if let Err(e) = self.step().await {
@@ -229,7 +262,16 @@ impl Elector {
                 changed.notify_one();
                 was = is;
             }
-            tokio::time::sleep(self.config.retry).await;
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.retry) => {}
+                _ = &mut stop => break,
+            }
+        }
+        match self.release().await {
+            Ok(()) => tracing::info!("allocator lease released"),
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "releasing the allocator lease")
+            }
         }
     }
 }

@@ -385,9 +385,17 @@ async fn settle(changed: &Notify) {
     }
 }
 
-/// Runs Kubernetes mode forever: reflectors, election, cycles. A failed cycle is
-/// logged and retried within a second; what was last written and programmed stays.
-pub async fn run(client: Client, options: Options, mut datapath: Option<Datapath>, shared: Shared) {
+/// Runs Kubernetes mode until `shutdown`: reflectors, election, cycles. A failed cycle
+/// is logged and retried within a second; what was last written and programmed stays.
+/// On shutdown the lease is given back (another node allocates at once); the datapath
+/// is left as programmed.
+pub async fn run(
+    client: Client,
+    options: Options,
+    datapath: Option<Datapath>,
+    shared: Shared,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     let versions = sources::discover(&client).await;
     tracing::info!(
         tcproute = versions.tcp_route,
@@ -405,14 +413,34 @@ pub async fn run(client: Client, options: Options, mut datapath: Option<Datapath
         LeaseConfig::new(&options.lease_namespace, &options.identity),
         leadership.clone(),
     );
-    tokio::spawn(elector.run(changed.clone()));
-    let mut controller = Controller::new(
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let elector = tokio::spawn(elector.run(changed.clone(), async {
+        let _ = stopped.await;
+    }));
+    let controller = Controller::new(
         client,
         versions,
         leadership,
         &options.identity,
         options.default_address,
     );
+    tokio::select! {
+        _ = cycles(controller, &sources, &changed, datapath, &shared) => {}
+        _ = shutdown => tracing::info!("shutting down"),
+    }
+    let _ = stop.send(());
+    // The elector gives the lease back; do not wait on a dead API server for long.
+    let _ = tokio::time::timeout(Duration::from_secs(5), elector).await;
+}
+
+/// Plans, writes and programs on every change, forever.
+async fn cycles(
+    mut controller: Controller,
+    sources: &Sources,
+    changed: &Notify,
+    mut datapath: Option<Datapath>,
+    shared: &Shared,
+) {
     let mut reported = BTreeSet::new();
     loop {
         let view = View::new(sources.objects());
@@ -471,7 +499,7 @@ pub async fn run(client: Client, options: Options, mut datapath: Option<Datapath
             standalone::TRAFFIC_REFRESH
         };
         tokio::select! {
-            _ = changed.notified() => settle(&changed).await,
+            _ = changed.notified() => settle(changed).await,
             _ = tokio::time::sleep(wait) => {}
         }
     }
