@@ -57,9 +57,12 @@ enum Command {
         /// XDP attach mode.
         #[arg(long, value_enum, default_value_t = XdpMode::Auto)]
         xdp_mode: XdpMode,
-        /// This node's name (Kubernetes mode).
-        #[arg(long)]
+        /// This node's name (Kubernetes mode: identity in the allocator election and events).
+        #[arg(long, env = "NODE_NAME")]
         node_name: Option<String>,
+        /// Namespace of the allocator election's Lease (Kubernetes mode).
+        #[arg(long, env = "POD_NAMESPACE", default_value = "berth-system")]
+        lease_namespace: String,
         /// Log format.
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
         log_format: LogFormat,
@@ -155,15 +158,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             address,
             admin_addr,
             xdp_mode,
-            node_name: _,
+            node_name,
+            lease_namespace,
             log_format,
             pin_dir,
         } => {
             init_logging(log_format);
             if kubernetes {
-                bail!("--kubernetes is not available yet; use --manifests DIR");
+                let identity = match node_name {
+                    Some(n) => n,
+                    None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                        .map(|h| h.trim().to_string())
+                        .context("--node-name is not set and the host name is unreadable")?,
+                };
+                let options = berth::kubernetes::Options {
+                    identity,
+                    lease_namespace,
+                    default_address: address,
+                };
+                return run_kubernetes(options, &interfaces, &admin_addr, xdp_mode, pin_dir);
             }
-            let dir = manifests.context("--manifests DIR is required")?;
+            let dir = manifests.context("--manifests DIR (or --kubernetes) is required")?;
             run_standalone(
                 &dir,
                 &state_dir,
@@ -352,43 +367,103 @@ fn run_standalone(
 ) -> anyhow::Result<()> {
     let store = Store::open(state_dir)
         .with_context(|| format!("opening state directory {}", state_dir.display()))?;
-    let mut datapath = None;
-    if interfaces.is_empty() {
-        tracing::warn!("no --interface: planning and serving state only, no datapath");
-    } else {
-        let mut dp = Datapath::load(&Config {
-            pin_dir,
-            ..Config::default()
-        })
-        .context("loading the datapath")?;
-        let mode = match xdp_mode {
-            XdpMode::Auto => AttachMode::Auto,
-            XdpMode::Native => AttachMode::Native,
-            XdpMode::Skb => AttachMode::Skb,
-        };
-        for iface in interfaces {
-            match dp
-                .attach(iface, mode)
-                .with_context(|| format!("attaching to {iface}"))?
-            {
-                Attached::Replaced => {
-                    tracing::info!(iface, "took over the XDP program pinned by an earlier run")
-                }
-                Attached::New(m) => tracing::info!(iface, mode = ?m, "attached XDP program"),
-            }
-        }
-        if !datapath::ipv4_forwarding_enabled().unwrap_or(false) {
-            tracing::warn!("IPv4 forwarding is off (net.ipv4.ip_forward=0): packets the XDP program hands to the kernel will be dropped");
-        }
-        datapath = Some(dp);
-    }
-    let shared = Arc::new(Mutex::new(Arc::new(Published::default())));
-    let listener = TcpListener::bind(admin_addr)
-        .with_context(|| format!("binding the admin endpoint {admin_addr}"))?;
+    let mut datapath = load_datapath(interfaces, xdp_mode, pin_dir)?;
+    let shared = serve_admin(admin_addr)?;
     tracing::info!(admin = admin_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
-    let served = shared.clone();
-    std::thread::spawn(move || admin::serve(listener, served));
     let mut source = ManifestSource::new(dir);
     standalone::run_loop(&mut source, &store, datapath.as_mut(), address, &shared);
     Ok(())
+}
+
+/// Loads the datapath and attaches it to `interfaces` (none: no datapath).
+fn load_datapath(
+    interfaces: &[String],
+    xdp_mode: XdpMode,
+    pin_dir: PathBuf,
+) -> anyhow::Result<Option<Datapath>> {
+    if interfaces.is_empty() {
+        tracing::warn!("no --interface: planning and serving state only, no datapath");
+        return Ok(None);
+    }
+    let mut dp = Datapath::load(&Config {
+        pin_dir,
+        ..Config::default()
+    })
+    .context("loading the datapath")?;
+    let mode = match xdp_mode {
+        XdpMode::Auto => AttachMode::Auto,
+        XdpMode::Native => AttachMode::Native,
+        XdpMode::Skb => AttachMode::Skb,
+    };
+    for iface in interfaces {
+        match dp
+            .attach(iface, mode)
+            .with_context(|| format!("attaching to {iface}"))?
+        {
+            Attached::Replaced => {
+                tracing::info!(iface, "took over the XDP program pinned by an earlier run")
+            }
+            Attached::New(m) => tracing::info!(iface, mode = ?m, "attached XDP program"),
+        }
+    }
+    if !datapath::ipv4_forwarding_enabled().unwrap_or(false) {
+        tracing::warn!("IPv4 forwarding is off (net.ipv4.ip_forward=0): packets the XDP program hands to the kernel will be dropped");
+    }
+    Ok(Some(dp))
+}
+
+/// Binds the admin endpoint and serves it from a thread; returns what it serves.
+fn serve_admin(admin_addr: &str) -> anyhow::Result<standalone::Shared> {
+    let shared = Arc::new(Mutex::new(Arc::new(Published::default())));
+    let listener = TcpListener::bind(admin_addr)
+        .with_context(|| format!("binding the admin endpoint {admin_addr}"))?;
+    let served = shared.clone();
+    std::thread::spawn(move || admin::serve(listener, served));
+    Ok(shared)
+}
+
+fn run_kubernetes(
+    options: berth::kubernetes::Options,
+    interfaces: &[String],
+    admin_addr: &str,
+    xdp_mode: XdpMode,
+    pin_dir: PathBuf,
+) -> anyhow::Result<()> {
+    let datapath = load_datapath(interfaces, xdp_mode, pin_dir)?;
+    let shared = serve_admin(admin_addr)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+        tracing::info!(
+            admin = admin_addr,
+            node = options.identity,
+            lease_namespace = options.lease_namespace,
+            "berth running in Kubernetes mode"
+        );
+        berth::kubernetes::run(client, options, datapath, shared, terminated()).await;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    // Leave as a kill would: the pinned datapath keeps serving for the next daemon.
+    std::process::exit(0)
+}
+
+/// Resolves on SIGTERM (how Kubernetes stops a pod) or Ctrl-C.
+async fn terminated() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

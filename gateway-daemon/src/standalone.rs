@@ -275,7 +275,7 @@ pub enum CycleError {
 }
 
 /// Appends the first-seen key of a route, `Kind/namespace/name`, to `out`.
-fn route_key(out: &mut String, kind: &str, ns: &str, name: &str) {
+pub fn route_key(out: &mut String, kind: &str, ns: &str, name: &str) {
     for (i, part) in [kind, ns, name].into_iter().enumerate() {
         if i > 0 {
             out.push('/');
@@ -357,15 +357,18 @@ pub fn cycle(
 
 /// One claim write that makes the store hold what the plan wants.
 #[derive(Debug, PartialEq)]
-enum ClaimChange<'a> {
+pub enum ClaimChange<'a> {
+    /// Wanted and not held.
     Create(&'a PortClaim),
+    /// Held and wanted differently (the wanted version).
     Update(&'a PortClaim),
+    /// Held and no longer wanted.
     Delete(&'a PortClaim),
 }
 
 /// The writes that turn `have` into `want`: one merge of the two lists by namespace,
 /// then name (the store lists claims and the planner returns them in that order).
-fn claim_changes<'a>(have: &'a [PortClaim], want: &'a [PortClaim]) -> Vec<ClaimChange<'a>> {
+pub fn claim_changes<'a>(have: &'a [PortClaim], want: &'a [PortClaim]) -> Vec<ClaimChange<'a>> {
     fn key(c: &PortClaim) -> (&str, &str) {
         (c.metadata.ns(), c.metadata.name.as_str())
     }
@@ -509,6 +512,30 @@ fn step(
     let t_snapshot = started.elapsed();
     let (plan, first_seen) = cycle(store, snapshot, SystemTime::now(), default_address)?;
     let t_cycle = started.elapsed();
+    let mut next = effects(plan, datapath, &prev)?;
+    let t_effects = started.elapsed();
+    next.broken = source.broken();
+    next.first_seen = first_seen;
+    *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+    *last_plan = std::time::Instant::now();
+    tracing::debug!(
+        total = ?started.elapsed(),
+        snapshot = ?t_snapshot,
+        plan_and_store = ?(t_cycle - t_snapshot),
+        datapath_and_document = ?(t_effects - t_cycle),
+        "planned"
+    );
+    Ok(())
+}
+
+/// The effects of a plan that every mode shares: programs the datapath (when there is
+/// one) and returns what to publish next, following `prev` (counters, traffic, cycles).
+/// The caller fills in `broken` and `first_seen`.
+pub fn effects(
+    plan: Plan,
+    datapath: Option<&mut Datapath>,
+    prev: &Published,
+) -> Result<Published, crate::datapath::DatapathError> {
     let (mut counters, mut traffic, mut traffic_at) = (BTreeMap::new(), BTreeMap::new(), None);
     if let Some(dp) = datapath {
         dp.apply(&plan.datapath)?;
@@ -523,7 +550,6 @@ fn step(
             (traffic, traffic_at) = (prev.traffic.clone(), prev.traffic_at);
         }
     }
-    let t_datapath = started.elapsed();
     let Plan {
         claims,
         gateways,
@@ -533,13 +559,12 @@ fn step(
         usage,
     } = plan;
     let state = StateDocument::new(gateways, routes, &claims);
-    let t_document = started.elapsed();
-    let next = Published {
+    Ok(Published {
         state: Some(Arc::new(state)),
         datapath: Arc::new(desired),
-        broken: source.broken(),
+        broken: Vec::new(),
         cycles: prev.cycles + 1,
-        first_seen,
+        first_seen: Arc::default(),
         counters,
         last_error: None,
         owners: Arc::new(owners),
@@ -551,18 +576,7 @@ fn step(
                 .as_ref()
                 .is_some_and(|s| s.phase == ClaimPhase::Released)
         }),
-    };
-    *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
-    *last_plan = std::time::Instant::now();
-    tracing::debug!(
-        total = ?started.elapsed(),
-        snapshot = ?t_snapshot,
-        plan_and_store = ?(t_cycle - t_snapshot),
-        datapath = ?(t_datapath - t_cycle),
-        document = ?(t_document - t_datapath),
-        "planned"
-    );
-    Ok(())
+    })
 }
 
 #[cfg(test)]

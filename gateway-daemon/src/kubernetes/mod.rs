@@ -1,0 +1,506 @@
+//! Kubernetes mode (`berth run --kubernetes`): the same planner as standalone mode, fed
+//! by reflectors, with PortClaims, statuses and events written through the API by the
+//! elected allocator, and the datapath programmed by every node.
+//!
+//! One cycle: reflectors → `View` (the planner's `Snapshot`, stored claims, raw objects)
+//! → `planner::plan` → as the leader: claims (conditional writes; a race re-plans),
+//! Gateway and route statuses, events → on every node: datapath and admin state
+//! (`standalone::effects`, shared with standalone mode).
+//!
+//! # API access (for RBAC)
+//!
+//! | group | resource | verbs | why |
+//! |---|---|---|---|
+//! | gateway.networking.k8s.io | gatewayclasses | list, watch | which Gateways are ours |
+//! | gateway.networking.k8s.io | gatewayclasses/status | patch | server-side apply of `Accepted` on our classes |
+//! | gateway.networking.k8s.io | gateways | list, watch | listeners, addresses, parametersRef |
+//! | gateway.networking.k8s.io | gateways/status | patch | server-side apply of Gateway status |
+//! | gateway.networking.k8s.io | tcproutes, udproutes | list, watch, get | routes; get re-reads on a status conflict |
+//! | gateway.networking.k8s.io | tcproutes/status, udproutes/status | update | read-modify-write of `status.parents` |
+//! | gateway.networking.k8s.io | referencegrants | list, watch | cross-namespace backendRefs |
+//! | "" (core) | services, namespaces | list, watch | backends; `allowedRoutes` namespace selectors |
+//! | discovery.k8s.io | endpointslices | list, watch | backend endpoints |
+//! | berth.dev | gatewayconfigs | list, watch | port ranges |
+//! | berth.dev | portclaims | list, watch, get, create, delete | allocations (create is the lock; get after a race) |
+//! | berth.dev | portclaims/status | update, patch | Bound / Released phase |
+//! | coordination.k8s.io | leases (own namespace) | get, create, update | allocator election |
+//! | events.k8s.io | events | create, patch | assignment, refusal and release events on routes |
+//!
+//! Discovery (`GET /apis/gateway.networking.k8s.io/v1`) picks v1 or v1alpha2 routes and
+//! v1 or v1beta1 ReferenceGrants; every authenticated client may read it.
+
+pub mod claims;
+pub mod events;
+pub mod lease;
+pub mod repair;
+pub mod sources;
+pub mod status;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use futures::{stream, StreamExt as _};
+use kube::{runtime::events::Recorder, Client};
+use tokio::sync::Notify;
+
+use crate::{
+    datapath::{Datapath, DatapathError},
+    model::{ClaimRoute, PortClaim, GATEWAY_GROUP},
+    planner::{self, Plan},
+    standalone::{self, Published, Shared},
+};
+use claims::{ClaimError, Recent};
+use lease::{Elector, Leadership, LeaseConfig};
+use sources::{Held, Sources, Versions, View};
+use status::StatusError;
+
+/// A watch event waits this long for more before a plan starts.
+pub const QUIET: Duration = Duration::from_millis(100);
+/// A stream of watch events postpones a plan at most this long.
+pub const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
+/// How many times one cycle re-plans after losing a claim race.
+pub const MAX_RACES: usize = 10;
+/// How many status writes run at once.
+pub const STATUS_CONCURRENCY: usize = 8;
+
+/// The HTTP status code of an API error.
+pub(crate) fn api_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+/// An API call about one object failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} {kind} {namespace}/{name}")]
+pub struct ApiError {
+    /// What was attempted ("creating", "reading", ...).
+    pub action: &'static str,
+    /// Object kind.
+    pub kind: String,
+    /// Object namespace.
+    pub namespace: String,
+    /// Object name.
+    pub name: String,
+    /// The API error.
+    #[source]
+    pub source: kube::Error,
+}
+
+impl ApiError {
+    /// A mapper from `kube::Error` for `map_err`.
+    pub fn about(
+        action: &'static str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> impl FnOnce(kube::Error) -> Box<ApiError> {
+        let (kind, namespace, name) = (kind.to_string(), namespace.to_string(), name.to_string());
+        move |source| {
+            Box::new(ApiError {
+                action,
+                kind,
+                namespace,
+                name,
+                source,
+            })
+        }
+    }
+}
+
+/// Errors of one cycle.
+#[derive(Debug, thiserror::Error)]
+pub enum CycleError {
+    /// Writing claims failed.
+    #[error("writing claims")]
+    Claims(#[from] ClaimError),
+    /// Writing a status failed.
+    #[error("writing status")]
+    Status(#[from] StatusError),
+    /// Claims kept changing under us.
+    #[error("claims kept changing while planning ({MAX_RACES} races in one cycle)")]
+    Unsettled,
+    /// Programming the datapath failed.
+    #[error("programming the datapath")]
+    Datapath(#[from] DatapathError),
+}
+
+/// What a cycle needs besides the view.
+pub struct Controller {
+    client: Client,
+    versions: Versions,
+    leadership: Leadership,
+    recent: Recent,
+    recorder: Recorder,
+    default_address: Option<Ipv4Addr>,
+}
+
+impl Controller {
+    /// A controller writing through `client` while `leadership` says so.
+    pub fn new(
+        client: Client,
+        versions: Versions,
+        leadership: Leadership,
+        identity: &str,
+        default_address: Option<Ipv4Addr>,
+    ) -> Self {
+        Controller {
+            recorder: events::recorder(client.clone(), identity),
+            client,
+            versions,
+            leadership,
+            recent: Recent::default(),
+            default_address,
+        }
+    }
+
+    /// One cycle over `view`: plan; as the leader, commit claims (planning again after
+    /// a race), then write statuses and publish events. Returns the plan to program:
+    /// a follower's leaves out ports of claims not stored yet.
+    pub async fn reconcile(&mut self, view: &View, now: SystemTime) -> Result<Plan, CycleError> {
+        let hints = repair::hints(view);
+        for _ in 0..MAX_RACES {
+            let mut held = view.held.clone();
+            self.recent.overlay(&mut held);
+            let mut input = held.list();
+            input.extend(
+                hints
+                    .iter()
+                    .filter(|h| !held.claims.contains_key(&claim_key(h)))
+                    .cloned(),
+            );
+            let plan = planner::plan(&planner::Input {
+                snapshot: &view.snapshot,
+                claims: &input,
+                now,
+                default_address: self.default_address,
+            });
+            if !self.leadership.is_leader() {
+                return Ok(stored_only(plan, &held));
+            }
+            let mut done = Vec::new();
+            let result = claims::commit(
+                &self.client,
+                &self.leadership,
+                &held,
+                &plan.claims,
+                &mut self.recent,
+                &mut done,
+            )
+            .await;
+            for n in events::from_changes(&done) {
+                events::publish(&self.recorder, &self.versions, &n).await;
+            }
+            match result {
+                Ok(()) => {
+                    self.write_statuses(view, &plan, now).await?;
+                    return Ok(plan);
+                }
+                Err(ClaimError::Raced { namespace, name }) => {
+                    tracing::info!(
+                        claim = format!("{namespace}/{name}"),
+                        "lost a claim race; planning again"
+                    );
+                }
+                Err(ClaimError::NotLeader(e)) => {
+                    tracing::info!("{e}");
+                    let mut held = view.held.clone();
+                    self.recent.overlay(&mut held);
+                    return Ok(stored_only(plan, &held));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(CycleError::Unsettled)
+    }
+
+    /// GatewayClass and Gateway statuses, then route statuses (several at once); every status is tried,
+    /// the first error is returned.
+    async fn write_statuses(
+        &self,
+        view: &View,
+        plan: &Plan,
+        now: SystemTime,
+    ) -> Result<(), StatusError> {
+        let mut first_error = None;
+        let now_text = humantime::format_rfc3339_seconds(now).to_string();
+        let ours = view
+            .snapshot
+            .gateway_classes
+            .iter()
+            .filter(|c| c.spec.controller_name == crate::model::CONTROLLER_NAME)
+            .filter_map(|c| view.classes.get(&c.metadata.name));
+        for class in ours {
+            let r = status::apply_gateway_class(&self.client, &self.leadership, class, &now_text);
+            keep_first(&mut first_error, r.await)?;
+        }
+        for g in &plan.gateways {
+            let current = view.gateways.get(&(g.namespace.clone(), g.name.clone()));
+            let r = status::apply_gateway(&self.client, &self.leadership, g, current.map(|o| &**o));
+            keep_first(&mut first_error, r.await)?;
+        }
+        // Every route of the plan, and every route that still shows entries of ours.
+        let mut targets: Vec<(crate::model::RouteKind, String, String, Vec<_>)> = plan
+            .routes
+            .iter()
+            .filter_map(|r| {
+                let kind = match r.kind.as_str() {
+                    "TCPRoute" => crate::model::RouteKind::Tcp,
+                    "UDPRoute" => crate::model::RouteKind::Udp,
+                    _ => return None,
+                };
+                Some((
+                    kind,
+                    r.namespace.clone(),
+                    r.name.clone(),
+                    r.status.parents.clone(),
+                ))
+            })
+            .collect();
+        let planned: BTreeSet<_> = targets
+            .iter()
+            .map(|(k, ns, n, _)| (*k, ns.clone(), n.clone()))
+            .collect();
+        for (key, obj) in &view.routes {
+            let shows_ours = obj
+                .data
+                .pointer("/status/parents")
+                .and_then(serde_json::Value::as_array)
+                .is_some_and(|ps| {
+                    ps.iter().any(|p| {
+                        p.get("controllerName").and_then(serde_json::Value::as_str)
+                            == Some(crate::model::CONTROLLER_NAME)
+                    })
+                });
+            if shows_ours && !planned.contains(key) {
+                targets.push((key.0, key.1.clone(), key.2.clone(), Vec::new()));
+            }
+        }
+        let writes = targets.into_iter().map(|(kind, ns, name, ours)| {
+            let resource = self.versions.route(kind);
+            let cached = view.routes.get(&(kind, ns.clone(), name.clone())).cloned();
+            async move {
+                let result = status::write_route(
+                    &self.client,
+                    &self.leadership,
+                    &resource,
+                    &ns,
+                    &name,
+                    &ours,
+                    cached.as_deref(),
+                )
+                .await;
+                (kind, ns, name, cached, result)
+            }
+        });
+        let mut results = stream::iter(writes).buffer_unordered(STATUS_CONCURRENCY);
+        while let Some((kind, ns, name, cached, result)) = results.next().await {
+            let Some(Some(merged)) = keep_first(&mut first_error, result)? else {
+                continue;
+            };
+            let route = ClaimRoute {
+                group: GATEWAY_GROUP.to_string(),
+                kind: kind.name().to_string(),
+                namespace: ns,
+                name,
+                uid: cached.and_then(|o| o.metadata.uid.clone()),
+            };
+            for n in events::from_status(route, &merged) {
+                events::publish(&self.recorder, &self.versions, &n).await;
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Passes a status write's result on, except that a failure other than lost
+/// leadership is logged and kept (the first one) so that the other writes go on.
+fn keep_first<T>(
+    first: &mut Option<StatusError>,
+    result: Result<T, StatusError>,
+) -> Result<Option<T>, StatusError> {
+    match result {
+        Ok(v) => Ok(Some(v)),
+        Err(e @ StatusError::NotLeader(_)) => Err(e),
+        Err(e) => {
+            tracing::warn!(error = %crate::error_chain(&e), "status not written");
+            first.get_or_insert(e);
+            Ok(None)
+        }
+    }
+}
+
+fn claim_key(c: &PortClaim) -> sources::Key {
+    (c.metadata.ns().to_string(), c.metadata.name.clone())
+}
+
+/// The plan as a follower may program it: without the ports of claims the leader has
+/// not stored yet (the leader may still lose them in a race).
+pub fn stored_only(mut plan: Plan, held: &Held) -> Plan {
+    for c in plan
+        .claims
+        .iter()
+        .filter(|c| !held.claims.contains_key(&claim_key(c)))
+    {
+        let route = &c.spec.route;
+        plan.owners.retain(|service, owner| {
+            let unstored = service.port == c.spec.port
+                && service.protocol.to_string() == c.spec.protocol
+                && owner.kind == route.kind
+                && owner.namespace == route.namespace
+                && owner.name == route.name;
+            if unstored {
+                plan.datapath.services.remove(service);
+            }
+            !unstored
+        });
+    }
+    plan
+}
+
+/// What `run` needs to know.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// This daemon's identity in the election and in events (the node name).
+    pub identity: String,
+    /// Namespace of the election's Lease (the daemon's own).
+    pub lease_namespace: String,
+    /// Address of Gateways whose `spec.addresses` has no IPv4 address.
+    pub default_address: Option<Ipv4Addr>,
+}
+
+/// Waits for a quiet spell after a watch event (at most `DEBOUNCE_MAX`).
+async fn settle(changed: &Notify) {
+    let deadline = Instant::now() + DEBOUNCE_MAX;
+    loop {
+        tokio::select! {
+            _ = changed.notified() => if Instant::now() >= deadline { return },
+            _ = tokio::time::sleep(QUIET) => return,
+        }
+    }
+}
+
+/// Runs Kubernetes mode until `shutdown`: reflectors, election, cycles. A failed cycle
+/// is logged and retried within a second; what was last written and programmed stays.
+/// On shutdown the lease is given back (another node allocates at once); the datapath
+/// is left as programmed.
+pub async fn run(
+    client: Client,
+    options: Options,
+    datapath: Option<Datapath>,
+    shared: Shared,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let versions = sources::discover(&client).await;
+    tracing::info!(
+        tcproute = versions.tcp_route,
+        udproute = versions.udp_route,
+        referencegrant = versions.reference_grant,
+        "Gateway API versions"
+    );
+    let changed = Arc::new(Notify::new());
+    let sources = Sources::start(&client, &versions, &changed);
+    sources.ready().await;
+    tracing::info!("every kind listed; planning");
+    let leadership = Leadership::default();
+    let elector = Elector::new(
+        client.clone(),
+        LeaseConfig::new(&options.lease_namespace, &options.identity),
+        leadership.clone(),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let elector = tokio::spawn(elector.run(changed.clone(), async {
+        let _ = stopped.await;
+    }));
+    let controller = Controller::new(
+        client,
+        versions,
+        leadership,
+        &options.identity,
+        options.default_address,
+    );
+    tokio::select! {
+        _ = cycles(controller, &sources, &changed, datapath, &shared) => {}
+        _ = shutdown => tracing::info!("shutting down"),
+    }
+    let _ = stop.send(());
+    // The elector gives the lease back; do not wait on a dead API server for long.
+    let _ = tokio::time::timeout(Duration::from_secs(5), elector).await;
+}
+
+/// Plans, writes and programs on every change, forever.
+async fn cycles(
+    mut controller: Controller,
+    sources: &Sources,
+    changed: &Notify,
+    mut datapath: Option<Datapath>,
+    shared: &Shared,
+) {
+    let mut reported = BTreeSet::new();
+    loop {
+        let view = View::new(sources.objects());
+        for e in &view.errors {
+            if !reported.contains(e) {
+                tracing::error!("{e} (the object is left out until it is fixed)");
+            }
+        }
+        reported = view.errors.iter().cloned().collect();
+        let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
+        let result = match controller.reconcile(&view, SystemTime::now()).await {
+            Ok(plan) => {
+                standalone::effects(plan, datapath.as_mut(), &prev).map_err(CycleError::from)
+            }
+            Err(e) => Err(e),
+        };
+        let (failing, cooling) = match result {
+            Ok(mut next) => {
+                if prev.last_error.is_some() {
+                    tracing::info!("recovered");
+                }
+                next.broken = view.errors.clone();
+                // Route age in `berth get routes`: the API server's creation time.
+                next.first_seen = view
+                    .snapshot
+                    .routes
+                    .iter()
+                    .filter_map(|r| {
+                        let m = &r.metadata;
+                        let mut key = String::new();
+                        standalone::route_key(&mut key, r.kind.name(), m.ns(), &m.name);
+                        Some((key, m.creation_timestamp.clone()?))
+                    })
+                    .collect::<BTreeMap<_, _>>()
+                    .into();
+                let cooling = next.cooling;
+                *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+                (false, cooling)
+            }
+            Err(e) => {
+                let message = crate::error_chain(&e);
+                if prev.last_error.as_deref() != Some(&message) {
+                    tracing::error!(error = message, "cycle failed; retrying");
+                }
+                let mut p = Published::clone(&prev);
+                p.last_error = Some(message);
+                *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(p);
+                (true, prev.cooling)
+            }
+        };
+        // Plan again on a change; within a second while failing or while a port cools
+        // down; otherwise when traffic counters are due.
+        let wait = if failing || cooling {
+            Duration::from_secs(1)
+        } else {
+            standalone::TRAFFIC_REFRESH
+        };
+        tokio::select! {
+            _ = changed.notified() => settle(changed).await,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
