@@ -954,6 +954,27 @@ async fn a_follower_writes_nothing_and_programs_only_stored_claims() {
         vec![30000],
         "api's port is not stored yet: not programmed"
     );
+    let claimed: Vec<&str> = plan
+        .claims
+        .iter()
+        .map(|c| c.spec.route.name.as_str())
+        .collect();
+    assert_eq!(claimed, vec!["web"], "only stored claims are shown");
+    let api = plan
+        .routes
+        .iter()
+        .find(|r| r.name == "api")
+        .expect("api's status");
+    let accepted = api.status.parents[0]
+        .conditions
+        .iter()
+        .find(|k| k.kind == "Accepted")
+        .expect("Accepted");
+    assert_eq!(
+        (accepted.status.as_str(), accepted.reason.as_str()),
+        ("False", "Pending"),
+        "{accepted:?}"
+    );
     drop(c);
     assert!(
         handle.next_request().await.is_none(),

@@ -339,8 +339,9 @@ fn claim_key(c: &PortClaim) -> sources::Key {
     (c.metadata.ns().to_string(), c.metadata.name.clone())
 }
 
-/// The plan as a follower may program it: without the ports of claims the leader has
-/// not stored yet (the leader may still lose them in a race).
+/// The plan as a follower may program and show it: without the claims the leader has
+/// not stored yet (it may still lose them in a race), their ports not programmed, and
+/// their routes not accepted yet but pending.
 pub fn stored_only(mut plan: Plan, held: &Held) -> Plan {
     for c in plan
         .claims
@@ -348,6 +349,24 @@ pub fn stored_only(mut plan: Plan, held: &Held) -> Plan {
         .filter(|c| !held.claims.contains_key(&claim_key(c)))
     {
         let route = &c.spec.route;
+        let entry = plan.routes.iter_mut().find(|r| {
+            r.kind == route.kind && r.namespace == route.namespace && r.name == route.name
+        });
+        for parent in entry.into_iter().flat_map(|r| r.status.parents.iter_mut()) {
+            if parent.parent_ref.name != c.spec.gateway
+                || parent.parent_ref.port != Some(c.spec.port)
+            {
+                continue;
+            }
+            if let Some(accepted) = parent.conditions.iter_mut().find(|k| k.kind == "Accepted") {
+                accepted.status = "False".to_string();
+                accepted.reason = "Pending".to_string();
+                accepted.message = format!(
+                    "port {} proposed; waiting for the allocator to store its claim",
+                    c.spec.port
+                );
+            }
+        }
         plan.owners.retain(|service, owner| {
             let unstored = service.port == c.spec.port
                 && service.protocol.to_string() == c.spec.protocol
@@ -360,6 +379,8 @@ pub fn stored_only(mut plan: Plan, held: &Held) -> Plan {
             !unstored
         });
     }
+    plan.claims
+        .retain(|c| held.claims.contains_key(&claim_key(c)));
     plan
 }
 
