@@ -601,6 +601,38 @@ pub struct ClaimRoute {
     pub uid: Option<String>,
 }
 
+impl PortClaimSpec {
+    /// The spec of a claim on `port` of a Gateway's listener for `route`.
+    pub fn new(
+        gateway: &str,
+        listener: &str,
+        protocol: &str,
+        port: u16,
+        route: ClaimRoute,
+    ) -> Self {
+        PortClaimSpec {
+            gateway: gateway.to_string(),
+            listener: listener.to_string(),
+            protocol: protocol.to_string(),
+            port,
+            route,
+        }
+    }
+}
+
+impl ClaimRoute {
+    /// A Gateway API route (`TCPRoute` or `UDPRoute`) by kind, namespace and name.
+    pub fn new(kind: &str, namespace: &str, name: &str, uid: Option<String>) -> Self {
+        ClaimRoute {
+            group: GATEWAY_GROUP.to_string(),
+            kind: kind.to_string(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid,
+        }
+    }
+}
+
 /// PortClaim status.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]

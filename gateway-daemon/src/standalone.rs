@@ -585,22 +585,8 @@ mod tests {
     use crate::model::{ClaimRoute, PortClaimSpec};
 
     fn claim(ns: &str, port: u16, route: &str) -> PortClaim {
-        let mut c = PortClaim::bound(
-            ns,
-            PortClaimSpec {
-                gateway: "gw".into(),
-                listener: "pool".into(),
-                protocol: "TCP".into(),
-                port,
-                route: ClaimRoute {
-                    group: "gateway.networking.k8s.io".into(),
-                    kind: "TCPRoute".into(),
-                    namespace: "a".into(),
-                    name: route.into(),
-                    uid: None,
-                },
-            },
-        );
+        let route = ClaimRoute::new("TCPRoute", "a", route, None);
+        let mut c = PortClaim::bound(ns, PortClaimSpec::new("gw", "pool", "TCP", port, route));
         c.metadata.name = format!("gw-tcp-{port}");
         c
     }

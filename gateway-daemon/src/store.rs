@@ -589,21 +589,10 @@ mod tests {
     use crate::model::{ClaimRoute, PortClaimSpec};
 
     fn claim(port: u16) -> PortClaim {
+        let route = ClaimRoute::new("TCPRoute", "a", "r", None);
         PortClaim::bound(
             "infra",
-            PortClaimSpec {
-                gateway: "gw".into(),
-                listener: "pool".into(),
-                protocol: "TCP".into(),
-                port,
-                route: ClaimRoute {
-                    group: "gateway.networking.k8s.io".into(),
-                    kind: "TCPRoute".into(),
-                    namespace: "a".into(),
-                    name: "r".into(),
-                    uid: None,
-                },
-            },
+            PortClaimSpec::new("gw", "pool", "TCP", port, route),
         )
     }
 

@@ -209,21 +209,10 @@ fn claim_json(port: u16, route: &str, phase: &str, rv: &str) -> Value {
 }
 
 fn claim(port: u16, route: &str) -> PortClaim {
+    let route = ClaimRoute::new("TCPRoute", "team", route, Some(format!("uid-{route}")));
     PortClaim::bound(
         "infra",
-        PortClaimSpec {
-            gateway: "gw".into(),
-            listener: "pool".into(),
-            protocol: "TCP".into(),
-            port,
-            route: ClaimRoute {
-                group: "gateway.networking.k8s.io".into(),
-                kind: "TCPRoute".into(),
-                namespace: "team".into(),
-                name: route.into(),
-                uid: Some(format!("uid-{route}")),
-            },
-        },
+        PortClaimSpec::new("gw", "pool", "TCP", port, route),
     )
 }
 
@@ -897,13 +886,7 @@ fn a_lost_port_is_offered_back_only_while_no_one_else_holds_it() {
 
 #[test]
 fn a_refusal_is_announced_once_as_a_warning() {
-    let web = ClaimRoute {
-        group: "gateway.networking.k8s.io".into(),
-        kind: "TCPRoute".into(),
-        namespace: "team".into(),
-        name: "web".into(),
-        uid: None,
-    };
+    let web = ClaimRoute::new("TCPRoute", "team", "web", None);
     let refused = our_parent(30005, false, "2026-01-01T00:00:00Z");
     let merge = |old: Vec<RouteParentStatus>, new: Vec<RouteParentStatus>| {
         let current: Vec<Value> = old

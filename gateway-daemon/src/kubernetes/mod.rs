@@ -49,7 +49,7 @@ use tokio::sync::Notify;
 
 use crate::{
     datapath::{Datapath, DatapathError},
-    model::{ClaimRoute, PortClaim, GATEWAY_GROUP},
+    model::{ClaimRoute, PortClaim},
     planner::{self, Plan},
     standalone::{self, Published, Shared},
 };
@@ -303,13 +303,8 @@ impl Controller {
             let Some(Some(merged)) = keep_first(&mut first_error, result)? else {
                 continue;
             };
-            let route = ClaimRoute {
-                group: GATEWAY_GROUP.to_string(),
-                kind: kind.name().to_string(),
-                namespace: ns,
-                name,
-                uid: cached.and_then(|o| o.metadata.uid.clone()),
-            };
+            let uid = cached.and_then(|o| o.metadata.uid.clone());
+            let route = ClaimRoute::new(kind.name(), &ns, &name, uid);
             for n in events::from_status(route, &merged) {
                 events::publish(&self.recorder, &self.versions, &n).await;
             }

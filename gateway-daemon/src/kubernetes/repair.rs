@@ -12,10 +12,7 @@ use serde_json::Value;
 
 use super::sources::View;
 use crate::{
-    model::{
-        claim_name, ClaimRoute, PortClaim, PortClaimSpec, BERTH_GROUP, CONTROLLER_NAME,
-        GATEWAY_GROUP,
-    },
+    model::{claim_name, ClaimRoute, PortClaim, PortClaimSpec, BERTH_GROUP, CONTROLLER_NAME},
     planner::status::RouteParentStatus,
 };
 
@@ -81,13 +78,7 @@ pub fn hints(view: &View) -> Vec<PortClaim> {
                     listener,
                     protocol: protocol.to_string(),
                     port,
-                    route: ClaimRoute {
-                        group: GATEWAY_GROUP.to_string(),
-                        kind: kind.name().to_string(),
-                        namespace: ns.clone(),
-                        name: name.clone(),
-                        uid,
-                    },
+                    route: ClaimRoute::new(kind.name(), ns, name, uid),
                 },
             ));
         }

@@ -191,13 +191,12 @@ fn protocol_of(p: &str) -> Option<Protocol> {
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 fn route_ref(route: &Route) -> ClaimRoute {
-    ClaimRoute {
-        group: GATEWAY_GROUP.to_string(),
-        kind: route.kind.name().to_string(),
-        namespace: route.metadata.ns().to_string(),
-        name: route.metadata.name.clone(),
-        uid: route.metadata.uid.clone(),
-    }
+    ClaimRoute::new(
+        route.kind.name(),
+        route.metadata.ns(),
+        &route.metadata.name,
+        route.metadata.uid.clone(),
+    )
 }
 
 /// Whether `claimed` names `route` (a missing uid on either side matches any).

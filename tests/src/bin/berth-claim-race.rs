@@ -18,21 +18,10 @@ fn main() {
     let count: u16 = count.parse().expect("COUNT");
     let store = Store::open(std::path::Path::new(dir)).expect("open store");
     for port in 30000..30000 + count {
+        let route = ClaimRoute::new("TCPRoute", who, "r", None);
         let claim = PortClaim::bound(
             "infra",
-            PortClaimSpec {
-                gateway: "gw".into(),
-                listener: "pool".into(),
-                protocol: "TCP".into(),
-                port,
-                route: ClaimRoute {
-                    group: "gateway.networking.k8s.io".into(),
-                    kind: "TCPRoute".into(),
-                    namespace: who.clone(),
-                    name: "r".into(),
-                    uid: None,
-                },
-            },
+            PortClaimSpec::new("gw", "pool", "TCP", port, route),
         );
         match store.create(&claim) {
             Ok(()) => println!("{port}"),
