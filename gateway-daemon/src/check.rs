@@ -52,6 +52,49 @@ pub fn document(plan: &Plan) -> StateDocument {
 }
 
 impl StateDocument {
+    /// Keeps the transition times of `old`'s conditions that did not change (a plan
+    /// stamps every condition with its own time).
+    pub fn carry_times_from(&mut self, old: &StateDocument) {
+        use crate::planner::status::carry_times;
+        let gateways: std::collections::HashMap<(&str, &str), &GatewayEntry> = old
+            .gateways
+            .iter()
+            .map(|g| ((g.namespace.as_str(), g.name.as_str()), g))
+            .collect();
+        for g in &mut self.gateways {
+            let Some(o) = gateways.get(&(g.namespace.as_str(), g.name.as_str())) else {
+                continue;
+            };
+            carry_times(&mut g.status.conditions, &o.status.conditions);
+            for l in &mut g.status.listeners {
+                if let Some(ol) = o.status.listeners.iter().find(|ol| ol.name == l.name) {
+                    carry_times(&mut l.conditions, &ol.conditions);
+                }
+            }
+        }
+        let routes: std::collections::HashMap<(&str, &str, &str), &RouteEntry> = old
+            .routes
+            .iter()
+            .map(|r| ((r.kind.as_str(), r.namespace.as_str(), r.name.as_str()), r))
+            .collect();
+        for r in &mut self.routes {
+            let key = (r.kind.as_str(), r.namespace.as_str(), r.name.as_str());
+            let Some(o) = routes.get(&key) else {
+                continue;
+            };
+            for p in &mut r.status.parents {
+                let same_parent = |op: &&crate::planner::status::RouteParentStatus| {
+                    op.parent_ref.name == p.parent_ref.name
+                        && op.parent_ref.namespace == p.parent_ref.namespace
+                        && op.parent_ref.section_name == p.parent_ref.section_name
+                };
+                if let Some(op) = o.status.parents.iter().find(same_parent) {
+                    carry_times(&mut p.conditions, &op.conditions);
+                }
+            }
+        }
+    }
+
     /// The document of a plan's statuses (moved in) and claims.
     pub fn new(
         gateways: Vec<GatewayEntry>,

@@ -558,7 +558,10 @@ pub fn effects(
         owners,
         usage,
     } = plan;
-    let state = StateDocument::new(gateways, routes, &claims);
+    let mut state = StateDocument::new(gateways, routes, &claims);
+    if let Some(old) = &prev.state {
+        state.carry_times_from(old);
+    }
     Ok(Published {
         state: Some(Arc::new(state)),
         datapath: Arc::new(desired),

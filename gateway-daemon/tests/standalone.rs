@@ -94,6 +94,30 @@ fn run_follows_file_changes_keeps_broken_files_last_good_and_survives_kill_9() {
     assert_eq!(port_of(&s, "web"), Some(30000), "{s:#}");
     assert_eq!(port_of(&s, "dns"), Some(30053), "{s:#}");
 
+    // Conditions keep the time they last changed, not the time of the last plan: let
+    // the clock leave the second the first plan stamped, then make a new plan.
+    let accepted_at = |s: &Value, ns: &str| {
+        s["routes"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["namespace"] == ns))
+            .and_then(|r| r["status"]["parents"][0]["conditions"].as_array())
+            .and_then(|c| c.iter().find(|c| c["type"] == "Accepted"))
+            .map(|c| {
+                c["lastTransitionTime"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+    };
+    let team_a_accepted = accepted_at(&s, "team-a").expect("team-a accepted");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+        <= team_a_accepted
+    {
+        assert!(Instant::now() < deadline, "the clock stands still");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
     // A new route file is picked up.
     let team_a = std::fs::read_to_string(manifests.join("team-a.yaml")).expect("read");
     std::fs::write(
@@ -105,6 +129,16 @@ fn run_follows_file_changes_keeps_broken_files_last_good_and_survives_kill_9() {
         port_of(&state(d), "web").is_some()
             && state(d)["claims"].as_array().is_some_and(|c| c.len() == 3)
     });
+    let s = state(&d);
+    assert_eq!(
+        accepted_at(&s, "team-a").as_deref(),
+        Some(team_a_accepted.as_str()),
+        "an unchanged condition keeps its transition time"
+    );
+    assert!(
+        accepted_at(&s, "team-c").is_some_and(|t| t > team_a_accepted),
+        "a new route's condition has the time of its plan: {s:#}"
+    );
 
     // A broken file is reported; its last good objects stay in force.
     std::fs::write(manifests.join("team-b.yaml"), "garbage: [\n").expect("break");

@@ -20,7 +20,7 @@ use super::{
 use crate::{
     model::{ParentRef, CONTROLLER_NAME},
     planner::{
-        status::{Condition, GatewayStatus, RouteParentStatus},
+        status::{GatewayStatus, RouteParentStatus},
         GatewayEntry,
     },
 };
@@ -52,17 +52,7 @@ pub enum StatusError {
     },
 }
 
-/// Keeps the `lastTransitionTime` of conditions whose type and status are unchanged.
-pub fn carry_times(new: &mut [Condition], old: &[Condition]) {
-    for c in new {
-        if let Some(o) = old
-            .iter()
-            .find(|o| o.kind == c.kind && o.status == c.status)
-        {
-            c.last_transition_time.clone_from(&o.last_transition_time);
-        }
-    }
-}
+pub use crate::planner::status::carry_times;
 
 fn current_status<T: serde::de::DeserializeOwned>(obj: &DynamicObject) -> Option<T> {
     serde_json::from_value(obj.data.get("status")?.clone()).ok()

@@ -24,6 +24,19 @@ pub struct Condition {
     pub observed_generation: Option<i64>,
 }
 
+/// Keeps the `lastTransitionTime` of conditions whose type and status are unchanged:
+/// the time says when a condition last changed, not when it was last computed.
+pub fn carry_times(new: &mut [Condition], old: &[Condition]) {
+    for c in new {
+        if let Some(o) = old
+            .iter()
+            .find(|o| o.kind == c.kind && o.status == c.status)
+        {
+            c.last_transition_time.clone_from(&o.last_transition_time);
+        }
+    }
+}
+
 /// Gateway status.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
