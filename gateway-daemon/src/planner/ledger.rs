@@ -13,51 +13,75 @@ fn is_bound(c: &PortClaim) -> bool {
         .is_none_or(|s| s.phase == ClaimPhase::Bound)
 }
 
-/// Claims (a removed claim is `None`, so indexes stay valid) and their indexes.
+/// Claims (a removed claim is `None`, so indexes stay valid) and their indexes. The
+/// indexes are keyed by interned names, so that indexing and looking up copy no strings.
 #[derive(Default)]
 pub struct Ledger {
     /// All claims of the plan.
     pub claims: Vec<Option<PortClaim>>,
+    /// Names seen (gateway namespaces and names, protocols, listeners, route kinds,
+    /// namespaces and names) → small ids.
+    names: HashMap<String, u32>,
     /// (gateway, protocol, port) → claim.
-    by_port: HashMap<(GwKey, String, u16), usize>,
+    by_port: HashMap<(Gw, u32, u16), usize>,
     /// (gateway, listener, route namespace) → bound claims.
-    bound: HashMap<(GwKey, String, String), u32>,
+    bound: HashMap<(Gw, u32, u32), u32>,
     /// (gateway, route kind, route namespace, route name) → released claims.
-    released: HashMap<(GwKey, String, String, String), Vec<usize>>,
+    released: HashMap<(Gw, u32, u32, u32), Vec<usize>>,
     /// (gateway, protocol, first port of a range) → no port of the range below this is
     /// free (ranges do not overlap, and ports only fill up within a plan).
-    floor: HashMap<(GwKey, String, u16), u16>,
+    floor: HashMap<(Gw, u32, u16), u16>,
 }
 
-fn gw_of(c: &PortClaim) -> GwKey {
-    (c.metadata.ns().to_string(), c.spec.gateway.clone())
-}
+/// A gateway as interned (namespace, name).
+type Gw = (u32, u32);
 
 impl Ledger {
     /// Indexes `claims`.
     pub fn new(claims: Vec<Option<PortClaim>>) -> Self {
         let mut ledger = Ledger::default();
+        // Room for the claims of this plan too: a claim is large, regrowing copies all.
+        ledger.claims.reserve(claims.len() + claims.len() / 8 + 16);
         for c in claims {
             ledger.push_slot(c);
         }
         ledger
     }
 
+    /// The id of `name`, interning it if new.
+    fn intern(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.names.get(name) {
+            return id;
+        }
+        let id = self.names.len() as u32;
+        self.names.insert(name.to_string(), id);
+        id
+    }
+
+    /// The id of `name` if it was ever interned (no claim names it otherwise).
+    fn id(&self, name: &str) -> Option<u32> {
+        self.names.get(name).copied()
+    }
+
+    fn gw_id(&self, gw: &GwKey) -> Option<Gw> {
+        Some((self.id(&gw.0)?, self.id(&gw.1)?))
+    }
+
     fn push_slot(&mut self, claim: Option<PortClaim>) -> usize {
         let ci = self.claims.len();
         if let Some(c) = &claim {
-            let gw = gw_of(c);
-            self.by_port
-                .insert((gw.clone(), c.spec.protocol.clone(), c.spec.port), ci);
+            let gw = (self.intern(c.metadata.ns()), self.intern(&c.spec.gateway));
+            let protocol = self.intern(&c.spec.protocol);
+            self.by_port.insert((gw, protocol, c.spec.port), ci);
+            let r = &c.spec.route;
+            let namespace = self.intern(&r.namespace);
             if is_bound(c) {
-                *self
-                    .bound
-                    .entry((gw, c.spec.listener.clone(), c.spec.route.namespace.clone()))
-                    .or_default() += 1;
+                let listener = self.intern(&c.spec.listener);
+                *self.bound.entry((gw, listener, namespace)).or_default() += 1;
             } else {
-                let r = &c.spec.route;
+                let (kind, name) = (self.intern(&r.kind), self.intern(&r.name));
                 self.released
-                    .entry((gw, r.kind.clone(), r.namespace.clone(), r.name.clone()))
+                    .entry((gw, kind, namespace, name))
                     .or_default()
                     .push(ci);
             }
@@ -73,18 +97,17 @@ impl Ledger {
 
     /// The claim holding a port, bound or cooling down.
     pub fn holder(&self, gw: &GwKey, protocol: &str, port: u16) -> Option<&PortClaim> {
-        let ci = *self
-            .by_port
-            .get(&(gw.clone(), protocol.to_string(), port))?;
-        self.claims[ci].as_ref()
+        let key = (self.gw_id(gw)?, self.id(protocol)?, port);
+        self.claims[*self.by_port.get(&key)?].as_ref()
     }
 
     /// Bound claims of a namespace on a listener.
     pub fn bound_in(&self, gw: &GwKey, listener: &str, namespace: &str) -> u32 {
-        self.bound
-            .get(&(gw.clone(), listener.to_string(), namespace.to_string()))
-            .copied()
-            .unwrap_or(0)
+        (|| {
+            let key = (self.gw_id(gw)?, self.id(listener)?, self.id(namespace)?);
+            self.bound.get(&key).copied()
+        })()
+        .unwrap_or(0)
     }
 
     /// Binds again a route's own released claim on `listener` (and `requested` port, if
@@ -96,11 +119,13 @@ impl Ledger {
         route: &ClaimRoute,
         requested: Option<u16>,
     ) -> Option<usize> {
+        let gw_id = self.gw_id(gw)?;
+        let namespace = self.id(&route.namespace)?;
         let key = (
-            gw.clone(),
-            route.kind.clone(),
-            route.namespace.clone(),
-            route.name.clone(),
+            gw_id,
+            self.id(&route.kind)?,
+            namespace,
+            self.id(&route.name)?,
         );
         let list = self.released.get_mut(&key)?;
         let pos = list.iter().position(|&ci| {
@@ -114,10 +139,8 @@ impl Ledger {
             phase: ClaimPhase::Bound,
             released_at: None,
         });
-        *self
-            .bound
-            .entry((gw.clone(), listener.to_string(), route.namespace.clone()))
-            .or_default() += 1;
+        let listener = self.intern(listener);
+        *self.bound.entry((gw_id, listener, namespace)).or_default() += 1;
         Some(ci)
     }
 
@@ -129,13 +152,11 @@ impl Ledger {
         first: u16,
         last: u16,
     ) -> Option<u16> {
-        let key = (gw.clone(), protocol.to_string(), first);
+        let gw = (self.intern(&gw.0), self.intern(&gw.1));
+        let protocol = self.intern(protocol);
+        let key = (gw, protocol, first);
         let start = self.floor.get(&key).copied().unwrap_or(first);
-        let found = (start..=last).find(|&p| {
-            !self
-                .by_port
-                .contains_key(&(gw.clone(), protocol.to_string(), p))
-        });
+        let found = (start..=last).find(|&p| !self.by_port.contains_key(&(gw, protocol, p)));
         self.floor.insert(key, found.unwrap_or(last));
         found
     }

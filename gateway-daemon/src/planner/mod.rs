@@ -495,7 +495,7 @@ pub fn plan(input: &Input) -> Plan {
         .map(|(gi, g)| ((g.spec.metadata.ns(), g.spec.metadata.name.as_str()), gi))
         .collect();
 
-    let mut attachments: Vec<Attachment> = Vec::new();
+    let mut attachments: Vec<Attachment> = Vec::with_capacity(snap.routes.len());
     for &ri in &order {
         let route = &snap.routes[ri];
         for parent in &route.spec.parent_refs {
@@ -626,7 +626,7 @@ pub fn plan(input: &Input) -> Plan {
     let mut datapath = DesiredState::default();
     let mut owners = BTreeMap::new();
     // (datapath service, index of the route whose backends serve it)
-    let mut serving: Vec<(ServiceAddr, usize)> = Vec::new();
+    let mut serving: Vec<(ServiceAddr, usize)> = Vec::with_capacity(claims.len());
     let mut fixed_attached: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
     for (ai, a) in attachments.iter().enumerate() {
         if let Attach::Listeners { fixed, .. } = &a.attach {
@@ -985,7 +985,11 @@ pub fn plan(input: &Input) -> Plan {
             status,
         })
         .collect();
-    let mut claims: Vec<PortClaim> = claims.into_iter().flatten().collect();
+    let mut claims: Vec<PortClaim> = {
+        let mut held = Vec::with_capacity(claims.len());
+        held.extend(claims.into_iter().flatten());
+        held
+    };
     claims.sort_by(|a, b| {
         (a.metadata.ns(), &a.metadata.name).cmp(&(b.metadata.ns(), &b.metadata.name))
     });
