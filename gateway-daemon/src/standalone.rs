@@ -499,11 +499,13 @@ fn step(
             prev.traffic_at
                 .is_none_or(|t| t.elapsed() >= TRAFFIC_REFRESH)
         }) {
+            let started = std::time::Instant::now();
             let mut p = Published::clone(&prev);
             p.counters = dp.counters().unwrap_or_default();
             p.traffic = dp.traffic(ACTIVE_FLOW_WINDOW).unwrap_or_default();
             p.traffic_at = Some(std::time::Instant::now());
             *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(p);
+            tracing::debug!(took = ?started.elapsed(), "read traffic");
         }
         return Ok(());
     }
