@@ -336,6 +336,7 @@ pub fn cycle(
             claims: &stored,
             now,
             default_address,
+            allocate: true,
         });
         let changes = claim_changes(&stored, &plan.claims);
         if seen_changed || !changes.is_empty() {

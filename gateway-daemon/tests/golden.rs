@@ -57,12 +57,14 @@ fn run_case(input: &Path) -> String {
         claims: &claims,
         now,
         default_address: None,
+        allocate: true,
     });
     let again = planner::plan(&planner::Input {
         snapshot: &snapshot,
         claims: &claims,
         now,
         default_address: None,
+        allocate: true,
     });
     assert_eq!(
         plan,

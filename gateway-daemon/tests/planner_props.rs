@@ -82,6 +82,7 @@ fn run(routes: &BTreeMap<usize, RouteState>, claims: &[PortClaim], now: u64) -> 
         claims,
         now: time(now),
         default_address: None,
+        allocate: true,
     })
     .claims
 }

@@ -55,7 +55,7 @@ use crate::{
 };
 use claims::{ClaimError, Recent};
 use lease::{Elector, Leadership, LeaseConfig};
-use sources::{Held, Sources, Versions, View};
+use sources::{Sources, Versions, View};
 use status::StatusError;
 
 /// A watch event waits this long for more before a plan starts.
@@ -161,27 +161,32 @@ impl Controller {
 
     /// One cycle over `view`: plan; as the leader, commit claims (planning again after
     /// a race), then write statuses and publish events. Returns the plan to program:
-    /// a follower's leaves out ports of claims not stored yet.
+    /// a follower plans without assigning ports, so its plan holds stored claims only.
     pub async fn reconcile(&mut self, view: &View, now: SystemTime) -> Result<Plan, CycleError> {
         let hints = repair::hints(view);
         for _ in 0..MAX_RACES {
             let mut held = view.held.clone();
             self.recent.overlay(&mut held);
+            let leader = self.leadership.is_leader();
             let mut input = held.list();
-            input.extend(
-                hints
-                    .iter()
-                    .filter(|h| !held.claims.contains_key(&claim_key(h)))
-                    .cloned(),
-            );
+            if leader {
+                // Ports the repair pass offers back are proposals only the leader makes.
+                input.extend(
+                    hints
+                        .iter()
+                        .filter(|h| !held.claims.contains_key(&claim_key(h)))
+                        .cloned(),
+                );
+            }
             let plan = planner::plan(&planner::Input {
                 snapshot: &view.snapshot,
                 claims: &input,
                 now,
                 default_address: self.default_address,
+                allocate: leader,
             });
-            if !self.leadership.is_leader() {
-                return Ok(stored_only(plan, &held));
+            if !leader {
+                return Ok(plan);
             }
             let mut done = Vec::new();
             let result = claims::commit(
@@ -207,12 +212,8 @@ impl Controller {
                         "lost a claim race; planning again"
                     );
                 }
-                Err(ClaimError::NotLeader(e)) => {
-                    tracing::info!("{e}");
-                    let mut held = view.held.clone();
-                    self.recent.overlay(&mut held);
-                    return Ok(stored_only(plan, &held));
-                }
+                // Plan again as a follower.
+                Err(ClaimError::NotLeader(e)) => tracing::info!("{e}"),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -332,51 +333,6 @@ fn keep_first<T>(
 
 fn claim_key(c: &PortClaim) -> sources::Key {
     (c.metadata.ns().to_string(), c.metadata.name.clone())
-}
-
-/// The plan as a follower may program and show it: without the claims the leader has
-/// not stored yet (it may still lose them in a race), their ports not programmed, and
-/// their routes not accepted yet but pending.
-pub fn stored_only(mut plan: Plan, held: &Held) -> Plan {
-    for c in plan
-        .claims
-        .iter()
-        .filter(|c| !held.claims.contains_key(&claim_key(c)))
-    {
-        let route = &c.spec.route;
-        let entry = plan.routes.iter_mut().find(|r| {
-            r.kind == route.kind && r.namespace == route.namespace && r.name == route.name
-        });
-        for parent in entry.into_iter().flat_map(|r| r.status.parents.iter_mut()) {
-            if parent.parent_ref.name != c.spec.gateway
-                || parent.parent_ref.port != Some(c.spec.port)
-            {
-                continue;
-            }
-            if let Some(accepted) = parent.conditions.iter_mut().find(|k| k.kind == "Accepted") {
-                accepted.status = "False".to_string();
-                accepted.reason = "Pending".to_string();
-                accepted.message = format!(
-                    "port {} proposed; waiting for the allocator to store its claim",
-                    c.spec.port
-                );
-            }
-        }
-        plan.owners.retain(|service, owner| {
-            let unstored = service.port == c.spec.port
-                && service.protocol.to_string() == c.spec.protocol
-                && owner.kind == route.kind
-                && owner.namespace == route.namespace
-                && owner.name == route.name;
-            if unstored {
-                plan.datapath.services.remove(service);
-            }
-            !unstored
-        });
-    }
-    plan.claims
-        .retain(|c| held.claims.contains_key(&claim_key(c)));
-    plan
 }
 
 /// What `run` needs to know.

@@ -39,6 +39,10 @@ pub struct Input<'a> {
     pub now: SystemTime,
     /// The address of Gateways whose `spec.addresses` has no IPv4 address (`--address`).
     pub default_address: Option<Ipv4Addr>,
+    /// Whether new ports may be assigned. A daemon that does not hold the allocator
+    /// role plans with `false`: a route without a claim is reported Pending, and the
+    /// plan programs only claims that are stored.
+    pub allocate: bool,
 }
 
 /// What the planner decides.
@@ -614,6 +618,13 @@ pub fn plan(input: &Input) -> Plan {
         statics.into_iter().chain(dynamics).collect()
     };
     for ai in pending {
+        if !input.allocate {
+            attachments[ai].failure = Some((
+                "Pending",
+                "waiting for the allocator to assign a port".to_string(),
+            ));
+            continue;
+        }
         match allocate(&attachments[ai], &gateways, &mut ledger) {
             Ok(ci) => attachments[ai].claim = Some(ci),
             Err(f) => attachments[ai].failure = Some(f),

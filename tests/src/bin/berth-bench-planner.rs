@@ -151,6 +151,7 @@ fn main() {
                 claims: &[],
                 now,
                 default_address: None,
+                allocate: true,
             });
             full.push(t.elapsed());
             assert_eq!(p.claims.len(), n, "every route gets a port");
@@ -166,6 +167,7 @@ fn main() {
                 claims: &claims,
                 now,
                 default_address: None,
+                allocate: true,
             });
             one.push(t.elapsed());
             assert_eq!(p.claims.len(), n + 1);
