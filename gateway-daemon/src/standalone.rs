@@ -496,17 +496,8 @@ fn step(
         || prev.last_error.is_some()
         || (prev.cooling && last_plan.elapsed() >= Duration::from_secs(1));
     if !due {
-        if let Some(dp) = datapath.filter(|_| {
-            prev.traffic_at
-                .is_none_or(|t| t.elapsed() >= TRAFFIC_REFRESH)
-        }) {
-            let started = std::time::Instant::now();
-            let mut p = Published::clone(&prev);
-            p.counters = dp.counters().unwrap_or_default();
-            p.traffic = dp.traffic(ACTIVE_FLOW_WINDOW).unwrap_or_default();
-            p.traffic_at = Some(std::time::Instant::now());
-            *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(p);
-            tracing::debug!(took = ?started.elapsed(), "read traffic");
+        if let Some(dp) = datapath {
+            refresh_traffic(shared, dp);
         }
         return Ok(());
     }
@@ -531,6 +522,32 @@ fn step(
     Ok(())
 }
 
+fn traffic_due(prev: &Published) -> bool {
+    prev.traffic_at
+        .is_none_or(|t| t.elapsed() >= TRAFFIC_REFRESH)
+}
+
+/// Reads the datapath's counters and per-route traffic into `p`.
+fn read_traffic(p: &mut Published, dp: &Datapath) {
+    let started = std::time::Instant::now();
+    p.counters = dp.counters().unwrap_or_default();
+    p.traffic = dp.traffic(ACTIVE_FLOW_WINDOW).unwrap_or_default();
+    p.traffic_at = Some(std::time::Instant::now());
+    tracing::debug!(took = ?started.elapsed(), "read traffic");
+}
+
+/// Between plans (both modes): publishes fresh counters and traffic when they are due
+/// (`TRAFFIC_REFRESH`), sharing everything else with what was published.
+pub fn refresh_traffic(shared: &Shared, dp: &Datapath) {
+    let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
+    if !traffic_due(&prev) {
+        return;
+    }
+    let mut p = Published::clone(&prev);
+    read_traffic(&mut p, dp);
+    *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(p);
+}
+
 /// The effects of a plan that every mode shares: programs the datapath (when there is
 /// one) and returns what to publish next, following `prev` (counters, traffic, cycles).
 /// The caller fills in `broken` and `first_seen`.
@@ -539,20 +556,22 @@ pub fn effects(
     datapath: Option<&mut Datapath>,
     prev: &Published,
 ) -> Result<Published, crate::datapath::DatapathError> {
-    let (mut counters, mut traffic, mut traffic_at) = (BTreeMap::new(), BTreeMap::new(), None);
+    let mut read = Published::default();
     if let Some(dp) = datapath {
         dp.apply(&plan.datapath)?;
-        counters = dp.counters().unwrap_or_default();
-        if prev
-            .traffic_at
-            .is_none_or(|t| t.elapsed() >= TRAFFIC_REFRESH)
-        {
-            traffic = dp.traffic(ACTIVE_FLOW_WINDOW).unwrap_or_default();
-            traffic_at = Some(std::time::Instant::now());
+        if traffic_due(prev) {
+            read_traffic(&mut read, dp);
         } else {
-            (traffic, traffic_at) = (prev.traffic.clone(), prev.traffic_at);
+            (read.counters, read.traffic, read.traffic_at) =
+                (prev.counters.clone(), prev.traffic.clone(), prev.traffic_at);
         }
     }
+    let Published {
+        counters,
+        traffic,
+        traffic_at,
+        ..
+    } = read;
     let Plan {
         claims,
         gateways,

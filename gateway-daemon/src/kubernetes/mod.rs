@@ -414,65 +414,76 @@ async fn cycles(
     shared: &Shared,
 ) {
     let mut reported = BTreeSet::new();
+    let (mut plan_due, mut failing, mut cooling) = (true, false, false);
     loop {
-        let view = View::new(sources.objects());
-        for e in &view.errors {
-            if !reported.contains(e) {
-                tracing::error!("{e} (the object is left out until it is fixed)");
+        if !plan_due {
+            // Nothing the plan depends on moved: only the counters are due.
+            if let Some(dp) = &datapath {
+                standalone::refresh_traffic(shared, dp);
             }
+        } else {
+            let view = View::new(sources.objects());
+            for e in &view.errors {
+                if !reported.contains(e) {
+                    tracing::error!("{e} (the object is left out until it is fixed)");
+                }
+            }
+            reported = view.errors.iter().cloned().collect();
+            let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
+            let result = match controller.reconcile(&view, SystemTime::now()).await {
+                Ok(plan) => {
+                    standalone::effects(plan, datapath.as_mut(), &prev).map_err(CycleError::from)
+                }
+                Err(e) => Err(e),
+            };
+            (failing, cooling) = match result {
+                Ok(mut next) => {
+                    if prev.last_error.is_some() {
+                        tracing::info!("recovered");
+                    }
+                    next.broken = view.errors.clone();
+                    // Route age in `berth get routes`: the API server's creation time.
+                    next.first_seen = view
+                        .snapshot
+                        .routes
+                        .iter()
+                        .filter_map(|r| {
+                            let m = &r.metadata;
+                            let mut key = String::new();
+                            standalone::route_key(&mut key, r.kind.name(), m.ns(), &m.name);
+                            Some((key, m.creation_timestamp.clone()?))
+                        })
+                        .collect::<BTreeMap<_, _>>()
+                        .into();
+                    let cooling = next.cooling;
+                    *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+                    (false, cooling)
+                }
+                Err(e) => {
+                    let message = crate::error_chain(&e);
+                    if prev.last_error.as_deref() != Some(&message) {
+                        tracing::error!(error = message, "cycle failed; retrying");
+                    }
+                    let mut p = Published::clone(&prev);
+                    p.last_error = Some(message);
+                    *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(p);
+                    (true, prev.cooling)
+                }
+            };
         }
-        reported = view.errors.iter().cloned().collect();
-        let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
-        let result = match controller.reconcile(&view, SystemTime::now()).await {
-            Ok(plan) => {
-                standalone::effects(plan, datapath.as_mut(), &prev).map_err(CycleError::from)
-            }
-            Err(e) => Err(e),
-        };
-        let (failing, cooling) = match result {
-            Ok(mut next) => {
-                if prev.last_error.is_some() {
-                    tracing::info!("recovered");
-                }
-                next.broken = view.errors.clone();
-                // Route age in `berth get routes`: the API server's creation time.
-                next.first_seen = view
-                    .snapshot
-                    .routes
-                    .iter()
-                    .filter_map(|r| {
-                        let m = &r.metadata;
-                        let mut key = String::new();
-                        standalone::route_key(&mut key, r.kind.name(), m.ns(), &m.name);
-                        Some((key, m.creation_timestamp.clone()?))
-                    })
-                    .collect::<BTreeMap<_, _>>()
-                    .into();
-                let cooling = next.cooling;
-                *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
-                (false, cooling)
-            }
-            Err(e) => {
-                let message = crate::error_chain(&e);
-                if prev.last_error.as_deref() != Some(&message) {
-                    tracing::error!(error = message, "cycle failed; retrying");
-                }
-                let mut p = Published::clone(&prev);
-                p.last_error = Some(message);
-                *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(p);
-                (true, prev.cooling)
-            }
-        };
-        // Plan again on a change; within a second while failing or while a port cools
-        // down; otherwise when traffic counters are due.
+        // Plan again on a change, and within a second while failing or while a port
+        // cools down; otherwise wake when traffic counters are due.
         let wait = if failing || cooling {
             Duration::from_secs(1)
         } else {
             standalone::TRAFFIC_REFRESH
         };
-        tokio::select! {
-            _ = changed.notified() => settle(changed).await,
-            _ = tokio::time::sleep(wait) => {}
-        }
+        plan_due = tokio::select! {
+            _ = changed.notified() => {
+                settle(changed).await;
+                true
+            }
+            _ = tokio::time::sleep(wait) => failing || cooling,
+        };
     }
 }
