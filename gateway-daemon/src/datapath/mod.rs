@@ -829,25 +829,6 @@ impl Datapath {
             .collect())
     }
 
-    /// Per-service counters and active flows (see `active_flows`).
-    pub fn traffic(&self, window: std::time::Duration) -> Result<BTreeMap<ServiceAddr, Traffic>> {
-        let mut active = self.active_flows(window)?;
-        Ok(self
-            .service_stats()?
-            .into_iter()
-            .map(|(service, stats)| {
-                let active_flows = active.remove(&service).unwrap_or(0);
-                (
-                    service,
-                    Traffic {
-                        stats,
-                        active_flows,
-                    },
-                )
-            })
-            .collect())
-    }
-
     /// Tracked flows, client → gateway direction only: (flow tuple, backend endpoint, service).
     pub fn flows(&self) -> Result<Vec<(FlowKey, Flow)>> {
         let mut out = Vec::new();
