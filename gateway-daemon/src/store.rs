@@ -2,13 +2,14 @@
 //! and the first-seen times of routes in the journal `STATE/first-seen.log`.
 //!
 //! Every write is atomic and durable: the content goes to a temporary file that is
-//! fsynced, then published with `link` (creation: fails if the claim exists, so two
-//! allocators can never both create one) or `rename` (update), and the directory is
-//! fsynced. A `kill -9` at any instant leaves either the old or the new file, never a
-//! partial one. The first-seen journal is appended to and fsynced (a torn last line,
-//! which only a crash mid-append leaves, is ignored and cut off), and rewritten whole,
-//! atomically, when it has grown to twice what it holds. Writers also hold an exclusive `flock` on `STATE/lock` for a whole
-//! read-plan-write cycle, released by the kernel if the process dies.
+//! fsynced, then moved into place with `renameat2(RENAME_NOREPLACE)` (creation: fails
+//! if the claim exists, so two allocators can never both create one) or `rename`
+//! (update), and the directory is fsynced. A `kill -9` at any instant leaves either the
+//! old or the new file, never a partial one. The first-seen journal is appended to and
+//! fsynced (a torn last line, which only a crash mid-append leaves, is ignored and cut
+//! off), and rewritten whole, atomically, when it has grown to twice what it holds.
+//! Writers also hold an exclusive `flock` on `STATE/lock` for a whole read-plan-write
+//! cycle, released by the kernel if the process dies.
 
 use std::{
     collections::BTreeMap,
@@ -261,8 +262,10 @@ impl Store {
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
         let tmp = write_tmp(&dir, &yaml(claim, &path)?)?;
-        let linked = fs::hard_link(&tmp, &path);
-        let _ = fs::remove_file(&tmp);
+        let linked = publish_exclusive(&tmp, &path);
+        if linked.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         match linked {
             Ok(()) => {
@@ -284,8 +287,8 @@ impl Store {
     }
 
     /// Creates several claims with one filesystem sync instead of one per claim: every
-    /// file is written, the filesystem synced once, then each is published with `link`
-    /// (exclusive, as in `create`) and each directory synced once. Stops with
+    /// file is written, the filesystem synced once, then each is moved into place
+    /// (exclusively, as in `create`) and each directory synced once. Stops with
     /// `AlreadyExists` at the first claim someone else holds; those published before it
     /// stay (and are durable).
     pub fn create_all(&self, claims: &[&PortClaim]) -> Result<()> {
@@ -294,7 +297,11 @@ impl Store {
         }
         let mut staged: Vec<(PathBuf, PathBuf, &PortClaim)> = Vec::new();
         let result = self.publish_staged(claims, &mut staged);
-        for (tmp, _, _) in &staged {
+        // Temporaries not published (a published one was moved into place).
+        for (tmp, _, _) in staged
+            .iter()
+            .filter(|(tmp, _, _)| !tmp.as_os_str().is_empty())
+        {
             let _ = fs::remove_file(tmp);
         }
         result
@@ -319,9 +326,10 @@ impl Store {
         }
         let mut dirs = std::collections::BTreeSet::new();
         let mut outcome = Ok(());
-        for (tmp, path, c) in staged.iter() {
-            match fs::hard_link(tmp, path) {
+        for (tmp, path, c) in staged.iter_mut() {
+            match publish_exclusive(tmp, path) {
                 Ok(()) => {
+                    *tmp = PathBuf::new();
                     dirs.insert(path.parent().map(Path::to_path_buf).unwrap_or_default());
                     let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
                     let key = (c.metadata.ns().to_string(), c.metadata.name.clone());
@@ -577,6 +585,34 @@ fn write_tmp_unsynced(dir: &Path, text: &str) -> Result<PathBuf> {
     Ok(tmp)
 }
 
+/// Moves `tmp` to `path` unless `path` exists (then `AlreadyExists`, `tmp` stays):
+/// `renameat2(RENAME_NOREPLACE)`, or `link` and `unlink` where the filesystem lacks it.
+fn publish_exclusive(tmp: &Path, path: &Path) -> io::Result<()> {
+    use std::{ffi::CString, os::unix::ffi::OsStrExt};
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
+    let (from, to) = (c(tmp)?, c(path)?);
+    // SAFETY: two valid NUL-terminated paths.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) {
+        return Err(e);
+    }
+    fs::hard_link(tmp, path)?;
+    let _ = fs::remove_file(tmp);
+    Ok(())
+}
+
 fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -588,6 +624,36 @@ mod tests {
     use super::*;
     use crate::model::{ClaimRoute, PortClaimSpec};
 
+    /// A directory of one test, removed when the test ends (also when it fails).
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            TempDir(dir)
+        }
+    }
+
+    impl AsRef<Path> for TempDir {
+        fn as_ref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl std::ops::Deref for TempDir {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
     fn claim(port: u16) -> PortClaim {
         let route = ClaimRoute::new("TCPRoute", "a", "r", None);
         PortClaim::bound(
@@ -598,7 +664,7 @@ mod tests {
 
     #[test]
     fn a_reader_sees_what_another_writer_wrote_after_its_generation_bump() {
-        let dir = std::env::temp_dir().join(format!("berth-store-gen-{}", std::process::id()));
+        let dir = TempDir::new("berth-store-gen");
         let (a, b) = (Store::open(&dir).expect("a"), Store::open(&dir).expect("b"));
         assert!(
             a.claims().expect("claims").is_empty(),
@@ -616,12 +682,11 @@ mod tests {
             vec![claim(30001)],
             "b kept its memory in step"
         );
-        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn create_all_publishes_every_claim_and_stops_at_one_held_by_someone_else() {
-        let dir = std::env::temp_dir().join(format!("berth-store-all-{}", std::process::id()));
+        let dir = TempDir::new("berth-store-all");
         let store = Store::open(&dir).expect("open");
         let (a, b, c) = (claim(30001), claim(30002), claim(30003));
         store.create_all(&[&a, &b]).expect("create all");
@@ -644,12 +709,11 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp"))
             .collect();
         assert!(stray.is_empty(), "no temporary files left");
-        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn temporaries_of_dead_writers_are_removed_on_open() {
-        let dir = std::env::temp_dir().join(format!("berth-store-tmp-{}", std::process::id()));
+        let dir = TempDir::new("berth-store-tmp");
         fs::create_dir_all(dir.join("claims/infra")).expect("dir");
         // PID 0 is never a process; our own PID is alive.
         let dead = dir.join("claims/infra/.tmp-0-1");
@@ -659,12 +723,11 @@ mod tests {
         Store::open(&dir).expect("open");
         assert!(!dead.exists(), "dead writer's file removed");
         assert!(alive.exists(), "live writer's file kept");
-        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_claim_is_created_once_read_back_updated_and_deleted() {
-        let dir = std::env::temp_dir().join(format!("berth-store-{}", std::process::id()));
+        let dir = TempDir::new("berth-store");
         let store = Store::open(&dir).expect("open");
         let c = claim(30000);
         store.create(&c).expect("create");
@@ -686,13 +749,11 @@ mod tests {
             leftovers.is_empty(),
             "no temporary files left: {leftovers:?}"
         );
-        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn first_seen_journal_survives_a_torn_append_and_compacts() {
-        let dir = std::env::temp_dir().join(format!("berth-store-seen-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let dir = TempDir::new("berth-store-seen");
         let store = Store::open(&dir).expect("open");
         let t = |s: &str| s.to_string();
         store
@@ -741,13 +802,11 @@ mod tests {
         let want: BTreeMap<String, String> =
             [(t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z"))].into();
         assert_eq!(*fresh.first_seen().expect("read"), want);
-        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn first_seen_of_earlier_versions_is_imported() {
-        let dir = std::env::temp_dir().join(format!("berth-store-yaml-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let dir = TempDir::new("berth-store-yaml");
         fs::create_dir_all(&dir).expect("dir");
         fs::write(
             dir.join(FIRST_SEEN_YAML),
@@ -774,6 +833,5 @@ mod tests {
                 .len(),
             2
         );
-        let _ = fs::remove_dir_all(&dir);
     }
 }
