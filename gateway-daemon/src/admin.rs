@@ -84,14 +84,14 @@ fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         "/api/v1/routes" => (
             200,
             "application/json",
-            serde_json::to_string(&route_rows(&p, None)).unwrap_or_default(),
+            serde_json::to_string(&rows_of(&p, None)).unwrap_or_default(),
         ),
         other if other.starts_with("/api/v1/routes/") => {
             let ns = &other["/api/v1/routes/".len()..];
             (
                 200,
                 "application/json",
-                serde_json::to_string(&route_rows(&p, Some(ns))).unwrap_or_default(),
+                serde_json::to_string(&rows_of(&p, Some(ns))).unwrap_or_default(),
             )
         }
         "/metrics" => (200, "text/plain; version=0.0.4", metrics(&p)),
@@ -107,16 +107,55 @@ fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
 
 /// The rows of `berth get routes`, of one namespace or all.
 pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
+    rows_of(p, namespace).into_iter().cloned().collect()
+}
+
+/// The rows of one namespace or all, from the table built once per published state.
+fn rows_of<'a>(p: &'a Published, namespace: Option<&str>) -> Vec<&'a RouteRow> {
+    let table = p.route_table.get_or_init(|| RouteTable::new(p));
+    match namespace {
+        None => table.rows.iter().collect(),
+        Some(ns) => table
+            .by_namespace
+            .get(ns)
+            .map(|at| at.iter().map(|&i| &table.rows[i]).collect())
+            .unwrap_or_default(),
+    }
+}
+
+/// Every row of `berth get routes`, and where each namespace's rows are. Built on the
+/// first request after a publish (a poll of one namespace then costs that namespace's
+/// rows, not a pass over every route).
+#[derive(Debug, Default)]
+pub struct RouteTable {
+    rows: Vec<RouteRow>,
+    by_namespace: std::collections::HashMap<String, Vec<usize>>,
+}
+
+impl RouteTable {
+    fn new(p: &Published) -> Self {
+        let rows = all_rows(p);
+        let mut by_namespace: std::collections::HashMap<String, Vec<usize>> =
+            std::collections::HashMap::new();
+        for (i, r) in rows.iter().enumerate() {
+            match by_namespace.get_mut(r.namespace.as_str()) {
+                Some(at) => at.push(i),
+                None => {
+                    by_namespace.insert(r.namespace.clone(), vec![i]);
+                }
+            }
+        }
+        RouteTable { rows, by_namespace }
+    }
+}
+
+fn all_rows(p: &Published) -> Vec<RouteRow> {
     let Some(state) = &p.state else {
         return Vec::new();
     };
-    // Indexes of the listed namespace only, so that listing stays linear in the number
-    // of routes and cheap for one namespace of many.
-    let listed = |ns: &str| namespace.is_none_or(|n| n == ns);
     let claims: std::collections::HashMap<(&str, &str, &str, &str), &str> = state
         .claims
         .iter()
-        .filter(|c| listed(&c.route.namespace))
         .map(|c| {
             (
                 (
@@ -135,7 +174,6 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
     > = p
         .owners
         .iter()
-        .filter(|(_, o)| listed(&o.namespace))
         .map(|(s, o)| {
             (
                 (
@@ -148,8 +186,8 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
             )
         })
         .collect();
-    let mut rows = Vec::new();
-    for r in state.routes.iter().filter(|r| listed(&r.namespace)) {
+    let mut rows = Vec::with_capacity(state.routes.len());
+    for r in &state.routes {
         for parent in &r.status.parents {
             let accepted = parent.conditions.iter().find(|c| c.kind == "Accepted");
             let key = (r.kind.as_str(), r.namespace.as_str(), r.name.as_str());
@@ -182,10 +220,7 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
                     .map(|c| format!("{} ({})", c.status, c.reason))
                     .unwrap_or_default(),
                 backends,
-                created: p
-                    .first_seen
-                    .get(&format!("{}/{}/{}", r.kind, r.namespace, r.name))
-                    .cloned(),
+                created: r.created.clone(),
                 packets: traffic.stats.packets + traffic.stats.reply_packets,
                 bytes: traffic.stats.bytes + traffic.stats.reply_bytes,
                 active_flows: traffic.active_flows,

@@ -137,7 +137,7 @@ pub fn tables(doc: &StateDocument) -> String {
                 .conditions
                 .iter()
                 .find(|c| c.kind == t)
-                .map_or("Unknown", |c| c.status.as_str())
+                .map_or("Unknown", |c| &*c.status)
                 .to_string()
         };
         let listeners: Vec<String> = g
@@ -175,8 +175,8 @@ pub fn tables(doc: &StateDocument) -> String {
                 r.kind,
                 p.parent_ref.name,
                 port,
-                accepted.map_or("Unknown", |c| c.status.as_str()),
-                accepted.map_or("", |c| c.reason.as_str())
+                accepted.map_or("Unknown", |c| &*c.status),
+                accepted.map_or("", |c| &*c.reason)
             ));
         }
     }

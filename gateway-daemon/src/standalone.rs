@@ -231,8 +231,6 @@ pub struct Published {
     pub broken: Vec<String>,
     /// Plans made.
     pub cycles: u64,
-    /// First-seen times of routes.
-    pub first_seen: Arc<BTreeMap<String, String>>,
     /// Datapath counters, when a datapath is attached.
     pub counters: BTreeMap<&'static str, u64>,
     /// Why the last cycle failed, if it did.
@@ -249,6 +247,26 @@ pub struct Published {
     pub active_at: Option<std::time::Instant>,
     /// Some claim is released and cooling down: plan again when its cool-down ends.
     pub cooling: bool,
+    /// The rows of `berth get routes`, built when first asked for.
+    pub route_table: Lazy<crate::admin::RouteTable>,
+}
+
+/// A value computed from the rest of a `Published` when first needed. A clone starts
+/// empty: a clone is made to change something the value is computed from.
+#[derive(Debug, Default)]
+pub struct Lazy<T>(std::sync::OnceLock<T>);
+
+impl<T> Clone for Lazy<T> {
+    fn clone(&self) -> Self {
+        Lazy(std::sync::OnceLock::new())
+    }
+}
+
+impl<T> Lazy<T> {
+    /// The value, computed by `f` on first use.
+    pub fn get_or_init(&self, f: impl FnOnce() -> T) -> &T {
+        self.0.get_or_init(f)
+    }
 }
 
 /// Shared between the loop and the admin server: the loop swaps in a new snapshot,
@@ -296,47 +314,38 @@ pub fn cycle(
     mut snapshot: Snapshot,
     now: SystemTime,
     default_address: Option<std::net::Ipv4Addr>,
-) -> Result<(Plan, Arc<BTreeMap<String, String>>), CycleError> {
+) -> Result<Plan, CycleError> {
+    let t0 = std::time::Instant::now();
     let _lock = store.lock()?;
+    let t_lock = t0.elapsed();
     // Routes without a creation time are ordered by when Berth first saw them.
-    let first_seen = store.first_seen()?;
     let now_text = humantime::format_rfc3339_seconds(now).to_string();
-    let mut added: Vec<(String, String)> = Vec::new();
-    let mut key = String::new();
-    for r in &mut snapshot.routes {
-        key.clear();
-        route_key(&mut key, r.kind.name(), r.metadata.ns(), &r.metadata.name);
-        let t = match first_seen.get(key.as_str()) {
-            Some(t) => t.clone(),
-            None => {
-                added.push((key.clone(), now_text.clone()));
-                now_text.clone()
+    let (added, removed) = store.with_first_seen(|seen| {
+        seen.begin_pass();
+        let mut added: Vec<(String, String)> = Vec::new();
+        let mut key = String::new();
+        for r in &mut snapshot.routes {
+            key.clear();
+            route_key(&mut key, r.kind.name(), r.metadata.ns(), &r.metadata.name);
+            let t = match seen.see(&key) {
+                Some(t) => t,
+                None => {
+                    added.push((key.clone(), now_text.clone()));
+                    &now_text
+                }
+            };
+            if r.metadata.creation_timestamp.is_none() {
+                r.metadata.creation_timestamp = Some(t.to_string());
             }
-        };
-        if r.metadata.creation_timestamp.is_none() {
-            r.metadata.creation_timestamp = Some(t);
         }
-    }
-    // A route that is gone and comes back later is a new object with a new time.
-    let present: std::collections::HashSet<(&str, &str, &str)> = snapshot
-        .routes
-        .iter()
-        .map(|r| (r.kind.name(), r.metadata.ns(), r.metadata.name.as_str()))
-        .collect();
-    let removed: Vec<String> = first_seen
-        .keys()
-        .filter(|k| {
-            let mut parts = k.splitn(3, '/');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some(kind), Some(ns), Some(name)) => !present.contains(&(kind, ns, name)),
-                _ => true,
-            }
-        })
-        .cloned()
-        .collect();
+        // A route that is gone and comes back later is a new object with a new time.
+        (added, seen.unseen())
+    })?;
     let mut seen_changed = !added.is_empty() || !removed.is_empty();
+    let t_seen = t0.elapsed();
     loop {
         let stored = store.claims()?;
+        let t_claims = t0.elapsed();
         let plan = planner::plan(&planner::Input {
             snapshot: &snapshot,
             claims: &stored,
@@ -344,7 +353,9 @@ pub fn cycle(
             default_address,
             allocate: true,
         });
+        let t_plan = t0.elapsed();
         let changes = claim_changes(&stored, &plan.claims);
+        let t_changes = t0.elapsed();
         if seen_changed || !changes.is_empty() {
             // Other readers of the directory must read it again.
             store.begin_write()?;
@@ -353,8 +364,10 @@ pub fn cycle(
                 seen_changed = false;
             }
         }
-        match commit(store, &changes) {
-            Ok(()) => return Ok((plan, store.first_seen()?)),
+        let r = commit(store, &changes);
+        tracing::debug!(lock=?t_lock, seen=?t_seen, claims=?t_claims, plan=?t_plan, changes=?t_changes, commit=?t0.elapsed(), "cycle timings");
+        match r {
+            Ok(()) => return Ok(plan),
             // Someone else created that claim meanwhile: read again and plan again.
             Err(StoreError::AlreadyExists { .. }) => continue,
             Err(e) => return Err(e.into()),
@@ -510,12 +523,11 @@ fn step(
     let started = std::time::Instant::now();
     let snapshot = source.snapshot();
     let t_snapshot = started.elapsed();
-    let (plan, first_seen) = cycle(store, snapshot, SystemTime::now(), default_address)?;
+    let plan = cycle(store, snapshot, SystemTime::now(), default_address)?;
     let t_cycle = started.elapsed();
     let mut next = effects(plan, datapath, &prev)?;
     let t_effects = started.elapsed();
     next.broken = source.broken();
-    next.first_seen = first_seen;
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     *last_plan = std::time::Instant::now();
     tracing::debug!(
@@ -579,7 +591,7 @@ pub fn refresh_traffic(shared: &Shared, dp: &Datapath) {
 
 /// The effects of a plan that every mode shares: programs the datapath (when there is
 /// one) and returns what to publish next, following `prev` (counters, traffic, cycles).
-/// The caller fills in `broken` and `first_seen`.
+/// The caller fills in `broken`.
 pub fn effects(
     plan: Plan,
     datapath: Option<&mut Datapath>,
@@ -622,7 +634,6 @@ pub fn effects(
         datapath: Arc::new(desired),
         broken: Vec::new(),
         cycles: prev.cycles + 1,
-        first_seen: Arc::default(),
         counters,
         last_error: None,
         owners: Arc::new(owners),
@@ -635,6 +646,7 @@ pub fn effects(
                 .as_ref()
                 .is_some_and(|s| s.phase == ClaimPhase::Released)
         }),
+        route_table: Lazy::default(),
     })
 }
 

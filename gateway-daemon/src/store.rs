@@ -17,10 +17,7 @@ use std::{
     io::{self, Write},
     os::fd::AsRawFd,
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
+    sync::atomic::{AtomicU64, Ordering},
 };
 
 use crate::model::PortClaim;
@@ -86,10 +83,93 @@ struct Cache {
 }
 
 /// First-seen times as read from the journal, and the journal's length in lines.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct FirstSeen {
-    times: Arc<BTreeMap<String, String>>,
+    times: FirstSeenTimes,
     lines: usize,
+}
+
+/// First-seen times of routes (`Kind/namespace/name` → RFC 3339), and which of them a
+/// pass over the routes present has seen: a pass costs one lookup per route and tells
+/// the routes that are gone without building a set of the present ones.
+#[derive(Debug, Default)]
+pub struct FirstSeenTimes {
+    times: crate::planner::FastMap<String, Seen>,
+    /// The current pass.
+    pass: u64,
+    /// Distinct keys seen in the current pass.
+    seen: usize,
+}
+
+#[derive(Debug)]
+struct Seen {
+    time: String,
+    /// The last pass that saw this key.
+    pass: u64,
+}
+
+impl FirstSeenTimes {
+    /// Starts a pass over the routes present.
+    pub fn begin_pass(&mut self) {
+        self.pass += 1;
+        self.seen = 0;
+    }
+
+    /// The first-seen time of `key`, marking it present in this pass.
+    pub fn see(&mut self, key: &str) -> Option<&str> {
+        let pass = self.pass;
+        let e = self.times.get_mut(key)?;
+        if e.pass != pass {
+            e.pass = pass;
+            self.seen += 1;
+        }
+        Some(&e.time)
+    }
+
+    /// Keys not seen in this pass.
+    pub fn unseen(&self) -> Vec<String> {
+        if self.seen == self.times.len() {
+            return Vec::new();
+        }
+        self.times
+            .iter()
+            .filter(|(_, e)| e.pass != self.pass)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// The first-seen time of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.times.get(key).map(|e| e.time.as_str())
+    }
+
+    /// All times, by key.
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        self.times
+            .iter()
+            .map(|(k, e)| (k.clone(), e.time.clone()))
+            .collect()
+    }
+
+    fn insert(&mut self, key: String, time: String) {
+        // Recorded during a pass: the route is present.
+        let pass = self.pass;
+        if self.times.insert(key, Seen { time, pass }).is_none() {
+            self.seen += 1;
+        }
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some(e) = self.times.remove(key) {
+            if e.pass == self.pass {
+                self.seen -= 1;
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.times.len()
+    }
 }
 
 const FIRST_SEEN_LOG: &str = "first-seen.log";
@@ -385,9 +465,14 @@ impl Store {
     }
 
     /// First-seen times of routes (`Kind/namespace/name` → RFC 3339).
-    pub fn first_seen(&self) -> Result<Arc<BTreeMap<String, String>>> {
+    pub fn first_seen(&self) -> Result<BTreeMap<String, String>> {
+        self.with_first_seen(|t| t.to_map())
+    }
+
+    /// Runs `f` on the first-seen times (read from the directory if it changed).
+    pub fn with_first_seen<T>(&self, f: impl FnOnce(&mut FirstSeenTimes) -> T) -> Result<T> {
         let mut cache = self.fresh_cache()?;
-        Ok(Arc::clone(&self.loaded_first_seen(&mut cache)?.times))
+        Ok(f(&mut self.loaded_first_seen(&mut cache)?.times))
     }
 
     fn loaded_first_seen<'c>(&self, cache: &'c mut Cache) -> Result<&'c mut FirstSeen> {
@@ -406,7 +491,7 @@ impl Store {
             }
             Err(e) => return Err(io_err("reading", &path)(e)),
         };
-        let mut times = BTreeMap::new();
+        let mut times = FirstSeenTimes::default();
         let mut lines = 0;
         // A last line without its newline is a torn append: not part of the journal.
         for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
@@ -427,10 +512,7 @@ impl Store {
                 }
             }
         }
-        Ok(FirstSeen {
-            times: Arc::new(times),
-            lines,
-        })
+        Ok(FirstSeen { times, lines })
     }
 
     fn import_first_seen_yaml(&self) -> Result<FirstSeen> {
@@ -443,8 +525,12 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
             Err(e) => return Err(io_err("reading", &path)(e)),
         };
+        let mut imported = FirstSeenTimes::default();
+        for (key, time) in times {
+            imported.insert(key, time);
+        }
         Ok(FirstSeen {
-            times: Arc::new(times),
+            times: imported,
             // Not in the journal yet: the next record rewrites it whole.
             lines: usize::MAX,
         })
@@ -458,7 +544,7 @@ impl Store {
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let seen = self.loaded_first_seen(&mut cache)?;
-        let times = Arc::make_mut(&mut seen.times);
+        let times = &mut seen.times;
         let mut journal = String::new();
         for (key, time) in added {
             times.insert(key.clone(), time.clone());
@@ -516,10 +602,10 @@ impl Store {
         Ok(())
     }
 
-    fn rewrite_first_seen(&self, times: &BTreeMap<String, String>) -> Result<()> {
+    fn rewrite_first_seen(&self, times: &FirstSeenTimes) -> Result<()> {
         let path = self.dir.join(FIRST_SEEN_LOG);
         let mut text = String::new();
-        for (key, time) in times {
+        for (key, time) in times.to_map() {
             text.push_str(&format!("+\t{time}\t{key}\n"));
         }
         let tmp = write_tmp(&self.dir, &text)?;
@@ -775,7 +861,7 @@ mod tests {
             (t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z")),
         ]
         .into();
-        assert_eq!(*reopened.first_seen().expect("read"), want);
+        assert_eq!(reopened.first_seen().expect("read"), want);
         reopened
             .record_first_seen(&[], &[t("TCPRoute/a/r")])
             .expect("forget");
@@ -801,7 +887,7 @@ mod tests {
         let fresh = Store::open(&dir).expect("reopen");
         let want: BTreeMap<String, String> =
             [(t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z"))].into();
-        assert_eq!(*fresh.first_seen().expect("read"), want);
+        assert_eq!(fresh.first_seen().expect("read"), want);
     }
 
     #[test]

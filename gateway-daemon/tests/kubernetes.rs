@@ -217,7 +217,7 @@ fn claim(port: u16, route: &str) -> PortClaim {
 }
 
 fn our_parent(port: u16, accepted: bool, time: &str) -> RouteParentStatus {
-    let cond = |kind: &str, ok: bool, reason: &str, message: &str| Condition {
+    let cond = |kind: &'static str, ok: bool, reason: &'static str, message: &str| Condition {
         kind: kind.into(),
         status: if ok { "True" } else { "False" }.into(),
         reason: reason.into(),
@@ -956,7 +956,7 @@ async fn a_follower_writes_nothing_and_programs_only_stored_claims() {
         .find(|k| k.kind == "Accepted")
         .expect("Accepted");
     assert_eq!(
-        (accepted.status.as_str(), accepted.reason.as_str()),
+        (&*accepted.status, &*accepted.reason),
         ("False", "Pending"),
         "{accepted:?}"
     );

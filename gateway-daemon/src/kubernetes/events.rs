@@ -94,7 +94,7 @@ pub fn from_status(route: ClaimRoute, merged: &Merged) -> Vec<Notice> {
             Some(Notice {
                 route: route.clone(),
                 warning: true,
-                reason,
+                reason: reason.into_owned(),
                 note: format!("Gateway {gw_ns}/{}: {message}", p.parent_ref.name),
                 action: "Refuse",
             })

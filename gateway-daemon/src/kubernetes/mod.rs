@@ -37,7 +37,7 @@ pub mod sources;
 pub mod status;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeSet,
     net::Ipv4Addr,
     sync::Arc,
     time::{Duration, Instant, SystemTime},
@@ -442,19 +442,6 @@ async fn cycles(
                         tracing::info!("recovered");
                     }
                     next.broken = view.errors.clone();
-                    // Route age in `berth get routes`: the API server's creation time.
-                    next.first_seen = view
-                        .snapshot
-                        .routes
-                        .iter()
-                        .filter_map(|r| {
-                            let m = &r.metadata;
-                            let mut key = String::new();
-                            standalone::route_key(&mut key, r.kind.name(), m.ns(), &m.name);
-                            Some((key, m.creation_timestamp.clone()?))
-                        })
-                        .collect::<BTreeMap<_, _>>()
-                        .into();
                     let cooling = next.cooling;
                     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
                     (false, cooling)

@@ -11,6 +11,7 @@ mod ledger;
 pub mod status;
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
     time::{Duration, SystemTime},
@@ -115,6 +116,10 @@ pub struct RouteEntry {
     pub name: String,
     /// Status.
     pub status: RouteStatus,
+    /// When the route was created (RFC 3339): its creation timestamp, or when Berth
+    /// first saw it.
+    #[serde(skip)]
+    pub created: Option<String>,
 }
 
 /// A listener as the planner sees it.
@@ -440,17 +445,17 @@ fn allowed(
 }
 
 fn condition(
-    kind: &str,
+    kind: &'static str,
     ok: bool,
-    reason: &str,
+    reason: &'static str,
     message: impl Into<String>,
     now: &str,
     generation: Option<i64>,
 ) -> Condition {
     Condition {
-        kind: kind.to_string(),
-        status: if ok { "True" } else { "False" }.to_string(),
-        reason: reason.to_string(),
+        kind: Cow::Borrowed(kind),
+        status: Cow::Borrowed(if ok { "True" } else { "False" }),
+        reason: Cow::Borrowed(reason),
         message: message.into(),
         last_transition_time: now.to_string(),
         observed_generation: generation,
@@ -633,7 +638,9 @@ pub fn plan(input: &Input) -> Plan {
     let claims = ledger.claims;
 
     // --- Backends, statuses, datapath ------------------------------------------------
-    let mut route_status: BTreeMap<(String, String, String), RouteStatus> = BTreeMap::new();
+    // One entry per route with a parent of ours, by the route's index in the snapshot.
+    let mut routes: Vec<RouteEntry> = Vec::with_capacity(snap.routes.len());
+    let mut entry_of: Vec<Option<usize>> = vec![None; snap.routes.len()];
     let mut datapath = DesiredState::default();
     let mut owners = BTreeMap::new();
     // (datapath service, index of the route whose backends serve it)
@@ -736,20 +743,22 @@ pub fn plan(input: &Input) -> Plan {
             &now_text,
             generation,
         );
-        let key = (
-            a.route.kind.name().to_string(),
-            a.route.metadata.ns().to_string(),
-            a.route.metadata.name.clone(),
-        );
-        route_status
-            .entry(key)
-            .or_default()
-            .parents
-            .push(RouteParentStatus {
-                parent_ref,
-                controller_name: CONTROLLER_NAME.to_string(),
-                conditions: vec![accepted, resolved],
+        let entry = *entry_of[a.route_index].get_or_insert_with(|| {
+            let m = &a.route.metadata;
+            routes.push(RouteEntry {
+                kind: a.route.kind.name().to_string(),
+                namespace: m.ns().to_string(),
+                name: m.name.clone(),
+                status: RouteStatus::default(),
+                created: m.creation_timestamp.clone(),
             });
+            routes.len() - 1
+        });
+        routes[entry].status.parents.push(RouteParentStatus {
+            parent_ref,
+            controller_name: Cow::Borrowed(CONTROLLER_NAME),
+            conditions: vec![accepted, resolved],
+        });
     }
 
     // Datapath: every bound claim of a gateway with an address, plus fixed listeners'
@@ -987,15 +996,23 @@ pub fn plan(input: &Input) -> Plan {
         });
     }
 
-    let routes = route_status
-        .into_iter()
-        .map(|((kind, namespace, name), status)| RouteEntry {
-            kind,
-            namespace,
-            name,
-            status,
-        })
-        .collect();
+    // The same route twice in the snapshot has one entry with the parents of both.
+    routes.sort_by(|a, b| {
+        (a.kind.as_str(), a.namespace.as_str(), a.name.as_str()).cmp(&(
+            b.kind.as_str(),
+            b.namespace.as_str(),
+            b.name.as_str(),
+        ))
+    });
+    routes.dedup_by(|later, first| {
+        let same = (later.kind == first.kind)
+            && later.namespace == first.namespace
+            && later.name == first.name;
+        if same {
+            first.status.parents.append(&mut later.status.parents);
+        }
+        same
+    });
     let mut claims: Vec<PortClaim> = {
         let mut held = Vec::with_capacity(claims.len());
         held.extend(claims.into_iter().flatten());

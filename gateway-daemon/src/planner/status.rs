@@ -1,8 +1,14 @@
 //! Status shapes exactly as Gateway API defines them (camelCase JSON).
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::model::{ParentRef, RouteGroupKind};
+
+/// Text that is mostly one of a few constants (condition types, statuses, reasons):
+/// those are not copied for every condition of every route of every plan.
+pub type Text = Cow<'static, str>;
 
 /// A status condition.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -10,11 +16,11 @@ use crate::model::{ParentRef, RouteGroupKind};
 pub struct Condition {
     /// Condition type.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: Text,
     /// `True`, `False` or `Unknown`.
-    pub status: String,
+    pub status: Text,
     /// Machine-readable reason.
-    pub reason: String,
+    pub reason: Text,
     /// Human-readable message.
     pub message: String,
     /// RFC 3339 time of the last change.
@@ -90,7 +96,7 @@ pub struct RouteParentStatus {
     /// The parent reference; for a range listener `port` is the assigned port.
     pub parent_ref: ParentRef,
     /// Our controller name.
-    pub controller_name: String,
+    pub controller_name: Text,
     /// Accepted and ResolvedRefs.
     pub conditions: Vec<Condition>,
 }
