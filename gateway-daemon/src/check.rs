@@ -11,7 +11,7 @@ pub struct StateDocument {
     /// Gateway statuses.
     pub gateways: Vec<GatewayEntry>,
     /// Route statuses.
-    pub routes: Vec<RouteEntry>,
+    pub routes: Vec<std::sync::Arc<RouteEntry>>,
     /// Claims held (bound or cooling down).
     pub claims: Vec<ClaimEntry>,
 }
@@ -72,25 +72,29 @@ impl StateDocument {
                 }
             }
         }
-        let routes: std::collections::HashMap<(&str, &str, &str), &RouteEntry> = old
-            .routes
-            .iter()
-            .map(|r| ((r.kind.as_str(), r.namespace.as_str(), r.name.as_str()), r))
-            .collect();
+        // Both lists are sorted by kind, namespace and name: one merge of the two.
+        fn key(r: &RouteEntry) -> (&str, &str, &str) {
+            (r.kind.as_str(), r.namespace.as_str(), r.name.as_str())
+        }
+        let mut old_routes = old.routes.iter().peekable();
         for r in &mut self.routes {
-            let key = (r.kind.as_str(), r.namespace.as_str(), r.name.as_str());
-            let Some(o) = routes.get(&key) else {
+            while old_routes.next_if(|o| key(o) < key(r)).is_some() {}
+            let Some(o) = old_routes.next_if(|o| key(o) == key(r)) else {
                 continue;
             };
-            for p in &mut r.status.parents {
-                let same_parent = |op: &&crate::planner::status::RouteParentStatus| {
-                    op.parent_ref.name == p.parent_ref.name
-                        && op.parent_ref.namespace == p.parent_ref.namespace
-                        && op.parent_ref.section_name == p.parent_ref.section_name
-                };
-                if let Some(op) = o.status.parents.iter().find(same_parent) {
-                    carry_times(&mut p.conditions, &op.conditions);
-                }
+            // Shared with the last plan: its times are the ones published.
+            if std::sync::Arc::ptr_eq(r, o) {
+                continue;
+            }
+            if let Some(r) = std::sync::Arc::get_mut(r) {
+                crate::planner::carry_parent_times(&mut r.status.parents, &o.status.parents);
+                continue;
+            }
+            // Also held by the planner's memo, which carried the times already (copied
+            // only if some time still differs).
+            let mut parents = r.status.parents.clone();
+            if crate::planner::carry_parent_times(&mut parents, &o.status.parents) {
+                std::sync::Arc::make_mut(r).status.parents = parents;
             }
         }
     }
@@ -98,7 +102,7 @@ impl StateDocument {
     /// The document of a plan's statuses (moved in) and claims.
     pub fn new(
         gateways: Vec<GatewayEntry>,
-        routes: Vec<RouteEntry>,
+        routes: Vec<std::sync::Arc<RouteEntry>>,
         claims: &[crate::model::PortClaim],
     ) -> Self {
         StateDocument {

@@ -314,6 +314,7 @@ pub fn cycle(
     mut snapshot: Snapshot,
     now: SystemTime,
     default_address: Option<std::net::Ipv4Addr>,
+    memo: &mut planner::Memo,
 ) -> Result<Plan, CycleError> {
     let t0 = std::time::Instant::now();
     let _lock = store.lock()?;
@@ -346,13 +347,16 @@ pub fn cycle(
     loop {
         let stored = store.claims()?;
         let t_claims = t0.elapsed();
-        let plan = planner::plan(&planner::Input {
-            snapshot: &snapshot,
-            claims: &stored,
-            now,
-            default_address,
-            allocate: true,
-        });
+        let plan = planner::plan_with(
+            &planner::Input {
+                snapshot: &snapshot,
+                claims: &stored,
+                now,
+                default_address,
+                allocate: true,
+            },
+            memo,
+        );
         let t_plan = t0.elapsed();
         let changes = claim_changes(&stored, &plan.claims);
         let t_changes = t0.elapsed();
@@ -459,6 +463,7 @@ pub fn run_loop(
 ) {
     let mut last_plan = std::time::Instant::now() - Duration::from_secs(3600);
     let mut failing = false;
+    let mut memo = planner::Memo::default();
     let watch = DirWatch::new(&source.dir);
     loop {
         match step(
@@ -468,6 +473,7 @@ pub fn run_loop(
             default_address,
             shared,
             &mut last_plan,
+            &mut memo,
         ) {
             Ok(()) if failing => {
                 tracing::info!("recovered");
@@ -502,6 +508,7 @@ fn step(
     default_address: Option<std::net::Ipv4Addr>,
     shared: &Shared,
     last_plan: &mut std::time::Instant,
+    memo: &mut planner::Memo,
 ) -> Result<(), CycleError> {
     let (changed, errors) = source.refresh().map_err(CycleError::Manifests)?;
     for e in &errors {
@@ -523,7 +530,7 @@ fn step(
     let started = std::time::Instant::now();
     let snapshot = source.snapshot();
     let t_snapshot = started.elapsed();
-    let plan = cycle(store, snapshot, SystemTime::now(), default_address)?;
+    let plan = cycle(store, snapshot, SystemTime::now(), default_address, memo)?;
     let t_cycle = started.elapsed();
     let mut next = effects(plan, datapath, &prev)?;
     let t_effects = started.elapsed();

@@ -7,6 +7,7 @@ use std::{
 };
 
 use berth::{
+    check::StateDocument,
     manifests,
     model::{ClaimPhase, PortClaim},
     planner::{self, Input},
@@ -27,6 +28,8 @@ enum Op {
     /// Change route `i`'s port request.
     Edit(usize, Option<u16>),
     Advance(u64),
+    /// Add or remove a labelled Namespace (an object other than a route changes).
+    Relabel,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -36,6 +39,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..12usize).prop_map(Op::Delete),
         1 => (0..12usize, port).prop_map(|(i, p)| Op::Edit(i, p)),
         2 => (1..90u64).prop_map(Op::Advance),
+        1 => Just(Op::Relabel),
     ]
 }
 
@@ -45,7 +49,7 @@ struct RouteState {
     port: Option<u16>,
 }
 
-fn manifests_text(routes: &BTreeMap<usize, RouteState>) -> String {
+fn manifests_text(routes: &BTreeMap<usize, RouteState>, labelled: bool) -> String {
     let mut s = format!(
         "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: berth}}\n\
          spec: {{controllerName: berth.dev/gateway-controller}}\n---\n\
@@ -56,6 +60,11 @@ fn manifests_text(routes: &BTreeMap<usize, RouteState>) -> String {
          apiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: cfg, namespace: infra}}\n\
          spec:\n  releaseCooldown: {COOLDOWN}s\n  listeners: [{{name: pool, endPort: {LAST}, maxPortsPerNamespace: {QUOTA}}}]\n"
     );
+    if labelled {
+        s.push_str(
+            "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: a, labels: {team: a}}\n",
+        );
+    }
     for (i, r) in routes {
         let port = r.port.map(|p| format!(", port: {p}")).unwrap_or_default();
         let created = humantime::format_rfc3339_seconds(time(r.created));
@@ -73,18 +82,25 @@ fn time(t: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600 + t)
 }
 
-fn run(routes: &BTreeMap<usize, RouteState>, claims: &[PortClaim], now: u64) -> Vec<PortClaim> {
-    let parsed = manifests::parse_file(std::path::Path::new("props.yaml"), &manifests_text(routes));
+fn snapshot(routes: &BTreeMap<usize, RouteState>, labelled: bool) -> berth::model::Snapshot {
+    let text = manifests_text(routes, labelled);
+    let parsed = manifests::parse_file(std::path::Path::new("props.yaml"), &text);
     assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-    let snapshot = manifests::snapshot([&parsed]);
-    planner::plan(&Input {
-        snapshot: &snapshot,
+    manifests::snapshot([&parsed])
+}
+
+fn input<'a>(snapshot: &'a berth::model::Snapshot, claims: &'a [PortClaim], now: u64) -> Input<'a> {
+    Input {
+        snapshot,
         claims,
         now: time(now),
         default_address: None,
         allocate: true,
-    })
-    .claims
+    }
+}
+
+fn run(routes: &BTreeMap<usize, RouteState>, claims: &[PortClaim], now: u64) -> Vec<PortClaim> {
+    planner::plan(&input(&snapshot(routes, false), claims, now)).claims
 }
 
 fn bound(claims: &[PortClaim]) -> BTreeMap<String, u16> {
@@ -128,6 +144,7 @@ proptest! {
                     }
                 }
                 Op::Advance(s) => now += s,
+                Op::Relabel => {}
             }
             claims = run(&routes, &claims, now);
             let after = bound(&claims);
@@ -170,5 +187,57 @@ proptest! {
         // same assignments.
         let replay = run(&routes, &claims, now);
         prop_assert_eq!(bound(&replay), bound(&claims));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Planning with a memo of the last plan is planning afresh and keeping the times
+    /// of conditions that did not change, as the published state does.
+    #[test]
+    fn a_memo_changes_nothing_but_keeps_times(ops in proptest::collection::vec(op(), 1..40)) {
+        let mut routes: BTreeMap<usize, RouteState> = BTreeMap::new();
+        let mut labelled = false;
+        let mut claims: Vec<PortClaim> = Vec::new();
+        let mut now = 0u64;
+        let mut memo = planner::Memo::default();
+        let mut published: Option<StateDocument> = None;
+        for op in ops {
+            match op {
+                Op::Create(i, port) => {
+                    routes.entry(i).or_insert(RouteState { created: now, port });
+                }
+                Op::Delete(i) => {
+                    routes.remove(&i);
+                }
+                Op::Edit(i, port) => {
+                    if let Some(r) = routes.get_mut(&i) {
+                        r.port = port;
+                    }
+                }
+                Op::Advance(s) => now += s,
+                Op::Relabel => labelled = !labelled,
+            }
+            let snapshot = snapshot(&routes, labelled);
+            let fresh = planner::plan(&input(&snapshot, &claims, now));
+            let remembered = planner::plan_with(&input(&snapshot, &claims, now), &mut memo);
+            prop_assert_eq!(&fresh.claims, &remembered.claims);
+            prop_assert_eq!(&fresh.datapath, &remembered.datapath);
+            prop_assert_eq!(&fresh.owners, &remembered.owners);
+            prop_assert_eq!(&fresh.gateways, &remembered.gateways);
+            let mut want = StateDocument::new(fresh.gateways, fresh.routes, &fresh.claims);
+            let planned = StateDocument::new(remembered.gateways, remembered.routes, &remembered.claims);
+            let mut got = planned.clone();
+            if let Some(old) = &published {
+                want.carry_times_from(old);
+                got.carry_times_from(old);
+            }
+            prop_assert_eq!(&want, &got);
+            // The memo carried the routes' times already (Gateways it does not keep).
+            prop_assert_eq!(&planned.routes, &got.routes);
+            claims = remembered.claims;
+            published = Some(got);
+        }
     }
 }

@@ -1,11 +1,15 @@
 //! The claims of one plan, indexed so that allocation stays fast with many routes.
+//!
+//! Claims are indexed by the plan's own numbering: the gateway's index among the
+//! plan's Gateways and the listener's index in that Gateway, so that indexing a claim
+//! hashes one name (its route's namespace) instead of copying or hashing all of them.
 
-use super::FastMap as HashMap;
+use super::{FastMap as HashMap, Gw};
 
-use crate::model::{ClaimPhase, ClaimRoute, PortClaim, PortClaimStatus};
-
-/// (gateway namespace, gateway name).
-pub type GwKey = (String, String);
+use crate::{
+    datapath::Protocol,
+    model::{ClaimPhase, ClaimRoute, PortClaim, PortClaimStatus},
+};
 
 fn is_bound(c: &PortClaim) -> bool {
     c.status
@@ -13,35 +17,46 @@ fn is_bound(c: &PortClaim) -> bool {
         .is_none_or(|s| s.phase == ClaimPhase::Bound)
 }
 
-/// Claims (a removed claim is `None`, so indexes stay valid) and their indexes. The
-/// indexes are keyed by interned names, so that indexing and looking up copy no strings.
-#[derive(Default)]
-pub struct Ledger {
+/// Claims (a removed claim is `None`, so indexes stay valid) and their indexes.
+pub struct Ledger<'g> {
     /// All claims of the plan.
     pub claims: Vec<Option<PortClaim>>,
-    /// Names seen (gateway namespaces and names, protocols, listeners, route kinds,
-    /// namespaces and names) → small ids.
+    /// The plan's Gateways, and their index by (namespace, name).
+    gateways: &'g [Gw<'g>],
+    gateway_at: &'g HashMap<(&'g str, &'g str), usize>,
+    /// Route names seen (namespaces, kinds, names) → small ids.
     names: HashMap<String, u32>,
     /// (gateway, protocol, port) → claim.
-    by_port: HashMap<(Gw, u32, u16), usize>,
+    by_port: HashMap<(usize, Protocol, u16), usize>,
     /// (gateway, listener, route namespace) → bound claims.
-    bound: HashMap<(Gw, u32, u32), u32>,
+    bound: HashMap<(usize, usize, u32), u32>,
     /// (gateway, route kind, route namespace, route name) → released claims.
-    released: HashMap<(Gw, u32, u32, u32), Vec<usize>>,
+    released: HashMap<(usize, u32, u32, u32), Vec<usize>>,
     /// (gateway, protocol, first port of a range) → no port of the range below this is
     /// free (ranges do not overlap, and ports only fill up within a plan).
-    floor: HashMap<(Gw, u32, u16), u16>,
+    floor: HashMap<(usize, Protocol, u16), u16>,
 }
 
-/// A gateway as interned (namespace, name).
-type Gw = (u32, u32);
-
-impl Ledger {
-    /// Indexes `claims`.
-    pub fn new(claims: Vec<Option<PortClaim>>) -> Self {
-        let mut ledger = Ledger::default();
-        // Room for the claims of this plan too: a claim is large, regrowing copies all.
-        ledger.claims.reserve(claims.len() + claims.len() / 8 + 16);
+impl<'g> Ledger<'g> {
+    /// Indexes `claims` against the plan's `gateways`. A claim of a Gateway that is not
+    /// among them is kept but not indexed: no listener of the plan can collide with it.
+    pub fn new(
+        claims: Vec<Option<PortClaim>>,
+        gateways: &'g [Gw<'g>],
+        gateway_at: &'g HashMap<(&'g str, &'g str), usize>,
+    ) -> Self {
+        let mut ledger = Ledger {
+            // Room for the claims of this plan too: a claim is large, regrowing copies all.
+            claims: Vec::with_capacity(claims.len() + claims.len() / 8 + 16),
+            gateways,
+            gateway_at,
+            names: HashMap::default(),
+            by_port: HashMap::default(),
+            bound: HashMap::default(),
+            released: HashMap::default(),
+            floor: HashMap::default(),
+        };
+        ledger.by_port.reserve(claims.len());
         for c in claims {
             ledger.push_slot(c);
         }
@@ -63,25 +78,35 @@ impl Ledger {
         self.names.get(name).copied()
     }
 
-    fn gw_id(&self, gw: &GwKey) -> Option<Gw> {
-        Some((self.id(&gw.0)?, self.id(&gw.1)?))
+    /// The gateway and listener indexes of a claim, and its protocol.
+    fn locate(&self, c: &PortClaim) -> Option<(usize, Option<usize>, Protocol)> {
+        let gi = *self
+            .gateway_at
+            .get(&(c.metadata.ns(), c.spec.gateway.as_str()))?;
+        let protocol = super::protocol_of(&c.spec.protocol)?;
+        let li = self.gateways[gi]
+            .listeners
+            .iter()
+            .position(|l| l.spec.name == c.spec.listener);
+        Some((gi, li, protocol))
     }
 
     fn push_slot(&mut self, claim: Option<PortClaim>) -> usize {
         let ci = self.claims.len();
-        if let Some(c) = &claim {
-            let gw = (self.intern(c.metadata.ns()), self.intern(&c.spec.gateway));
-            let protocol = self.intern(&c.spec.protocol);
-            self.by_port.insert((gw, protocol, c.spec.port), ci);
+        if let Some((c, (gi, li, protocol))) =
+            claim.as_ref().and_then(|c| Some((c, self.locate(c)?)))
+        {
+            self.by_port.insert((gi, protocol, c.spec.port), ci);
             let r = &c.spec.route;
             let namespace = self.intern(&r.namespace);
             if is_bound(c) {
-                let listener = self.intern(&c.spec.listener);
-                *self.bound.entry((gw, listener, namespace)).or_default() += 1;
+                if let Some(li) = li {
+                    *self.bound.entry((gi, li, namespace)).or_default() += 1;
+                }
             } else {
                 let (kind, name) = (self.intern(&r.kind), self.intern(&r.name));
                 self.released
-                    .entry((gw, kind, namespace, name))
+                    .entry((gi, kind, namespace, name))
                     .or_default()
                     .push(ci);
             }
@@ -95,38 +120,30 @@ impl Ledger {
         self.push_slot(Some(claim))
     }
 
-    /// The claim holding a port, bound or cooling down.
-    pub fn holder(&self, gw: &GwKey, protocol: &str, port: u16) -> Option<&PortClaim> {
-        let key = (self.gw_id(gw)?, self.id(protocol)?, port);
-        self.claims[*self.by_port.get(&key)?].as_ref()
+    /// The claim holding a port of Gateway `gi`, bound or cooling down.
+    pub fn holder(&self, gi: usize, protocol: Protocol, port: u16) -> Option<&PortClaim> {
+        self.claims[*self.by_port.get(&(gi, protocol, port))?].as_ref()
     }
 
-    /// Bound claims of a namespace on a listener.
-    pub fn bound_in(&self, gw: &GwKey, listener: &str, namespace: &str) -> u32 {
-        (|| {
-            let key = (self.gw_id(gw)?, self.id(listener)?, self.id(namespace)?);
-            self.bound.get(&key).copied()
-        })()
-        .unwrap_or(0)
+    /// Bound claims of a namespace on listener `li` of Gateway `gi`.
+    pub fn bound_in(&self, gi: usize, li: usize, namespace: &str) -> u32 {
+        self.id(namespace)
+            .and_then(|ns| self.bound.get(&(gi, li, ns)).copied())
+            .unwrap_or(0)
     }
 
-    /// Binds again a route's own released claim on `listener` (and `requested` port, if
-    /// any), returning it.
+    /// Binds again a route's own released claim on listener `li` of Gateway `gi` (and
+    /// `requested` port, if any), returning it.
     pub fn rebind(
         &mut self,
-        gw: &GwKey,
-        listener: &str,
+        gi: usize,
+        li: usize,
         route: &ClaimRoute,
         requested: Option<u16>,
     ) -> Option<usize> {
-        let gw_id = self.gw_id(gw)?;
         let namespace = self.id(&route.namespace)?;
-        let key = (
-            gw_id,
-            self.id(&route.kind)?,
-            namespace,
-            self.id(&route.name)?,
-        );
+        let key = (gi, self.id(&route.kind)?, namespace, self.id(&route.name)?);
+        let listener = self.gateways[gi].listeners[li].spec.name.as_str();
         let list = self.released.get_mut(&key)?;
         let pos = list.iter().position(|&ci| {
             self.claims[ci].as_ref().is_some_and(|c| {
@@ -139,24 +156,21 @@ impl Ledger {
             phase: ClaimPhase::Bound,
             released_at: None,
         });
-        let listener = self.intern(listener);
-        *self.bound.entry((gw_id, listener, namespace)).or_default() += 1;
+        *self.bound.entry((gi, li, namespace)).or_default() += 1;
         Some(ci)
     }
 
-    /// The lowest port of `first..=last` held by no claim.
+    /// The lowest port of `first..=last` of Gateway `gi` held by no claim.
     pub fn lowest_free(
         &mut self,
-        gw: &GwKey,
-        protocol: &str,
+        gi: usize,
+        protocol: Protocol,
         first: u16,
         last: u16,
     ) -> Option<u16> {
-        let gw = (self.intern(&gw.0), self.intern(&gw.1));
-        let protocol = self.intern(protocol);
-        let key = (gw, protocol, first);
+        let key = (gi, protocol, first);
         let start = self.floor.get(&key).copied().unwrap_or(first);
-        let found = (start..=last).find(|&p| !self.by_port.contains_key(&(gw, protocol, p)));
+        let found = (start..=last).find(|&p| !self.by_port.contains_key(&(gi, protocol, p)));
         self.floor.insert(key, found.unwrap_or(last));
         found
     }

@@ -14,6 +14,7 @@ use std::{
     borrow::Cow,
     collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -54,7 +55,7 @@ pub struct Plan {
     /// Status of every Gateway of our classes.
     pub gateways: Vec<GatewayEntry>,
     /// Status of every route with a parent of ours.
-    pub routes: Vec<RouteEntry>,
+    pub routes: Vec<Arc<RouteEntry>>,
     /// The datapath's desired state.
     #[serde(skip)]
     pub datapath: DesiredState,
@@ -462,8 +463,102 @@ fn condition(
     }
 }
 
+/// What a route's status for one parent says beyond the route and the other objects.
+#[derive(Clone, Debug, PartialEq)]
+struct Decision {
+    /// The port assigned.
+    port: Option<u16>,
+    /// Why a range attachment got no port.
+    failure: Option<(&'static str, String)>,
+    /// Fixed listeners where an older route gets the traffic.
+    shadowed: Vec<usize>,
+}
+
+/// Everything but the routes: when it is unchanged, an unchanged route with unchanged
+/// decisions has an unchanged status.
+#[derive(Debug)]
+struct World {
+    gateway_classes: Vec<GatewayClass>,
+    gateways: Vec<Gateway>,
+    reference_grants: Vec<ReferenceGrant>,
+    services: Vec<Service>,
+    endpoint_slices: Vec<EndpointSlice>,
+    namespaces: Vec<Namespace>,
+    gateway_configs: Vec<GatewayConfig>,
+    default_address: Option<Ipv4Addr>,
+}
+
+impl World {
+    fn of(s: &Snapshot, input: &Input) -> Self {
+        World {
+            gateway_classes: s.gateway_classes.clone(),
+            gateways: s.gateways.clone(),
+            reference_grants: s.reference_grants.clone(),
+            services: s.services.clone(),
+            endpoint_slices: s.endpoint_slices.clone(),
+            namespaces: s.namespaces.clone(),
+            gateway_configs: s.gateway_configs.clone(),
+            default_address: input.default_address,
+        }
+    }
+
+    fn is(&self, s: &Snapshot, input: &Input) -> bool {
+        self.gateway_classes == s.gateway_classes
+            && self.gateways == s.gateways
+            && self.reference_grants == s.reference_grants
+            && self.services == s.services
+            && self.endpoint_slices == s.endpoint_slices
+            && self.namespaces == s.namespaces
+            && self.gateway_configs == s.gateway_configs
+            && self.default_address == input.default_address
+    }
+}
+
+/// A route's status as last planned, and what it was planned from.
+#[derive(Debug)]
+struct Remembered {
+    route: Route,
+    decisions: Vec<Decision>,
+    entry: Arc<RouteEntry>,
+}
+
+/// What one plan leaves for the next, so that a plan rebuilds only the statuses of
+/// routes whose inputs changed (the rest are shared with the last plan, times and all).
+/// A plan with a memo equals a plan without one, except that the conditions of a
+/// status rebuilt keep their `lastTransitionTime` while their status is unchanged.
+#[derive(Debug)]
+pub struct Memo {
+    /// Whether to remember (a plan made once need not copy what it planned from).
+    keep: bool,
+    world: Option<World>,
+    /// By `Kind/namespace/name`.
+    routes: FastMap<String, Remembered>,
+}
+
+impl Default for Memo {
+    fn default() -> Self {
+        Memo {
+            keep: true,
+            world: None,
+            routes: FastMap::default(),
+        }
+    }
+}
+
 /// Plans claims, statuses and the datapath from `input`.
 pub fn plan(input: &Input) -> Plan {
+    plan_with(
+        input,
+        &mut Memo {
+            keep: false,
+            ..Memo::default()
+        },
+    )
+}
+
+/// Plans like `plan`, reusing from `memo` what did not change since the last plan
+/// made with it.
+pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     let snap = input.snapshot;
     let now_text = format_time(input.now);
     let classes: BTreeSet<&str> = snap
@@ -505,8 +600,28 @@ pub fn plan(input: &Input) -> Plan {
         .collect();
 
     let mut attachments: Vec<Attachment> = Vec::with_capacity(snap.routes.len());
+    // The attachments of each route (contiguous: made route by route), by route index.
+    let mut attachments_of: Vec<std::ops::Range<usize>> = vec![0..0; snap.routes.len()];
+    // Routes by identity: the oldest, the next of the same identity (a route can be
+    // given twice), and the last in the snapshot.
+    let mut same_next: Vec<Option<usize>> = vec![None; snap.routes.len()];
+    let mut by_identity: FastMap<(&str, &str, &str), (usize, usize, usize)> =
+        FastMap::with_capacity_and_hasher(snap.routes.len(), Default::default());
     for &ri in &order {
         let route = &snap.routes[ri];
+        let m = &route.metadata;
+        match by_identity.entry((route.kind.name(), m.ns(), m.name.as_str())) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert((ri, ri, ri));
+            }
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                let (_, tail, last) = o.get_mut();
+                same_next[*tail] = Some(ri);
+                *tail = ri;
+                *last = (*last).max(ri);
+            }
+        }
+        let first = attachments.len();
         for parent in &route.spec.parent_refs {
             if parent.group.as_deref().unwrap_or(GATEWAY_GROUP) != GATEWAY_GROUP
                 || parent.kind.as_deref().unwrap_or("Gateway") != "Gateway"
@@ -528,7 +643,15 @@ pub fn plan(input: &Input) -> Plan {
                 failure: None,
             });
         }
+        attachments_of[ri] = first..attachments.len();
     }
+    // Attachments of the route a claim names, oldest route first.
+    let attachments_named = |r: &ClaimRoute| {
+        let head = by_identity
+            .get(&(r.kind.as_str(), r.namespace.as_str(), r.name.as_str()))
+            .map(|&(head, _, _)| head);
+        std::iter::successors(head, |&ri| same_next[ri]).flat_map(|ri| attachments_of[ri].clone())
+    };
 
     // --- Claims ----------------------------------------------------------------------
     let mut claims: Vec<PortClaim> = input.claims.to_vec();
@@ -536,17 +659,6 @@ pub fn plan(input: &Input) -> Plan {
         (a.metadata.ns(), &a.metadata.name).cmp(&(b.metadata.ns(), &b.metadata.name))
     });
     let gw_index = &gateway_at;
-    // Range attachments by (gateway, route kind, namespace, name), oldest first.
-    let mut by_route: FastMap<(usize, &str, &str, &str), Vec<usize>> = FastMap::default();
-    for (ai, a) in attachments.iter().enumerate() {
-        if matches!(&a.attach, Attach::Listeners { ranges, .. } if !ranges.is_empty()) {
-            let m = &a.route.metadata;
-            by_route
-                .entry((a.gw, a.route.kind.name(), m.ns(), m.name.as_str()))
-                .or_default()
-                .push(ai);
-        }
-    }
     let mut kept = Vec::with_capacity(claims.len());
     for mut claim in claims {
         let Some(&gi) = gw_index.get(&(claim.metadata.ns(), claim.spec.gateway.as_str())) else {
@@ -574,12 +686,11 @@ pub fn plan(input: &Input) -> Plan {
             .as_ref()
             .is_none_or(|s| s.phase == ClaimPhase::Bound);
         if bound {
-            let r = &claim.spec.route;
-            let key = (gi, r.kind.as_str(), r.namespace.as_str(), r.name.as_str());
-            let holder = by_route.get(&key).and_then(|list| {
-                list.iter().copied().find(|&ai| {
+            let holder = {
+                attachments_named(&claim.spec.route).find(|&ai| {
                     let a = &attachments[ai];
-                    a.claim.is_none()
+                    a.gw == gi
+                        && a.claim.is_none()
                         && holds(&claim.spec.route, a.route)
                         && matches!(&a.attach, Attach::Listeners { ranges, requested, .. }
                             if ranges.iter().any(|&li| {
@@ -588,7 +699,7 @@ pub fn plan(input: &Input) -> Plan {
                                     && l.range.is_some_and(|(x, y)| (x..=y).contains(&claim.spec.port))
                             }) && requested.is_none_or(|p| p == claim.spec.port))
                 })
-            });
+            };
             match holder {
                 Some(ai) => attachments[ai].claim = Some(kept.len()),
                 None => release(&mut claim, input.now),
@@ -600,7 +711,7 @@ pub fn plan(input: &Input) -> Plan {
             kept.push(Some(claim));
         }
     }
-    let mut ledger = Ledger::new(kept);
+    let mut ledger = Ledger::new(kept, &gateways, &gateway_at);
 
     // Unserved range attachments: static requests first, then dynamic, oldest first.
     let pending: Vec<usize> = {
@@ -638,11 +749,9 @@ pub fn plan(input: &Input) -> Plan {
     let claims = ledger.claims;
 
     // --- Backends, statuses, datapath ------------------------------------------------
-    // One entry per route with a parent of ours, by the route's index in the snapshot.
-    let mut routes: Vec<RouteEntry> = Vec::with_capacity(snap.routes.len());
-    let mut entry_of: Vec<Option<usize>> = vec![None; snap.routes.len()];
+    // One entry per route with a parent of ours.
+    let mut routes: Vec<Arc<RouteEntry>> = Vec::with_capacity(snap.routes.len());
     let mut datapath = DesiredState::default();
-    let mut owners = BTreeMap::new();
     // (datapath service, index of the route whose backends serve it)
     let mut serving: Vec<(ServiceAddr, usize)> = Vec::with_capacity(claims.len());
     let mut fixed_attached: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
@@ -660,122 +769,99 @@ pub fn plan(input: &Input) -> Plan {
         .map(|r| resolve_backends(r, snap, &index))
         .collect();
 
-    for (ai, a) in attachments.iter().enumerate() {
-        let gw = &gateways[a.gw];
-        let generation = a.route.metadata.generation;
-        let mut parent_ref = a.parent.clone();
-        let accepted = match &a.attach {
-            Attach::Refused { reason, message } => condition(
-                "Accepted",
-                false,
-                reason,
-                message.clone(),
-                &now_text,
-                generation,
-            ),
-            Attach::Frozen { message } => condition(
-                "Accepted",
-                false,
-                "Pending",
-                message.clone(),
-                &now_text,
-                generation,
-            ),
-            Attach::Listeners { fixed, ranges, .. } => {
-                let names = |ls: &[usize]| {
-                    ls.iter()
-                        .map(|&i| gw.listeners[i].spec.name.clone())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                };
-                let mut parts = Vec::new();
-                let mut ok = !fixed.is_empty();
-                let mut reason = "Accepted";
-                if let Some(ci) = a.claim {
-                    if let Some(c) = &claims[ci] {
-                        parts.push(format!("assigned port {}", c.spec.port));
-                        parent_ref.port = Some(c.spec.port);
-                        ok = true;
-                    }
-                } else if !ranges.is_empty() {
-                    let (r, m) = a
-                        .failure
-                        .clone()
-                        .unwrap_or(("PortRangeExhausted", "no port".to_string()));
-                    if fixed.is_empty() {
-                        reason = r;
-                    }
-                    parts.push(m);
-                }
-                if !fixed.is_empty() {
-                    parts.push(format!("attached to listener {}", names(fixed)));
-                    // GEP-2644: every route is accepted; only the oldest gets traffic.
-                    let shadowed: Vec<usize> = fixed
-                        .iter()
-                        .copied()
-                        .filter(|&li| {
-                            fixed_attached.get(&(a.gw, li)).and_then(|l| l.first()) != Some(&ai)
-                        })
-                        .collect();
-                    if !shadowed.is_empty() {
-                        parts.push(format!(
-                            "an older route gets the traffic of listener {}",
-                            names(&shadowed)
-                        ));
-                    }
-                }
-                condition(
-                    "Accepted",
-                    ok,
-                    reason,
-                    parts.join("; "),
-                    &now_text,
-                    generation,
-                )
-            }
+    // What a status says beyond the route and the other objects, per attachment.
+    let decision = |ai: usize| {
+        let a: &Attachment = &attachments[ai];
+        let shadowed = match &a.attach {
+            Attach::Listeners { fixed, .. } => fixed
+                .iter()
+                .copied()
+                .filter(|&li| fixed_attached.get(&(a.gw, li)).and_then(|l| l.first()) != Some(&ai))
+                .collect(),
+            _ => Vec::new(),
         };
-        let (refs_ok, refs_reason, refs_message) = backends_of[a.route_index].status();
-        let resolved = condition(
-            "ResolvedRefs",
-            refs_ok,
-            refs_reason,
-            refs_message,
-            &now_text,
-            generation,
-        );
-        let entry = *entry_of[a.route_index].get_or_insert_with(|| {
-            let m = &a.route.metadata;
-            routes.push(RouteEntry {
-                kind: a.route.kind.name().to_string(),
-                namespace: m.ns().to_string(),
-                name: m.name.clone(),
-                status: RouteStatus::default(),
-                created: m.creation_timestamp.clone(),
-            });
-            routes.len() - 1
-        });
-        routes[entry].status.parents.push(RouteParentStatus {
-            parent_ref,
-            controller_name: Cow::Borrowed(CONTROLLER_NAME),
-            conditions: vec![accepted, resolved],
-        });
+        Decision {
+            port: a
+                .claim
+                .and_then(|ci| claims[ci].as_ref())
+                .map(|c| c.spec.port),
+            failure: a.failure.clone(),
+            shadowed,
+        }
+    };
+    let world_same = memo.world.as_ref().is_some_and(|w| w.is(snap, input));
+    if !world_same && memo.keep {
+        memo.world = Some(World::of(snap, input));
     }
+    let mut remembered = FastMap::with_capacity_and_hasher(memo.routes.len(), Default::default());
+    let mut key = String::new();
+    for &ri in &order {
+        let at = attachments_of[ri].clone();
+        if at.is_empty() {
+            continue;
+        }
+        let route = &snap.routes[ri];
+        let m = &route.metadata;
+        key.clear();
+        for (i, part) in [route.kind.name(), m.ns(), m.name.as_str()]
+            .into_iter()
+            .enumerate()
+        {
+            if i > 0 {
+                key.push('/');
+            }
+            key.push_str(part);
+        }
+        let decisions: Vec<Decision> = at.clone().map(decision).collect();
+        // A route given twice has one entry with the parents of both: not remembered.
+        let unique = by_identity
+            .get(&(route.kind.name(), m.ns(), m.name.as_str()))
+            .is_some_and(|&(head, tail, _)| head == tail);
+        let before = memo.routes.remove_entry(key.as_str());
+        if let Some((k, old)) = &before {
+            if unique && world_same && old.route == *route && old.decisions == decisions {
+                routes.push(Arc::clone(&old.entry));
+                let (k, old) = before.expect("matched");
+                remembered.insert(k, old);
+                continue;
+            }
+            let _ = k;
+        }
+        let mut parents: Vec<RouteParentStatus> = at
+            .map(|ai| {
+                let refs = backends_of[ri].status();
+                parent_status(&attachments[ai], &gateways, &decision(ai), refs, &now_text)
+            })
+            .collect();
+        if let Some((_, old)) = &before {
+            carry_parent_times(&mut parents, &old.entry.status.parents);
+        }
+        let entry = Arc::new(RouteEntry {
+            kind: route.kind.name().to_string(),
+            namespace: m.ns().to_string(),
+            name: m.name.clone(),
+            status: RouteStatus { parents },
+            created: m.creation_timestamp.clone(),
+        });
+        if unique && memo.keep {
+            remembered.insert(
+                key.clone(),
+                Remembered {
+                    route: route.clone(),
+                    decisions,
+                    entry: Arc::clone(&entry),
+                },
+            );
+        }
+        routes.push(entry);
+    }
+    memo.routes = remembered;
 
     // Datapath: every bound claim of a gateway with an address, plus fixed listeners'
     // oldest route.
-    let route_index: FastMap<(&str, &str, &str), usize> = snap
-        .routes
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            (
-                (r.kind.name(), r.metadata.ns(), r.metadata.name.as_str()),
-                i,
-            )
-        })
-        .collect();
     let route_by_ref = |r: &ClaimRoute| {
-        let i = *route_index.get(&(r.kind.as_str(), r.namespace.as_str(), r.name.as_str()))?;
+        let (_, _, i) =
+            *by_identity.get(&(r.kind.as_str(), r.namespace.as_str(), r.name.as_str()))?;
         holds(r, &snap.routes[i]).then_some(i)
     };
     for claim in claims.iter().flatten() {
@@ -824,12 +910,30 @@ pub fn plan(input: &Input) -> Plan {
             attachments[oldest].route_index,
         ));
     }
-    for (service, ri) in serving {
-        owners.insert(service, route_id(&snap.routes[ri]));
-        datapath
-            .services
-            .insert(service, backends_of[ri].backends.clone());
+    // Each route's backends move into the datapath; only a route serving more than one
+    // service is copied.
+    let mut uses = vec![0u32; snap.routes.len()];
+    for &(_, ri) in &serving {
+        uses[ri] += 1;
     }
+    let mut backends_of = backends_of;
+    // Collected whole (a later entry for the same service wins, as an insert would).
+    let owners: BTreeMap<ServiceAddr, RouteId> = serving
+        .iter()
+        .map(|&(service, ri)| (service, route_id(&snap.routes[ri])))
+        .collect();
+    datapath.services = serving
+        .into_iter()
+        .map(|(service, ri)| {
+            uses[ri] -= 1;
+            let backends = if uses[ri] == 0 {
+                std::mem::take(&mut backends_of[ri].backends)
+            } else {
+                backends_of[ri].backends.clone()
+            };
+            (service, backends)
+        })
+        .collect();
 
     // Gateway statuses.
     let mut gateway_entries = Vec::new();
@@ -1009,7 +1113,8 @@ pub fn plan(input: &Input) -> Plan {
             && later.namespace == first.namespace
             && later.name == first.name;
         if same {
-            first.status.parents.append(&mut later.status.parents);
+            let parents = std::mem::take(&mut Arc::make_mut(later).status.parents);
+            Arc::make_mut(first).status.parents.extend(parents);
         }
         same
     });
@@ -1030,6 +1135,107 @@ pub fn plan(input: &Input) -> Plan {
         owners,
         usage,
     }
+}
+
+/// A route's status for the parent of attachment `a`.
+fn parent_status(
+    a: &Attachment,
+    gateways: &[Gw],
+    decision: &Decision,
+    (refs_ok, refs_reason, refs_message): (bool, &'static str, String),
+    now_text: &str,
+) -> RouteParentStatus {
+    let gw = &gateways[a.gw];
+    let generation = a.route.metadata.generation;
+    let mut parent_ref = a.parent.clone();
+    let accepted = match &a.attach {
+        Attach::Refused { reason, message } => condition(
+            "Accepted",
+            false,
+            reason,
+            message.clone(),
+            now_text,
+            generation,
+        ),
+        Attach::Frozen { message } => condition(
+            "Accepted",
+            false,
+            "Pending",
+            message.clone(),
+            now_text,
+            generation,
+        ),
+        Attach::Listeners { fixed, ranges, .. } => {
+            let names = |ls: &[usize]| {
+                ls.iter()
+                    .map(|&i| gw.listeners[i].spec.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let mut parts = Vec::new();
+            let mut ok = !fixed.is_empty();
+            let mut reason = "Accepted";
+            if let Some(port) = decision.port {
+                parts.push(format!("assigned port {port}"));
+                parent_ref.port = Some(port);
+                ok = true;
+            } else if !ranges.is_empty() {
+                let (r, m) = decision
+                    .failure
+                    .clone()
+                    .unwrap_or(("PortRangeExhausted", "no port".to_string()));
+                if fixed.is_empty() {
+                    reason = r;
+                }
+                parts.push(m);
+            }
+            if !fixed.is_empty() {
+                parts.push(format!("attached to listener {}", names(fixed)));
+                // GEP-2644: every route is accepted; only the oldest gets traffic.
+                if !decision.shadowed.is_empty() {
+                    parts.push(format!(
+                        "an older route gets the traffic of listener {}",
+                        names(&decision.shadowed)
+                    ));
+                }
+            }
+            let message = match parts.len() {
+                1 => parts.pop().unwrap_or_default(),
+                _ => parts.join("; "),
+            };
+            condition("Accepted", ok, reason, message, now_text, generation)
+        }
+    };
+    let resolved = condition(
+        "ResolvedRefs",
+        refs_ok,
+        refs_reason,
+        refs_message,
+        now_text,
+        generation,
+    );
+    RouteParentStatus {
+        parent_ref,
+        controller_name: Cow::Borrowed(CONTROLLER_NAME),
+        conditions: vec![accepted, resolved],
+    }
+}
+
+/// Keeps the condition times of `old` parents in `new` ones of the same parent;
+/// returns whether that changed any.
+pub fn carry_parent_times(new: &mut [RouteParentStatus], old: &[RouteParentStatus]) -> bool {
+    let mut changed = false;
+    for p in new {
+        let same_parent = |op: &&RouteParentStatus| {
+            op.parent_ref.name == p.parent_ref.name
+                && op.parent_ref.namespace == p.parent_ref.namespace
+                && op.parent_ref.section_name == p.parent_ref.section_name
+        };
+        if let Some(op) = old.iter().find(same_parent) {
+            changed |= carry_times(&mut p.conditions, &op.conditions);
+        }
+    }
+    changed
 }
 
 fn route_id(r: &Route) -> RouteId {
@@ -1108,7 +1314,6 @@ fn allocate(
         return Err(("NoMatchingParent", "no range listener".to_string()));
     };
     let gw = &gateways[a.gw];
-    let key = gw.key();
     let me = route_ref(a.route);
     let route_ns = a.route.metadata.ns();
 
@@ -1118,9 +1323,8 @@ fn allocate(
         let (Some((first, last)), Some(protocol)) = (l.range, l.protocol) else {
             continue;
         };
-        let proto = protocol.to_string();
         if let Some(quota) = l.quota {
-            let held = ledger.bound_in(&key, &l.spec.name, route_ns);
+            let held = ledger.bound_in(a.gw, li, route_ns);
             if held >= quota {
                 quota_hit = Some(format!(
                     "namespace {route_ns} already holds {held} of its {quota} ports on listener {}",
@@ -1130,12 +1334,12 @@ fn allocate(
             }
         }
         // Its own released claim on this listener, still cooling down, comes back to it.
-        if let Some(ci) = ledger.rebind(&key, &l.spec.name, &me, *requested) {
+        if let Some(ci) = ledger.rebind(a.gw, li, &me, *requested) {
             return Ok(ci);
         }
         let port = match requested {
             Some(p) => {
-                if let Some(h) = ledger.holder(&key, &proto, *p) {
+                if let Some(h) = ledger.holder(a.gw, protocol, *p) {
                     let who = if h.spec.route.namespace == route_ns {
                         format!(
                             "{} {}/{}",
@@ -1160,16 +1364,16 @@ fn allocate(
                 }
                 *p
             }
-            None => match ledger.lowest_free(&key, &proto, first, last) {
+            None => match ledger.lowest_free(a.gw, protocol, first, last) {
                 Some(p) => p,
                 None => continue,
             },
         };
-        let (gw_ns, gw_name) = key.clone();
+        let (gw_ns, gw_name) = gw.key();
         let spec = PortClaimSpec {
             gateway: gw_name,
             listener: l.spec.name.clone(),
-            protocol: proto,
+            protocol: protocol.to_string(),
             port,
             route: me.clone(),
         };

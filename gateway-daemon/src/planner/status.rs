@@ -32,15 +32,21 @@ pub struct Condition {
 
 /// Keeps the `lastTransitionTime` of conditions whose type and status are unchanged:
 /// the time says when a condition last changed, not when it was last computed.
-pub fn carry_times(new: &mut [Condition], old: &[Condition]) {
+/// Returns whether any time changed.
+pub fn carry_times(new: &mut [Condition], old: &[Condition]) -> bool {
+    let mut changed = false;
     for c in new {
         if let Some(o) = old
             .iter()
             .find(|o| o.kind == c.kind && o.status == c.status)
         {
-            c.last_transition_time.clone_from(&o.last_transition_time);
+            if c.last_transition_time != o.last_transition_time {
+                c.last_transition_time.clone_from(&o.last_transition_time);
+                changed = true;
+            }
         }
     }
+    changed
 }
 
 /// Gateway status.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use berth::{
     model::*,
-    planner::{plan, Input},
+    planner::{plan, plan_with, Input, Memo},
 };
 
 /// The allocator `berth` uses.
@@ -172,30 +172,55 @@ fn main() {
             one.push(t.elapsed());
             assert_eq!(p.claims.len(), n + 1);
         }
-        rows.push((n, median(full), median(one)));
+        // As the daemon plans: with the memo of the plan before the change.
+        let mut remembered = Vec::new();
+        let runs = if n == 10_000 && std::env::var_os("ONLY_MEMO").is_some() {
+            40
+        } else {
+            RUNS
+        };
+        for _ in 0..runs {
+            let input = |snapshot| Input {
+                snapshot,
+                claims: &claims,
+                now,
+                default_address: None,
+                allocate: true,
+            };
+            let mut memo = Memo::default();
+            plan_with(&input(&snap), &mut memo);
+            let t = Instant::now();
+            let p = plan_with(&input(&changed), &mut memo);
+            remembered.push(t.elapsed());
+            assert_eq!(p.claims.len(), n + 1);
+        }
+        rows.push((n, median(full), median(one), median(remembered)));
     }
     println!(
         "planner time, median of {RUNS} runs, one TCP range of {} ports",
         RANGE_LAST - RANGE_FIRST + 1
     );
     println!(
-        "{:>8} {:>14} {:>18}",
-        "routes", "full plan ms", "one-route change ms"
+        "{:>8} {:>14} {:>20} {:>26}",
+        "routes", "full plan ms", "one-route change ms", "change with memo ms (x)"
     );
-    for (n, f, o) in &rows {
+    for (n, f, o, m) in &rows {
         println!(
-            "{n:>8} {:>14.2} {:>18.2}",
+            "{n:>8} {:>14.2} {:>20.2} {:>20.2} ({:.1}x)",
             f.as_secs_f64() * 1e3,
-            o.as_secs_f64() * 1e3
+            o.as_secs_f64() * 1e3,
+            m.as_secs_f64() * 1e3,
+            o.as_secs_f64() / m.as_secs_f64()
         );
     }
     let json: Vec<String> = rows
         .iter()
-        .map(|(n, f, o)| {
+        .map(|(n, f, o, m)| {
             format!(
-                "\"full_{n}_ms\":{:.3},\"change_{n}_ms\":{:.3}",
+                "\"full_{n}_ms\":{:.3},\"change_{n}_ms\":{:.3},\"change_memo_{n}_ms\":{:.3}",
                 f.as_secs_f64() * 1e3,
-                o.as_secs_f64() * 1e3
+                o.as_secs_f64() * 1e3,
+                m.as_secs_f64() * 1e3
             )
         })
         .collect();
