@@ -10,7 +10,13 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::standalone::{Published, Shared};
+use crate::{
+    check::StateDocument,
+    datapath::{Protocol, ServiceAddr},
+    model::claim_name,
+    planner::{status::RouteParentStatus, RouteEntry},
+    standalone::{Published, Shared},
+};
 
 /// One row of `berth get routes`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,14 +90,14 @@ fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         "/api/v1/routes" => (
             200,
             "application/json",
-            serde_json::to_string(&rows_of(&p, None)).unwrap_or_default(),
+            serde_json::to_string(&route_rows(&p, None)).unwrap_or_default(),
         ),
         other if other.starts_with("/api/v1/routes/") => {
             let ns = &other["/api/v1/routes/".len()..];
             (
                 200,
                 "application/json",
-                serde_json::to_string(&rows_of(&p, Some(ns))).unwrap_or_default(),
+                serde_json::to_string(&route_rows(&p, Some(ns))).unwrap_or_default(),
             )
         }
         "/metrics" => (200, "text/plain; version=0.0.4", metrics(&p)),
@@ -107,127 +113,113 @@ fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
 
 /// The rows of `berth get routes`, of one namespace or all.
 pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
-    rows_of(p, namespace).into_iter().cloned().collect()
-}
-
-/// The rows of one namespace or all, from the table built once per published state.
-fn rows_of<'a>(p: &'a Published, namespace: Option<&str>) -> Vec<&'a RouteRow> {
-    let table = p.route_table.get_or_init(|| RouteTable::new(p));
-    match namespace {
-        None => table.rows.iter().collect(),
-        Some(ns) => table
-            .by_namespace
-            .get(ns)
-            .map(|at| at.iter().map(|&i| &table.rows[i]).collect())
-            .unwrap_or_default(),
-    }
-}
-
-/// Every row of `berth get routes`, and where each namespace's rows are. Built on the
-/// first request after a publish (a poll of one namespace then costs that namespace's
-/// rows, not a pass over every route).
-#[derive(Debug, Default)]
-pub struct RouteTable {
-    rows: Vec<RouteRow>,
-    by_namespace: std::collections::HashMap<String, Vec<usize>>,
-}
-
-impl RouteTable {
-    fn new(p: &Published) -> Self {
-        let rows = all_rows(p);
-        let mut by_namespace: std::collections::HashMap<String, Vec<usize>> =
-            std::collections::HashMap::new();
-        for (i, r) in rows.iter().enumerate() {
-            match by_namespace.get_mut(r.namespace.as_str()) {
-                Some(at) => at.push(i),
-                None => {
-                    by_namespace.insert(r.namespace.clone(), vec![i]);
-                }
-            }
-        }
-        RouteTable { rows, by_namespace }
-    }
-}
-
-fn all_rows(p: &Published) -> Vec<RouteRow> {
     let Some(state) = &p.state else {
         return Vec::new();
     };
-    let claims: std::collections::HashMap<(&str, &str, &str, &str), &str> = state
-        .claims
-        .iter()
-        .map(|c| {
-            (
-                (
-                    c.route.kind.as_str(),
-                    c.route.namespace.as_str(),
-                    c.route.name.as_str(),
-                    c.gateway.as_str(),
-                ),
-                c.listener.as_str(),
-            )
-        })
-        .collect();
-    let services: std::collections::HashMap<
-        (&str, &str, &str, u16),
-        &crate::datapath::ServiceAddr,
-    > = p
-        .owners
-        .iter()
-        .map(|(s, o)| {
-            (
-                (
-                    o.kind.as_str(),
-                    o.namespace.as_str(),
-                    o.name.as_str(),
-                    s.port,
-                ),
-                s,
-            )
-        })
-        .collect();
-    let mut rows = Vec::with_capacity(state.routes.len());
-    for r in &state.routes {
-        for parent in &r.status.parents {
-            let accepted = parent.conditions.iter().find(|c| c.kind == "Accepted");
-            let key = (r.kind.as_str(), r.namespace.as_str(), r.name.as_str());
-            let listener = claims
-                .get(&(key.0, key.1, key.2, parent.parent_ref.name.as_str()))
-                .copied();
-            let service = parent
-                .parent_ref
-                .port
-                .and_then(|port| services.get(&(key.0, key.1, key.2, port)))
-                .copied();
-            let backends = service
-                .and_then(|s| p.datapath.services.get(s))
-                .map_or(0, Vec::len);
-            let traffic = service
-                .and_then(|s| p.traffic.get(s))
-                .copied()
-                .unwrap_or_default();
-            rows.push(RouteRow {
-                namespace: r.namespace.clone(),
-                name: r.name.clone(),
-                kind: r.kind.clone(),
-                gateway: parent.parent_ref.name.clone(),
-                listener: listener
-                    .map(str::to_string)
-                    .or_else(|| parent.parent_ref.section_name.clone())
-                    .unwrap_or_default(),
-                port: parent.parent_ref.port,
-                accepted: accepted
-                    .map(|c| format!("{} ({})", c.status, c.reason))
-                    .unwrap_or_default(),
-                backends,
-                created: r.created.clone(),
-                packets: traffic.stats.packets + traffic.stats.reply_packets,
-                bytes: traffic.stats.bytes + traffic.stats.reply_bytes,
-                active_flows: traffic.active_flows,
-            });
-        }
+    // Routes are sorted by kind, namespace and name: a namespace's routes are found by
+    // binary search within each kind, so asking for one namespace of many costs its own
+    // rows only.
+    let mut routes: Vec<&RouteEntry> = Vec::new();
+    let mut at = 0;
+    while at < state.routes.len() {
+        let kind = state.routes[at].kind.as_str();
+        let end = at + state.routes[at..].partition_point(|r| r.kind == kind);
+        let block = &state.routes[at..end];
+        let (lo, hi) = match namespace {
+            None => (0, block.len()),
+            Some(ns) => (
+                block.partition_point(|r| r.namespace.as_str() < ns),
+                block.partition_point(|r| r.namespace.as_str() <= ns),
+            ),
+        };
+        routes.extend(block[lo..hi].iter().map(|r| &**r));
+        at = end;
     }
-    rows
+    routes
+        .into_iter()
+        .flat_map(|r| {
+            r.status
+                .parents
+                .iter()
+                .map(move |parent| row(p, state, r, parent))
+        })
+        .collect()
+}
+
+/// The row of one route's parent: its claim and datapath service are looked up by the
+/// names they must have.
+fn row(
+    p: &Published,
+    state: &StateDocument,
+    r: &RouteEntry,
+    parent: &RouteParentStatus,
+) -> RouteRow {
+    let pr = &parent.parent_ref;
+    let gw_ns = pr.namespace.as_deref().unwrap_or(&r.namespace);
+    let protocol = if r.kind == "UDPRoute" {
+        Protocol::Udp
+    } else {
+        Protocol::Tcp
+    };
+    let is_route = |kind: &str, namespace: &str, name: &str| {
+        kind == r.kind && namespace == r.namespace && name == r.name
+    };
+    let claim = pr.port.and_then(|port| {
+        let name = claim_name(&pr.name, &protocol.to_string(), port);
+        let i = state
+            .claims
+            .binary_search_by(|c| (c.namespace.as_str(), c.name.as_str()).cmp(&(gw_ns, &name)))
+            .ok()?;
+        let c = &state.claims[i];
+        is_route(&c.route.kind, &c.route.namespace, &c.route.name).then_some(c)
+    });
+    let service = pr.port.and_then(|port| {
+        let g = state
+            .gateways
+            .binary_search_by(|g| (g.namespace.as_str(), g.name.as_str()).cmp(&(gw_ns, &pr.name)))
+            .ok()?;
+        let addr = state.gateways[g]
+            .status
+            .addresses
+            .first()?
+            .value
+            .parse()
+            .ok()?;
+        let service = ServiceAddr {
+            addr,
+            protocol,
+            port,
+        };
+        let o = p.owners.get(&service)?;
+        is_route(&o.kind, &o.namespace, &o.name).then_some(service)
+    });
+    let accepted = parent.conditions.iter().find(|c| c.kind == "Accepted");
+    let backends = service
+        .and_then(|s| p.datapath.services.get(&s))
+        .map_or(0, Vec::len);
+    let traffic = service
+        .and_then(|s| p.traffic.get(&s))
+        .copied()
+        .unwrap_or_default();
+    RouteRow {
+        namespace: r.namespace.clone(),
+        name: r.name.clone(),
+        kind: r.kind.clone(),
+        gateway: pr.name.clone(),
+        listener: claim
+            .map(|c| c.listener.clone())
+            .or_else(|| pr.section_name.clone())
+            .unwrap_or_default(),
+        port: pr.port,
+        accepted: accepted
+            .map(|c| format!("{} ({})", c.status, c.reason))
+            .unwrap_or_default(),
+        backends,
+        created: r.created.clone(),
+        packets: traffic.stats.packets + traffic.stats.reply_packets,
+        bytes: traffic.stats.bytes + traffic.stats.reply_bytes,
+        active_flows: traffic.active_flows,
+    }
 }
 
 fn metrics(p: &Published) -> String {

@@ -247,26 +247,6 @@ pub struct Published {
     pub active_at: Option<std::time::Instant>,
     /// Some claim is released and cooling down: plan again when its cool-down ends.
     pub cooling: bool,
-    /// The rows of `berth get routes`, built when first asked for.
-    pub route_table: Lazy<crate::admin::RouteTable>,
-}
-
-/// A value computed from the rest of a `Published` when first needed. A clone starts
-/// empty: a clone is made to change something the value is computed from.
-#[derive(Debug, Default)]
-pub struct Lazy<T>(std::sync::OnceLock<T>);
-
-impl<T> Clone for Lazy<T> {
-    fn clone(&self) -> Self {
-        Lazy(std::sync::OnceLock::new())
-    }
-}
-
-impl<T> Lazy<T> {
-    /// The value, computed by `f` on first use.
-    pub fn get_or_init(&self, f: impl FnOnce() -> T) -> &T {
-        self.0.get_or_init(f)
-    }
 }
 
 /// Shared between the loop and the admin server: the loop swaps in a new snapshot,
@@ -283,6 +263,9 @@ pub const ACTIVE_FLOW_REFRESH: Duration = Duration::from_secs(10);
 /// How often per-service traffic is read from the kernel (the statistics and conntrack
 /// maps in batches: a few syscalls, about a millisecond with 10k services).
 pub const TRAFFIC_REFRESH: Duration = Duration::from_secs(1);
+
+/// How old counters may grow while plans follow each other without a pause.
+pub const TRAFFIC_STALE: Duration = Duration::from_secs(5);
 
 /// Errors of one cycle.
 #[derive(Debug, thiserror::Error)]
@@ -316,9 +299,8 @@ pub fn cycle(
     default_address: Option<std::net::Ipv4Addr>,
     memo: &mut planner::Memo,
 ) -> Result<Plan, CycleError> {
-    let t0 = std::time::Instant::now();
+    let started = std::time::Instant::now();
     let _lock = store.lock()?;
-    let t_lock = t0.elapsed();
     // Routes without a creation time are ordered by when Berth first saw them.
     let now_text = humantime::format_rfc3339_seconds(now).to_string();
     let (added, removed) = store.with_first_seen(|seen| {
@@ -343,10 +325,10 @@ pub fn cycle(
         (added, seen.unseen())
     })?;
     let mut seen_changed = !added.is_empty() || !removed.is_empty();
-    let t_seen = t0.elapsed();
+    let t_seen = started.elapsed();
     loop {
         let stored = store.claims()?;
-        let t_claims = t0.elapsed();
+        let t_claims = started.elapsed();
         let plan = planner::plan_with(
             &planner::Input {
                 snapshot: &snapshot,
@@ -357,9 +339,9 @@ pub fn cycle(
             },
             memo,
         );
-        let t_plan = t0.elapsed();
+        let t_plan = started.elapsed();
         let changes = claim_changes(&stored, &plan.claims);
-        let t_changes = t0.elapsed();
+        let t_changes = started.elapsed();
         if seen_changed || !changes.is_empty() {
             // Other readers of the directory must read it again.
             store.begin_write()?;
@@ -369,7 +351,14 @@ pub fn cycle(
             }
         }
         let r = commit(store, &changes);
-        tracing::debug!(lock=?t_lock, seen=?t_seen, claims=?t_claims, plan=?t_plan, changes=?t_changes, commit=?t0.elapsed(), "cycle timings");
+        tracing::debug!(
+            lock_and_first_seen = ?t_seen,
+            read_claims = ?(t_claims - t_seen),
+            plan = ?(t_plan - t_claims),
+            claim_changes = ?(t_changes - t_plan),
+            commit = ?(started.elapsed() - t_changes),
+            "cycle"
+        );
         match r {
             Ok(()) => return Ok(plan),
             // Someone else created that claim meanwhile: read again and plan again.
@@ -547,9 +536,9 @@ fn step(
     Ok(())
 }
 
-fn traffic_due(prev: &Published) -> bool {
-    prev.traffic_at
-        .is_none_or(|t| t.elapsed() >= TRAFFIC_REFRESH)
+/// Whether traffic read `every` ago (or never) is due again.
+fn traffic_due(prev: &Published, every: Duration) -> bool {
+    prev.traffic_at.is_none_or(|t| t.elapsed() >= every)
 }
 
 /// Reads the datapath's counters and per-route traffic into `p` (which holds what was
@@ -588,7 +577,7 @@ fn read_traffic(p: &mut Published, dp: &Datapath) {
 /// (`TRAFFIC_REFRESH`), sharing everything else with what was published.
 pub fn refresh_traffic(shared: &Shared, dp: &Datapath) {
     let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
-    if !traffic_due(&prev) {
+    if !traffic_due(&prev, TRAFFIC_REFRESH) {
         return;
     }
     let mut p = Published::clone(&prev);
@@ -613,7 +602,10 @@ pub fn effects(
     };
     if let Some(dp) = datapath {
         dp.apply(&plan.datapath)?;
-        if traffic_due(prev) {
+        // Between plans counters are read every `TRAFFIC_REFRESH`; a plan reads them
+        // (several milliseconds with 10k routes) only if changes have kept coming for
+        // longer than `TRAFFIC_STALE`, so that reading never delays a change.
+        if traffic_due(prev, TRAFFIC_STALE) {
             read_traffic(&mut read, dp);
         }
     }
@@ -653,7 +645,6 @@ pub fn effects(
                 .as_ref()
                 .is_some_and(|s| s.phase == ClaimPhase::Released)
         }),
-        route_table: Lazy::default(),
     })
 }
 

@@ -103,6 +103,38 @@ fn run(routes: &BTreeMap<usize, RouteState>, claims: &[PortClaim], now: u64) -> 
     planner::plan(&input(&snapshot(routes, false), claims, now)).claims
 }
 
+/// What a history of operations has made.
+struct History<'a> {
+    routes: &'a mut BTreeMap<usize, RouteState>,
+    now: &'a mut u64,
+    labelled: &'a mut bool,
+}
+
+/// Applies `op`; returns the route whose port request it changed, if any.
+fn apply(op: &Op, h: &mut History) -> Option<String> {
+    match *op {
+        Op::Create(i, port) => {
+            let created = *h.now;
+            h.routes.entry(i).or_insert(RouteState { created, port });
+        }
+        Op::Delete(i) => {
+            h.routes.remove(&i);
+        }
+        Op::Edit(i, port) => {
+            if let Some(r) = h.routes.get_mut(&i) {
+                let changed = r.port != port;
+                r.port = port;
+                if changed {
+                    return Some(format!("r{i}"));
+                }
+            }
+        }
+        Op::Advance(s) => *h.now += s,
+        Op::Relabel => *h.labelled = !*h.labelled,
+    }
+    None
+}
+
 fn bound(claims: &[PortClaim]) -> BTreeMap<String, u16> {
     claims
         .iter()
@@ -127,25 +159,7 @@ proptest! {
         let mut released: BTreeMap<u16, (String, u64)> = BTreeMap::new();
         for op in ops {
             let before = bound(&claims);
-            let mut changed_request = None;
-            match op {
-                Op::Create(i, port) => {
-                    routes.entry(i).or_insert(RouteState { created: now, port });
-                }
-                Op::Delete(i) => {
-                    routes.remove(&i);
-                }
-                Op::Edit(i, port) => {
-                    if let Some(r) = routes.get_mut(&i) {
-                        if r.port != port {
-                            changed_request = Some(format!("r{i}"));
-                        }
-                        r.port = port;
-                    }
-                }
-                Op::Advance(s) => now += s,
-                Op::Relabel => {}
-            }
+            let changed_request = apply(&op, &mut History { routes: &mut routes, now: &mut now, labelled: &mut false });
             claims = run(&routes, &claims, now);
             let after = bound(&claims);
 
@@ -204,21 +218,7 @@ proptest! {
         let mut memo = planner::Memo::default();
         let mut published: Option<StateDocument> = None;
         for op in ops {
-            match op {
-                Op::Create(i, port) => {
-                    routes.entry(i).or_insert(RouteState { created: now, port });
-                }
-                Op::Delete(i) => {
-                    routes.remove(&i);
-                }
-                Op::Edit(i, port) => {
-                    if let Some(r) = routes.get_mut(&i) {
-                        r.port = port;
-                    }
-                }
-                Op::Advance(s) => now += s,
-                Op::Relabel => labelled = !labelled,
-            }
+            apply(&op, &mut History { routes: &mut routes, now: &mut now, labelled: &mut labelled });
             let snapshot = snapshot(&routes, labelled);
             let fresh = planner::plan(&input(&snapshot, &claims, now));
             let remembered = planner::plan_with(&input(&snapshot, &claims, now), &mut memo);

@@ -94,6 +94,36 @@ fn run_follows_file_changes_keeps_broken_files_last_good_and_survives_kill_9() {
     assert_eq!(port_of(&s, "web"), Some(30000), "{s:#}");
     assert_eq!(port_of(&s, "dns"), Some(30053), "{s:#}");
 
+    // `berth get routes`: a namespace's rows are those of the full listing in it, with
+    // the claim's listener, the datapath's backends and the route's age.
+    let rows = |path: &str| -> Vec<berth::admin::RouteRow> {
+        serde_json::from_str(&berth::admin::get(&d.admin, path).expect("routes")).expect("json")
+    };
+    let all = rows("/api/v1/routes");
+    assert_eq!(all.len(), 2, "{all:?}");
+    for ns in ["team-a", "team-b"] {
+        let want: Vec<_> = all.iter().filter(|r| r.namespace == ns).cloned().collect();
+        assert_eq!(rows(&format!("/api/v1/routes/{ns}")), want);
+    }
+    assert!(rows("/api/v1/routes/nobody").is_empty());
+    let web = all.iter().find(|r| r.name == "web").expect("web row");
+    assert_eq!(
+        (
+            web.listener.as_str(),
+            web.port,
+            web.backends > 0,
+            web.created.is_some()
+        ),
+        ("tcp-pool", Some(30000), true, true),
+        "{web:?}"
+    );
+    let dns = all.iter().find(|r| r.name == "dns").expect("dns row");
+    assert_eq!(
+        (dns.listener.as_str(), dns.port),
+        ("udp-pool", Some(30053)),
+        "{dns:?}"
+    );
+
     // Conditions keep the time they last changed, not the time of the last plan: let
     // the clock leave the second the first plan stamped, then make a new plan.
     let accepted_at = |s: &Value, ns: &str| {

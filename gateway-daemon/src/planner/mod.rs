@@ -24,7 +24,7 @@ use crate::{
     datapath::{DesiredState, Protocol, ServiceAddr},
     model::*,
 };
-use backends::{resolve_backends, Index};
+use backends::{resolve_backends, Index, Resolved};
 use ledger::Ledger;
 use status::*;
 
@@ -198,7 +198,7 @@ fn protocol_of(p: &str) -> Option<Protocol> {
 
 /// A hash map with a fast, non-cryptographic hasher: the planner's keys are names from
 /// the objects it plans, and a plan is made often.
-pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 fn route_ref(route: &Route) -> ClaimRoute {
     ClaimRoute::new(
@@ -520,6 +520,9 @@ struct Remembered {
     route: Route,
     decisions: Vec<Decision>,
     entry: Arc<RouteEntry>,
+    backends: Arc<Resolved>,
+    /// The last plan that planned this route.
+    pass: u64,
 }
 
 /// What one plan leaves for the next, so that a plan rebuilds only the statuses of
@@ -530,6 +533,8 @@ struct Remembered {
 pub struct Memo {
     /// Whether to remember (a plan made once need not copy what it planned from).
     keep: bool,
+    /// Plans made with this memo.
+    pass: u64,
     world: Option<World>,
     /// By `Kind/namespace/name`.
     routes: FastMap<String, Remembered>,
@@ -539,6 +544,7 @@ impl Default for Memo {
     fn default() -> Self {
         Memo {
             keep: true,
+            pass: 0,
             world: None,
             routes: FastMap::default(),
         }
@@ -763,11 +769,8 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         }
     }
     let index = Index::new(snap);
-    let backends_of: Vec<_> = snap
-        .routes
-        .iter()
-        .map(|r| resolve_backends(r, snap, &index))
-        .collect();
+    // Backends of the routes that need them, by route index.
+    let mut backends_of: Vec<Option<Arc<Resolved>>> = vec![None; snap.routes.len()];
 
     // What a status says beyond the route and the other objects, per attachment.
     let decision = |ai: usize| {
@@ -793,7 +796,9 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     if !world_same && memo.keep {
         memo.world = Some(World::of(snap, input));
     }
-    let mut remembered = FastMap::with_capacity_and_hasher(memo.routes.len(), Default::default());
+    memo.pass += 1;
+    let pass = memo.pass;
+    let mut kept_in_memo = 0;
     let mut key = String::new();
     for &ri in &order {
         let at = attachments_of[ri].clone();
@@ -812,28 +817,36 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
             }
             key.push_str(part);
         }
-        let decisions: Vec<Decision> = at.clone().map(decision).collect();
         // A route given twice has one entry with the parents of both: not remembered.
         let unique = by_identity
             .get(&(route.kind.name(), m.ns(), m.name.as_str()))
             .is_some_and(|&(head, tail, _)| head == tail);
-        let before = memo.routes.remove_entry(key.as_str());
-        if let Some((k, old)) = &before {
-            if unique && world_same && old.route == *route && old.decisions == decisions {
+        if let Some(old) = memo.routes.get_mut(key.as_str()) {
+            let same = unique
+                && world_same
+                && old.route == *route
+                && old.decisions.len() == at.len()
+                && at
+                    .clone()
+                    .zip(&old.decisions)
+                    .all(|(ai, d)| decision(ai) == *d);
+            if same {
+                old.pass = pass;
+                kept_in_memo += 1;
                 routes.push(Arc::clone(&old.entry));
-                let (k, old) = before.expect("matched");
-                remembered.insert(k, old);
+                backends_of[ri] = Some(Arc::clone(&old.backends));
                 continue;
             }
-            let _ = k;
         }
+        let resolved = Arc::new(resolve_backends(route, snap, &index));
+        let decisions: Vec<Decision> = at.clone().map(decision).collect();
         let mut parents: Vec<RouteParentStatus> = at
-            .map(|ai| {
-                let refs = backends_of[ri].status();
-                parent_status(&attachments[ai], &gateways, &decision(ai), refs, &now_text)
+            .zip(&decisions)
+            .map(|(ai, d)| {
+                parent_status(&attachments[ai], &gateways, d, resolved.status(), &now_text)
             })
             .collect();
-        if let Some((_, old)) = &before {
+        if let Some(old) = memo.routes.get(key.as_str()) {
             carry_parent_times(&mut parents, &old.entry.status.parents);
         }
         let entry = Arc::new(RouteEntry {
@@ -844,18 +857,28 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
             created: m.creation_timestamp.clone(),
         });
         if unique && memo.keep {
-            remembered.insert(
-                key.clone(),
-                Remembered {
-                    route: route.clone(),
-                    decisions,
-                    entry: Arc::clone(&entry),
-                },
-            );
+            let now_remembered = Remembered {
+                route: route.clone(),
+                decisions,
+                entry: Arc::clone(&entry),
+                backends: Arc::clone(&resolved),
+                pass,
+            };
+            match memo.routes.get_mut(key.as_str()) {
+                Some(old) => *old = now_remembered,
+                None => {
+                    memo.routes.insert(key.clone(), now_remembered);
+                }
+            }
+            kept_in_memo += 1;
         }
+        backends_of[ri] = Some(resolved);
         routes.push(entry);
     }
-    memo.routes = remembered;
+    // Forget routes this plan did not remember (gone, given twice, or not ours).
+    if kept_in_memo != memo.routes.len() {
+        memo.routes.retain(|_, r| r.pass == pass);
+    }
 
     // Datapath: every bound claim of a gateway with an address, plus fixed listeners'
     // oldest route.
@@ -910,13 +933,6 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
             attachments[oldest].route_index,
         ));
     }
-    // Each route's backends move into the datapath; only a route serving more than one
-    // service is copied.
-    let mut uses = vec![0u32; snap.routes.len()];
-    for &(_, ri) in &serving {
-        uses[ri] += 1;
-    }
-    let mut backends_of = backends_of;
     // Collected whole (a later entry for the same service wins, as an insert would).
     let owners: BTreeMap<ServiceAddr, RouteId> = serving
         .iter()
@@ -925,13 +941,10 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     datapath.services = serving
         .into_iter()
         .map(|(service, ri)| {
-            uses[ri] -= 1;
-            let backends = if uses[ri] == 0 {
-                std::mem::take(&mut backends_of[ri].backends)
-            } else {
-                backends_of[ri].backends.clone()
-            };
-            (service, backends)
+            // A claim kept for a frozen Gateway may name a route without attachments.
+            let resolved = backends_of[ri]
+                .get_or_insert_with(|| Arc::new(resolve_backends(&snap.routes[ri], snap, &index)));
+            (service, resolved.backends.clone())
         })
         .collect();
 
