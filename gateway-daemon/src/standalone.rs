@@ -210,6 +210,21 @@ impl ManifestSource {
         manifests::snapshot(self.files.values().map(|t| &t.objects))
     }
 
+    /// The objects in force, moved out (none copied) until `give_back`.
+    pub fn take_snapshot(&mut self) -> (Snapshot, manifests::Layout) {
+        manifests::take_snapshot(self.files.values_mut().map(|t| &mut t.objects))
+    }
+
+    /// Returns the objects of `take_snapshot` (routes keep the creation times a cycle
+    /// gave them: a route's first-seen time does not change while it stays).
+    pub fn give_back(&mut self, snapshot: Snapshot, layout: manifests::Layout) {
+        manifests::give_back(
+            self.files.values_mut().map(|t| &mut t.objects),
+            snapshot,
+            layout,
+        );
+    }
+
     /// Errors of files whose current version is broken.
     pub fn broken(&self) -> Vec<String> {
         self.files
@@ -294,7 +309,7 @@ pub fn route_key(out: &mut String, kind: &str, ns: &str, name: &str) {
 /// Plans once from `snapshot`, commits the claim changes and returns the plan.
 pub fn cycle(
     store: &Store,
-    mut snapshot: Snapshot,
+    snapshot: &mut Snapshot,
     now: SystemTime,
     default_address: Option<std::net::Ipv4Addr>,
     memo: &mut planner::Memo,
@@ -517,9 +532,11 @@ fn step(
         return Ok(());
     }
     let started = std::time::Instant::now();
-    let snapshot = source.snapshot();
+    let (mut snapshot, layout) = source.take_snapshot();
     let t_snapshot = started.elapsed();
-    let plan = cycle(store, snapshot, SystemTime::now(), default_address, memo)?;
+    let planned = cycle(store, &mut snapshot, SystemTime::now(), default_address, memo);
+    source.give_back(snapshot, layout);
+    let plan = planned?;
     let t_cycle = started.elapsed();
     let mut next = effects(plan, datapath, &prev)?;
     let t_effects = started.elapsed();
