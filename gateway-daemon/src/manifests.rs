@@ -209,7 +209,9 @@ fn kind_of(o: &Object) -> u8 {
 
 /// Moves the objects of `files` into one snapshot, copying none of them; `give_back`
 /// returns them to the same files (in the same order), changed or not.
-pub fn take_snapshot<'a>(files: impl IntoIterator<Item = &'a mut FileObjects>) -> (Snapshot, Layout) {
+pub fn take_snapshot<'a>(
+    files: impl IntoIterator<Item = &'a mut FileObjects>,
+) -> (Snapshot, Layout) {
     let mut s = Snapshot::default();
     let mut layout = Layout::default();
     for f in files {
@@ -287,7 +289,10 @@ mod tests {
         assert_eq!(taken, copied);
         assert!(files.iter().all(|f| f.objects.is_empty()));
         give_back(files.iter_mut(), taken, layout);
-        assert_eq!((&files[0].objects, &files[1].objects), (&before_a, &before_b));
+        assert_eq!(
+            (&files[0].objects, &files[1].objects),
+            (&before_a, &before_b)
+        );
     }
 
     #[test]

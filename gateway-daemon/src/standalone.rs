@@ -534,7 +534,13 @@ fn step(
     let started = std::time::Instant::now();
     let (mut snapshot, layout) = source.take_snapshot();
     let t_snapshot = started.elapsed();
-    let planned = cycle(store, &mut snapshot, SystemTime::now(), default_address, memo);
+    let planned = cycle(
+        store,
+        &mut snapshot,
+        SystemTime::now(),
+        default_address,
+        memo,
+    );
     source.give_back(snapshot, layout);
     let plan = planned?;
     let t_cycle = started.elapsed();

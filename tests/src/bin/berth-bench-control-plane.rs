@@ -222,6 +222,20 @@ fn main() {
         "route file -> service in BPF map, p99 ms",
         format!("{:.1}", percentile(to_map.clone(), 0.99))
     );
+    // Where the tail comes from: the slowest changes, in the order they were made.
+    let mut slowest: Vec<(usize, f64)> = to_map.iter().copied().enumerate().collect();
+    slowest.sort_by(|a, b| b.1.total_cmp(&a.1));
+    slowest.truncate(5);
+    slowest.sort_by_key(|&(i, _)| i);
+    println!(
+        "{:<44} {:>10}",
+        "slowest changes (number: ms)",
+        slowest
+            .iter()
+            .map(|(i, ms)| format!("{i}: {ms:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!(
         "{:<44} {:>10}",
         "daemon RSS after start / after changes MiB",
