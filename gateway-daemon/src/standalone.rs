@@ -346,7 +346,7 @@ pub fn cycle(
         let t_claims = started.elapsed();
         let plan = planner::plan_with(
             &planner::Input {
-                snapshot: &snapshot,
+                snapshot,
                 claims: &stored,
                 now,
                 default_address,
