@@ -342,7 +342,7 @@ pub fn cycle(
     let mut seen_changed = !added.is_empty() || !removed.is_empty();
     let t_seen = started.elapsed();
     loop {
-        let stored = store.claims()?;
+        let stored = store.claims_shared()?;
         let t_claims = started.elapsed();
         let plan = planner::plan_with(
             &planner::Input {
@@ -365,7 +365,11 @@ pub fn cycle(
                 seen_changed = false;
             }
         }
-        let r = commit(store, &changes);
+        // Deletions keep only names: the stored claims are let go before writing, so
+        // that the store's write need not copy the claims it shares with `stored`.
+        let writes = Writes::of(changes);
+        drop(stored);
+        let r = writes.commit(store);
         tracing::debug!(
             lock_and_first_seen = ?t_seen,
             read_claims = ?(t_claims - t_seen),
@@ -385,28 +389,31 @@ pub fn cycle(
 
 /// One claim write that makes the store hold what the plan wants.
 #[derive(Debug, PartialEq)]
-pub enum ClaimChange<'a> {
+pub enum ClaimChange<'h, 'w> {
     /// Wanted and not held.
-    Create(&'a PortClaim),
+    Create(&'w PortClaim),
     /// Held and wanted differently (the wanted version).
-    Update(&'a PortClaim),
+    Update(&'w PortClaim),
     /// Held and no longer wanted.
-    Delete(&'a PortClaim),
+    Delete(&'h PortClaim),
 }
 
 /// The writes that turn `have` into `want`: one merge of the two lists by namespace,
 /// then name (the store lists claims and the planner returns them in that order).
-pub fn claim_changes<'a>(have: &'a [PortClaim], want: &'a [PortClaim]) -> Vec<ClaimChange<'a>> {
+pub fn claim_changes<'h, 'w>(
+    have: &'h [PortClaim],
+    want: &'w [PortClaim],
+) -> Vec<ClaimChange<'h, 'w>> {
     fn key(c: &PortClaim) -> (&str, &str) {
         (c.metadata.ns(), c.metadata.name.as_str())
     }
-    let sorted = |list: &'a [PortClaim]| {
+    fn sorted(list: &[PortClaim]) -> Vec<&PortClaim> {
         let mut refs: Vec<&PortClaim> = list.iter().collect();
         if !refs.is_sorted_by_key(|c| key(c)) {
             refs.sort_by(|a, b| key(a).cmp(&key(b)));
         }
         refs
-    };
+    }
     let (have, want) = (sorted(have), sorted(want));
     let (mut h, mut w) = (have.into_iter().peekable(), want.into_iter().peekable());
     let mut changes = Vec::new();
@@ -442,18 +449,42 @@ pub fn claim_changes<'a>(have: &'a [PortClaim], want: &'a [PortClaim]) -> Vec<Cl
     }
 }
 
-/// Writes `changes`: releases and deletions first, so a port handed over within one
-/// plan is free before its new claim is created.
-fn commit(store: &Store, changes: &[ClaimChange]) -> Result<(), StoreError> {
-    let mut creates = Vec::new();
-    for change in changes {
-        match change {
-            ClaimChange::Delete(c) => store.delete(c.metadata.ns(), &c.metadata.name)?,
-            ClaimChange::Update(c) => store.update(c)?,
-            ClaimChange::Create(c) => creates.push(*c),
+/// Claim changes as the store takes them: deleted by name, updated, created.
+struct Writes<'w> {
+    deleted: Vec<(String, String)>,
+    updates: Vec<&'w PortClaim>,
+    creates: Vec<&'w PortClaim>,
+}
+
+impl<'w> Writes<'w> {
+    fn of(changes: Vec<ClaimChange<'_, 'w>>) -> Self {
+        let mut w = Writes {
+            deleted: Vec::new(),
+            updates: Vec::new(),
+            creates: Vec::new(),
+        };
+        for change in changes {
+            match change {
+                ClaimChange::Delete(c) => w
+                    .deleted
+                    .push((c.metadata.ns().to_string(), c.metadata.name.clone())),
+                ClaimChange::Update(c) => w.updates.push(c),
+                ClaimChange::Create(c) => w.creates.push(c),
+            }
         }
+        w
     }
-    store.create_all(&creates)
+
+    /// Writes them in one commit of the store (deletions first: a port handed over
+    /// within one plan is free before its new claim is created).
+    fn commit(&self, store: &Store) -> Result<(), StoreError> {
+        let deletes: Vec<(&str, &str)> = self
+            .deleted
+            .iter()
+            .map(|(ns, name)| (ns.as_str(), name.as_str()))
+            .collect();
+        store.commit(&deletes, &self.updates, &self.creates)
+    }
 }
 
 /// Runs the loop forever: poll the directory, plan, commit, program, publish. A failed

@@ -96,11 +96,65 @@ struct Cache {
     first_seen: Option<FirstSeen>,
 }
 
-/// Claims as read from the journal, and the journal's length in lines.
+/// Claims as read from the journal (by namespace, then name; shared with readers
+/// until the next write), and the journal's length in lines.
 #[derive(Debug, Default)]
 struct Claims {
-    by_name: BTreeMap<(String, String), PortClaim>,
+    list: std::sync::Arc<Vec<PortClaim>>,
     lines: usize,
+}
+
+fn claim_key(c: &PortClaim) -> (&str, &str) {
+    (c.metadata.ns(), c.metadata.name.as_str())
+}
+
+impl Claims {
+    fn find(&self, namespace: &str, name: &str) -> std::result::Result<usize, usize> {
+        self.list
+            .binary_search_by(|c| claim_key(c).cmp(&(namespace, name)))
+    }
+
+    /// Applies `changes` in order: one at a time where it belongs, or, for many, by
+    /// rebuilding the list once.
+    fn apply(&mut self, changes: &[Change]) {
+        let list = std::sync::Arc::make_mut(&mut self.list);
+        if changes.len() > 64 {
+            let mut by_name: BTreeMap<(String, String), PortClaim> = std::mem::take(list)
+                .into_iter()
+                .map(|c| ((c.metadata.ns().to_string(), c.metadata.name.clone()), c))
+                .collect();
+            for change in changes {
+                match change {
+                    Change::Put(c) => {
+                        let key = (c.metadata.ns().to_string(), c.metadata.name.clone());
+                        by_name.insert(key, (*c).clone());
+                    }
+                    Change::Delete(ns, name) => {
+                        by_name.remove(&(ns.to_string(), name.to_string()));
+                    }
+                }
+            }
+            *list = by_name.into_values().collect();
+            return;
+        }
+        for change in changes {
+            let (ns, name) = match change {
+                Change::Put(c) => claim_key(c),
+                Change::Delete(ns, name) => (*ns, *name),
+            };
+            match (
+                change,
+                list.binary_search_by(|c| claim_key(c).cmp(&(ns, name))),
+            ) {
+                (Change::Put(c), Ok(i)) => list[i] = (*c).clone(),
+                (Change::Put(c), Err(i)) => list.insert(i, (*c).clone()),
+                (Change::Delete(..), Ok(i)) => {
+                    list.remove(i);
+                }
+                (Change::Delete(..), Err(_)) => {}
+            }
+        }
+    }
 }
 
 /// First-seen times as read from the journal, and the journal's length in lines.
@@ -349,13 +403,14 @@ impl Store {
 
     /// Every stored claim, by namespace then name.
     pub fn claims(&self) -> Result<Vec<PortClaim>> {
+        Ok(self.claims_shared()?.to_vec())
+    }
+
+    /// Every stored claim, by namespace then name, shared with the store (no copy; the
+    /// store's next write copies them if this is still held).
+    pub fn claims_shared(&self) -> Result<std::sync::Arc<Vec<PortClaim>>> {
         let mut cache = self.fresh_cache()?;
-        Ok(self
-            .loaded_claims(&mut cache)?
-            .by_name
-            .values()
-            .cloned()
-            .collect())
+        Ok(std::sync::Arc::clone(&self.loaded_claims(&mut cache)?.list))
     }
 
     fn loaded_claims<'c>(&self, cache: &'c mut Cache) -> Result<&'c mut Claims> {
@@ -367,9 +422,10 @@ impl Store {
 
     fn read_claims(&self) -> Result<Claims> {
         let path = self.dir.join(CLAIMS_LOG);
-        let mut claims = Claims::default();
+        let mut lines = 0;
+        let mut by_name: BTreeMap<(String, String), PortClaim> = BTreeMap::new();
         for (n, line) in read_journal(&path)?.iter().enumerate() {
-            claims.lines += 1;
+            lines += 1;
             let corrupt = |message: String| StoreError::Corrupt {
                 path: path.clone(),
                 message: format!("line {}: {message}", n + 1),
@@ -378,20 +434,21 @@ impl Store {
                 Some(("+", json)) => {
                     let c: PortClaim =
                         serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
-                    claims
-                        .by_name
-                        .insert((c.metadata.ns().to_string(), c.metadata.name.clone()), c);
+                    by_name.insert((c.metadata.ns().to_string(), c.metadata.name.clone()), c);
                 }
                 Some(("-", key)) => {
                     let (ns, name) = key
                         .split_once('\t')
                         .ok_or_else(|| corrupt(format!("not a deletion: {line:?}")))?;
-                    claims.by_name.remove(&(ns.to_string(), name.to_string()));
+                    by_name.remove(&(ns.to_string(), name.to_string()));
                 }
                 _ => return Err(corrupt(format!("not a claim record: {line:?}"))),
             }
         }
-        Ok(claims)
+        Ok(Claims {
+            list: std::sync::Arc::new(by_name.into_values().collect()),
+            lines,
+        })
     }
 
     /// Claims of earlier versions: a YAML file each under `claims/NS/`.
@@ -430,19 +487,36 @@ impl Store {
     /// Creates claims with one append and one fsync. Stops with `AlreadyExists` at the
     /// first claim someone holds already; those before it are created (and durable).
     pub fn create_all(&self, claims: &[&PortClaim]) -> Result<()> {
-        if claims.is_empty() {
+        self.commit(&[], &[], claims)
+    }
+
+    /// Deletes, replaces and creates claims with one append and one fsync, in that order
+    /// (a port handed over is free before its new claim). Creation stops with
+    /// `AlreadyExists` at the first claim someone holds already; everything before it is
+    /// written (and durable).
+    pub fn commit(
+        &self,
+        deletes: &[(&str, &str)],
+        updates: &[&PortClaim],
+        claims: &[&PortClaim],
+    ) -> Result<()> {
+        if deletes.is_empty() && updates.is_empty() && claims.is_empty() {
             return Ok(());
         }
         let _lock = self.lock_for_write()?;
         let held = {
             let mut cache = self.fresh_cache()?;
-            let stored = &self.loaded_claims(&mut cache)?.by_name;
-            claims.iter().position(|c| {
-                stored.contains_key(&(c.metadata.ns().to_string(), c.metadata.name.clone()))
-            })
+            let stored = self.loaded_claims(&mut cache)?;
+            claims
+                .iter()
+                .position(|c| stored.find(c.metadata.ns(), &c.metadata.name).is_ok())
         };
         let (new, conflict) = claims.split_at(held.unwrap_or(claims.len()));
-        self.write_claims(new.iter().map(|c| Change::Put(c)))?;
+        let changes = deletes
+            .iter()
+            .map(|&(ns, name)| Change::Delete(ns, name))
+            .chain(updates.iter().chain(new).map(|c| Change::Put(c)));
+        self.write_claims(changes)?;
         match conflict.first() {
             None => Ok(()),
             Some(c) => Err(StoreError::AlreadyExists {
@@ -490,25 +564,15 @@ impl Store {
         self.begin_write()?;
         let mut cache = self.fresh_cache()?;
         let claims = self.loaded_claims(&mut cache)?;
-        for change in changes {
-            match change {
-                Change::Put(c) => {
-                    let key = (c.metadata.ns().to_string(), c.metadata.name.clone());
-                    claims.by_name.insert(key, c.clone());
-                }
-                Change::Delete(ns, name) => {
-                    claims.by_name.remove(&(ns.to_string(), name.to_string()));
-                }
-            }
-        }
+        claims.apply(&changes);
         let lines = claims.lines.saturating_add(records);
-        if lines > 2 * claims.by_name.len() + 64 {
+        if lines > 2 * claims.list.len() + 64 {
             let mut whole = String::new();
-            for c in claims.by_name.values() {
+            for c in claims.list.iter() {
                 claim_record(&mut whole, c, &path)?;
             }
             self.rewrite_journal(CLAIMS_LOG, &whole)?;
-            claims.lines = claims.by_name.len();
+            claims.lines = claims.list.len();
         } else {
             self.append_journal(CLAIMS_LOG, &text)?;
             claims.lines = lines;
@@ -876,6 +940,36 @@ mod tests {
         assert!(
             leftovers.is_empty(),
             "no temporary files left: {leftovers:?}"
+        );
+    }
+
+    #[test]
+    fn a_commit_deletes_updates_and_creates_in_one_append() {
+        let dir = TempDir::new("berth-store-commit");
+        let store = Store::open(&dir).expect("open");
+        store
+            .create_all(&[&claim(30001), &claim(30002)])
+            .expect("create");
+        let shared = store.claims_shared().expect("claims");
+        let mut moved = claim(30002);
+        moved.spec.listener = "other".into();
+        store
+            .commit(&[("infra", "gw-tcp-30001")], &[&moved], &[&claim(30003)])
+            .expect("commit");
+        assert_eq!(
+            *shared,
+            vec![claim(30001), claim(30002)],
+            "a reader's list stays"
+        );
+        assert_eq!(
+            store.claims().expect("claims"),
+            vec![moved.clone(), claim(30003)]
+        );
+        let log = fs::read_to_string(dir.join(CLAIMS_LOG)).expect("log");
+        assert_eq!(log.lines().count(), 2 + 3, "{log}");
+        assert_eq!(
+            Store::open(&dir).expect("reopen").claims().expect("claims"),
+            vec![moved, claim(30003)]
         );
     }
 
