@@ -13,7 +13,7 @@ pub struct StateDocument {
     /// Route statuses.
     pub routes: Vec<std::sync::Arc<RouteEntry>>,
     /// Claims held (bound or cooling down).
-    pub claims: Vec<ClaimEntry>,
+    pub claims: Vec<std::sync::Arc<ClaimEntry>>,
 }
 
 /// One claim in the document.
@@ -105,26 +105,73 @@ impl StateDocument {
         routes: Vec<std::sync::Arc<RouteEntry>>,
         claims: &[crate::model::PortClaim],
     ) -> Self {
+        Self::after(gateways, routes, claims, None)
+    }
+
+    /// Like `new`, sharing with `old` the claim entries that did not change (both
+    /// lists are by namespace, then name: one merge of the two).
+    pub fn after(
+        gateways: Vec<GatewayEntry>,
+        routes: Vec<std::sync::Arc<RouteEntry>>,
+        claims: &[crate::model::PortClaim],
+        old: Option<&StateDocument>,
+    ) -> Self {
+        let mut old_claims = old
+            .map(|o| o.claims.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .peekable();
         StateDocument {
             gateways,
             routes,
             claims: claims
                 .iter()
-                .map(|c| ClaimEntry {
-                    namespace: c.metadata.ns().to_string(),
-                    name: c.metadata.name.clone(),
-                    gateway: c.spec.gateway.clone(),
-                    listener: c.spec.listener.clone(),
-                    protocol: c.spec.protocol.clone(),
-                    port: c.spec.port,
-                    route: ClaimRouteEntry {
-                        kind: c.spec.route.kind.clone(),
-                        namespace: c.spec.route.namespace.clone(),
-                        name: c.spec.route.name.clone(),
-                    },
+                .map(|c| {
+                    let key = (c.metadata.ns(), c.metadata.name.as_str());
+                    while old_claims
+                        .next_if(|e| (e.namespace.as_str(), e.name.as_str()) < key)
+                        .is_some()
+                    {}
+                    match old_claims.next_if(|e| ClaimEntry::is(e, c)) {
+                        Some(e) => std::sync::Arc::clone(e),
+                        None => std::sync::Arc::new(ClaimEntry::of(c)),
+                    }
                 })
                 .collect(),
         }
+    }
+}
+
+impl ClaimEntry {
+    /// The entry of a claim.
+    pub fn of(c: &crate::model::PortClaim) -> Self {
+        ClaimEntry {
+            namespace: c.metadata.ns().to_string(),
+            name: c.metadata.name.clone(),
+            gateway: c.spec.gateway.clone(),
+            listener: c.spec.listener.clone(),
+            protocol: c.spec.protocol.clone(),
+            port: c.spec.port,
+            route: ClaimRouteEntry {
+                kind: c.spec.route.kind.clone(),
+                namespace: c.spec.route.namespace.clone(),
+                name: c.spec.route.name.clone(),
+            },
+        }
+    }
+
+    /// Whether this is the entry of `c`.
+    fn is(&self, c: &crate::model::PortClaim) -> bool {
+        let r = &c.spec.route;
+        self.namespace == c.metadata.ns()
+            && self.name == c.metadata.name
+            && self.gateway == c.spec.gateway
+            && self.listener == c.spec.listener
+            && self.protocol == c.spec.protocol
+            && self.port == c.spec.port
+            && self.route.kind == r.kind
+            && self.route.namespace == r.namespace
+            && self.route.name == r.name
     }
 }
 

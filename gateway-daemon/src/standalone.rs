@@ -678,7 +678,7 @@ pub fn effects(
         owners,
         usage,
     } = plan;
-    let mut state = StateDocument::new(gateways, routes, &claims);
+    let mut state = StateDocument::after(gateways, routes, &claims, prev.state.as_deref());
     if let Some(old) = &prev.state {
         state.carry_times_from(old);
     }
