@@ -676,6 +676,17 @@ pub fn claim_name(gateway: &str, protocol: &str, port: u16) -> String {
     format!("{gateway}-{}-{port}", protocol.to_ascii_lowercase())
 }
 
+/// Appends a route's key, `Kind/namespace/name` (first-seen times and the planner's
+/// memo are keyed by it), to `out`.
+pub fn route_key(out: &mut String, kind: &str, ns: &str, name: &str) {
+    for (i, part) in [kind, ns, name].into_iter().enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        out.push_str(part);
+    }
+}
+
 /// Every object the planner reads, as one consistent view.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {

@@ -205,11 +205,6 @@ impl ManifestSource {
         Ok((changed || before != self.files.len(), errors))
     }
 
-    /// The objects in force.
-    pub fn snapshot(&self) -> Snapshot {
-        manifests::snapshot(self.files.values().map(|t| &t.objects))
-    }
-
     /// The objects in force, moved out (none copied) until `give_back`.
     pub fn take_snapshot(&mut self) -> (Snapshot, manifests::Layout) {
         manifests::take_snapshot(self.files.values_mut().map(|t| &mut t.objects))
@@ -296,16 +291,6 @@ pub enum CycleError {
     Datapath(#[from] crate::datapath::DatapathError),
 }
 
-/// Appends the first-seen key of a route, `Kind/namespace/name`, to `out`.
-pub fn route_key(out: &mut String, kind: &str, ns: &str, name: &str) {
-    for (i, part) in [kind, ns, name].into_iter().enumerate() {
-        if i > 0 {
-            out.push('/');
-        }
-        out.push_str(part);
-    }
-}
-
 /// Plans once from `snapshot`, commits the claim changes and returns the plan.
 pub fn cycle(
     store: &Store,
@@ -324,7 +309,7 @@ pub fn cycle(
         let mut key = String::new();
         for r in &mut snapshot.routes {
             key.clear();
-            route_key(&mut key, r.kind.name(), r.metadata.ns(), &r.metadata.name);
+            crate::model::route_key(&mut key, r.kind.name(), r.metadata.ns(), &r.metadata.name);
             let t = match seen.see(&key) {
                 Some(t) => t,
                 None => {

@@ -844,6 +844,15 @@ mod tests {
         }
     }
 
+    /// Appends `partial` without its newline, as a writer killed mid-append leaves it.
+    fn tear(log: &Path, partial: &[u8]) {
+        fs::OpenOptions::new()
+            .append(true)
+            .open(log)
+            .and_then(|mut f| f.write_all(partial))
+            .expect("tear");
+    }
+
     fn claim(port: u16) -> PortClaim {
         let route = ClaimRoute::new("TCPRoute", "a", "r", None);
         PortClaim::bound(
@@ -981,11 +990,7 @@ mod tests {
             .create_all(&[&claim(30001), &claim(30002)])
             .expect("create");
         let log = dir.join(CLAIMS_LOG);
-        fs::OpenOptions::new()
-            .append(true)
-            .open(&log)
-            .and_then(|mut f| f.write_all(b"+\t{\"metadata\":{\"na"))
-            .expect("tear");
+        tear(&log, b"+\t{\"metadata\":{\"na");
         let reopened = Store::open(&dir).expect("reopen");
         assert_eq!(
             reopened.claims().expect("read"),
@@ -1044,11 +1049,7 @@ mod tests {
             .expect("record");
         // A writer killed mid-append leaves a torn line: it is ignored, then cut off.
         let log = dir.join(FIRST_SEEN_LOG);
-        fs::OpenOptions::new()
-            .append(true)
-            .open(&log)
-            .and_then(|mut f| f.write_all(b"+\t2026-01-03T00:0"))
-            .expect("tear");
+        tear(&log, b"+\t2026-01-03T00:0");
         let reopened = Store::open(&dir).expect("reopen");
         let want: BTreeMap<String, String> = [
             (t("TCPRoute/a/r"), t("2026-01-01T00:00:00Z")),

@@ -3,9 +3,10 @@
 //! elected allocator, and the datapath programmed by every node.
 //!
 //! One cycle: reflectors → `View` (the planner's `Snapshot`, stored claims, raw objects)
-//! → `planner::plan` → as the leader: claims (conditional writes; a race re-plans),
-//! Gateway and route statuses, events → on every node: datapath and admin state
-//! (`standalone::effects`, shared with standalone mode).
+//! → `planner::plan_with` (with the memo of the last plan, as standalone mode) → as the
+//! leader: claims (conditional writes; a race re-plans), Gateway and route statuses,
+//! events → on every node: datapath and admin state (`standalone::effects`, shared
+//! with standalone mode).
 //!
 //! # API access (for RBAC)
 //!
@@ -138,6 +139,8 @@ pub struct Controller {
     recent: Recent,
     recorder: Recorder,
     default_address: Option<Ipv4Addr>,
+    /// The last plan's statuses, reused where their inputs did not change.
+    memo: planner::Memo,
 }
 
 impl Controller {
@@ -156,6 +159,7 @@ impl Controller {
             leadership,
             recent: Recent::default(),
             default_address,
+            memo: planner::Memo::default(),
         }
     }
 
@@ -178,13 +182,16 @@ impl Controller {
                         .cloned(),
                 );
             }
-            let plan = planner::plan(&planner::Input {
-                snapshot: &view.snapshot,
-                claims: &input,
-                now,
-                default_address: self.default_address,
-                allocate: leader,
-            });
+            let plan = planner::plan_with(
+                &planner::Input {
+                    snapshot: &view.snapshot,
+                    claims: &input,
+                    now,
+                    default_address: self.default_address,
+                    allocate: leader,
+                },
+                &mut self.memo,
+            );
             if !leader {
                 return Ok(plan);
             }

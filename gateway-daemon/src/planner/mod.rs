@@ -198,7 +198,7 @@ fn protocol_of(p: &str) -> Option<Protocol> {
 
 /// A hash map with a fast, non-cryptographic hasher: the planner's keys are names from
 /// the objects it plans, and a plan is made often.
-pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 fn route_ref(route: &Route) -> ClaimRoute {
     ClaimRoute::new(
@@ -808,15 +808,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         let route = &snap.routes[ri];
         let m = &route.metadata;
         key.clear();
-        for (i, part) in [route.kind.name(), m.ns(), m.name.as_str()]
-            .into_iter()
-            .enumerate()
-        {
-            if i > 0 {
-                key.push('/');
-            }
-            key.push_str(part);
-        }
+        route_key(&mut key, route.kind.name(), m.ns(), &m.name);
         // A route given twice has one entry with the parents of both: not remembered.
         let unique = by_identity
             .get(&(route.kind.name(), m.ns(), m.name.as_str()))
