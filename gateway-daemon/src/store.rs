@@ -869,7 +869,7 @@ mod tests {
             a.claims().expect("claims").is_empty(),
             "a caches an empty store"
         );
-        b.begin_write().expect("begin");
+        // A write bumps the generation itself (no `begin_write` by the caller).
         b.create(&claim(30001)).expect("create");
         assert_eq!(
             a.claims().expect("claims"),
