@@ -127,7 +127,7 @@ fn parse_object(value: serde_yaml::Value) -> Result<Parsed, (String, String)> {
             } else {
                 RouteKind::Udp
             };
-            typed(Object::Route(route))
+            typed(Object::Route(std::sync::Arc::new(route)))
         }
         (GATEWAY_GROUP, "v1" | "v1beta1", "ReferenceGrant") => {
             typed(Object::ReferenceGrant(de(value).map_err(fail)?))

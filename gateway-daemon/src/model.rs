@@ -695,8 +695,10 @@ pub struct Snapshot {
     /// Gateways.
     pub gateways: Vec<Gateway>,
     /// TCPRoutes and UDPRoutes, in source order (file name, then position): routes
-    /// without a creation time are ordered by it.
-    pub routes: Vec<Route>,
+    /// without a creation time are ordered by it. Shared: a route that did not change
+    /// is the same allocation from one snapshot to the next, so that comparing it with
+    /// what was planned before is a pointer comparison.
+    pub routes: Vec<std::sync::Arc<Route>>,
     /// ReferenceGrants.
     pub reference_grants: Vec<ReferenceGrant>,
     /// Services.
@@ -717,7 +719,7 @@ pub enum Object {
     /// Gateway.
     Gateway(Gateway),
     /// TCPRoute or UDPRoute.
-    Route(Route),
+    Route(std::sync::Arc<Route>),
     /// ReferenceGrant.
     ReferenceGrant(ReferenceGrant),
     /// Service.

@@ -318,7 +318,9 @@ pub fn cycle(
                 }
             };
             if r.metadata.creation_timestamp.is_none() {
-                r.metadata.creation_timestamp = Some(t.to_string());
+                // The route is moved back into its file with this time: only a route
+                // seen for the first time is copied here.
+                Arc::make_mut(r).metadata.creation_timestamp = Some(t.to_string());
             }
         }
         // A route that is gone and comes back later is a new object with a new time.

@@ -319,7 +319,7 @@ impl View {
                     view.routes.insert((route_kind, ns, name), obj.clone());
                     convert::<model::Route>(kind.name(), &obj).map(|mut r| {
                         r.kind = route_kind;
-                        model::Object::Route(r)
+                        model::Object::Route(std::sync::Arc::new(r))
                     })
                 }
                 Kind::ReferenceGrant => {

@@ -517,7 +517,9 @@ impl World {
 /// A route's status as last planned, and what it was planned from.
 #[derive(Debug)]
 struct Remembered {
-    route: Route,
+    /// Shared with the snapshot it was planned from (the next snapshot holds the same
+    /// allocation while the route is unchanged).
+    route: Arc<Route>,
     decisions: Vec<Decision>,
     entry: Arc<RouteEntry>,
     backends: Arc<Resolved>,
@@ -816,7 +818,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         if let Some(old) = memo.routes.get_mut(key.as_str()) {
             let same = unique
                 && world_same
-                && old.route == *route
+                && (Arc::ptr_eq(&old.route, route) || old.route == *route)
                 && old.decisions.len() == at.len()
                 && at
                     .clone()
@@ -850,7 +852,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         });
         if unique && memo.keep {
             let now_remembered = Remembered {
-                route: route.clone(),
+                route: Arc::clone(route),
                 decisions,
                 entry: Arc::clone(&entry),
                 backends: Arc::clone(&resolved),

@@ -74,10 +74,15 @@ impl Drop for Run {
 }
 
 fn rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmRSS:")
+}
+
+/// A memory figure of `/proc/PID/status` (`VmRSS:`, `RssAnon:`, `RssFile:`) in MiB.
+fn status_mib(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
@@ -192,6 +197,10 @@ fn main() {
         to_map.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let rss_end = rss_mib(run.child.id());
+    let (anon_end, file_end) = (
+        status_mib(run.child.id(), "RssAnon:"),
+        status_mib(run.child.id(), "RssFile:"),
+    );
     drop(run);
 
     println!(
@@ -240,6 +249,11 @@ fn main() {
         "{:<44} {:>10}",
         "daemon RSS after start / after changes MiB",
         format!("{rss_start:.0} / {rss_end:.0}")
+    );
+    println!(
+        "{:<44} {:>10}",
+        "  of which heap / mapped files MiB",
+        format!("{anon_end:.0} / {file_end:.0}")
     );
     println!(
         "{{\"cold_start_ms\":{cold:.0},\"api_p50_ms\":{:.1},\"api_p99_ms\":{:.1},\"map_p50_ms\":{:.1},\"map_p99_ms\":{:.1},\"rss_mib\":{:.0}}}",

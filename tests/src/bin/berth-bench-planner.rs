@@ -75,7 +75,7 @@ fn snapshot(routes: usize) -> Snapshot {
         },
     });
     for i in 0..routes {
-        s.routes.push(route(i));
+        s.routes.push(route(i).into());
     }
     // One Service with one endpoint per namespace.
     for ns in 0..100 {
@@ -158,7 +158,7 @@ fn main() {
             claims = p.claims;
         }
         let mut changed = snap.clone();
-        changed.routes.push(route(n));
+        changed.routes.push(route(n).into());
         let mut one = Vec::new();
         for _ in 0..RUNS {
             let t = Instant::now();
