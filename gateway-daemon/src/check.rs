@@ -103,7 +103,7 @@ impl StateDocument {
     pub fn new(
         gateways: Vec<GatewayEntry>,
         routes: Vec<std::sync::Arc<RouteEntry>>,
-        claims: &[crate::model::PortClaim],
+        claims: &[std::sync::Arc<crate::model::PortClaim>],
     ) -> Self {
         Self::after(gateways, routes, claims, None)
     }
@@ -113,7 +113,7 @@ impl StateDocument {
     pub fn after(
         gateways: Vec<GatewayEntry>,
         routes: Vec<std::sync::Arc<RouteEntry>>,
-        claims: &[crate::model::PortClaim],
+        claims: &[std::sync::Arc<crate::model::PortClaim>],
         old: Option<&StateDocument>,
     ) -> Self {
         let mut old_claims = old

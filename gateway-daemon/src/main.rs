@@ -228,9 +228,9 @@ fn check_cmd(
     }
     let claims = match &state_dir {
         Some(s) => Store::open(s)
-            .and_then(|s| s.claims())
+            .and_then(|s| s.claims_shared())
             .with_context(|| format!("reading claims from {}", s.display()))?,
-        None => Vec::new(),
+        None => Default::default(),
     };
     let snapshot = manifests::snapshot(files.iter().map(|(_, f)| f));
     let plan = planner::plan(&planner::Input {

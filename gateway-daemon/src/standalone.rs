@@ -378,24 +378,25 @@ pub fn cycle(
 #[derive(Debug, PartialEq)]
 pub enum ClaimChange<'h, 'w> {
     /// Wanted and not held.
-    Create(&'w PortClaim),
+    Create(&'w Arc<PortClaim>),
     /// Held and wanted differently (the wanted version).
-    Update(&'w PortClaim),
+    Update(&'w Arc<PortClaim>),
     /// Held and no longer wanted.
-    Delete(&'h PortClaim),
+    Delete(&'h Arc<PortClaim>),
 }
 
 /// The writes that turn `have` into `want`: one merge of the two lists by namespace,
-/// then name (the store lists claims and the planner returns them in that order).
+/// then name (the store lists claims and the planner returns them in that order). A
+/// claim the plan kept is the stored allocation: compared by pointer first.
 pub fn claim_changes<'h, 'w>(
-    have: &'h [PortClaim],
-    want: &'w [PortClaim],
+    have: &'h [Arc<PortClaim>],
+    want: &'w [Arc<PortClaim>],
 ) -> Vec<ClaimChange<'h, 'w>> {
     fn key(c: &PortClaim) -> (&str, &str) {
         (c.metadata.ns(), c.metadata.name.as_str())
     }
-    fn sorted(list: &[PortClaim]) -> Vec<&PortClaim> {
-        let mut refs: Vec<&PortClaim> = list.iter().collect();
+    fn sorted(list: &[Arc<PortClaim>]) -> Vec<&Arc<PortClaim>> {
+        let mut refs: Vec<&Arc<PortClaim>> = list.iter().collect();
         if !refs.is_sorted_by_key(|c| key(c)) {
             refs.sort_by(|a, b| key(a).cmp(&key(b)));
         }
@@ -425,7 +426,7 @@ pub fn claim_changes<'h, 'w>(
                     w.next();
                 }
                 std::cmp::Ordering::Equal => {
-                    if a != b {
+                    if !Arc::ptr_eq(a, b) && a != b {
                         changes.push(ClaimChange::Update(b));
                     }
                     h.next();
@@ -437,14 +438,14 @@ pub fn claim_changes<'h, 'w>(
 }
 
 /// Claim changes as the store takes them: deleted by name, updated, created.
-struct Writes<'w> {
+struct Writes {
     deleted: Vec<(String, String)>,
-    updates: Vec<&'w PortClaim>,
-    creates: Vec<&'w PortClaim>,
+    updates: Vec<Arc<PortClaim>>,
+    creates: Vec<Arc<PortClaim>>,
 }
 
-impl<'w> Writes<'w> {
-    fn of(changes: Vec<ClaimChange<'_, 'w>>) -> Self {
+impl Writes {
+    fn of(changes: Vec<ClaimChange>) -> Self {
         let mut w = Writes {
             deleted: Vec::new(),
             updates: Vec::new(),
@@ -455,8 +456,8 @@ impl<'w> Writes<'w> {
                 ClaimChange::Delete(c) => w
                     .deleted
                     .push((c.metadata.ns().to_string(), c.metadata.name.clone())),
-                ClaimChange::Update(c) => w.updates.push(c),
-                ClaimChange::Create(c) => w.creates.push(c),
+                ClaimChange::Update(c) => w.updates.push(Arc::clone(c)),
+                ClaimChange::Create(c) => w.creates.push(Arc::clone(c)),
             }
         }
         w
@@ -694,11 +695,11 @@ mod tests {
     use super::*;
     use crate::model::{ClaimRoute, PortClaimSpec};
 
-    fn claim(ns: &str, port: u16, route: &str) -> PortClaim {
+    fn claim(ns: &str, port: u16, route: &str) -> Arc<PortClaim> {
         let route = ClaimRoute::new("TCPRoute", "a", route, None);
         let mut c = PortClaim::bound(ns, PortClaimSpec::new("gw", "pool", "TCP", port, route));
         c.metadata.name = format!("gw-tcp-{port}");
-        c
+        Arc::new(c)
     }
 
     #[test]

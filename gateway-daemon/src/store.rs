@@ -26,6 +26,7 @@ use std::{
 };
 
 use crate::model::PortClaim;
+use std::sync::Arc;
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -100,7 +101,7 @@ struct Cache {
 /// until the next write), and the journal's length in lines.
 #[derive(Debug, Default)]
 struct Claims {
-    list: std::sync::Arc<Vec<PortClaim>>,
+    list: Arc<Vec<Arc<PortClaim>>>,
     lines: usize,
 }
 
@@ -117,9 +118,9 @@ impl Claims {
     /// Applies `changes` in order: one at a time where it belongs, or, for many, by
     /// rebuilding the list once.
     fn apply(&mut self, changes: &[Change]) {
-        let list = std::sync::Arc::make_mut(&mut self.list);
+        let list = Arc::make_mut(&mut self.list);
         if changes.len() > 64 {
-            let mut by_name: BTreeMap<(String, String), PortClaim> = std::mem::take(list)
+            let mut by_name: BTreeMap<(String, String), Arc<PortClaim>> = std::mem::take(list)
                 .into_iter()
                 .map(|c| ((c.metadata.ns().to_string(), c.metadata.name.clone()), c))
                 .collect();
@@ -127,7 +128,7 @@ impl Claims {
                 match change {
                     Change::Put(c) => {
                         let key = (c.metadata.ns().to_string(), c.metadata.name.clone());
-                        by_name.insert(key, (*c).clone());
+                        by_name.insert(key, Arc::clone(c));
                     }
                     Change::Delete(ns, name) => {
                         by_name.remove(&(ns.to_string(), name.to_string()));
@@ -146,8 +147,8 @@ impl Claims {
                 change,
                 list.binary_search_by(|c| claim_key(c).cmp(&(ns, name))),
             ) {
-                (Change::Put(c), Ok(i)) => list[i] = (*c).clone(),
-                (Change::Put(c), Err(i)) => list.insert(i, (*c).clone()),
+                (Change::Put(c), Ok(i)) => list[i] = Arc::clone(c),
+                (Change::Put(c), Err(i)) => list.insert(i, Arc::clone(c)),
                 (Change::Delete(..), Ok(i)) => {
                     list.remove(i);
                 }
@@ -403,14 +404,18 @@ impl Store {
 
     /// Every stored claim, by namespace then name.
     pub fn claims(&self) -> Result<Vec<PortClaim>> {
-        Ok(self.claims_shared()?.to_vec())
+        Ok(self
+            .claims_shared()?
+            .iter()
+            .map(|c| (**c).clone())
+            .collect())
     }
 
     /// Every stored claim, by namespace then name, shared with the store (no copy; the
     /// store's next write copies them if this is still held).
-    pub fn claims_shared(&self) -> Result<std::sync::Arc<Vec<PortClaim>>> {
+    pub fn claims_shared(&self) -> Result<Arc<Vec<Arc<PortClaim>>>> {
         let mut cache = self.fresh_cache()?;
-        Ok(std::sync::Arc::clone(&self.loaded_claims(&mut cache)?.list))
+        Ok(Arc::clone(&self.loaded_claims(&mut cache)?.list))
     }
 
     fn loaded_claims<'c>(&self, cache: &'c mut Cache) -> Result<&'c mut Claims> {
@@ -423,7 +428,7 @@ impl Store {
     fn read_claims(&self) -> Result<Claims> {
         let path = self.dir.join(CLAIMS_LOG);
         let mut lines = 0;
-        let mut by_name: BTreeMap<(String, String), PortClaim> = BTreeMap::new();
+        let mut by_name: BTreeMap<(String, String), Arc<PortClaim>> = BTreeMap::new();
         for (n, line) in read_journal(&path)?.iter().enumerate() {
             lines += 1;
             let corrupt = |message: String| StoreError::Corrupt {
@@ -434,7 +439,8 @@ impl Store {
                 Some(("+", json)) => {
                     let c: PortClaim =
                         serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
-                    by_name.insert((c.metadata.ns().to_string(), c.metadata.name.clone()), c);
+                    let key = (c.metadata.ns().to_string(), c.metadata.name.clone());
+                    by_name.insert(key, Arc::new(c));
                 }
                 Some(("-", key)) => {
                     let (ns, name) = key
@@ -446,7 +452,7 @@ impl Store {
             }
         }
         Ok(Claims {
-            list: std::sync::Arc::new(by_name.into_values().collect()),
+            list: Arc::new(by_name.into_values().collect()),
             lines,
         })
     }
@@ -487,7 +493,8 @@ impl Store {
     /// Creates claims with one append and one fsync. Stops with `AlreadyExists` at the
     /// first claim someone holds already; those before it are created (and durable).
     pub fn create_all(&self, claims: &[&PortClaim]) -> Result<()> {
-        self.commit(&[], &[], claims)
+        let claims: Vec<Arc<PortClaim>> = claims.iter().map(|&c| Arc::new(c.clone())).collect();
+        self.commit(&[], &[], &claims)
     }
 
     /// Deletes, replaces and creates claims with one append and one fsync, in that order
@@ -497,8 +504,8 @@ impl Store {
     pub fn commit(
         &self,
         deletes: &[(&str, &str)],
-        updates: &[&PortClaim],
-        claims: &[&PortClaim],
+        updates: &[Arc<PortClaim>],
+        claims: &[Arc<PortClaim>],
     ) -> Result<()> {
         if deletes.is_empty() && updates.is_empty() && claims.is_empty() {
             return Ok(());
@@ -515,7 +522,12 @@ impl Store {
         let changes = deletes
             .iter()
             .map(|&(ns, name)| Change::Delete(ns, name))
-            .chain(updates.iter().chain(new).map(|c| Change::Put(c)));
+            .chain(
+                updates
+                    .iter()
+                    .chain(new)
+                    .map(|c| Change::Put(Arc::clone(c))),
+            );
         self.write_claims(changes)?;
         match conflict.first() {
             None => Ok(()),
@@ -529,7 +541,7 @@ impl Store {
     /// Replaces a claim's content.
     pub fn update(&self, claim: &PortClaim) -> Result<()> {
         let _lock = self.lock_for_write()?;
-        self.write_claims([Change::Put(claim)])
+        self.write_claims([Change::Put(Arc::new(claim.clone()))])
     }
 
     /// Deletes a claim (no error if it is already gone).
@@ -739,8 +751,8 @@ impl Store {
 
 /// A change to the claims.
 enum Change<'c> {
-    /// Created or changed.
-    Put(&'c PortClaim),
+    /// Created or changed (shared with the writer and the readers of the list).
+    Put(Arc<PortClaim>),
     /// Deleted: namespace and name.
     Delete(&'c str, &'c str),
 }
@@ -963,11 +975,15 @@ mod tests {
         let mut moved = claim(30002);
         moved.spec.listener = "other".into();
         store
-            .commit(&[("infra", "gw-tcp-30001")], &[&moved], &[&claim(30003)])
+            .commit(
+                &[("infra", "gw-tcp-30001")],
+                &[Arc::new(moved.clone())],
+                &[Arc::new(claim(30003))],
+            )
             .expect("commit");
         assert_eq!(
             *shared,
-            vec![claim(30001), claim(30002)],
+            vec![Arc::new(claim(30001)), Arc::new(claim(30002))],
             "a reader's list stays"
         );
         assert_eq!(

@@ -18,7 +18,7 @@ const DEFAULT_NOW: &str = "2026-01-01T00:00:00Z";
 struct Golden {
     gateways: Vec<GatewayEntry>,
     routes: Vec<std::sync::Arc<RouteEntry>>,
-    claims: Vec<PortClaim>,
+    claims: Vec<std::sync::Arc<PortClaim>>,
     datapath: Vec<DatapathEntry>,
 }
 
@@ -36,9 +36,9 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
     for de in serde_yaml::Deserializer::from_str(&text) {
         let value: serde_yaml::Value = serde::Deserialize::deserialize(de).expect("yaml");
         match value.get("kind").and_then(|k| k.as_str()) {
-            Some("PortClaim") => {
-                claims.push(serde_yaml::from_value::<PortClaim>(value).expect("PortClaim"))
-            }
+            Some("PortClaim") => claims.push(std::sync::Arc::new(
+                serde_yaml::from_value::<PortClaim>(value).expect("PortClaim"),
+            )),
             Some("PlannerClock") => now = value["now"].as_str().expect("now").to_string(),
             _ => manifest_docs.push(serde_yaml::to_string(&value).expect("yaml")),
         }

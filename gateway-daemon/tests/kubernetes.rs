@@ -208,12 +208,12 @@ fn claim_json(port: u16, route: &str, phase: &str, rv: &str) -> Value {
     })
 }
 
-fn claim(port: u16, route: &str) -> PortClaim {
+fn claim(port: u16, route: &str) -> std::sync::Arc<PortClaim> {
     let route = ClaimRoute::new("TCPRoute", "team", route, Some(format!("uid-{route}")));
-    PortClaim::bound(
+    std::sync::Arc::new(PortClaim::bound(
         "infra",
         PortClaimSpec::new("gw", "pool", "TCP", port, route),
-    )
+    ))
 }
 
 fn our_parent(port: u16, accepted: bool, time: &str) -> RouteParentStatus {

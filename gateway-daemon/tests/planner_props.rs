@@ -3,6 +3,7 @@
 
 use std::{
     collections::BTreeMap,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -89,7 +90,11 @@ fn snapshot(routes: &BTreeMap<usize, RouteState>, labelled: bool) -> berth::mode
     manifests::snapshot([&parsed])
 }
 
-fn input<'a>(snapshot: &'a berth::model::Snapshot, claims: &'a [PortClaim], now: u64) -> Input<'a> {
+fn input<'a>(
+    snapshot: &'a berth::model::Snapshot,
+    claims: &'a [Arc<PortClaim>],
+    now: u64,
+) -> Input<'a> {
     Input {
         snapshot,
         claims,
@@ -99,7 +104,11 @@ fn input<'a>(snapshot: &'a berth::model::Snapshot, claims: &'a [PortClaim], now:
     }
 }
 
-fn run(routes: &BTreeMap<usize, RouteState>, claims: &[PortClaim], now: u64) -> Vec<PortClaim> {
+fn run(
+    routes: &BTreeMap<usize, RouteState>,
+    claims: &[Arc<PortClaim>],
+    now: u64,
+) -> Vec<Arc<PortClaim>> {
     planner::plan(&input(&snapshot(routes, false), claims, now)).claims
 }
 
@@ -135,7 +144,7 @@ fn apply(op: &Op, h: &mut History) -> Option<String> {
     None
 }
 
-fn bound(claims: &[PortClaim]) -> BTreeMap<String, u16> {
+fn bound(claims: &[Arc<PortClaim>]) -> BTreeMap<String, u16> {
     claims
         .iter()
         .filter(|c| {
@@ -153,7 +162,7 @@ proptest! {
     #[test]
     fn allocation_invariants_hold_over_random_histories(ops in proptest::collection::vec(op(), 1..40)) {
         let mut routes: BTreeMap<usize, RouteState> = BTreeMap::new();
-        let mut claims: Vec<PortClaim> = Vec::new();
+        let mut claims: Vec<Arc<PortClaim>> = Vec::new();
         let mut now = 0u64;
         // port -> (route, released at) of releases still cooling down
         let mut released: BTreeMap<u16, (String, u64)> = BTreeMap::new();
@@ -213,7 +222,7 @@ proptest! {
     fn a_memo_changes_nothing_but_keeps_times(ops in proptest::collection::vec(op(), 1..40)) {
         let mut routes: BTreeMap<usize, RouteState> = BTreeMap::new();
         let mut labelled = false;
-        let mut claims: Vec<PortClaim> = Vec::new();
+        let mut claims: Vec<Arc<PortClaim>> = Vec::new();
         let mut now = 0u64;
         let mut memo = planner::Memo::default();
         let mut published: Option<StateDocument> = None;

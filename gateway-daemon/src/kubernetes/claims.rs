@@ -6,6 +6,7 @@
 
 use std::{
     collections::BTreeMap,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -29,11 +30,11 @@ use crate::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
     /// A claim was created: its route got the port.
-    Created(PortClaim),
+    Created(Arc<PortClaim>),
     /// A claim was released: its route let go of the port.
-    Released(PortClaim),
+    Released(Arc<PortClaim>),
     /// A released claim's cool-down ended and it was deleted.
-    Deleted(PortClaim),
+    Deleted(Arc<PortClaim>),
 }
 
 /// Errors of committing claims.
@@ -69,7 +70,7 @@ pub enum ClaimError {
 /// next plan must see our own writes, not the reflector's older view.
 #[derive(Debug, Default)]
 pub struct Recent {
-    entries: BTreeMap<Key, (Option<(PortClaim, String)>, Instant)>,
+    entries: BTreeMap<Key, (Option<(Arc<PortClaim>, String)>, Instant)>,
 }
 
 impl Recent {
@@ -98,7 +99,7 @@ impl Recent {
     }
 
     /// Records what the API server now holds under `key`.
-    pub fn record(&mut self, key: Key, value: Option<(PortClaim, String)>) {
+    pub fn record(&mut self, key: Key, value: Option<(Arc<PortClaim>, String)>) {
         self.entries.insert(key, (value, Instant::now()));
     }
 }
@@ -117,7 +118,7 @@ pub fn resource(c: &PortClaim, rv: Option<&str>) -> PortClaimResource {
 }
 
 /// The model claim (and its resourceVersion) of an API object.
-pub fn from_resource(r: &PortClaimResource) -> Result<(PortClaim, String), ClaimError> {
+pub fn from_resource(r: &PortClaimResource) -> Result<(Arc<PortClaim>, String), ClaimError> {
     let invalid = |message: String| ClaimError::Invalid {
         namespace: r.namespace().unwrap_or_default(),
         name: r.name_any(),
@@ -126,7 +127,7 @@ pub fn from_resource(r: &PortClaimResource) -> Result<(PortClaim, String), Claim
     let value = serde_json::to_value(r).map_err(|e| invalid(e.to_string()))?;
     let claim: PortClaim = serde_path_to_error::deserialize(value)
         .map_err(|e| invalid(format!("field {}: {}", e.path(), e.inner())))?;
-    Ok((claim, r.resource_version().unwrap_or_default()))
+    Ok((Arc::new(claim), r.resource_version().unwrap_or_default()))
 }
 
 /// Writes the changes that turn `held` into `want`: deletions, then releases, then
@@ -137,7 +138,7 @@ pub async fn commit(
     client: &Client,
     leadership: &Leadership,
     held: &Held,
-    want: &[PortClaim],
+    want: &[Arc<PortClaim>],
     recent: &mut Recent,
     done: &mut Vec<Change>,
 ) -> Result<(), ClaimError> {

@@ -179,7 +179,7 @@ impl Controller {
                     hints
                         .iter()
                         .filter(|h| !held.claims.contains_key(&claim_key(h)))
-                        .cloned(),
+                        .map(|h| Arc::new(h.clone())),
                 );
             }
             let plan = planner::plan_with(

@@ -256,12 +256,12 @@ pub type Key = (String, String);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Held {
     /// The claims, by namespace/name.
-    pub claims: BTreeMap<Key, (PortClaim, String)>,
+    pub claims: BTreeMap<Key, (std::sync::Arc<PortClaim>, String)>,
 }
 
 impl Held {
     /// The claims, for the planner.
-    pub fn list(&self) -> Vec<PortClaim> {
+    pub fn list(&self) -> Vec<std::sync::Arc<PortClaim>> {
         self.claims.values().map(|(c, _)| c.clone()).collect()
     }
 }
@@ -333,7 +333,9 @@ impl View {
                     match convert::<PortClaim>(kind.name(), &obj) {
                         Ok(c) => {
                             let rv = obj.resource_version().unwrap_or_default();
-                            view.held.claims.insert((ns, name), (c, rv));
+                            view.held
+                                .claims
+                                .insert((ns, name), (std::sync::Arc::new(c), rv));
                         }
                         Err(e) => view.errors.push(e),
                     }

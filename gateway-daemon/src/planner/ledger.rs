@@ -4,6 +4,8 @@
 //! plan's Gateways and the listener's index in that Gateway, so that indexing a claim
 //! hashes one name (its route's namespace) instead of copying or hashing all of them.
 
+use std::sync::Arc;
+
 use super::{FastMap as HashMap, Gw};
 
 use crate::{
@@ -20,7 +22,7 @@ fn is_bound(c: &PortClaim) -> bool {
 /// Claims (a removed claim is `None`, so indexes stay valid) and their indexes.
 pub struct Ledger<'g> {
     /// All claims of the plan.
-    pub claims: Vec<Option<PortClaim>>,
+    pub claims: Vec<Option<Arc<PortClaim>>>,
     /// The plan's Gateways, and their index by (namespace, name).
     gateways: &'g [Gw<'g>],
     gateway_at: &'g HashMap<(&'g str, &'g str), usize>,
@@ -41,12 +43,12 @@ impl<'g> Ledger<'g> {
     /// Indexes `claims` against the plan's `gateways`. A claim of a Gateway that is not
     /// among them is kept but not indexed: no listener of the plan can collide with it.
     pub fn new(
-        claims: Vec<Option<PortClaim>>,
+        claims: Vec<Option<Arc<PortClaim>>>,
         gateways: &'g [Gw<'g>],
         gateway_at: &'g HashMap<(&'g str, &'g str), usize>,
     ) -> Self {
         let mut ledger = Ledger {
-            // Room for the claims of this plan too: a claim is large, regrowing copies all.
+            // Room for the claims of this plan too.
             claims: Vec::with_capacity(claims.len() + claims.len() / 8 + 16),
             gateways,
             gateway_at,
@@ -91,7 +93,7 @@ impl<'g> Ledger<'g> {
         Some((gi, li, protocol))
     }
 
-    fn push_slot(&mut self, claim: Option<PortClaim>) -> usize {
+    fn push_slot(&mut self, claim: Option<Arc<PortClaim>>) -> usize {
         let ci = self.claims.len();
         if let Some((c, (gi, li, protocol))) =
             claim.as_ref().and_then(|c| Some((c, self.locate(c)?)))
@@ -117,12 +119,12 @@ impl<'g> Ledger<'g> {
 
     /// Adds a new bound claim.
     pub fn push(&mut self, claim: PortClaim) -> usize {
-        self.push_slot(Some(claim))
+        self.push_slot(Some(Arc::new(claim)))
     }
 
     /// The claim holding a port of Gateway `gi`, bound or cooling down.
     pub fn holder(&self, gi: usize, protocol: Protocol, port: u16) -> Option<&PortClaim> {
-        self.claims[*self.by_port.get(&(gi, protocol, port))?].as_ref()
+        self.claims[*self.by_port.get(&(gi, protocol, port))?].as_deref()
     }
 
     /// Bound claims of a namespace on listener `li` of Gateway `gi`.
@@ -151,7 +153,7 @@ impl<'g> Ledger<'g> {
             })
         })?;
         let ci = list.remove(pos);
-        let c = self.claims[ci].as_mut()?;
+        let c = Arc::make_mut(self.claims[ci].as_mut()?);
         c.status = Some(PortClaimStatus {
             phase: ClaimPhase::Bound,
             released_at: None,

@@ -35,8 +35,9 @@ pub const DEFAULT_RELEASE_COOLDOWN: Duration = Duration::from_secs(300);
 pub struct Input<'a> {
     /// All objects.
     pub snapshot: &'a Snapshot,
-    /// Claims as stored.
-    pub claims: &'a [PortClaim],
+    /// Claims as stored (shared: the plan keeps unchanged claims as the same
+    /// allocations, so that comparing them with the stored ones is cheap).
+    pub claims: &'a [Arc<PortClaim>],
     /// The current time.
     pub now: SystemTime,
     /// The address of Gateways whose `spec.addresses` has no IPv4 address (`--address`).
@@ -51,7 +52,7 @@ pub struct Input<'a> {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Plan {
     /// Every claim that should exist (bound, or released and cooling down), by name.
-    pub claims: Vec<PortClaim>,
+    pub claims: Vec<Arc<PortClaim>>,
     /// Status of every Gateway of our classes.
     pub gateways: Vec<GatewayEntry>,
     /// Status of every route with a parent of ours.
@@ -662,10 +663,8 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     };
 
     // --- Claims ----------------------------------------------------------------------
-    let mut claims: Vec<PortClaim> = input.claims.to_vec();
-    claims.sort_by(|a, b| {
-        (a.metadata.ns(), &a.metadata.name).cmp(&(b.metadata.ns(), &b.metadata.name))
-    });
+    let mut claims: Vec<Arc<PortClaim>> = input.claims.to_vec();
+    sort_claims(&mut claims);
     let gw_index = &gateway_at;
     let mut kept = Vec::with_capacity(claims.len());
     for mut claim in claims {
@@ -1125,14 +1124,8 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         }
         same
     });
-    let mut claims: Vec<PortClaim> = {
-        let mut held = Vec::with_capacity(claims.len());
-        held.extend(claims.into_iter().flatten());
-        held
-    };
-    claims.sort_by(|a, b| {
-        (a.metadata.ns(), &a.metadata.name).cmp(&(b.metadata.ns(), &b.metadata.name))
-    });
+    let mut claims: Vec<Arc<PortClaim>> = claims.into_iter().flatten().collect();
+    sort_claims(&mut claims);
     let usage = listener_usage(&gateways, &claims);
     Plan {
         claims,
@@ -1253,7 +1246,17 @@ fn route_id(r: &Route) -> RouteId {
     }
 }
 
-fn listener_usage(gateways: &[Gw], claims: &[PortClaim]) -> Vec<ListenerUsage> {
+/// Sorts claims by namespace, then name (they mostly come sorted: checked first).
+fn sort_claims(claims: &mut [Arc<PortClaim>]) {
+    fn key(c: &PortClaim) -> (&str, &str) {
+        (c.metadata.ns(), c.metadata.name.as_str())
+    }
+    if !claims.is_sorted_by(|a, b| key(a) <= key(b)) {
+        claims.sort_by(|a, b| key(a).cmp(&key(b)));
+    }
+}
+
+fn listener_usage(gateways: &[Gw], claims: &[Arc<PortClaim>]) -> Vec<ListenerUsage> {
     let mut out = Vec::new();
     for gw in gateways {
         let (namespace, gateway) = gw.key();
@@ -1284,7 +1287,7 @@ fn listener_usage(gateways: &[Gw], claims: &[PortClaim]) -> Vec<ListenerUsage> {
     out
 }
 
-fn release(claim: &mut PortClaim, now: SystemTime) {
+fn release(claim: &mut Arc<PortClaim>, now: SystemTime) {
     if claim
         .status
         .as_ref()
@@ -1292,7 +1295,7 @@ fn release(claim: &mut PortClaim, now: SystemTime) {
     {
         return;
     }
-    claim.status = Some(PortClaimStatus {
+    Arc::make_mut(claim).status = Some(PortClaimStatus {
         phase: ClaimPhase::Released,
         released_at: Some(format_time(now)),
     });
