@@ -18,7 +18,7 @@ use kube::{
 use super::{
     api_code,
     lease::{Leadership, NotLeader},
-    sources::{Held, Key},
+    sources::{Held, Key, Stored},
     ApiError,
 };
 use crate::{
@@ -70,7 +70,7 @@ pub enum ClaimError {
 /// next plan must see our own writes, not the reflector's older view.
 #[derive(Debug, Default)]
 pub struct Recent {
-    entries: BTreeMap<Key, (Option<(Arc<PortClaim>, String)>, Instant)>,
+    entries: BTreeMap<Key, (Option<Stored>, Instant)>,
 }
 
 impl Recent {
@@ -99,7 +99,7 @@ impl Recent {
     }
 
     /// Records what the API server now holds under `key`.
-    pub fn record(&mut self, key: Key, value: Option<(Arc<PortClaim>, String)>) {
+    pub fn record(&mut self, key: Key, value: Option<Stored>) {
         self.entries.insert(key, (value, Instant::now()));
     }
 }
@@ -118,7 +118,7 @@ pub fn resource(c: &PortClaim, rv: Option<&str>) -> PortClaimResource {
 }
 
 /// The model claim (and its resourceVersion) of an API object.
-pub fn from_resource(r: &PortClaimResource) -> Result<(Arc<PortClaim>, String), ClaimError> {
+pub fn from_resource(r: &PortClaimResource) -> Result<Stored, ClaimError> {
     let invalid = |message: String| ClaimError::Invalid {
         namespace: r.namespace().unwrap_or_default(),
         name: r.name_any(),

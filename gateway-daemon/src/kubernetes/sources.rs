@@ -256,8 +256,11 @@ pub type Key = (String, String);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Held {
     /// The claims, by namespace/name.
-    pub claims: BTreeMap<Key, (std::sync::Arc<PortClaim>, String)>,
+    pub claims: BTreeMap<Key, Stored>,
 }
+
+/// A claim as read from the API server, and the resourceVersion it was read at.
+pub type Stored = (std::sync::Arc<PortClaim>, String);
 
 impl Held {
     /// The claims, for the planner.
