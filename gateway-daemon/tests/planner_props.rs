@@ -29,7 +29,8 @@ enum Op {
     /// Change route `i`'s port request.
     Edit(usize, Option<u16>),
     Advance(u64),
-    /// Add or remove a labelled Namespace (an object other than a route changes).
+    /// Add or remove a labelled Namespace (an object other than a route changes): the
+    /// label closes the listener to namespace `a`'s routes.
     Relabel,
 }
 
@@ -57,13 +58,13 @@ fn manifests_text(routes: &BTreeMap<usize, RouteState>, labelled: bool) -> Strin
          apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: gw, namespace: infra}}\n\
          spec:\n  gatewayClassName: berth\n  addresses: [{{value: 10.0.0.1}}]\n  infrastructure:\n    \
          parametersRef: {{group: berth.dev, kind: GatewayConfig, name: cfg}}\n  listeners:\n  \
-         - {{name: pool, protocol: TCP, port: {FIRST}, allowedRoutes: {{namespaces: {{from: All}}}}}}\n---\n\
+         - {{name: pool, protocol: TCP, port: {FIRST}, allowedRoutes: {{namespaces: {{from: Selector, selector: {{matchExpressions: [{{key: closed, operator: DoesNotExist}}]}}}}}}}}\n---\n\
          apiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: cfg, namespace: infra}}\n\
          spec:\n  releaseCooldown: {COOLDOWN}s\n  listeners: [{{name: pool, endPort: {LAST}, maxPortsPerNamespace: {QUOTA}}}]\n"
     );
     if labelled {
         s.push_str(
-            "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: a, labels: {team: a}}\n",
+            "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: a, labels: {closed: \"yes\"}}\n",
         );
     }
     for (i, r) in routes {
@@ -88,6 +89,23 @@ fn snapshot(routes: &BTreeMap<usize, RouteState>, labelled: bool) -> berth::mode
     let parsed = manifests::parse_file(std::path::Path::new("props.yaml"), &text);
     assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
     manifests::snapshot([&parsed])
+}
+
+/// `next`, holding the routes that did not change since `prev` as `prev`'s own
+/// allocations, as the manifest source does for routes of unchanged files.
+fn sharing(
+    prev: Option<&berth::model::Snapshot>,
+    mut next: berth::model::Snapshot,
+) -> berth::model::Snapshot {
+    let Some(prev) = prev else {
+        return next;
+    };
+    for r in &mut next.routes {
+        if let Some(same) = prev.routes.iter().find(|p| **p == *r) {
+            *r = Arc::clone(same);
+        }
+    }
+    next
 }
 
 fn input<'a>(
@@ -226,9 +244,10 @@ proptest! {
         let mut now = 0u64;
         let mut memo = planner::Memo::default();
         let mut published: Option<StateDocument> = None;
+        let mut last: Option<berth::model::Snapshot> = None;
         for op in ops {
             apply(&op, &mut History { routes: &mut routes, now: &mut now, labelled: &mut labelled });
-            let snapshot = snapshot(&routes, labelled);
+            let snapshot = sharing(last.as_ref(), snapshot(&routes, labelled));
             let fresh = planner::plan(&input(&snapshot, &claims, now));
             let remembered = planner::plan_with(&input(&snapshot, &claims, now), &mut memo);
             prop_assert_eq!(&fresh.claims, &remembered.claims);
@@ -253,6 +272,7 @@ proptest! {
             prop_assert_eq!(&planned.routes, &got.routes);
             claims = remembered.claims;
             published = Some(got);
+            last = Some(snapshot);
         }
     }
 }

@@ -18,6 +18,8 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -173,8 +175,11 @@ struct Attachment<'a> {
     route: &'a Route,
     route_index: usize,
     parent: &'a ParentRef,
+    /// The index of `parent` in the route's parentRefs.
+    parent_index: usize,
     gw: usize,
-    attach: Attach,
+    /// Borrowed from the memo when the route and the world are unchanged.
+    attach: Cow<'a, Attach>,
     /// The claim serving a range attachment, once found or made.
     claim: Option<usize>,
     /// Why a range attachment got no port.
@@ -519,13 +524,25 @@ impl World {
 #[derive(Debug)]
 struct Remembered {
     /// Shared with the snapshot it was planned from (the next snapshot holds the same
-    /// allocation while the route is unchanged).
+    /// allocation while the route is unchanged). Holding it also keeps its address,
+    /// the memo's key, from being reused by another route.
     route: Arc<Route>,
+    /// Its creation time, parsed.
+    created: Option<SystemTime>,
+    /// What each of its parentRefs to a Gateway of ours attaches to: the parentRef's
+    /// index, the Gateway's index in the plan, the listeners (valid while the world is
+    /// unchanged).
+    attaches: Vec<(usize, usize, Attach)>,
     decisions: Vec<Decision>,
     entry: Arc<RouteEntry>,
     backends: Arc<Resolved>,
     /// The last plan that planned this route.
-    pass: u64,
+    pass: std::sync::atomic::AtomicU64,
+}
+
+/// The memo's key of a route: the address of its shared allocation.
+fn address(route: &Arc<Route>) -> usize {
+    Arc::as_ptr(route) as usize
 }
 
 /// What one plan leaves for the next, so that a plan rebuilds only the statuses of
@@ -539,8 +556,41 @@ pub struct Memo {
     /// Plans made with this memo.
     pass: u64,
     world: Option<World>,
-    /// By `Kind/namespace/name`.
-    routes: FastMap<String, Remembered>,
+    /// By the address of the route's allocation.
+    routes: FastMap<usize, Remembered>,
+    /// The address of the route last remembered under each `Kind/namespace/name`: a
+    /// changed route is a new allocation, and keeps its unchanged conditions' times.
+    names: FastMap<String, usize>,
+}
+
+impl Memo {
+    /// Keeps the routes this plan (`pass`) reused, `kept` of them, and adds `fresh`.
+    fn remember(&mut self, fresh: Vec<Remembered>, kept: usize, pass: u64) {
+        let mut key = String::new();
+        if kept != self.routes.len() {
+            let names = &mut self.names;
+            self.routes.retain(|&at, r| {
+                if r.pass.load(Relaxed) == pass {
+                    return true;
+                }
+                let m = &r.route.metadata;
+                key.clear();
+                route_key(&mut key, r.route.kind.name(), m.ns(), &m.name);
+                if names.get(key.as_str()) == Some(&at) {
+                    names.remove(key.as_str());
+                }
+                false
+            });
+        }
+        for r in fresh {
+            let m = &r.route.metadata;
+            key.clear();
+            route_key(&mut key, r.route.kind.name(), m.ns(), &m.name);
+            let at = address(&r.route);
+            self.names.insert(key.clone(), at);
+            self.routes.insert(at, r);
+        }
+    }
 }
 
 impl Default for Memo {
@@ -550,6 +600,7 @@ impl Default for Memo {
             pass: 0,
             world: None,
             routes: FastMap::default(),
+            names: FastMap::default(),
         }
     }
 }
@@ -589,11 +640,36 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         .map(|n| (n.metadata.name.as_str(), n))
         .collect();
 
+    // What the memo remembers of each route (by its allocation), and whether its
+    // attachments still hold (they depend on the route and on every other object).
+    let world_same = memo.world.as_ref().is_some_and(|w| w.is(snap, input));
+    if !world_same && memo.keep {
+        memo.world = Some(World::of(snap, input));
+    }
+    let known: Vec<Option<&Remembered>> = snap
+        .routes
+        .iter()
+        .map(|r| memo.routes.get(&address(r)))
+        .collect();
+
     // Routes, oldest first: creation time, then source order, then namespace/name.
+    let created_of: Vec<Option<SystemTime>> = snap
+        .routes
+        .iter()
+        .zip(&known)
+        .map(|(r, k)| match k {
+            Some(k) => k.created,
+            None => r
+                .metadata
+                .creation_timestamp
+                .as_deref()
+                .and_then(parse_time),
+        })
+        .collect();
     let mut order: Vec<usize> = (0..snap.routes.len()).collect();
     order.sort_by_cached_key(|&i| {
         let m = &snap.routes[i].metadata;
-        let created = m.creation_timestamp.as_deref().and_then(parse_time);
+        let created = created_of[i];
         (
             created.is_none(),
             created,
@@ -631,7 +707,21 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
             }
         }
         let first = attachments.len();
-        for parent in &route.spec.parent_refs {
+        if let Some(k) = known[ri].filter(|_| world_same) {
+            attachments.extend(k.attaches.iter().map(|(pi, gi, attach)| Attachment {
+                route,
+                route_index: ri,
+                parent: &route.spec.parent_refs[*pi],
+                parent_index: *pi,
+                gw: *gi,
+                attach: Cow::Borrowed(attach),
+                claim: None,
+                failure: None,
+            }));
+            attachments_of[ri] = first..attachments.len();
+            continue;
+        }
+        for (pi, parent) in route.spec.parent_refs.iter().enumerate() {
             if parent.group.as_deref().unwrap_or(GATEWAY_GROUP) != GATEWAY_GROUP
                 || parent.kind.as_deref().unwrap_or("Gateway") != "Gateway"
             {
@@ -646,8 +736,9 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                 route,
                 route_index: ri,
                 parent,
+                parent_index: pi,
                 gw: gi,
-                attach,
+                attach: Cow::Owned(attach),
                 claim: None,
                 failure: None,
             });
@@ -699,7 +790,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                     a.gw == gi
                         && a.claim.is_none()
                         && holds(&claim.spec.route, a.route)
-                        && matches!(&a.attach, Attach::Listeners { ranges, requested, .. }
+                        && matches!(&*a.attach, Attach::Listeners { ranges, requested, .. }
                             if ranges.iter().any(|&li| {
                                 let l = &gw.listeners[li];
                                 l.spec.name == claim.spec.listener
@@ -727,7 +818,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         for (ai, a) in attachments.iter().enumerate() {
             if let Attach::Listeners {
                 ranges, requested, ..
-            } = &a.attach
+            } = &*a.attach
             {
                 if a.claim.is_none() && !ranges.is_empty() {
                     if requested.is_some() {
@@ -763,7 +854,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     let mut serving: Vec<(ServiceAddr, usize)> = Vec::with_capacity(claims.len());
     let mut fixed_attached: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
     for (ai, a) in attachments.iter().enumerate() {
-        if let Attach::Listeners { fixed, .. } = &a.attach {
+        if let Attach::Listeners { fixed, .. } = &*a.attach {
             for &li in fixed {
                 fixed_attached.entry((a.gw, li)).or_default().push(ai);
             }
@@ -776,7 +867,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     // What a status says beyond the route and the other objects, per attachment.
     let decision = |ai: usize| {
         let a: &Attachment = &attachments[ai];
-        let shadowed = match &a.attach {
+        let shadowed = match &*a.attach {
             Attach::Listeners { fixed, .. } => fixed
                 .iter()
                 .copied()
@@ -793,12 +884,10 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
             shadowed,
         }
     };
-    let world_same = memo.world.as_ref().is_some_and(|w| w.is(snap, input));
-    if !world_same && memo.keep {
-        memo.world = Some(World::of(snap, input));
-    }
     memo.pass += 1;
     let pass = memo.pass;
+    // Routes to remember from this plan (added to the memo once nothing borrows it).
+    let mut fresh: Vec<Remembered> = Vec::new();
     let mut kept_in_memo = 0;
     let mut key = String::new();
     for &ri in &order {
@@ -808,23 +897,20 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         }
         let route = &snap.routes[ri];
         let m = &route.metadata;
-        key.clear();
-        route_key(&mut key, route.kind.name(), m.ns(), &m.name);
         // A route given twice has one entry with the parents of both: not remembered.
         let unique = by_identity
             .get(&(route.kind.name(), m.ns(), m.name.as_str()))
             .is_some_and(|&(head, tail, _)| head == tail);
-        if let Some(old) = memo.routes.get_mut(key.as_str()) {
+        if let Some(old) = known[ri] {
             let same = unique
                 && world_same
-                && (Arc::ptr_eq(&old.route, route) || old.route == *route)
                 && old.decisions.len() == at.len()
                 && at
                     .clone()
                     .zip(&old.decisions)
                     .all(|(ai, d)| decision(ai) == *d);
             if same {
-                old.pass = pass;
+                old.pass.store(pass, Relaxed);
                 kept_in_memo += 1;
                 routes.push(Arc::clone(&old.entry));
                 backends_of[ri] = Some(Arc::clone(&old.backends));
@@ -834,12 +920,19 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         let resolved = Arc::new(resolve_backends(route, snap, &index));
         let decisions: Vec<Decision> = at.clone().map(decision).collect();
         let mut parents: Vec<RouteParentStatus> = at
+            .clone()
             .zip(&decisions)
             .map(|(ai, d)| {
                 parent_status(&attachments[ai], &gateways, d, resolved.status(), &now_text)
             })
             .collect();
-        if let Some(old) = memo.routes.get(key.as_str()) {
+        // The same route as planned last time, or an earlier version of it.
+        let earlier = known[ri].or_else(|| {
+            key.clear();
+            route_key(&mut key, route.kind.name(), m.ns(), &m.name);
+            memo.routes.get(memo.names.get(key.as_str())?)
+        });
+        if let Some(old) = earlier {
             carry_parent_times(&mut parents, &old.entry.status.parents);
         }
         let entry = Arc::new(RouteEntry {
@@ -850,27 +943,24 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
             created: m.creation_timestamp.clone(),
         });
         if unique && memo.keep {
-            let now_remembered = Remembered {
+            fresh.push(Remembered {
                 route: Arc::clone(route),
+                created: created_of[ri],
+                attaches: at
+                    .clone()
+                    .map(|ai| {
+                        let a = &attachments[ai];
+                        (a.parent_index, a.gw, a.attach.as_ref().clone())
+                    })
+                    .collect(),
                 decisions,
                 entry: Arc::clone(&entry),
                 backends: Arc::clone(&resolved),
-                pass,
-            };
-            match memo.routes.get_mut(key.as_str()) {
-                Some(old) => *old = now_remembered,
-                None => {
-                    memo.routes.insert(key.clone(), now_remembered);
-                }
-            }
-            kept_in_memo += 1;
+                pass: pass.into(),
+            });
         }
         backends_of[ri] = Some(resolved);
         routes.push(entry);
-    }
-    // Forget routes this plan did not remember (gone, given twice, or not ours).
-    if kept_in_memo != memo.routes.len() {
-        memo.routes.retain(|_, r| r.pass == pass);
     }
 
     // Datapath: every bound claim of a gateway with an address, plus fixed listeners'
@@ -1127,6 +1217,9 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     let mut claims: Vec<Arc<PortClaim>> = claims.into_iter().flatten().collect();
     sort_claims(&mut claims);
     let usage = listener_usage(&gateways, &claims);
+    drop(attachments);
+    drop(known);
+    memo.remember(fresh, kept_in_memo, pass);
     Plan {
         claims,
         gateways: gateway_entries,
@@ -1148,7 +1241,7 @@ fn parent_status(
     let gw = &gateways[a.gw];
     let generation = a.route.metadata.generation;
     let mut parent_ref = a.parent.clone();
-    let accepted = match &a.attach {
+    let accepted = match &*a.attach {
         Attach::Refused { reason, message } => condition(
             "Accepted",
             false,
@@ -1319,7 +1412,7 @@ fn allocate(
 ) -> Result<usize, (&'static str, String)> {
     let Attach::Listeners {
         ranges, requested, ..
-    } = &a.attach
+    } = &*a.attach
     else {
         return Err(("NoMatchingParent", "no range listener".to_string()));
     };
