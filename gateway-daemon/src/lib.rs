@@ -8,6 +8,7 @@ pub mod crd;
 pub mod datapath;
 pub mod kubernetes;
 pub mod manifests;
+pub mod memory;
 pub mod model;
 pub mod planner;
 pub mod standalone;

@@ -566,6 +566,8 @@ fn step(
     let mut next = effects(plan, datapath, &prev)?;
     let t_effects = started.elapsed();
     next.broken = source.broken();
+    // A plan of many routes frees megabytes: give them back (about a millisecond).
+    crate::memory::release_freed();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     *last_plan = std::time::Instant::now();
     tracing::debug!(
