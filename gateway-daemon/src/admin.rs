@@ -196,7 +196,7 @@ fn row(
     let accepted = parent.conditions.iter().find(|c| c.kind == "Accepted");
     let backends = service
         .and_then(|s| p.datapath.services.get(&s))
-        .map_or(0, Vec::len);
+        .map_or(0, |b| b.len());
     let traffic = service
         .and_then(|s| p.traffic.get(&s))
         .copied()

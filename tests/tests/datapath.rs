@@ -56,9 +56,9 @@ fn applying_touches_only_what_changed() {
     );
 
     let mut next = state();
-    next.services.insert(svc(1001), backends(2, 1));
+    next.services.insert(svc(1001), backends(2, 1).into());
     next.services.remove(&svc(1002));
-    next.services.insert(svc(1003), backends(1, 1));
+    next.services.insert(svc(1003), backends(1, 1).into());
     let report = t.dp.apply(&next).expect("apply");
     assert_eq!(
         report,
@@ -83,7 +83,7 @@ fn duplicate_backends_are_merged_by_adding_weights() {
     twice.extend(backends(1, 3));
     t.dp.apply(&DesiredState::default().with_service(svc(2000), twice))
         .expect("apply");
-    assert_eq!(t.dp.installed().services[&svc(2000)], backends(1, 5));
+    assert_eq!(*t.dp.installed().services[&svc(2000)], backends(1, 5));
 }
 
 #[test]

@@ -96,10 +96,15 @@ pub struct WeightedBackend {
 /// Services and their backends, as the control plane wants them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredState {
-    /// Backends of every service.
+    /// Backends of every service (shared: the planner hands over a route's backends
+    /// without copying them, and a service whose backends are the same allocation as
+    /// in the state applied before is unchanged without looking further).
     #[serde(with = "service_list")]
-    pub services: BTreeMap<ServiceAddr, Vec<WeightedBackend>>,
+    pub services: BTreeMap<ServiceAddr, Backends>,
 }
+
+/// The backends of one service.
+pub type Backends = std::sync::Arc<Vec<WeightedBackend>>;
 
 /// JSON/YAML form: a list of `{service, backends}` (map keys must be strings there).
 mod service_list {
@@ -109,11 +114,11 @@ mod service_list {
     #[derive(Serialize, Deserialize)]
     struct Entry {
         service: ServiceAddr,
-        backends: Vec<WeightedBackend>,
+        backends: Backends,
     }
 
     pub fn serialize<S: Serializer>(
-        map: &BTreeMap<ServiceAddr, Vec<WeightedBackend>>,
+        map: &BTreeMap<ServiceAddr, Backends>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
         let list: Vec<Entry> = map
@@ -128,7 +133,7 @@ mod service_list {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
-    ) -> Result<BTreeMap<ServiceAddr, Vec<WeightedBackend>>, D::Error> {
+    ) -> Result<BTreeMap<ServiceAddr, Backends>, D::Error> {
         let list = Vec::<Entry>::deserialize(d)?;
         Ok(list.into_iter().map(|e| (e.service, e.backends)).collect())
     }
@@ -140,21 +145,67 @@ pub(crate) type BackendSet = BTreeMap<SocketAddrV4, u16>;
 impl DesiredState {
     /// Adds a service, replacing any previous backends of the same address.
     pub fn with_service(mut self, service: ServiceAddr, backends: Vec<WeightedBackend>) -> Self {
-        self.services.insert(service, backends);
+        self.services.insert(service, backends.into());
         self
     }
 
     pub(crate) fn normalized(&self) -> BTreeMap<ServiceKey, BackendSet> {
         self.services
             .iter()
-            .map(|(service, backends)| {
-                let mut set = BackendSet::new();
-                for b in backends {
-                    let w = set.entry(b.endpoint).or_default();
-                    *w = w.saturating_add(b.weight);
-                }
-                (service.key(), set)
-            })
+            .map(|(service, backends)| (service.key(), backend_set(backends)))
             .collect()
     }
+
+    /// What differs from `last`: each service added or changed with its backends,
+    /// each removed with `None`; and how many are the same. One merge of the two maps;
+    /// backends shared with `last` are the same without comparing them.
+    pub(crate) fn changes_since(
+        &self,
+        last: &DesiredState,
+    ) -> (Vec<(ServiceKey, Option<BackendSet>)>, usize) {
+        let (mut old, mut new) = (
+            last.services.iter().peekable(),
+            self.services.iter().peekable(),
+        );
+        let (mut changes, mut same) = (Vec::new(), 0);
+        loop {
+            let order = match (old.peek(), new.peek()) {
+                (None, None) => return (changes, same),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some((a, _)), Some((b, _))) => a.cmp(b),
+            };
+            match order {
+                std::cmp::Ordering::Less => {
+                    if let Some((service, _)) = old.next() {
+                        changes.push((service.key(), None));
+                    }
+                }
+                std::cmp::Ordering::Greater => {
+                    if let Some((service, backends)) = new.next() {
+                        changes.push((service.key(), Some(backend_set(backends))));
+                    }
+                }
+                std::cmp::Ordering::Equal => {
+                    if let (Some((_, was)), Some((service, backends))) = (old.next(), new.next()) {
+                        if std::sync::Arc::ptr_eq(was, backends) || was == backends {
+                            same += 1;
+                        } else {
+                            changes.push((service.key(), Some(backend_set(backends))));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Backends by endpoint, duplicates merged by adding their weights.
+fn backend_set(backends: &[WeightedBackend]) -> BackendSet {
+    let mut set = BackendSet::new();
+    for b in backends {
+        let w = set.entry(b.endpoint).or_default();
+        *w = w.saturating_add(b.weight);
+    }
+    set
 }

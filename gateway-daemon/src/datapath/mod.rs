@@ -25,7 +25,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use desired::BackendSet;
-pub use desired::{DesiredState, Protocol, ServiceAddr, WeightedBackend};
+pub use desired::{Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use gateway_common::{
     map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service,
     ServiceKey, ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
@@ -308,6 +308,9 @@ pub struct Datapath {
     counters: PerCpuArray<MapData, u64>,
     service_stats: PerCpuArray<MapData, ServiceStats>,
     installed: BTreeMap<ServiceKey, Installed>,
+    /// The state last applied in full: what is installed, unless the maps were changed
+    /// behind the daemon's back (only by the daemon itself, which forgets this first).
+    applied: Option<DesiredState>,
     links: BTreeMap<String, FdLink>,
     service_ids: IdPool,
     tables: IdPool,
@@ -370,6 +373,7 @@ impl Datapath {
             pin_dir: pin_dir.clone(),
             limits: *limits,
             installed: BTreeMap::new(),
+            applied: None,
             links: BTreeMap::new(),
             service_ids: IdPool::new("services", limits.services),
             tables: IdPool::new("Maglev tables", limits.tables()),
@@ -434,8 +438,8 @@ impl Datapath {
                     .backends
                     .iter()
                     .map(|(&endpoint, &(_, weight))| WeightedBackend { endpoint, weight })
-                    .collect();
-                Some((ServiceAddr::from_key(key)?, backends))
+                    .collect::<Vec<_>>();
+                Some((ServiceAddr::from_key(key)?, backends.into()))
             })
             .collect();
         DesiredState { services }
@@ -453,38 +457,58 @@ impl Datapath {
     }
 
     fn apply_diff(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
-        let want = desired.normalized();
-        if want.len() as u32 > self.limits.services {
+        if desired.services.len() as u32 > self.limits.services {
             return Err(DatapathError::Capacity {
                 what: "services",
                 limit: self.limits.services,
             });
         }
         let mut report = ApplyReport::default();
-        let gone: Vec<ServiceKey> = self
-            .installed
-            .keys()
-            .filter(|k| !want.contains_key(k))
-            .copied()
-            .collect();
-        for key in gone {
-            self.remove_service(&key)?;
-            report.removed += 1;
-        }
-        for (key, backends) in &want {
-            match self.installed.get(key) {
-                None => {
+        // The services that may differ from what is installed: those that changed since
+        // the state last applied in full, or (after a failure, and at first) all.
+        let changes: Vec<(ServiceKey, Option<BackendSet>)> = match self.applied.take() {
+            Some(last) => {
+                let (changes, same) = desired.changes_since(&last);
+                report.unchanged = same;
+                changes
+            }
+            None => {
+                let want = desired.normalized();
+                let gone: Vec<(ServiceKey, Option<BackendSet>)> = self
+                    .installed
+                    .keys()
+                    .filter(|k| !want.contains_key(k))
+                    .map(|&k| (k, None))
+                    .collect();
+                gone.into_iter()
+                    .chain(want.into_iter().map(|(k, set)| (k, Some(set))))
+                    .collect()
+            }
+        };
+        for (key, want) in &changes {
+            match (want, self.installed.get(key)) {
+                (None, None) => {}
+                (None, Some(_)) => {
+                    self.remove_service(key)?;
+                    report.removed += 1;
+                }
+                (Some(backends), None) => {
                     self.add_service(key, backends)?;
                     report.added += 1;
                 }
-                Some(svc) if svc.same_backends(backends) => report.unchanged += 1,
-                Some(_) => {
+                (Some(backends), Some(svc)) if svc.same_backends(backends) => {
+                    report.unchanged += 1
+                }
+                (Some(backends), Some(_)) => {
                     self.update_service(key, backends)?;
                     report.changed += 1;
                 }
             }
         }
-        self.sync_addresses()?;
+        if report.added + report.removed > 0 {
+            self.sync_addresses()?;
+        }
+        self.applied = Some(desired.clone());
         Ok(report)
     }
 

@@ -15,7 +15,7 @@ const WEIGHT_SCALE: u32 = 1000;
 #[derive(Clone, Debug, Default)]
 pub struct Resolved {
     /// Endpoints with weights (terminating endpoints have weight 0).
-    pub backends: Vec<WeightedBackend>,
+    pub backends: crate::datapath::Backends,
     /// (reason, message) per backendRef that failed.
     pub errors: Vec<(&'static str, String)>,
 }
@@ -82,6 +82,7 @@ impl<'a> Index<'a> {
 /// Resolves the backends of every rule of `route`.
 pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolved {
     let mut out = Resolved::default();
+    let mut backends = Vec::new();
     let route_ns = route.metadata.ns();
     for (ri, rule) in route.spec.rules.iter().enumerate() {
         for (bi, b) in rule.backend_refs.iter().enumerate() {
@@ -171,13 +172,14 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
             let share =
                 (weight.saturating_mul(WEIGHT_SCALE) / live).clamp(1, u32::from(u16::MAX)) as u16;
             for (endpoint, ready) in endpoints {
-                out.backends.push(WeightedBackend {
+                backends.push(WeightedBackend {
                     endpoint,
                     weight: if ready { share } else { 0 },
                 });
             }
         }
     }
+    out.backends = backends.into();
     out
 }
 
