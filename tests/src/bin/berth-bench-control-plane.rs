@@ -197,9 +197,10 @@ fn main() {
         to_map.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let rss_end = rss_mib(run.child.id());
-    let (anon_end, file_end) = (
+    let (anon_end, file_end, peak) = (
         status_mib(run.child.id(), "RssAnon:"),
         status_mib(run.child.id(), "RssFile:"),
+        status_mib(run.child.id(), "VmHWM:"),
     );
     drop(run);
 
@@ -254,6 +255,11 @@ fn main() {
         "{:<44} {:>10}",
         "  of which heap / mapped files MiB",
         format!("{anon_end:.0} / {file_end:.0}")
+    );
+    println!(
+        "{:<44} {:>10}",
+        "daemon peak RSS (cold start included) MiB",
+        format!("{peak:.0}")
     );
     println!(
         "{{\"cold_start_ms\":{cold:.0},\"api_p50_ms\":{:.1},\"api_p99_ms\":{:.1},\"map_p50_ms\":{:.1},\"map_p99_ms\":{:.1},\"rss_mib\":{:.0}}}",
