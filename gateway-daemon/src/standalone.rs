@@ -246,7 +246,7 @@ pub struct Published {
     /// Why the last cycle failed, if it did.
     pub last_error: Option<String>,
     /// The route behind each datapath service.
-    pub owners: Arc<BTreeMap<crate::datapath::ServiceAddr, crate::planner::RouteId>>,
+    pub owners: Arc<BTreeMap<crate::datapath::ServiceAddr, Arc<crate::planner::RouteId>>>,
     /// Port usage of range listeners.
     pub usage: Vec<crate::planner::ListenerUsage>,
     /// Per-service traffic counted by the XDP program.

@@ -496,9 +496,7 @@ impl Datapath {
                     self.add_service(key, backends)?;
                     report.added += 1;
                 }
-                (Some(backends), Some(svc)) if svc.same_backends(backends) => {
-                    report.unchanged += 1
-                }
+                (Some(backends), Some(svc)) if svc.same_backends(backends) => report.unchanged += 1,
                 (Some(backends), Some(_)) => {
                     self.update_service(key, backends)?;
                     report.changed += 1;

@@ -64,7 +64,7 @@ pub struct Plan {
     pub datapath: DesiredState,
     /// The route whose backends serve each datapath service.
     #[serde(skip)]
-    pub owners: BTreeMap<ServiceAddr, RouteId>,
+    pub owners: BTreeMap<ServiceAddr, Arc<RouteId>>,
     /// Port usage of every range listener.
     #[serde(skip)]
     pub usage: Vec<ListenerUsage>,
@@ -527,6 +527,8 @@ struct Remembered {
     /// allocation while the route is unchanged). Holding it also keeps its address,
     /// the memo's key, from being reused by another route.
     route: Arc<Route>,
+    /// Its identity (for the owners of datapath services).
+    id: Arc<RouteId>,
     /// Its creation time, parsed.
     created: Option<SystemTime>,
     /// What each of its parentRefs to a Gateway of ours attaches to: the parentRef's
@@ -690,6 +692,8 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     // Routes by identity: the oldest, the next of the same identity (a route can be
     // given twice), and the last in the snapshot.
     let mut same_next: Vec<Option<usize>> = vec![None; snap.routes.len()];
+    // Routes whose identity another route of the snapshot has too.
+    let mut given_twice: Vec<bool> = vec![false; snap.routes.len()];
     let mut by_identity: FastMap<(&str, &str, &str), (usize, usize, usize)> =
         FastMap::with_capacity_and_hasher(snap.routes.len(), Default::default());
     for &ri in &order {
@@ -700,7 +704,9 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                 v.insert((ri, ri, ri));
             }
             std::collections::hash_map::Entry::Occupied(mut o) => {
-                let (_, tail, last) = o.get_mut();
+                let (head, tail, last) = o.get_mut();
+                given_twice[*head] = true;
+                given_twice[ri] = true;
                 same_next[*tail] = Some(ri);
                 *tail = ri;
                 *last = (*last).max(ri);
@@ -898,9 +904,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         let route = &snap.routes[ri];
         let m = &route.metadata;
         // A route given twice has one entry with the parents of both: not remembered.
-        let unique = by_identity
-            .get(&(route.kind.name(), m.ns(), m.name.as_str()))
-            .is_some_and(|&(head, tail, _)| head == tail);
+        let unique = !given_twice[ri];
         if let Some(old) = known[ri] {
             let same = unique
                 && world_same
@@ -944,6 +948,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         });
         if unique && memo.keep {
             fresh.push(Remembered {
+                id: Arc::new(route_id(route)),
                 route: Arc::clone(route),
                 created: created_of[ri],
                 attaches: at
@@ -965,12 +970,23 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
 
     // Datapath: every bound claim of a gateway with an address, plus fixed listeners'
     // oldest route.
+    // The backends of a service are those of the last route of the claim's identity.
     let route_by_ref = |r: &ClaimRoute| {
         let (_, _, i) =
             *by_identity.get(&(r.kind.as_str(), r.namespace.as_str(), r.name.as_str()))?;
         holds(r, &snap.routes[i]).then_some(i)
     };
-    for claim in claims.iter().flatten() {
+    // The attachment each claim serves (its Gateway and route, without looking them up).
+    let mut holder: Vec<Option<usize>> = vec![None; claims.len()];
+    for (ai, a) in attachments.iter().enumerate() {
+        if let Some(ci) = a.claim {
+            holder[ci] = Some(ai);
+        }
+    }
+    for (ci, claim) in claims.iter().enumerate() {
+        let Some(claim) = claim else {
+            continue;
+        };
         if claim
             .status
             .as_ref()
@@ -978,17 +994,24 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         {
             continue;
         }
-        let Some(gw) = gw_index
-            .get(&(claim.metadata.ns(), claim.spec.gateway.as_str()))
-            .map(|&gi| &gateways[gi])
-        else {
+        let (gi, route) = match holder[ci].map(|ai| &attachments[ai]) {
+            Some(a) if !given_twice[a.route_index] => (
+                Some(a.gw),
+                holds(&claim.spec.route, a.route).then_some(a.route_index),
+            ),
+            _ => (
+                gw_index
+                    .get(&(claim.metadata.ns(), claim.spec.gateway.as_str()))
+                    .copied(),
+                route_by_ref(&claim.spec.route),
+            ),
+        };
+        let Some(gw) = gi.map(|gi| &gateways[gi]) else {
             continue;
         };
-        let (Some(addr), Some(protocol), Some(ri)) = (
-            gw.address,
-            protocol_of(&claim.spec.protocol),
-            route_by_ref(&claim.spec.route),
-        ) else {
+        let (Some(addr), Some(protocol), Some(ri)) =
+            (gw.address, protocol_of(&claim.spec.protocol), route)
+        else {
             continue;
         };
         serving.push((
@@ -1017,9 +1040,15 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         ));
     }
     // Collected whole (a later entry for the same service wins, as an insert would).
-    let owners: BTreeMap<ServiceAddr, RouteId> = serving
+    let owners: BTreeMap<ServiceAddr, Arc<RouteId>> = serving
         .iter()
-        .map(|&(service, ri)| (service, route_id(&snap.routes[ri])))
+        .map(|&(service, ri)| {
+            let id = match known[ri] {
+                Some(k) => Arc::clone(&k.id),
+                None => Arc::new(route_id(&snap.routes[ri])),
+            };
+            (service, id)
+        })
         .collect();
     datapath.services = serving
         .into_iter()
