@@ -691,45 +691,45 @@ pub fn route_key(out: &mut String, kind: &str, ns: &str, name: &str) {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
     /// GatewayClasses.
-    pub gateway_classes: Vec<GatewayClass>,
+    pub gateway_classes: Vec<std::sync::Arc<GatewayClass>>,
     /// Gateways.
-    pub gateways: Vec<Gateway>,
+    pub gateways: Vec<std::sync::Arc<Gateway>>,
     /// TCPRoutes and UDPRoutes, in source order (file name, then position): routes
     /// without a creation time are ordered by it. Shared: a route that did not change
     /// is the same allocation from one snapshot to the next, so that comparing it with
     /// what was planned before is a pointer comparison.
     pub routes: Vec<std::sync::Arc<Route>>,
     /// ReferenceGrants.
-    pub reference_grants: Vec<ReferenceGrant>,
+    pub reference_grants: Vec<std::sync::Arc<ReferenceGrant>>,
     /// Services.
-    pub services: Vec<Service>,
+    pub services: Vec<std::sync::Arc<Service>>,
     /// EndpointSlices.
-    pub endpoint_slices: Vec<EndpointSlice>,
+    pub endpoint_slices: Vec<std::sync::Arc<EndpointSlice>>,
     /// Namespaces (for label selectors; a namespace without an object has no labels).
-    pub namespaces: Vec<Namespace>,
+    pub namespaces: Vec<std::sync::Arc<Namespace>>,
     /// GatewayConfigs.
-    pub gateway_configs: Vec<GatewayConfig>,
+    pub gateway_configs: Vec<std::sync::Arc<GatewayConfig>>,
 }
 
 /// One parsed object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Object {
     /// GatewayClass.
-    GatewayClass(GatewayClass),
+    GatewayClass(std::sync::Arc<GatewayClass>),
     /// Gateway.
-    Gateway(Gateway),
+    Gateway(std::sync::Arc<Gateway>),
     /// TCPRoute or UDPRoute.
     Route(std::sync::Arc<Route>),
     /// ReferenceGrant.
-    ReferenceGrant(ReferenceGrant),
+    ReferenceGrant(std::sync::Arc<ReferenceGrant>),
     /// Service.
-    Service(Service),
+    Service(std::sync::Arc<Service>),
     /// EndpointSlice.
-    EndpointSlice(EndpointSlice),
+    EndpointSlice(std::sync::Arc<EndpointSlice>),
     /// Namespace.
-    Namespace(Namespace),
+    Namespace(std::sync::Arc<Namespace>),
     /// GatewayConfig.
-    GatewayConfig(GatewayConfig),
+    GatewayConfig(std::sync::Arc<GatewayConfig>),
 }
 
 impl Snapshot {

@@ -64,7 +64,7 @@ impl<'a> Index<'a> {
         let services = snap
             .services
             .iter()
-            .map(|s| ((s.metadata.ns(), s.metadata.name.as_str()), s))
+            .map(|s| ((s.metadata.ns(), s.metadata.name.as_str()), &**s))
             .collect();
         let mut slices: FastMap<(&str, &str), Vec<&EndpointSlice>> = FastMap::default();
         for s in &snap.endpoint_slices {

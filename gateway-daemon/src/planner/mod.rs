@@ -228,7 +228,7 @@ fn holds(claimed: &ClaimRoute, route: &Route) -> bool {
 /// Resolves a Gateway's listeners against its GatewayConfig.
 fn gateway_view<'a>(
     gw: &'a Gateway,
-    configs: &'a [GatewayConfig],
+    configs: &'a [Arc<GatewayConfig>],
     default_address: Option<Ipv4Addr>,
 ) -> Gw<'a> {
     let mut listeners: Vec<Lis<'a>> = gw
@@ -484,13 +484,13 @@ struct Decision {
 /// decisions has an unchanged status.
 #[derive(Debug)]
 struct World {
-    gateway_classes: Vec<GatewayClass>,
-    gateways: Vec<Gateway>,
-    reference_grants: Vec<ReferenceGrant>,
-    services: Vec<Service>,
-    endpoint_slices: Vec<EndpointSlice>,
-    namespaces: Vec<Namespace>,
-    gateway_configs: Vec<GatewayConfig>,
+    gateway_classes: Vec<Arc<GatewayClass>>,
+    gateways: Vec<Arc<Gateway>>,
+    reference_grants: Vec<Arc<ReferenceGrant>>,
+    services: Vec<Arc<Service>>,
+    endpoint_slices: Vec<Arc<EndpointSlice>>,
+    namespaces: Vec<Arc<Namespace>>,
+    gateway_configs: Vec<Arc<GatewayConfig>>,
     default_address: Option<Ipv4Addr>,
 }
 
@@ -639,7 +639,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     let namespaces: BTreeMap<&str, &Namespace> = snap
         .namespaces
         .iter()
-        .map(|n| (n.metadata.name.as_str(), n))
+        .map(|n| (n.metadata.name.as_str(), &**n))
         .collect();
 
     // What the memo remembers of each route (by its allocation), and whether its

@@ -27,12 +27,12 @@ fn meta(name: &str, ns: &str) -> Meta {
 
 fn snapshot(routes: usize) -> Snapshot {
     let mut s = Snapshot::default();
-    s.gateway_classes.push(GatewayClass {
+    s.gateway_classes.push(std::sync::Arc::new(GatewayClass {
         metadata: meta("berth", ""),
         spec: GatewayClassSpec {
             controller_name: CONTROLLER_NAME.to_string(),
         },
-    });
+    }));
     let all = Some(AllowedRoutes {
         namespaces: Some(RouteNamespaces {
             from: Some("All".to_string()),
@@ -40,7 +40,7 @@ fn snapshot(routes: usize) -> Snapshot {
         }),
         kinds: vec![],
     });
-    s.gateways.push(Gateway {
+    s.gateways.push(std::sync::Arc::new(Gateway {
         metadata: meta("shared", "infra"),
         spec: GatewaySpec {
             gateway_class_name: "berth".to_string(),
@@ -62,8 +62,8 @@ fn snapshot(routes: usize) -> Snapshot {
                 }),
             }),
         },
-    });
-    s.gateway_configs.push(GatewayConfig {
+    }));
+    s.gateway_configs.push(std::sync::Arc::new(GatewayConfig {
         metadata: meta("cfg", "infra"),
         spec: GatewayConfigSpec {
             listeners: vec![ListenerRange {
@@ -73,14 +73,14 @@ fn snapshot(routes: usize) -> Snapshot {
             }],
             release_cooldown: None,
         },
-    });
+    }));
     for i in 0..routes {
         s.routes.push(route(i).into());
     }
     // One Service with one endpoint per namespace.
     for ns in 0..100 {
         let ns = format!("team-{ns}");
-        s.services.push(Service {
+        s.services.push(std::sync::Arc::new(Service {
             metadata: meta("web", &ns),
             spec: ServiceSpec {
                 ports: vec![ServicePort {
@@ -90,11 +90,11 @@ fn snapshot(routes: usize) -> Snapshot {
                     target_port: None,
                 }],
             },
-        });
+        }));
         let mut m = meta("web-1", &ns);
         m.labels
             .insert("kubernetes.io/service-name".into(), "web".into());
-        s.endpoint_slices.push(EndpointSlice {
+        s.endpoint_slices.push(std::sync::Arc::new(EndpointSlice {
             metadata: m,
             address_type: "IPv4".into(),
             endpoints: vec![Endpoint {
@@ -106,7 +106,7 @@ fn snapshot(routes: usize) -> Snapshot {
                 port: Some(8080),
                 protocol: None,
             }],
-        });
+        }));
     }
     s
 }
