@@ -77,6 +77,27 @@ fn applying_touches_only_what_changed() {
 }
 
 #[test]
+fn after_a_failed_apply_the_next_one_compares_everything() {
+    let mut t = TestDatapath::load();
+    t.dp.apply(&state()).expect("apply");
+    // Service 1001 is changed first, then 1004 runs out of backend ids (256).
+    let too_big = state()
+        .with_service(svc(1001), backends(1, 7))
+        .with_service(svc(1004), backends(255, 1));
+    assert!(
+        t.dp.apply(&too_big).is_err(),
+        "more backends than the map holds"
+    );
+    // The state applied before the failure is not what the maps hold now.
+    t.dp.apply(&state()).expect("apply");
+    assert_eq!(
+        t.dp.installed(),
+        state(),
+        "the maps hold exactly the desired state again"
+    );
+}
+
+#[test]
 fn duplicate_backends_are_merged_by_adding_weights() {
     let mut t = TestDatapath::load();
     let mut twice = backends(1, 2);
