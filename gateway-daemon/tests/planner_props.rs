@@ -245,9 +245,14 @@ proptest! {
         let mut memo = planner::Memo::default();
         let mut published: Option<StateDocument> = None;
         let mut last: Option<berth::model::Snapshot> = None;
-        for op in ops {
-            apply(&op, &mut History { routes: &mut routes, now: &mut now, labelled: &mut labelled });
-            let snapshot = sharing(last.as_ref(), snapshot(&routes, labelled));
+        for (step, op) in ops.iter().enumerate() {
+            apply(op, &mut History { routes: &mut routes, now: &mut now, labelled: &mut labelled });
+            // Every other plan gets all routes parsed afresh, as Kubernetes mode does.
+            let fresh_objects = snapshot(&routes, labelled);
+            let snapshot = match step % 2 {
+                0 => sharing(last.as_ref(), fresh_objects),
+                _ => fresh_objects,
+            };
             let fresh = planner::plan(&input(&snapshot, &claims, now));
             let remembered = planner::plan_with(&input(&snapshot, &claims, now), &mut memo);
             prop_assert_eq!(&fresh.claims, &remembered.claims);

@@ -648,10 +648,20 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     if !world_same && memo.keep {
         memo.world = Some(World::of(snap, input));
     }
+    // A source that parses its objects again for each plan (the Kubernetes reflectors)
+    // hands over new allocations: an equal route remembered under its name serves too.
+    let mut key = String::new();
     let known: Vec<Option<&Remembered>> = snap
         .routes
         .iter()
-        .map(|r| memo.routes.get(&address(r)))
+        .map(|r| {
+            memo.routes.get(&address(r)).or_else(|| {
+                key.clear();
+                route_key(&mut key, r.kind.name(), r.metadata.ns(), &r.metadata.name);
+                let old = memo.routes.get(memo.names.get(key.as_str())?)?;
+                (old.route == *r).then_some(old)
+            })
+        })
         .collect();
 
     // Routes, oldest first: creation time, then source order, then namespace/name.
@@ -895,7 +905,6 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     // Routes to remember from this plan (added to the memo once nothing borrows it).
     let mut fresh: Vec<Remembered> = Vec::new();
     let mut kept_in_memo = 0;
-    let mut key = String::new();
     for &ri in &order {
         let at = attachments_of[ri].clone();
         if at.is_empty() {
