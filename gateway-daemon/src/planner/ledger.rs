@@ -158,6 +158,9 @@ impl<'g> Ledger<'g> {
             phase: ClaimPhase::Bound,
             released_at: None,
         });
+        // The route may be a new object of the same name (deleted and created again):
+        // the claim names the object that holds it now.
+        c.spec.route = route.clone();
         *self.bound.entry((gi, li, namespace)).or_default() += 1;
         Some(ci)
     }
