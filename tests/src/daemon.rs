@@ -84,8 +84,14 @@ impl Daemon {
     /// Starts `berth run` in the gateway namespace of `topo`, attached to all its
     /// interfaces, and waits until it serves.
     pub fn start(topo: &Topology, dirs: &Dirs) -> Self {
+        Self::start_on(&topo.gateway, &topo.gateway_ifaces, dirs)
+    }
+
+    /// Starts `berth run` in `gateway`, attached to `interfaces`, and waits until it
+    /// serves.
+    pub fn start_on(gateway: &Netns, interfaces: &[impl AsRef<str>], dirs: &Dirs) -> Self {
         let berth = berth_binary();
-        let mut cmd = topo.gateway.command(&berth);
+        let mut cmd = gateway.command(&berth);
         cmd.arg("run")
             .arg("--manifests")
             .arg(&dirs.manifests)
@@ -93,23 +99,50 @@ impl Daemon {
             .arg(&dirs.state)
             .arg("--pin-dir")
             .arg(&dirs.pins);
-        for iface in &topo.gateway_ifaces {
-            cmd.args(["--interface", iface]);
+        for iface in interfaces {
+            cmd.args(["--interface", iface.as_ref()]);
         }
         let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start berth run");
-        let d = Daemon {
+        let mut d = Daemon {
             child: Some(child),
             berth,
-            gateway: topo.gateway.name.clone(),
+            gateway: gateway.name.clone(),
         };
         wait_until("berth run to serve", Duration::from_secs(20), || {
-            d.try_routes(&topo.gateway).is_some()
+            d.assert_running();
+            d.try_routes(gateway).is_some()
         });
         d
+    }
+
+    /// Panics if the daemon exited.
+    fn assert_running(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                panic!("berth run exited with {status} (its log is above)");
+            }
+        }
+    }
+
+    /// `berth get routes -o json` as JSON values: for fields this crate's `RouteRow`
+    /// may not have yet.
+    pub fn route_values(&self, gateway: &Netns) -> Vec<serde_json::Value> {
+        assert_eq!(gateway.name, self.gateway);
+        let out = gateway
+            .command(&self.berth)
+            .args(["get", "routes", "-o", "json"])
+            .output()
+            .expect("berth get routes");
+        assert!(
+            out.status.success(),
+            "berth get routes: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("berth get routes -o json")
     }
 
     fn try_routes(&self, gateway: &Netns) -> Option<Vec<RouteRow>> {
@@ -143,4 +176,40 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// The daemon's `/metrics` (its admin endpoint inside `gateway`).
+pub fn metrics(gateway: &Netns) -> String {
+    gateway
+        .enter(|| berth::admin::get("127.0.0.1:9470", "/metrics"))
+        .expect("GET /metrics")
+}
+
+/// The value of the sample `name{labels}` (exactly as written) in `metrics`, if any.
+pub fn sample(metrics: &str, series: &str) -> Option<u64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Runs `berth uninstall --pin-dir PINS` in `gateway`; panics if it fails.
+pub fn uninstall(gateway: &Netns, dirs: &Dirs) {
+    let out = gateway
+        .command(&berth_binary())
+        .arg("uninstall")
+        .arg("--pin-dir")
+        .arg(&dirs.pins)
+        .output()
+        .expect("start berth uninstall");
+    assert!(
+        out.status.success(),
+        "berth uninstall failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -234,3 +234,22 @@ pub fn wait_until(what: &str, timeout: std::time::Duration, mut cond: impl FnMut
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// Polls `f` every 10 ms until it returns `Ok` or `timeout` passes; then panics with
+/// `what` and the last error.
+pub fn poll<T>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut f: impl FnMut() -> Result<T, String>,
+) -> T {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                panic!("{what}: still failing after {timeout:?}: {e}")
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    }
+}

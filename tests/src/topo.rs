@@ -5,7 +5,10 @@
 //!  client (10.251.1.2) ──c0── gateway ──b1── backend 1 (10.251.11.2)
 //!                                     ──b2── backend 2 (10.251.12.2)  ...
 //! ```
-//! The gateway address 10.251.0.100 is on no interface: only the XDP program answers it.
+//! The gateway address 10.251.0.100 is on no interface of this network: the XDP program
+//! answers it (`berth run` also puts it on a dummy interface of its own, `berth0`).
+//! `Topology::new` leaves the veths as the kernel makes them (GRO off);
+//! `Topology::with_gro` turns GRO on, which lets the program redirect into them.
 
 use std::{
     io::{Read, Write},
@@ -24,6 +27,8 @@ pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 251, 1, 2);
 pub const HTTP_PORT: u16 = 8080;
 /// dnsmasq's port on every backend.
 pub const DNS_PORT: u16 = 5353;
+/// Size of the static file `/big` on every backend's nginx.
+pub const BIG_FILE: u64 = 10 << 20;
 /// The name every dnsmasq answers with its own marker address.
 pub const WHOAMI: &str = "whoami.berth.test";
 
@@ -44,36 +49,129 @@ pub struct Topology {
     pub backends: Vec<Netns>,
     /// Interfaces of the gateway namespace that carry traffic (attach XDP to all).
     pub gateway_ifaces: Vec<String>,
+    /// The address backend `n` serves on is `backend_addrs[n - 1]`.
+    pub backend_addrs: Vec<Ipv4Addr>,
+    /// Namespaces in between (routers, switches).
+    pub others: Vec<Netns>,
 }
 
-fn veth(a: &Netns, a_name: &str, a_addr: &str, b: &Netns, b_name: &str, b_addr: &str) {
+/// How a veth pair is set up; `Default` is the kernel's own defaults.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Veth {
+    /// GRO on both ends. Off by default in the kernel; while it is off, a veth whose
+    /// peer runs no XDP program drops every frame XDP redirects into it.
+    pub gro: bool,
+    /// Checksum offload off (`tx off rx off`) on the first end.
+    pub a_no_offload: bool,
+    /// Checksum offload off on the second end.
+    pub b_no_offload: bool,
+    /// MTU of both ends (1500 if none).
+    pub mtu: Option<u32>,
+}
+
+impl Veth {
+    /// Kernel defaults, but checksum offload off on the second end: the end of a
+    /// client or backend, which then sends complete checksums as a real NIC delivers
+    /// them (XDP cannot complete a partial checksum).
+    pub const HOST_B: Veth = Veth {
+        gro: false,
+        a_no_offload: false,
+        b_no_offload: true,
+        mtu: None,
+    };
+
+    /// The datapath tests' veths: GRO on and checksum offload off on both ends, so
+    /// veth accepts frames the XDP program redirects into it.
+    pub const GRO: Veth = Veth {
+        gro: true,
+        a_no_offload: true,
+        b_no_offload: true,
+        mtu: None,
+    };
+
+    /// The same with this MTU on both ends.
+    pub fn mtu(self, mtu: u32) -> Veth {
+        Veth {
+            mtu: Some(mtu),
+            ..self
+        }
+    }
+}
+
+/// A veth pair `a_name` in `a` ↔ `b_name` in `b`, both up, with the given addresses
+/// (CIDR; none for a bridge port).
+pub fn veth(
+    a: &Netns,
+    a_name: &str,
+    a_addrs: &[&str],
+    b: &Netns,
+    b_name: &str,
+    b_addrs: &[&str],
+    how: Veth,
+) {
     // Create both ends in `a`, then move one into `b`.
     let tmp = crate::netns::unique("v");
     a.ip(&["link", "add", a_name, "type", "veth", "peer", "name", &tmp]);
     a.ip(&["link", "set", &tmp, "netns", &b.name]);
     b.ip(&["link", "set", &tmp, "name", b_name]);
-    a.ip(&["addr", "add", a_addr, "dev", a_name]);
-    b.ip(&["addr", "add", b_addr, "dev", b_name]);
-    for (ns, dev) in [(a, a_name), (b, b_name)] {
+    for (ns, dev, addrs, no_offload) in [
+        (a, a_name, a_addrs, how.a_no_offload),
+        (b, b_name, b_addrs, how.b_no_offload),
+    ] {
+        for addr in addrs {
+            ns.ip(&["addr", "add", addr, "dev", dev]);
+        }
+        if let Some(mtu) = how.mtu {
+            ns.ip(&["link", "set", dev, "mtu", &mtu.to_string()]);
+        }
         ns.ip(&["link", "set", dev, "up"]);
-        // Checksum offload would leave partial checksums on forwarded packets; GRO lets
-        // veth accept frames that XDP redirects into it.
-        ns.exec(&["ethtool", "-K", dev, "tx", "off", "rx", "off", "gro", "on"]);
+        if no_offload {
+            ns.exec(&["ethtool", "-K", dev, "tx", "off", "rx", "off"]);
+        }
+        if how.gro {
+            ns.exec(&["ethtool", "-K", dev, "gro", "on"]);
+        }
     }
 }
 
+/// A Linux bridge `name` in `ns`, up, with the given addresses.
+pub fn bridge(ns: &Netns, name: &str, addrs: &[&str]) {
+    ns.ip(&["link", "add", name, "type", "bridge"]);
+    for addr in addrs {
+        ns.ip(&["addr", "add", addr, "dev", name]);
+    }
+    ns.ip(&["link", "set", name, "up"]);
+}
+
+/// Makes `port` (in `ns`) a port of `bridge`.
+pub fn enslave(ns: &Netns, port: &str, bridge: &str) {
+    ns.ip(&["link", "set", port, "master", bridge]);
+}
+
 impl Topology {
-    /// Builds the network with `n` backends.
+    /// Builds the network with `n` backends on veths as the kernel sets them up (GRO
+    /// off), checksum offload off on the client's and backends' ends.
     pub fn new(n: usize) -> Self {
+        Self::build(n, Veth::HOST_B)
+    }
+
+    /// Builds the network with `n` backends on veths with GRO on: frames the XDP
+    /// program redirects are accepted. For tests of the redirect path itself.
+    pub fn with_gro(n: usize) -> Self {
+        Self::build(n, Veth::GRO)
+    }
+
+    fn build(n: usize, how: Veth) -> Self {
         let client = Netns::new("cl");
         let gateway = Netns::new("gw");
         veth(
             &gateway,
             "c0",
-            "10.251.1.1/24",
+            &["10.251.1.1/24"],
             &client,
             "eth0",
-            "10.251.1.2/24",
+            &["10.251.1.2/24"],
+            how,
         );
         client.ip(&["route", "add", "default", "via", "10.251.1.1"]);
         let mut backends = Vec::new();
@@ -84,10 +182,11 @@ impl Topology {
             veth(
                 &gateway,
                 &gw_if,
-                &format!("10.251.{}.1/24", 10 + i),
+                &[&format!("10.251.{}.1/24", 10 + i)],
                 &b,
                 "eth0",
-                &format!("{}/24", backend_addr(i)),
+                &[&format!("{}/24", backend_addr(i))],
+                how,
             );
             b.ip(&[
                 "route",
@@ -105,6 +204,8 @@ impl Topology {
             gateway,
             backends,
             gateway_ifaces,
+            backend_addrs: (1..=n).map(backend_addr).collect(),
+            others: Vec::new(),
         }
     }
 
@@ -118,7 +219,14 @@ impl Topology {
             let prefix = dir.join(format!("b{n}"));
             std::fs::create_dir_all(&prefix).expect("nginx prefix");
             let conf = prefix.join("nginx.conf");
-            std::fs::write(&conf, nginx_conf(&prefix, n)).expect("nginx.conf");
+            std::fs::write(&conf, nginx_conf(&prefix, n, self.backend_addrs[i]))
+                .expect("nginx.conf");
+            let www = prefix.join("www");
+            std::fs::create_dir_all(&www).expect("nginx root");
+            // Sparse: ten megabytes of zeros that take no disk.
+            std::fs::File::create(www.join("big"))
+                .and_then(|f| f.set_len(BIG_FILE))
+                .expect("big file");
             procs.push(ns.spawn(&[
                 "nginx",
                 "-p",
@@ -126,7 +234,7 @@ impl Topology {
                 "-c",
                 conf.to_str().unwrap_or_default(),
             ]));
-            let listen = backend_addr(n).to_string();
+            let listen = self.backend_addrs[i].to_string();
             procs.push(ns.spawn(&[
                 "dnsmasq",
                 "--keep-in-foreground",
@@ -144,8 +252,8 @@ impl Topology {
         }
         for (i, ns) in self.backends.iter().enumerate() {
             let n = i + 1;
-            let target = SocketAddrV4::new(backend_addr(n), DNS_PORT);
-            let http = SocketAddrV4::new(backend_addr(n), HTTP_PORT);
+            let target = SocketAddrV4::new(self.backend_addrs[i], DNS_PORT);
+            let http = SocketAddrV4::new(self.backend_addrs[i], HTTP_PORT);
             ns.enter(|| {
                 wait_until(
                     &format!("dnsmasq on backend {n}"),
@@ -172,6 +280,13 @@ pub struct Servers {
     dir: PathBuf,
 }
 
+impl Servers {
+    /// A file under backend `n`'s nginx root (`/upload/x` is `file(n, "upload/x")`).
+    pub fn file(&self, n: usize, path: &str) -> PathBuf {
+        self.dir.join(format!("b{n}")).join("www").join(path)
+    }
+}
+
 impl Drop for Servers {
     fn drop(&mut self) {
         self._procs.clear();
@@ -179,16 +294,20 @@ impl Drop for Servers {
     }
 }
 
-fn nginx_conf(prefix: &std::path::Path, n: usize) -> String {
+fn nginx_conf(prefix: &std::path::Path, n: usize, addr: Ipv4Addr) -> String {
     let p = prefix.display();
+    // `/big` is a static file of `BIG_FILE` bytes; `PUT /upload/NAME` stores a body of
+    // up to 20 MB and answers only once it has all of it.
     format!(
         "daemon off;\nmaster_process off;\nworker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log;\n\
          events {{ worker_connections 1024; }}\n\
          http {{\n  access_log off;\n  client_body_temp_path {p}/body;\n  proxy_temp_path {p}/proxy;\n  \
          fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n  \
          keepalive_timeout 300s;\n  keepalive_requests 100000;\n  \
-         server {{\n    listen {addr}:{HTTP_PORT};\n    location / {{ return 200 \"backend-{n}\\n\"; }}\n  }}\n}}\n",
-        addr = backend_addr(n)
+         server {{\n    listen {addr}:{HTTP_PORT};\n    root {p}/www;\n    \
+         location / {{ return 200 \"backend-{n}\\n\"; }}\n    \
+         location = /big {{ }}\n    \
+         location /upload/ {{ dav_methods PUT; create_full_put_path on; client_max_body_size 20m; }}\n  }}\n}}\n"
     )
 }
 

@@ -538,7 +538,7 @@ struct Run {
 }
 
 fn measure(mode: Mode, load: Load) -> Run {
-    let topo = Topology::new(BACKENDS);
+    let topo = Topology::with_gro(BACKENDS);
     let _gateway = configure(mode, &topo);
     let sinks: Vec<Sink> = topo
         .backends

@@ -51,7 +51,7 @@ fn main() {
     println!("                                                  ├─ backend 2  10.251.12.2  nginx    (team A)");
     println!("                                                  └─ backend 3  10.251.13.2  dnsmasq  (team B)");
     println!(
-        "  The gateway address 10.251.0.100 is on no interface: only the XDP program answers it.\n"
+        "  The gateway address 10.251.0.100 is Berth's: berth run puts it on its dummy interface berth0,\n  and its XDP program translates it. The veths are as the kernel makes them (GRO off).\n"
     );
 
     let topo = Topology::new(3);

@@ -1,0 +1,849 @@
+//! The same checks on the networks a gateway meets outside the lab: veths as the
+//! kernel makes them, backends behind a bridge as on a Kubernetes node, one arm on a
+//! switch, backends routed hops away, a gateway address inside the client's own
+//! subnet, a small MTU on the way, and a restart on other interfaces. Each network is
+//! built from namespaces with real nginx and dnsmasq backends and `berth run` in the
+//! gateway namespace, on the example manifests (rewritten where a network needs other
+//! addresses). Needs root.
+
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, SocketAddrV4, TcpStream, UdpSocket},
+    os::fd::AsRawFd,
+    path::PathBuf,
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    time::Duration,
+};
+
+use aya::programs::{tc::TcAttachType, SchedClassifier};
+use berth_tests::{
+    daemon::{metrics, sample, uninstall, Daemon, Dirs},
+    netns::{poll, unique, wait_until, Netns},
+    topo::{
+        backend_addr, bridge, enslave, http_get, http_request, marker, veth, Flow, Servers,
+        Topology, Veth, BIG_FILE, GW, WHOAMI,
+    },
+};
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+/// Team A's TCPRoute gets the first port of the range; team B's UDPRoute asks for 30053.
+const WEB_PORT: u16 = 30000;
+const DNS_PORT: u16 = 30053;
+/// Team B's only endpoint is backend 3.
+const DNS_BACKEND: usize = 3;
+
+/// A network with servers and `berth run`. Fields drop in order: the daemon (killed),
+/// its directories (pins removed: programs detached), the servers, the namespaces.
+struct Lab {
+    daemon: Daemon,
+    dirs: Dirs,
+    servers: Servers,
+    topo: Topology,
+    /// What `berth run` is given as `--interface`.
+    interfaces: Vec<String>,
+    /// The gateway address of the manifests.
+    gw: Ipv4Addr,
+}
+
+impl Lab {
+    /// Starts the servers of `topo` and `berth run` on `interfaces` with `dirs`.
+    fn start(topo: Topology, interfaces: &[&str], dirs: Dirs, gw: Ipv4Addr) -> Lab {
+        let servers = topo.start_servers();
+        let interfaces: Vec<String> = interfaces.iter().map(|s| s.to_string()).collect();
+        let daemon = Daemon::start_on(&topo.gateway, &interfaces, &dirs);
+        Lab {
+            daemon,
+            dirs,
+            servers,
+            topo,
+            interfaces,
+            gw,
+        }
+    }
+
+    fn web(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.gw, WEB_PORT)
+    }
+
+    fn dns(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.gw, DNS_PORT)
+    }
+
+    /// Team `ns`'s route counters as `berth get routes -o json` shows them.
+    fn counters(&self, ns: &str) -> Counters {
+        let rows = self.daemon.route_values(&self.topo.gateway);
+        let row = rows
+            .iter()
+            .find(|r| r["namespace"] == ns)
+            .unwrap_or_else(|| panic!("no route of {ns} in {rows:?}"));
+        Counters {
+            packets: row["packets"].as_u64().unwrap_or(0),
+            reply_packets: row["reply_packets"].as_u64(),
+            kernel_packets: row["kernel_packets"].as_u64(),
+            path: row["path"].as_str().map(str::to_string),
+        }
+    }
+
+    /// Runs `curl ARGS URL` on the client; returns what `-w FORMAT` printed.
+    fn curl(&self, args: &[&str]) -> String {
+        let out = self
+            .topo
+            .client
+            .try_exec(&[&["curl", "-sS"], args].concat());
+        assert!(
+            out.status.success(),
+            "curl {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+/// A route's counters; the fields a datapath without the kernel path lacks are `None`.
+#[derive(Debug, Clone)]
+struct Counters {
+    packets: u64,
+    reply_packets: Option<u64>,
+    kernel_packets: Option<u64>,
+    path: Option<String>,
+}
+
+/// Fresh directories with the example manifests, every `from` replaced by `to`.
+fn manifests(rewrites: &[(&str, &str)]) -> Dirs {
+    let dirs = Dirs::with_examples();
+    for f in ["gateway.yaml", "team-a.yaml", "team-b.yaml"] {
+        let path = dirs.manifests.join(f);
+        let mut text = std::fs::read_to_string(&path).expect("read manifest");
+        for (from, to) in rewrites {
+            text = text.replace(from, to);
+        }
+        std::fs::write(&path, text).expect("write manifest");
+    }
+    dirs
+}
+
+/// Sets an `AtomicBool` when dropped: stops a helper thread also when the test panics
+/// (a scoped thread that never stops would hang the test instead of failing it).
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The checks every network must pass: (a) HTTP through the gateway address, (b) DNS
+/// over UDP answered from the gateway address and port, (c) a kept-alive TCP
+/// connection and a UDP stream survive `kill -9` of the daemon and a restart, (d) the
+/// routes' packet counters grow in both directions.
+fn serves_tcp_and_udp_across_a_restart_and_counts_both_directions(lab: &mut Lab) {
+    let before = (lab.counters("team-a"), lab.counters("team-b"));
+    http_answers(lab);
+    dns_answers(lab);
+    connections_survive_kill_9_and_restart(lab);
+    counters_grow(lab, &before.0, &before.1);
+}
+
+/// (a): a GET through the gateway's web port gets a backend's page.
+fn http_answers(lab: &Lab) {
+    let web = lab.web();
+    let body = poll("HTTP through the gateway", Duration::from_secs(10), || {
+        lab.topo
+            .client
+            .enter(|| http_get(web))
+            .map_err(|e| format!("GET http://{web}/: {e}"))
+    });
+    assert!(
+        body == "backend-1\n" || body == "backend-2\n",
+        "team A's port answered {body:?}"
+    );
+}
+
+/// (b): a DNS query to the gateway's DNS port is answered by backend 3, from the
+/// gateway address and port (`Flow` ignores answers from anywhere else).
+fn dns_answers(lab: &Lab) {
+    let dns = lab.dns();
+    let answer = poll("DNS through the gateway", Duration::from_secs(10), || {
+        lab.topo
+            .client
+            .enter(|| Flow::new(dns, TIMEOUT).ask())
+            .ok_or_else(|| format!("no answer to {WHOAMI} from {dns}"))
+    });
+    assert_eq!(
+        answer,
+        marker(DNS_BACKEND),
+        "team B's port reaches backend 3"
+    );
+}
+
+/// (c): as `e2e.rs`'s kill -9 test, on this network.
+fn connections_survive_kill_9_and_restart(lab: &mut Lab) {
+    let (web, dns) = (lab.web(), lab.dns());
+    let Lab {
+        daemon,
+        dirs,
+        topo,
+        interfaces,
+        ..
+    } = lab;
+    let (sent, answered, stop) = (AtomicU64::new(0), AtomicU64::new(0), AtomicBool::new(false));
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        // A steady UDP stream on one flow, counted query by query.
+        s.spawn(|| {
+            topo.client.enter(|| {
+                let mut flow = Flow::new(dns, TIMEOUT);
+                while !stop.load(Ordering::Relaxed) {
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    if flow.ask().is_some() {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Pacing, not synchronisation: about 150 queries a second.
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        });
+        let mut conn = topo.client.enter(|| {
+            let c = TcpStream::connect_timeout(&web.into(), TIMEOUT).expect("tcp connect");
+            c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+            c
+        });
+        let body = http_request(&mut conn).expect("first request on the kept-alive connection");
+        let progress = |what: &str| {
+            let target = answered.load(Ordering::Relaxed) + 20;
+            wait_until(
+                &format!("the UDP stream to progress {what}"),
+                Duration::from_secs(10),
+                || answered.load(Ordering::Relaxed) >= target,
+            );
+        };
+        progress("before the kill");
+        daemon.kill9();
+        progress("with no daemon");
+        assert_eq!(
+            http_request(&mut conn).expect("request with the daemon dead"),
+            body
+        );
+        *daemon = Daemon::start_on(&topo.gateway, interfaces, dirs);
+        progress("after the restart");
+        assert_eq!(
+            http_request(&mut conn).expect("request after the restart"),
+            body,
+            "same connection, same backend"
+        );
+    });
+    let (sent, answered) = (sent.into_inner(), answered.into_inner());
+    assert_eq!(
+        answered,
+        sent,
+        "UDP queries lost across kill -9 and restart: {} of {sent}",
+        sent - answered
+    );
+}
+
+/// (d): both routes' `packets` and `reply_packets` grew since `a` and `b`.
+fn counters_grow(lab: &Lab, a: &Counters, b: &Counters) {
+    for (ns, before) in [("team-a", a), ("team-b", b)] {
+        poll(
+            &format!("{ns}'s counters to grow"),
+            Duration::from_secs(20),
+            || {
+                let now = lab.counters(ns);
+                let replies = now.reply_packets.ok_or_else(|| {
+                    format!("the route rows have no reply_packets (datapath older than the contract): {now:?}")
+                })?;
+                if now.packets > before.packets && replies > before.reply_packets.unwrap_or(0) {
+                    Ok(())
+                } else {
+                    Err(format!("before {before:?}, now {now:?}"))
+                }
+            },
+        );
+    }
+}
+
+/// Polls until both routes show packets the kernel forwarded; returns their counters.
+fn kernel_path_shows(lab: &Lab) -> Vec<Counters> {
+    ["team-a", "team-b"]
+        .iter()
+        .map(|ns| {
+            poll(
+                &format!("{ns}'s row to show the kernel path"),
+                Duration::from_secs(20),
+                || {
+                    let c = lab.counters(ns);
+                    match c.kernel_packets {
+                        Some(k) if k > 0 => Ok(c),
+                        _ => Err(format!("{c:?}")),
+                    }
+                },
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn veths_with_the_kernels_defaults_are_served_through_the_kernel_and_the_rows_say_so() {
+    let topo = Topology::new(3);
+    let ifaces = topo.gateway_ifaces.clone();
+    let ifaces: Vec<&str> = ifaces.iter().map(String::as_str).collect();
+    let mut lab = Lab::start(topo, &ifaces, Dirs::with_examples(), GW);
+    serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
+    for c in kernel_path_shows(&lab) {
+        assert!(
+            c.path.as_deref().is_some_and(|p| p.starts_with("kernel")),
+            "a veth without XDP or GRO takes no redirected frames, so the row names the kernel path: {c:?}"
+        );
+    }
+}
+
+#[test]
+fn veths_with_gro_are_served_by_xdp_redirects() {
+    let topo = Topology::with_gro(3);
+    let ifaces = topo.gateway_ifaces.clone();
+    let ifaces: Vec<&str> = ifaces.iter().map(String::as_str).collect();
+    let mut lab = Lab::start(topo, &ifaces, Dirs::with_examples(), GW);
+    let redirects = |lab: &Lab| {
+        sample(
+            &metrics(&lab.topo.gateway),
+            "berth_datapath_packets_total{reason=\"redirect\"}",
+        )
+        .unwrap_or(0)
+    };
+    let before = redirects(&lab);
+    serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
+    poll(
+        "the redirect counter to grow",
+        Duration::from_secs(20),
+        || match redirects(&lab) {
+            n if n > before => Ok(()),
+            n => Err(format!(
+                "redirect {before} → {n}; team A {:?}, team B {:?}",
+                lab.counters("team-a"),
+                lab.counters("team-b")
+            )),
+        },
+    );
+    eprintln!(
+        "with GRO: team A {:?}, team B {:?}",
+        lab.counters("team-a"),
+        lab.counters("team-b")
+    );
+}
+
+/// The example endpoints moved to one subnet, 10.251.10.0/24 (backend n at .1n).
+const BRIDGED: [(&str, &str); 3] = [
+    ("10.251.11.2", "10.251.10.11"),
+    ("10.251.12.2", "10.251.10.12"),
+    ("10.251.13.2", "10.251.10.13"),
+];
+
+/// Backends in namespaces behind bridge `br0` in the gateway namespace, as pods behind
+/// a node's cni0: br0 holds the subnet's first address, the backends' veth peers are
+/// its ports, and the backends' own ends keep tx checksum offload on (as pods' do), so
+/// their replies reach the gateway with partial checksums.
+fn bridged() -> Topology {
+    let client = Netns::new("cl");
+    let gateway = Netns::new("gw");
+    veth(
+        &gateway,
+        "c0",
+        &["10.251.1.1/24"],
+        &client,
+        "eth0",
+        &["10.251.1.2/24"],
+        Veth::HOST_B,
+    );
+    client.ip(&["route", "add", "default", "via", "10.251.1.1"]);
+    bridge(&gateway, "br0", &["10.251.10.1/24"]);
+    let mut backends = Vec::new();
+    let mut backend_addrs = Vec::new();
+    for (i, (_, addr)) in BRIDGED.iter().enumerate() {
+        let b = Netns::new("be");
+        let port = format!("b{}", i + 1);
+        veth(
+            &gateway,
+            &port,
+            &[],
+            &b,
+            "eth0",
+            &[&format!("{addr}/24")],
+            Veth::default(),
+        );
+        enslave(&gateway, &port, "br0");
+        b.ip(&["route", "add", "default", "via", "10.251.10.1"]);
+        backends.push(b);
+        backend_addrs.push(addr.parse().expect("address"));
+    }
+    gateway.sysctl("net.ipv4.ip_forward", "1");
+    Topology {
+        client,
+        gateway,
+        backends,
+        gateway_ifaces: vec!["c0".into(), "br0".into()],
+        backend_addrs,
+        others: Vec::new(),
+    }
+}
+
+#[test]
+fn backends_behind_a_bridge_sending_partial_checksums_are_served_with_the_program_on_the_client_side(
+) {
+    let mut lab = Lab::start(bridged(), &["c0"], manifests(&BRIDGED), GW);
+    serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
+}
+
+#[test]
+fn backends_behind_a_bridge_sending_partial_checksums_are_served_with_the_program_on_the_bridge_too(
+) {
+    let mut lab = Lab::start(bridged(), &["c0", "br0"], manifests(&BRIDGED), GW);
+    serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
+}
+
+/// One arm: client, gateway and backends each with one veth into bridge `sw0` of a
+/// switch namespace. The gateway's one interface holds the client's subnet and each
+/// backend's; the backends route via the gateway, the client routes the gateway
+/// address via it.
+fn one_arm() -> Topology {
+    let switch = Netns::new("sw");
+    bridge(&switch, "sw0", &[]);
+    let client = Netns::new("cl");
+    let gateway = Netns::new("gw");
+    veth(
+        &switch,
+        "p0",
+        &[],
+        &client,
+        "eth0",
+        &["10.251.1.2/24"],
+        Veth::HOST_B,
+    );
+    veth(
+        &switch,
+        "pg",
+        &[],
+        &gateway,
+        "eth0",
+        &[
+            "10.251.1.1/24",
+            "10.251.11.1/24",
+            "10.251.12.1/24",
+            "10.251.13.1/24",
+        ],
+        Veth::default(),
+    );
+    enslave(&switch, "p0", "sw0");
+    enslave(&switch, "pg", "sw0");
+    client.ip(&["route", "add", &GW.to_string(), "via", "10.251.1.1"]);
+    let mut backends = Vec::new();
+    for i in 1..=3 {
+        let b = Netns::new("be");
+        let port = format!("p{i}");
+        veth(
+            &switch,
+            &port,
+            &[],
+            &b,
+            "eth0",
+            &[&format!("{}/24", backend_addr(i))],
+            Veth::HOST_B,
+        );
+        enslave(&switch, &port, "sw0");
+        b.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            &format!("10.251.{}.1", 10 + i),
+        ]);
+        backends.push(b);
+    }
+    gateway.sysctl("net.ipv4.ip_forward", "1");
+    Topology {
+        client,
+        gateway,
+        backends,
+        gateway_ifaces: vec!["eth0".into()],
+        backend_addrs: (1..=3).map(backend_addr).collect(),
+        others: vec![switch],
+    }
+}
+
+#[test]
+fn a_one_armed_gateway_on_the_clients_and_backends_segment_serves_them() {
+    let mut lab = Lab::start(one_arm(), &["eth0"], Dirs::with_examples(), GW);
+    serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
+}
+
+/// Backends two routed hops away: gateway ─r0─ router ─b1..b3─ backends. The link
+/// between gateway and router has MTU `mtu`; every other link 1500.
+fn routed(mtu: u32) -> Topology {
+    let client = Netns::new("cl");
+    let gateway = Netns::new("gw");
+    let router = Netns::new("rt");
+    veth(
+        &gateway,
+        "c0",
+        &["10.251.1.1/24"],
+        &client,
+        "eth0",
+        &["10.251.1.2/24"],
+        Veth::HOST_B,
+    );
+    client.ip(&["route", "add", "default", "via", "10.251.1.1"]);
+    veth(
+        &gateway,
+        "r0",
+        &["10.251.2.1/24"],
+        &router,
+        "eth0",
+        &["10.251.2.2/24"],
+        Veth::default().mtu(mtu),
+    );
+    router.ip(&["route", "add", "default", "via", "10.251.2.1"]);
+    let mut backends = Vec::new();
+    for i in 1..=3 {
+        let b = Netns::new("be");
+        let subnet = format!("10.251.{}", 10 + i);
+        veth(
+            &router,
+            &format!("b{i}"),
+            &[&format!("{subnet}.1/24")],
+            &b,
+            "eth0",
+            &[&format!("{}/24", backend_addr(i))],
+            Veth::HOST_B,
+        );
+        b.ip(&["route", "add", "default", "via", &format!("{subnet}.1")]);
+        gateway.ip(&[
+            "route",
+            "add",
+            &format!("{subnet}.0/24"),
+            "via",
+            "10.251.2.2",
+        ]);
+        backends.push(b);
+    }
+    gateway.sysctl("net.ipv4.ip_forward", "1");
+    router.sysctl("net.ipv4.ip_forward", "1");
+    Topology {
+        client,
+        gateway,
+        backends,
+        gateway_ifaces: vec!["c0".into(), "r0".into()],
+        backend_addrs: (1..=3).map(backend_addr).collect(),
+        others: vec![router],
+    }
+}
+
+#[test]
+fn backends_two_routed_hops_away_are_served() {
+    let mut lab = Lab::start(routed(1500), &["c0", "r0"], Dirs::with_examples(), GW);
+    serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
+}
+
+#[test]
+fn a_gateway_address_in_the_clients_subnet_is_found_by_arp_and_closed_ports_refuse() {
+    // The gateway's veth is 10.251.1.1/24, the client 10.251.1.2/24 with only its
+    // connected route: it must ask ARP for the gateway address, which only the
+    // gateway host's own copy of it (on berth0) can answer.
+    let gw = Ipv4Addr::new(10, 251, 1, 100);
+    let topo = Topology::new(3);
+    topo.client.ip(&["route", "del", "default"]);
+    let dirs = manifests(&[("10.251.0.100", "10.251.1.100")]);
+    let ifaces = topo.gateway_ifaces.clone();
+    let ifaces: Vec<&str> = ifaces.iter().map(String::as_str).collect();
+    let mut lab = Lab::start(topo, &ifaces, dirs, gw);
+    serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
+    let neigh = lab
+        .topo
+        .client
+        .ip(&["neigh", "show", &gw.to_string(), "dev", "eth0"]);
+    assert!(
+        String::from_utf8_lossy(&neigh.stdout).contains("lladdr"),
+        "the client learned the gateway address by ARP: {}",
+        String::from_utf8_lossy(&neigh.stdout)
+    );
+    let closed = SocketAddrV4::new(gw, 31999);
+    let err = lab
+        .topo
+        .client
+        .enter(|| TcpStream::connect_timeout(&closed.into(), TIMEOUT))
+        .expect_err("no route holds port 31999: the connect must fail");
+    assert_eq!(
+        err.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "a port no route holds answers with a RST, not silence: {err}"
+    );
+}
+
+/// A file removed on drop.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A DNS query for `WHOAMI` padded to `len` bytes with an EDNS(0) padding option
+/// (RFC 7830), so that the server answers it.
+fn padded_query(id: u16, len: usize) -> Vec<u8> {
+    let mut q = Vec::new();
+    q.extend(id.to_be_bytes());
+    q.extend([0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 1]);
+    for label in WHOAMI.split('.') {
+        q.push(label.len() as u8);
+        q.extend(label.as_bytes());
+    }
+    q.extend([0, 0, 1, 0, 1]);
+    // OPT: root name, type 41, UDP size 4096, TTL 0, then rdata = one padding option.
+    let pad = len - q.len() - 11 - 4;
+    q.extend([0, 0, 41, 0x10, 0, 0, 0, 0, 0]);
+    q.extend(((pad + 4) as u16).to_be_bytes());
+    q.extend(12u16.to_be_bytes());
+    q.extend((pad as u16).to_be_bytes());
+    q.extend(std::iter::repeat_n(0u8, pad));
+    assert_eq!(q.len(), len);
+    q
+}
+
+/// What became of a datagram too big for the path, sent with DF.
+#[derive(Debug)]
+enum BigDatagram {
+    /// It got through (fragmented or not) and was answered.
+    Answered,
+    /// The sender learned the path MTU: a send failed with EMSGSIZE, or IP_MTU says so.
+    PathMtu(u32),
+}
+
+/// Sends 1400-byte DNS queries with DF from a socket connected to `server` until one
+/// is answered or the socket knows a path MTU of at most 1280.
+fn big_datagram_with_df(server: SocketAddrV4) -> BigDatagram {
+    let sock = UdpSocket::bind("0.0.0.0:0").expect("bind");
+    sock.connect(server).expect("connect");
+    sock.set_read_timeout(Some(Duration::from_millis(50)))
+        .expect("timeout");
+    let fd = sock.as_raw_fd();
+    let set = libc::IP_PMTUDISC_DO;
+    // SAFETY: a valid socket, an int option and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            std::ptr::from_ref(&set).cast(),
+            std::mem::size_of_val(&set) as libc::socklen_t,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "IP_MTU_DISCOVER: {}",
+        std::io::Error::last_os_error()
+    );
+    let path_mtu = || {
+        let mut mtu: libc::c_int = 0;
+        let mut len = std::mem::size_of_val(&mtu) as libc::socklen_t;
+        // SAFETY: a valid socket, an int option, its buffer and size.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_IP,
+                libc::IP_MTU,
+                std::ptr::from_mut(&mut mtu).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "IP_MTU: {}", std::io::Error::last_os_error());
+        mtu as u32
+    };
+    let too_big = |e: &std::io::Error| e.raw_os_error() == Some(libc::EMSGSIZE);
+    let mut id = 0u16;
+    poll(
+        "a 1400-byte datagram with DF to get through or its sender to learn the path MTU",
+        Duration::from_secs(15),
+        || {
+            id = id.wrapping_add(1);
+            match sock.send(&padded_query(id, 1400)) {
+                Err(e) if too_big(&e) => return Ok(BigDatagram::PathMtu(path_mtu())),
+                Err(e) => return Err(format!("send: {e}")),
+                Ok(_) => {}
+            }
+            let mut buf = [0u8; 2048];
+            match sock.recv(&mut buf) {
+                Ok(n) if n >= 2 && buf[..2] == id.to_be_bytes() => {
+                    return Ok(BigDatagram::Answered)
+                }
+                Err(e) if too_big(&e) => return Ok(BigDatagram::PathMtu(path_mtu())),
+                _ => {}
+            }
+            match path_mtu() {
+                m if m <= 1280 => Ok(BigDatagram::PathMtu(m)),
+                m => Err(format!("no answer, IP_MTU still {m}")),
+            }
+        },
+    )
+}
+
+#[test]
+fn a_1280_byte_mtu_link_before_the_backends_carries_big_transfers_and_path_mtu_discovery() {
+    let mut lab = Lab::start(routed(1280), &["c0", "r0"], Dirs::with_examples(), GW);
+    serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
+
+    // Download: every segment from a backend is cut to the small link by the backend
+    // itself, told by the router's ICMP.
+    let url = |path: &str| format!("http://{}{path}", lab.web());
+    let got = lab.curl(&[
+        "--max-time",
+        "120",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{size_download}",
+        &url("/big"),
+    ]);
+    assert_eq!(got, format!("200 {BIG_FILE}"), "10 MB download");
+
+    // Upload: the client's full-sized segments need the gateway's ICMP "fragmentation
+    // needed", translated back to the gateway address, to learn the path MTU.
+    let upload = TempFile(std::env::temp_dir().join(format!("berth-upload-{}", unique("u"))));
+    std::fs::File::create(&upload.0)
+        .and_then(|f| f.set_len(BIG_FILE))
+        .expect("upload file");
+    let name = unique("up");
+    let got = lab.curl(&[
+        "--max-time",
+        "120",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{size_upload}",
+        "-T",
+        upload.0.to_str().expect("path"),
+        &url(&format!("/upload/{name}")),
+    ]);
+    assert_eq!(got, format!("201 {BIG_FILE}"), "10 MB upload");
+    let stored: Vec<u64> = (1..=2)
+        .filter_map(|n| std::fs::metadata(lab.servers.file(n, &format!("upload/{name}"))).ok())
+        .map(|m| m.len())
+        .collect();
+    assert_eq!(stored, [BIG_FILE], "one backend stored the whole body");
+
+    let dns = lab.dns();
+    let outcome = lab.topo.client.enter(|| big_datagram_with_df(dns));
+    if let BigDatagram::PathMtu(m) = outcome {
+        assert!(m <= 1280, "path MTU {m}");
+    }
+    eprintln!("1400-byte datagram with DF: {outcome:?}");
+}
+
+/// The interfaces of `ns` running an XDP program.
+fn xdp_interfaces(ns: &Netns) -> BTreeSet<String> {
+    let out = ns.ip(&["-d", "-o", "link", "show"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("prog/xdp"))
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|name| name.split('@').next().unwrap_or(name).to_string())
+        .collect()
+}
+
+/// Every interface of `ns`.
+fn interfaces(ns: &Netns) -> Vec<String> {
+    let out = ns.ip(&["-o", "link", "show"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|name| name.split('@').next().unwrap_or(name).to_string())
+        .collect()
+}
+
+/// TC programs on `iface` of `ns`, tcx links and classic filters both, as text.
+fn tc_programs(ns: &Netns, iface: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for (dir, attach) in [
+        ("ingress", TcAttachType::Ingress),
+        ("egress", TcAttachType::Egress),
+    ] {
+        let tcx = ns
+            .enter(|| SchedClassifier::query_tcx(iface, attach))
+            .unwrap_or_else(|e| panic!("querying tcx {dir} of {iface}: {e}"));
+        found.extend(
+            tcx.1
+                .iter()
+                .map(|p| format!("tcx {dir}: program {}", p.id())),
+        );
+        let classic = ns.try_exec(&["tc", "filter", "show", "dev", iface, dir]);
+        let text = String::from_utf8_lossy(&classic.stdout).trim().to_string();
+        if !text.is_empty() {
+            found.push(format!("tc {dir}: {text}"));
+        }
+    }
+    found
+}
+
+#[test]
+fn a_restart_on_other_interfaces_moves_the_program_and_uninstall_leaves_no_trace() {
+    let topo = Topology::new(3);
+    let servers = topo.start_servers();
+    let dirs = Dirs::with_examples();
+    let gw = &topo.gateway;
+    let mut daemon = Daemon::start_on(gw, &["c0", "b1"], &dirs);
+    let set = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    wait_until("XDP on c0 and b1", Duration::from_secs(10), || {
+        xdp_interfaces(gw) == set(&["c0", "b1"])
+    });
+
+    daemon.kill9();
+    let daemon = Daemon::start_on(gw, &["c0", "b2", "b3"], &dirs);
+    poll(
+        "XDP on exactly the new interfaces",
+        Duration::from_secs(10),
+        || match xdp_interfaces(gw) {
+            x if x == set(&["c0", "b2", "b3"]) => Ok(()),
+            x => Err(format!("XDP on {x:?}")),
+        },
+    );
+    assert_eq!(
+        tc_programs(gw, "b1"),
+        Vec::<String>::new(),
+        "b1 left the set"
+    );
+    let mut lab = Lab {
+        daemon,
+        dirs,
+        servers,
+        topo,
+        interfaces: vec!["c0".into(), "b2".into(), "b3".into()],
+        gw: GW,
+    };
+    http_answers(&lab);
+    dns_answers(&lab);
+
+    lab.daemon.kill9();
+    let gw = &lab.topo.gateway;
+    uninstall(gw, &lab.dirs);
+    let xdp = xdp_interfaces(gw);
+    assert!(xdp.is_empty(), "XDP left on {xdp:?}");
+    let tc: Vec<String> = interfaces(gw)
+        .iter()
+        .flat_map(|i| {
+            tc_programs(gw, i)
+                .into_iter()
+                .map(move |p| format!("{i}: {p}"))
+        })
+        .collect();
+    assert!(tc.is_empty(), "TC programs left: {tc:?}");
+    assert!(
+        !lab.dirs.pins.exists(),
+        "pin directory {} left",
+        lab.dirs.pins.display()
+    );
+    let links = interfaces(gw);
+    assert!(
+        !links.iter().any(|l| l == "berth0"),
+        "berth0 left: {links:?}"
+    );
+}
