@@ -34,9 +34,11 @@ pub mod map_names {
     pub const COUNTERS: &str = "berth_counters";
     /// Service id → per-CPU `ServiceStats`.
     pub const SERVICE_STATS: &str = "berth_svc_stats";
+    /// Interface index → `XMIT_OK` when the interface accepts XDP frames redirected into it.
+    pub const XMIT: &str = "berth_xmit";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -45,8 +47,17 @@ pub mod map_names {
         FRAGMENTS,
         COUNTERS,
         SERVICE_STATS,
+        XMIT,
     ];
 }
+
+/// Entries of the `map_names::XMIT` array: interfaces with a higher index are never
+/// redirected to (their packets take the kernel's path, counted).
+pub const XMIT_SLOTS: u32 = 65536;
+
+/// `berth_xmit` value: the interface accepts redirected XDP frames (the kernel's
+/// `NETDEV_XDP_ACT_NDO_XMIT`), so the program may `bpf_redirect` into it.
+pub const XMIT_OK: u32 = 1;
 
 /// IP protocol numbers the datapath handles.
 pub mod proto {
@@ -215,6 +226,13 @@ pub struct ServiceStats {
     pub reply_bytes: u64,
     /// Flows assigned a backend, host order.
     pub new_flows: u64,
+    /// Packets of this service the kernel forwarded instead of XDP (either direction),
+    /// host order.
+    pub kernel_packets: u64,
+    /// Why, the last time: `Counter` index + 1 (0: never), host order.
+    pub kernel_reason: u32,
+    /// Always zero.
+    pub pad: u32,
 }
 
 macro_rules! counters {
@@ -243,12 +261,28 @@ macro_rules! counters {
 }
 
 counters! {
-    /// NATed and sent out with `bpf_redirect` (XDP_REDIRECT).
+    /// NATed and sent out with `bpf_redirect` into another interface (XDP_REDIRECT).
     Redirect = "redirect",
-    /// NATed and sent back out of the receiving interface (XDP_TX).
+    /// NATed and sent back out of the receiving interface (XDP_REDIRECT to itself).
     Tx = "tx",
-    /// NATed and handed to the kernel to forward (no neighbour entry, no route, or TTL 1).
-    KernelForward = "kernel_forward",
+    /// Handed to the kernel to forward: the egress interface takes no XDP frames
+    /// (a veth whose peer has neither XDP nor GRO, a bridge, a tunnel, ...).
+    KernelNoXdpEgress = "kernel_forward_no_xdp_egress",
+    /// Handed to the kernel to forward: the next hop's neighbour entry is not resolved yet.
+    KernelNoNeighbour = "kernel_forward_no_neighbour",
+    /// Handed to the kernel to forward: longer than the egress MTU (the kernel fragments
+    /// it or answers ICMP fragmentation-needed, which is translated back).
+    KernelFragNeeded = "kernel_forward_frag_needed",
+    /// Handed to the kernel: TTL 1 (the kernel answers ICMP time-exceeded).
+    KernelTtl = "kernel_forward_ttl",
+    /// Handed to the kernel: the FIB has no usable route (unreachable, blackhole,
+    /// prohibited, local); the kernel answers or drops it as its routes say.
+    KernelNoRoute = "kernel_forward_no_route",
+    /// Handed to the kernel, which will drop it: forwarding is disabled on the ingress
+    /// interface (`net.ipv4.conf.*.forwarding=0`).
+    KernelForwardingOff = "kernel_forward_disabled",
+    /// Handed to the kernel: the egress interface's index is beyond `XMIT_SLOTS`.
+    KernelEgressUnknown = "kernel_forward_egress_unknown",
     /// A new flow to a service none of whose backends takes new flows (XDP_DROP).
     DropNoBackend = "drop_no_backend",
     /// A packet to a gateway address whose headers are truncated or invalid (XDP_DROP).
@@ -259,10 +293,25 @@ counters! {
     NewFlow = "new_flow",
     /// A tracked flow whose backend was removed was balanced again.
     BackendGone = "backend_gone",
-    /// An ICMP error about a NATed flow was translated.
+    /// An ICMP error about a NATed flow was translated by XDP.
     IcmpTranslated = "icmp_translated",
     /// A non-first fragment followed its first fragment's flow.
     FragmentTranslated = "fragment_translated",
+    /// A reply the kernel forwarded was translated on egress by the TC program.
+    TcReply = "tc_reply_translated",
+    /// An ICMP error about a NATed flow (also one the gateway itself sent, such as
+    /// fragmentation-needed) was translated on egress by the TC program.
+    TcIcmp = "tc_icmp_translated",
+    /// A redirect the kernel refused after the program returned (tracepoint
+    /// `xdp:xdp_redirect_err`): the frame was lost.
+    RedirectError = "redirect_error",
+}
+
+impl Counter {
+    /// The counter with index `i`, if any.
+    pub fn from_index(i: u32) -> Option<Counter> {
+        Counter::ALL.get(i as usize).copied()
+    }
 }
 
 /// Hash of a flow's 5-tuple, used to pick its Maglev entry. Shared by the kernel
@@ -297,7 +346,7 @@ const _: () = {
     assert!(core::mem::size_of::<Flow>() == 40);
     assert!(core::mem::size_of::<FragKey>() == 12);
     assert!(core::mem::size_of::<FragPorts>() == 4);
-    assert!(core::mem::size_of::<ServiceStats>() == 40);
+    assert!(core::mem::size_of::<ServiceStats>() == 56);
 };
 
 #[cfg(feature = "user")]

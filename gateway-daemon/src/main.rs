@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _};
 use berth::{
     admin::{self, RouteRow},
     check::{self, StateDocument},
-    datapath::{self, AttachMode, Attached, Config, Datapath},
+    datapath::{self, AttachMode, Attached, Config, Datapath, LinkChange},
     manifests, planner,
     standalone::{self, ManifestSource, Published},
     store::Store,
@@ -396,15 +396,24 @@ fn load_datapath(
         XdpMode::Native => AttachMode::Native,
         XdpMode::Skb => AttachMode::Skb,
     };
-    for iface in interfaces {
-        match dp
-            .attach(iface, mode)
-            .with_context(|| format!("attaching to {iface}"))?
-        {
-            Attached::Replaced => {
-                tracing::info!(iface, "took over the XDP program pinned by an earlier run")
-            }
-            Attached::New(m) => tracing::info!(iface, mode = ?m, "attached XDP program"),
+    let changes = dp
+        .converge(interfaces, mode)
+        .context("attaching to the interfaces (nothing new was left attached)")?;
+    for change in changes {
+        match change {
+            LinkChange::Attached {
+                iface,
+                how: Attached::Replaced,
+            } => tracing::info!(iface, "replaced the program an earlier run attached"),
+            LinkChange::Attached {
+                iface,
+                how: Attached::New(m),
+            } => tracing::info!(iface, mode = ?m, "attached the XDP and TC programs"),
+            LinkChange::Detached { ifindex, iface } => tracing::warn!(
+                ifindex,
+                iface = iface.as_deref().unwrap_or("(gone)"),
+                "detached the programs an earlier run attached: interface not in --interface"
+            ),
         }
     }
     if !datapath::ipv4_forwarding_enabled().unwrap_or(false) {

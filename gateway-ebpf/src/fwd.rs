@@ -1,48 +1,66 @@
-//! Forwarding a rewritten packet: FIB lookup, MAC rewrite and redirect, else the kernel.
+//! Forwarding a packet: choose the path (redirect by XDP, or the kernel's stack), then
+//! send it. The kernel is asked where the packet goes (`bpf_fib_lookup`), and a frame
+//! is redirected only into an interface known to accept XDP frames (`berth_xmit`,
+//! kept by the daemon from the kernel's `xdp-features`).
+//!
+//! Why the check exists: `bpf_redirect` into a device that cannot take XDP frames (a
+//! veth whose peer has neither XDP nor GRO — the kernel's default —, a bridge, a
+//! tunnel) "succeeds" in the program and the kernel drops the frame afterwards; only a
+//! tracepoint saw it. Measured on default veths: every packet of every route lost.
 
 use aya_ebpf::{
-    bindings::{bpf_fib_lookup, xdp_action, BPF_FIB_LKUP_RET_SUCCESS},
+    bindings::{
+        bpf_fib_lookup, BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_FWD_DISABLED,
+        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+    },
     helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_coarse_ns, bpf_redirect},
     programs::XdpContext,
 };
-use gateway_common::{Counter, NextHop, NEXT_HOP_REFRESH};
+use gateway_common::{Counter, NextHop, NEXT_HOP_REFRESH, XMIT_OK, XMIT_SLOTS};
 
 use crate::{
     csum::replace2,
-    maps::count,
+    maps::{count, XMIT},
     packet::{Eth, Ipv4},
 };
 
 const AF_INET: u8 = 2;
 
-/// Sends the packet on its way: straight out of the egress interface when the kernel's
-/// FIB knows the route and the neighbour, otherwise up the stack, which forwards it
-/// (and resolves the neighbour, or answers with ICMP when the TTL runs out).
-///
-/// `hop` caches the FIB's answer for the flow; it is asked again when the cache is
-/// empty, about a second old, or the packet is longer than any the FIB has accepted
-/// (the FIB checks the MTU).
+/// How a packet leaves the gateway.
+#[derive(Clone, Copy)]
+pub enum Path {
+    /// Out of `hop.ifindex` by XDP redirect.
+    Redirect,
+    /// Up the stack: the kernel forwards it (it resolves the neighbour, fragments or
+    /// answers with ICMP). The reason is counted.
+    Kernel(Counter),
+}
+
+/// Chooses the path of the packet whose IPv4 header is `ip`, as it will be sent (its
+/// destination already final). `hop` caches the FIB's answer for the flow; it is asked
+/// again when the cache is empty, about a second old, or the packet is longer than any
+/// the FIB has accepted (the FIB checks the MTU).
 ///
 /// # Safety
-/// `eth` and `ip` must point into the packet, bounds-checked.
+/// `ip` must point into the packet, bounds-checked.
 #[inline(always)]
-pub unsafe fn forward(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, hop: &mut NextHop) -> u32 {
+pub unsafe fn path(ctx: &XdpContext, ip: *mut Ipv4, hop: &mut NextHop) -> Path {
     if (*ip).ttl <= 1 {
-        count(Counter::KernelForward);
-        return xdp_action::XDP_PASS;
+        return Path::Kernel(Counter::KernelTtl);
     }
-    let ingress = ctx.ingress_ifindex() as u32;
     let len = u16::from_be((*ip).tot_len);
     let now = (bpf_ktime_get_coarse_ns() >> 20) as u32;
     if hop.ifindex == 0 || len > hop.fit_len || now.wrapping_sub(hop.checked_at) > NEXT_HOP_REFRESH
     {
-        let Some(found) = fib(ctx, ip, ingress) else {
-            // Asked and not answered: ask again on the next packet. The time still says
-            // the flow is alive (userspace counts active flows by it).
-            hop.ifindex = 0;
-            hop.checked_at = now;
-            count(Counter::KernelForward);
-            return xdp_action::XDP_PASS;
+        let found = match fib(ctx, ip) {
+            Ok(found) => found,
+            Err(reason) => {
+                // Asked and not answered: ask again on the next packet. The time still
+                // says the flow is alive (userspace counts active flows by it).
+                hop.ifindex = 0;
+                hop.checked_at = now;
+                return Path::Kernel(reason);
+            }
         };
         let fresh =
             hop.ifindex == found.ifindex && now.wrapping_sub(hop.checked_at) <= NEXT_HOP_REFRESH;
@@ -56,6 +74,24 @@ pub unsafe fn forward(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, hop: &mut 
         hop.dmac = found.dmac;
         hop.smac = found.smac;
     }
+    if hop.ifindex >= XMIT_SLOTS {
+        return Path::Kernel(Counter::KernelEgressUnknown);
+    }
+    match XMIT.get(hop.ifindex) {
+        Some(&XMIT_OK) => Path::Redirect,
+        _ => Path::Kernel(Counter::KernelNoXdpEgress),
+    }
+}
+
+/// Sends the packet out of `hop.ifindex`: TTL decremented, MACs rewritten, redirected
+/// (to the receiving interface too: `XDP_TX` on a veth whose peer runs no XDP program
+/// leaves frames queued until something else wakes the peer, a redirect flushes them).
+///
+/// # Safety
+/// `eth` and `ip` must point into the packet, bounds-checked; `hop` must be the one
+/// `path` returned `Path::Redirect` for.
+#[inline(always)]
+pub unsafe fn send(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, hop: &NextHop) -> u32 {
     // The TTL shares a 16-bit checksum word with the protocol field.
     let word = (ip as *mut u8).add(8) as *mut u16;
     let old = *word;
@@ -63,11 +99,11 @@ pub unsafe fn forward(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, hop: &mut 
     (*ip).check = replace2((*ip).check, old, *word);
     (*eth).dst = hop.dmac;
     (*eth).src = hop.smac;
-    if hop.ifindex == ingress {
-        count(Counter::Tx);
-        return xdp_action::XDP_TX;
-    }
-    count(Counter::Redirect);
+    count(if hop.ifindex == ctx.ingress_ifindex() as u32 {
+        Counter::Tx
+    } else {
+        Counter::Redirect
+    });
     bpf_redirect(hop.ifindex, 0) as u32
 }
 
@@ -77,9 +113,10 @@ struct Found {
     smac: [u8; 6],
 }
 
-/// Asks the kernel's FIB (routes and neighbours, MTU checked) where `ip` goes.
+/// Asks the kernel's FIB (routes and neighbours, MTU checked) where `ip` goes; a
+/// failure says why, as the counter of the kernel path it leads to.
 #[inline(always)]
-unsafe fn fib(ctx: &XdpContext, ip: *mut Ipv4, ingress: u32) -> Option<Found> {
+unsafe fn fib(ctx: &XdpContext, ip: *mut Ipv4) -> Result<Found, Counter> {
     // All 64 bytes must be initialised for the helper. Zeroed word by word with volatile
     // stores: a plain zeroed() becomes a call to a BPF memset subprogram, which costs
     // more than the rest of the fast path together.
@@ -93,7 +130,7 @@ unsafe fn fib(ctx: &XdpContext, ip: *mut Ipv4, ingress: u32) -> Option<Found> {
     params.family = AF_INET;
     params.l4_protocol = (*ip).proto;
     params.__bindgen_anon_1.tot_len = u16::from_be((*ip).tot_len);
-    params.ifindex = ingress;
+    params.ifindex = ctx.ingress_ifindex() as u32;
     params.__bindgen_anon_2.tos = (*ip).tos;
     params.__bindgen_anon_3.ipv4_src = (*ip).src;
     params.__bindgen_anon_4.ipv4_dst = (*ip).dst;
@@ -103,12 +140,15 @@ unsafe fn fib(ctx: &XdpContext, ip: *mut Ipv4, ingress: u32) -> Option<Found> {
         core::mem::size_of::<bpf_fib_lookup>() as i32,
         0,
     );
-    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
-        return None;
+    match rc as u32 {
+        BPF_FIB_LKUP_RET_SUCCESS => Ok(Found {
+            ifindex: params.ifindex,
+            dmac: params.dmac,
+            smac: params.smac,
+        }),
+        BPF_FIB_LKUP_RET_NO_NEIGH => Err(Counter::KernelNoNeighbour),
+        BPF_FIB_LKUP_RET_FRAG_NEEDED => Err(Counter::KernelFragNeeded),
+        BPF_FIB_LKUP_RET_FWD_DISABLED => Err(Counter::KernelForwardingOff),
+        _ => Err(Counter::KernelNoRoute),
     }
-    Some(Found {
-        ifindex: params.ifindex,
-        dmac: params.dmac,
-        smac: params.smac,
-    })
 }

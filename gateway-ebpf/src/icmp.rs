@@ -3,17 +3,19 @@
 //! quote, so the sender of the quoted packet recognises it.
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
-use gateway_common::{proto, Counter, FlowKey, NextHop, NAT_DST};
+use gateway_common::{proto, Counter, Flow, FlowKey, NextHop, NAT_DST};
 
 use crate::{
     csum::{replace2, replace4},
-    fwd::forward,
+    fwd::{path, send, Path},
     maps::{count, CONNTRACK},
     packet::{ptr_at, Eth, Icmp, Ipv4, Ports, IPV4_MIN_LEN},
 };
 
-const DEST_UNREACH: u8 = 3;
-const TIME_EXCEEDED: u8 = 11;
+/// ICMP type "destination unreachable" (fragmentation needed is its code 4).
+pub const DEST_UNREACH: u8 = 3;
+/// ICMP type "time exceeded".
+pub const TIME_EXCEEDED: u8 = 11;
 
 /// Handles an unfragmented ICMP packet whose ICMP header starts at `l4_off`.
 ///
@@ -54,7 +56,48 @@ pub unsafe fn handle(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, l4_off: usi
     };
     // Errors are rare: they use their own next-hop lookup, not the flow's cache.
     let mut hop = NextHop::default();
+    if flow.kind == NAT_DST {
+        // From the client's side, quoting a reply: translated whichever way it leaves
+        // (its new destination is the backend, which the kernel forwards to).
+        translate(ip, icmp, inner, ports, &flow);
+        count(Counter::IcmpTranslated);
+        return match path(ctx, ip, &mut hop) {
+            Path::Redirect => send(ctx, eth, ip, &hop),
+            Path::Kernel(reason) => {
+                count(reason);
+                xdp_action::XDP_PASS
+            }
+        };
+    }
+    // From the backend's side, quoting a forwarded packet: translated only if XDP sends
+    // it; the kernel would drop it as a martian if its source became the (local)
+    // gateway address, so it goes up as it is and the TC program translates it.
+    match path(ctx, ip, &mut hop) {
+        Path::Redirect => {
+            translate(ip, icmp, inner, ports, &flow);
+            count(Counter::IcmpTranslated);
+            send(ctx, eth, ip, &hop)
+        }
+        Path::Kernel(reason) => {
+            count(reason);
+            xdp_action::XDP_PASS
+        }
+    }
+}
 
+/// Applies `flow`'s translation to the quoted packet and, where the outer header names
+/// the quoted endpoint, to the outer header.
+///
+/// # Safety
+/// All pointers must point into the packet, bounds-checked.
+#[inline(always)]
+unsafe fn translate(
+    ip: *mut Ipv4,
+    icmp: *mut Icmp,
+    inner: *mut Ipv4,
+    ports: *mut Ports,
+    flow: &Flow,
+) {
     // A NAT_DST flow (client → gateway) quotes a reply: restore its source to the
     // backend. A NAT_SRC flow (backend → client) quotes a forwarded packet: restore its
     // destination to the gateway address. The outer header gets the flow's own
@@ -81,6 +124,4 @@ pub unsafe fn handle(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, l4_off: usi
         *outer_addr = flow.nat_addr;
         (*ip).check = replace4((*ip).check, old_addr, flow.nat_addr);
     }
-    count(Counter::IcmpTranslated);
-    forward(ctx, eth, ip, &mut hop)
 }

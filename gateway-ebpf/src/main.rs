@@ -10,15 +10,21 @@ mod icmp;
 mod maps;
 mod nat;
 mod packet;
+mod tc;
 
 use core::mem::MaybeUninit;
 
-use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    bindings::{xdp_action, TC_ACT_UNSPEC},
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NAT_DST};
 
 use crate::{
     conntrack::{lookup_or_balance, Found},
-    maps::{account, count, is_gateway_address, Direction, FRAGMENTS},
+    fwd::Path,
+    maps::{account, account_kernel, count, is_gateway_address, Direction, FRAGMENTS},
     nat::{rewrite, L4},
     packet::{
         ptr_at, Eth, Ipv4, Ports, ETH_LEN, ETH_P_IP, IPV4_MIN_LEN, IP_MF, IP_OFFSET, TCP_CHECK_OFF,
@@ -36,6 +42,14 @@ pub fn berth(ctx: XdpContext) -> u32 {
             xdp_action::XDP_DROP
         }
     }
+}
+
+/// The reverse-NAT program on the `--interface`s' egress (tcx): translates replies the
+/// kernel forwarded. It never drops: it returns "next", so later programs still run.
+#[classifier]
+pub fn berth_tc(ctx: TcContext) -> i32 {
+    let _ = tc::egress(&ctx);
+    TC_ACT_UNSPEC
 }
 
 /// Returns at once: the benchmark's floor.
@@ -110,7 +124,13 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
             return PASS;
         }
         count(Counter::FragmentTranslated);
-        return Ok(unsafe { translate(ctx, eth, ip, None, &t, found, &mut new, tot_len) });
+        let pkt = Packet {
+            eth,
+            ip,
+            l4: None,
+            len: tot_len,
+        };
+        return Ok(unsafe { translate(ctx, &pkt, &t, found, &mut new) });
     }
 
     let (ports, check_off, hdr_len) = if udp {
@@ -159,39 +179,77 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         check: unsafe { (ports as *mut u8).add(check_off) as *mut u16 },
         udp,
     };
-    Ok(unsafe { translate(ctx, eth, ip, Some(&l4), &t, found, &mut new, tot_len) })
+    let pkt = Packet {
+        eth,
+        ip,
+        l4: Some(&l4),
+        len: tot_len,
+    };
+    Ok(unsafe { translate(ctx, &pkt, &t, found, &mut new) })
 }
 
-/// Rewrites the packet for its flow, accounts it and forwards it; records a new flow.
+/// A bounds-checked packet of a tracked or new flow.
+pub struct Packet<'a> {
+    /// Ethernet header.
+    pub eth: *mut Eth,
+    /// IPv4 header.
+    pub ip: *mut Ipv4,
+    /// Transport header (absent in later fragments).
+    pub l4: Option<&'a L4>,
+    /// IP total length.
+    pub len: usize,
+}
+
+/// Translates and forwards a packet of a flow; records a new flow.
+///
+/// A forward packet (client → gateway) is translated here whichever way it leaves: the
+/// kernel forwards it to the backend like any packet. A reply (backend → client) is
+/// translated only when XDP sends it itself: handed to the kernel with the gateway
+/// address as its source it would be dropped as a martian (the address is local when
+/// it sits on the gateway's dummy interface), so it goes up untranslated and the TC
+/// program translates it on egress.
 ///
 /// # Safety
-/// All pointers must point into the packet, bounds-checked; a `Tracked` pointer must
-/// come from this run.
-#[expect(clippy::too_many_arguments, reason = "one call per path, all inlined")]
+/// The pointers in `pkt` must point into the packet, bounds-checked; a `Tracked`
+/// pointer must come from this run.
 #[inline(always)]
 unsafe fn translate(
     ctx: &XdpContext,
-    eth: *mut Eth,
-    ip: *mut Ipv4,
-    l4: Option<&L4>,
+    pkt: &Packet,
     key: &FlowKey,
     found: Found,
     new: &mut MaybeUninit<Flow>,
-    len: usize,
 ) -> u32 {
     let (flow, is_new) = match found {
         Found::Tracked(flow) => (&mut *flow, false),
         // SAFETY: `lookup_or_balance` wrote the slot when it returned `New`.
         _ => (new.assume_init_mut(), true),
     };
-    rewrite(ip, l4, flow);
-    let dir = if flow.kind == NAT_DST {
-        Direction::Forward
+    let verdict = if flow.kind == NAT_DST {
+        rewrite(pkt.ip, pkt.l4, flow);
+        account(flow.service, Direction::Forward, pkt.len as u64, is_new);
+        match fwd::path(ctx, pkt.ip, &mut flow.next_hop) {
+            Path::Redirect => fwd::send(ctx, pkt.eth, pkt.ip, &flow.next_hop),
+            Path::Kernel(reason) => {
+                count(reason);
+                account_kernel(flow.service, reason);
+                xdp_action::XDP_PASS
+            }
+        }
     } else {
-        Direction::Reply
+        match fwd::path(ctx, pkt.ip, &mut flow.next_hop) {
+            Path::Redirect => {
+                rewrite(pkt.ip, pkt.l4, flow);
+                account(flow.service, Direction::Reply, pkt.len as u64, false);
+                fwd::send(ctx, pkt.eth, pkt.ip, &flow.next_hop)
+            }
+            // Counted again (and accounted to the service) by the TC program.
+            Path::Kernel(reason) => {
+                count(reason);
+                xdp_action::XDP_PASS
+            }
+        }
     };
-    account(flow.service, dir, len as u64, is_new);
-    let verdict = fwd::forward(ctx, eth, ip, &mut flow.next_hop);
     if is_new {
         conntrack::record(key, flow);
     }

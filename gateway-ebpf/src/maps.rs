@@ -1,4 +1,6 @@
-//! Map definitions. Sizes here are defaults; the loader overrides them.
+//! Map definitions. Sizes here are defaults; the loader overrides them (see
+//! `gateway_common::map_names` for what each holds). The daemon writes every map
+//! except the conntrack, the fragments and the counters, which only the programs write.
 
 use aya_ebpf::{
     macros::map,
@@ -6,35 +8,48 @@ use aya_ebpf::{
 };
 use gateway_common::{
     Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service, ServiceKey,
-    ServiceStats,
+    ServiceStats, XMIT_SLOTS,
 };
 
 const SERVICES_MAX: u32 = 1024;
 
+/// (gateway address, protocol, port) → service. Written by the daemon.
 #[map(name = "berth_services")]
 pub static SERVICES: HashMap<ServiceKey, Service> = HashMap::with_max_entries(SERVICES_MAX, 0);
 
+/// Gateway address → number of services on it. Written by the daemon.
 #[map(name = "berth_addrs")]
 pub static ADDRESSES: HashMap<u32, u32> = HashMap::with_max_entries(256, 0);
 
+/// Maglev tables: slot → backend id. Written by the daemon.
 #[map(name = "berth_maglev")]
 pub static MAGLEV: Array<MaglevTable> = Array::with_max_entries(SERVICES_MAX + 64, 0);
 
+/// Backend id → endpoint and weight. Written by the daemon.
 #[map(name = "berth_backends")]
 pub static BACKENDS: Array<Backend> = Array::with_max_entries(16384, 0);
 
+/// Conntrack: 5-tuple → translation. Written by the XDP program (new flows).
 #[map(name = "berth_ct")]
 pub static CONNTRACK: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(65536, 0);
 
+/// Fragmented datagrams → their ports. Written by both programs.
 #[map(name = "berth_frags")]
 pub static FRAGMENTS: LruHashMap<FragKey, FragPorts> = LruHashMap::with_max_entries(8192, 0);
 
+/// Named counters, per CPU. Written by both programs.
 #[map(name = "berth_counters")]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
 
+/// Service id → packet counters, per CPU. Written by both programs.
 #[map(name = "berth_svc_stats")]
 pub static SERVICE_STATS: PerCpuArray<ServiceStats> =
     PerCpuArray::with_max_entries(SERVICES_MAX, 0);
+
+/// Interface index → `XMIT_OK` if it accepts redirected XDP frames. Written by the
+/// daemon as the kernel announces link and `xdp-features` changes.
+#[map(name = "berth_xmit")]
+pub static XMIT: Array<u32> = Array::with_max_entries(XMIT_SLOTS, 0);
 
 /// Adds one to a named counter on this CPU.
 #[inline(always)]
@@ -82,4 +97,16 @@ pub fn account(service: u32, dir: Direction, len: u64, new_flow: bool) {
     if new_flow {
         stats.new_flows += 1;
     }
+}
+
+/// Accounts one packet of a service that the kernel forwards instead of XDP, and why.
+#[inline(always)]
+pub fn account_kernel(service: u32, reason: Counter) {
+    let Some(stats) = SERVICE_STATS.get_ptr_mut(service) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+    let stats = unsafe { &mut *stats };
+    stats.kernel_packets += 1;
+    stats.kernel_reason = reason as u32 + 1;
 }

@@ -65,6 +65,17 @@ impl TestDatapath {
     }
 }
 
+impl TestDatapath {
+    /// Lets the program redirect into exactly these interfaces (what the daemon learns
+    /// from the kernel's `xdp-features`).
+    pub fn allow_redirect(&self, ifindexes: &[u32]) {
+        let mut xmit = berth::datapath::XmitMap::open(&self.pin_dir)
+            .unwrap_or_else(|e| panic!("opening the xmit map: {}", berth::error_chain(&e)));
+        xmit.set(&ifindexes.iter().copied().collect())
+            .unwrap_or_else(|e| panic!("setting the xmit map: {}", berth::error_chain(&e)));
+    }
+}
+
 impl Drop for TestDatapath {
     fn drop(&mut self) {
         let _ = berth::datapath::remove_pins(&self.pin_dir);
@@ -93,6 +104,25 @@ pub fn run(
         } else {
             Some(&ctx)
         },
+        ..TestRunOptions::default()
+    };
+    let result = prog
+        .test_run(opts)
+        .unwrap_or_else(|e| panic!("test_run: {}", berth::error_chain(&e)));
+    out.truncate(result.data_size_out as usize);
+    (result.return_value, out)
+}
+
+/// TC verdict "next program" (`TC_ACT_UNSPEC`), as test_run returns it.
+pub const TC_NEXT: u32 = u32::MAX;
+
+/// Runs the TC egress program once on `input` (an Ethernet frame).
+pub fn run_tc(dp: &mut Datapath, input: &[u8]) -> (u32, Vec<u8>) {
+    let prog = dp.tc_program_mut().expect("tc program");
+    let mut out = vec![0u8; input.len() + 256];
+    let opts = TestRunOptions {
+        data_in: Some(input),
+        data_out: Some(&mut out),
         ..TestRunOptions::default()
     };
     let result = prog

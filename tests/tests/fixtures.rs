@@ -10,8 +10,8 @@ use berth::datapath::{maglev, DesiredState, Protocol, ServiceAddr, WeightedBacke
 use berth_tests::{
     packet::{decode, Packet, SYN},
     xdp::{
-        net::*, run_gateway, verdict_name, FixtureNet, TestDatapath, XDP_DROP, XDP_PASS,
-        XDP_REDIRECT, XDP_TX,
+        net::*, run_gateway, run_tc, verdict_name, FixtureNet, TestDatapath, TC_NEXT, XDP_DROP,
+        XDP_PASS, XDP_REDIRECT,
     },
 };
 use gateway_common::{flow_hash, MAGLEV_SIZE};
@@ -24,6 +24,8 @@ enum Side {
 
 enum Step {
     Apply(&'static str, DesiredState),
+    /// The interfaces that accept XDP frames (the daemon keeps this from the kernel).
+    Xmit(Vec<Side>),
     Packet {
         name: String,
         ingress: Side,
@@ -153,7 +155,11 @@ fn fix_ip_checksum(ip: &mut [u8]) {
 
 fn steps() -> Vec<Step> {
     use Side::*;
-    let mut s = vec![Step::Apply("base services", base_state())];
+    let mut s = vec![
+        Step::Apply("base services", base_state()),
+        // Both sides take XDP frames.
+        Step::Xmit(vec![Side::Client, Side::Backend]),
+    ];
 
     // --- DNAT and reverse NAT ---------------------------------------------------------
     let syn = from_client(Packet::tcp(client(40001), gw(80)).flags(SYN).payload(b""));
@@ -237,10 +243,10 @@ fn steps() -> Vec<Step> {
         .macs(FX0_MAC, B_SAME_SIDE_MAC);
     tx.id = same_side.id;
     s.push(case(
-        "a backend on the receiving side is reached with XDP_TX",
+        "a backend on the receiving side is reached by a redirect out of the same interface",
         Client,
         same_side.frame(),
-        XDP_TX,
+        XDP_REDIRECT,
         Some(tx.frame()),
     ));
     let no_neigh = from_client(Packet::udp(client(50010), gw(54)));
@@ -542,6 +548,37 @@ fn steps() -> Vec<Step> {
         Some(forwarded(&q, y).frame()),
     ));
 
+    // --- Egress that takes no XDP frames ----------------------------------------------
+    // The backend side takes no XDP frames.
+    s.push(Step::Xmit(vec![Side::Client]));
+    let slow = from_client(Packet::udp(client(50020), gw(53)).payload(b"slow"));
+    s.push(case(
+        "a forward packet whose egress takes no xdp frames is translated and left to the kernel",
+        Client,
+        slow.frame(),
+        XDP_PASS,
+        Some(slow.clone().with_dst(sa(B2, 5353)).frame()),
+    ));
+    // The client side takes no XDP frames.
+    s.push(Step::Xmit(vec![Side::Backend]));
+    let slow_reply = from_backend(Packet::udp(sa(B2, 5353), client(50020)).payload(b"back"));
+    s.push(case(
+        "a reply whose egress takes no xdp frames goes to the kernel untranslated (tc translates it)",
+        Backend,
+        slow_reply.frame(),
+        XDP_PASS,
+        None,
+    ));
+    // Both sides take XDP frames again.
+    s.push(Step::Xmit(vec![Side::Client, Side::Backend]));
+    s.push(case(
+        "the same reply is translated and redirected once its egress takes xdp frames",
+        Backend,
+        slow_reply.frame(),
+        XDP_REDIRECT,
+        Some(replied(&slow_reply, gw(53)).frame()),
+    ));
+
     // --- Service removal -------------------------------------------------------------
     let mut without_80 = base_state();
     without_80.services.remove(&svc(Protocol::Tcp, 80));
@@ -567,6 +604,13 @@ fn packet_fixtures_give_the_expected_verdict_and_bytes() {
             Step::Apply(what, state) => {
                 t.dp.apply(&state)
                     .unwrap_or_else(|e| panic!("applying {what}: {e}"));
+            }
+            Step::Xmit(sides) => {
+                let ifindexes: Vec<u32> = sides
+                    .iter()
+                    .map(|s| if *s == Side::Client { fx.fx0 } else { fx.fx1 })
+                    .collect();
+                t.allow_redirect(&ifindexes);
             }
             Step::Packet {
                 name,
@@ -614,7 +658,10 @@ fn packet_fixtures_give_the_expected_verdict_and_bytes() {
         ("tx", 1),
         // The removed backend, and the backend of the removed service.
         ("backend_gone", 2),
-        ("kernel_forward", 3),
+        ("kernel_forward_frag_needed", 1),
+        ("kernel_forward_no_neighbour", 1),
+        ("kernel_forward_ttl", 1),
+        ("kernel_forward_no_xdp_egress", 2),
     ];
     for (name, want) in expect {
         assert_eq!(c[name], want, "counter {name} (all: {c:?})");
@@ -626,6 +673,7 @@ fn service_counters_count_packets_bytes_and_flows_per_direction() {
     let mut t = TestDatapath::load();
     let fx = FixtureNet::new();
     t.dp.apply(&base_state()).expect("apply");
+    t.allow_redirect(&[fx.fx0, fx.fx1]);
     let fwd = from_client(Packet::udp(client(51000), gw(53)).payload(&[1; 100]));
     let rev = from_backend(Packet::udp(sa(B2, 5353), client(51000)).payload(&[1; 50]));
     fx.ns.enter(|| {
@@ -643,5 +691,122 @@ fn service_counters_count_packets_bytes_and_flows_per_direction() {
         stats[&svc(Protocol::Tcp, 80)].packets,
         0,
         "other services untouched"
+    );
+}
+
+/// What the TC egress program does with one frame leaving an `--interface`.
+struct TcCase {
+    name: &'static str,
+    input: Vec<u8>,
+    /// None: the frame leaves unchanged.
+    output: Option<Vec<u8>>,
+}
+
+#[test]
+fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
+    let mut t = TestDatapath::load();
+    let fx = FixtureNet::new();
+    t.dp.apply(&base_state()).expect("apply");
+    // The backend side takes no XDP frames: XDP translates forward packets and hands
+    // them to the kernel, and replies come back through the kernel untranslated.
+    t.allow_redirect(&[fx.fx0]);
+    let udp = from_client(Packet::udp(client(52000), gw(53)).payload(b"query"));
+    let tcp = from_client(Packet::tcp(client(42000), gw(80)).flags(SYN));
+    fx.ns.enter(|| {
+        for p in [&udp, &tcp] {
+            assert_eq!(run_gateway(&mut t.dp, fx.fx0, &p.frame()).0, XDP_PASS);
+        }
+    });
+    // As the kernel forwards them out of fx0 (TTL decremented, MACs of the client side).
+    let out = |p: Packet| p.ttl(63).macs(FX0_MAC, CLIENT_MAC);
+    let udp_reply = out(Packet::udp(sa(B2, 5353), client(52000)).payload(b"answer"));
+    let tcp_reply = out(Packet::tcp(sa(B1, 8080), client(42000)).payload(b"HTTP/1.0 200"));
+    let nocsum = out(Packet::udp(sa(B2, 5353), client(52000)).no_udp_checksum());
+    // The gateway's own kernel cannot forward the translated datagram without
+    // fragmenting it: its frag-needed quotes the backend's address.
+    let sent = udp.clone().with_dst(sa(B2, 5353)).ttl(63);
+    let mut quote = udp.clone().ttl(63).quote();
+    quote[26..28].copy_from_slice(&sent.quote()[26..28]); // quoted L4 checksums are left alone
+    let own = Ipv4Addr::new(10, 250, 1, 1);
+    let frag_needed = out(Packet::icmp_error(own, CLIENT, 3, 4, 1280, &sent.quote()));
+    let frag_needed_out = out(Packet::icmp_error(own, CLIENT, 3, 4, 1280, &quote));
+    let unreach = out(Packet::icmp_error(B2, CLIENT, 3, 3, 0, &sent.quote()));
+    let unreach_out = out(Packet::icmp_error(GW, CLIENT, 3, 3, 0, &quote));
+    let cases = [
+        TcCase {
+            name: "a udp reply the kernel forwarded leaves from the gateway address and port",
+            output: Some(udp_reply.clone().with_src(gw(53)).frame()),
+            input: udp_reply.frame(),
+        },
+        TcCase {
+            name: "a tcp reply the kernel forwarded leaves from the gateway address and port",
+            output: Some(tcp_reply.clone().with_src(gw(80)).frame()),
+            input: tcp_reply.frame(),
+        },
+        TcCase {
+            name: "a udp reply without checksum keeps a zero checksum",
+            output: Some(nocsum.clone().with_src(gw(53)).frame()),
+            input: nocsum.frame(),
+        },
+        TcCase {
+            name: "fragmentation needed from the gateway itself quotes the gateway address",
+            input: frag_needed.frame(),
+            output: Some(frag_needed_out.frame()),
+        },
+        TcCase {
+            name: "an icmp error the backend sent comes from the gateway address",
+            input: unreach.frame(),
+            output: Some(unreach_out.frame()),
+        },
+        TcCase {
+            name: "a reply xdp already translated is not translated again",
+            input: udp_reply.clone().with_src(gw(53)).frame(),
+            output: None,
+        },
+        TcCase {
+            name: "a forward packet leaves untouched",
+            input: out(Packet::udp(client(52000), sa(B2, 5353))).frame(),
+            output: None,
+        },
+        TcCase {
+            name: "a packet of no tracked flow leaves untouched",
+            input: out(Packet::udp(sa(B2, 5353), client(59999))).frame(),
+            output: None,
+        },
+    ];
+    let mut failures = Vec::new();
+    for case in &cases {
+        let (verdict, got) = fx.ns.enter(|| run_tc(&mut t.dp, &case.input));
+        let want = case.output.clone().unwrap_or_else(|| case.input.clone());
+        if verdict != TC_NEXT || got != want {
+            failures.push(format!(
+                "✗ {}\n  input:\n    {}\n  expected:\n    {}\n  got (verdict {verdict:#x}):\n    {}",
+                case.name,
+                decode(&case.input).replace('\n', "\n    "),
+                decode(&want).replace('\n', "\n    "),
+                decode(&got).replace('\n', "\n    "),
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} tc cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    let c = t.dp.counters().expect("counters");
+    assert_eq!(c["tc_reply_translated"], 3, "all: {c:?}");
+    assert_eq!(c["tc_icmp_translated"], 2, "all: {c:?}");
+    assert_eq!(c["kernel_forward_no_xdp_egress"], 2, "all: {c:?}");
+    let stats = t.dp.service_stats().expect("stats");
+    let s = stats[&svc(Protocol::Udp, 53)];
+    assert_eq!(
+        s.reply_packets, 2,
+        "replies the TC program translated are counted"
+    );
+    assert_eq!(
+        s.kernel_packets, 3,
+        "the forward packet and both replies took the kernel's path"
     );
 }

@@ -8,6 +8,8 @@
 pub mod maglev;
 
 mod desired;
+mod links;
+mod xmit;
 
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap},
@@ -18,10 +20,7 @@ use std::{
 
 use aya::{
     maps::{Array, HashMap, MapData, MapError, MapInfo, PerCpuArray, PerCpuValues},
-    programs::{
-        links::{FdLink, PinnedLink},
-        ProgramError, Xdp, XdpMode,
-    },
+    programs::{links::FdLink, ProgramError, SchedClassifier, Xdp},
     Ebpf, EbpfLoader,
 };
 use desired::BackendSet;
@@ -30,6 +29,8 @@ use gateway_common::{
     map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service,
     ServiceKey, ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
 };
+pub use links::{LinkChange, LinkKind};
+pub use xmit::{XmitChange, XmitMap};
 
 /// What the datapath counted for one service.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,6 +43,8 @@ pub struct Traffic {
 
 /// Name of the gateway program in the object.
 pub const PROGRAM: &str = "berth";
+/// Name of the reverse-NAT program attached to the interfaces' egress (tcx).
+pub const TC_PROGRAM: &str = "berth_tc";
 /// Name of a program that returns `XDP_PASS` at once (the benchmark's floor).
 pub const FLOOR_PROGRAM: &str = "berth_pass";
 /// Default pin directory.
@@ -95,14 +98,42 @@ pub enum DatapathError {
         dir: PathBuf,
     },
     /// Attaching to an interface failed.
-    #[error("attaching XDP to interface {iface}")]
+    #[error("attaching the {what} program to interface {iface}")]
     Attach {
         /// Interface name.
         iface: String,
+        /// Which program.
+        what: &'static str,
         /// Cause.
         #[source]
         source: ProgramError,
     },
+    /// An interface to attach to does not exist.
+    #[error("interface {iface} does not exist (in this network namespace)")]
+    NoInterface {
+        /// Interface name.
+        iface: String,
+    },
+    /// Another program, not attached by Berth, holds the hook.
+    #[error(
+        "interface {iface} already runs a {what} program that Berth did not attach \
+         (see `ip link show dev {iface}` / `bpftool net show dev {iface}`): detach it, or \
+         leave {iface} out of --interface"
+    )]
+    Occupied {
+        /// Interface name.
+        iface: String,
+        /// Which hook.
+        what: &'static str,
+    },
+    /// The pins would land on a bpffs private to this process.
+    #[error(
+        "/sys/fs/bpf is not the host's bpffs: this process runs in a mount namespace of its \
+         own (as `ip netns exec` makes), so pinned maps and links would vanish with it and \
+         a kill would detach everything; enter only the network namespace \
+         (`nsenter --net=/var/run/netns/NAME berth run ...`), or pass --pin-dir on the host's bpffs"
+    )]
+    PrivateBpffs,
     /// A pinned link could not be used or created.
     #[error("pinned link {path}: {message}")]
     Link {
@@ -169,13 +200,14 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 8] {
+    fn shapes(&self) -> [Shape; 9] {
         use std::mem::size_of;
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
             key_size,
             value_size,
             max_entries,
+            disposable: name == map_names::COUNTERS || name == map_names::SERVICE_STATS,
         };
         [
             shape(
@@ -211,6 +243,7 @@ impl Limits {
                 size_of::<ServiceStats>(),
                 self.services,
             ),
+            shape(map_names::XMIT, 4, 4, gateway_common::XMIT_SLOTS),
         ]
     }
 }
@@ -221,6 +254,8 @@ struct Shape {
     key_size: usize,
     value_size: usize,
     max_entries: u32,
+    /// Replaced rather than refused when an earlier run's pin has another shape.
+    disposable: bool,
 }
 
 /// How to attach to an interface.
@@ -311,7 +346,8 @@ pub struct Datapath {
     /// The state last applied in full: what is installed, unless the maps were changed
     /// behind the daemon's back (only by the daemon itself, which forgets this first).
     applied: Option<DesiredState>,
-    links: BTreeMap<String, FdLink>,
+    /// Links this process holds, by pin path.
+    links: BTreeMap<PathBuf, FdLink>,
     service_ids: IdPool,
     tables: IdPool,
     backend_ids: IdPool,
@@ -330,6 +366,15 @@ impl Datapath {
         let shapes = limits.shapes();
         let paths: Vec<PathBuf> = shapes.iter().map(|s| pin_dir.join(s.name)).collect();
         for (shape, path) in shapes.iter().zip(&paths) {
+            // Counters hold nothing a restart must keep: a build that counts more (or
+            // differently) replaces them instead of refusing to start.
+            if shape.disposable && check_pinned(path, pin_dir, shape).is_err() {
+                tracing::info!(
+                    map = shape.name,
+                    "pinned counters have another shape; replacing them"
+                );
+                let _ = fs::remove_file(path);
+            }
             check_pinned(path, pin_dir, shape).map_err(|e| {
                 e.unwrap_or_else(|source| DatapathError::Map {
                     name: shape.name,
@@ -348,6 +393,21 @@ impl Datapath {
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
         }
+        let tc: &mut SchedClassifier = ebpf
+            .program_mut(TC_PROGRAM)
+            .ok_or(DatapathError::Program {
+                name: TC_PROGRAM,
+                source: ProgramError::UnexpectedProgramType,
+            })?
+            .try_into()
+            .map_err(|source| DatapathError::Program {
+                name: TC_PROGRAM,
+                source,
+            })?;
+        tc.load().map_err(|source| DatapathError::Program {
+            name: TC_PROGRAM,
+            source,
+        })?;
 
         fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T>
         where
@@ -710,97 +770,6 @@ impl Datapath {
         }
     }
 
-    /// Attaches the gateway program to `iface`. If an earlier run left a pinned link
-    /// there, the program in it is replaced atomically (no packet sees no program);
-    /// otherwise a new link is created and pinned.
-    pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<Attached> {
-        let ifindex = ifindex(iface).ok_or_else(|| DatapathError::Attach {
-            iface: iface.to_string(),
-            source: ProgramError::UnknownInterface {
-                name: iface.to_string(),
-            },
-        })?;
-        let path = self.link_path(iface, ifindex);
-        self.remove_stale_links(iface, &path);
-        let program = xdp(&mut self.ebpf, PROGRAM)?;
-        let link_err = |message: String| DatapathError::Link {
-            path: path.clone(),
-            message,
-        };
-        let attach_err = |source| DatapathError::Attach {
-            iface: iface.to_string(),
-            source,
-        };
-        if path.exists() {
-            let pinned = PinnedLink::from_pin(&path).map_err(|e| link_err(e.to_string()))?;
-            let link = aya::programs::xdp::XdpLink::try_from(FdLink::from(pinned))
-                .map_err(|e| link_err(e.to_string()))?;
-            let id = program.attach_to_link(link).map_err(attach_err)?;
-            let link = program.take_link(id).map_err(attach_err)?;
-            let fd = FdLink::try_from(link).map_err(|e| link_err(e.to_string()))?;
-            self.links.insert(iface.to_string(), fd);
-            return Ok(Attached::Replaced);
-        }
-        let attempts: &[(AttachMode, XdpMode)] = match mode {
-            AttachMode::Auto => &[
-                (AttachMode::Native, XdpMode::Driver),
-                (AttachMode::Skb, XdpMode::Skb),
-            ],
-            AttachMode::Native => &[(AttachMode::Native, XdpMode::Driver)],
-            AttachMode::Skb => &[(AttachMode::Skb, XdpMode::Skb)],
-        };
-        let mut last = None;
-        for &(used, xdp_mode) in attempts {
-            match program.attach(iface, xdp_mode) {
-                Ok(id) => {
-                    let link = program.take_link(id).map_err(attach_err)?;
-                    let fd = FdLink::try_from(link).map_err(|e| link_err(e.to_string()))?;
-                    let pinned = fd.pin(&path).map_err(|e| link_err(e.to_string()))?;
-                    self.links.insert(iface.to_string(), FdLink::from(pinned));
-                    return Ok(Attached::New(used));
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(attach_err(last.unwrap_or(ProgramError::UnknownInterface {
-            name: iface.to_string(),
-        })))
-    }
-
-    /// Detaches from `iface` and forgets its pinned link.
-    pub fn detach(&mut self, iface: &str) -> Result<()> {
-        if let Some(index) = ifindex(iface) {
-            let path = self.link_path(iface, index);
-            let _ = fs::remove_file(&path);
-        }
-        self.remove_stale_links(iface, Path::new(""));
-        // Dropping the last descriptor of an unpinned link detaches the program.
-        self.links.remove(iface);
-        Ok(())
-    }
-
-    fn link_path(&self, iface: &str, ifindex: u32) -> PathBuf {
-        self.pin_dir
-            .join("links")
-            .join(format!("{iface}@{ifindex}"))
-    }
-
-    /// Removes pins for `iface` other than `keep`: the interface was recreated and got
-    /// a new index, so those links point at nothing.
-    fn remove_stale_links(&self, iface: &str, keep: &Path) {
-        let Ok(entries) = fs::read_dir(self.pin_dir.join("links")) else {
-            return;
-        };
-        let prefix = format!("{iface}@");
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let name = entry.file_name();
-            if name.to_string_lossy().starts_with(&prefix) && path != keep {
-                let _ = fs::remove_file(path);
-            }
-        }
-    }
-
     /// Named counters summed over CPUs.
     pub fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
         Counter::ALL
@@ -837,6 +806,9 @@ impl Datapath {
                         reply_packets: a.reply_packets + s.reply_packets,
                         reply_bytes: a.reply_bytes + s.reply_bytes,
                         new_flows: a.new_flows + s.new_flows,
+                        kernel_packets: a.kernel_packets + s.kernel_packets,
+                        kernel_reason: a.kernel_reason.max(s.kernel_reason),
+                        pad: 0,
                     }
                 });
             by_id.insert(id, sum);
@@ -907,6 +879,11 @@ impl Datapath {
     /// `BPF_PROG_TEST_RUN`.
     pub fn program_mut(&mut self, name: &'static str) -> Result<&mut Xdp> {
         xdp(&mut self.ebpf, name)
+    }
+
+    /// The loaded TC program, e.g. for `BPF_PROG_TEST_RUN`.
+    pub fn tc_program_mut(&mut self) -> Result<&mut SchedClassifier> {
+        links::tc_program(&mut self.ebpf)
     }
 
     /// The pin directory.
@@ -1143,6 +1120,20 @@ fn nr_cpus() -> Result<usize> {
     })
 }
 
+/// Whether this process shares its parent's mount namespace (true when it cannot
+/// tell). `ip netns exec` unshares the mount namespace and remounts /sys just before it
+/// executes its command, so a daemon it started is the first process of a new one.
+fn in_parent_mount_namespace() -> bool {
+    let parent = std::os::unix::process::parent_id();
+    match (
+        fs::read_link("/proc/self/ns/mnt"),
+        fs::read_link(format!("/proc/{parent}/ns/mnt")),
+    ) {
+        (Ok(own), Ok(theirs)) => own == theirs,
+        _ => true,
+    }
+}
+
 /// Mounts bpffs on `/sys/fs/bpf` if the pin directory lies there and it is not mounted.
 fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
     const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -1159,6 +1150,12 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     if unsafe { libc::statfs(c_root.as_ptr(), &mut st) } == 0 && st.f_type as i64 == BPF_FS_MAGIC {
         return Ok(());
+    }
+    // Not mounted here. Usually a host that never mounted it: mount it. In a mount
+    // namespace made just for this process (`ip netns exec` remounts /sys), a bpffs
+    // mounted now would be private: the pins would die with this process.
+    if !in_parent_mount_namespace() {
+        return Err(DatapathError::PrivateBpffs);
     }
     let fstype = std::ffi::CString::new("bpf").map_err(|e| err(io::Error::other(e)))?;
     // SAFETY: all pointers are valid NUL-terminated strings; no data argument.

@@ -1,0 +1,373 @@
+//! Attaching the programs to interfaces: the XDP program on ingress and the TC program
+//! on egress (tcx) of every `--interface`, each as a bpf link pinned under `links/`
+//! (`xdp@IFINDEX`, `tc@IFINDEX`). Pins keep the programs running while no daemon runs;
+//! a restarted daemon replaces the program inside each link atomically, so no packet
+//! sees no program.
+//!
+//! Links are matched to interfaces by index, not name: a renamed interface keeps its
+//! link (an earlier version matched names, and a renamed interface then failed to
+//! attach with a bare "File exists" because its old link still held it).
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use aya::programs::{
+    links::{FdLink, LinkOrder, PinnedLink},
+    tc::{SchedClassifierLink, TcAttachOptions},
+    xdp::XdpLink,
+    ProgramError, SchedClassifier, TcAttachType, XdpMode,
+};
+
+use super::{xdp, AttachMode, Attached, Datapath, DatapathError, Result, TC_PROGRAM};
+
+/// Which program a link runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LinkKind {
+    /// The XDP program, on ingress.
+    Xdp,
+    /// The TC program, on egress (tcx).
+    Tc,
+}
+
+impl LinkKind {
+    fn prefix(self) -> &'static str {
+        match self {
+            LinkKind::Xdp => "xdp",
+            LinkKind::Tc => "tc",
+        }
+    }
+}
+
+/// What `converge` changed, for the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkChange {
+    /// A listed interface now runs this program.
+    Attached {
+        /// Interface name.
+        iface: String,
+        /// What happened to its XDP link.
+        how: Attached,
+    },
+    /// An interface attached by an earlier run but no longer listed was detached.
+    Detached {
+        /// Interface index.
+        ifindex: u32,
+        /// Its name, if it still exists.
+        iface: Option<String>,
+    },
+}
+
+/// A link pinned under `links/`.
+#[derive(Debug)]
+struct Pin {
+    kind: LinkKind,
+    ifindex: u32,
+    path: PathBuf,
+}
+
+/// The links pinned in `dir`. Names of earlier versions (`NAME@IFINDEX`, XDP only)
+/// are read too.
+fn pins(dir: &Path) -> Vec<Pin> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Pin> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let (prefix, index) = name.rsplit_once('@')?;
+            let ifindex = index.parse().ok()?;
+            let kind = if prefix == LinkKind::Tc.prefix() {
+                LinkKind::Tc
+            } else {
+                LinkKind::Xdp
+            };
+            Some(Pin {
+                kind,
+                ifindex,
+                path: entry.path(),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| (a.ifindex, a.kind, &a.path).cmp(&(b.ifindex, b.kind, &b.path)));
+    out
+}
+
+impl Datapath {
+    fn links_dir(&self) -> PathBuf {
+        self.pin_dir.join("links")
+    }
+
+    fn link_path(&self, kind: LinkKind, ifindex: u32) -> PathBuf {
+        self.links_dir()
+            .join(format!("{}@{ifindex}", kind.prefix()))
+    }
+
+    /// Attaches both programs to `iface`: where an earlier run left a pinned link, the
+    /// program in it is replaced atomically; otherwise a new link is created and pinned.
+    /// Returns what happened to the XDP link. On failure nothing new stays attached.
+    pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<Attached> {
+        let ifindex = resolve(iface)?;
+        let mut created = Vec::new();
+        let result = self.attach_both(iface, ifindex, mode, &mut created);
+        if result.is_err() {
+            self.unpin_all(&created);
+        }
+        result
+    }
+
+    /// Makes the set of interfaces running Berth exactly `ifaces` (with this build's
+    /// programs): interfaces attached by an earlier run and no longer listed are
+    /// detached, listed ones attached or updated. All names are resolved before
+    /// anything changes; if one attachment fails, the error names the interface and
+    /// what this call attached anew is detached again.
+    pub fn converge(&mut self, ifaces: &[String], mode: AttachMode) -> Result<Vec<LinkChange>> {
+        let wanted: Vec<(String, u32)> = ifaces
+            .iter()
+            .map(|i| Ok((i.clone(), resolve(i)?)))
+            .collect::<Result<_>>()?;
+        let mut changes = Vec::new();
+        for pin in pins(&self.links_dir()) {
+            if wanted.iter().any(|(_, ix)| *ix == pin.ifindex) {
+                continue;
+            }
+            self.unpin(&pin.path);
+            let detached = LinkChange::Detached {
+                ifindex: pin.ifindex,
+                iface: ifname(pin.ifindex),
+            };
+            if !changes.contains(&detached) {
+                changes.push(detached);
+            }
+        }
+        let mut created = Vec::new();
+        for (iface, ifindex) in &wanted {
+            match self.attach_both(iface, *ifindex, mode, &mut created) {
+                Ok(how) => changes.push(LinkChange::Attached {
+                    iface: iface.clone(),
+                    how,
+                }),
+                Err(e) => {
+                    self.unpin_all(&created);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(changes)
+    }
+
+    /// Detaches both programs from `iface` and removes their pins.
+    pub fn detach(&mut self, iface: &str) -> Result<()> {
+        let ifindex = resolve(iface)?;
+        for pin in pins(&self.links_dir()) {
+            if pin.ifindex == ifindex {
+                self.unpin(&pin.path);
+            }
+        }
+        Ok(())
+    }
+
+    fn attach_both(
+        &mut self,
+        iface: &str,
+        ifindex: u32,
+        mode: AttachMode,
+        created: &mut Vec<PathBuf>,
+    ) -> Result<Attached> {
+        let how = self.attach_xdp(iface, ifindex, mode)?;
+        if matches!(how, Attached::New(_)) {
+            created.push(self.link_path(LinkKind::Xdp, ifindex));
+        }
+        if self.attach_tc(iface, ifindex)? {
+            created.push(self.link_path(LinkKind::Tc, ifindex));
+        }
+        Ok(how)
+    }
+
+    fn attach_xdp(&mut self, iface: &str, ifindex: u32, mode: AttachMode) -> Result<Attached> {
+        let path = self.link_path(LinkKind::Xdp, ifindex);
+        // A link pinned by an earlier version under the interface's name moves to the
+        // index-only name first.
+        for pin in pins(&self.links_dir()) {
+            if pin.kind == LinkKind::Xdp && pin.ifindex == ifindex && pin.path != path {
+                if path.exists() {
+                    self.unpin(&pin.path);
+                } else {
+                    let _ = fs::rename(&pin.path, &path);
+                }
+            }
+        }
+        let attach_err = |source| attach_error(iface, "XDP", source);
+        let link_err = |message: String| DatapathError::Link {
+            path: path.clone(),
+            message,
+        };
+        if path.exists() {
+            let program = xdp(&mut self.ebpf, super::PROGRAM)?;
+            let replaced = PinnedLink::from_pin(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|p| XdpLink::try_from(FdLink::from(p)).map_err(|e| e.to_string()))
+                .and_then(|link| program.attach_to_link(link).map_err(|e| e.to_string()))
+                .and_then(|id| program.take_link(id).map_err(|e| e.to_string()))
+                .and_then(|link| FdLink::try_from(link).map_err(|e| e.to_string()));
+            match replaced {
+                Ok(fd) => {
+                    self.links.insert(path, fd);
+                    return Ok(Attached::Replaced);
+                }
+                // A link whose interface went away: start afresh.
+                Err(e) => {
+                    tracing::warn!(iface, error = e, "pinned XDP link unusable; attaching anew");
+                    self.unpin(&path);
+                }
+            }
+        }
+        let program = xdp(&mut self.ebpf, super::PROGRAM)?;
+        let attempts: &[(AttachMode, XdpMode)] = match mode {
+            AttachMode::Auto => &[
+                (AttachMode::Native, XdpMode::Driver),
+                (AttachMode::Skb, XdpMode::Skb),
+            ],
+            AttachMode::Native => &[(AttachMode::Native, XdpMode::Driver)],
+            AttachMode::Skb => &[(AttachMode::Skb, XdpMode::Skb)],
+        };
+        let mut last = None;
+        for &(used, xdp_mode) in attempts {
+            match program.attach(iface, xdp_mode) {
+                Ok(id) => {
+                    let link = program.take_link(id).map_err(attach_err)?;
+                    let fd = FdLink::try_from(link).map_err(|e| link_err(e.to_string()))?;
+                    let pinned = fd.pin(&path).map_err(|e| link_err(e.to_string()))?;
+                    self.links.insert(path, FdLink::from(pinned));
+                    return Ok(Attached::New(used));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(attach_err(last.unwrap_or(ProgramError::UnknownInterface {
+            name: iface.to_string(),
+        })))
+    }
+
+    /// Attaches the TC program to `iface`'s egress; true if a new link was made.
+    fn attach_tc(&mut self, iface: &str, ifindex: u32) -> Result<bool> {
+        let path = self.link_path(LinkKind::Tc, ifindex);
+        let attach_err = |source| attach_error(iface, "TC egress", source);
+        let link_err = |message: String| DatapathError::Link {
+            path: path.clone(),
+            message,
+        };
+        if path.exists() {
+            let program = tc_program(&mut self.ebpf)?;
+            let replaced = PinnedLink::from_pin(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|p| {
+                    SchedClassifierLink::try_from(FdLink::from(p)).map_err(|e| e.to_string())
+                })
+                .and_then(|link| program.attach_to_link(link).map_err(|e| e.to_string()))
+                .and_then(|id| program.take_link(id).map_err(|e| e.to_string()))
+                .and_then(|link| FdLink::try_from(link).map_err(|e| e.to_string()));
+            match replaced {
+                Ok(fd) => {
+                    self.links.insert(path, fd);
+                    return Ok(false);
+                }
+                Err(e) => {
+                    tracing::warn!(iface, error = e, "pinned TC link unusable; attaching anew");
+                    self.unpin(&path);
+                }
+            }
+        }
+        let program = tc_program(&mut self.ebpf)?;
+        let id = program
+            .attach_with_options(
+                iface,
+                TcAttachType::Egress,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            )
+            .map_err(attach_err)?;
+        let link = program.take_link(id).map_err(attach_err)?;
+        let fd = FdLink::try_from(link).map_err(|e| link_err(e.to_string()))?;
+        let pinned = fd.pin(&path).map_err(|e| link_err(e.to_string()))?;
+        self.links.insert(path, FdLink::from(pinned));
+        Ok(true)
+    }
+
+    /// Removes a pin and drops this process's handle: the link, held by nothing else,
+    /// detaches its program.
+    fn unpin(&mut self, path: &Path) {
+        let _ = fs::remove_file(path);
+        self.links.remove(path);
+    }
+
+    fn unpin_all(&mut self, paths: &[PathBuf]) {
+        for p in paths {
+            self.unpin(p);
+        }
+    }
+}
+
+/// The loaded TC program.
+pub(super) fn tc_program(ebpf: &mut aya::Ebpf) -> Result<&mut SchedClassifier> {
+    ebpf.program_mut(TC_PROGRAM)
+        .ok_or(DatapathError::Program {
+            name: TC_PROGRAM,
+            source: ProgramError::UnexpectedProgramType,
+        })?
+        .try_into()
+        .map_err(|source| DatapathError::Program {
+            name: TC_PROGRAM,
+            source,
+        })
+}
+
+/// The index of interface `iface`, or an error naming it.
+fn resolve(iface: &str) -> Result<u32> {
+    super::ifindex(iface).ok_or_else(|| DatapathError::NoInterface {
+        iface: iface.to_string(),
+    })
+}
+
+/// The name of interface `ifindex`, if it exists.
+fn ifname(ifindex: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` has IF_NAMESIZE bytes, as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
+/// An attach error, made specific when another program already holds the hook.
+fn attach_error(iface: &str, what: &'static str, source: ProgramError) -> DatapathError {
+    if errno_in(&source, libc::EEXIST) || errno_in(&source, libc::EBUSY) {
+        return DatapathError::Occupied {
+            iface: iface.to_string(),
+            what,
+        };
+    }
+    DatapathError::Attach {
+        iface: iface.to_string(),
+        what,
+        source,
+    }
+}
+
+/// Whether an `io::Error` with `errno` is somewhere in `e`'s chain.
+fn errno_in(e: &(dyn std::error::Error + 'static), errno: i32) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            if io.raw_os_error() == Some(errno) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}

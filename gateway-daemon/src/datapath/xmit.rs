@@ -1,0 +1,89 @@
+//! The interfaces the XDP program may redirect into (`berth_xmit`): the daemon keeps
+//! the map equal to the kernel's list of interfaces that accept XDP frames, and the
+//! program sends every other packet through the kernel.
+
+use std::{collections::BTreeSet, path::Path};
+
+use aya::maps::{Array, MapData, MapError};
+use gateway_common::{map_names, XMIT_OK, XMIT_SLOTS};
+
+use super::{lookup_batch, map_err, Result};
+
+/// A handle of its own on the pinned map, so that a thread following the kernel's
+/// link notifications can keep it current while the planner owns the `Datapath`.
+pub struct XmitMap {
+    map: Array<MapData, u32>,
+    have: BTreeSet<u32>,
+}
+
+/// What `XmitMap::set` changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct XmitChange {
+    /// Interfaces that may now be redirected into.
+    pub added: Vec<u32>,
+    /// Interfaces that no longer may.
+    pub removed: Vec<u32>,
+    /// Interfaces that accept XDP frames but whose index is beyond the map (their
+    /// packets take the kernel's path).
+    pub beyond: Vec<u32>,
+}
+
+impl XmitMap {
+    /// Opens the map pinned in `pin_dir` (by `Datapath::load`) and reads what it holds.
+    pub fn open(pin_dir: &Path) -> Result<Self> {
+        let name = map_names::XMIT;
+        let data = MapData::from_pin(pin_dir.join(name)).map_err(map_err(name))?;
+        let map = Array::try_from(aya::maps::Map::Array(data)).map_err(map_err(name))?;
+        let mut have = BTreeSet::new();
+        {
+            use aya::maps::IterableMap as _;
+            let fd = std::os::fd::AsFd::as_fd(map.map().fd());
+            lookup_batch(fd, 4, 4, |k, v| {
+                let index = u32::from_ne_bytes(k.try_into().unwrap_or_default());
+                if u32::from_ne_bytes(v.try_into().unwrap_or_default()) == XMIT_OK {
+                    have.insert(index);
+                }
+            })
+            .map_err(|io_error| {
+                map_err(name)(MapError::SyscallError(aya::sys::SyscallError {
+                    call: "bpf_map_lookup_batch",
+                    io_error,
+                }))
+            })?;
+        }
+        Ok(XmitMap { map, have })
+    }
+
+    /// The interfaces the program may redirect into now.
+    pub fn current(&self) -> &BTreeSet<u32> {
+        &self.have
+    }
+
+    /// Makes the map hold exactly `want` (indices beyond the map are left out and
+    /// reported). Entries are removed before any is added.
+    pub fn set(&mut self, want: &BTreeSet<u32>) -> Result<XmitChange> {
+        let name = map_names::XMIT;
+        let mut change = XmitChange::default();
+        let fits: BTreeSet<u32> = want
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let ok = i < XMIT_SLOTS;
+                if !ok {
+                    change.beyond.push(i);
+                }
+                ok
+            })
+            .collect();
+        for &i in self.have.difference(&fits) {
+            self.map.set(i, 0, 0).map_err(map_err(name))?;
+            change.removed.push(i);
+        }
+        for &i in fits.difference(&self.have) {
+            self.map.set(i, XMIT_OK, 0).map_err(map_err(name))?;
+            change.added.push(i);
+        }
+        self.have = fits;
+        Ok(change)
+    }
+}
