@@ -737,6 +737,12 @@ fn a_1280_byte_mtu_link_before_the_backends_carries_big_transfers_and_path_mtu_d
         .map(|m| m.len())
         .collect();
     assert_eq!(stored, [BIG_FILE], "one backend stored the whole body");
+    let route = lab.topo.client.ip(&["route", "get", &lab.gw.to_string()]);
+    let route = String::from_utf8_lossy(&route.stdout);
+    assert!(
+        route.contains("mtu 1280"),
+        "the client holds the path MTU for the gateway address (the gateway's ICMP came back translated): {route}"
+    );
 
     let dns = lab.dns();
     let outcome = lab.topo.client.enter(|| big_datagram_with_df(dns));
