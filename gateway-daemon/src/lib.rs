@@ -10,6 +10,7 @@ pub mod kubernetes;
 pub mod manifests;
 pub mod memory;
 pub mod model;
+pub mod netlink;
 pub mod planner;
 pub mod standalone;
 pub mod store;

@@ -7,6 +7,7 @@
 
 pub mod maglev;
 
+mod addresses;
 mod desired;
 mod links;
 mod xmit;
@@ -30,7 +31,7 @@ use gateway_common::{
     ServiceKey, ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
 };
 pub use links::{LinkChange, LinkKind};
-pub use xmit::{XmitChange, XmitMap};
+pub use xmit::{follow as follow_xmit, FollowError, XmitChange, XmitMap};
 
 /// What the datapath counted for one service.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,6 +40,44 @@ pub struct Traffic {
     pub stats: ServiceStats,
     /// Tracked flows that forwarded a packet recently.
     pub active_flows: u64,
+    /// Since when packets were forwarded to the backends without a reply coming back
+    /// (None: replies keep up, or nothing was forwarded).
+    pub unanswered_since: Option<std::time::Instant>,
+}
+
+impl Traffic {
+    /// How this service's packets leave: `None` before any packet, "xdp" while XDP
+    /// sends them all, else "kernel: <why>" (the last reason).
+    pub fn path(&self) -> Option<String> {
+        if self.stats.packets + self.stats.reply_packets == 0 {
+            return None;
+        }
+        if self.stats.kernel_packets == 0 {
+            return Some("xdp".into());
+        }
+        let why = self
+            .stats
+            .kernel_reason
+            .checked_sub(1)
+            .and_then(Counter::from_index)
+            .map_or("unknown", kernel_reason);
+        Some(format!("kernel: {why}"))
+    }
+}
+
+/// Why a packet took the kernel's path, in words.
+pub fn kernel_reason(c: Counter) -> &'static str {
+    match c {
+        Counter::KernelNoXdpEgress => "egress takes no XDP frames",
+        Counter::KernelNoNeighbour => "no neighbour entry yet",
+        Counter::KernelFragNeeded => "longer than the egress MTU",
+        Counter::KernelTtl => "TTL expired",
+        Counter::KernelNoRoute => "no usable route",
+        Counter::KernelForwardingOff => "forwarding disabled (dropped)",
+        Counter::KernelEgressUnknown => "egress interface index beyond the map",
+        Counter::TcReply => "replies arrive where XDP does not run (translated by TC)",
+        other => other.name(),
+    }
 }
 
 /// Name of the gateway program in the object.
@@ -125,6 +164,15 @@ pub enum DatapathError {
         iface: String,
         /// Which hook.
         what: &'static str,
+    },
+    /// The gateway addresses could not be put on their interface.
+    #[error("gateway addresses on interface {iface}")]
+    Addresses {
+        /// The dummy interface.
+        iface: String,
+        /// Cause.
+        #[source]
+        source: crate::netlink::NetlinkError,
     },
     /// The pins would land on a bpffs private to this process.
     #[error(
@@ -346,6 +394,8 @@ pub struct Datapath {
     /// The state last applied in full: what is installed, unless the maps were changed
     /// behind the daemon's back (only by the daemon itself, which forgets this first).
     applied: Option<DesiredState>,
+    /// The dummy interface that holds the gateway addresses, if the daemon owns one.
+    address_interface: Option<String>,
     /// Links this process holds, by pin path.
     links: BTreeMap<PathBuf, FdLink>,
     service_ids: IdPool,
@@ -434,6 +484,7 @@ impl Datapath {
             limits: *limits,
             installed: BTreeMap::new(),
             applied: None,
+            address_interface: None,
             links: BTreeMap::new(),
             service_ids: IdPool::new("services", limits.services),
             tables: IdPool::new("Maglev tables", limits.tables()),
@@ -565,6 +616,7 @@ impl Datapath {
         }
         if report.added + report.removed > 0 {
             self.sync_addresses()?;
+            self.sync_address_interface()?;
         }
         self.applied = Some(desired.clone());
         Ok(report)
