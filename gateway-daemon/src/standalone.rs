@@ -626,9 +626,7 @@ fn unanswered_since(
     now_stats: &gateway_common::ServiceStats,
     now: std::time::Instant,
 ) -> Option<std::time::Instant> {
-    let Some(before) = before else {
-        return None;
-    };
+    let before = before?;
     if now_stats.reply_packets > before.stats.reply_packets {
         return None;
     }
