@@ -6,6 +6,7 @@
 //! route gets the lowest free port not in cool-down; released claims block their port
 //! until the cool-down ends (and their own route may take them back until then).
 
+mod addresses;
 mod backends;
 mod ledger;
 pub mod status;
@@ -26,6 +27,7 @@ use crate::{
     datapath::{DesiredState, Protocol, ServiceAddr},
     model::*,
 };
+use addresses::Addresses;
 use backends::{resolve_backends, Index, Resolved};
 use ledger::Ledger;
 use status::*;
@@ -141,7 +143,8 @@ struct Gw<'a> {
     listeners: Vec<Lis<'a>>,
     params_error: Option<String>,
     cooldown: Duration,
-    address: Option<Ipv4Addr>,
+    /// The addresses it is served on (and those it is not).
+    addresses: Addresses,
 }
 
 impl Gw<'_> {
@@ -242,18 +245,12 @@ fn gateway_view<'a>(
             quota: None,
         })
         .collect();
-    let address = gw
-        .spec
-        .addresses
-        .iter()
-        .find_map(|a| a.value.parse::<Ipv4Addr>().ok())
-        .or(default_address);
     let mut view = Gw {
         spec: gw,
         listeners: Vec::new(),
         params_error: None,
         cooldown: DEFAULT_RELEASE_COOLDOWN,
-        address,
+        addresses: Addresses::of(&gw.spec.addresses, default_address),
     };
     let Some(pref) = gw
         .spec
@@ -977,8 +974,8 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         routes.push(entry);
     }
 
-    // Datapath: every bound claim of a gateway with an address, plus fixed listeners'
-    // oldest route.
+    // Datapath: every bound claim of a gateway, on each of its addresses, plus fixed
+    // listeners' oldest route.
     // The backends of a service are those of the last route of the claim's identity.
     let route_by_ref = |r: &ClaimRoute| {
         let (_, _, i) =
@@ -1018,35 +1015,36 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         let Some(gw) = gi.map(|gi| &gateways[gi]) else {
             continue;
         };
-        let (Some(addr), Some(protocol), Some(ri)) =
-            (gw.address, protocol_of(&claim.spec.protocol), route)
-        else {
+        let (Some(protocol), Some(ri)) = (protocol_of(&claim.spec.protocol), route) else {
             continue;
         };
-        serving.push((
-            ServiceAddr {
-                addr,
-                protocol,
-                port: claim.spec.port,
-            },
-            ri,
-        ));
+        for &addr in &gw.addresses.served {
+            serving.push((
+                ServiceAddr {
+                    addr,
+                    protocol,
+                    port: claim.spec.port,
+                },
+                ri,
+            ));
+        }
     }
     for (&(gi, li), list) in &fixed_attached {
         let gw = &gateways[gi];
         let l = &gw.listeners[li];
-        let (Some(addr), Some(protocol), Some(&oldest)) = (gw.address, l.protocol, list.first())
-        else {
+        let (Some(protocol), Some(&oldest)) = (l.protocol, list.first()) else {
             continue;
         };
-        serving.push((
-            ServiceAddr {
-                addr,
-                protocol,
-                port: l.spec.port,
-            },
-            attachments[oldest].route_index,
-        ));
+        for &addr in &gw.addresses.served {
+            serving.push((
+                ServiceAddr {
+                    addr,
+                    protocol,
+                    port: l.spec.port,
+                },
+                attachments[oldest].route_index,
+            ));
+        }
     }
     // Collected whole (a later entry for the same service wins, as an insert would).
     let owners: BTreeMap<ServiceAddr, Arc<RouteId>> = serving
@@ -1092,32 +1090,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                 generation,
             ),
         }];
-        conditions.push(match (accepted_ok, gw.address) {
-            (false, _) => condition(
-                "Programmed",
-                false,
-                "Invalid",
-                "the Gateway is not accepted",
-                &now_text,
-                generation,
-            ),
-            (true, None) => condition(
-                "Programmed",
-                false,
-                "AddressNotAssigned",
-                "spec.addresses has no IPv4 address",
-                &now_text,
-                generation,
-            ),
-            (true, Some(a)) => condition(
-                "Programmed",
-                true,
-                "Programmed",
-                format!("serving on {a}"),
-                &now_text,
-                generation,
-            ),
-        });
+        conditions.push(programmed(gw, accepted_ok, &now_text, generation));
         let listeners = gw
             .listeners
             .iter()
@@ -1213,15 +1186,16 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                 }
             })
             .collect();
+        // Only the addresses served: the unserved ones are named in `Programmed`.
         let addresses = gw
-            .address
-            .map(|a| {
-                vec![GatewayStatusAddress {
-                    kind: "IPAddress".to_string(),
-                    value: a.to_string(),
-                }]
+            .addresses
+            .served
+            .iter()
+            .map(|a| GatewayStatusAddress {
+                kind: "IPAddress".to_string(),
+                value: a.to_string(),
             })
-            .unwrap_or_default();
+            .collect();
         let (namespace, name) = gw.key();
         gateway_entries.push(GatewayEntry {
             namespace,
@@ -1266,6 +1240,46 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         owners,
         usage,
     }
+}
+
+/// A Gateway's `Programmed` condition: served on at least one address, or why not.
+/// Addresses it asked for but cannot have are named in the message either way.
+fn programmed(gw: &Gw, accepted: bool, now: &str, generation: Option<i64>) -> Condition {
+    let a = &gw.addresses;
+    if !accepted {
+        let message = "the Gateway is not accepted";
+        return condition("Programmed", false, "Invalid", message, now, generation);
+    }
+    if a.served.is_empty() && a.unserved.is_empty() {
+        let message = "spec.addresses has no IPv4 address";
+        return condition(
+            "Programmed",
+            false,
+            "AddressNotAssigned",
+            message,
+            now,
+            generation,
+        );
+    }
+    if a.served.is_empty() {
+        let message = format!(
+            "no address of spec.addresses can be served: {}; give the Gateway an IPv4 address (type IPAddress)",
+            a.unserved_list()
+        );
+        return condition(
+            "Programmed",
+            false,
+            "AddressNotUsable",
+            message,
+            now,
+            generation,
+        );
+    }
+    let mut message = format!("serving on {}", a.served_list());
+    if !a.unserved.is_empty() {
+        message.push_str(&format!("; not serving on {}", a.unserved_list()));
+    }
+    condition("Programmed", true, "Programmed", message, now, generation)
 }
 
 /// A route's status for the parent of attachment `a`.
