@@ -9,6 +9,7 @@
 mod addresses;
 mod backends;
 mod ledger;
+mod overlaps;
 pub mod status;
 
 use std::{
@@ -135,6 +136,9 @@ struct Lis<'a> {
     /// `port..=end` when a GatewayConfig makes it a range.
     range: Option<(u16, u16)>,
     quota: Option<u32>,
+    /// Ports an older Gateway's listener serves on an address this one serves too:
+    /// no route gets them here.
+    yielded: Vec<overlaps::Yielded>,
 }
 
 /// A Gateway of ours.
@@ -145,6 +149,8 @@ struct Gw<'a> {
     cooldown: Duration,
     /// The addresses it is served on (and those it is not).
     addresses: Addresses,
+    /// Its rank among the plan's Gateways, oldest (0) first.
+    age: usize,
 }
 
 impl Gw<'_> {
@@ -243,6 +249,7 @@ fn gateway_view<'a>(
             protocol: protocol_of(&l.protocol),
             range: None,
             quota: None,
+            yielded: Vec::new(),
         })
         .collect();
     let mut view = Gw {
@@ -251,6 +258,7 @@ fn gateway_view<'a>(
         params_error: None,
         cooldown: DEFAULT_RELEASE_COOLDOWN,
         addresses: Addresses::of(&gw.spec.addresses, default_address),
+        age: 0,
     };
     let Some(pref) = gw
         .spec
@@ -626,13 +634,32 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         .filter(|c| c.spec.controller_name == CONTROLLER_NAME)
         .map(|c| c.metadata.name.as_str())
         .collect();
-    let mut gateways: Vec<Gw> = snap
+    // Ours, with their position in the snapshot (their age without a creation time).
+    let mut gateways: Vec<(Gw, usize)> = snap
         .gateways
         .iter()
-        .filter(|g| classes.contains(g.spec.gateway_class_name.as_str()))
-        .map(|g| gateway_view(g, &snap.gateway_configs, input.default_address))
+        .enumerate()
+        .filter(|(_, g)| classes.contains(g.spec.gateway_class_name.as_str()))
+        .map(|(i, g)| {
+            (
+                gateway_view(g, &snap.gateway_configs, input.default_address),
+                i,
+            )
+        })
         .collect();
-    gateways.sort_by_key(|g| g.key());
+    gateways.sort_by_key(|(g, _)| g.key());
+    let (mut gateways, source): (Vec<Gw>, Vec<usize>) = gateways.into_iter().unzip();
+    let created: Vec<Option<SystemTime>> = gateways
+        .iter()
+        .map(|g| {
+            g.spec
+                .metadata
+                .creation_timestamp
+                .as_deref()
+                .and_then(parse_time)
+        })
+        .collect();
+    overlaps::mark(&mut gateways, &created, &source);
     let namespaces: BTreeMap<&str, &Namespace> = snap
         .namespaces
         .iter()
@@ -808,6 +835,9 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                                 let l = &gw.listeners[li];
                                 l.spec.name == claim.spec.listener
                                     && l.range.is_some_and(|(x, y)| (x..=y).contains(&claim.spec.port))
+                                    // A port an older Gateway serves on a shared address
+                                    // is not this listener's to keep.
+                                    && l.yielded_at(claim.spec.port).is_none()
                             }) && requested.is_none_or(|p| p == claim.spec.port))
                 })
             };
@@ -863,8 +893,8 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     // One entry per route with a parent of ours.
     let mut routes: Vec<Arc<RouteEntry>> = Vec::with_capacity(snap.routes.len());
     let mut datapath = DesiredState::default();
-    // (datapath service, index of the route whose backends serve it)
-    let mut serving: Vec<(ServiceAddr, usize)> = Vec::with_capacity(claims.len());
+    // (datapath service, index of the route whose backends serve it, its Gateway's age)
+    let mut serving: Vec<(ServiceAddr, usize, usize)> = Vec::with_capacity(claims.len());
     let mut fixed_attached: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
     for (ai, a) in attachments.iter().enumerate() {
         if let Attach::Listeners { fixed, .. } = &*a.attach {
@@ -1026,6 +1056,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                     port: claim.spec.port,
                 },
                 ri,
+                gw.age,
             ));
         }
     }
@@ -1035,6 +1066,10 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         let (Some(protocol), Some(&oldest)) = (l.protocol, list.first()) else {
             continue;
         };
+        // Its port belongs to an older Gateway's listener on a shared address.
+        if !l.yielded.is_empty() {
+            continue;
+        }
         for &addr in &gw.addresses.served {
             serving.push((
                 ServiceAddr {
@@ -1043,13 +1078,20 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                     port: l.spec.port,
                 },
                 attachments[oldest].route_index,
+                gw.age,
             ));
         }
     }
-    // Collected whole (a later entry for the same service wins, as an insert would).
+    // One route per service. Where Gateways still collide (the claims kept for a
+    // Gateway with invalid parameters are not checked against other Gateways), the
+    // oldest Gateway's entry wins; within one Gateway a later entry wins, as an insert
+    // would (the stable sort keeps the reversed order among equals).
+    serving.reverse();
+    serving.sort_by_key(|&(service, _, age)| (service, age));
+    serving.dedup_by_key(|&mut (service, _, _)| service);
     let owners: BTreeMap<ServiceAddr, Arc<RouteId>> = serving
         .iter()
-        .map(|&(service, ri)| {
+        .map(|&(service, ri, _)| {
             let id = match known[ri] {
                 Some(k) => Arc::clone(&k.id),
                 None => Arc::new(route_id(&snap.routes[ri])),
@@ -1059,7 +1101,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         .collect();
     datapath.services = serving
         .into_iter()
-        .map(|(service, ri)| {
+        .map(|(service, ri, _)| {
             // A claim kept for a frozen Gateway may name a route without attachments.
             let resolved = backends_of[ri]
                 .get_or_insert_with(|| Arc::new(resolve_backends(&snap.routes[ri], snap, &index)));
@@ -1123,6 +1165,8 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                     None => vec![],
                 };
                 let supported = l.protocol.is_some();
+                // Every port belongs to an older Gateway's listener: nothing to serve.
+                let unavailable = supported && l.fully_yielded();
                 let range_note = l
                     .range
                     .map(|(a, b)| format!(" (ports {a}-{b})"))
@@ -1132,7 +1176,16 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                     supported_kinds: kinds,
                     attached_routes: attached as i32,
                     conditions: vec![
-                        if supported {
+                        if unavailable {
+                            condition(
+                                "Accepted",
+                                false,
+                                "PortUnavailable",
+                                format!("every port of this listener{range_note} belongs to an older Gateway on a shared address (see Conflicted)"),
+                                &now_text,
+                                generation,
+                            )
+                        } else if supported {
                             condition(
                                 "Accepted",
                                 true,
@@ -1156,8 +1209,8 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                         },
                         condition(
                             "Programmed",
-                            supported && accepted_ok,
-                            if supported && accepted_ok {
+                            supported && accepted_ok && !unavailable,
+                            if supported && accepted_ok && !unavailable {
                                 "Programmed"
                             } else {
                                 "Invalid"
@@ -1174,14 +1227,24 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                             &now_text,
                             generation,
                         ),
-                        condition(
-                            "Conflicted",
-                            false,
-                            "NoConflicts",
-                            "",
-                            &now_text,
-                            generation,
-                        ),
+                        match l.yielded.is_empty() {
+                            true => condition(
+                                "Conflicted",
+                                false,
+                                "NoConflicts",
+                                "",
+                                &now_text,
+                                generation,
+                            ),
+                            false => condition(
+                                "Conflicted",
+                                true,
+                                "PortConflict",
+                                overlaps::conflict_message(l),
+                                &now_text,
+                                generation,
+                            ),
+                        },
                     ],
                 }
             })
@@ -1343,6 +1406,17 @@ fn parent_status(
                         names(&decision.shadowed)
                     ));
                 }
+                let conflicted: Vec<usize> = fixed
+                    .iter()
+                    .copied()
+                    .filter(|&li| !gw.listeners[li].yielded.is_empty())
+                    .collect();
+                if !conflicted.is_empty() {
+                    parts.push(format!(
+                        "listener {} serves no traffic: its port belongs to an older Gateway on a shared address",
+                        names(&conflicted)
+                    ));
+                }
             }
             let message = match parts.len() {
                 1 => parts.pop().unwrap_or_default(),
@@ -1488,6 +1562,15 @@ fn allocate(
                 continue;
             }
         }
+        if let Some((p, y)) = requested.and_then(|p| Some((p, l.yielded_at(p)?))) {
+            return Err((
+                "PortUnavailable",
+                format!(
+                    "port {p} is served on {} by an older Gateway that shares this address",
+                    y.addr
+                ),
+            ));
+        }
         // Its own released claim on this listener, still cooling down, comes back to it.
         if let Some(ci) = ledger.rebind(a.gw, li, &me, *requested) {
             return Ok(ci);
@@ -1519,7 +1602,7 @@ fn allocate(
                 }
                 *p
             }
-            None => match ledger.lowest_free(a.gw, protocol, first, last) {
+            None => match ledger.lowest_free(a.gw, li, protocol, first, last) {
                 Some(p) => p,
                 None => continue,
             },
@@ -1540,7 +1623,22 @@ fn allocate(
         None => {
             let spans: Vec<String> = ranges
                 .iter()
-                .filter_map(|&li| gw.listeners[li].range.map(|(x, y)| format!("{x}-{y}")))
+                .filter_map(|&li| {
+                    let l = &gw.listeners[li];
+                    let (x, y) = l.range?;
+                    let yielded: Vec<String> = l
+                        .yielded
+                        .iter()
+                        .map(|y| overlaps::ports_text(&y.ports))
+                        .collect();
+                    Some(match yielded.is_empty() {
+                        true => format!("{x}-{y}"),
+                        false => format!(
+                            "{x}-{y} ({} served by an older Gateway on a shared address)",
+                            yielded.join(", ")
+                        ),
+                    })
+                })
                 .collect();
             Err((
                 "PortRangeExhausted",
