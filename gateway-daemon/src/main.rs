@@ -238,6 +238,7 @@ fn check_cmd(
         claims: &claims,
         now: SystemTime::now(),
         default_address: None,
+        ephemeral_ports: None,
         allocate: true,
     });
     print_document(&check::document(&plan), output)

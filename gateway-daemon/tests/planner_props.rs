@@ -118,6 +118,7 @@ fn input<'a>(
         claims,
         now: time(now),
         default_address: None,
+        ephemeral_ports: None,
         allocate: true,
     }
 }

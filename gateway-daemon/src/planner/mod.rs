@@ -16,6 +16,7 @@ use std::{
     borrow::Cow,
     collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
+    ops::RangeInclusive,
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -33,6 +34,10 @@ use backends::{resolve_backends, Index, Resolved};
 use ledger::Ledger;
 use status::*;
 
+/// Listener condition type: some of the listener's ports are among the host's
+/// ephemeral ports (present only then; the ports assigned are reserved from them).
+pub const EPHEMERAL_PORT_OVERLAP: &str = "berth.dev/EphemeralPortOverlap";
+
 /// Cool-down when a GatewayConfig does not set `releaseCooldown`.
 pub const DEFAULT_RELEASE_COOLDOWN: Duration = Duration::from_secs(300);
 
@@ -47,6 +52,9 @@ pub struct Input<'a> {
     pub now: SystemTime,
     /// The address of Gateways whose `spec.addresses` has no IPv4 address (`--address`).
     pub default_address: Option<Ipv4Addr>,
+    /// The host's ephemeral ports (`net.ipv4.ip_local_port_range`), when known: a
+    /// listener overlapping them says so in its status. `None` in `berth check`.
+    pub ephemeral_ports: Option<RangeInclusive<u16>>,
     /// Whether new ports may be assigned. A daemon that does not hold the allocator
     /// role plans with `false`: a route without a claim is reported Pending, and the
     /// plan programs only claims that are stored.
@@ -1153,6 +1161,10 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                         .count(),
                     None => fixed_attached.get(&(gi, li)).map_or(0, Vec::len),
                 };
+                let ephemeral = input
+                    .ephemeral_ports
+                    .as_ref()
+                    .and_then(|e| overlaps::ephemeral_overlap(l, e));
                 let kinds = match l.protocol {
                     Some(Protocol::Tcp) => vec![RouteGroupKind {
                         group: Some(GATEWAY_GROUP.to_string()),
@@ -1245,7 +1257,19 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                                 generation,
                             ),
                         },
-                    ],
+                    ]
+                    .into_iter()
+                    .chain(ephemeral.map(|(ports, within)| {
+                        condition(
+                            EPHEMERAL_PORT_OVERLAP,
+                            true,
+                            "OverlapsEphemeralPorts",
+                            overlaps::ephemeral_message(&ports, &within),
+                            &now_text,
+                            generation,
+                        )
+                    }))
+                    .collect(),
                 }
             })
             .collect();

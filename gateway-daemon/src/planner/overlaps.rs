@@ -151,6 +151,43 @@ pub(super) fn conflict_message(l: &Lis) -> String {
     format!("{yields}; no route of this listener gets {them}")
 }
 
+/// The ports of listener `l` among the host's ephemeral ports `ephemeral`, with the
+/// ephemeral range itself (for the message).
+pub(super) fn ephemeral_overlap(
+    l: &Lis,
+    ephemeral: &RangeInclusive<u16>,
+) -> Option<(RangeInclusive<u16>, RangeInclusive<u16>)> {
+    let (_, span) = l.span()?;
+    let first = *span.start().max(ephemeral.start());
+    let last = *span.end().min(ephemeral.end());
+    (first <= last).then(|| (first..=last, ephemeral.clone()))
+}
+
+/// The message of a listener's `berth.dev/EphemeralPortOverlap` condition.
+pub(super) fn ephemeral_message(
+    ports: &RangeInclusive<u16>,
+    within: &RangeInclusive<u16>,
+) -> String {
+    let verb = match ports.start() == ports.end() {
+        true => "is",
+        false => "are",
+    };
+    format!(
+        "{} of this listener {verb} in the host's ephemeral port range {}-{} \
+         (net.ipv4.ip_local_port_range): the ports assigned from {} are reserved from it \
+         (net.ipv4.ip_local_reserved_ports) while they are programmed, so that local \
+         connections do not take them",
+        ports_text(ports),
+        within.start(),
+        within.end(),
+        if ports.start() == ports.end() {
+            "it"
+        } else {
+            "them"
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
