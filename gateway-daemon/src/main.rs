@@ -269,6 +269,7 @@ fn check_cmd(
         claims: &claims,
         now: SystemTime::now(),
         default_address: None,
+        ephemeral_ports: None,
         allocate: true,
     });
     print_document(&check::document(&plan), output)

@@ -337,6 +337,7 @@ pub fn cycle(
                 claims: &stored,
                 now,
                 default_address,
+                ephemeral_ports: None,
                 allocate: true,
             },
             memo,

@@ -25,7 +25,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use desired::BackendSet;
-pub use desired::{Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
+pub use desired::{reserved_ports, Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use gateway_common::{
     map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service,
     ServiceKey, ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
