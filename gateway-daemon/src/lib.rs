@@ -6,6 +6,7 @@ pub mod admin;
 pub mod check;
 pub mod crd;
 pub mod datapath;
+pub mod host;
 pub mod kubernetes;
 pub mod manifests;
 pub mod memory;

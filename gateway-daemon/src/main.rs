@@ -495,6 +495,13 @@ fn uninstall(pin_dir: &std::path::Path, address_interface: &str) -> anyhow::Resu
     let links = std::fs::read_dir(pin_dir.join("links"))
         .map(|d| d.count())
         .unwrap_or(0);
+    let ports = datapath::pinned_service_ports(pin_dir)
+        .with_context(|| format!("reading the services pinned in {}", pin_dir.display()))?;
+    berth::host::update_reserved_ports(&ports, &Default::default())
+        .context("releasing the reserved ports (net.ipv4.ip_local_reserved_ports)")?;
+    if !ports.is_empty() {
+        println!("released {} reserved ports", ports.len());
+    }
     datapath::remove_pins(pin_dir).with_context(|| format!("removing {}", pin_dir.display()))?;
     println!(
         "removed {} ({links} program links: their programs are detached, and the maps)",

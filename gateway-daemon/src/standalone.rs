@@ -337,7 +337,7 @@ pub fn cycle(
                 claims: &stored,
                 now,
                 default_address,
-                ephemeral_ports: None,
+                ephemeral_ports: crate::host::ephemeral_ports(),
                 allocate: true,
             },
             memo,

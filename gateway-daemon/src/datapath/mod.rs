@@ -396,6 +396,9 @@ pub struct Datapath {
     applied: Option<DesiredState>,
     /// The dummy interface that holds the gateway addresses, if the daemon owns one.
     address_interface: Option<String>,
+    /// Ports this process reserved from the host's ephemeral ports (at start: those of
+    /// the services adopted, which the run before reserved).
+    reserved: std::collections::BTreeSet<u16>,
     /// Links this process holds, by pin path.
     links: BTreeMap<PathBuf, FdLink>,
     service_ids: IdPool,
@@ -485,12 +488,14 @@ impl Datapath {
             installed: BTreeMap::new(),
             applied: None,
             address_interface: None,
+            reserved: Default::default(),
             links: BTreeMap::new(),
             service_ids: IdPool::new("services", limits.services),
             tables: IdPool::new("Maglev tables", limits.tables()),
             backend_ids: IdPool::new("backends", limits.backends),
         };
         dp.adopt()?;
+        dp.reserved = dp.installed_ports();
         Ok(dp)
     }
 
@@ -537,6 +542,26 @@ impl Datapath {
                 .map_err(map_err(map_names::BACKENDS))?;
         }
         Ok(())
+    }
+
+    /// Ports of the installed services.
+    fn installed_ports(&self) -> std::collections::BTreeSet<u16> {
+        self.installed
+            .keys()
+            .map(|k| u16::from_be(k.port))
+            .collect()
+    }
+
+    /// Reserves the installed services' ports from the host's ephemeral ports (and
+    /// releases those no longer installed), leaving the operator's entries alone.
+    fn sync_reserved_ports(&mut self) {
+        let want = self.installed_ports();
+        let release: std::collections::BTreeSet<u16> =
+            self.reserved.difference(&want).copied().collect();
+        match crate::host::update_reserved_ports(&release, &want) {
+            Ok(()) => self.reserved = want,
+            Err(e) => tracing::warn!(error = %e, "updating net.ipv4.ip_local_reserved_ports"),
+        }
     }
 
     /// The services currently installed, with their backends.
@@ -617,6 +642,7 @@ impl Datapath {
         if report.added + report.removed > 0 {
             self.sync_addresses()?;
             self.sync_address_interface()?;
+            self.sync_reserved_ports();
         }
         self.applied = Some(desired.clone());
         Ok(report)
@@ -942,6 +968,21 @@ impl Datapath {
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir
     }
+}
+
+/// Ports of the services in the maps pinned in `pin_dir` (none if nothing is pinned).
+pub fn pinned_service_ports(pin_dir: &Path) -> Result<std::collections::BTreeSet<u16>> {
+    let name = map_names::SERVICES;
+    let path = pin_dir.join(name);
+    if !path.exists() {
+        return Ok(Default::default());
+    }
+    let data = MapData::from_pin(&path).map_err(map_err(name))?;
+    let map: HashMap<MapData, ServiceKey, Service> =
+        HashMap::try_from(aya::maps::Map::HashMap(data)).map_err(map_err(name))?;
+    map.keys()
+        .map(|k| k.map(|k| u16::from_be(k.port)).map_err(map_err(name)))
+        .collect()
 }
 
 /// Removes every pin of a datapath (maps and links). Attached programs whose link is
