@@ -48,6 +48,33 @@ pub struct RouteRow {
     /// Tracked flows of the route's port that forwarded a packet in the last minute.
     #[serde(default)]
     pub active_flows: u64,
+    /// Packets from the backends back to clients (reverse NAT).
+    #[serde(default)]
+    pub reply_packets: u64,
+    /// Packets the kernel forwarded instead of XDP (either direction).
+    #[serde(default)]
+    pub kernel_packets: u64,
+    /// How the route's packets leave: "xdp", "kernel: <why>", or "-" before any.
+    #[serde(default)]
+    pub path: String,
+    /// Something the operator should look at (e.g. packets forwarded, no replies).
+    #[serde(default)]
+    pub warning: Option<String>,
+}
+
+/// Packets forwarded without any reply for this long make a route flagged.
+pub const UNANSWERED_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The warning of a route whose packets go unanswered, if they do.
+pub fn unanswered(t: &crate::datapath::Traffic) -> Option<String> {
+    let since = t.unanswered_since?.elapsed();
+    (since >= UNANSWERED_AFTER).then(|| {
+        format!(
+            "packets forwarded for {}s without a reply through the gateway: in router mode \
+             the backends must route replies back through the gateway",
+            since.as_secs()
+        )
+    })
 }
 
 /// Serves until the listener fails, one connection at a time on this thread: answers
@@ -219,6 +246,10 @@ fn row(
         packets: traffic.stats.packets + traffic.stats.reply_packets,
         bytes: traffic.stats.bytes + traffic.stats.reply_bytes,
         active_flows: traffic.active_flows,
+        reply_packets: traffic.stats.reply_packets,
+        kernel_packets: traffic.stats.kernel_packets,
+        path: traffic.path().unwrap_or_else(|| "-".into()),
+        warning: unanswered(&traffic),
     }
 }
 
@@ -268,8 +299,10 @@ fn metrics(p: &Published) -> String {
         let _ = writeln!(m, "# HELP berth_route_bytes_total Bytes through a route's port, by direction.\n# TYPE berth_route_bytes_total counter");
         let _ = writeln!(m, "# HELP berth_route_flows_total Flows balanced to a route's backends.\n# TYPE berth_route_flows_total counter");
         let _ = writeln!(m, "# HELP berth_route_active_flows Tracked flows of a route that forwarded a packet in the last minute.\n# TYPE berth_route_active_flows gauge");
-        for (service, t) in &p.traffic {
-            let (active, t) = (t.active_flows, t.stats);
+        let _ = writeln!(m, "# HELP berth_route_kernel_packets_total Packets of a route the kernel forwarded instead of XDP, by the last reason.\n# TYPE berth_route_kernel_packets_total counter");
+        let _ = writeln!(m, "# HELP berth_route_unanswered 1 while a route forwards packets and no reply has come back for 10 s or more.\n# TYPE berth_route_unanswered gauge");
+        for (service, traffic) in &p.traffic {
+            let (active, t) = (traffic.active_flows, traffic.stats);
             let Some(o) = p.owners.get(service) else {
                 continue;
             };
@@ -299,6 +332,17 @@ fn metrics(p: &Published) -> String {
             );
             let _ = writeln!(m, "berth_route_flows_total{{{labels}}} {}", t.new_flows);
             let _ = writeln!(m, "berth_route_active_flows{{{labels}}} {active}");
+            let _ = writeln!(
+                m,
+                "berth_route_kernel_packets_total{{{labels},path=\"{}\"}} {}",
+                traffic.path().unwrap_or_default(),
+                t.kernel_packets
+            );
+            let _ = writeln!(
+                m,
+                "berth_route_unanswered{{{labels}}} {}",
+                u8::from(unanswered(traffic).is_some())
+            );
         }
     }
     if !p.counters.is_empty() {

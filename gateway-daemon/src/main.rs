@@ -69,6 +69,26 @@ enum Command {
         /// Where the datapath's maps and links are pinned.
         #[arg(long, default_value = datapath::DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
+        /// Dummy interface the daemon owns that holds the programmed gateway addresses,
+        /// so the host answers ARP for them (default in standalone mode: berth0; in
+        /// Kubernetes mode none unless given: announce addresses with MetalLB or BGP).
+        #[arg(long, conflicts_with = "no_address_interface")]
+        address_interface: Option<String>,
+        /// Put the gateway addresses on no interface (clients then need a route to
+        /// them via this host).
+        #[arg(long)]
+        no_address_interface: bool,
+    },
+    /// Remove Berth from this host: detach its programs from every interface, remove
+    /// its pinned maps and links and its dummy interface (stop `berth run` first;
+    /// established flows are lost). Claims in the state directory are kept.
+    Uninstall {
+        /// Where the datapath's maps and links are pinned.
+        #[arg(long, default_value = datapath::DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        /// The dummy interface that holds the gateway addresses.
+        #[arg(long, default_value = DEFAULT_ADDRESS_INTERFACE)]
+        address_interface: String,
     },
     /// Plan from manifests, with no kernel and no network: print claims and statuses.
     Check {
@@ -150,6 +170,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             admin_addr,
             output,
         } => get_cmd(what, &admin_addr, output),
+        Command::Uninstall {
+            pin_dir,
+            address_interface,
+        } => uninstall(&pin_dir, &address_interface),
         Command::Run {
             manifests,
             kubernetes,
@@ -162,8 +186,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             lease_namespace,
             log_format,
             pin_dir,
+            address_interface,
+            no_address_interface,
         } => {
             init_logging(log_format);
+            let mut dp = DatapathOptions {
+                interfaces,
+                xdp_mode,
+                pin_dir,
+                address_interface: if no_address_interface {
+                    None
+                } else {
+                    address_interface.clone()
+                },
+            };
             if kubernetes {
                 let identity = match node_name {
                     Some(n) => n,
@@ -176,18 +212,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     lease_namespace,
                     default_address: address,
                 };
-                return run_kubernetes(options, &interfaces, &admin_addr, xdp_mode, pin_dir);
+                return run_kubernetes(options, &dp, &admin_addr);
+            }
+            if !no_address_interface && address_interface.is_none() {
+                dp.address_interface = Some(DEFAULT_ADDRESS_INTERFACE.to_string());
             }
             let dir = manifests.context("--manifests DIR (or --kubernetes) is required")?;
-            run_standalone(
-                &dir,
-                &state_dir,
-                &interfaces,
-                address,
-                &admin_addr,
-                xdp_mode,
-                pin_dir,
-            )
+            run_standalone(&dir, &state_dir, address, &admin_addr, &dp)
         }
     }
 }
@@ -238,6 +269,7 @@ fn check_cmd(
         claims: &claims,
         now: SystemTime::now(),
         default_address: None,
+        ephemeral_ports: None,
         allocate: true,
     });
     print_document(&check::document(&plan), output)
@@ -265,7 +297,7 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
                 Output::Yaml => print!("{}", serde_yaml::to_string(&rows)?),
                 Output::Table => {
                     println!(
-                        "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} TRAFFIC",
+                        "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {:<6} TRAFFIC",
                         "NAMESPACE",
                         "NAME",
                         "KIND",
@@ -274,12 +306,18 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
                         "PORT",
                         "ACCEPTED",
                         "BACKENDS",
-                        "AGE"
+                        "AGE",
+                        "PATH"
                     );
                     for r in rows {
                         let port = r.port.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
+                        let path = if r.path.starts_with("kernel") {
+                            "kernel"
+                        } else {
+                            r.path.as_str()
+                        };
                         println!(
-                            "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {} pkts, {} B, {} active flows",
+                            "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {:<6} {} pkts, {} B, {} active flows",
                             r.namespace,
                             r.name,
                             r.kind,
@@ -289,10 +327,18 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
                             r.accepted,
                             r.backends,
                             age(r.created.as_deref()),
+                            path,
                             r.packets,
                             r.bytes,
                             r.active_flows
                         );
+                        // The slow way and its reason, and anything to look at, below the row.
+                        if let Some(why) = r.path.strip_prefix("kernel: ") {
+                            println!("  ↳ forwarded by the kernel: {why}");
+                        }
+                        if let Some(w) = &r.warning {
+                            println!("  ↳ warning: {w}");
+                        }
                     }
                 }
             }
@@ -357,18 +403,27 @@ fn age(created: Option<&str>) -> String {
     }
 }
 
+/// Default name of the dummy interface that holds the gateway addresses.
+const DEFAULT_ADDRESS_INTERFACE: &str = "berth0";
+
+/// How `berth run` sets up the datapath.
+struct DatapathOptions {
+    interfaces: Vec<String>,
+    xdp_mode: XdpMode,
+    pin_dir: PathBuf,
+    address_interface: Option<String>,
+}
+
 fn run_standalone(
     dir: &std::path::Path,
     state_dir: &std::path::Path,
-    interfaces: &[String],
     address: Option<Ipv4Addr>,
     admin_addr: &str,
-    xdp_mode: XdpMode,
-    pin_dir: PathBuf,
+    options: &DatapathOptions,
 ) -> anyhow::Result<()> {
     let store = Store::open(state_dir)
         .with_context(|| format!("opening state directory {}", state_dir.display()))?;
-    let mut datapath = load_datapath(interfaces, xdp_mode, pin_dir)?;
+    let mut datapath = load_datapath(options)?;
     let shared = serve_admin(admin_addr)?;
     tracing::info!(admin = admin_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
     let mut source = ManifestSource::new(dir);
@@ -376,21 +431,25 @@ fn run_standalone(
     Ok(())
 }
 
-/// Loads the datapath and attaches it to `interfaces` (none: no datapath).
-fn load_datapath(
-    interfaces: &[String],
-    xdp_mode: XdpMode,
-    pin_dir: PathBuf,
-) -> anyhow::Result<Option<Datapath>> {
+/// Loads the datapath, attaches it to the interfaces (none: no datapath), follows
+/// which interfaces take XDP frames, and owns the address interface if asked to.
+fn load_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>> {
+    let DatapathOptions {
+        interfaces,
+        xdp_mode,
+        pin_dir,
+        address_interface,
+    } = options;
     if interfaces.is_empty() {
         tracing::warn!("no --interface: planning and serving state only, no datapath");
         return Ok(None);
     }
     let mut dp = Datapath::load(&Config {
-        pin_dir,
+        pin_dir: pin_dir.clone(),
         ..Config::default()
     })
     .context("loading the datapath")?;
+    datapath::follow_xmit(pin_dir).context("following which interfaces take XDP frames")?;
     let mode = match xdp_mode {
         XdpMode::Auto => AttachMode::Auto,
         XdpMode::Native => AttachMode::Native,
@@ -416,10 +475,44 @@ fn load_datapath(
             ),
         }
     }
+    if let Some(name) = address_interface {
+        dp.own_addresses_on(name)
+            .context("putting the gateway addresses on their interface")?;
+        tracing::info!(
+            iface = name,
+            "gateway addresses go on this dummy interface (the host answers ARP for them)"
+        );
+    }
     if !datapath::ipv4_forwarding_enabled().unwrap_or(false) {
-        tracing::warn!("IPv4 forwarding is off (net.ipv4.ip_forward=0): packets the XDP program hands to the kernel will be dropped");
+        tracing::error!("IPv4 forwarding is off (net.ipv4.ip_forward=0): every packet the XDP program hands to the kernel (interfaces that take no XDP frames, unresolved neighbours) will be dropped; set net.ipv4.ip_forward=1");
     }
     Ok(Some(dp))
+}
+
+/// `berth uninstall`: removes the pins (detaching every program no process holds) and
+/// the dummy interface.
+fn uninstall(pin_dir: &std::path::Path, address_interface: &str) -> anyhow::Result<()> {
+    let links = std::fs::read_dir(pin_dir.join("links"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    let ports = datapath::pinned_service_ports(pin_dir)
+        .with_context(|| format!("reading the services pinned in {}", pin_dir.display()))?;
+    berth::host::update_reserved_ports(&ports, &Default::default())
+        .context("releasing the reserved ports (net.ipv4.ip_local_reserved_ports)")?;
+    if !ports.is_empty() {
+        println!("released {} reserved ports", ports.len());
+    }
+    datapath::remove_pins(pin_dir).with_context(|| format!("removing {}", pin_dir.display()))?;
+    println!(
+        "removed {} ({links} program links: their programs are detached, and the maps)",
+        pin_dir.display()
+    );
+    match berth::netlink::delete_dummy(address_interface) {
+        Ok(true) => println!("removed interface {address_interface}"),
+        Ok(false) => println!("no interface {address_interface}"),
+        Err(e) => return Err(e).with_context(|| format!("removing interface {address_interface}")),
+    }
+    Ok(())
 }
 
 /// Binds the admin endpoint and serves it from a thread; returns what it serves.
@@ -434,12 +527,10 @@ fn serve_admin(admin_addr: &str) -> anyhow::Result<standalone::Shared> {
 
 fn run_kubernetes(
     options: berth::kubernetes::Options,
-    interfaces: &[String],
+    dp: &DatapathOptions,
     admin_addr: &str,
-    xdp_mode: XdpMode,
-    pin_dir: PathBuf,
 ) -> anyhow::Result<()> {
-    let datapath = load_datapath(interfaces, xdp_mode, pin_dir)?;
+    let datapath = load_datapath(dp)?;
     let shared = serve_admin(admin_addr)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

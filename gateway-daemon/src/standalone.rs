@@ -337,6 +337,7 @@ pub fn cycle(
                 claims: &stored,
                 now,
                 default_address,
+                ephemeral_ports: crate::host::ephemeral_ports(),
                 allocate: true,
             },
             memo,
@@ -606,15 +607,88 @@ fn read_traffic(p: &mut Published, dp: &Datapath) {
                 Some(counted) => counted.get(&service).copied().unwrap_or(0),
                 None => p.traffic.get(&service).map_or(0, |t| t.active_flows),
             };
+            let before = p.traffic.get(&service);
             let traffic = crate::datapath::Traffic {
                 stats,
                 active_flows,
+                unanswered_since: unanswered_since(before, &stats, now),
             };
             (service, traffic)
         })
         .collect();
     p.traffic_at = Some(now);
     tracing::debug!(took = ?started.elapsed(), "read traffic");
+}
+
+/// Since when a service's forwarded packets went unanswered, given what was read
+/// before: replies that moved clear it, forward packets that moved without them start it.
+fn unanswered_since(
+    before: Option<&crate::datapath::Traffic>,
+    now_stats: &gateway_common::ServiceStats,
+    now: std::time::Instant,
+) -> Option<std::time::Instant> {
+    let before = before?;
+    if now_stats.reply_packets > before.stats.reply_packets {
+        return None;
+    }
+    if now_stats.packets > before.stats.packets {
+        return Some(before.unanswered_since.unwrap_or(now));
+    }
+    before.unanswered_since
+}
+
+/// Logs, at most once a minute per counter, datapath counters that mean lost or
+/// misrouted packets, naming the routes whose packets took that way.
+fn log_losses(before: &Published, after: &Published) {
+    use gateway_common::Counter;
+    const LOSSES: [Counter; 7] = [
+        Counter::DropNoBackend,
+        Counter::DropMalformed,
+        Counter::DropFragment,
+        Counter::KernelForwardingOff,
+        Counter::KernelNoRoute,
+        Counter::KernelEgressUnknown,
+        Counter::RedirectError,
+    ];
+    static LAST: Mutex<BTreeMap<&'static str, std::time::Instant>> = Mutex::new(BTreeMap::new());
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    for c in LOSSES {
+        let name = c.name();
+        let grew = after
+            .counters
+            .get(name)
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(before.counters.get(name).copied().unwrap_or(0));
+        if grew == 0
+            || last
+                .get(name)
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
+        {
+            continue;
+        }
+        last.insert(name, std::time::Instant::now());
+        let routes: Vec<String> = after
+            .traffic
+            .iter()
+            .filter(|(s, t)| {
+                t.stats.kernel_reason == c as u32 + 1
+                    && before
+                        .traffic
+                        .get(*s)
+                        .is_none_or(|b| b.stats.kernel_packets < t.stats.kernel_packets)
+            })
+            .filter_map(|(s, _)| after.owners.get(s))
+            .map(|o| format!("{}/{}/{}", o.kind, o.namespace, o.name))
+            .collect();
+        tracing::warn!(
+            counter = name,
+            packets = grew,
+            routes = %routes.join(" "),
+            "packets lost or handed to the kernel to drop ({}); rate-limited to one line a minute",
+            crate::datapath::kernel_reason(c)
+        );
+    }
 }
 
 /// Between plans (both modes): publishes fresh counters and traffic when they are due
@@ -626,6 +700,7 @@ pub fn refresh_traffic(shared: &Shared, dp: &Datapath) {
     }
     let mut p = Published::clone(&prev);
     read_traffic(&mut p, dp);
+    log_losses(&prev, &p);
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(p);
 }
 

@@ -1219,6 +1219,7 @@ fn example_errors(d: &Deploy) -> Vec<String> {
         claims: &[],
         now: SystemTime::now(),
         default_address: None,
+        ephemeral_ports: None,
         allocate: true,
     });
     let state = serde_json::to_value(berth::check::document(&plan)).expect("state");

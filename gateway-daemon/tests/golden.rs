@@ -1,6 +1,8 @@
 //! Golden files for the planner: `golden/NAME.in.yaml` (objects, existing PortClaims,
 //! and optionally a `PlannerClock` document with `now`) → `golden/NAME.out.yaml`
-//! (statuses, claims and the datapath plan). `BLESS=1 cargo test --test golden`
+//! (statuses, claims and the datapath plan). The `PlannerClock` document may also give
+//! `ephemeralPorts: FIRST-LAST`, the host's ephemeral ports (none by default).
+//! `BLESS=1 cargo test --test golden`
 //! rewrites the outputs; review the diff.
 
 use std::{path::Path, time::SystemTime};
@@ -32,6 +34,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
     let text = std::fs::read_to_string(input).expect("read input");
     let mut claims = Vec::new();
     let mut now = DEFAULT_NOW.to_string();
+    let mut ephemeral_ports = None;
     let mut manifest_docs = Vec::new();
     for de in serde_yaml::Deserializer::from_str(&text) {
         let value: serde_yaml::Value = serde::Deserialize::deserialize(de).expect("yaml");
@@ -39,7 +42,13 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
             Some("PortClaim") => claims.push(std::sync::Arc::new(
                 serde_yaml::from_value::<PortClaim>(value).expect("PortClaim"),
             )),
-            Some("PlannerClock") => now = value["now"].as_str().expect("now").to_string(),
+            Some("PlannerClock") => {
+                now = value["now"].as_str().unwrap_or(DEFAULT_NOW).to_string();
+                ephemeral_ports = value["ephemeralPorts"].as_str().map(|r| {
+                    let (first, last) = r.split_once('-').expect("ephemeralPorts: FIRST-LAST");
+                    first.parse::<u16>().expect("first")..=last.parse::<u16>().expect("last")
+                });
+            }
             _ => manifest_docs.push(serde_yaml::to_string(&value).expect("yaml")),
         }
     }
@@ -57,6 +66,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
         claims: &claims,
         now,
         default_address: None,
+        ephemeral_ports: ephemeral_ports.clone(),
         allocate: true,
     });
     let again = planner::plan(&planner::Input {
@@ -64,6 +74,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
         claims: &claims,
         now,
         default_address: None,
+        ephemeral_ports: ephemeral_ports.clone(),
         allocate: true,
     });
     assert_eq!(
@@ -93,6 +104,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
                 claims: &claims,
                 now,
                 default_address: None,
+                ephemeral_ports: ephemeral_ports.clone(),
                 allocate: true,
             },
             memo,

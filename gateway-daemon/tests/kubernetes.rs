@@ -338,6 +338,7 @@ async fn a_cooled_down_claim_is_deleted_only_at_the_version_read() {
         claims: &view.held.list(),
         now: SystemTime::now(),
         default_address: None,
+        ephemeral_ports: None,
         allocate: true,
     });
     assert!(plan.claims.is_empty(), "cooled down: no longer wanted");
@@ -688,6 +689,7 @@ async fn gateway_status_is_server_side_applied_with_our_field_manager() {
         claims: &[],
         now: SystemTime::now(),
         default_address: None,
+        ephemeral_ports: None,
         allocate: true,
     });
     let entry = plan.gateways[0].clone();

@@ -118,6 +118,7 @@ fn input<'a>(
         claims,
         now: time(now),
         default_address: None,
+        ephemeral_ports: None,
         allocate: true,
     }
 }
@@ -278,6 +279,177 @@ proptest! {
             claims = remembered.claims;
             published = Some(got);
             last = Some(snapshot);
+        }
+    }
+}
+
+/// Two Gateways on a shared address: `a` (10.0.0.1, range 30000-30007) and `b`
+/// (10.0.0.1 and 10.0.0.2, range 30004-30011 and a fixed listener on 30002). Even
+/// routes attach to `a`, odd ones to `b`; `Flip` swaps which Gateway is older.
+mod shared_address {
+    use super::*;
+
+    pub const A: (u16, u16) = (30000, 30007);
+    pub const B: (u16, u16) = (30004, 30011);
+    pub const FIXED: u16 = 30002;
+
+    #[derive(Clone, Debug)]
+    pub enum Op {
+        Create(usize, Option<u16>),
+        Delete(usize),
+        Edit(usize, Option<u16>),
+        Advance(u64),
+        Flip,
+    }
+
+    pub fn op() -> impl Strategy<Value = Op> {
+        let port = prop_oneof![3 => Just(None), 2 => (A.0 - 1..=B.1 + 1).prop_map(Some)];
+        prop_oneof![
+            4 => (0..10usize, port.clone()).prop_map(|(i, p)| Op::Create(i, p)),
+            2 => (0..10usize).prop_map(Op::Delete),
+            1 => (0..10usize, port).prop_map(|(i, p)| Op::Edit(i, p)),
+            2 => (1..90u64).prop_map(Op::Advance),
+            1 => Just(Op::Flip),
+        ]
+    }
+
+    pub fn gateway_of(i: usize) -> &'static str {
+        ["a", "b"][i % 2]
+    }
+
+    pub fn manifests_text(routes: &BTreeMap<usize, RouteState>, flipped: bool) -> String {
+        let (a_created, b_created) = match flipped {
+            false => (time(0), time(1)),
+            true => (time(1), time(0)),
+        };
+        let created = |t| humantime::format_rfc3339_seconds(t);
+        let mut s = format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: berth}}\n\
+             spec: {{controllerName: berth.dev/gateway-controller}}\n---\n\
+             apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
+             metadata: {{name: a, namespace: infra, creationTimestamp: \"{}\"}}\n\
+             spec:\n  gatewayClassName: berth\n  addresses: [{{value: 10.0.0.1}}]\n  infrastructure:\n    \
+             parametersRef: {{group: berth.dev, kind: GatewayConfig, name: a}}\n  listeners:\n  \
+             - {{name: pool, protocol: TCP, port: {}, allowedRoutes: {{namespaces: {{from: All}}}}}}\n---\n\
+             apiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: a, namespace: infra}}\n\
+             spec:\n  releaseCooldown: {COOLDOWN}s\n  listeners: [{{name: pool, endPort: {}}}]\n---\n\
+             apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
+             metadata: {{name: b, namespace: infra, creationTimestamp: \"{}\"}}\n\
+             spec:\n  gatewayClassName: berth\n  addresses: [{{value: 10.0.0.2}}, {{value: 10.0.0.1}}]\n  infrastructure:\n    \
+             parametersRef: {{group: berth.dev, kind: GatewayConfig, name: b}}\n  listeners:\n  \
+             - {{name: pool, protocol: TCP, port: {}, allowedRoutes: {{namespaces: {{from: All}}}}}}\n  \
+             - {{name: fixed, protocol: TCP, port: {FIXED}, allowedRoutes: {{namespaces: {{from: All}}}}}}\n---\n\
+             apiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: b, namespace: infra}}\n\
+             spec:\n  releaseCooldown: {COOLDOWN}s\n  listeners: [{{name: pool, endPort: {}}}]\n",
+            created(a_created),
+            A.0,
+            A.1,
+            created(b_created),
+            B.0,
+            B.1,
+        );
+        for (i, r) in routes {
+            let port = r.port.map(|p| format!(", port: {p}")).unwrap_or_default();
+            s.push_str(&format!(
+                "---\napiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+                 metadata: {{name: r{i}, namespace: {}, creationTimestamp: \"{}\"}}\n\
+                 spec:\n  parentRefs: [{{name: {}, namespace: infra{port}}}]\n",
+                NAMESPACES[i % NAMESPACES.len()],
+                created(time(r.created)),
+                gateway_of(*i),
+            ));
+        }
+        s
+    }
+
+    pub fn snapshot(routes: &BTreeMap<usize, RouteState>, flipped: bool) -> berth::model::Snapshot {
+        let text = manifests_text(routes, flipped);
+        let parsed = manifests::parse_file(std::path::Path::new("shared.yaml"), &text);
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        manifests::snapshot([&parsed])
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// However routes come and go and whichever Gateway is older, no (address,
+    /// protocol, port) is given to two routes: every bound claim is served on every
+    /// address of its Gateway to its own route, and nothing else is served but the
+    /// fixed listener of a Gateway that does not yield its port.
+    #[test]
+    fn no_address_protocol_and_port_is_served_to_two_routes(
+        ops in proptest::collection::vec(shared_address::op(), 1..40)
+    ) {
+        use berth::datapath::{Protocol, ServiceAddr};
+        use shared_address::{Op, FIXED};
+
+        let mut routes: BTreeMap<usize, RouteState> = BTreeMap::new();
+        let mut claims: Vec<Arc<PortClaim>> = Vec::new();
+        let mut now = 2u64;
+        let mut flipped = false;
+        let mut memo = planner::Memo::default();
+        for op in ops {
+            match op {
+                Op::Create(i, port) => {
+                    routes.entry(i).or_insert(RouteState { created: now, port });
+                }
+                Op::Delete(i) => {
+                    routes.remove(&i);
+                }
+                Op::Edit(i, port) => {
+                    if let Some(r) = routes.get_mut(&i) {
+                        r.port = port;
+                    }
+                }
+                Op::Advance(s) => now += s,
+                Op::Flip => flipped = !flipped,
+            }
+            let snapshot = shared_address::snapshot(&routes, flipped);
+            let plan = planner::plan(&input(&snapshot, &claims, now));
+            let remembered = planner::plan_with(&input(&snapshot, &claims, now), &mut memo);
+            prop_assert_eq!(&plan.claims, &remembered.claims);
+            prop_assert_eq!(&plan.datapath, &remembered.datapath);
+            prop_assert_eq!(&plan.owners, &remembered.owners);
+            prop_assert_eq!(&plan.gateways, &remembered.gateways);
+
+            let addresses = |gateway: &str| -> Vec<std::net::Ipv4Addr> {
+                plan.gateways
+                    .iter()
+                    .find(|g| g.name == gateway)
+                    .map(|g| g.status.addresses.iter().map(|a| a.value.parse().expect("ipv4")).collect())
+                    .unwrap_or_default()
+            };
+            let mut claimed: BTreeMap<ServiceAddr, String> = BTreeMap::new();
+            for c in plan.claims.iter().filter(|c| {
+                c.status.as_ref().is_none_or(|s| s.phase == ClaimPhase::Bound)
+            }) {
+                for addr in addresses(&c.spec.gateway) {
+                    let service = ServiceAddr { addr, protocol: Protocol::Tcp, port: c.spec.port };
+                    let route = c.spec.route.name.clone();
+                    if let Some(other) = claimed.insert(service, route.clone()) {
+                        prop_assert!(false, "{service} claimed by {other} and {route}: {:?}", plan.claims);
+                    }
+                    prop_assert_eq!(
+                        plan.owners.get(&service).map(|o| o.name.as_str()),
+                        Some(route.as_str()),
+                        "{} is not served to its claim's route", service
+                    );
+                }
+            }
+            let fixed_yields = plan.gateways.iter().find(|g| g.name == "b").is_some_and(|g| {
+                g.status.listeners.iter().any(|l| l.name == "fixed"
+                    && l.conditions.iter().any(|c| c.kind == "Conflicted" && c.status == "True"))
+            });
+            for (service, owner) in &plan.owners {
+                let fixed = service.port == FIXED && !fixed_yields;
+                prop_assert!(
+                    claimed.contains_key(service) || fixed,
+                    "{} served to {} without a claim", service, owner.name
+                );
+            }
+            prop_assert_eq!(plan.owners.len(), plan.datapath.services.len());
+            claims = remembered.claims;
         }
     }
 }

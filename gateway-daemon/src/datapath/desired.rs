@@ -1,7 +1,7 @@
 //! The desired state of the datapath: which gateway ports go to which weighted backends.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fmt,
     net::{Ipv4Addr, SocketAddrV4},
 };
@@ -139,6 +139,12 @@ mod service_list {
     }
 }
 
+/// Every port of the desired state, TCP and UDP together: the ports to reserve from
+/// the host's ephemeral ports (`net.ipv4.ip_local_reserved_ports` knows no protocol).
+pub fn reserved_ports(state: &DesiredState) -> BTreeSet<u16> {
+    state.services.keys().map(|s| s.port).collect()
+}
+
 /// Backends of one service keyed by endpoint (duplicates merged by adding weights).
 pub(crate) type BackendSet = BTreeMap<SocketAddrV4, u16>;
 
@@ -208,4 +214,24 @@ fn backend_set(backends: &[WeightedBackend]) -> BackendSet {
         *w = w.saturating_add(b.weight);
     }
     set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_ports_are_the_ports_of_every_service_whatever_the_address_or_protocol() {
+        let service = |addr: [u8; 4], protocol, port| ServiceAddr {
+            addr: Ipv4Addr::from(addr),
+            protocol,
+            port,
+        };
+        let state = DesiredState::default()
+            .with_service(service([10, 0, 0, 1], Protocol::Tcp, 30000), vec![])
+            .with_service(service([10, 0, 0, 2], Protocol::Tcp, 30000), vec![])
+            .with_service(service([10, 0, 0, 1], Protocol::Udp, 30053), vec![])
+            .with_service(service([10, 0, 0, 1], Protocol::Tcp, 80), vec![]);
+        assert_eq!(reserved_ports(&state), BTreeSet::from([80, 30000, 30053]));
+    }
 }

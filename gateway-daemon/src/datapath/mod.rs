@@ -7,6 +7,7 @@
 
 pub mod maglev;
 
+mod addresses;
 mod desired;
 mod links;
 mod xmit;
@@ -24,13 +25,13 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use desired::BackendSet;
-pub use desired::{Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
+pub use desired::{reserved_ports, Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use gateway_common::{
     map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service,
     ServiceKey, ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
 };
 pub use links::{LinkChange, LinkKind};
-pub use xmit::{XmitChange, XmitMap};
+pub use xmit::{follow as follow_xmit, FollowError, XmitChange, XmitMap};
 
 /// What the datapath counted for one service.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,6 +40,44 @@ pub struct Traffic {
     pub stats: ServiceStats,
     /// Tracked flows that forwarded a packet recently.
     pub active_flows: u64,
+    /// Since when packets were forwarded to the backends without a reply coming back
+    /// (None: replies keep up, or nothing was forwarded).
+    pub unanswered_since: Option<std::time::Instant>,
+}
+
+impl Traffic {
+    /// How this service's packets leave: `None` before any packet, "xdp" while XDP
+    /// sends them all, else "kernel: <why>" (the last reason).
+    pub fn path(&self) -> Option<String> {
+        if self.stats.packets + self.stats.reply_packets == 0 {
+            return None;
+        }
+        if self.stats.kernel_packets == 0 {
+            return Some("xdp".into());
+        }
+        let why = self
+            .stats
+            .kernel_reason
+            .checked_sub(1)
+            .and_then(Counter::from_index)
+            .map_or("unknown", kernel_reason);
+        Some(format!("kernel: {why}"))
+    }
+}
+
+/// Why a packet took the kernel's path, in words.
+pub fn kernel_reason(c: Counter) -> &'static str {
+    match c {
+        Counter::KernelNoXdpEgress => "egress takes no XDP frames",
+        Counter::KernelNoNeighbour => "no neighbour entry yet",
+        Counter::KernelFragNeeded => "longer than the egress MTU",
+        Counter::KernelTtl => "TTL expired",
+        Counter::KernelNoRoute => "no usable route",
+        Counter::KernelForwardingOff => "forwarding disabled (dropped)",
+        Counter::KernelEgressUnknown => "egress interface index beyond the map",
+        Counter::TcReply => "replies arrive where XDP does not run (translated by TC)",
+        other => other.name(),
+    }
 }
 
 /// Name of the gateway program in the object.
@@ -125,6 +164,15 @@ pub enum DatapathError {
         iface: String,
         /// Which hook.
         what: &'static str,
+    },
+    /// The gateway addresses could not be put on their interface.
+    #[error("gateway addresses on interface {iface}")]
+    Addresses {
+        /// The dummy interface.
+        iface: String,
+        /// Cause.
+        #[source]
+        source: crate::netlink::NetlinkError,
     },
     /// The pins would land on a bpffs private to this process.
     #[error(
@@ -346,6 +394,11 @@ pub struct Datapath {
     /// The state last applied in full: what is installed, unless the maps were changed
     /// behind the daemon's back (only by the daemon itself, which forgets this first).
     applied: Option<DesiredState>,
+    /// The dummy interface that holds the gateway addresses, if the daemon owns one.
+    address_interface: Option<String>,
+    /// Ports this process reserved from the host's ephemeral ports (at start: those of
+    /// the services adopted, which the run before reserved).
+    reserved: std::collections::BTreeSet<u16>,
     /// Links this process holds, by pin path.
     links: BTreeMap<PathBuf, FdLink>,
     service_ids: IdPool,
@@ -434,12 +487,15 @@ impl Datapath {
             limits: *limits,
             installed: BTreeMap::new(),
             applied: None,
+            address_interface: None,
+            reserved: Default::default(),
             links: BTreeMap::new(),
             service_ids: IdPool::new("services", limits.services),
             tables: IdPool::new("Maglev tables", limits.tables()),
             backend_ids: IdPool::new("backends", limits.backends),
         };
         dp.adopt()?;
+        dp.reserved = dp.installed_ports();
         Ok(dp)
     }
 
@@ -486,6 +542,26 @@ impl Datapath {
                 .map_err(map_err(map_names::BACKENDS))?;
         }
         Ok(())
+    }
+
+    /// Ports of the installed services.
+    fn installed_ports(&self) -> std::collections::BTreeSet<u16> {
+        self.installed
+            .keys()
+            .map(|k| u16::from_be(k.port))
+            .collect()
+    }
+
+    /// Reserves the installed services' ports from the host's ephemeral ports (and
+    /// releases those no longer installed), leaving the operator's entries alone.
+    fn sync_reserved_ports(&mut self) {
+        let want = self.installed_ports();
+        let release: std::collections::BTreeSet<u16> =
+            self.reserved.difference(&want).copied().collect();
+        match crate::host::update_reserved_ports(&release, &want) {
+            Ok(()) => self.reserved = want,
+            Err(e) => tracing::warn!(error = %e, "updating net.ipv4.ip_local_reserved_ports"),
+        }
     }
 
     /// The services currently installed, with their backends.
@@ -565,6 +641,8 @@ impl Datapath {
         }
         if report.added + report.removed > 0 {
             self.sync_addresses()?;
+            self.sync_address_interface()?;
+            self.sync_reserved_ports();
         }
         self.applied = Some(desired.clone());
         Ok(report)
@@ -890,6 +968,21 @@ impl Datapath {
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir
     }
+}
+
+/// Ports of the services in the maps pinned in `pin_dir` (none if nothing is pinned).
+pub fn pinned_service_ports(pin_dir: &Path) -> Result<std::collections::BTreeSet<u16>> {
+    let name = map_names::SERVICES;
+    let path = pin_dir.join(name);
+    if !path.exists() {
+        return Ok(Default::default());
+    }
+    let data = MapData::from_pin(&path).map_err(map_err(name))?;
+    let map: HashMap<MapData, ServiceKey, Service> =
+        HashMap::try_from(aya::maps::Map::HashMap(data)).map_err(map_err(name))?;
+    map.keys()
+        .map(|k| k.map(|k| u16::from_be(k.port)).map_err(map_err(name)))
+        .collect()
 }
 
 /// Removes every pin of a datapath (maps and links). Attached programs whose link is

@@ -87,3 +87,79 @@ impl XmitMap {
         Ok(change)
     }
 }
+
+/// Keeps `berth_xmit` equal to the kernel's list of interfaces that accept XDP frames:
+/// reads it at once (before returning, so the program is right from the start), then
+/// on a thread of its own again whenever the kernel announces a link or xdp-features
+/// change, and every `RECHECK` in case a notification was lost. Where the kernel cannot
+/// say (older than 6.3), the map stays empty: every packet takes the kernel's path,
+/// which is slower but never loses a packet.
+pub fn follow(pin_dir: &Path) -> Result<std::thread::JoinHandle<()>, FollowError> {
+    const RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
+    let mut map = XmitMap::open(pin_dir)?;
+    let mut events = crate::netlink::LinkEvents::new()?;
+    sync(&mut map);
+    std::thread::Builder::new()
+        .name("berth-xmit".into())
+        .spawn(move || loop {
+            if let Err(e) = events.wait(RECHECK) {
+                tracing::warn!(error = %crate::error_chain(&e), "link notifications");
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+            sync(&mut map);
+        })
+        .map_err(FollowError::Thread)
+}
+
+/// Errors of `follow`.
+#[derive(Debug, thiserror::Error)]
+pub enum FollowError {
+    /// The pinned map could not be opened.
+    #[error("opening the xmit map")]
+    Map(#[from] super::DatapathError),
+    /// The notification sockets could not be opened.
+    #[error("subscribing to link notifications")]
+    Netlink(#[from] crate::netlink::NetlinkError),
+    /// The thread could not be started.
+    #[error("starting the xmit thread")]
+    Thread(#[source] std::io::Error),
+}
+
+/// One pass: the kernel's list into the map, changes logged.
+fn sync(map: &mut XmitMap) {
+    let want = match crate::netlink::xdp_xmit_interfaces() {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(
+                error = %crate::error_chain(&e),
+                "cannot learn which interfaces take XDP frames: every packet goes through the kernel"
+            );
+            BTreeSet::new()
+        }
+    };
+    match map.set(&want) {
+        Ok(change) => {
+            let names = crate::netlink::links().unwrap_or_default();
+            let name = |i: &u32| names.get(i).cloned().unwrap_or_else(|| format!("#{i}"));
+            for i in &change.added {
+                tracing::info!(
+                    iface = name(i),
+                    "takes XDP frames: packets to it are redirected by XDP"
+                );
+            }
+            for i in &change.removed {
+                tracing::info!(
+                    iface = name(i),
+                    "takes no XDP frames (any more): packets to it go through the kernel"
+                );
+            }
+            for i in &change.beyond {
+                tracing::warn!(
+                    iface = name(i),
+                    "interface index beyond the xmit map: packets to it go through the kernel"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %crate::error_chain(&e), "updating the xmit map"),
+    }
+}

@@ -188,6 +188,7 @@ impl Controller {
                     claims: &input,
                     now,
                     default_address: self.default_address,
+                    ephemeral_ports: None,
                     allocate: leader,
                 },
                 &mut self.memo,

@@ -35,7 +35,8 @@ pub struct Ledger<'g> {
     /// (gateway, route kind, route namespace, route name) → released claims.
     released: HashMap<(usize, u32, u32, u32), Vec<usize>>,
     /// (gateway, protocol, first port of a range) → no port of the range below this is
-    /// free (ranges do not overlap, and ports only fill up within a plan).
+    /// free (ranges do not overlap, ports only fill up within a plan, and the ports
+    /// yielded to older Gateways stay so).
     floor: HashMap<(usize, Protocol, u16), u16>,
 }
 
@@ -147,9 +148,12 @@ impl<'g> Ledger<'g> {
         let key = (gi, self.id(&route.kind)?, namespace, self.id(&route.name)?);
         let listener = self.gateways[gi].listeners[li].spec.name.as_str();
         let list = self.released.get_mut(&key)?;
+        let yields = &self.gateways[gi].listeners[li];
         let pos = list.iter().position(|&ci| {
             self.claims[ci].as_ref().is_some_and(|c| {
-                c.spec.listener == listener && requested.is_none_or(|p| p == c.spec.port)
+                c.spec.listener == listener
+                    && requested.is_none_or(|p| p == c.spec.port)
+                    && yields.yielded_at(c.spec.port).is_none()
             })
         })?;
         let ci = list.remove(pos);
@@ -165,17 +169,21 @@ impl<'g> Ledger<'g> {
         Some(ci)
     }
 
-    /// The lowest port of `first..=last` of Gateway `gi` held by no claim.
+    /// The lowest port of `first..=last` of listener `li` of Gateway `gi` held by no
+    /// claim and not yielded to an older Gateway.
     pub fn lowest_free(
         &mut self,
         gi: usize,
+        li: usize,
         protocol: Protocol,
         first: u16,
         last: u16,
     ) -> Option<u16> {
         let key = (gi, protocol, first);
         let start = self.floor.get(&key).copied().unwrap_or(first);
-        let found = (start..=last).find(|&p| !self.by_port.contains_key(&(gi, protocol, p)));
+        let l = &self.gateways[gi].listeners[li];
+        let found = (start..=last)
+            .find(|&p| !self.by_port.contains_key(&(gi, protocol, p)) && l.yielded_at(p).is_none());
         self.floor.insert(key, found.unwrap_or(last));
         found
     }

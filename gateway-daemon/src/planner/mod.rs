@@ -6,14 +6,17 @@
 //! route gets the lowest free port not in cool-down; released claims block their port
 //! until the cool-down ends (and their own route may take them back until then).
 
+mod addresses;
 mod backends;
 mod ledger;
+mod overlaps;
 pub mod status;
 
 use std::{
     borrow::Cow,
     collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
+    ops::RangeInclusive,
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -26,9 +29,14 @@ use crate::{
     datapath::{DesiredState, Protocol, ServiceAddr},
     model::*,
 };
+use addresses::Addresses;
 use backends::{resolve_backends, Index, Resolved};
 use ledger::Ledger;
 use status::*;
+
+/// Listener condition type: some of the listener's ports are among the host's
+/// ephemeral ports (present only then; the ports assigned are reserved from them).
+pub const EPHEMERAL_PORT_OVERLAP: &str = "berth.dev/EphemeralPortOverlap";
 
 /// Cool-down when a GatewayConfig does not set `releaseCooldown`.
 pub const DEFAULT_RELEASE_COOLDOWN: Duration = Duration::from_secs(300);
@@ -44,6 +52,9 @@ pub struct Input<'a> {
     pub now: SystemTime,
     /// The address of Gateways whose `spec.addresses` has no IPv4 address (`--address`).
     pub default_address: Option<Ipv4Addr>,
+    /// The host's ephemeral ports (`net.ipv4.ip_local_port_range`), when known: a
+    /// listener overlapping them says so in its status. `None` in `berth check`.
+    pub ephemeral_ports: Option<RangeInclusive<u16>>,
     /// Whether new ports may be assigned. A daemon that does not hold the allocator
     /// role plans with `false`: a route without a claim is reported Pending, and the
     /// plan programs only claims that are stored.
@@ -133,6 +144,9 @@ struct Lis<'a> {
     /// `port..=end` when a GatewayConfig makes it a range.
     range: Option<(u16, u16)>,
     quota: Option<u32>,
+    /// Ports an older Gateway's listener serves on an address this one serves too:
+    /// no route gets them here.
+    yielded: Vec<overlaps::Yielded>,
 }
 
 /// A Gateway of ours.
@@ -141,7 +155,10 @@ struct Gw<'a> {
     listeners: Vec<Lis<'a>>,
     params_error: Option<String>,
     cooldown: Duration,
-    address: Option<Ipv4Addr>,
+    /// The addresses it is served on (and those it is not).
+    addresses: Addresses,
+    /// Its rank among the plan's Gateways, oldest (0) first.
+    age: usize,
 }
 
 impl Gw<'_> {
@@ -240,20 +257,16 @@ fn gateway_view<'a>(
             protocol: protocol_of(&l.protocol),
             range: None,
             quota: None,
+            yielded: Vec::new(),
         })
         .collect();
-    let address = gw
-        .spec
-        .addresses
-        .iter()
-        .find_map(|a| a.value.parse::<Ipv4Addr>().ok())
-        .or(default_address);
     let mut view = Gw {
         spec: gw,
         listeners: Vec::new(),
         params_error: None,
         cooldown: DEFAULT_RELEASE_COOLDOWN,
-        address,
+        addresses: Addresses::of(&gw.spec.addresses, default_address),
+        age: 0,
     };
     let Some(pref) = gw
         .spec
@@ -629,13 +642,32 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         .filter(|c| c.spec.controller_name == CONTROLLER_NAME)
         .map(|c| c.metadata.name.as_str())
         .collect();
-    let mut gateways: Vec<Gw> = snap
+    // Ours, with their position in the snapshot (their age without a creation time).
+    let mut gateways: Vec<(Gw, usize)> = snap
         .gateways
         .iter()
-        .filter(|g| classes.contains(g.spec.gateway_class_name.as_str()))
-        .map(|g| gateway_view(g, &snap.gateway_configs, input.default_address))
+        .enumerate()
+        .filter(|(_, g)| classes.contains(g.spec.gateway_class_name.as_str()))
+        .map(|(i, g)| {
+            (
+                gateway_view(g, &snap.gateway_configs, input.default_address),
+                i,
+            )
+        })
         .collect();
-    gateways.sort_by_key(|g| g.key());
+    gateways.sort_by_key(|(g, _)| g.key());
+    let (mut gateways, source): (Vec<Gw>, Vec<usize>) = gateways.into_iter().unzip();
+    let created: Vec<Option<SystemTime>> = gateways
+        .iter()
+        .map(|g| {
+            g.spec
+                .metadata
+                .creation_timestamp
+                .as_deref()
+                .and_then(parse_time)
+        })
+        .collect();
+    overlaps::mark(&mut gateways, &created, &source);
     let namespaces: BTreeMap<&str, &Namespace> = snap
         .namespaces
         .iter()
@@ -811,6 +843,9 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                                 let l = &gw.listeners[li];
                                 l.spec.name == claim.spec.listener
                                     && l.range.is_some_and(|(x, y)| (x..=y).contains(&claim.spec.port))
+                                    // A port an older Gateway serves on a shared address
+                                    // is not this listener's to keep.
+                                    && l.yielded_at(claim.spec.port).is_none()
                             }) && requested.is_none_or(|p| p == claim.spec.port))
                 })
             };
@@ -866,8 +901,8 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     // One entry per route with a parent of ours.
     let mut routes: Vec<Arc<RouteEntry>> = Vec::with_capacity(snap.routes.len());
     let mut datapath = DesiredState::default();
-    // (datapath service, index of the route whose backends serve it)
-    let mut serving: Vec<(ServiceAddr, usize)> = Vec::with_capacity(claims.len());
+    // (datapath service, index of the route whose backends serve it, its Gateway's age)
+    let mut serving: Vec<(ServiceAddr, usize, usize)> = Vec::with_capacity(claims.len());
     let mut fixed_attached: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
     for (ai, a) in attachments.iter().enumerate() {
         if let Attach::Listeners { fixed, .. } = &*a.attach {
@@ -977,8 +1012,8 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         routes.push(entry);
     }
 
-    // Datapath: every bound claim of a gateway with an address, plus fixed listeners'
-    // oldest route.
+    // Datapath: every bound claim of a gateway, on each of its addresses, plus fixed
+    // listeners' oldest route.
     // The backends of a service are those of the last route of the claim's identity.
     let route_by_ref = |r: &ClaimRoute| {
         let (_, _, i) =
@@ -1018,40 +1053,53 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         let Some(gw) = gi.map(|gi| &gateways[gi]) else {
             continue;
         };
-        let (Some(addr), Some(protocol), Some(ri)) =
-            (gw.address, protocol_of(&claim.spec.protocol), route)
-        else {
+        let (Some(protocol), Some(ri)) = (protocol_of(&claim.spec.protocol), route) else {
             continue;
         };
-        serving.push((
-            ServiceAddr {
-                addr,
-                protocol,
-                port: claim.spec.port,
-            },
-            ri,
-        ));
+        for &addr in &gw.addresses.served {
+            serving.push((
+                ServiceAddr {
+                    addr,
+                    protocol,
+                    port: claim.spec.port,
+                },
+                ri,
+                gw.age,
+            ));
+        }
     }
     for (&(gi, li), list) in &fixed_attached {
         let gw = &gateways[gi];
         let l = &gw.listeners[li];
-        let (Some(addr), Some(protocol), Some(&oldest)) = (gw.address, l.protocol, list.first())
-        else {
+        let (Some(protocol), Some(&oldest)) = (l.protocol, list.first()) else {
             continue;
         };
-        serving.push((
-            ServiceAddr {
-                addr,
-                protocol,
-                port: l.spec.port,
-            },
-            attachments[oldest].route_index,
-        ));
+        // Its port belongs to an older Gateway's listener on a shared address.
+        if !l.yielded.is_empty() {
+            continue;
+        }
+        for &addr in &gw.addresses.served {
+            serving.push((
+                ServiceAddr {
+                    addr,
+                    protocol,
+                    port: l.spec.port,
+                },
+                attachments[oldest].route_index,
+                gw.age,
+            ));
+        }
     }
-    // Collected whole (a later entry for the same service wins, as an insert would).
+    // One route per service. Where Gateways still collide (the claims kept for a
+    // Gateway with invalid parameters are not checked against other Gateways), the
+    // oldest Gateway's entry wins; within one Gateway a later entry wins, as an insert
+    // would (the stable sort keeps the reversed order among equals).
+    serving.reverse();
+    serving.sort_by_key(|&(service, _, age)| (service, age));
+    serving.dedup_by_key(|&mut (service, _, _)| service);
     let owners: BTreeMap<ServiceAddr, Arc<RouteId>> = serving
         .iter()
-        .map(|&(service, ri)| {
+        .map(|&(service, ri, _)| {
             let id = match known[ri] {
                 Some(k) => Arc::clone(&k.id),
                 None => Arc::new(route_id(&snap.routes[ri])),
@@ -1061,7 +1109,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         .collect();
     datapath.services = serving
         .into_iter()
-        .map(|(service, ri)| {
+        .map(|(service, ri, _)| {
             // A claim kept for a frozen Gateway may name a route without attachments.
             let resolved = backends_of[ri]
                 .get_or_insert_with(|| Arc::new(resolve_backends(&snap.routes[ri], snap, &index)));
@@ -1092,32 +1140,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                 generation,
             ),
         }];
-        conditions.push(match (accepted_ok, gw.address) {
-            (false, _) => condition(
-                "Programmed",
-                false,
-                "Invalid",
-                "the Gateway is not accepted",
-                &now_text,
-                generation,
-            ),
-            (true, None) => condition(
-                "Programmed",
-                false,
-                "AddressNotAssigned",
-                "spec.addresses has no IPv4 address",
-                &now_text,
-                generation,
-            ),
-            (true, Some(a)) => condition(
-                "Programmed",
-                true,
-                "Programmed",
-                format!("serving on {a}"),
-                &now_text,
-                generation,
-            ),
-        });
+        conditions.push(programmed(gw, accepted_ok, &now_text, generation));
         let listeners = gw
             .listeners
             .iter()
@@ -1138,6 +1161,10 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                         .count(),
                     None => fixed_attached.get(&(gi, li)).map_or(0, Vec::len),
                 };
+                let ephemeral = input
+                    .ephemeral_ports
+                    .as_ref()
+                    .and_then(|e| overlaps::ephemeral_overlap(l, e));
                 let kinds = match l.protocol {
                     Some(Protocol::Tcp) => vec![RouteGroupKind {
                         group: Some(GATEWAY_GROUP.to_string()),
@@ -1150,6 +1177,8 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                     None => vec![],
                 };
                 let supported = l.protocol.is_some();
+                // Every port belongs to an older Gateway's listener: nothing to serve.
+                let unavailable = supported && l.fully_yielded();
                 let range_note = l
                     .range
                     .map(|(a, b)| format!(" (ports {a}-{b})"))
@@ -1159,7 +1188,16 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                     supported_kinds: kinds,
                     attached_routes: attached as i32,
                     conditions: vec![
-                        if supported {
+                        if unavailable {
+                            condition(
+                                "Accepted",
+                                false,
+                                "PortUnavailable",
+                                format!("every port of this listener{range_note} belongs to an older Gateway on a shared address (see Conflicted)"),
+                                &now_text,
+                                generation,
+                            )
+                        } else if supported {
                             condition(
                                 "Accepted",
                                 true,
@@ -1183,8 +1221,8 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                         },
                         condition(
                             "Programmed",
-                            supported && accepted_ok,
-                            if supported && accepted_ok {
+                            supported && accepted_ok && !unavailable,
+                            if supported && accepted_ok && !unavailable {
                                 "Programmed"
                             } else {
                                 "Invalid"
@@ -1201,27 +1239,50 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                             &now_text,
                             generation,
                         ),
+                        match l.yielded.is_empty() {
+                            true => condition(
+                                "Conflicted",
+                                false,
+                                "NoConflicts",
+                                "",
+                                &now_text,
+                                generation,
+                            ),
+                            false => condition(
+                                "Conflicted",
+                                true,
+                                "PortConflict",
+                                overlaps::conflict_message(l),
+                                &now_text,
+                                generation,
+                            ),
+                        },
+                    ]
+                    .into_iter()
+                    .chain(ephemeral.map(|(ports, within)| {
                         condition(
-                            "Conflicted",
-                            false,
-                            "NoConflicts",
-                            "",
+                            EPHEMERAL_PORT_OVERLAP,
+                            true,
+                            "OverlapsEphemeralPorts",
+                            overlaps::ephemeral_message(&ports, &within),
                             &now_text,
                             generation,
-                        ),
-                    ],
+                        )
+                    }))
+                    .collect(),
                 }
             })
             .collect();
+        // Only the addresses served: the unserved ones are named in `Programmed`.
         let addresses = gw
-            .address
-            .map(|a| {
-                vec![GatewayStatusAddress {
-                    kind: "IPAddress".to_string(),
-                    value: a.to_string(),
-                }]
+            .addresses
+            .served
+            .iter()
+            .map(|a| GatewayStatusAddress {
+                kind: "IPAddress".to_string(),
+                value: a.to_string(),
             })
-            .unwrap_or_default();
+            .collect();
         let (namespace, name) = gw.key();
         gateway_entries.push(GatewayEntry {
             namespace,
@@ -1266,6 +1327,46 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         owners,
         usage,
     }
+}
+
+/// A Gateway's `Programmed` condition: served on at least one address, or why not.
+/// Addresses it asked for but cannot have are named in the message either way.
+fn programmed(gw: &Gw, accepted: bool, now: &str, generation: Option<i64>) -> Condition {
+    let a = &gw.addresses;
+    if !accepted {
+        let message = "the Gateway is not accepted";
+        return condition("Programmed", false, "Invalid", message, now, generation);
+    }
+    if a.served.is_empty() && a.unserved.is_empty() {
+        let message = "spec.addresses has no IPv4 address";
+        return condition(
+            "Programmed",
+            false,
+            "AddressNotAssigned",
+            message,
+            now,
+            generation,
+        );
+    }
+    if a.served.is_empty() {
+        let message = format!(
+            "no address of spec.addresses can be served: {}; give the Gateway an IPv4 address (type IPAddress)",
+            a.unserved_list()
+        );
+        return condition(
+            "Programmed",
+            false,
+            "AddressNotUsable",
+            message,
+            now,
+            generation,
+        );
+    }
+    let mut message = format!("serving on {}", a.served_list());
+    if !a.unserved.is_empty() {
+        message.push_str(&format!("; not serving on {}", a.unserved_list()));
+    }
+    condition("Programmed", true, "Programmed", message, now, generation)
 }
 
 /// A route's status for the parent of attachment `a`.
@@ -1327,6 +1428,17 @@ fn parent_status(
                     parts.push(format!(
                         "an older route gets the traffic of listener {}",
                         names(&decision.shadowed)
+                    ));
+                }
+                let conflicted: Vec<usize> = fixed
+                    .iter()
+                    .copied()
+                    .filter(|&li| !gw.listeners[li].yielded.is_empty())
+                    .collect();
+                if !conflicted.is_empty() {
+                    parts.push(format!(
+                        "listener {} serves no traffic: its port belongs to an older Gateway on a shared address",
+                        names(&conflicted)
                     ));
                 }
             }
@@ -1474,6 +1586,15 @@ fn allocate(
                 continue;
             }
         }
+        if let Some((p, y)) = requested.and_then(|p| Some((p, l.yielded_at(p)?))) {
+            return Err((
+                "PortUnavailable",
+                format!(
+                    "port {p} is served on {} by an older Gateway that shares this address",
+                    y.addr
+                ),
+            ));
+        }
         // Its own released claim on this listener, still cooling down, comes back to it.
         if let Some(ci) = ledger.rebind(a.gw, li, &me, *requested) {
             return Ok(ci);
@@ -1505,7 +1626,7 @@ fn allocate(
                 }
                 *p
             }
-            None => match ledger.lowest_free(a.gw, protocol, first, last) {
+            None => match ledger.lowest_free(a.gw, li, protocol, first, last) {
                 Some(p) => p,
                 None => continue,
             },
@@ -1526,7 +1647,22 @@ fn allocate(
         None => {
             let spans: Vec<String> = ranges
                 .iter()
-                .filter_map(|&li| gw.listeners[li].range.map(|(x, y)| format!("{x}-{y}")))
+                .filter_map(|&li| {
+                    let l = &gw.listeners[li];
+                    let (x, y) = l.range?;
+                    let yielded: Vec<String> = l
+                        .yielded
+                        .iter()
+                        .map(|y| overlaps::ports_text(&y.ports))
+                        .collect();
+                    Some(match yielded.is_empty() {
+                        true => format!("{x}-{y}"),
+                        false => format!(
+                            "{x}-{y} ({} served by an older Gateway on a shared address)",
+                            yielded.join(", ")
+                        ),
+                    })
+                })
                 .collect();
             Err((
                 "PortRangeExhausted",

@@ -151,6 +151,7 @@ fn main() {
                 claims: &[],
                 now,
                 default_address: None,
+                ephemeral_ports: None,
                 allocate: true,
             });
             full.push(t.elapsed());
@@ -167,6 +168,7 @@ fn main() {
                 claims: &claims,
                 now,
                 default_address: None,
+                ephemeral_ports: None,
                 allocate: true,
             });
             one.push(t.elapsed());
@@ -185,6 +187,7 @@ fn main() {
                 claims: &claims,
                 now,
                 default_address: None,
+                ephemeral_ports: None,
                 allocate: true,
             };
             let mut memo = Memo::default();

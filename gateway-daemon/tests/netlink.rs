@@ -1,0 +1,310 @@
+//! The netlink module against the kernel (needs root). Each test makes its own network
+//! namespace and calls the module from a thread that entered it, so the root
+//! namespace's interfaces are never touched.
+
+use std::{
+    collections::BTreeSet,
+    net::Ipv4Addr,
+    os::fd::AsRawFd,
+    process::Command,
+    sync::atomic::{AtomicUsize, Ordering},
+    time::{Duration, Instant},
+};
+
+use berth::netlink::{self, LinkEvents, NetlinkError};
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A network namespace, deleted when dropped (also when the test panics).
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn new() -> Self {
+        let name = format!(
+            "berth-nl-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        run("ip", &["netns", "add", &name]);
+        Netns { name }
+    }
+
+    /// `ip -n NS ARGS`.
+    fn ip(&self, args: &[&str]) {
+        run("ip", &[&["-n", self.name.as_str()], args].concat());
+    }
+
+    /// `ip netns exec NS ARGS`.
+    fn exec(&self, args: &[&str]) {
+        run(
+            "ip",
+            &[&["netns", "exec", self.name.as_str()], args].concat(),
+        );
+    }
+
+    /// Whether link `name` is administratively up.
+    fn is_up(&self, name: &str) -> bool {
+        let out = Command::new("ip")
+            .args(["-n", &self.name, "-o", "link", "show", name])
+            .output()
+            .expect("running ip");
+        let line = String::from_utf8_lossy(&out.stdout).into_owned();
+        line.split(['<', '>'])
+            .nth(1)
+            .is_some_and(|flags| flags.split(',').any(|f| f == "UP"))
+    }
+
+    /// A veth pair `a`–`b`, both up.
+    fn veth(&self, a: &str, b: &str) {
+        self.ip(&["link", "add", "name", a, "type", "veth", "peer", "name", b]);
+        self.ip(&["link", "set", a, "up"]);
+        self.ip(&["link", "set", b, "up"]);
+    }
+
+    /// Runs `f` on a thread that entered the namespace.
+    fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = format!("/run/netns/{}", self.name);
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: a valid namespace descriptor; setns only changes this thread.
+                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+                f()
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn index_of(name: &str) -> u32 {
+    let links = netlink::links().expect("links");
+    links
+        .iter()
+        .find(|(_, n)| n.as_str() == name)
+        .map(|(&i, _)| i)
+        .unwrap_or_else(|| panic!("no link {name} in {links:?}"))
+}
+
+/// Polls `condition` for up to two seconds.
+fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !condition() {
+        assert!(Instant::now() < deadline, "{what} did not happen within 2s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn xmit() -> BTreeSet<u32> {
+    netlink::xdp_xmit_interfaces().expect("xdp_xmit_interfaces")
+}
+
+#[test]
+fn a_veth_advertises_ndo_xmit_only_while_its_peer_has_gro_on() {
+    let ns = Netns::new();
+    ns.veth("va", "vb");
+    ns.ip(&["link", "add", "name", "br0", "type", "bridge"]);
+    ns.enter(|| {
+        let (va, vb, br0) = (index_of("va"), index_of("vb"), index_of("br0"));
+        assert_eq!(xmit(), BTreeSet::new(), "nothing accepts redirects yet");
+
+        ns.exec(&["ethtool", "-K", "vb", "gro", "on"]);
+        eventually("va advertising ndo_xmit", || xmit().contains(&va));
+        let now = xmit();
+        assert!(!now.contains(&vb), "vb's own GRO does not matter: {now:?}");
+        assert!(!now.contains(&br0), "a bridge never advertises: {now:?}");
+
+        ns.exec(&["ethtool", "-K", "vb", "gro", "off"]);
+        eventually("va withdrawing ndo_xmit", || !xmit().contains(&va));
+    });
+}
+
+#[test]
+fn link_events_report_a_peers_gro_change() {
+    let ns = Netns::new();
+    ns.veth("va", "vb");
+    ns.enter(|| {
+        let mut events = LinkEvents::new().expect("LinkEvents::new");
+        while events.wait(Duration::from_millis(200)).expect("wait") {}
+        assert!(!events.wait(Duration::from_millis(100)).expect("wait"));
+
+        ns.exec(&["ethtool", "-K", "vb", "gro", "on"]);
+        let started = Instant::now();
+        assert!(
+            events.wait(Duration::from_secs(2)).expect("wait"),
+            "no notification after GRO on"
+        );
+        assert!(started.elapsed() < Duration::from_secs(1));
+        while events.wait(Duration::from_millis(200)).expect("wait") {}
+
+        ns.exec(&["ethtool", "-K", "vb", "gro", "off"]);
+        assert!(
+            events.wait(Duration::from_secs(2)).expect("wait"),
+            "no notification after GRO off"
+        );
+    });
+}
+
+#[test]
+fn link_events_report_a_new_link() {
+    let ns = Netns::new();
+    ns.enter(|| {
+        let mut events = LinkEvents::new().expect("LinkEvents::new");
+        while events.wait(Duration::from_millis(200)).expect("wait") {}
+        ns.ip(&["link", "add", "name", "br0", "type", "bridge"]);
+        assert!(events.wait(Duration::from_secs(2)).expect("wait"));
+    });
+}
+
+#[test]
+fn a_dummy_interface_is_created_once_holds_32_addresses_loses_them_and_is_deleted() {
+    let ns = Netns::new();
+    ns.enter(|| {
+        // A dummy, or an ifb where the kernel has no dummy driver (this project's
+        // machines): either holds addresses and carries no traffic.
+        let index = netlink::ensure_dummy("berth0").expect("ensure_dummy");
+        assert!(ns.is_up("berth0"), "created down");
+        ns.ip(&["link", "set", "berth0", "down"]);
+        assert_eq!(netlink::ensure_dummy("berth0").expect("again"), index);
+        assert!(ns.is_up("berth0"), "not set up again");
+        assert_eq!(index_of("berth0"), index);
+
+        let (a, b) = (Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 2));
+        for addr in [a, b, a] {
+            netlink::add_ipv4_address(index, addr).expect("add");
+        }
+        let expected = BTreeSet::from([a, b]);
+        assert_eq!(netlink::ipv4_addresses(index).expect("addresses"), expected);
+
+        netlink::remove_ipv4_address(index, a).expect("remove");
+        netlink::remove_ipv4_address(index, a).expect("remove again");
+        assert_eq!(
+            netlink::ipv4_addresses(index).expect("addresses"),
+            BTreeSet::from([b])
+        );
+
+        assert!(netlink::delete_dummy("berth0").expect("delete"));
+        assert!(!netlink::delete_dummy("berth0").expect("delete again"));
+        assert!(!netlink::links().expect("links").contains_key(&index));
+    });
+}
+
+#[test]
+fn addresses_are_added_once_listed_per_link_and_removed() {
+    let ns = Netns::new();
+    ns.veth("va", "vb");
+    ns.ip(&["addr", "add", "198.51.100.7/24", "dev", "vb"]);
+    ns.enter(|| {
+        let va = index_of("va");
+        let (a, b) = (Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 2));
+        for addr in [a, b, a] {
+            netlink::add_ipv4_address(va, addr).expect("add");
+        }
+        assert_eq!(
+            netlink::ipv4_addresses(va).expect("addresses"),
+            BTreeSet::from([a, b])
+        );
+        assert_eq!(
+            netlink::ipv4_addresses(index_of("vb")).expect("addresses"),
+            BTreeSet::from([Ipv4Addr::new(198, 51, 100, 7)])
+        );
+
+        netlink::remove_ipv4_address(va, a).expect("remove");
+        netlink::remove_ipv4_address(va, a).expect("remove again");
+        assert_eq!(
+            netlink::ipv4_addresses(va).expect("addresses"),
+            BTreeSet::from([b])
+        );
+    });
+}
+
+#[test]
+fn removing_a_32_leaves_the_same_address_with_another_prefix() {
+    let ns = Netns::new();
+    ns.veth("va", "vb");
+    ns.ip(&["addr", "add", "192.0.2.1/24", "dev", "va"]);
+    ns.enter(|| {
+        let va = index_of("va");
+        let addr = Ipv4Addr::new(192, 0, 2, 1);
+        netlink::remove_ipv4_address(va, addr).expect("remove");
+        assert_eq!(
+            netlink::ipv4_addresses(va).expect("addresses"),
+            BTreeSet::from([addr])
+        );
+    });
+}
+
+#[test]
+fn ensure_dummy_refuses_a_name_held_by_a_non_dummy_link_and_leaves_it_alone() {
+    let ns = Netns::new();
+    ns.veth("va", "vb");
+    ns.ip(&[
+        "link",
+        "property",
+        "add",
+        "dev",
+        "vb",
+        "altname",
+        "berth-alt",
+    ]);
+    ns.enter(|| {
+        let before = netlink::links().expect("links");
+        let va = index_of("va");
+
+        match netlink::ensure_dummy("va") {
+            Err(NetlinkError::NotDummy { name, kind }) => {
+                assert_eq!((name.as_str(), kind.as_deref()), ("va", Some("veth")))
+            }
+            other => panic!("ensure_dummy(va) = {other:?}"),
+        }
+        match netlink::delete_dummy("va") {
+            Err(NetlinkError::NotDummy { .. }) => {}
+            other => panic!("delete_dummy(va) = {other:?}"),
+        }
+        match netlink::ensure_dummy("berth-alt") {
+            Err(NetlinkError::AltName { name, holder }) => {
+                assert_eq!((name.as_str(), holder.as_str()), ("berth-alt", "vb"))
+            }
+            other => panic!("ensure_dummy(berth-alt) = {other:?}"),
+        }
+
+        assert_eq!(netlink::links().expect("links"), before);
+        netlink::add_ipv4_address(va, Ipv4Addr::new(192, 0, 2, 9)).expect("va still works");
+    });
+}
+
+#[test]
+fn deleting_an_absent_dummy_reports_false() {
+    let ns = Netns::new();
+    ns.enter(|| {
+        assert!(!netlink::delete_dummy("berth0").expect("delete_dummy"));
+        assert!(matches!(
+            netlink::delete_dummy("no/slash"),
+            Err(NetlinkError::InvalidName { .. })
+        ));
+    });
+}
