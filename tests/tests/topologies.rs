@@ -835,6 +835,12 @@ fn a_restart_on_other_interfaces_moves_the_program_and_uninstall_leaves_no_trace
             x => Err(format!("XDP on {x:?}")),
         },
     );
+    for iface in ["c0", "b2", "b3"] {
+        assert!(
+            !tc_programs(gw, iface).is_empty(),
+            "{iface} has the reply program (so the checks for none below can see one)"
+        );
+    }
     assert_eq!(
         tc_programs(gw, "b1"),
         Vec::<String>::new(),
