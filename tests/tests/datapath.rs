@@ -5,7 +5,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use berth::datapath::{
     ApplyReport, AttachMode, Attached, Config, Datapath, DatapathError, DesiredState, Limits,
-    Protocol, ServiceAddr, WeightedBackend,
+    LinkChange, Protocol, ServiceAddr, WeightedBackend,
 };
 use berth_tests::{
     netns::Netns,
@@ -188,4 +188,111 @@ fn attach_modes_native_skb_and_replacement() {
     ns.enter(|| t.dp.detach("x1").expect("detach"));
     let links = String::from_utf8_lossy(&ns.ip(&["link", "show", "x1"]).stdout).into_owned();
     assert!(!links.contains("xdp"), "x1 detached:\n{links}");
+}
+
+fn xdp_on(ns: &Netns, dev: &str) -> bool {
+    String::from_utf8_lossy(&ns.ip(&["link", "show", dev]).stdout).contains("xdp")
+}
+
+fn veths(ns: &Netns, pairs: &[(&str, &str)]) {
+    for (a, b) in pairs {
+        ns.ip(&["link", "add", "name", a, "type", "veth", "peer", "name", b]);
+        ns.ip(&["link", "set", a, "up"]);
+        ns.ip(&["link", "set", b, "up"]);
+    }
+}
+
+#[test]
+fn converging_attaches_exactly_the_listed_interfaces_and_a_renamed_one_keeps_its_link() {
+    let mut t = TestDatapath::load();
+    let ns = Netns::new("cv");
+    veths(&ns, &[("x0", "p0"), ("x1", "p1"), ("x2", "p2")]);
+    let list = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let first = ns.enter(|| t.dp.converge(&list(&["x0", "x1"]), AttachMode::Auto));
+    let first = first.unwrap_or_else(|e| panic!("{}", berth::error_chain(&e)));
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(xdp_on(&ns, "x0") && xdp_on(&ns, "x1") && !xdp_on(&ns, "x2"));
+
+    // The next run is given another set: x0 is detached, x1 updated, x2 attached.
+    let second = ns
+        .enter(|| t.dp.converge(&list(&["x1", "x2"]), AttachMode::Auto))
+        .unwrap_or_else(|e| panic!("{}", berth::error_chain(&e)));
+    assert!(
+        second
+            .iter()
+            .any(|c| matches!(c, LinkChange::Detached { iface: Some(i), .. } if i == "x0")),
+        "{second:?}"
+    );
+    assert!(second.contains(&LinkChange::Attached {
+        iface: "x1".into(),
+        how: Attached::Replaced
+    }));
+    assert!(!xdp_on(&ns, "x0"), "x0 runs nothing of Berth's any more");
+    assert!(xdp_on(&ns, "x1") && xdp_on(&ns, "x2"));
+
+    // Renamed: found by its index, its link is replaced (it used to fail "File exists").
+    ns.ip(&["link", "set", "x2", "down"]);
+    ns.ip(&["link", "set", "x2", "name", "y2"]);
+    ns.ip(&["link", "set", "y2", "up"]);
+    let third = ns
+        .enter(|| t.dp.converge(&list(&["x1", "y2"]), AttachMode::Auto))
+        .unwrap_or_else(|e| panic!("{}", berth::error_chain(&e)));
+    assert!(third.contains(&LinkChange::Attached {
+        iface: "y2".into(),
+        how: Attached::Replaced
+    }));
+    let pins: Vec<String> = std::fs::read_dir(t.pin_dir.join("links"))
+        .expect("links dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        pins.len(),
+        4,
+        "an xdp and a tc link for each of two interfaces: {pins:?}"
+    );
+}
+
+#[test]
+fn a_failed_attach_names_the_interface_and_leaves_nothing_new_attached() {
+    let mut t = TestDatapath::load();
+    let mut other = TestDatapath::load();
+    let ns = Netns::new("fa");
+    veths(&ns, &[("x0", "p0"), ("x3", "p3")]);
+    let list = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+
+    let missing = ns
+        .enter(|| t.dp.converge(&list(&["x0", "nope0"]), AttachMode::Auto))
+        .expect_err("an interface that does not exist");
+    assert!(
+        matches!(&missing, DatapathError::NoInterface { iface } if iface == "nope0"),
+        "{missing:?}"
+    );
+    assert!(
+        !xdp_on(&ns, "x0"),
+        "nothing attached before the names were checked"
+    );
+
+    // x3's XDP hook is held by a program Berth (this datapath) did not attach.
+    ns.enter(|| other.dp.attach("x3", AttachMode::Auto))
+        .unwrap_or_else(|e| panic!("{}", berth::error_chain(&e)));
+    let occupied = ns
+        .enter(|| t.dp.converge(&list(&["x0", "x3"]), AttachMode::Auto))
+        .expect_err("a hook held by another program");
+    let message = berth::error_chain(&occupied);
+    assert!(
+        message.contains("x3"),
+        "the error names the interface: {message}"
+    );
+    assert!(
+        !xdp_on(&ns, "x0"),
+        "x0, attached by the failed call, is detached again"
+    );
+    assert_eq!(
+        std::fs::read_dir(t.pin_dir.join("links"))
+            .map(|d| d.count())
+            .unwrap_or(0),
+        0,
+        "no pins left by the failed call"
+    );
 }
