@@ -296,3 +296,95 @@ fn a_failed_attach_names_the_interface_and_leaves_nothing_new_attached() {
         "no pins left by the failed call"
     );
 }
+
+#[test]
+fn a_redirect_the_kernel_refuses_is_counted_and_the_kernel_path_then_delivers() {
+    use std::{net::UdpSocket, time::Duration};
+    let mut t = TestDatapath::load();
+    let (gw, client, backend) = (Netns::new("rg"), Netns::new("rc"), Netns::new("rb"));
+    // Veths as the kernel makes them (GRO off): b1 takes no XDP frames.
+    for (ns, dev, peer, addr, peer_addr) in [
+        (&client, "c0", "eth0", "10.253.1.1/24", "10.253.1.2/24"),
+        (&backend, "b1", "eth0", "10.253.2.1/24", "10.253.2.2/24"),
+    ] {
+        let tmp = berth_tests::netns::unique("v");
+        gw.ip(&[
+            "link", "add", "name", dev, "type", "veth", "peer", "name", &tmp,
+        ]);
+        gw.ip(&["link", "set", &tmp, "netns", &ns.name]);
+        ns.ip(&["link", "set", &tmp, "name", peer]);
+        gw.ip(&["addr", "add", addr, "dev", dev]);
+        ns.ip(&["addr", "add", peer_addr, "dev", peer]);
+        gw.ip(&["link", "set", dev, "up"]);
+        ns.ip(&["link", "set", peer, "up"]);
+        ns.exec(&["ethtool", "-K", peer, "tx", "off"]);
+    }
+    client.ip(&["route", "add", "default", "via", "10.253.1.1"]);
+    backend.ip(&["route", "add", "default", "via", "10.253.2.1"]);
+    gw.sysctl("net.ipv4.ip_forward", "1");
+    let backend_mac =
+        String::from_utf8_lossy(&backend.exec(&["cat", "/sys/class/net/eth0/address"]).stdout)
+            .trim()
+            .to_string();
+    gw.ip(&[
+        "neigh",
+        "replace",
+        "10.253.2.2",
+        "lladdr",
+        &backend_mac,
+        "dev",
+        "b1",
+        "nud",
+        "permanent",
+    ]);
+    let service = ServiceAddr {
+        addr: Ipv4Addr::new(10, 253, 0, 100),
+        protocol: Protocol::Udp,
+        port: 7,
+    };
+    let backend_ep = SocketAddrV4::new(Ipv4Addr::new(10, 253, 2, 2), 7);
+    t.dp.apply(&DesiredState::default().with_service(
+        service,
+        vec![WeightedBackend {
+            endpoint: backend_ep,
+            weight: 1,
+        }],
+    ))
+    .expect("apply");
+    gw.enter(|| t.dp.attach("c0", AttachMode::Native))
+        .unwrap_or_else(|e| panic!("{}", berth::error_chain(&e)));
+    let b1 = gw.ifindex("b1");
+    let server = backend.enter(|| {
+        let s = UdpSocket::bind(backend_ep).expect("bind backend");
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        s
+    });
+    let send = || {
+        client.enter(|| {
+            let s = UdpSocket::bind("0.0.0.0:0").expect("bind client");
+            s.send_to(b"ping", SocketAddrV4::new(service.addr, 7))
+                .expect("send");
+        })
+    };
+    let received = |server: &UdpSocket| {
+        let mut buf = [0u8; 16];
+        server.recv_from(&mut buf).is_ok()
+    };
+
+    // Told (wrongly) that b1 takes XDP frames: the kernel refuses the redirect.
+    t.allow_redirect(&[b1]);
+    berth_tests::netns::wait_until("redirect_error to count", Duration::from_secs(10), || {
+        send();
+        t.dp.counters().expect("counters")["redirect_error"] > 0
+    });
+    assert!(!received(&server), "a refused redirect delivers nothing");
+
+    // Told the truth: the kernel forwards, and the datagram arrives.
+    t.allow_redirect(&[]);
+    berth_tests::netns::wait_until("the backend to receive", Duration::from_secs(10), || {
+        send();
+        received(&server)
+    });
+    assert!(t.dp.counters().expect("counters")["kernel_forward_no_xdp_egress"] > 0);
+}

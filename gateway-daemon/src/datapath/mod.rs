@@ -577,6 +577,7 @@ impl Datapath {
                 .try_into()
                 .map_err(|e: ProgramError| e.to_string())?;
             tp.load().map_err(|e| e.to_string())?;
+            ensure_tracefs().map_err(|e| format!("mounting tracefs: {e}"))?;
             tp.attach("xdp", "xdp_redirect_err")
                 .map_err(|e| e.to_string())?;
             Ok(())
@@ -1256,6 +1257,31 @@ fn nr_cpus() -> Result<usize> {
             io_error: source,
         }),
     })
+}
+
+/// Mounts tracefs on `/sys/kernel/tracing` if it is not there: attaching to a
+/// tracepoint reads the event's id from it (a fresh host has it unmounted).
+fn ensure_tracefs() -> io::Result<()> {
+    let root = Path::new("/sys/kernel/tracing");
+    if root.join("events").exists() {
+        return Ok(());
+    }
+    let c_root = std::ffi::CString::new("/sys/kernel/tracing").map_err(io::Error::other)?;
+    let fstype = std::ffi::CString::new("tracefs").map_err(io::Error::other)?;
+    // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            c_root.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Whether this process shares its parent's mount namespace (true when it cannot
