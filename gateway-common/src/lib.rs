@@ -36,9 +36,11 @@ pub mod map_names {
     pub const SERVICE_STATS: &str = "berth_svc_stats";
     /// Interface index → `XMIT_OK` when the interface accepts XDP frames redirected into it.
     pub const XMIT: &str = "berth_xmit";
+    /// Slot 0: id of the loaded gateway program (for the redirect-error tracepoint).
+    pub const PROGRAM_ID: &str = "berth_prog";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 10] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -48,6 +50,7 @@ pub mod map_names {
         COUNTERS,
         SERVICE_STATS,
         XMIT,
+        PROGRAM_ID,
     ];
 }
 

@@ -16,8 +16,8 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_UNSPEC},
-    macros::{classifier, xdp},
-    programs::{TcContext, XdpContext},
+    macros::{classifier, tracepoint, xdp},
+    programs::{TcContext, TracePointContext, XdpContext},
 };
 use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NAT_DST};
 
@@ -50,6 +50,20 @@ pub fn berth(ctx: XdpContext) -> u32 {
 pub fn berth_tc(ctx: TcContext) -> i32 {
     let _ = tc::egress(&ctx);
     TC_ACT_UNSPEC
+}
+
+/// On `xdp:xdp_redirect_err`: counts a redirect of the gateway program that the kernel
+/// refused after the program returned (the frame is lost). With `berth_xmit` this
+/// should not happen; if it does, the operator sees `redirect_error` grow.
+#[tracepoint]
+pub fn berth_redirect_err(ctx: TracePointContext) -> u32 {
+    // Field `prog_id` at offset 8 of the event (see the tracepoint's format file).
+    // SAFETY: reads the event record through bpf_probe_read_kernel.
+    let prog: i32 = unsafe { ctx.read_at(8) }.unwrap_or(-1);
+    if maps::is_gateway_program(prog as u32) {
+        count(Counter::RedirectError);
+    }
+    0
 }
 
 /// Returns at once: the benchmark's floor.

@@ -110,3 +110,16 @@ pub fn account_kernel(service: u32, reason: Counter) {
     stats.kernel_packets += 1;
     stats.kernel_reason = reason as u32 + 1;
 }
+
+/// Slot 0: the id of the loaded gateway XDP program (written by the daemon), so that
+/// the redirect-error tracepoint counts only its errors.
+#[map(name = "berth_prog")]
+pub static PROGRAM_ID: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Whether `id` is the gateway program's id.
+#[inline(always)]
+pub fn is_gateway_program(id: u32) -> bool {
+    PROGRAM_ID
+        .get(0)
+        .is_some_and(|&ours| ours != 0 && ours == id)
+}

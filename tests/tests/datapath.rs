@@ -5,7 +5,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use berth::datapath::{
     ApplyReport, AttachMode, Attached, Config, Datapath, DatapathError, DesiredState, Limits,
-    Protocol, ServiceAddr, WeightedBackend,
+    LinkChange, Protocol, ServiceAddr, WeightedBackend,
 };
 use berth_tests::{
     netns::Netns,
@@ -188,4 +188,203 @@ fn attach_modes_native_skb_and_replacement() {
     ns.enter(|| t.dp.detach("x1").expect("detach"));
     let links = String::from_utf8_lossy(&ns.ip(&["link", "show", "x1"]).stdout).into_owned();
     assert!(!links.contains("xdp"), "x1 detached:\n{links}");
+}
+
+fn xdp_on(ns: &Netns, dev: &str) -> bool {
+    String::from_utf8_lossy(&ns.ip(&["link", "show", dev]).stdout).contains("xdp")
+}
+
+fn veths(ns: &Netns, pairs: &[(&str, &str)]) {
+    for (a, b) in pairs {
+        ns.ip(&["link", "add", "name", a, "type", "veth", "peer", "name", b]);
+        ns.ip(&["link", "set", a, "up"]);
+        ns.ip(&["link", "set", b, "up"]);
+    }
+}
+
+#[test]
+fn converging_attaches_exactly_the_listed_interfaces_and_a_renamed_one_keeps_its_link() {
+    let mut t = TestDatapath::load();
+    let ns = Netns::new("cv");
+    veths(&ns, &[("x0", "p0"), ("x1", "p1"), ("x2", "p2")]);
+    let list = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let first = ns.enter(|| t.dp.converge(&list(&["x0", "x1"]), AttachMode::Auto));
+    let first = first.unwrap_or_else(|e| panic!("{}", berth::error_chain(&e)));
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(xdp_on(&ns, "x0") && xdp_on(&ns, "x1") && !xdp_on(&ns, "x2"));
+
+    // The next run is given another set: x0 is detached, x1 updated, x2 attached.
+    let second = ns
+        .enter(|| t.dp.converge(&list(&["x1", "x2"]), AttachMode::Auto))
+        .unwrap_or_else(|e| panic!("{}", berth::error_chain(&e)));
+    assert!(
+        second
+            .iter()
+            .any(|c| matches!(c, LinkChange::Detached { iface: Some(i), .. } if i == "x0")),
+        "{second:?}"
+    );
+    assert!(second.contains(&LinkChange::Attached {
+        iface: "x1".into(),
+        how: Attached::Replaced
+    }));
+    assert!(!xdp_on(&ns, "x0"), "x0 runs nothing of Berth's any more");
+    assert!(xdp_on(&ns, "x1") && xdp_on(&ns, "x2"));
+
+    // Renamed: found by its index, its link is replaced (it used to fail "File exists").
+    ns.ip(&["link", "set", "x2", "down"]);
+    ns.ip(&["link", "set", "x2", "name", "y2"]);
+    ns.ip(&["link", "set", "y2", "up"]);
+    let third = ns
+        .enter(|| t.dp.converge(&list(&["x1", "y2"]), AttachMode::Auto))
+        .unwrap_or_else(|e| panic!("{}", berth::error_chain(&e)));
+    assert!(third.contains(&LinkChange::Attached {
+        iface: "y2".into(),
+        how: Attached::Replaced
+    }));
+    let pins: Vec<String> = std::fs::read_dir(t.pin_dir.join("links"))
+        .expect("links dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        pins.len(),
+        4,
+        "an xdp and a tc link for each of two interfaces: {pins:?}"
+    );
+}
+
+#[test]
+fn a_failed_attach_names_the_interface_and_leaves_nothing_new_attached() {
+    let mut t = TestDatapath::load();
+    let mut other = TestDatapath::load();
+    let ns = Netns::new("fa");
+    veths(&ns, &[("x0", "p0"), ("x3", "p3")]);
+    let list = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+
+    let missing = ns
+        .enter(|| t.dp.converge(&list(&["x0", "nope0"]), AttachMode::Auto))
+        .expect_err("an interface that does not exist");
+    assert!(
+        matches!(&missing, DatapathError::NoInterface { iface } if iface == "nope0"),
+        "{missing:?}"
+    );
+    assert!(
+        !xdp_on(&ns, "x0"),
+        "nothing attached before the names were checked"
+    );
+
+    // x3's XDP hook is held by a program Berth (this datapath) did not attach.
+    ns.enter(|| other.dp.attach("x3", AttachMode::Auto))
+        .unwrap_or_else(|e| panic!("{}", berth::error_chain(&e)));
+    let occupied = ns
+        .enter(|| t.dp.converge(&list(&["x0", "x3"]), AttachMode::Auto))
+        .expect_err("a hook held by another program");
+    let message = berth::error_chain(&occupied);
+    assert!(
+        message.contains("x3"),
+        "the error names the interface: {message}"
+    );
+    assert!(
+        !xdp_on(&ns, "x0"),
+        "x0, attached by the failed call, is detached again"
+    );
+    assert_eq!(
+        std::fs::read_dir(t.pin_dir.join("links"))
+            .map(|d| d.count())
+            .unwrap_or(0),
+        0,
+        "no pins left by the failed call"
+    );
+}
+
+#[test]
+fn a_redirect_the_kernel_refuses_is_counted_and_the_kernel_path_then_delivers() {
+    use std::{net::UdpSocket, time::Duration};
+    let mut t = TestDatapath::load();
+    let (gw, client, backend) = (Netns::new("rg"), Netns::new("rc"), Netns::new("rb"));
+    // Veths as the kernel makes them (GRO off): b1 takes no XDP frames.
+    for (ns, dev, peer, addr, peer_addr) in [
+        (&client, "c0", "eth0", "10.253.1.1/24", "10.253.1.2/24"),
+        (&backend, "b1", "eth0", "10.253.2.1/24", "10.253.2.2/24"),
+    ] {
+        let tmp = berth_tests::netns::unique("v");
+        gw.ip(&[
+            "link", "add", "name", dev, "type", "veth", "peer", "name", &tmp,
+        ]);
+        gw.ip(&["link", "set", &tmp, "netns", &ns.name]);
+        ns.ip(&["link", "set", &tmp, "name", peer]);
+        gw.ip(&["addr", "add", addr, "dev", dev]);
+        ns.ip(&["addr", "add", peer_addr, "dev", peer]);
+        gw.ip(&["link", "set", dev, "up"]);
+        ns.ip(&["link", "set", peer, "up"]);
+        ns.exec(&["ethtool", "-K", peer, "tx", "off"]);
+    }
+    client.ip(&["route", "add", "default", "via", "10.253.1.1"]);
+    backend.ip(&["route", "add", "default", "via", "10.253.2.1"]);
+    gw.sysctl("net.ipv4.ip_forward", "1");
+    let backend_mac =
+        String::from_utf8_lossy(&backend.exec(&["cat", "/sys/class/net/eth0/address"]).stdout)
+            .trim()
+            .to_string();
+    gw.ip(&[
+        "neigh",
+        "replace",
+        "10.253.2.2",
+        "lladdr",
+        &backend_mac,
+        "dev",
+        "b1",
+        "nud",
+        "permanent",
+    ]);
+    let service = ServiceAddr {
+        addr: Ipv4Addr::new(10, 253, 0, 100),
+        protocol: Protocol::Udp,
+        port: 7,
+    };
+    let backend_ep = SocketAddrV4::new(Ipv4Addr::new(10, 253, 2, 2), 7);
+    t.dp.apply(&DesiredState::default().with_service(
+        service,
+        vec![WeightedBackend {
+            endpoint: backend_ep,
+            weight: 1,
+        }],
+    ))
+    .expect("apply");
+    gw.enter(|| t.dp.attach("c0", AttachMode::Native))
+        .unwrap_or_else(|e| panic!("{}", berth::error_chain(&e)));
+    let b1 = gw.ifindex("b1");
+    let server = backend.enter(|| {
+        let s = UdpSocket::bind(backend_ep).expect("bind backend");
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        s
+    });
+    let send = || {
+        client.enter(|| {
+            let s = UdpSocket::bind("0.0.0.0:0").expect("bind client");
+            s.send_to(b"ping", SocketAddrV4::new(service.addr, 7))
+                .expect("send");
+        })
+    };
+    let received = |server: &UdpSocket| {
+        let mut buf = [0u8; 16];
+        server.recv_from(&mut buf).is_ok()
+    };
+
+    // Told (wrongly) that b1 takes XDP frames: the kernel refuses the redirect.
+    t.allow_redirect(&[b1]);
+    berth_tests::netns::wait_until("redirect_error to count", Duration::from_secs(10), || {
+        send();
+        t.dp.counters().expect("counters")["redirect_error"] > 0
+    });
+    assert!(!received(&server), "a refused redirect delivers nothing");
+
+    // Told the truth: the kernel forwards, and the datagram arrives.
+    t.allow_redirect(&[]);
+    berth_tests::netns::wait_until("the backend to receive", Duration::from_secs(10), || {
+        send();
+        received(&server)
+    });
+    assert!(t.dp.counters().expect("counters")["kernel_forward_no_xdp_egress"] > 0);
 }

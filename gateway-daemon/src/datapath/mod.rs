@@ -82,6 +82,8 @@ pub fn kernel_reason(c: Counter) -> &'static str {
 
 /// Name of the gateway program in the object.
 pub const PROGRAM: &str = "berth";
+/// Name of the program counting the kernel's refused redirects (tracepoint).
+pub const REDIRECT_ERR_PROGRAM: &str = "berth_redirect_err";
 /// Name of the reverse-NAT program attached to the interfaces' egress (tcx).
 pub const TC_PROGRAM: &str = "berth_tc";
 /// Name of a program that returns `XDP_PASS` at once (the benchmark's floor).
@@ -248,14 +250,19 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 9] {
+    fn shapes(&self) -> [Shape; 10] {
         use std::mem::size_of;
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
             key_size,
             value_size,
             max_entries,
-            disposable: name == map_names::COUNTERS || name == map_names::SERVICE_STATS,
+            disposable: [
+                map_names::COUNTERS,
+                map_names::SERVICE_STATS,
+                map_names::PROGRAM_ID,
+            ]
+            .contains(&name),
         };
         [
             shape(
@@ -292,6 +299,7 @@ impl Limits {
                 self.services,
             ),
             shape(map_names::XMIT, 4, 4, gateway_common::XMIT_SLOTS),
+            shape(map_names::PROGRAM_ID, 4, 4, 1),
         ]
     }
 }
@@ -496,6 +504,7 @@ impl Datapath {
         };
         dp.adopt()?;
         dp.reserved = dp.installed_ports();
+        dp.count_redirect_errors();
         Ok(dp)
     }
 
@@ -542,6 +551,43 @@ impl Datapath {
                 .map_err(map_err(map_names::BACKENDS))?;
         }
         Ok(())
+    }
+
+    /// Attaches the tracepoint that counts redirects the kernel refused (`redirect_error`)
+    /// to this daemon's lifetime. Best effort: without tracefs or perf events the
+    /// counter stays at zero, which is logged.
+    fn count_redirect_errors(&mut self) {
+        let result = (|| -> std::result::Result<(), String> {
+            let id = xdp(&mut self.ebpf, PROGRAM)
+                .map_err(|e| e.to_string())?
+                .info()
+                .map_err(|e| e.to_string())?
+                .id();
+            let mut ids: Array<&mut MapData, u32> = Array::try_from(
+                self.ebpf
+                    .map_mut(map_names::PROGRAM_ID)
+                    .ok_or("no program id map")?,
+            )
+            .map_err(|e| e.to_string())?;
+            ids.set(0, id, 0).map_err(|e| e.to_string())?;
+            let tp: &mut aya::programs::TracePoint = self
+                .ebpf
+                .program_mut(REDIRECT_ERR_PROGRAM)
+                .ok_or("no tracepoint program")?
+                .try_into()
+                .map_err(|e: ProgramError| e.to_string())?;
+            tp.load().map_err(|e| e.to_string())?;
+            ensure_tracefs().map_err(|e| format!("mounting tracefs: {e}"))?;
+            tp.attach("xdp", "xdp_redirect_err")
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            tracing::warn!(
+                error = e,
+                "redirect errors the kernel reports will not be counted (redirect_error)"
+            );
+        }
     }
 
     /// Ports of the installed services.
@@ -1211,6 +1257,31 @@ fn nr_cpus() -> Result<usize> {
             io_error: source,
         }),
     })
+}
+
+/// Mounts tracefs on `/sys/kernel/tracing` if it is not there: attaching to a
+/// tracepoint reads the event's id from it (a fresh host has it unmounted).
+fn ensure_tracefs() -> io::Result<()> {
+    let root = Path::new("/sys/kernel/tracing");
+    if root.join("events").exists() {
+        return Ok(());
+    }
+    let c_root = std::ffi::CString::new("/sys/kernel/tracing").map_err(io::Error::other)?;
+    let fstype = std::ffi::CString::new("tracefs").map_err(io::Error::other)?;
+    // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            c_root.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Whether this process shares its parent's mount namespace (true when it cannot
