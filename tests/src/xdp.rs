@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use aya::programs::{TestRun, TestRunOptions};
+use aya::programs::{ProgramError, TestRun, TestRunOptions, TestRunResult};
 use berth::datapath::{Config, Datapath, Limits, PROGRAM};
 
 use crate::netns::{unique, Netns};
@@ -90,25 +90,30 @@ pub fn run(
     ingress_ifindex: u32,
     input: &[u8],
 ) -> (u32, Vec<u8>) {
-    let prog = dp.program_mut(program).expect("program");
-    let mut out = vec![0u8; input.len() + 256];
     // struct xdp_md { data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex }
     let mut ctx = [0u8; 24];
     ctx[4..8].copy_from_slice(&(input.len() as u32).to_ne_bytes());
     ctx[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    let ctx = (ingress_ifindex != 0).then_some(&ctx[..]);
+    let prog = dp.program_mut(program).expect("program");
+    test_run(input, ctx, |opts| prog.test_run(opts))
+}
+
+/// One `BPF_PROG_TEST_RUN` on `input` through `run` (a program's `test_run`): its
+/// return value and output frame.
+fn test_run(
+    input: &[u8],
+    ctx: Option<&[u8]>,
+    run: impl FnOnce(TestRunOptions<'_>) -> Result<TestRunResult, ProgramError>,
+) -> (u32, Vec<u8>) {
+    let mut out = vec![0u8; input.len() + 256];
     let opts = TestRunOptions {
         data_in: Some(input),
         data_out: Some(&mut out),
-        ctx_in: if ingress_ifindex == 0 {
-            None
-        } else {
-            Some(&ctx)
-        },
+        ctx_in: ctx,
         ..TestRunOptions::default()
     };
-    let result = prog
-        .test_run(opts)
-        .unwrap_or_else(|e| panic!("test_run: {}", berth::error_chain(&e)));
+    let result = run(opts).unwrap_or_else(|e| panic!("test_run: {}", berth::error_chain(&e)));
     out.truncate(result.data_size_out as usize);
     (result.return_value, out)
 }
@@ -119,17 +124,7 @@ pub const TC_NEXT: u32 = u32::MAX;
 /// Runs the TC egress program once on `input` (an Ethernet frame).
 pub fn run_tc(dp: &mut Datapath, input: &[u8]) -> (u32, Vec<u8>) {
     let prog = dp.tc_program_mut().expect("tc program");
-    let mut out = vec![0u8; input.len() + 256];
-    let opts = TestRunOptions {
-        data_in: Some(input),
-        data_out: Some(&mut out),
-        ..TestRunOptions::default()
-    };
-    let result = prog
-        .test_run(opts)
-        .unwrap_or_else(|e| panic!("test_run: {}", berth::error_chain(&e)));
-    out.truncate(result.data_size_out as usize);
-    (result.return_value, out)
+    test_run(input, None, |opts| prog.test_run(opts))
 }
 
 /// Runs the gateway program (see `run`).

@@ -454,17 +454,7 @@ impl Datapath {
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
         }
-        let tc: &mut SchedClassifier = ebpf
-            .program_mut(TC_PROGRAM)
-            .ok_or(DatapathError::Program {
-                name: TC_PROGRAM,
-                source: ProgramError::UnexpectedProgramType,
-            })?
-            .try_into()
-            .map_err(|source| DatapathError::Program {
-                name: TC_PROGRAM,
-                source,
-            })?;
+        let tc = links::tc_program(&mut ebpf)?;
         tc.load().map_err(|source| DatapathError::Program {
             name: TC_PROGRAM,
             source,
@@ -1266,14 +1256,20 @@ fn ensure_tracefs() -> io::Result<()> {
     if root.join("events").exists() {
         return Ok(());
     }
-    let c_root = std::ffi::CString::new("/sys/kernel/tracing").map_err(io::Error::other)?;
-    let fstype = std::ffi::CString::new("tracefs").map_err(io::Error::other)?;
+    mount("tracefs", root)
+}
+
+/// Mounts a filesystem of type `fstype` (no device, no options) on `at`.
+fn mount(fstype: &str, at: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c_at = std::ffi::CString::new(at.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let c_type = std::ffi::CString::new(fstype).map_err(io::Error::other)?;
     // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
     let rc = unsafe {
         libc::mount(
-            fstype.as_ptr(),
-            c_root.as_ptr(),
-            fstype.as_ptr(),
+            c_type.as_ptr(),
+            c_at.as_ptr(),
+            c_type.as_ptr(),
             0,
             std::ptr::null(),
         )
@@ -1321,19 +1317,5 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
     if !in_parent_mount_namespace() {
         return Err(DatapathError::PrivateBpffs);
     }
-    let fstype = std::ffi::CString::new("bpf").map_err(|e| err(io::Error::other(e)))?;
-    // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            c_root.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        return Err(err(io::Error::last_os_error()));
-    }
-    Ok(())
+    mount("bpf", root).map_err(err)
 }
