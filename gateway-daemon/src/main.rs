@@ -475,6 +475,14 @@ fn load_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>> 
             ),
         }
     }
+    match berth::host::disable_icmp_redirects(interfaces) {
+        Ok(changed) if !changed.is_empty() => tracing::info!(
+            settings = changed.join(" "),
+            "ICMP redirects off: they would send backends around the gateway's NAT"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "turning ICMP redirects off"),
+    }
     if let Some(name) = address_interface {
         dp.own_addresses_on(name)
             .context("putting the gateway addresses on their interface")?;

@@ -100,6 +100,8 @@ pub fn account(service: u32, dir: Direction, len: u64, new_flow: bool) {
 }
 
 /// Accounts one packet of a service that the kernel forwards instead of XDP, and why.
+/// `TcReply` (replies translated on egress) is only a reason while XDP gave none: the
+/// forward path's reason says more.
 #[inline(always)]
 pub fn account_kernel(service: u32, reason: Counter) {
     let Some(stats) = SERVICE_STATS.get_ptr_mut(service) else {
@@ -108,7 +110,9 @@ pub fn account_kernel(service: u32, reason: Counter) {
     // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
     let stats = unsafe { &mut *stats };
     stats.kernel_packets += 1;
-    stats.kernel_reason = reason as u32 + 1;
+    if reason != Counter::TcReply || stats.kernel_reason == 0 {
+        stats.kernel_reason = reason as u32 + 1;
+    }
 }
 
 /// Slot 0: the id of the loaded gateway XDP program (written by the daemon), so that

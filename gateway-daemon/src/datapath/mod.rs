@@ -47,12 +47,14 @@ pub struct Traffic {
 
 impl Traffic {
     /// How this service's packets leave: `None` before any packet, "xdp" while XDP
-    /// sends them all, else "kernel: <why>" (the last reason).
+    /// sends nearly all (the first packet to a backend whose neighbour entry is not
+    /// resolved yet goes through the kernel anyway), else "kernel: <why>".
     pub fn path(&self) -> Option<String> {
-        if self.stats.packets + self.stats.reply_packets == 0 {
+        let all = self.stats.packets + self.stats.reply_packets;
+        if all == 0 {
             return None;
         }
-        if self.stats.kernel_packets == 0 {
+        if self.stats.kernel_packets * 20 <= all {
             return Some("xdp".into());
         }
         let why = self
@@ -921,7 +923,11 @@ impl Datapath {
                         reply_bytes: a.reply_bytes + s.reply_bytes,
                         new_flows: a.new_flows + s.new_flows,
                         kernel_packets: a.kernel_packets + s.kernel_packets,
-                        kernel_reason: a.kernel_reason.max(s.kernel_reason),
+                        // The forward path's reason (lower index) over TC's.
+                        kernel_reason: match (a.kernel_reason, s.kernel_reason) {
+                            (0, r) | (r, 0) => r,
+                            (x, y) => x.min(y),
+                        },
                         pad: 0,
                     }
                 });
