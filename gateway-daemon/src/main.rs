@@ -78,6 +78,11 @@ enum Command {
         /// them via this host).
         #[arg(long)]
         no_address_interface: bool,
+        /// Whether XDP sends packets itself (auto: into interfaces that take XDP
+        /// frames) or hands every one to the kernel (never: for troubleshooting, and
+        /// to measure the kernel path).
+        #[arg(long, value_enum, default_value_t = Redirect::Auto)]
+        redirect: Redirect,
     },
     /// Remove Berth from this host: detach its programs from every interface, remove
     /// its pinned maps and links and its dummy interface (stop `berth run` first;
@@ -137,6 +142,12 @@ enum XdpMode {
     Skb,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Redirect {
+    Auto,
+    Never,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
     Text,
@@ -188,11 +199,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             pin_dir,
             address_interface,
             no_address_interface,
+            redirect,
         } => {
             init_logging(log_format);
             let mut dp = DatapathOptions {
                 interfaces,
                 xdp_mode,
+                redirect,
                 pin_dir,
                 address_interface: if no_address_interface {
                     None
@@ -410,6 +423,7 @@ const DEFAULT_ADDRESS_INTERFACE: &str = "berth0";
 struct DatapathOptions {
     interfaces: Vec<String>,
     xdp_mode: XdpMode,
+    redirect: Redirect,
     pin_dir: PathBuf,
     address_interface: Option<String>,
 }
@@ -437,6 +451,7 @@ fn load_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>> 
     let DatapathOptions {
         interfaces,
         xdp_mode,
+        redirect,
         pin_dir,
         address_interface,
     } = options;
@@ -449,7 +464,14 @@ fn load_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>> 
         ..Config::default()
     })
     .context("loading the datapath")?;
-    datapath::follow_xmit(pin_dir).context("following which interfaces take XDP frames")?;
+    if *redirect == Redirect::Auto {
+        datapath::follow_xmit(pin_dir).context("following which interfaces take XDP frames")?;
+    } else {
+        datapath::XmitMap::open(pin_dir)
+            .and_then(|mut m| m.set(&Default::default()))
+            .context("clearing the xmit map")?;
+        tracing::warn!("--redirect never: the kernel forwards every packet");
+    }
     let mode = match xdp_mode {
         XdpMode::Auto => AttachMode::Auto,
         XdpMode::Native => AttachMode::Native,

@@ -90,6 +90,16 @@ impl Daemon {
     /// Starts `berth run` in `gateway`, attached to `interfaces`, and waits until it
     /// serves.
     pub fn start_on(gateway: &Netns, interfaces: &[impl AsRef<str>], dirs: &Dirs) -> Self {
+        Self::start_with(gateway, interfaces, dirs, &[])
+    }
+
+    /// `start_on` with more arguments for `berth run`.
+    pub fn start_with(
+        gateway: &Netns,
+        interfaces: &[impl AsRef<str>],
+        dirs: &Dirs,
+        extra: &[&str],
+    ) -> Self {
         let berth = berth_binary();
         let mut cmd = gateway.command(&berth);
         cmd.arg("run")
@@ -102,6 +112,7 @@ impl Daemon {
         for iface in interfaces {
             cmd.args(["--interface", iface.as_ref()]);
         }
+        cmd.args(extra);
         let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

@@ -108,15 +108,19 @@ impl Load {
 enum Mode {
     Routing,
     Berth,
+    /// Berth with every packet handed to the kernel (`--redirect never`): the path
+    /// taken where the egress takes no XDP frames.
+    BerthKernel,
     IptablesLegacy,
     IptablesNft,
     Ipvs,
     Nftables,
 }
 
-const MODES: [Mode; 6] = [
+const MODES: [Mode; 7] = [
     Mode::Routing,
     Mode::Berth,
+    Mode::BerthKernel,
     Mode::IptablesLegacy,
     Mode::IptablesNft,
     Mode::Ipvs,
@@ -136,6 +140,7 @@ impl Mode {
         match self {
             Mode::Routing => "routing",
             Mode::Berth => "berth-xdp",
+            Mode::BerthKernel => "berth-kernel",
             Mode::IptablesLegacy => "iptables-legacy",
             Mode::IptablesNft => "iptables-nft",
             Mode::Ipvs => "ipvs",
@@ -147,6 +152,7 @@ impl Mode {
         match self {
             Mode::Routing => "no NAT: straight to a backend address (baseline)",
             Mode::Berth => "berth run, XDP DNAT + redirect",
+            Mode::BerthKernel => "berth run --redirect never, XDP DNAT + the kernel forwards",
             Mode::IptablesLegacy => "iptables-legacy nat PREROUTING DNAT",
             Mode::IptablesNft => "iptables-nft nat PREROUTING DNAT",
             Mode::Ipvs => "IPVS masquerading (NAT)",
@@ -330,10 +336,15 @@ fn configure(mode: Mode, topo: &Topology) -> Option<(Daemon, Dirs)> {
     let backend = |i: usize| format!("{}:{BACKEND_PORT}", backend_addr(i));
     match mode {
         Mode::Routing => {}
-        Mode::Berth => {
+        Mode::Berth | Mode::BerthKernel => {
             let dirs = Dirs::with_example_files(&["gateway.yaml"]);
             std::fs::write(dirs.manifests.join("bench.yaml"), route_yaml()).expect("write");
-            let daemon = Daemon::start(topo, &dirs);
+            let extra: &[&str] = if mode == Mode::BerthKernel {
+                &["--redirect", "never"]
+            } else {
+                &[]
+            };
+            let daemon = Daemon::start_with(gw, &topo.gateway_ifaces, &dirs, extra);
             wait_until(
                 "the bench route's port and backends in berth",
                 Duration::from_secs(20),
@@ -757,6 +768,7 @@ fn color(mode: Mode) -> &'static str {
     match mode {
         Mode::Routing => "#9ca3af",
         Mode::Berth => "#2563eb",
+        Mode::BerthKernel => "#60a5fa",
         Mode::IptablesLegacy => "#f59e0b",
         Mode::IptablesNft => "#ef4444",
         Mode::Ipvs => "#a855f7",
