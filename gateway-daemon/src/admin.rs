@@ -200,34 +200,44 @@ fn row(
         let c = &state.claims[i];
         is_route(&c.route.kind, &c.route.namespace, &c.route.name).then_some(c)
     });
-    let service = pr.port.and_then(|port| {
-        let g = state
-            .gateways
-            .binary_search_by(|g| (g.namespace.as_str(), g.name.as_str()).cmp(&(gw_ns, &pr.name)))
-            .ok()?;
-        let addr = state.gateways[g]
-            .status
-            .addresses
-            .first()?
-            .value
-            .parse()
-            .ok()?;
-        let service = ServiceAddr {
-            addr,
-            protocol,
-            port,
-        };
-        let o = p.owners.get(&service)?;
-        is_route(&o.kind, &o.namespace, &o.name).then_some(service)
-    });
-    let accepted = parent.conditions.iter().find(|c| c.kind == "Accepted");
-    let backends = service
-        .and_then(|s| p.datapath.services.get(&s))
-        .map_or(0, |b| b.len());
-    let traffic = service
-        .and_then(|s| p.traffic.get(&s))
-        .copied()
+    // The route's services: one per address its Gateway is served on.
+    let services: Vec<ServiceAddr> = pr
+        .port
+        .and_then(|port| {
+            let g = state
+                .gateways
+                .binary_search_by(|g| {
+                    (g.namespace.as_str(), g.name.as_str()).cmp(&(gw_ns, &pr.name))
+                })
+                .ok()?;
+            let services = state.gateways[g]
+                .status
+                .addresses
+                .iter()
+                .filter_map(|a| a.value.parse().ok())
+                .map(|addr| ServiceAddr {
+                    addr,
+                    protocol,
+                    port,
+                })
+                .filter(|s| {
+                    p.owners
+                        .get(s)
+                        .is_some_and(|o| is_route(&o.kind, &o.namespace, &o.name))
+                })
+                .collect();
+            Some(services)
+        })
         .unwrap_or_default();
+    let accepted = parent.conditions.iter().find(|c| c.kind == "Accepted");
+    let backends = services
+        .first()
+        .and_then(|s| p.datapath.services.get(s))
+        .map_or(0, |b| b.len());
+    let traffic = services
+        .iter()
+        .filter_map(|s| p.traffic.get(s))
+        .fold(crate::datapath::Traffic::default(), |a, t| a.plus(t));
     RouteRow {
         namespace: r.namespace.clone(),
         name: r.name.clone(),
@@ -307,8 +317,8 @@ fn metrics(p: &Published) -> String {
                 continue;
             };
             let labels = format!(
-                "kind=\"{}\",namespace=\"{}\",name=\"{}\",port=\"{}\"",
-                o.kind, o.namespace, o.name, service.port
+                "kind=\"{}\",namespace=\"{}\",name=\"{}\",address=\"{}\",port=\"{}\"",
+                o.kind, o.namespace, o.name, service.addr, service.port
             );
             let _ = writeln!(
                 m,

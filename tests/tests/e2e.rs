@@ -8,7 +8,7 @@ use std::{
 };
 
 use berth_tests::{
-    daemon::{Daemon, Dirs},
+    daemon::{metrics, sample, Daemon, Dirs},
     netns::wait_until,
     topo::{http_request, Flow, Topology, GW},
 };
@@ -529,5 +529,58 @@ fn a_full_range_and_a_quota_say_why_and_a_freed_port_goes_to_the_oldest_waiting_
     assert!(
         curl(&topo, 30001).starts_with("backend-"),
         "team F is served on its new port"
+    );
+}
+
+#[test]
+fn a_gateway_with_two_addresses_serves_each_route_on_both_and_counts_them_together() {
+    let topo = Topology::new(3);
+    let _servers = topo.start_servers();
+    let dirs = Dirs::with_examples();
+    let gateway = dirs.manifests.join("gateway.yaml");
+    let text = std::fs::read_to_string(&gateway).expect("gateway.yaml");
+    let two = text.replace(
+        "    value: 10.251.0.100\n",
+        "    value: 10.251.0.100\n  - type: IPAddress\n    value: 10.251.0.101\n",
+    );
+    assert_ne!(text, two, "the example gateway has the address to extend");
+    std::fs::write(&gateway, two).expect("write gateway.yaml");
+    let daemon = Daemon::start(&topo, &dirs);
+    let get = |addr: &str| {
+        let out = topo.client.try_exec(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "3",
+            &format!("http://{addr}:30000/"),
+        ]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    for addr in ["10.251.0.100", "10.251.0.101"] {
+        wait_until(
+            &format!("team A's web servers on {addr}"),
+            Duration::from_secs(10),
+            || get(addr).starts_with("backend-"),
+        );
+    }
+    // Each address is its own service with its own counters; the route's row adds them.
+    let reply_series = |addr: &str| {
+        format!(
+            "berth_route_packets_total{{kind=\"TCPRoute\",namespace=\"team-a\",name=\"web\",\
+             address=\"{addr}\",port=\"30000\",direction=\"reply\"}}"
+        )
+    };
+    wait_until(
+        "team A's row to count the replies of both addresses",
+        Duration::from_secs(10),
+        || {
+            // Read the row first: counters only grow, so a row equal to the sum read
+            // after it is one that counted both.
+            let row_replies = row(&daemon.routes(&topo.gateway), "team-a").reply_packets;
+            let m = metrics(&topo.gateway);
+            let first = sample(&m, &reply_series("10.251.0.100")).unwrap_or(0);
+            let second = sample(&m, &reply_series("10.251.0.101")).unwrap_or(0);
+            first > 0 && second > 0 && row_replies == first + second
+        },
     );
 }

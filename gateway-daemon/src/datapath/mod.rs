@@ -46,6 +46,28 @@ pub struct Traffic {
 }
 
 impl Traffic {
+    /// The traffic of two services together (a route served on several addresses).
+    pub fn plus(self, other: &Traffic) -> Traffic {
+        let (a, b) = (self.stats, other.stats);
+        Traffic {
+            stats: ServiceStats {
+                packets: a.packets + b.packets,
+                bytes: a.bytes + b.bytes,
+                reply_packets: a.reply_packets + b.reply_packets,
+                reply_bytes: a.reply_bytes + b.reply_bytes,
+                new_flows: a.new_flows + b.new_flows,
+                kernel_packets: a.kernel_packets + b.kernel_packets,
+                kernel_reason: min_reason(a.kernel_reason, b.kernel_reason),
+                pad: 0,
+            },
+            active_flows: self.active_flows + other.active_flows,
+            unanswered_since: match (self.unanswered_since, other.unanswered_since) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                (x, y) => x.or(y),
+            },
+        }
+    }
+
     /// How this service's packets leave: `None` before any packet, "xdp" while XDP
     /// sends nearly all (the first packet to a backend whose neighbour entry is not
     /// resolved yet goes through the kernel anyway), else "kernel: <why>".
@@ -64,6 +86,15 @@ impl Traffic {
             .and_then(Counter::from_index)
             .map_or("unknown", kernel_reason);
         Some(format!("kernel: {why}"))
+    }
+}
+
+/// Of two `ServiceStats::kernel_reason`s the one to show: the forward path's reasons
+/// (lower indices) over TC's, any over none (0).
+fn min_reason(a: u32, b: u32) -> u32 {
+    match (a, b) {
+        (0, r) | (r, 0) => r,
+        (x, y) => x.min(y),
     }
 }
 
@@ -923,11 +954,7 @@ impl Datapath {
                         reply_bytes: a.reply_bytes + s.reply_bytes,
                         new_flows: a.new_flows + s.new_flows,
                         kernel_packets: a.kernel_packets + s.kernel_packets,
-                        // The forward path's reason (lower index) over TC's.
-                        kernel_reason: match (a.kernel_reason, s.kernel_reason) {
-                            (0, r) | (r, 0) => r,
-                            (x, y) => x.min(y),
-                        },
+                        kernel_reason: min_reason(a.kernel_reason, s.kernel_reason),
                         pad: 0,
                     }
                 });
