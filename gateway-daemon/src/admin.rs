@@ -104,8 +104,13 @@ fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     let p = std::sync::Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
     let (code, kind, body) = match path.as_str() {
         "/healthz" => (200, "text/plain", "ok\n".to_string()),
-        "/readyz" if p.cycles > 0 => (200, "text/plain", "ready\n".to_string()),
-        "/readyz" => (503, "text/plain", "not ready: no plan yet\n".to_string()),
+        // Not ready while the last cycle failed: its claims (or first-seen times) may not
+        // be durable, and what is served is the last state that was.
+        "/readyz" => match (&p.last_error, p.cycles) {
+            (Some(e), _) => (503, "text/plain", format!("not ready: {e}\n")),
+            (None, 0) => (503, "text/plain", "not ready: no plan yet\n".to_string()),
+            (None, _) => (200, "text/plain", "ready\n".to_string()),
+        },
         "/api/v1/state" => match &p.state {
             Some(s) => (
                 200,

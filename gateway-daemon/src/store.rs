@@ -576,18 +576,34 @@ impl Store {
         self.begin_write()?;
         let mut cache = self.fresh_cache()?;
         let claims = self.loaded_claims(&mut cache)?;
-        claims.apply(&changes);
-        let lines = claims.lines.saturating_add(records);
-        if lines > 2 * claims.list.len() + 64 {
+        // The cache follows the disk: the changes are applied to a copy, which replaces
+        // the cache only once the journal holds them durably. (It used to be applied
+        // first: with the disk full mid-append, the next cycle saw nothing left to write,
+        // the records were never written, and a restart lost the claims.)
+        let mut next = Claims {
+            list: Arc::clone(&claims.list),
+            lines: claims.lines,
+        };
+        next.apply(&changes);
+        let lines = next.lines.saturating_add(records);
+        let written = if lines > 2 * next.list.len() + 64 {
             let mut whole = String::new();
-            for c in claims.list.iter() {
+            for c in next.list.iter() {
                 claim_record(&mut whole, c, &path)?;
             }
-            self.rewrite_journal(CLAIMS_LOG, &whole)?;
-            claims.lines = claims.list.len();
+            next.lines = next.list.len();
+            self.rewrite_journal(CLAIMS_LOG, &whole)
         } else {
-            self.append_journal(CLAIMS_LOG, &text)?;
-            claims.lines = lines;
+            next.lines = lines;
+            self.append_journal(CLAIMS_LOG, &text)
+        };
+        match written {
+            Ok(()) => *claims = next,
+            // What is on disk now is read again before anything else is planned on it.
+            Err(e) => {
+                cache.claims = None;
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -667,6 +683,8 @@ impl Store {
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let seen = self.loaded_first_seen(&mut cache)?;
+        // As for claims, memory follows the disk: if the journal does not take the
+        // records, the times in memory are dropped and read again from the journal.
         let times = &mut seen.times;
         let mut journal = String::new();
         for (key, time) in added {
@@ -678,14 +696,21 @@ impl Store {
             journal.push_str(&format!("-\t{key}\n"));
         }
         let lines = seen.lines.saturating_add(added.len() + removed.len());
-        if lines > 2 * times.len() + 64 {
-            self.rewrite_first_seen(times)?;
-            seen.lines = times.len();
+        let (written, lines) = if lines > 2 * times.len() + 64 {
+            (self.rewrite_first_seen(times), times.len())
         } else {
-            self.append_journal(FIRST_SEEN_LOG, &journal)?;
-            seen.lines = lines;
+            (self.append_journal(FIRST_SEEN_LOG, &journal), lines)
+        };
+        match written {
+            Ok(()) => {
+                seen.lines = lines;
+                Ok(())
+            }
+            Err(e) => {
+                cache.first_seen = None;
+                Err(e)
+            }
         }
-        Ok(())
     }
 
     /// Appends records to journal `name`, durably, first cutting off a torn last line.
@@ -716,10 +741,15 @@ impl Store {
                     .map_err(io_err("truncating", &path))?;
             }
         }
-        f.seek(SeekFrom::End(0))
-            .and_then(|_| f.write_all(journal.as_bytes()))
-            .and_then(|()| f.sync_data())
+        let before = f
+            .seek(SeekFrom::End(0))
             .map_err(io_err("appending to", &path))?;
+        if let Err(e) = f.write_all(journal.as_bytes()).and_then(|()| f.sync_data()) {
+            // Leave the journal as it was (a failed batch is not half held); if even
+            // that fails, the reader ignores a torn last line and the next append cuts it.
+            let _ = f.set_len(before).and_then(|()| f.sync_data());
+            return Err(io_err("appending to", &path)(e));
+        }
         if len == 0 {
             sync_dir(&self.dir)?;
         }
@@ -730,7 +760,10 @@ impl Store {
     fn rewrite_journal(&self, name: &str, text: &str) -> Result<()> {
         let path = self.dir.join(name);
         let tmp = write_tmp(&self.dir, text)?;
-        fs::rename(&tmp, &path).map_err(io_err("replacing", &path))?;
+        if let Err(e) = fs::rename(&tmp, &path) {
+            let _ = fs::remove_file(&tmp);
+            return Err(io_err("replacing", &path)(e));
+        }
         sync_dir(&self.dir)
     }
 
@@ -795,9 +828,10 @@ fn read_dir(dir: &Path) -> Result<Vec<PathBuf>> {
 /// Writes `text` to a new temporary file in `dir` and fsyncs it.
 fn write_tmp(dir: &Path, text: &str) -> Result<PathBuf> {
     let tmp = write_tmp_unsynced(dir, text)?;
-    File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err("syncing", &tmp))?;
+    if let Err(e) = File::open(&tmp).and_then(|f| f.sync_all()) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err("syncing", &tmp)(e));
+    }
     Ok(tmp)
 }
 
@@ -810,8 +844,11 @@ fn write_tmp_unsynced(dir: &Path, text: &str) -> Result<PathBuf> {
         .create_new(true)
         .open(&tmp)
         .map_err(io_err("creating", &tmp))?;
-    f.write_all(text.as_bytes())
-        .map_err(io_err("writing", &tmp))?;
+    // A temporary file left behind by a full disk would only fill it further.
+    if let Err(e) = f.write_all(text.as_bytes()) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err("writing", &tmp)(e));
+    }
     Ok(tmp)
 }
 

@@ -1,0 +1,269 @@
+//! A full disk under the state directory, for real: a small tmpfs, filled up while
+//! claims are written. Memory follows the disk: a write that did not land is not held,
+//! is retried, and lands once there is room; the daemon says it is not ready meanwhile.
+//! Needs root (mounts a tmpfs; unmounted when the test ends, also on failure).
+
+use std::{
+    fs::OpenOptions,
+    io::Write,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use berth::{
+    model::{ClaimRoute, PortClaim, PortClaimSpec},
+    store::Store,
+};
+
+/// A tmpfs of `kib` KiB mounted on a fresh directory; unmounted and removed on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn new(tag: &str, kib: u32) -> Self {
+        let dir = std::env::temp_dir().join(format!("berth-full-{tag}-{}", std::process::id()));
+        let _ = Command::new("umount").arg(&dir).status();
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mount point");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mounting a tmpfs on {}", dir.display());
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Fills the filesystem of `dir` with a file, then frees `leave` bytes of it again.
+fn fill(dir: &Path, leave: u64) -> PathBuf {
+    let path = dir.join("filler");
+    let mut f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .expect("filler");
+    let chunk = vec![0x5au8; 4096];
+    while f.write_all(&chunk).is_ok() {}
+    let len = f.metadata().expect("filler size").len();
+    f.set_len(len.saturating_sub(leave)).expect("free some");
+    path
+}
+
+fn claim(port: u16) -> Arc<PortClaim> {
+    let route = ClaimRoute::new("TCPRoute", "team", &format!("route-{port}"), None);
+    let mut c = PortClaim::bound(
+        "infra",
+        PortClaimSpec::new("gw", "pool", "TCP", port, route),
+    );
+    c.metadata.name = format!("gw-tcp-{port}");
+    Arc::new(c)
+}
+
+fn ports(store: &Store) -> Vec<u16> {
+    let mut p: Vec<u16> = store
+        .claims()
+        .expect("claims")
+        .iter()
+        .map(|c| c.spec.port)
+        .collect();
+    p.sort();
+    p
+}
+
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .expect("state dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp"))
+        .collect()
+}
+
+#[test]
+fn a_batch_the_full_disk_cut_short_is_not_held_and_lands_once_there_is_room() {
+    let fs = Tmpfs::new("store", 256);
+    let dir = fs.0.join("state");
+    let store = Store::open(&dir).expect("open");
+    let first: Vec<Arc<PortClaim>> = (30000..30010).map(claim).collect();
+    store.commit(&[], &[], &first).expect("ten claims fit");
+
+    // Room for part of the next batch only: its append stops midway.
+    let filler = fill(&fs.0, 4096);
+    let batch: Vec<Arc<PortClaim>> = (30010..30050).map(claim).collect();
+    let err = store
+        .commit(&[], &[], &batch)
+        .expect_err("forty claims do not fit in 4 KiB");
+    eprintln!("as expected: {}", berth::error_chain(&err));
+    let held: Vec<u16> = (30000..30010).collect();
+    assert_eq!(
+        ports(&store),
+        held,
+        "the store holds what the disk holds, no more"
+    );
+    assert_eq!(
+        ports(&Store::open(&dir).expect("reopen")),
+        held,
+        "and so does a restarted daemon: nothing half written"
+    );
+    assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
+
+    // The same batch again once there is room: all of it, durably.
+    std::fs::remove_file(&filler).expect("free the disk");
+    store.commit(&[], &[], &batch).expect("the retried batch");
+    let all: Vec<u16> = (30000..30050).collect();
+    assert_eq!(ports(&store), all);
+    assert_eq!(ports(&Store::open(&dir).expect("reopen")), all);
+}
+
+#[test]
+fn first_seen_times_the_full_disk_refused_are_not_held() {
+    let fs = Tmpfs::new("seen", 256);
+    let dir = fs.0.join("state");
+    let store = Store::open(&dir).expect("open");
+    let first = vec![(
+        "TCPRoute/a/one".to_string(),
+        "2026-12-03T10:00:00Z".to_string(),
+    )];
+    store.record_first_seen(&first, &[]).expect("fits");
+    let filler = fill(&fs.0, 0);
+    let many: Vec<(String, String)> = (0..200)
+        .map(|i| {
+            (
+                format!("TCPRoute/a/r{i}"),
+                "2026-12-03T11:00:00Z".to_string(),
+            )
+        })
+        .collect();
+    store
+        .record_first_seen(&many, &[])
+        .expect_err("a full disk refuses the records");
+    let seen = store.first_seen().expect("first seen");
+    assert_eq!(seen.len(), 1, "only what the journal holds: {seen:?}");
+    std::fs::remove_file(&filler).expect("free the disk");
+    store.record_first_seen(&many, &[]).expect("room again");
+    assert_eq!(
+        Store::open(&dir)
+            .expect("reopen")
+            .first_seen()
+            .expect("seen")
+            .len(),
+        201
+    );
+}
+
+/// `berth run` (no datapath) on a state directory in `fs`.
+struct Daemon {
+    child: Child,
+    admin: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(manifests: &Path, state: &Path) -> Daemon {
+    let admin = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("free port");
+        l.local_addr().expect("addr").to_string()
+    };
+    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["run", "--manifests"])
+        .arg(manifests)
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--admin-addr", &admin])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start berth run");
+    Daemon { child, admin }
+}
+
+/// `/readyz`: (status 200?, body).
+fn readyz(d: &Daemon) -> Option<(bool, String)> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(&d.admin).ok()?;
+    write!(s, "GET /readyz HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((head.starts_with("HTTP/1.0 200"), body.to_string()))
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Team B's assigned port in the daemon's state, if it has one.
+fn team_b_port(d: &Daemon) -> Option<u64> {
+    let state: serde_json::Value =
+        serde_json::from_str(&berth::admin::get(&d.admin, "/api/v1/state").ok()?).ok()?;
+    state["claims"]
+        .as_array()?
+        .iter()
+        .find(|c| c["route"]["namespace"] == "team-b")?["port"]
+        .as_u64()
+}
+
+#[test]
+fn a_daemon_whose_disk_is_full_is_not_ready_says_why_and_catches_up_when_there_is_room() {
+    let fs = Tmpfs::new("run", 512);
+    let manifests = fs.0.join("manifests");
+    std::fs::create_dir_all(&manifests).expect("manifests");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    for f in ["gateway.yaml", "team-a.yaml"] {
+        std::fs::copy(examples.join(f), manifests.join(f)).expect("copy");
+    }
+    let state = fs.0.join("state");
+    let team_b = std::fs::read_to_string(examples.join("team-b.yaml")).expect("team-b");
+    let mut d = start(&manifests, &state);
+    wait_for("readiness", || readyz(&d).is_some_and(|(ok, _)| ok));
+
+    // The disk fills; team B's route arrives (the file itself still fits: written
+    // before the filler takes the rest).
+    std::fs::write(manifests.join("team-b.yaml"), &team_b).expect("team-b");
+    let filler = fill(&fs.0, 0);
+    // A write cut short may have happened before the filler: only a refusal counts.
+    wait_for("not ready, saying why", || {
+        readyz(&d).is_some_and(|(ok, body)| !ok && body.contains("No space left on device"))
+            || team_b_port(&d).is_some()
+    });
+    if team_b_port(&d).is_none() {
+        let (_, body) = readyz(&d).expect("readyz");
+        eprintln!("while full: {body}");
+        assert_eq!(
+            team_b_port(&d),
+            None,
+            "a claim that is not durable is not served"
+        );
+    }
+
+    std::fs::remove_file(&filler).expect("free the disk");
+    wait_for("ready again with team B's port", || {
+        readyz(&d).is_some_and(|(ok, _)| ok) && team_b_port(&d) == Some(30053)
+    });
+
+    // Durable: a restart after kill -9 holds the same port.
+    drop(d);
+    d = start(&manifests, &state);
+    wait_for("the restarted daemon's plan", || team_b_port(&d).is_some());
+    assert_eq!(team_b_port(&d), Some(30053));
+}
