@@ -437,6 +437,8 @@ fn run_standalone(
 ) -> anyhow::Result<()> {
     let store = Store::open(state_dir)
         .with_context(|| format!("opening state directory {}", state_dir.display()))?;
+    // Before anything else is touched: a second daemon on this directory stops here.
+    let _owner = store.own()?;
     let mut datapath = load_datapath(options)?;
     let shared = serve_admin(admin_addr)?;
     tracing::info!(admin = admin_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");

@@ -50,6 +50,18 @@ pub enum StoreError {
         /// What is wrong.
         message: String,
     },
+    /// Another daemon runs on this state directory.
+    #[error(
+        "state directory {} is in use by another berth run (pid {pid}); two daemons on one \
+         directory would release each other's claims",
+        .dir.display()
+    )]
+    InUse {
+        /// The directory.
+        dir: PathBuf,
+        /// The holder's pid, as it wrote it ("?" if unreadable).
+        pid: String,
+    },
     /// Creating a claim that exists already: someone else holds the port.
     #[error("claim {namespace}/{name} exists already")]
     AlreadyExists {
@@ -253,6 +265,12 @@ const CLAIMS_LOG: &str = "claims.log";
 /// Written by earlier versions; read once and turned into the journal.
 const FIRST_SEEN_YAML: &str = "first-seen.yaml";
 
+/// A daemon's hold on a state directory for as long as it runs (`Store::own`);
+/// released on drop or process death.
+pub struct Owner {
+    _file: File,
+}
+
 /// The exclusive lock of a state directory; released on drop (or process death).
 pub struct StoreLock {
     _file: File,
@@ -324,6 +342,40 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// Takes the directory for this process alone, for as long as the returned `Owner`
+    /// lives: a second `berth run` on the same directory is refused at start (it would
+    /// plan without the first one's routes and release their claims). Other readers and
+    /// one-off writers (`berth check`, tests) do not need it.
+    pub fn own(&self) -> Result<Owner> {
+        let path = self.dir.join("owner");
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_err("opening", &path))?;
+        // SAFETY: flock on a descriptor we own; non-blocking.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let pid = fs::read_to_string(&path)
+                    .map(|p| p.trim().to_string())
+                    .unwrap_or_else(|_| "?".into());
+                return Err(StoreError::InUse {
+                    dir: self.dir.clone(),
+                    pid,
+                });
+            }
+            return Err(io_err("locking", &path)(err));
+        }
+        // For the message a second daemon prints; not needed for correctness.
+        let _ = file
+            .set_len(0)
+            .and_then(|()| write!(file, "{}\n", std::process::id()));
+        Ok(Owner { _file: file })
     }
 
     /// Takes the directory's writer lock, waiting for another holder to finish.

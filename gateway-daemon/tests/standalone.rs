@@ -268,3 +268,63 @@ fn check_prints_the_documented_json_and_fails_clearly_on_a_broken_file() {
     );
     let _ = std::fs::remove_dir_all(&broken);
 }
+
+#[test]
+fn a_second_daemon_on_the_same_state_directory_refuses_to_start_and_the_first_keeps_serving() {
+    let manifests = temp_dir("man2");
+    let state_dir = temp_dir("state2");
+    for f in ["gateway.yaml", "team-a.yaml", "team-b.yaml"] {
+        std::fs::copy(examples().join(f), manifests.join(f)).expect("copy example");
+    }
+    let first = start(&manifests, &state_dir);
+    let before = state(&first)["claims"].clone();
+
+    // Another daemon, on the same state directory but with a route less: it would have
+    // released team B's claim.
+    let other = temp_dir("man3");
+    for f in ["gateway.yaml", "team-a.yaml"] {
+        std::fs::copy(examples().join(f), other.join(f)).expect("copy example");
+    }
+    let mut second = Daemon {
+        child: Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["run", "--manifests"])
+            .arg(&other)
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .args(["--admin-addr", "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the second daemon"),
+        admin: String::new(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while second.child.try_wait().expect("wait").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the second daemon is still running on the first one's state directory"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut err = String::new();
+    if let Some(mut e) = second.child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    let out = second.child.wait().expect("exit status");
+    let stderr = err;
+    assert!(!out.success(), "the second daemon must not run: {stderr}");
+    assert!(
+        stderr.contains("in use by another berth run")
+            && stderr.contains(&first.child.id().to_string()),
+        "the refusal names the holder: {stderr}"
+    );
+    assert_eq!(
+        state(&first)["claims"],
+        before,
+        "the first daemon's claims are untouched"
+    );
+    for d in [&manifests, &state_dir, &other] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
