@@ -113,6 +113,9 @@ fn parse_object(value: serde_yaml::Value) -> Result<Parsed, (String, String)> {
         .unwrap_or(("", api_version.as_str()));
     let typed = |v| -> Result<Parsed, (String, String)> { Ok(Parsed::Object(Box::new(v))) };
     let fail = |message: String| (object.clone(), message);
+    if parsed_kind(group, &kind) {
+        check_names(&kind, meta).map_err(fail)?;
+    }
     match (group, version, kind.as_str()) {
         (GATEWAY_GROUP, "v1" | "v1beta1", "GatewayClass") => {
             typed(Object::GatewayClass(de(value).map_err(fail)?))
@@ -145,6 +148,86 @@ fn parse_object(value: serde_yaml::Value) -> Result<Parsed, (String, String)> {
         ))),
         _ => Ok(Parsed::Ignored(format!("{kind} ({api_version})"))),
     }
+}
+
+/// Whether objects of this group and kind are read (not skipped as unknown).
+fn parsed_kind(group: &str, kind: &str) -> bool {
+    matches!(
+        (group, kind),
+        (
+            GATEWAY_GROUP,
+            "GatewayClass" | "Gateway" | "TCPRoute" | "UDPRoute" | "ReferenceGrant"
+        ) | ("", "Service" | "Namespace")
+            | ("discovery.k8s.io", "EndpointSlice")
+            | (BERTH_GROUP, "GatewayConfig")
+    )
+}
+
+/// Checks `metadata.name` and `metadata.namespace` as the API server does: names are
+/// DNS-1123 subdomains (labels for Namespaces and Services), namespaces labels. (A
+/// route named with a newline in it once split its claim's journal record, and the
+/// daemon never planned again after a restart.)
+fn check_names(kind: &str, meta: Option<&serde_yaml::Value>) -> Result<(), String> {
+    let field = |key: &str| meta.and_then(|m| m.get(key));
+    let name = match field("name") {
+        None => return Err("field metadata.name is missing".to_string()),
+        Some(v) => v
+            .as_str()
+            .ok_or_else(|| "field metadata.name: not a string".to_string())?,
+    };
+    let label_only = matches!(kind, "Namespace" | "Service");
+    let problem = if label_only {
+        dns_label_problem(name)
+    } else {
+        dns_subdomain_problem(name)
+    };
+    if let Some(p) = problem {
+        return Err(format!("field metadata.name: {name:?} {p}"));
+    }
+    if let Some(ns) = field("namespace") {
+        let ns = ns
+            .as_str()
+            .ok_or_else(|| "field metadata.namespace: not a string".to_string())?;
+        if let Some(p) = dns_label_problem(ns) {
+            return Err(format!("field metadata.namespace: {ns:?} {p}"));
+        }
+    }
+    Ok(())
+}
+
+/// Why `s` is not a DNS-1123 label (at most 63 lowercase letters, digits and '-',
+/// starting and ending with a letter or digit), if it is not.
+fn dns_label_problem(s: &str) -> Option<&'static str> {
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if s.is_empty() {
+        return Some("is empty");
+    }
+    if s.len() > 63 {
+        return Some("is longer than 63 characters (a DNS-1123 label)");
+    }
+    let b = s.as_bytes();
+    if !b.iter().all(|&c| alnum(c) || c == b'-') || !alnum(b[0]) || !alnum(b[b.len() - 1]) {
+        return Some(
+            "is not a DNS-1123 label (lowercase letters, digits and '-', \
+             starting and ending with a letter or digit)",
+        );
+    }
+    None
+}
+
+/// Why `s` is not a DNS-1123 subdomain (at most 253 characters, dot-separated labels),
+/// if it is not.
+fn dns_subdomain_problem(s: &str) -> Option<&'static str> {
+    if s.len() > 253 {
+        return Some("is longer than 253 characters (a DNS-1123 subdomain)");
+    }
+    if s.split('.').any(|l| dns_label_problem(l).is_some()) {
+        return Some(
+            "is not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', \
+             starting and ending with a letter or digit)",
+        );
+    }
+    None
 }
 
 /// Deserialises with the failing field's path in the message.
@@ -310,6 +393,36 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn names_that_kubernetes_would_refuse_are_errors_naming_the_object_and_field() {
+        let route = |name: &str, ns: &str| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\nmetadata:\n  \
+                 name: {name}\n  namespace: {ns}\nspec: {{}}\n"
+            )
+        };
+        for (name, ns, field) in [
+            ("\"web\\nx\"", "team-a", "metadata.name"),
+            ("Web", "team-a", "metadata.name"),
+            ("web-", "team-a", "metadata.name"),
+            ("web", "Team_A", "metadata.namespace"),
+        ] {
+            let parsed = parse_file(Path::new("r.yaml"), &route(name, ns));
+            assert!(parsed.objects.is_empty(), "{name} in {ns} accepted");
+            let message = parsed.errors[0].to_string();
+            assert!(
+                message.contains("TCPRoute") && message.contains(field),
+                "{message}"
+            );
+        }
+        let ok = parse_file(Path::new("r.yaml"), &route("web.v2", "team-a"));
+        assert!(ok.errors.is_empty(), "{:?}", ok.errors);
+        let long = "a".repeat(64);
+        let svc =
+            format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: {long}\n  namespace: a\n");
+        assert!(!parse_file(Path::new("s.yaml"), &svc).errors.is_empty());
     }
 
     #[test]
