@@ -374,7 +374,7 @@ impl Store {
         // For the message a second daemon prints; not needed for correctness.
         let _ = file
             .set_len(0)
-            .and_then(|()| write!(file, "{}\n", std::process::id()));
+            .and_then(|()| writeln!(file, "{}", std::process::id()));
         Ok(Owner { _file: file })
     }
 
