@@ -84,6 +84,17 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Redirect::Auto)]
         redirect: Redirect,
     },
+    /// Inspect or repair a state directory: `check` lists records that cannot be read
+    /// (exit 1 if any), `repair` moves them aside into FILE.bad-TIME and keeps every
+    /// valid claim (refused while `berth run` uses the directory).
+    State {
+        /// What to do.
+        #[arg(value_enum)]
+        action: StateAction,
+        /// The state directory.
+        #[arg(long, default_value = "/var/lib/berth")]
+        state_dir: PathBuf,
+    },
     /// Remove Berth from this host: detach its programs from every interface, remove
     /// its pinned maps and links and its dummy interface (stop `berth run` first;
     /// established flows are lost). Claims in the state directory are kept.
@@ -142,6 +153,12 @@ enum XdpMode {
     Skb,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum StateAction {
+    Check,
+    Repair,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Redirect {
     Auto,
@@ -185,6 +202,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             pin_dir,
             address_interface,
         } => uninstall(&pin_dir, &address_interface),
+        Command::State { action, state_dir } => state_cmd(action, &state_dir),
         Command::Run {
             manifests,
             kubernetes,
@@ -519,6 +537,41 @@ fn load_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>> 
         tracing::error!("IPv4 forwarding is off (net.ipv4.ip_forward=0): every packet the XDP program hands to the kernel (interfaces that take no XDP frames, unresolved neighbours) will be dropped; set net.ipv4.ip_forward=1");
     }
     Ok(Some(dp))
+}
+
+/// `berth state check|repair`.
+fn state_cmd(action: StateAction, dir: &std::path::Path) -> anyhow::Result<()> {
+    let store =
+        Store::open(dir).with_context(|| format!("opening state directory {}", dir.display()))?;
+    match action {
+        StateAction::Check => {
+            let bad = store.check()?;
+            for b in &bad {
+                println!("{b}: {:?}", b.text);
+            }
+            if !bad.is_empty() {
+                bail!(
+                    "{} records of {} cannot be read: `berth state repair --state-dir {}` moves them aside",
+                    bad.len(),
+                    dir.display(),
+                    dir.display()
+                );
+            }
+            println!("{}: every record reads", dir.display());
+        }
+        StateAction::Repair => {
+            let moved = store.repair()?;
+            for b in &moved {
+                println!("moved aside: {b}: {:?}", b.text);
+            }
+            println!(
+                "{}: {} records moved aside (into FILE.bad-TIME beside each file); every valid claim kept",
+                dir.display(),
+                moved.len()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `berth uninstall`: removes the pins (detaching every program no process holds) and

@@ -43,7 +43,12 @@ pub enum StoreError {
         source: io::Error,
     },
     /// A stored file could not be parsed.
-    #[error("{path}: {message}")]
+    #[error(
+        "{}: {message} (nothing is planned on a state that cannot be read: `berth state \
+         check --state-dir DIR` lists the bad records, `berth state repair --state-dir DIR` \
+         moves them aside and keeps every valid claim)",
+        .path.display()
+    )]
     Corrupt {
         /// The file.
         path: PathBuf,
@@ -487,20 +492,14 @@ impl Store {
                 path: path.clone(),
                 message: format!("line {}: {message}", n + 1),
             };
-            match line.split_once('\t') {
-                Some(("+", json)) => {
-                    let c: PortClaim =
-                        serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
+            match claim_line(line).map_err(corrupt)? {
+                ClaimRecord::Put(c) => {
                     let key = (c.metadata.ns().to_string(), c.metadata.name.clone());
-                    by_name.insert(key, Arc::new(c));
+                    by_name.insert(key, Arc::from(c));
                 }
-                Some(("-", key)) => {
-                    let (ns, name) = key
-                        .split_once('\t')
-                        .ok_or_else(|| corrupt(format!("not a deletion: {line:?}")))?;
+                ClaimRecord::Delete(ns, name) => {
                     by_name.remove(&(ns.to_string(), name.to_string()));
                 }
-                _ => return Err(corrupt(format!("not a claim record: {line:?}"))),
             }
         }
         Ok(Claims {
@@ -687,18 +686,15 @@ impl Store {
         let mut lines = 0;
         for line in read_journal(&path)? {
             lines += 1;
-            let mut fields = line.splitn(3, '\t');
-            match (fields.next(), fields.next(), fields.next()) {
-                (Some("+"), Some(time), Some(key)) => {
+            match seen_line(&line) {
+                Ok(SeenRecord::Seen(key, time)) => {
                     times.insert(key.to_string(), time.to_string());
                 }
-                (Some("-"), Some(key), None) => {
-                    times.remove(key);
-                }
-                _ => {
+                Ok(SeenRecord::Gone(key)) => times.remove(key),
+                Err(problem) => {
                     return Err(StoreError::Corrupt {
                         path,
-                        message: format!("line {lines}: not a first-seen record: {line:?}"),
+                        message: format!("line {lines}: {problem}"),
                     })
                 }
             }
@@ -833,6 +829,158 @@ impl Store {
         }
     }
 }
+
+/// One record of the claims journal.
+enum ClaimRecord<'l> {
+    /// A created or changed claim.
+    Put(Box<PortClaim>),
+    /// A deleted claim: namespace and name.
+    Delete(&'l str, &'l str),
+}
+
+/// Parses one line of the claims journal.
+fn claim_line(line: &str) -> std::result::Result<ClaimRecord<'_>, String> {
+    match line.split_once('\t') {
+        Some(("+", json)) => serde_json::from_str(json)
+            .map(|c| ClaimRecord::Put(Box::new(c)))
+            .map_err(|e| e.to_string()),
+        Some(("-", key)) => key
+            .split_once('\t')
+            .map(|(ns, name)| ClaimRecord::Delete(ns, name))
+            .ok_or_else(|| format!("not a deletion: {line:?}")),
+        _ => Err(format!("not a claim record: {line:?}")),
+    }
+}
+
+/// One record of the first-seen journal.
+enum SeenRecord<'l> {
+    /// Route key first seen at a time.
+    Seen(&'l str, &'l str),
+    /// Route key gone.
+    Gone(&'l str),
+}
+
+/// Parses one line of the first-seen journal.
+fn seen_line(line: &str) -> std::result::Result<SeenRecord<'_>, String> {
+    let mut fields = line.splitn(3, '\t');
+    match (fields.next(), fields.next(), fields.next()) {
+        (Some("+"), Some(time), Some(key)) if humantime::parse_rfc3339_weak(time).is_ok() => {
+            Ok(SeenRecord::Seen(key, time))
+        }
+        (Some("-"), Some(key), None) => Ok(SeenRecord::Gone(key)),
+        _ => Err(format!("not a first-seen record: {line:?}")),
+    }
+}
+
+/// A record of a state directory that cannot be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadRecord {
+    /// The file (`claims.log`, `first-seen.log`, `generation`).
+    pub file: &'static str,
+    /// Line number, from 1.
+    pub line: usize,
+    /// The line as it is.
+    pub text: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl std::fmt::Display for BadRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} line {}: {}", self.file, self.line, self.problem)
+    }
+}
+
+impl Store {
+    /// The records of the state directory that cannot be read (`berth state check`);
+    /// changes nothing.
+    pub fn check(&self) -> Result<Vec<BadRecord>> {
+        Ok(self
+            .scan()?
+            .into_iter()
+            .flat_map(|(_, _, bad)| bad)
+            .collect())
+    }
+
+    /// Moves every record that cannot be read into `FILE.bad-TIME` beside its journal
+    /// and rewrites the journal with the rest, in order (`berth state repair`); a
+    /// `generation` that cannot be read is reset. Every valid claim is kept. Refused
+    /// while a daemon runs on the directory. Returns what was moved.
+    pub fn repair(&self) -> Result<Vec<BadRecord>> {
+        let _owner = self.own()?;
+        let _lock = self.lock()?;
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+            .to_string()
+            .replace(':', "");
+        let mut moved = Vec::new();
+        for (file, good, bad) in self.scan()? {
+            if bad.is_empty() {
+                continue;
+            }
+            let aside: String = bad.iter().map(|b| format!("{}\n", b.text)).collect();
+            let aside_path = self.dir.join(format!("{file}.bad-{stamp}"));
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&aside_path)
+                .and_then(|mut f| f.write_all(aside.as_bytes()).and_then(|()| f.sync_all()))
+                .map_err(io_err("writing", &aside_path))?;
+            let text: String = good.iter().map(|l| format!("{l}\n")).collect();
+            self.rewrite_journal(file, &text)?;
+            moved.extend(bad);
+        }
+        self.begin_write()?;
+        *self.cache.lock().unwrap_or_else(|e| e.into_inner()) = Cache::default();
+        Ok(moved)
+    }
+
+    /// Each file's good lines and bad records.
+    fn scan(&self) -> Result<Vec<Scanned>> {
+        let mut out = Vec::new();
+        for (file, parse) in [
+            (
+                CLAIMS_LOG,
+                (|l: &str| claim_line(l).map(|_| ()))
+                    as fn(&str) -> std::result::Result<(), String>,
+            ),
+            (FIRST_SEEN_LOG, |l: &str| seen_line(l).map(|_| ())),
+        ] {
+            let (mut good, mut bad) = (Vec::new(), Vec::new());
+            for (n, line) in read_journal(&self.dir.join(file))?.into_iter().enumerate() {
+                match parse(&line) {
+                    Ok(()) => good.push(line),
+                    Err(problem) => bad.push(BadRecord {
+                        file,
+                        line: n + 1,
+                        text: line,
+                        problem,
+                    }),
+                }
+            }
+            out.push((file, good, bad));
+        }
+        let generation = self.dir.join("generation");
+        if let Ok(text) = fs::read_to_string(&generation) {
+            if text.trim().parse::<u64>().is_err() {
+                out.push((
+                    "generation",
+                    vec!["0".to_string()],
+                    vec![BadRecord {
+                        file: "generation",
+                        line: 1,
+                        text: text.trim_end().to_string(),
+                        problem: "not a number".to_string(),
+                    }],
+                ));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A file of a state directory as `Store::scan` read it: its name, the lines that read
+/// and the records that do not.
+type Scanned = (&'static str, Vec<String>, Vec<BadRecord>);
 
 /// A change to the claims.
 enum Change<'c> {

@@ -328,3 +328,114 @@ fn a_second_daemon_on_the_same_state_directory_refuses_to_start_and_the_first_ke
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+fn berth(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .output()
+        .expect("run berth")
+}
+
+#[test]
+fn a_bad_state_record_stops_planning_with_a_way_out_and_repair_keeps_every_valid_claim() {
+    let manifests = temp_dir("man4");
+    let state_dir = temp_dir("state4");
+    for f in ["gateway.yaml", "team-a.yaml", "team-b.yaml"] {
+        std::fs::copy(examples().join(f), manifests.join(f)).expect("copy example");
+    }
+    let d = start(&manifests, &state_dir);
+    let before = state(&d)["claims"].clone();
+    assert_eq!(before.as_array().map(Vec::len), Some(2), "{before}");
+    drop(d);
+
+    // One bad line in the middle of each journal.
+    for (file, garbage) in [
+        ("claims.log", "+\t{not json\n"),
+        ("first-seen.log", "?\tgarbage\n"),
+    ] {
+        let path = state_dir.join(file);
+        let text = std::fs::read_to_string(&path).expect("journal");
+        let (head, tail) = text.split_at(text.find('\n').expect("a record") + 1);
+        std::fs::write(&path, format!("{head}{garbage}{tail}")).expect("write");
+    }
+    let os = |s: &str| std::ffi::OsStr::new(s).to_owned();
+    let state_arg = state_dir.as_os_str();
+
+    // berth check fails as run does, and says what to do.
+    let out = berth(&[
+        &os("check"),
+        &os("--manifests"),
+        manifests.as_os_str(),
+        &os("--state-dir"),
+        state_arg,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("berth state repair"),
+        "{err}"
+    );
+
+    // berth run is not ready, and says why.
+    let admin = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("free port");
+        l.local_addr().expect("addr").to_string()
+    };
+    let stuck = Daemon {
+        child: Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["run", "--manifests"])
+            .arg(&manifests)
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .args(["--admin-addr", &admin])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start berth run"),
+        admin,
+    };
+    wait_for(&stuck, "not ready naming the way out", |d| {
+        berth::admin::get(&d.admin, "/healthz").is_ok()
+            && berth::admin::get(&d.admin, "/readyz")
+                .err()
+                .is_some_and(|e| e.to_string().contains("503"))
+    });
+    drop(stuck);
+
+    let check = berth(&[&os("state"), &os("check"), &os("--state-dir"), state_arg]);
+    let listed = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        !check.status.success(),
+        "check reports the bad records: {listed}"
+    );
+    assert!(
+        listed.contains("claims.log line 2") && listed.contains("first-seen.log line 2"),
+        "{listed}"
+    );
+
+    let repair = berth(&[&os("state"), &os("repair"), &os("--state-dir"), state_arg]);
+    assert!(
+        repair.status.success(),
+        "{}",
+        String::from_utf8_lossy(&repair.stderr)
+    );
+    let aside: Vec<String> = std::fs::read_dir(&state_dir)
+        .expect("state dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".bad-"))
+        .collect();
+    assert_eq!(aside.len(), 2, "one file aside per journal: {aside:?}");
+    let check = berth(&[&os("state"), &os("check"), &os("--state-dir"), state_arg]);
+    assert!(check.status.success(), "clean after repair");
+
+    let d = start(&manifests, &state_dir);
+    assert_eq!(
+        state(&d)["claims"],
+        before,
+        "every valid claim kept, ports unchanged"
+    );
+    drop(d);
+    for dir in [&manifests, &state_dir] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
