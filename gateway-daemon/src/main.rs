@@ -468,6 +468,17 @@ fn run_standalone(
 /// Loads the datapath, attaches it to the interfaces (none: no datapath), follows
 /// which interfaces take XDP frames, and owns the address interface if asked to.
 fn load_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>> {
+    // A first start that fails (an interface that does not exist, a hook held by
+    // another program) leaves nothing pinned behind.
+    let fresh = !options.interfaces.is_empty() && !options.pin_dir.exists();
+    let loaded = set_up_datapath(options);
+    if loaded.is_err() && fresh {
+        let _ = datapath::remove_pins(&options.pin_dir);
+    }
+    loaded
+}
+
+fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>> {
     let DatapathOptions {
         interfaces,
         xdp_mode,

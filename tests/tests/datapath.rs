@@ -388,3 +388,28 @@ fn a_redirect_the_kernel_refuses_is_counted_and_the_kernel_path_then_delivers() 
     });
     assert!(t.dp.counters().expect("counters")["kernel_forward_no_xdp_egress"] > 0);
 }
+
+#[test]
+fn a_first_start_that_fails_leaves_nothing_pinned() {
+    let ns = Netns::new("fs");
+    let dirs = berth_tests::daemon::Dirs::with_examples();
+    let out = ns
+        .command(&berth_tests::daemon::berth_binary())
+        .arg("run")
+        .arg("--manifests")
+        .arg(&dirs.manifests)
+        .arg("--state-dir")
+        .arg(&dirs.state)
+        .arg("--pin-dir")
+        .arg(&dirs.pins)
+        .args(["--interface", "nope0", "--admin-addr", "127.0.0.1:0"])
+        .output()
+        .expect("run berth");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("nope0"), "{err}");
+    assert!(
+        !dirs.pins.exists(),
+        "the failed start left {} behind",
+        dirs.pins.display()
+    );
+}

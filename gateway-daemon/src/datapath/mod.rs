@@ -450,8 +450,29 @@ pub struct Datapath {
 impl Datapath {
     /// Loads the program, creating the maps or adopting those an earlier run pinned.
     pub fn load(config: &Config) -> Result<Self> {
+        ensure_bpffs(&config.pin_dir)?;
+        // A start that fails leaves no pins of its own behind (an earlier run's stay).
+        let existed: Vec<bool> = map_names::ALL
+            .iter()
+            .map(|n| config.pin_dir.join(n).exists())
+            .collect();
+        let dir_existed = config.pin_dir.exists();
+        let loaded = Self::load_pinned(config);
+        if loaded.is_err() {
+            for (name, existed) in map_names::ALL.iter().zip(existed) {
+                if !existed {
+                    let _ = fs::remove_file(config.pin_dir.join(name));
+                }
+            }
+            if !dir_existed {
+                let _ = fs::remove_dir_all(&config.pin_dir);
+            }
+        }
+        loaded
+    }
+
+    fn load_pinned(config: &Config) -> Result<Self> {
         let Config { pin_dir, limits } = config;
-        ensure_bpffs(pin_dir)?;
         fs::create_dir_all(pin_dir.join("links")).map_err(|source| DatapathError::PinDir {
             path: pin_dir.clone(),
             source,
