@@ -206,6 +206,10 @@ pub fn tables(doc: &StateDocument) -> String {
             listeners.join(",")
         ));
     }
+    // `berth get gateways` passes a document without routes: no empty routes table.
+    if doc.routes.is_empty() {
+        return out;
+    }
     out.push('\n');
     out.push_str(&format!(
         "{:<16} {:<24} {:<9} {:<22} {:<7} {:<9} {}\n",

@@ -259,8 +259,10 @@ fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::builder()
         .with_default_directive(tracing::level_filters::LevelFilter::INFO.into())
         .from_env_lossy();
+    // Colour only on a terminal: escape codes in a log file or journal are noise.
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(filter);
     match format {
         LogFormat::Text => builder.init(),
@@ -461,7 +463,26 @@ fn run_standalone(
     let shared = serve_admin(admin_addr)?;
     tracing::info!(admin = admin_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
     let mut source = ManifestSource::new(dir);
+    exit_on_signal()?;
     standalone::run_loop(&mut source, &store, datapath.as_mut(), address, &shared);
+    Ok(())
+}
+
+/// Standalone mode: on SIGTERM or Ctrl-C, says so and exits as a kill would (the
+/// state is kill-safe at any instant, and the pinned datapath keeps serving).
+fn exit_on_signal() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the signal watcher")?;
+    std::thread::Builder::new()
+        .name("berth-signals".into())
+        .spawn(move || {
+            runtime.block_on(terminated());
+            tracing::info!("stopping on a signal; the datapath keeps serving");
+            std::process::exit(0);
+        })
+        .context("starting the signal watcher")?;
     Ok(())
 }
 

@@ -439,3 +439,59 @@ fn a_bad_state_record_stops_planning_with_a_way_out_and_repair_keeps_every_valid
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+#[test]
+fn sigterm_is_logged_without_colour_codes_and_exits_cleanly() {
+    let manifests = temp_dir("man5");
+    let state_dir = temp_dir("state5");
+    std::fs::copy(
+        examples().join("gateway.yaml"),
+        manifests.join("gateway.yaml"),
+    )
+    .expect("copy");
+    let admin = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("free port");
+        l.local_addr().expect("addr").to_string()
+    };
+    let mut d = Daemon {
+        child: Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["run", "--manifests"])
+            .arg(&manifests)
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .args(["--admin-addr", &admin])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start berth run"),
+        admin,
+    };
+    wait_for(&d, "readiness", |d| {
+        berth::admin::get(&d.admin, "/readyz").is_ok()
+    });
+    // SAFETY: signals a child this test started and has not reaped.
+    let rc = unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = d.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "berth run ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut log = String::new();
+    if let Some(mut e) = d.child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut log);
+    }
+    assert!(status.success(), "{status}: {log}");
+    assert!(log.contains("stopping on a signal"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a log that is not a terminal: {log:?}"
+    );
+    for dir in [&manifests, &state_dir] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
