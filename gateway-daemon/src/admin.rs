@@ -372,15 +372,23 @@ fn metrics(p: &Published) -> String {
 /// A GET against a running daemon's admin endpoint; returns the body.
 pub fn get(addr: &str, path: &str) -> std::io::Result<String> {
     use std::io::Read;
-    let mut s = TcpStream::connect(addr)?;
+    // A daemon that hangs must not hang its caller (`berth get`, probes, tests).
+    const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+    let target = std::net::ToSocketAddrs::to_socket_addrs(addr)?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("{addr}: no address")))?;
+    let mut s = TcpStream::connect_timeout(&target, TIMEOUT)?;
+    s.set_read_timeout(Some(TIMEOUT))?;
+    s.set_write_timeout(Some(TIMEOUT))?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text.as_str(), ""));
     if !head.starts_with("HTTP/1.0 200") {
         return Err(std::io::Error::other(format!(
-            "{path}: {}",
-            head.lines().next().unwrap_or_default()
+            "{path}: {}: {}",
+            head.lines().next().unwrap_or_default(),
+            body.trim()
         )));
     }
     Ok(body.to_string())

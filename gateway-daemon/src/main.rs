@@ -318,10 +318,20 @@ fn print_document(doc: &StateDocument, output: Output) -> anyhow::Result<()> {
 }
 
 fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
-    let state: StateDocument = serde_json::from_str(
-        &admin::get(addr, "/api/v1/state")
-            .with_context(|| format!("asking the daemon at {addr}"))?,
-    )?;
+    // A daemon that just started has no plan yet: wait a little for its first one.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let state = loop {
+        match admin::get(addr, "/api/v1/state") {
+            Err(e) if e.to_string().contains("no plan yet") => {
+                if std::time::Instant::now() >= deadline {
+                    bail!("the daemon at {addr} has made no plan yet after 10 s (see its log, or /readyz)");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            other => break other.with_context(|| format!("asking the daemon at {addr}"))?,
+        }
+    };
+    let state: StateDocument = serde_json::from_str(&state)?;
     match what {
         What::Routes => {
             let rows: Vec<RouteRow> = serde_json::from_str(&admin::get(addr, "/api/v1/routes")?)?;
