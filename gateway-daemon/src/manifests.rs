@@ -252,14 +252,36 @@ pub fn load_dir(dir: &Path) -> std::io::Result<Vec<(PathBuf, FileObjects)>> {
         })
         .collect();
     files.sort();
-    files
+    Ok(files
         .into_iter()
         .map(|f| {
-            let text = std::fs::read_to_string(&f)?;
-            let objects = parse_file(&f, &text);
-            Ok((f, objects))
+            let objects = read_file(&f);
+            (f, objects)
         })
-        .collect()
+        .collect())
+}
+
+/// Reads and parses one manifest file. A file that cannot be read (permission denied,
+/// not UTF-8 text) is an error naming it, never skipped in silence.
+pub fn read_file(path: &Path) -> FileObjects {
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse_file(path, &text),
+        Err(e) => FileObjects {
+            errors: vec![ManifestError {
+                source_doc: Source {
+                    file: path.to_path_buf(),
+                    document: 0,
+                },
+                object: String::new(),
+                message: if e.kind() == std::io::ErrorKind::InvalidData {
+                    "cannot be read: not UTF-8 text".to_string()
+                } else {
+                    format!("cannot be read: {e}")
+                },
+            }],
+            ..FileObjects::default()
+        },
+    }
 }
 
 /// The snapshot of parsed files, in order.

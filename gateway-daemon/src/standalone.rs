@@ -168,10 +168,7 @@ impl ManifestSource {
             if self.files.get(&path).is_some_and(|t| t.stamp == stamp) {
                 continue;
             }
-            let Ok(text) = std::fs::read_to_string(&path) else {
-                continue;
-            };
-            let parsed = manifests::parse_file(&path, &text);
+            let parsed = manifests::read_file(&path);
             changed = true;
             if parsed.errors.is_empty() {
                 self.files.insert(

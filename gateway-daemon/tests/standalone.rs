@@ -495,3 +495,24 @@ fn sigterm_is_logged_without_colour_codes_and_exits_cleanly() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+#[test]
+fn a_manifest_file_that_is_not_text_is_an_error_naming_it() {
+    let manifests = temp_dir("man6");
+    for f in ["gateway.yaml", "team-a.yaml"] {
+        std::fs::copy(examples().join(f), manifests.join(f)).expect("copy example");
+    }
+    std::fs::write(manifests.join("blob.yaml"), [0xff, 0xfe, 0x00, 0x81]).expect("write");
+    let out = berth(&[
+        std::ffi::OsStr::new("check"),
+        std::ffi::OsStr::new("--manifests"),
+        manifests.as_os_str(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("blob.yaml") && err.contains("not UTF-8"),
+        "the error names the file and why: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&manifests);
+}
