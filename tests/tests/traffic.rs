@@ -65,7 +65,7 @@ struct Lab {
 
 /// A topology with servers running and the gateway program attached in-process.
 fn lab(weights: &[u16]) -> Lab {
-    let topo = Topology::with_gro(weights.len());
+    let topo = Topology::new(weights.len());
     let servers = topo.start_servers();
     let mut dp = TestDatapath::load();
     topo.gateway.enter(|| {
@@ -239,7 +239,7 @@ fn start_loader(lab_topo: &Topology, pin_dir: &Path, state_file: &Path) -> (Proc
 
 #[test]
 fn killing_and_restarting_the_loader_keeps_established_flows() {
-    let topo = Topology::with_gro(2);
+    let topo = Topology::new(2);
     let _servers = topo.start_servers();
     let pin_dir = PathBuf::from(format!(
         "/sys/fs/bpf/berth-test-{}",

@@ -173,6 +173,9 @@ fn main() {
         )
     });
     t.dp.apply(&state).expect("apply");
+    // Both sides take XDP frames (what the daemon learns from the kernel's xdp-features):
+    // forwarded packets take the redirect path.
+    t.allow_redirect(&[fx.fx0, fx.fx1]);
 
     let udp = |src, dst| Packet::udp(src, dst).payload(&[0u8; 18]).ttl(255);
     let established = udp(sa(CLIENT, 40000), gw(53))
@@ -283,8 +286,8 @@ fn main() {
     }
     let c = t.dp.counters().expect("counters");
     println!(
-        "counters: new_flow {} redirect {} kernel_forward {}",
-        c["new_flow"], c["redirect"], c["kernel_forward"]
+        "counters: new_flow {} redirect {} kernel_forward_no_xdp_egress {}",
+        c["new_flow"], c["redirect"], c["kernel_forward_no_xdp_egress"]
     );
     println!("{{{}}}", headline.join(","));
 }
