@@ -204,25 +204,15 @@ impl Datapath {
             path: path.clone(),
             message,
         };
-        if path.exists() {
-            let program = xdp(&mut self.ebpf, super::PROGRAM)?;
-            let replaced = PinnedLink::from_pin(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|p| XdpLink::try_from(FdLink::from(p)).map_err(|e| e.to_string()))
-                .and_then(|link| program.attach_to_link(link).map_err(|e| e.to_string()))
-                .and_then(|id| program.take_link(id).map_err(|e| e.to_string()))
-                .and_then(|link| FdLink::try_from(link).map_err(|e| e.to_string()));
-            match replaced {
-                Ok(fd) => {
-                    self.links.insert(path, fd);
-                    return Ok(Attached::Replaced);
-                }
-                // A link whose interface went away: start afresh.
-                Err(e) => {
-                    tracing::warn!(iface, error = e, "pinned XDP link unusable; attaching anew");
-                    self.unpin(&path);
-                }
-            }
+        let replaced = self.replace_pinned(&path, iface, |ebpf, fd| {
+            let program = xdp(ebpf, super::PROGRAM).map_err(|e| e.to_string())?;
+            let link = XdpLink::try_from(fd).map_err(|e| e.to_string())?;
+            let id = program.attach_to_link(link).map_err(|e| e.to_string())?;
+            let link = program.take_link(id).map_err(|e| e.to_string())?;
+            FdLink::try_from(link).map_err(|e| e.to_string())
+        });
+        if replaced {
+            return Ok(Attached::Replaced);
         }
         let program = xdp(&mut self.ebpf, super::PROGRAM)?;
         let attempts: &[(AttachMode, XdpMode)] = match mode {
@@ -259,26 +249,15 @@ impl Datapath {
             path: path.clone(),
             message,
         };
-        if path.exists() {
-            let program = tc_program(&mut self.ebpf)?;
-            let replaced = PinnedLink::from_pin(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|p| {
-                    SchedClassifierLink::try_from(FdLink::from(p)).map_err(|e| e.to_string())
-                })
-                .and_then(|link| program.attach_to_link(link).map_err(|e| e.to_string()))
-                .and_then(|id| program.take_link(id).map_err(|e| e.to_string()))
-                .and_then(|link| FdLink::try_from(link).map_err(|e| e.to_string()));
-            match replaced {
-                Ok(fd) => {
-                    self.links.insert(path, fd);
-                    return Ok(false);
-                }
-                Err(e) => {
-                    tracing::warn!(iface, error = e, "pinned TC link unusable; attaching anew");
-                    self.unpin(&path);
-                }
-            }
+        let replaced = self.replace_pinned(&path, iface, |ebpf, fd| {
+            let program = tc_program(ebpf).map_err(|e| e.to_string())?;
+            let link = SchedClassifierLink::try_from(fd).map_err(|e| e.to_string())?;
+            let id = program.attach_to_link(link).map_err(|e| e.to_string())?;
+            let link = program.take_link(id).map_err(|e| e.to_string())?;
+            FdLink::try_from(link).map_err(|e| e.to_string())
+        });
+        if replaced {
+            return Ok(false);
         }
         let program = tc_program(&mut self.ebpf)?;
         let id = program
@@ -293,6 +272,34 @@ impl Datapath {
         let pinned = fd.pin(&path).map_err(|e| link_err(e.to_string()))?;
         self.links.insert(path, FdLink::from(pinned));
         Ok(true)
+    }
+
+    /// Puts this build's program into the link an earlier run pinned at `path`
+    /// (atomically, by `update`); false if there is none, or if it is unusable (its
+    /// interface went away): then it is unpinned and the caller attaches anew.
+    fn replace_pinned(
+        &mut self,
+        path: &Path,
+        iface: &str,
+        update: impl FnOnce(&mut aya::Ebpf, FdLink) -> std::result::Result<FdLink, String>,
+    ) -> bool {
+        if !path.exists() {
+            return false;
+        }
+        let replaced = PinnedLink::from_pin(path)
+            .map_err(|e| e.to_string())
+            .and_then(|p| update(&mut self.ebpf, FdLink::from(p)));
+        match replaced {
+            Ok(fd) => {
+                self.links.insert(path.to_path_buf(), fd);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(iface, pin = %path.display(), error = e, "pinned link unusable; attaching anew");
+                self.unpin(path);
+                false
+            }
+        }
     }
 
     /// Removes a pin and drops this process's handle: the link, held by nothing else,

@@ -48,18 +48,8 @@ pub struct Traffic {
 impl Traffic {
     /// The traffic of two services together (a route served on several addresses).
     pub fn plus(self, other: &Traffic) -> Traffic {
-        let (a, b) = (self.stats, other.stats);
         Traffic {
-            stats: ServiceStats {
-                packets: a.packets + b.packets,
-                bytes: a.bytes + b.bytes,
-                reply_packets: a.reply_packets + b.reply_packets,
-                reply_bytes: a.reply_bytes + b.reply_bytes,
-                new_flows: a.new_flows + b.new_flows,
-                kernel_packets: a.kernel_packets + b.kernel_packets,
-                kernel_reason: min_reason(a.kernel_reason, b.kernel_reason),
-                pad: 0,
-            },
+            stats: add_stats(self.stats, &other.stats),
             active_flows: self.active_flows + other.active_flows,
             unanswered_since: match (self.unanswered_since, other.unanswered_since) {
                 (Some(x), Some(y)) => Some(x.min(y)),
@@ -86,6 +76,20 @@ impl Traffic {
             .and_then(Counter::from_index)
             .map_or("unknown", kernel_reason);
         Some(format!("kernel: {why}"))
+    }
+}
+
+/// Two services' (or CPUs') counters together.
+fn add_stats(a: ServiceStats, b: &ServiceStats) -> ServiceStats {
+    ServiceStats {
+        packets: a.packets + b.packets,
+        bytes: a.bytes + b.bytes,
+        reply_packets: a.reply_packets + b.reply_packets,
+        reply_bytes: a.reply_bytes + b.reply_bytes,
+        new_flows: a.new_flows + b.new_flows,
+        kernel_packets: a.kernel_packets + b.kernel_packets,
+        kernel_reason: min_reason(a.kernel_reason, b.kernel_reason),
+        pad: 0,
     }
 }
 
@@ -968,16 +972,7 @@ impl Datapath {
                     // SAFETY: each slot starts with a ServiceStats (Pod, any bytes valid);
                     // read unaligned from the byte buffer.
                     let s: ServiceStats = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
-                    ServiceStats {
-                        packets: a.packets + s.packets,
-                        bytes: a.bytes + s.bytes,
-                        reply_packets: a.reply_packets + s.reply_packets,
-                        reply_bytes: a.reply_bytes + s.reply_bytes,
-                        new_flows: a.new_flows + s.new_flows,
-                        kernel_packets: a.kernel_packets + s.kernel_packets,
-                        kernel_reason: min_reason(a.kernel_reason, s.kernel_reason),
-                        pad: 0,
-                    }
+                    add_stats(a, &s)
                 });
             by_id.insert(id, sum);
         })
