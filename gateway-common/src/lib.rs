@@ -305,6 +305,9 @@ counters! {
     /// An ICMP error about a NATed flow (also one the gateway itself sent, such as
     /// fragmentation-needed) was translated on egress by the TC program.
     TcIcmp = "tc_icmp_translated",
+    /// A reply (or ICMP error) of a tracked flow the TC program could not rewrite (an
+    /// skb helper failed): it left untranslated, and its receiver will drop it.
+    TcUntranslated = "tc_untranslated",
     /// A redirect the kernel refused after the program returned (tracepoint
     /// `xdp:xdp_redirect_err`): the frame was lost.
     RedirectError = "redirect_error",

@@ -638,7 +638,7 @@ fn unanswered_since(
 /// misrouted packets, naming the routes whose packets took that way.
 fn log_losses(before: &Published, after: &Published) {
     use gateway_common::Counter;
-    const LOSSES: [Counter; 7] = [
+    const LOSSES: [Counter; 8] = [
         Counter::DropNoBackend,
         Counter::DropMalformed,
         Counter::DropFragment,
@@ -646,6 +646,7 @@ fn log_losses(before: &Published, after: &Published) {
         Counter::KernelNoRoute,
         Counter::KernelEgressUnknown,
         Counter::RedirectError,
+        Counter::TcUntranslated,
     ];
     static LAST: Mutex<BTreeMap<&'static str, std::time::Instant>> = Mutex::new(BTreeMap::new());
     let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());

@@ -191,22 +191,28 @@ fn icmp_error(ctx: &TcContext, ip: &Ipv4, l4_off: usize) -> Result<(), Untouched
     if flow.kind != NAT_SRC {
         return Ok(());
     }
-    // The ICMP checksum covers the quoted bytes and no pseudo-header: computed here
-    // and written whole (ICMP is never checksum-offloaded).
-    let inner_check = replace4(inner.check, inner.dst, flow.nat_addr);
-    let mut check = replace4(icmp.check, inner.dst, flow.nat_addr);
-    check = replace2(check, ports.dst, flow.nat_port);
-    check = replace2(check, inner.check, inner_check);
-    ctx.store(inner_off + 16, &flow.nat_addr, 0).map_err(e)?;
-    ctx.store(inner_off + 10, &inner_check, 0).map_err(e)?;
-    ctx.store(inner_off + IPV4_MIN_LEN + 2, &flow.nat_port, 0)
-        .map_err(e)?;
-    ctx.store(l4_off + 2, &check, 0).map_err(e)?;
-    if ip.src == inner.dst {
-        ctx.store(IP_SRC, &flow.nat_addr, 0).map_err(e)?;
-        ctx.l3_csum_replace(IP_CHECK, ip.src as u64, flow.nat_addr as u64, 4)
+    // After the flow was found, a failed write leaves a packet of ours untranslated.
+    let written = (|| -> Result<(), Untouched> {
+        let e = |_| Untouched;
+        // The ICMP checksum covers the quoted bytes and no pseudo-header: computed here
+        // and written whole (ICMP is never checksum-offloaded).
+        let inner_check = replace4(inner.check, inner.dst, flow.nat_addr);
+        let mut check = replace4(icmp.check, inner.dst, flow.nat_addr);
+        check = replace2(check, ports.dst, flow.nat_port);
+        check = replace2(check, inner.check, inner_check);
+        ctx.store(inner_off + 16, &flow.nat_addr, 0).map_err(e)?;
+        ctx.store(inner_off + 10, &inner_check, 0).map_err(e)?;
+        ctx.store(inner_off + IPV4_MIN_LEN + 2, &flow.nat_port, 0)
             .map_err(e)?;
-    }
+        ctx.store(l4_off + 2, &check, 0).map_err(e)?;
+        if ip.src == inner.dst {
+            ctx.store(IP_SRC, &flow.nat_addr, 0).map_err(e)?;
+            ctx.l3_csum_replace(IP_CHECK, ip.src as u64, flow.nat_addr as u64, 4)
+                .map_err(e)?;
+        }
+        Ok(())
+    })();
+    written.inspect_err(|_| count(Counter::TcUntranslated))?;
     count(Counter::TcIcmp);
     Ok(())
 }
