@@ -6,11 +6,9 @@
 use std::{
     fs::OpenOptions,
     io::Write,
-    net::TcpListener,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     sync::Arc,
-    time::{Duration, Instant},
 };
 
 use berth::{
@@ -18,13 +16,20 @@ use berth::{
     store::Store,
 };
 
+mod run;
+use run::{wait_for, Daemon};
+
 /// A tmpfs of `kib` KiB mounted on a fresh directory; unmounted and removed on drop.
 struct Tmpfs(PathBuf);
 
 impl Tmpfs {
     fn new(tag: &str, kib: u32) -> Self {
         let dir = std::env::temp_dir().join(format!("berth-full-{tag}-{}", std::process::id()));
-        let _ = Command::new("umount").arg(&dir).status();
+        // Left mounted by an earlier run of this test that was killed.
+        let _ = Command::new("umount")
+            .arg(&dir)
+            .stderr(std::process::Stdio::null())
+            .status();
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("mount point");
         let status = Command::new("mount")
@@ -162,56 +167,6 @@ fn first_seen_times_the_full_disk_refused_are_not_held() {
     );
 }
 
-/// `berth run` (no datapath) on a state directory in `fs`.
-struct Daemon {
-    child: Child,
-    admin: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(manifests: &Path, state: &Path) -> Daemon {
-    let admin = {
-        let l = TcpListener::bind("127.0.0.1:0").expect("free port");
-        l.local_addr().expect("addr").to_string()
-    };
-    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(["run", "--manifests"])
-        .arg(manifests)
-        .arg("--state-dir")
-        .arg(state)
-        .args(["--admin-addr", &admin])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start berth run");
-    Daemon { child, admin }
-}
-
-/// `/readyz`: (status 200?, body).
-fn readyz(d: &Daemon) -> Option<(bool, String)> {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(&d.admin).ok()?;
-    write!(s, "GET /readyz HTTP/1.0\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.starts_with("HTTP/1.0 200"), body.to_string()))
-}
-
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Team B's assigned port in the daemon's state, if it has one.
 fn team_b_port(d: &Daemon) -> Option<u64> {
     let state: serde_json::Value =
@@ -234,8 +189,8 @@ fn a_daemon_whose_disk_is_full_is_not_ready_says_why_and_catches_up_when_there_i
     }
     let state = fs.0.join("state");
     let team_b = std::fs::read_to_string(examples.join("team-b.yaml")).expect("team-b");
-    let mut d = start(&manifests, &state);
-    wait_for("readiness", || readyz(&d).is_some_and(|(ok, _)| ok));
+    let mut d = Daemon::spawn(&manifests, &state, false);
+    wait_for("readiness", || d.readyz().is_some_and(|(ok, _)| ok));
 
     // The disk fills; team B's route arrives (the file itself still fits: written
     // before the filler takes the rest).
@@ -243,11 +198,12 @@ fn a_daemon_whose_disk_is_full_is_not_ready_says_why_and_catches_up_when_there_i
     let filler = fill(&fs.0, 0);
     // A write cut short may have happened before the filler: only a refusal counts.
     wait_for("not ready, saying why", || {
-        readyz(&d).is_some_and(|(ok, body)| !ok && body.contains("No space left on device"))
+        d.readyz()
+            .is_some_and(|(ok, body)| !ok && body.contains("No space left on device"))
             || team_b_port(&d).is_some()
     });
     if team_b_port(&d).is_none() {
-        let (_, body) = readyz(&d).expect("readyz");
+        let (_, body) = d.readyz().expect("readyz");
         eprintln!("while full: {body}");
         assert_eq!(
             team_b_port(&d),
@@ -258,12 +214,12 @@ fn a_daemon_whose_disk_is_full_is_not_ready_says_why_and_catches_up_when_there_i
 
     std::fs::remove_file(&filler).expect("free the disk");
     wait_for("ready again with team B's port", || {
-        readyz(&d).is_some_and(|(ok, _)| ok) && team_b_port(&d) == Some(30053)
+        d.readyz().is_some_and(|(ok, _)| ok) && team_b_port(&d) == Some(30053)
     });
 
     // Durable: a restart after kill -9 holds the same port.
     drop(d);
-    d = start(&manifests, &state);
+    d = Daemon::spawn(&manifests, &state, false);
     wait_for("the restarted daemon's plan", || team_b_port(&d).is_some());
     assert_eq!(team_b_port(&d), Some(30053));
 }

@@ -2,25 +2,15 @@
 //! no root needed): live changes, broken files, restarts, and the check document.
 
 use std::{
-    net::TcpListener,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 
-struct Daemon {
-    child: Child,
-    admin: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod run;
+use run::{wait_for, Daemon};
 
 fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("berth-{tag}-{}", std::process::id()));
@@ -31,36 +21,6 @@ fn temp_dir(tag: &str) -> PathBuf {
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
-}
-
-fn start(manifests: &Path, state: &Path) -> Daemon {
-    let admin = {
-        let l = TcpListener::bind("127.0.0.1:0").expect("free port");
-        l.local_addr().expect("addr").to_string()
-    };
-    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(["run", "--manifests"])
-        .arg(manifests)
-        .arg("--state-dir")
-        .arg(state)
-        .args(["--admin-addr", &admin])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start berth run");
-    let d = Daemon { child, admin };
-    wait_for(&d, "readiness", |d| {
-        berth::admin::get(&d.admin, "/readyz").is_ok()
-    });
-    d
-}
-
-fn wait_for(d: &Daemon, what: &str, mut cond: impl FnMut(&Daemon) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond(d) {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn state(d: &Daemon) -> Value {
@@ -89,7 +49,7 @@ fn run_follows_file_changes_keeps_broken_files_last_good_and_survives_kill_9() {
     for f in ["gateway.yaml", "team-a.yaml", "team-b.yaml"] {
         std::fs::copy(examples().join(f), manifests.join(f)).expect("copy example");
     }
-    let d = start(&manifests, &state_dir);
+    let d = Daemon::start(&manifests, &state_dir);
     let s = state(&d);
     assert_eq!(port_of(&s, "web"), Some(30000), "{s:#}");
     assert_eq!(port_of(&s, "dns"), Some(30053), "{s:#}");
@@ -155,7 +115,8 @@ fn run_follows_file_changes_keeps_broken_files_last_good_and_survives_kill_9() {
         team_a.replace("team-a", "team-c"),
     )
     .expect("write");
-    wait_for(&d, "team-c's route", |d| {
+    wait_for("team-c's route", || {
+        let d = &d;
         port_of(&state(d), "web").is_some()
             && state(d)["claims"].as_array().is_some_and(|c| c.len() == 3)
     });
@@ -172,7 +133,8 @@ fn run_follows_file_changes_keeps_broken_files_last_good_and_survives_kill_9() {
 
     // A broken file is reported; its last good objects stay in force.
     std::fs::write(manifests.join("team-b.yaml"), "garbage: [\n").expect("break");
-    wait_for(&d, "the broken file to be reported", |d| {
+    wait_for("the broken file to be reported", || {
+        let d = &d;
         berth::admin::get(&d.admin, "/metrics").is_ok_and(|m| m.contains("berth_manifest_errors 1"))
     });
     assert_eq!(
@@ -189,7 +151,7 @@ fn run_follows_file_changes_keeps_broken_files_last_good_and_survives_kill_9() {
         manifests.join("team-b.yaml"),
     )
     .expect("repair");
-    let d = start(&manifests, &state_dir);
+    let d = Daemon::start(&manifests, &state_dir);
     assert_eq!(
         state(&d)["claims"],
         before,
@@ -198,7 +160,8 @@ fn run_follows_file_changes_keeps_broken_files_last_good_and_survives_kill_9() {
 
     // Removing a file releases its route's claim (kept, cooling down).
     std::fs::remove_file(manifests.join("team-c.yaml")).expect("remove");
-    wait_for(&d, "team-c's route to go", |d| {
+    wait_for("team-c's route to go", || {
+        let d = &d;
         state(d)["routes"].as_array().is_some_and(|r| r.len() == 2)
     });
     let claims = berth::store::Store::open(&state_dir)
@@ -276,7 +239,7 @@ fn a_second_daemon_on_the_same_state_directory_refuses_to_start_and_the_first_ke
     for f in ["gateway.yaml", "team-a.yaml", "team-b.yaml"] {
         std::fs::copy(examples().join(f), manifests.join(f)).expect("copy example");
     }
-    let first = start(&manifests, &state_dir);
+    let first = Daemon::start(&manifests, &state_dir);
     let before = state(&first)["claims"].clone();
 
     // Another daemon, on the same state directory but with a route less: it would have
@@ -285,33 +248,9 @@ fn a_second_daemon_on_the_same_state_directory_refuses_to_start_and_the_first_ke
     for f in ["gateway.yaml", "team-a.yaml"] {
         std::fs::copy(examples().join(f), other.join(f)).expect("copy example");
     }
-    let mut second = Daemon {
-        child: Command::new(env!("CARGO_BIN_EXE_berth"))
-            .args(["run", "--manifests"])
-            .arg(&other)
-            .arg("--state-dir")
-            .arg(&state_dir)
-            .args(["--admin-addr", "127.0.0.1:0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the second daemon"),
-        admin: String::new(),
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while second.child.try_wait().expect("wait").is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the second daemon is still running on the first one's state directory"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut err = String::new();
-    if let Some(mut e) = second.child.stderr.take() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut err);
-    }
-    let out = second.child.wait().expect("exit status");
+    let mut second = Daemon::spawn(&other, &state_dir, true);
+    let (out, err) =
+        second.exit("the second daemon is still running on the first one's state directory");
     let stderr = err;
     assert!(!out.success(), "the second daemon must not run: {stderr}");
     assert!(
@@ -343,7 +282,7 @@ fn a_bad_state_record_stops_planning_with_a_way_out_and_repair_keeps_every_valid
     for f in ["gateway.yaml", "team-a.yaml", "team-b.yaml"] {
         std::fs::copy(examples().join(f), manifests.join(f)).expect("copy example");
     }
-    let d = start(&manifests, &state_dir);
+    let d = Daemon::start(&manifests, &state_dir);
     let before = state(&d)["claims"].clone();
     assert_eq!(before.as_array().map(Vec::len), Some(2), "{before}");
     drop(d);
@@ -376,24 +315,9 @@ fn a_bad_state_record_stops_planning_with_a_way_out_and_repair_keeps_every_valid
     );
 
     // berth run is not ready, and says why.
-    let admin = {
-        let l = TcpListener::bind("127.0.0.1:0").expect("free port");
-        l.local_addr().expect("addr").to_string()
-    };
-    let stuck = Daemon {
-        child: Command::new(env!("CARGO_BIN_EXE_berth"))
-            .args(["run", "--manifests"])
-            .arg(&manifests)
-            .arg("--state-dir")
-            .arg(&state_dir)
-            .args(["--admin-addr", &admin])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start berth run"),
-        admin,
-    };
-    wait_for(&stuck, "not ready naming the way out", |d| {
+    let stuck = Daemon::spawn(&manifests, &state_dir, false);
+    wait_for("not ready naming the way out", || {
+        let d = &stuck;
         berth::admin::get(&d.admin, "/healthz").is_ok()
             && berth::admin::get(&d.admin, "/readyz")
                 .err()
@@ -428,7 +352,7 @@ fn a_bad_state_record_stops_planning_with_a_way_out_and_repair_keeps_every_valid
     let check = berth(&[&os("state"), &os("check"), &os("--state-dir"), state_arg]);
     assert!(check.status.success(), "clean after repair");
 
-    let d = start(&manifests, &state_dir);
+    let d = Daemon::start(&manifests, &state_dir);
     assert_eq!(
         state(&d)["claims"],
         before,
@@ -449,42 +373,15 @@ fn sigterm_is_logged_without_colour_codes_and_exits_cleanly() {
         manifests.join("gateway.yaml"),
     )
     .expect("copy");
-    let admin = {
-        let l = TcpListener::bind("127.0.0.1:0").expect("free port");
-        l.local_addr().expect("addr").to_string()
-    };
-    let mut d = Daemon {
-        child: Command::new(env!("CARGO_BIN_EXE_berth"))
-            .args(["run", "--manifests"])
-            .arg(&manifests)
-            .arg("--state-dir")
-            .arg(&state_dir)
-            .args(["--admin-addr", &admin])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start berth run"),
-        admin,
-    };
-    wait_for(&d, "readiness", |d| {
+    let mut d = Daemon::spawn(&manifests, &state_dir, true);
+    wait_for("readiness", || {
+        let d = &d;
         berth::admin::get(&d.admin, "/readyz").is_ok()
     });
     // SAFETY: signals a child this test started and has not reaped.
     let rc = unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
     assert_eq!(rc, 0);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = d.child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "berth run ignored SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut log = String::new();
-    if let Some(mut e) = d.child.stderr.take() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut log);
-    }
+    let (status, log) = d.exit("berth run ignored SIGTERM");
     assert!(status.success(), "{status}: {log}");
     assert!(log.contains("stopping on a signal"), "{log}");
     assert!(

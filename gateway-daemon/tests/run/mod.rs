@@ -1,0 +1,98 @@
+//! Shared by the tests that drive `berth run` as a user does (`standalone`,
+//! `full_disk`): start it on a manifest and a state directory with its own admin port,
+//! read its endpoint, wait for it, kill it (by PID) when the test ends.
+
+// Each test crate that includes this module uses a part of it.
+#![allow(dead_code)]
+
+use std::{
+    io::{Read, Write},
+    net::TcpListener,
+    path::Path,
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+/// A running `berth run`, killed on drop.
+pub struct Daemon {
+    pub child: Child,
+    /// Its admin endpoint.
+    pub admin: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    /// Starts `berth run --manifests MANIFESTS --state-dir STATE` on a free admin port,
+    /// without waiting; its stderr is piped (read it with `exit`) or dropped.
+    pub fn spawn(manifests: &Path, state: &Path, keep_stderr: bool) -> Daemon {
+        let admin = {
+            let l = TcpListener::bind("127.0.0.1:0").expect("free port");
+            l.local_addr().expect("addr").to_string()
+        };
+        let child = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["run", "--manifests"])
+            .arg(manifests)
+            .arg("--state-dir")
+            .arg(state)
+            .args(["--admin-addr", &admin])
+            .stdout(Stdio::null())
+            .stderr(if keep_stderr {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .spawn()
+            .expect("start berth run");
+        Daemon { child, admin }
+    }
+
+    /// `spawn`, then waits until it is ready.
+    pub fn start(manifests: &Path, state: &Path) -> Daemon {
+        let d = Daemon::spawn(manifests, state, false);
+        wait_for("readiness", || d.readyz().is_some_and(|(ok, _)| ok));
+        d
+    }
+
+    /// `/readyz`: whether it answered 200, and its body; None if it did not answer.
+    pub fn readyz(&self) -> Option<(bool, String)> {
+        let mut s = std::net::TcpStream::connect(&self.admin).ok()?;
+        write!(s, "GET /readyz HTTP/1.0\r\n\r\n").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        Some((head.starts_with("HTTP/1.0 200"), body.to_string()))
+    }
+
+    /// Waits up to 10 s for the process to exit by itself; its status and what it
+    /// wrote to stderr (if piped). Panics with `what` if it keeps running.
+    pub fn exit(&mut self, what: &str) -> (ExitStatus, String) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        (status, err)
+    }
+}
+
+/// Polls `cond` every 20 ms for up to 15 s; panics with `what`.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
