@@ -1,13 +1,18 @@
 //! The admin endpoint: `/healthz`, `/readyz`, `/metrics` (Prometheus text) and
 //! `/api/v1/state` (the `berth check -o json` document), plus `/api/v1/routes[/NS]` for
-//! `berth get routes`. A small HTTP/1.0 responder: GET only, one request per connection.
+//! `berth get routes`, answered from the published snapshot. [`server`] serves them over
+//! HTTP, [`metrics`] encodes `/metrics`, [`get`] is the client of `berth get`.
+
+pub mod metrics;
+pub mod server;
 
 use std::{
-    fmt::Write as _,
-    io::{BufRead, BufReader, Write},
-    net::{TcpListener, TcpStream},
+    io::{Read, Write},
+    net::TcpStream,
+    time::{Duration, Instant},
 };
 
+use hyper::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -15,8 +20,83 @@ use crate::{
     datapath::{Protocol, ServiceAddr},
     model::claim_name,
     planner::{status::RouteParentStatus, RouteEntry},
-    standalone::{Published, Shared},
+    standalone::Published,
 };
+
+/// Which endpoints a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoints {
+    /// All of them, the state API included (`--admin-addr`).
+    All,
+    /// `/healthz`, `/readyz` and `/metrics` only (`--metrics-addr`): what probes and
+    /// Prometheus need, safe to serve off the host.
+    Monitoring,
+}
+
+/// What a request's path asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resource {
+    /// `/healthz`: the daemon runs.
+    Health,
+    /// `/readyz`: the last cycle succeeded.
+    Ready,
+    /// `/metrics`.
+    Metrics,
+    /// `/api/v1/state`: the state document.
+    State,
+    /// `/api/v1/routes[/NS]`: the rows of `berth get routes`, of one namespace or all.
+    Routes(Option<String>),
+}
+
+impl Resource {
+    /// The resource at `path`, if `endpoints` serve it.
+    pub fn at(path: &str, endpoints: Endpoints) -> Option<Resource> {
+        let resource = match path {
+            "/healthz" => Resource::Health,
+            "/readyz" => Resource::Ready,
+            "/metrics" => Resource::Metrics,
+            "/api/v1/state" => Resource::State,
+            "/api/v1/routes" => Resource::Routes(None),
+            other => Resource::Routes(Some(other.strip_prefix("/api/v1/routes/")?.to_string())),
+        };
+        let monitoring = matches!(
+            resource,
+            Resource::Health | Resource::Ready | Resource::Metrics
+        );
+        (monitoring || endpoints == Endpoints::All).then_some(resource)
+    }
+
+    /// Its status, content type and body in snapshot `p`.
+    pub fn answer(&self, p: &Published) -> (StatusCode, &'static str, String) {
+        const TEXT: &str = "text/plain";
+        const JSON: &str = "application/json";
+        let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+        match self {
+            Resource::Health => (StatusCode::OK, TEXT, "ok\n".into()),
+            // Not ready while the last cycle failed: its claims (or first-seen times) may
+            // not be durable, and what is served is the last state that was.
+            Resource::Ready => match (&p.last_error, p.cycles) {
+                (Some(e), _) => (unavailable, TEXT, format!("not ready: {e}\n")),
+                (None, 0) => (unavailable, TEXT, "not ready: no plan yet\n".into()),
+                (None, _) => (StatusCode::OK, TEXT, "ready\n".into()),
+            },
+            Resource::Metrics => (StatusCode::OK, metrics::CONTENT_TYPE, metrics::encode(p)),
+            Resource::State => match &p.state {
+                Some(s) => (
+                    StatusCode::OK,
+                    JSON,
+                    serde_json::to_string_pretty(&**s).unwrap_or_default(),
+                ),
+                None => (unavailable, TEXT, "no plan yet\n".into()),
+            },
+            Resource::Routes(namespace) => (
+                StatusCode::OK,
+                JSON,
+                serde_json::to_string(&route_rows(p, namespace.as_deref())).unwrap_or_default(),
+            ),
+        }
+    }
+}
 
 /// One row of `berth get routes`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,72 +155,6 @@ pub fn unanswered(t: &crate::datapath::Traffic) -> Option<String> {
             since.as_secs()
         )
     })
-}
-
-/// Serves until the listener fails, one connection at a time on this thread: answers
-/// are built from the published snapshot without waiting for the planner (the whole
-/// state of 10k routes in tens of milliseconds, anything else in far less), a thread
-/// per connection would cost more in thread starts and per-thread allocator memory,
-/// and a client that stalls is cut off after a second.
-pub fn serve(listener: TcpListener, shared: Shared) {
-    for stream in listener.incoming().flatten() {
-        let timeout = Some(std::time::Duration::from_secs(1));
-        if stream.set_read_timeout(timeout).is_ok() && stream.set_write_timeout(timeout).is_ok() {
-            let _ = handle(stream, &shared);
-        }
-    }
-}
-
-fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
-    let mut reader = BufReader::new(&stream);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    // Read the headers too: closing with unread input would reset the connection.
-    let mut header = String::new();
-    while reader.read_line(&mut header)? > 2 {
-        header.clear();
-    }
-    let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
-    let p = std::sync::Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
-    let (code, kind, body) = match path.as_str() {
-        "/healthz" => (200, "text/plain", "ok\n".to_string()),
-        // Not ready while the last cycle failed: its claims (or first-seen times) may not
-        // be durable, and what is served is the last state that was.
-        "/readyz" => match (&p.last_error, p.cycles) {
-            (Some(e), _) => (503, "text/plain", format!("not ready: {e}\n")),
-            (None, 0) => (503, "text/plain", "not ready: no plan yet\n".to_string()),
-            (None, _) => (200, "text/plain", "ready\n".to_string()),
-        },
-        "/api/v1/state" => match &p.state {
-            Some(s) => (
-                200,
-                "application/json",
-                serde_json::to_string_pretty(&**s).unwrap_or_default(),
-            ),
-            None => (503, "text/plain", "no plan yet\n".to_string()),
-        },
-        "/api/v1/routes" => (
-            200,
-            "application/json",
-            serde_json::to_string(&route_rows(&p, None)).unwrap_or_default(),
-        ),
-        other if other.starts_with("/api/v1/routes/") => {
-            let ns = &other["/api/v1/routes/".len()..];
-            (
-                200,
-                "application/json",
-                serde_json::to_string(&route_rows(&p, Some(ns))).unwrap_or_default(),
-            )
-        }
-        "/metrics" => (200, "text/plain; version=0.0.4", metrics(&p)),
-        _ => (404, "text/plain", "not found\n".to_string()),
-    };
-    let status = match code {
-        200 => "200 OK",
-        404 => "404 Not Found",
-        _ => "503 Service Unavailable",
-    };
-    write!(stream, "HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
 }
 
 /// The rows of `berth get routes`, of one namespace or all.
@@ -268,128 +282,60 @@ fn row(
     }
 }
 
-fn metrics(p: &Published) -> String {
-    let mut m = String::new();
-    let _ = writeln!(m, "# HELP berth_plans_total Plans made since start.\n# TYPE berth_plans_total counter\nberth_plans_total {}", p.cycles);
-    let _ = writeln!(m, "# HELP berth_manifest_errors Manifest files whose current version is broken.\n# TYPE berth_manifest_errors gauge\nberth_manifest_errors {}", p.broken.len());
-    let _ = writeln!(
-        m,
-        "# HELP berth_cycle_failing 1 while the last plan/commit/program cycle failed.\n# TYPE berth_cycle_failing gauge\nberth_cycle_failing {}",
-        u8::from(p.last_error.is_some())
-    );
-    if let Some(s) = &p.state {
-        let _ = writeln!(m, "# HELP berth_claims Claims held (bound or cooling down).\n# TYPE berth_claims gauge\nberth_claims {}", s.claims.len());
-        let _ = writeln!(m, "# HELP berth_listener_attached_routes Attached routes per listener.\n# TYPE berth_listener_attached_routes gauge");
-        for g in &s.gateways {
-            for l in &g.status.listeners {
-                let _ = writeln!(
-                    m,
-                    "berth_listener_attached_routes{{namespace=\"{}\",gateway=\"{}\",listener=\"{}\"}} {}",
-                    g.namespace, g.name, l.name, l.attached_routes
-                );
-            }
-        }
-    }
-    let _ = writeln!(m, "# HELP berth_listener_ports Ports of a range listener by state.\n# TYPE berth_listener_ports gauge");
-    for u in &p.usage {
-        let labels = format!(
-            "namespace=\"{}\",gateway=\"{}\",listener=\"{}\"",
-            u.namespace, u.gateway, u.listener
-        );
-        let free = u.size.saturating_sub(u.bound + u.cooling);
-        let _ = writeln!(
-            m,
-            "berth_listener_ports{{{labels},state=\"used\"}} {}",
-            u.bound
-        );
-        let _ = writeln!(
-            m,
-            "berth_listener_ports{{{labels},state=\"cooling\"}} {}",
-            u.cooling
-        );
-        let _ = writeln!(m, "berth_listener_ports{{{labels},state=\"free\"}} {free}");
-    }
-    if !p.traffic.is_empty() {
-        let _ = writeln!(m, "# HELP berth_route_packets_total Packets through a route's port, by direction.\n# TYPE berth_route_packets_total counter");
-        let _ = writeln!(m, "# HELP berth_route_bytes_total Bytes through a route's port, by direction.\n# TYPE berth_route_bytes_total counter");
-        let _ = writeln!(m, "# HELP berth_route_flows_total Flows balanced to a route's backends.\n# TYPE berth_route_flows_total counter");
-        let _ = writeln!(m, "# HELP berth_route_active_flows Tracked flows of a route that forwarded a packet in the last minute.\n# TYPE berth_route_active_flows gauge");
-        let _ = writeln!(m, "# HELP berth_route_kernel_packets_total Packets of a route the kernel forwarded instead of XDP, by the last reason.\n# TYPE berth_route_kernel_packets_total counter");
-        let _ = writeln!(m, "# HELP berth_route_unanswered 1 while a route forwards packets and no reply has come back for 10 s or more.\n# TYPE berth_route_unanswered gauge");
-        for (service, traffic) in &p.traffic {
-            let (active, t) = (traffic.active_flows, traffic.stats);
-            let Some(o) = p.owners.get(service) else {
-                continue;
-            };
-            let labels = format!(
-                "kind=\"{}\",namespace=\"{}\",name=\"{}\",address=\"{}\",port=\"{}\"",
-                o.kind, o.namespace, o.name, service.addr, service.port
-            );
-            let _ = writeln!(
-                m,
-                "berth_route_packets_total{{{labels},direction=\"forward\"}} {}",
-                t.packets
-            );
-            let _ = writeln!(
-                m,
-                "berth_route_packets_total{{{labels},direction=\"reply\"}} {}",
-                t.reply_packets
-            );
-            let _ = writeln!(
-                m,
-                "berth_route_bytes_total{{{labels},direction=\"forward\"}} {}",
-                t.bytes
-            );
-            let _ = writeln!(
-                m,
-                "berth_route_bytes_total{{{labels},direction=\"reply\"}} {}",
-                t.reply_bytes
-            );
-            let _ = writeln!(m, "berth_route_flows_total{{{labels}}} {}", t.new_flows);
-            let _ = writeln!(m, "berth_route_active_flows{{{labels}}} {active}");
-            let _ = writeln!(
-                m,
-                "berth_route_kernel_packets_total{{{labels},path=\"{}\"}} {}",
-                traffic.path().unwrap_or_default(),
-                t.kernel_packets
-            );
-            let _ = writeln!(
-                m,
-                "berth_route_unanswered{{{labels}}} {}",
-                u8::from(unanswered(traffic).is_some())
-            );
-        }
-    }
-    if !p.counters.is_empty() {
-        let _ = writeln!(m, "# HELP berth_datapath_packets_total XDP verdicts and events by reason.\n# TYPE berth_datapath_packets_total counter");
-        for (name, v) in &p.counters {
-            let _ = writeln!(m, "berth_datapath_packets_total{{reason=\"{name}\"}} {v}");
-        }
-    }
-    m
-}
+/// How long [`get`] waits for a whole answer: connecting, asking, reading to the end.
+pub const GET_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A GET against a running daemon's admin endpoint; returns the body.
+/// A GET against a running daemon's admin endpoint; returns the body of a 200 answer.
+/// A daemon that hangs, or answers a byte at a time, must not hang its caller (`berth
+/// get`, probes, tests): the whole request has [`GET_TIMEOUT`]. Errors name the URL.
 pub fn get(addr: &str, path: &str) -> std::io::Result<String> {
-    use std::io::Read;
-    // A daemon that hangs must not hang its caller (`berth get`, probes, tests).
-    const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-    let target = std::net::ToSocketAddrs::to_socket_addrs(addr)?
-        .next()
-        .ok_or_else(|| std::io::Error::other(format!("{addr}: no address")))?;
-    let mut s = TcpStream::connect_timeout(&target, TIMEOUT)?;
-    s.set_read_timeout(Some(TIMEOUT))?;
-    s.set_write_timeout(Some(TIMEOUT))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text.as_str(), ""));
-    if !head.starts_with("HTTP/1.0 200") {
+    let url = format!("http://{addr}{path}");
+    let named = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("GET {url}: no complete answer within {GET_TIMEOUT:?}"),
+        ),
+        kind => std::io::Error::new(kind, format!("GET {url}: {e}")),
+    };
+    let (head, body) = fetch(addr, path, Instant::now() + GET_TIMEOUT).map_err(named)?;
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("200") {
         return Err(std::io::Error::other(format!(
-            "{path}: {}: {}",
-            head.lines().next().unwrap_or_default(),
+            "GET {url}: {status}: {}",
             body.trim()
         )));
     }
-    Ok(body.to_string())
+    Ok(body)
+}
+
+/// The head and body of the answer to `GET path`, read to its end before `deadline`.
+fn fetch(addr: &str, path: &str, deadline: Instant) -> std::io::Result<(String, String)> {
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or(std::io::ErrorKind::TimedOut)
+    };
+    let target = std::net::ToSocketAddrs::to_socket_addrs(addr)?
+        .next()
+        .ok_or_else(|| std::io::Error::other("no address"))?;
+    let mut s = TcpStream::connect_timeout(&target, left()?)?;
+    s.set_write_timeout(Some(left()?))?;
+    // HTTP/1.0: the daemon closes the connection after its answer, which ends it.
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut text = Vec::new();
+    let mut chunk = vec![0; 64 * 1024];
+    loop {
+        // Each read may take only what is left of the whole request's time.
+        s.set_read_timeout(Some(left()?))?;
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => text.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let text = String::from_utf8(text).map_err(std::io::Error::other)?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text.as_str(), ""));
+    Ok((head.to_string(), body.to_string()))
 }

@@ -51,9 +51,14 @@ enum Command {
         /// Gateway address for Gateways whose spec.addresses has no IPv4 address.
         #[arg(long)]
         address: Option<Ipv4Addr>,
-        /// Admin endpoint (/healthz, /readyz, /metrics, /api/v1/state).
+        /// Admin endpoint: /healthz, /readyz, /metrics and the state API
+        /// (/api/v1/state, /api/v1/routes); keep it on localhost.
         #[arg(long, default_value = DEFAULT_ADMIN)]
         admin_addr: String,
+        /// Also serve /healthz, /readyz and /metrics alone on this address (for probes
+        /// and Prometheus from off the host, e.g. 0.0.0.0:9471).
+        #[arg(long)]
+        metrics_addr: Option<String>,
         /// XDP attach mode.
         #[arg(long, value_enum, default_value_t = XdpMode::Auto)]
         xdp_mode: XdpMode,
@@ -210,6 +215,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             state_dir,
             address,
             admin_addr,
+            metrics_addr,
             xdp_mode,
             node_name,
             lease_namespace,
@@ -243,13 +249,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     lease_namespace,
                     default_address: address,
                 };
-                return run_kubernetes(options, &dp, &admin_addr);
+                return run_kubernetes(options, &dp, &admin_addr, metrics_addr.as_deref());
             }
             if !no_address_interface && address_interface.is_none() {
                 dp.address_interface = Some(DEFAULT_ADDRESS_INTERFACE.to_string());
             }
             let dir = manifests.context("--manifests DIR (or --kubernetes) is required")?;
-            run_standalone(&dir, &state_dir, address, &admin_addr, &dp)
+            let admin = (admin_addr.as_str(), metrics_addr.as_deref());
+            run_standalone(&dir, &state_dir, address, admin, &dp)
         }
     }
 }
@@ -462,7 +469,7 @@ fn run_standalone(
     dir: &std::path::Path,
     state_dir: &std::path::Path,
     address: Option<Ipv4Addr>,
-    admin_addr: &str,
+    (admin_addr, metrics_addr): (&str, Option<&str>),
     options: &DatapathOptions,
 ) -> anyhow::Result<()> {
     let store = Store::open(state_dir)
@@ -470,8 +477,8 @@ fn run_standalone(
     // Before anything else is touched: a second daemon on this directory stops here.
     let _owner = store.own()?;
     let mut datapath = load_datapath(options)?;
-    let shared = serve_admin(admin_addr)?;
-    tracing::info!(admin = admin_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
+    let shared = serve_admin(admin_addr, metrics_addr)?;
+    tracing::info!(admin = admin_addr, metrics = metrics_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
     let mut source = ManifestSource::new(dir);
     exit_on_signal()?;
     standalone::run_loop(&mut source, &store, datapath.as_mut(), address, &shared);
@@ -642,13 +649,18 @@ fn uninstall(pin_dir: &std::path::Path, address_interface: &str) -> anyhow::Resu
     Ok(())
 }
 
-/// Binds the admin endpoint and serves it from a thread; returns what it serves.
-fn serve_admin(admin_addr: &str) -> anyhow::Result<standalone::Shared> {
+/// Binds the admin endpoint (and the metrics endpoint, if asked for) and serves them
+/// from a thread; returns what they serve.
+fn serve_admin(admin_addr: &str, metrics_addr: Option<&str>) -> anyhow::Result<standalone::Shared> {
     let shared = Arc::new(Mutex::new(Arc::new(Published::default())));
-    let listener = TcpListener::bind(admin_addr)
-        .with_context(|| format!("binding the admin endpoint {admin_addr}"))?;
-    let served = shared.clone();
-    std::thread::spawn(move || admin::serve(listener, served));
+    let bind = |what: &str, addr: &str| {
+        TcpListener::bind(addr).with_context(|| format!("binding the {what} endpoint {addr}"))
+    };
+    let mut listeners = vec![(bind("admin", admin_addr)?, admin::Endpoints::All)];
+    if let Some(addr) = metrics_addr {
+        listeners.push((bind("metrics", addr)?, admin::Endpoints::Monitoring));
+    }
+    admin::server::spawn(listeners, shared.clone()).context("starting the admin endpoint")?;
     Ok(shared)
 }
 
@@ -656,9 +668,10 @@ fn run_kubernetes(
     options: berth::kubernetes::Options,
     dp: &DatapathOptions,
     admin_addr: &str,
+    metrics_addr: Option<&str>,
 ) -> anyhow::Result<()> {
     let datapath = load_datapath(dp)?;
-    let shared = serve_admin(admin_addr)?;
+    let shared = serve_admin(admin_addr, metrics_addr)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -669,6 +682,7 @@ fn run_kubernetes(
             .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
         tracing::info!(
             admin = admin_addr,
+            metrics = metrics_addr,
             node = options.identity,
             lease_namespace = options.lease_namespace,
             "berth running in Kubernetes mode"

@@ -1,0 +1,294 @@
+//! `/metrics`: the Prometheus text exposition (version 0.0.4) of a published snapshot,
+//! encoded by `prometheus-client` at scrape time (label values escaped, one HELP and
+//! TYPE per family, its samples together, counters named `_total`).
+
+use std::fmt;
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{prometheus_text, DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+    registry::Registry,
+};
+
+use super::unanswered;
+use crate::standalone::Published;
+
+/// The `Content-Type` of what [`encode`] returns.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// The metrics of `p` in the Prometheus text format.
+pub fn encode(p: &Published) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(families(p)));
+    let mut out = String::new();
+    // Encoding into a String fails only if a collector does, and ours only writes.
+    let _ = prometheus_text::encode(&mut out, &registry);
+    out
+}
+
+/// Every family of a snapshot, ready to encode.
+#[derive(Debug)]
+struct Families(Vec<Family>);
+
+/// One metric family: its name (counters without `_total`, which the encoder adds),
+/// help, type and samples.
+#[derive(Debug)]
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    samples: Vec<(Labels, u64)>,
+}
+
+/// A sample's labels, in the order they are written.
+type Labels = Vec<(&'static str, String)>;
+
+impl Family {
+    fn new(name: &'static str, help: &'static str, kind: MetricType) -> Family {
+        Family {
+            name,
+            help,
+            kind,
+            samples: Vec::new(),
+        }
+    }
+
+    fn with(mut self, labels: Labels, value: u64) -> Family {
+        self.samples.push((labels, value));
+        self
+    }
+}
+
+impl Collector for Families {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        for f in &self.0 {
+            let mut metric = encoder.encode_descriptor(f.name, f.help, None, f.kind)?;
+            for (labels, value) in &f.samples {
+                encode_sample(&mut metric, labels, f.kind, *value)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn encode_sample(
+    metric: &mut MetricEncoder,
+    labels: &impl EncodeLabelSet,
+    kind: MetricType,
+    value: u64,
+) -> fmt::Result {
+    let sample = metric.encode_family(labels)?;
+    match kind {
+        MetricType::Counter => ConstCounter::new(value).encode(sample),
+        _ => ConstGauge::new(value).encode(sample),
+    }
+}
+
+/// The families of `p`: those of the planner, of range listeners, of each route's
+/// traffic, and the datapath's counters.
+fn families(p: &Published) -> Families {
+    use MetricType::{Counter, Gauge};
+    let mut out = vec![
+        Family::new("berth_plans", "Plans made since start.", Counter).with(vec![], p.cycles),
+        Family::new(
+            "berth_manifest_errors",
+            "Manifest files whose current version is broken.",
+            Gauge,
+        )
+        .with(vec![], p.broken.len() as u64),
+        Family::new(
+            "berth_cycle_failing",
+            "1 while the last plan/commit/program cycle failed.",
+            Gauge,
+        )
+        .with(vec![], u64::from(p.last_error.is_some())),
+    ];
+    if let Some(s) = &p.state {
+        out.push(
+            Family::new(
+                "berth_claims",
+                "Claims held (bound or cooling down).",
+                Gauge,
+            )
+            .with(vec![], s.claims.len() as u64),
+        );
+        let mut attached = Family::new(
+            "berth_listener_attached_routes",
+            "Attached routes per listener.",
+            Gauge,
+        );
+        for g in &s.gateways {
+            for l in &g.status.listeners {
+                let labels = listener_labels(&g.namespace, &g.name, &l.name);
+                attached = attached.with(labels, u64::try_from(l.attached_routes).unwrap_or(0));
+            }
+        }
+        out.push(attached);
+    }
+    let mut ports = Family::new(
+        "berth_listener_ports",
+        "Ports of a range listener by state.",
+        Gauge,
+    );
+    for u in &p.usage {
+        let free = u.size.saturating_sub(u.bound + u.cooling);
+        for (state, n) in [("used", u.bound), ("cooling", u.cooling), ("free", free)] {
+            let mut labels = listener_labels(&u.namespace, &u.gateway, &u.listener);
+            labels.push(("state", state.to_string()));
+            ports = ports.with(labels, u64::from(n));
+        }
+    }
+    out.push(ports);
+    if !p.traffic.is_empty() {
+        out.extend(route_families(p));
+    }
+    if !p.counters.is_empty() {
+        let mut datapath = Family::new(
+            "berth_datapath_packets",
+            "XDP verdicts and events by reason.",
+            Counter,
+        );
+        for (reason, v) in &p.counters {
+            datapath = datapath.with(vec![("reason", reason.to_string())], *v);
+        }
+        out.push(datapath);
+    }
+    Families(out)
+}
+
+fn listener_labels(namespace: &str, gateway: &str, listener: &str) -> Labels {
+    vec![
+        ("namespace", namespace.to_string()),
+        ("gateway", gateway.to_string()),
+        ("listener", listener.to_string()),
+    ]
+}
+
+/// The per-route families: one sample per datapath service (route and address).
+fn route_families(p: &Published) -> [Family; 6] {
+    use MetricType::{Counter, Gauge};
+    let [mut packets, mut bytes, mut flows, mut active, mut kernel, mut silent] = [
+        (
+            "berth_route_packets",
+            "Packets through a route's port, by direction.",
+            Counter,
+        ),
+        (
+            "berth_route_bytes",
+            "Bytes through a route's port, by direction.",
+            Counter,
+        ),
+        (
+            "berth_route_flows",
+            "Flows balanced to a route's backends.",
+            Counter,
+        ),
+        (
+            "berth_route_active_flows",
+            "Tracked flows of a route that forwarded a packet in the last minute.",
+            Gauge,
+        ),
+        (
+            "berth_route_kernel_packets",
+            "Packets of a route the kernel forwarded instead of XDP, by the last reason.",
+            Counter,
+        ),
+        (
+            "berth_route_unanswered",
+            "1 while a route forwards packets and no reply has come back for 10 s or more.",
+            Gauge,
+        ),
+    ]
+    .map(|(name, help, kind)| Family::new(name, help, kind));
+    for (service, traffic) in &p.traffic {
+        let Some(o) = p.owners.get(service) else {
+            continue;
+        };
+        let t = traffic.stats;
+        let route = vec![
+            ("kind", o.kind.clone()),
+            ("namespace", o.namespace.clone()),
+            ("name", o.name.clone()),
+            ("address", service.addr.to_string()),
+            ("port", service.port.to_string()),
+        ];
+        let with = |extra: (&'static str, String)| {
+            let mut labels = route.clone();
+            labels.push(extra);
+            labels
+        };
+        let forward = || ("direction", "forward".to_string());
+        let reply = || ("direction", "reply".to_string());
+        packets = packets
+            .with(with(forward()), t.packets)
+            .with(with(reply()), t.reply_packets);
+        bytes = bytes
+            .with(with(forward()), t.bytes)
+            .with(with(reply()), t.reply_bytes);
+        flows = flows.with(route.clone(), t.new_flows);
+        active = active.with(route.clone(), traffic.active_flows);
+        let path = traffic.path().unwrap_or_default();
+        kernel = kernel.with(with(("path", path)), t.kernel_packets);
+        silent = silent.with(route, u64::from(unanswered(traffic).is_some()));
+    }
+    [packets, bytes, flows, active, kernel, silent]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::ListenerUsage;
+
+    #[test]
+    fn label_values_with_quotes_backslashes_and_newlines_are_escaped() {
+        let p = Published {
+            usage: vec![ListenerUsage {
+                namespace: "a\"b".into(),
+                gateway: "c\\d".into(),
+                listener: "e\nf".into(),
+                size: 10,
+                bound: 3,
+                cooling: 1,
+            }],
+            ..Published::default()
+        };
+        let text = encode(&p);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("berth_listener_ports{") && l.contains("used"))
+            .unwrap_or_else(|| panic!("no berth_listener_ports sample:\n{text}"));
+        assert_eq!(
+            line,
+            r#"berth_listener_ports{namespace="a\"b",gateway="c\\d",listener="e\nf",state="used"} 3"#
+        );
+        // Every line is a comment or one sample: no raw newline split a label value.
+        assert!(
+            text.lines()
+                .all(|l| l.starts_with('#') || l.ends_with(|c: char| c.is_ascii_digit())),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn families_have_help_and_type_and_counters_end_in_total() {
+        let p = Published {
+            cycles: 7,
+            counters: [("redirect", 5)].into_iter().collect(),
+            ..Published::default()
+        };
+        let text = encode(&p);
+        for want in [
+            "# HELP berth_plans_total Plans made since start.",
+            "# TYPE berth_plans_total counter",
+            "berth_plans_total 7",
+            "# TYPE berth_manifest_errors gauge",
+            "berth_manifest_errors 0",
+            "berth_cycle_failing 0",
+            "# TYPE berth_datapath_packets_total counter",
+            "berth_datapath_packets_total{reason=\"redirect\"} 5",
+        ] {
+            assert!(text.lines().any(|l| l == want), "no {want:?} in:\n{text}");
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The admin endpoint's HTTP/1.1 server (hyper). It once was a hand-written responder
+//! on one thread, one connection at a time: one slowloris client, or ~130 idle
+//! connections, blocked every endpoint (and the DaemonSet's liveness probe would have
+//! restarted the pod), a 512 MB header grew the daemon to 1.34 GB, and any method got
+//! 200. Here every connection has its own task, headers have a size limit and a read
+//! deadline, connections a lifetime and a cap, and requests a method and no body.
+
+use std::{convert::Infallible, sync::Arc, time::Duration};
+
+use http_body_util::Full;
+use hyper::{
+    body::{Body as _, Bytes, Incoming},
+    header::{self, HeaderValue},
+    server::conn::http1,
+    service::service_fn,
+    Method, Request, Response, StatusCode,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{net::TcpListener, sync::Semaphore};
+
+use super::{Endpoints, Resource};
+use crate::standalone::Shared;
+
+/// The most a request's line and headers may take: more gets 431 and the connection
+/// closed, and no buffer grows past it.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// How long a client has to send a request's line and headers, and how long a
+/// kept-alive connection waits for its next request: a client that sends a byte at a
+/// time, or nothing, is cut off.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one connection is served, its requests and the writing of their answers:
+/// then it is closed after the answer in flight, or [`HEADER_TIMEOUT`] later if that
+/// answer is still not written (a client that reads slowly or not at all).
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connections served at once on one listener, at most: more are closed as they come.
+/// Fewer if the open-file limit is low (see [`connection_cap`]).
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Serves each listener with its endpoints from a thread and runtime of its own, so
+/// that answers never wait for a plan (in standalone mode the loop plans on the main
+/// thread; in Kubernetes mode on the runtime's only thread).
+pub fn spawn(
+    listeners: Vec<(std::net::TcpListener, Endpoints)>,
+    shared: Shared,
+) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let listeners = {
+        let _in_runtime = runtime.enter();
+        listeners
+            .into_iter()
+            .map(|(l, endpoints)| {
+                l.set_nonblocking(true)?;
+                Ok((TcpListener::from_std(l)?, endpoints))
+            })
+            .collect::<std::io::Result<Vec<_>>>()?
+    };
+    std::thread::Builder::new()
+        .name("berth-admin".into())
+        .spawn(move || {
+            let servers = listeners
+                .into_iter()
+                .map(|(l, endpoints)| serve(l, endpoints, shared.clone()));
+            runtime.block_on(futures::future::join_all(servers));
+        })?;
+    Ok(())
+}
+
+/// Serves `listener` for ever: each connection on a task of its own, HTTP/1.1 with
+/// keep-alive (and HTTP/1.0), within the limits above.
+pub async fn serve(listener: TcpListener, endpoints: Endpoints, shared: Shared) {
+    let slots = Arc::new(Semaphore::new(connection_cap()));
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_header_size(MAX_HEADER_BYTES)
+        .max_buf_size(MAX_HEADER_BYTES);
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, most likely: wait for some to close.
+                tracing::warn!(error = %e, "admin endpoint: accepting a connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            continue; // dropping the stream closes it
+        };
+        let shared = shared.clone();
+        let service = service_fn(move |request: Request<Incoming>| {
+            let response = respond(&request, endpoints, &shared);
+            async move { Ok::<_, Infallible>(response) }
+        });
+        let connection = http.serve_connection(TokioIo::new(stream), service);
+        tokio::spawn(async move {
+            let _slot = slot;
+            tokio::pin!(connection);
+            if tokio::time::timeout(CONNECTION_TIMEOUT, connection.as_mut())
+                .await
+                .is_err()
+            {
+                connection.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(HEADER_TIMEOUT, connection).await;
+            }
+        });
+    }
+}
+
+/// The answer to one request: 404 for a path this listener does not serve, 405 for a
+/// method other than GET and HEAD (hyper sends HEAD's headers without the body), 413
+/// for a request with a body, else the resource.
+fn respond(
+    request: &Request<Incoming>,
+    endpoints: Endpoints,
+    shared: &Shared,
+) -> Response<Full<Bytes>> {
+    let Some(resource) = Resource::at(request.uri().path(), endpoints) else {
+        return response(StatusCode::NOT_FOUND, "text/plain", "not found\n");
+    };
+    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        let mut r = response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "method not allowed: GET or HEAD\n",
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    if !request.body().is_end_stream() {
+        return response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "text/plain",
+            "requests with a body are not accepted\n",
+        );
+    }
+    let published = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
+    let (status, content_type, body) = resource.answer(&published);
+    response(status, content_type, body)
+}
+
+fn response(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+/// [`MAX_CONNECTIONS`], or a quarter of the open-file limit if that is less: the admin
+/// endpoint's clients must not take the descriptors the claim store and the datapath
+/// need (two listeners take at most half).
+fn connection_cap() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct it is given, which lives
+    // through the call.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    let quarter = usize::try_from(limit.rlim_cur / 4).unwrap_or(usize::MAX);
+    if ok {
+        MAX_CONNECTIONS.min(quarter.max(1))
+    } else {
+        MAX_CONNECTIONS
+    }
+}
