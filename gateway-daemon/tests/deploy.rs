@@ -6,8 +6,9 @@
 //!   would drop, and `kubectl apply`'s strict field validation refuses).
 //! - The DaemonSet: host network, not privileged, every capability dropped and exactly
 //!   [`CAPABILITIES`] added (why: the top of `deploy/daemonset.yaml`), no Bidirectional
-//!   mount, the host's bpffs mounted where `--pin-dir` points, probes on the port of
-//!   `--admin-addr`, its ServiceAccount defined, every `$(VAR)` of its args defined.
+//!   mount, the host's bpffs mounted where `--pin-dir` points, the admin endpoint (state
+//!   API) on loopback and probes on the port of `--metrics-addr` on the node's
+//!   addresses, its ServiceAccount defined, every `$(VAR)` of its args defined.
 //! - RBAC: bindings point at roles and service accounts that exist; what they grant the
 //!   DaemonSet's ServiceAccount is exactly [`NEEDED`]; every rule has a comment naming
 //!   each of its verbs.
@@ -550,13 +551,34 @@ fn daemonset_errors(d: &Deploy) -> Vec<String> {
         e.push("--interface must be $(BERTH_INTERFACE), an env var with a default".into());
     }
 
-    // Probes on the admin endpoint.
-    let admin_port = flag(&args, "--admin-addr")
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse::<i32>().ok());
-    match admin_port {
+    // With the host network, what berth listens on is on the node's addresses: the state
+    // API (every route, claim and backend) stays on loopback; probes (the kubelet's go
+    // to the pod IP, the node's) and Prometheus use the metrics endpoint, which must be
+    // on the node's addresses.
+    let host_port = |f: &str| {
+        flag(&args, f)
+            .and_then(|a| a.rsplit_once(':'))
+            .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<i32>().ok()?)))
+    };
+    let loopback = |host: &str| {
+        host == "localhost"
+            || host
+                .parse()
+                .is_ok_and(|ip: std::net::IpAddr| ip.is_loopback())
+    };
+    match host_port("--admin-addr") {
         None => e.push("no --admin-addr HOST:PORT in berth's args".to_string()),
-        Some(admin) => {
+        Some((host, _)) if !loopback(host) => e.push(format!(
+            "--admin-addr {host}: the state API must stay on loopback (127.0.0.1)"
+        )),
+        Some(_) => {}
+    }
+    match host_port("--metrics-addr") {
+        None => e.push("no --metrics-addr HOST:PORT in berth's args (for the probes)".to_string()),
+        Some((host, _)) if loopback(host) => e.push(format!(
+            "--metrics-addr {host}: the kubelet probes the pod IP, not loopback"
+        )),
+        Some((_, metrics)) => {
             for (what, probe, path, required) in [
                 ("livenessProbe", &main.liveness_probe, "/healthz", true),
                 ("readinessProbe", &main.readiness_probe, "/readyz", true),
@@ -568,7 +590,7 @@ fn daemonset_errors(d: &Deploy) -> Vec<String> {
                     probe.as_ref(),
                     path,
                     required,
-                    admin,
+                    metrics,
                 ));
             }
         }
@@ -700,7 +722,7 @@ fn probe_errors(
     probe: Option<&Probe>,
     path: &str,
     required: bool,
-    admin: i32,
+    metrics: i32,
 ) -> Vec<String> {
     let Some(probe) = probe else {
         return if required {
@@ -725,9 +747,9 @@ fn probe_errors(
             .find(|p| p.name.as_deref() == Some(name))
             .map(|p| p.container_port),
     };
-    if port != Some(admin) {
+    if port != Some(metrics) {
         e.push(format!(
-            "{what} port {:?} is not the admin port {admin} of --admin-addr",
+            "{what} port {:?} is not the port {metrics} of --metrics-addr",
             get.port
         ));
     }
@@ -1555,13 +1577,28 @@ fn each_check_catches_what_it_is_for() {
         ),
         (
             "a probe on another port",
-            |d| d.edit("daemonset.yaml", "path: /readyz\n            port: 9470", "path: /readyz\n            port: 9471"),
-            "readinessProbe port Int(9471) is not the admin port 9470",
+            |d| d.edit("daemonset.yaml", "path: /readyz\n            port: 9471", "path: /readyz\n            port: 9470"),
+            "readinessProbe port Int(9470) is not the port 9471 of --metrics-addr",
         ),
         (
-            "the admin endpoint moved but not the probes",
-            |d| d.edit("daemonset.yaml", "- 0.0.0.0:9470", "- 0.0.0.0:9480"),
-            "livenessProbe port Int(9470) is not the admin port 9480",
+            "the metrics endpoint moved but not the probes",
+            |d| d.edit("daemonset.yaml", "- 0.0.0.0:9471", "- 0.0.0.0:9481"),
+            "livenessProbe port Int(9471) is not the port 9481 of --metrics-addr",
+        ),
+        (
+            "the state API on every node address",
+            |d| d.edit("daemonset.yaml", "- 127.0.0.1:9470", "- 0.0.0.0:9470"),
+            "--admin-addr 0.0.0.0: the state API must stay on loopback",
+        ),
+        (
+            "probes on a loopback address",
+            |d| d.edit("daemonset.yaml", "- 0.0.0.0:9471", "- 127.0.0.1:9471"),
+            "--metrics-addr 127.0.0.1: the kubelet probes the pod IP",
+        ),
+        (
+            "no metrics endpoint",
+            |d| d.edit("daemonset.yaml", "        - --metrics-addr\n        - 0.0.0.0:9471\n", ""),
+            "no --metrics-addr HOST:PORT",
         ),
         (
             "readiness on the liveness path",
