@@ -255,8 +255,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 dp.address_interface = Some(DEFAULT_ADDRESS_INTERFACE.to_string());
             }
             let dir = manifests.context("--manifests DIR (or --kubernetes) is required")?;
-            let admin = (admin_addr.as_str(), metrics_addr.as_deref());
-            run_standalone(&dir, &state_dir, address, admin, &dp)
+            let metrics_addr = metrics_addr.as_deref();
+            run_standalone(&dir, &state_dir, address, &admin_addr, metrics_addr, &dp)
         }
     }
 }
@@ -469,7 +469,8 @@ fn run_standalone(
     dir: &std::path::Path,
     state_dir: &std::path::Path,
     address: Option<Ipv4Addr>,
-    (admin_addr, metrics_addr): (&str, Option<&str>),
+    admin_addr: &str,
+    metrics_addr: Option<&str>,
     options: &DatapathOptions,
 ) -> anyhow::Result<()> {
     let store = Store::open(state_dir)

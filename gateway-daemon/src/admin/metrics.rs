@@ -291,4 +291,59 @@ mod tests {
             assert!(text.lines().any(|l| l == want), "no {want:?} in:\n{text}");
         }
     }
+
+    #[test]
+    fn each_family_has_its_samples_together_with_many_routes() {
+        use std::{collections::BTreeSet, net::Ipv4Addr, sync::Arc};
+
+        use crate::{
+            datapath::{Protocol, ServiceAddr, Traffic},
+            planner::RouteId,
+        };
+        // The hand-written text wrote each route's samples of every family in turn,
+        // after all six HELP and TYPE lines: a family's samples must be one group.
+        let service = |port| ServiceAddr {
+            addr: Ipv4Addr::new(10, 0, 0, 1),
+            protocol: Protocol::Tcp,
+            port,
+        };
+        let route = |name: &str| {
+            Arc::new(RouteId {
+                kind: "TCPRoute".into(),
+                namespace: "team".into(),
+                name: name.into(),
+            })
+        };
+        let p = Published {
+            owners: Arc::new(
+                [(service(1), route("a")), (service(2), route("b"))]
+                    .into_iter()
+                    .collect(),
+            ),
+            traffic: [service(1), service(2)]
+                .into_iter()
+                .map(|s| (s, Traffic::default()))
+                .collect(),
+            ..Published::default()
+        };
+        let text = encode(&p);
+        let mut seen = BTreeSet::new();
+        let mut last = "";
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            if name != last {
+                assert!(
+                    seen.insert(name),
+                    "{name}'s samples are not together:\n{text}"
+                );
+                last = name;
+            }
+        }
+        assert!(
+            text.lines().any(|l| l
+                == "berth_route_packets_total{kind=\"TCPRoute\",namespace=\"team\",name=\"b\",\
+                    address=\"10.0.0.1\",port=\"2\",direction=\"reply\"} 0"),
+            "{text}"
+        );
+    }
 }
