@@ -3,13 +3,7 @@
 //! is retried, and lands once there is room; the daemon says it is not ready meanwhile.
 //! Needs root (mounts a tmpfs; unmounted when the test ends, also on failure).
 
-use std::{
-    fs::OpenOptions,
-    io::Write,
-    path::{Path, PathBuf},
-    process::Command,
-    sync::Arc,
-};
+use std::{path::Path, sync::Arc};
 
 use berth::{
     model::{ClaimRoute, PortClaim, PortClaimSpec},
@@ -17,53 +11,7 @@ use berth::{
 };
 
 mod run;
-use run::{wait_for, Daemon};
-
-/// A tmpfs of `kib` KiB mounted on a fresh directory; unmounted and removed on drop.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn new(tag: &str, kib: u32) -> Self {
-        let dir = std::env::temp_dir().join(format!("berth-full-{tag}-{}", std::process::id()));
-        // Left mounted by an earlier run of this test that was killed.
-        let _ = Command::new("umount")
-            .arg(&dir)
-            .stderr(std::process::Stdio::null())
-            .status();
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("mount point");
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
-            .arg(&dir)
-            .status()
-            .expect("mount");
-        assert!(status.success(), "mounting a tmpfs on {}", dir.display());
-        Tmpfs(dir)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Fills the filesystem of `dir` with a file, then frees `leave` bytes of it again.
-fn fill(dir: &Path, leave: u64) -> PathBuf {
-    let path = dir.join("filler");
-    let mut f = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(&path)
-        .expect("filler");
-    let chunk = vec![0x5au8; 4096];
-    while f.write_all(&chunk).is_ok() {}
-    let len = f.metadata().expect("filler size").len();
-    f.set_len(len.saturating_sub(leave)).expect("free some");
-    path
-}
+use run::{fill, wait_for, Daemon, Tmpfs};
 
 fn claim(port: u16) -> Arc<PortClaim> {
     let route = ClaimRoute::new("TCPRoute", "team", &format!("route-{port}"), None);
