@@ -444,21 +444,26 @@ impl Store {
     /// Announces a batch of writes (call under the lock, before the first write): other
     /// readers of the directory will read it again.
     pub fn begin_write(&self) -> Result<()> {
-        {
-            let mut locked = self.locked.lock().unwrap_or_else(|e| e.into_inner());
+        let held = {
+            let locked = self.locked.lock().unwrap_or_else(|e| e.into_inner());
             if locked.held && locked.bumped {
                 return Ok(());
             }
-            locked.bumped = locked.held;
-        }
+            locked.held
+        };
         let mut cache = self.fresh_cache()?;
         let next = cache.generation.unwrap_or(0) + 1;
         let path = self.dir.join("generation");
         // Only other processes' caches depend on the generation, and a restarted process
         // starts with an empty cache: replaced atomically, it need not be durable.
         let tmp = write_tmp_unsynced(&self.dir, &format!("{next}\n"))?;
-        fs::rename(&tmp, &path).map_err(io_err("replacing", &path))?;
+        if let Err(e) = fs::rename(&tmp, &path) {
+            let _ = fs::remove_file(&tmp);
+            return Err(io_err("replacing", &path)(e));
+        }
         cache.generation = Some(next);
+        // Bumped once per hold of the lock, and only once it is done.
+        self.locked.lock().unwrap_or_else(|e| e.into_inner()).bumped = held;
         Ok(())
     }
 

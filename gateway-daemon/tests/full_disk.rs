@@ -171,3 +171,56 @@ fn a_daemon_whose_disk_is_full_is_not_ready_says_why_and_catches_up_when_there_i
     wait_for("the restarted daemon's plan", || team_b_port(&d).is_some());
     assert_eq!(team_b_port(&d), Some(30053));
 }
+
+#[test]
+fn temporary_files_of_writes_the_full_disk_refused_are_removed() {
+    let fs = Tmpfs::new("tmp", 256);
+    let dir = fs.0.join("state");
+    let store = Store::open(&dir).expect("open");
+    let claims: Vec<Arc<PortClaim>> = (30000..30040).map(claim).collect();
+    store.commit(&[], &[], &claims).expect("forty claims");
+    // Updates up to where the next write rewrites the journal whole (a temporary
+    // file of ~9 KiB renamed over it): 40 claims, 2 * 40 + 64 lines.
+    let mut updated = (*claims[0]).clone();
+    for i in 0..104 {
+        updated.spec.listener = format!("pool-{i}");
+        store.update(&updated).expect("update");
+    }
+
+    // No room at all: even the generation's temporary file is refused.
+    let filler = fill(&fs.0, 0);
+    updated.spec.listener = "full".into();
+    store.update(&updated).expect_err("a full disk");
+    assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
+
+    // A page: the generation is bumped, the journal's rewrite is refused.
+    std::fs::remove_file(&filler).expect("free");
+    let filler = fill(&fs.0, 4096);
+    let err = store
+        .update(&updated)
+        .expect_err("the rewrite does not fit");
+    eprintln!("as expected: {}", berth::error_chain(&err));
+    assert!(
+        berth::error_chain(&err).contains(".tmp-"),
+        "refused while writing the temporary file: {}",
+        berth::error_chain(&err)
+    );
+    assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
+    assert_eq!(ports(&store), (30000..30040).collect::<Vec<_>>());
+
+    // And the same for the first-seen journal.
+    let many: Vec<(String, String)> = (0..200)
+        .map(|i| (format!("TCPRoute/a/r{i}"), "2026-12-03T11:00:00Z".into()))
+        .collect();
+    store
+        .record_first_seen(&many, &[])
+        .expect_err("a full disk");
+    assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
+
+    std::fs::remove_file(&filler).expect("free");
+    store.update(&updated).expect("room again");
+    assert_eq!(
+        Store::open(&dir).expect("reopen").claims().expect("claims")[0],
+        updated
+    );
+}
