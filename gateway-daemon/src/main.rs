@@ -90,7 +90,7 @@ enum Command {
         redirect: Redirect,
     },
     /// Inspect or repair a state directory: `check` lists records that cannot be read
-    /// (exit 1 if any), `repair` moves them aside into FILE.bad-TIME and keeps every
+    /// or that loading ignores (a port held twice) (exit 1 if any), `repair` moves them aside into FILE.bad-TIME and keeps every
     /// valid claim (refused while `berth run` uses the directory).
     State {
         /// What to do.
@@ -601,7 +601,7 @@ fn state_cmd(action: StateAction, dir: &std::path::Path) -> anyhow::Result<()> {
             }
             if !bad.is_empty() {
                 bail!(
-                    "{} records of {} cannot be read: `berth state repair --state-dir {}` moves them aside",
+                    "{} records of {} cannot be read or are ignored: `berth state repair --state-dir {}` moves them aside",
                     bad.len(),
                     dir.display(),
                     dir.display()

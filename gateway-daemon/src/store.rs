@@ -99,6 +99,8 @@ pub struct Store {
     /// Whether this store holds the directory's lock, and has bumped the generation
     /// under it.
     locked: std::sync::Arc<std::sync::Mutex<Locked>>,
+    /// Ignored records already logged.
+    reported: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 #[derive(Debug, Default)]
@@ -298,6 +300,7 @@ impl Store {
             dir: dir.to_path_buf(),
             cache: Default::default(),
             locked: Default::default(),
+            reported: Default::default(),
         };
         store.remove_stale_temporaries()?;
         store.import_claim_files()?;
@@ -441,21 +444,26 @@ impl Store {
     /// Announces a batch of writes (call under the lock, before the first write): other
     /// readers of the directory will read it again.
     pub fn begin_write(&self) -> Result<()> {
-        {
-            let mut locked = self.locked.lock().unwrap_or_else(|e| e.into_inner());
+        let held = {
+            let locked = self.locked.lock().unwrap_or_else(|e| e.into_inner());
             if locked.held && locked.bumped {
                 return Ok(());
             }
-            locked.bumped = locked.held;
-        }
+            locked.held
+        };
         let mut cache = self.fresh_cache()?;
         let next = cache.generation.unwrap_or(0) + 1;
         let path = self.dir.join("generation");
         // Only other processes' caches depend on the generation, and a restarted process
         // starts with an empty cache: replaced atomically, it need not be durable.
         let tmp = write_tmp_unsynced(&self.dir, &format!("{next}\n"))?;
-        fs::rename(&tmp, &path).map_err(io_err("replacing", &path))?;
+        if let Err(e) = fs::rename(&tmp, &path) {
+            let _ = fs::remove_file(&tmp);
+            return Err(io_err("replacing", &path)(e));
+        }
         cache.generation = Some(next);
+        // Bumped once per hold of the lock, and only once it is done.
+        self.locked.lock().unwrap_or_else(|e| e.into_inner()).bumped = held;
         Ok(())
     }
 
@@ -484,28 +492,31 @@ impl Store {
 
     fn read_claims(&self) -> Result<Claims> {
         let path = self.dir.join(CLAIMS_LOG);
-        let mut lines = 0;
-        let mut by_name: BTreeMap<(String, String), Arc<PortClaim>> = BTreeMap::new();
-        for (n, line) in read_journal(&path)?.iter().enumerate() {
-            lines += 1;
-            let corrupt = |message: String| StoreError::Corrupt {
+        let mut replay = Replay::default();
+        let journal = read_journal(&path)?;
+        for (n, line) in journal.iter().enumerate() {
+            let record = claim_line(line).map_err(|message| StoreError::Corrupt {
                 path: path.clone(),
                 message: format!("line {}: {message}", n + 1),
-            };
-            match claim_line(line).map_err(corrupt)? {
-                ClaimRecord::Put(c) => {
-                    let key = (c.metadata.ns().to_string(), c.metadata.name.clone());
-                    by_name.insert(key, Arc::from(c));
-                }
-                ClaimRecord::Delete(ns, name) => {
-                    by_name.remove(&(ns.to_string(), name.to_string()));
-                }
+            })?;
+            if let Err(problem) = replay.apply(record, n + 1) {
+                self.report_once(format!("{} line {}: {problem}", path.display(), n + 1));
             }
         }
         Ok(Claims {
-            list: Arc::new(by_name.into_values().collect()),
-            lines,
+            list: Arc::new(replay.into_claims()),
+            lines: journal.len(),
         })
+    }
+
+    /// Logs `message` unless this store logged it already (the journal is read again
+    /// after every failed write and whenever another process wrote).
+    fn report_once(&self, message: String) {
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        if !reported.contains(&message) {
+            tracing::warn!("{message}");
+            reported.insert(message);
+        }
     }
 
     /// Claims of earlier versions: a YAML file each under `claims/NS/`.
@@ -852,6 +863,77 @@ fn claim_line(line: &str) -> std::result::Result<ClaimRecord<'_>, String> {
     }
 }
 
+/// The claims of a journal, replayed record by record. A record that would make a
+/// port held twice (a second claim, under another name, for a port of a Gateway a
+/// claim holds already) is ignored: the earlier holder keeps the port. (A claim is
+/// named after its Gateway, protocol and port, so only a damaged or hand-edited
+/// journal has one.)
+#[derive(Default)]
+struct Replay {
+    /// (namespace, name) → claim and the line that wrote it.
+    by_name: BTreeMap<(String, String), (Arc<PortClaim>, usize)>,
+    /// (namespace, Gateway, protocol, port) → the name of the claim holding it.
+    by_port: BTreeMap<(String, String, String, u16), String>,
+}
+
+impl Replay {
+    fn port_key(c: &PortClaim) -> (String, String, String, u16) {
+        (
+            c.metadata.ns().to_string(),
+            c.spec.gateway.clone(),
+            c.spec.protocol.to_ascii_uppercase(),
+            c.spec.port,
+        )
+    }
+
+    /// Applies the record of line `line`; the problem if it is ignored.
+    fn apply(&mut self, record: ClaimRecord, line: usize) -> std::result::Result<(), String> {
+        match record {
+            ClaimRecord::Put(c) => {
+                let name = (c.metadata.ns().to_string(), c.metadata.name.clone());
+                let port = Self::port_key(&c);
+                if let Some(holder) = self.by_port.get(&port).filter(|h| **h != name.1) {
+                    let (held, at) = &self.by_name[&(name.0.clone(), holder.clone())];
+                    let r = &c.spec.route;
+                    return Err(format!(
+                        "claim {}/{} ({} {}/{}) ignored: port {} {} of Gateway {}/{} is held \
+                         by claim {}/{} ({} {}/{}, line {at})",
+                        name.0,
+                        name.1,
+                        r.kind,
+                        r.namespace,
+                        r.name,
+                        port.2,
+                        port.3,
+                        port.0,
+                        port.1,
+                        held.metadata.ns(),
+                        held.metadata.name,
+                        held.spec.route.kind,
+                        held.spec.route.namespace,
+                        held.spec.route.name,
+                    ));
+                }
+                if let Some((old, _)) = self.by_name.insert(name.clone(), (Arc::from(c), line)) {
+                    self.by_port.remove(&Self::port_key(&old));
+                }
+                self.by_port.insert(port, name.1);
+            }
+            ClaimRecord::Delete(ns, name) => {
+                if let Some((old, _)) = self.by_name.remove(&(ns.to_string(), name.to_string())) {
+                    self.by_port.remove(&Self::port_key(&old));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The claims held, by namespace then name.
+    fn into_claims(self) -> Vec<Arc<PortClaim>> {
+        self.by_name.into_values().map(|(c, _)| c).collect()
+    }
+}
+
 /// One record of the first-seen journal.
 enum SeenRecord<'l> {
     /// Route key first seen at a time.
@@ -872,7 +954,7 @@ fn seen_line(line: &str) -> std::result::Result<SeenRecord<'_>, String> {
     }
 }
 
-/// A record of a state directory that cannot be read.
+/// A record of a state directory that cannot be read, or that loading ignores.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BadRecord {
     /// The file (`claims.log`, `first-seen.log`, `generation`).
@@ -892,8 +974,8 @@ impl std::fmt::Display for BadRecord {
 }
 
 impl Store {
-    /// The records of the state directory that cannot be read (`berth state check`);
-    /// changes nothing.
+    /// The records of the state directory that cannot be read, or that loading ignores
+    /// (a port held twice), with line numbers (`berth state check`); changes nothing.
     pub fn check(&self) -> Result<Vec<BadRecord>> {
         Ok(self
             .scan()?
@@ -937,17 +1019,18 @@ impl Store {
     /// Each file's good lines and bad records.
     fn scan(&self) -> Result<Vec<Scanned>> {
         let mut out = Vec::new();
-        for (file, parse) in [
-            (
-                CLAIMS_LOG,
-                (|l: &str| claim_line(l).map(|_| ()))
-                    as fn(&str) -> std::result::Result<(), String>,
-            ),
-            (FIRST_SEEN_LOG, |l: &str| seen_line(l).map(|_| ())),
+        // A claim record is bad if it does not parse or is ignored when replayed.
+        let mut replay = Replay::default();
+        let mut claims = |l: &str, n: usize| claim_line(l).and_then(|r| replay.apply(r, n));
+        let mut seen = |l: &str, _: usize| seen_line(l).map(|_| ());
+        type Check<'f> = &'f mut dyn FnMut(&str, usize) -> std::result::Result<(), String>;
+        for (file, check) in [
+            (CLAIMS_LOG, &mut claims as Check),
+            (FIRST_SEEN_LOG, &mut seen as Check),
         ] {
             let (mut good, mut bad) = (Vec::new(), Vec::new());
             for (n, line) in read_journal(&self.dir.join(file))?.into_iter().enumerate() {
-                match parse(&line) {
+                match check(&line, n + 1) {
                     Ok(()) => good.push(line),
                     Err(problem) => bad.push(BadRecord {
                         file,
@@ -1336,6 +1419,71 @@ mod tests {
         let want: BTreeMap<String, String> =
             [(t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z"))].into();
         assert_eq!(fresh.first_seen().expect("read"), want);
+    }
+
+    /// A claim record as the journal holds it.
+    fn put(c: &PortClaim) -> String {
+        let mut line = String::new();
+        claim_record(&mut line, c, Path::new(CLAIMS_LOG)).expect("record");
+        line
+    }
+
+    #[test]
+    fn a_port_held_twice_is_reported_with_its_line_and_the_later_record_ignored() {
+        let dir = TempDir::new("berth-store-twice");
+        fs::create_dir_all(&*dir).expect("dir");
+        // Line 3 names port 30001 under another name, for another route; line 5 takes
+        // 30002 after line 4 let it go.
+        let mut other = claim(30001);
+        other.metadata.name = "hand-made".into();
+        other.spec.route = ClaimRoute::new("TCPRoute", "b", "s", None);
+        let mut later = other.clone();
+        later.metadata.name = "hand-made-2".into();
+        later.spec.port = 30002;
+        let journal = [
+            put(&claim(30001)),
+            put(&claim(30002)),
+            put(&other),
+            "-\tinfra\tgw-tcp-30002\n".to_string(),
+            put(&later),
+        ]
+        .concat();
+        fs::write(dir.join(CLAIMS_LOG), journal).expect("write");
+        let store = Store::open(&dir).expect("open");
+        assert_eq!(
+            store.claims().expect("claims"),
+            vec![claim(30001), later.clone()],
+            "the earlier holder keeps 30001; the record of line 3 is ignored"
+        );
+        let bad = store.check().expect("check");
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        assert_eq!((bad[0].file, bad[0].line), (CLAIMS_LOG, 3));
+        for part in [
+            "infra/hand-made",
+            "TCPRoute b/s",
+            "TCP 30001",
+            "infra/gw-tcp-30001",
+            "line 1",
+        ] {
+            assert!(
+                bad[0].problem.contains(part),
+                "{part} in {}",
+                bad[0].problem
+            );
+        }
+        assert_eq!(store.reported.lock().expect("reported").len(), 1, "logged");
+        // Read again (another writer bumped the generation): not logged twice.
+        Store::open(&dir).expect("b").begin_write().expect("bump");
+        store.claims().expect("claims");
+        assert_eq!(store.reported.lock().expect("reported").len(), 1);
+
+        // Repair moves it aside and keeps the rest.
+        assert_eq!(store.repair().expect("repair"), bad);
+        assert!(store.check().expect("check").is_empty());
+        assert_eq!(
+            Store::open(&dir).expect("reopen").claims().expect("claims"),
+            vec![claim(30001), later]
+        );
     }
 
     #[test]

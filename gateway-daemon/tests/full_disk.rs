@@ -3,13 +3,7 @@
 //! is retried, and lands once there is room; the daemon says it is not ready meanwhile.
 //! Needs root (mounts a tmpfs; unmounted when the test ends, also on failure).
 
-use std::{
-    fs::OpenOptions,
-    io::Write,
-    path::{Path, PathBuf},
-    process::Command,
-    sync::Arc,
-};
+use std::{path::Path, sync::Arc};
 
 use berth::{
     model::{ClaimRoute, PortClaim, PortClaimSpec},
@@ -17,53 +11,7 @@ use berth::{
 };
 
 mod run;
-use run::{wait_for, Daemon};
-
-/// A tmpfs of `kib` KiB mounted on a fresh directory; unmounted and removed on drop.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn new(tag: &str, kib: u32) -> Self {
-        let dir = std::env::temp_dir().join(format!("berth-full-{tag}-{}", std::process::id()));
-        // Left mounted by an earlier run of this test that was killed.
-        let _ = Command::new("umount")
-            .arg(&dir)
-            .stderr(std::process::Stdio::null())
-            .status();
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("mount point");
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
-            .arg(&dir)
-            .status()
-            .expect("mount");
-        assert!(status.success(), "mounting a tmpfs on {}", dir.display());
-        Tmpfs(dir)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Fills the filesystem of `dir` with a file, then frees `leave` bytes of it again.
-fn fill(dir: &Path, leave: u64) -> PathBuf {
-    let path = dir.join("filler");
-    let mut f = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(&path)
-        .expect("filler");
-    let chunk = vec![0x5au8; 4096];
-    while f.write_all(&chunk).is_ok() {}
-    let len = f.metadata().expect("filler size").len();
-    f.set_len(len.saturating_sub(leave)).expect("free some");
-    path
-}
+use run::{fill, wait_for, Daemon, Tmpfs};
 
 fn claim(port: u16) -> Arc<PortClaim> {
     let route = ClaimRoute::new("TCPRoute", "team", &format!("route-{port}"), None);
@@ -222,4 +170,57 @@ fn a_daemon_whose_disk_is_full_is_not_ready_says_why_and_catches_up_when_there_i
     d = Daemon::spawn(&manifests, &state, false);
     wait_for("the restarted daemon's plan", || team_b_port(&d).is_some());
     assert_eq!(team_b_port(&d), Some(30053));
+}
+
+#[test]
+fn temporary_files_of_writes_the_full_disk_refused_are_removed() {
+    let fs = Tmpfs::new("tmp", 256);
+    let dir = fs.0.join("state");
+    let store = Store::open(&dir).expect("open");
+    let claims: Vec<Arc<PortClaim>> = (30000..30040).map(claim).collect();
+    store.commit(&[], &[], &claims).expect("forty claims");
+    // Updates up to where the next write rewrites the journal whole (a temporary
+    // file of ~9 KiB renamed over it): 40 claims, 2 * 40 + 64 lines.
+    let mut updated = (*claims[0]).clone();
+    for i in 0..104 {
+        updated.spec.listener = format!("pool-{i}");
+        store.update(&updated).expect("update");
+    }
+
+    // No room at all: even the generation's temporary file is refused.
+    let filler = fill(&fs.0, 0);
+    updated.spec.listener = "full".into();
+    store.update(&updated).expect_err("a full disk");
+    assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
+
+    // A page: the generation is bumped, the journal's rewrite is refused.
+    std::fs::remove_file(&filler).expect("free");
+    let filler = fill(&fs.0, 4096);
+    let err = store
+        .update(&updated)
+        .expect_err("the rewrite does not fit");
+    eprintln!("as expected: {}", berth::error_chain(&err));
+    assert!(
+        berth::error_chain(&err).contains(".tmp-"),
+        "refused while writing the temporary file: {}",
+        berth::error_chain(&err)
+    );
+    assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
+    assert_eq!(ports(&store), (30000..30040).collect::<Vec<_>>());
+
+    // And the same for the first-seen journal.
+    let many: Vec<(String, String)> = (0..200)
+        .map(|i| (format!("TCPRoute/a/r{i}"), "2026-12-03T11:00:00Z".into()))
+        .collect();
+    store
+        .record_first_seen(&many, &[])
+        .expect_err("a full disk");
+    assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
+
+    std::fs::remove_file(&filler).expect("free");
+    store.update(&updated).expect("room again");
+    assert_eq!(
+        Store::open(&dir).expect("reopen").claims().expect("claims")[0],
+        updated
+    );
 }

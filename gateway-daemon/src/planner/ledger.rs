@@ -154,6 +154,8 @@ impl<'g> Ledger<'g> {
                 c.spec.listener == listener
                     && requested.is_none_or(|p| p == c.spec.port)
                     && yields.yielded_at(c.spec.port).is_none()
+                    // Not a port outside the range (a claim loaded from a journal).
+                    && yields.range.is_some_and(|(x, y)| (x..=y).contains(&c.spec.port))
             })
         })?;
         let ci = list.remove(pos);

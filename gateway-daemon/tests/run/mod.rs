@@ -1,14 +1,16 @@
 //! Shared by the tests that drive `berth run` as a user does (`standalone`,
 //! `full_disk`): start it on a manifest and a state directory with its own admin port,
-//! read its endpoint, wait for it, kill it (by PID) when the test ends.
+//! read its endpoint, wait for it, kill it (by PID) when the test ends; and a small
+//! tmpfs to put its state directory on, to fill up.
 
 // Each test crate that includes this module uses a part of it.
 #![allow(dead_code)]
 
 use std::{
+    fs::OpenOptions,
     io::{Read, Write},
     net::TcpListener,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     time::{Duration, Instant},
 };
@@ -95,4 +97,50 @@ pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A tmpfs of `kib` KiB mounted on a fresh directory; unmounted and removed on drop.
+pub struct Tmpfs(pub PathBuf);
+
+impl Tmpfs {
+    pub fn new(tag: &str, kib: u32) -> Self {
+        let dir = std::env::temp_dir().join(format!("berth-full-{tag}-{}", std::process::id()));
+        // Left mounted by an earlier run of this test that was killed.
+        let _ = Command::new("umount")
+            .arg(&dir)
+            .stderr(std::process::Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mount point");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mounting a tmpfs on {}", dir.display());
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Fills the filesystem of `dir` with a file, then frees `leave` bytes of it again.
+pub fn fill(dir: &Path, leave: u64) -> PathBuf {
+    let path = dir.join("filler");
+    let mut f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .expect("filler");
+    let chunk = vec![0x5au8; 4096];
+    while f.write_all(&chunk).is_ok() {}
+    let len = f.metadata().expect("filler size").len();
+    f.set_len(len.saturating_sub(leave)).expect("free some");
+    path
 }
