@@ -1805,3 +1805,6 @@ fn allocate(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
