@@ -294,10 +294,15 @@ mod tests {
             Some(30005..=30009)
         );
         assert!(partly.yielded_at(30004).is_none());
+        assert_eq!(partly.kept(), vec![30000..=30004]);
         let gap = range_listener(&spec, vec![yielded(30006..=30009), yielded(30000..=30004)]);
         assert!(!gap.fully_yielded());
+        assert_eq!(gap.kept(), vec![30005..=30005]);
+        let inner = range_listener(&spec, vec![yielded(30002..=30003), yielded(30003..=30006)]);
+        assert_eq!(inner.kept(), vec![30000..=30001, 30007..=30009]);
         let whole = range_listener(&spec, vec![yielded(30004..=30009), yielded(30000..=30004)]);
         assert!(whole.fully_yielded());
+        assert!(whole.kept().is_empty());
         assert_eq!(
             conflict_message(&whole),
             "ports 30004-30009 on 10.0.0.1 belong to listener pool of the older Gateway infra/old; \
