@@ -417,19 +417,13 @@ fn attach(
     if candidates.is_empty() {
         // Listeners of the route's protocol say why they refuse it; the others are
         // named only when no listener of its protocol was named.
-        let own: Vec<&str> = refusals
+        let some_own = refusals.iter().any(|(other_protocol, _)| !other_protocol);
+        let message = refusals
             .iter()
-            .filter(|(other_protocol, _)| !other_protocol)
+            .filter(|(other_protocol, _)| !(some_own && *other_protocol))
             .map(|(_, why)| why.as_str())
-            .collect();
-        let message = match own.is_empty() {
-            true => refusals
-                .iter()
-                .map(|(_, why)| why.as_str())
-                .collect::<Vec<_>>()
-                .join("; "),
-            false => own.join("; "),
-        };
+            .collect::<Vec<_>>()
+            .join("; ");
         return Attach::Refused {
             reason: "NotAllowedByListeners",
             message,
