@@ -136,9 +136,7 @@ impl<'g> Ledger<'g> {
     }
 
     /// Binds again a route's own released claim on listener `li` of Gateway `gi` (and
-    /// `requested` port, if any), returning it: only a port the listener still has and
-    /// does not yield (a range that shrank or moved may have left it, and another
-    /// Gateway on the same address may hold it now).
+    /// `requested` port, if any), returning it.
     pub fn rebind(
         &mut self,
         gi: usize,
@@ -150,13 +148,14 @@ impl<'g> Ledger<'g> {
         let key = (gi, self.id(&route.kind)?, namespace, self.id(&route.name)?);
         let listener = self.gateways[gi].listeners[li].spec.name.as_str();
         let list = self.released.get_mut(&key)?;
-        let l = &self.gateways[gi].listeners[li];
+        let yields = &self.gateways[gi].listeners[li];
         let pos = list.iter().position(|&ci| {
             self.claims[ci].as_ref().is_some_and(|c| {
                 c.spec.listener == listener
                     && requested.is_none_or(|p| p == c.spec.port)
-                    && l.range.is_some_and(|(x, y)| (x..=y).contains(&c.spec.port))
-                    && l.yielded_at(c.spec.port).is_none()
+                    && yields.yielded_at(c.spec.port).is_none()
+                    // Not a port outside the range (a claim loaded from a journal).
+                    && yields.range.is_some_and(|(x, y)| (x..=y).contains(&c.spec.port))
             })
         })?;
         let ci = list.remove(pos);
