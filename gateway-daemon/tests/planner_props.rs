@@ -283,135 +283,240 @@ proptest! {
     }
 }
 
-/// Two Gateways on a shared address: `a` (10.0.0.1, range 30000-30007) and `b`
-/// (10.0.0.1 and 10.0.0.2, range 30004-30011 and a fixed listener on 30002). Even
-/// routes attach to `a`, odd ones to `b`; `Flip` swaps which Gateway is older.
+/// Up to three Gateways, each on 10.0.0.1, 10.0.0.2 or both, with a TCP range, maybe
+/// a UDP range over the same ports and maybe a fixed TCP listener, all drawn from a
+/// few ports so that they overlap; they come, go, change and swap ages while TCP and
+/// UDP routes come and go.
 mod shared_address {
     use super::*;
 
-    pub const A: (u16, u16) = (30000, 30007);
-    pub const B: (u16, u16) = (30004, 30011);
-    pub const FIXED: u16 = 30002;
+    pub const GATEWAYS: usize = 3;
+    pub const ADDRESSES: [&str; 2] = ["10.0.0.1", "10.0.0.2"];
+    /// Ports the listeners are drawn from.
+    pub const LOW: u16 = 30000;
+    pub const HIGH: u16 = 30015;
+
+    #[derive(Clone, Debug)]
+    pub struct GatewayState {
+        /// Bit `i` set: served on `ADDRESSES[i]` (never 0).
+        pub addresses: u8,
+        /// The TCP range `first..=last`.
+        pub range: (u16, u16),
+        /// A UDP range over the same ports.
+        pub udp: bool,
+        /// A fixed TCP listener (outside the Gateway's own TCP range).
+        pub fixed: Option<u16>,
+        pub created: u64,
+    }
+
+    #[derive(Clone, Debug)]
+    pub struct Route {
+        pub gateway: usize,
+        pub udp: bool,
+        pub port: Option<u16>,
+        pub created: u64,
+    }
 
     #[derive(Clone, Debug)]
     pub enum Op {
-        Create(usize, Option<u16>),
-        Delete(usize),
-        Edit(usize, Option<u16>),
+        /// Create or change Gateway `g` (its age stays when it exists).
+        SetGateway(usize, u8, u16, u16, bool, Option<u16>),
+        RemoveGateway(usize),
+        /// Swap the ages of two Gateways.
+        SwapAges(usize, usize),
+        CreateRoute(usize, usize, bool, Option<u16>),
+        DeleteRoute(usize),
+        EditRoute(usize, Option<u16>),
         Advance(u64),
-        Flip,
     }
 
     pub fn op() -> impl Strategy<Value = Op> {
-        let port = prop_oneof![3 => Just(None), 2 => (A.0 - 1..=B.1 + 1).prop_map(Some)];
+        let port = prop_oneof![3 => Just(None), 2 => (LOW - 1..=HIGH + 1).prop_map(Some)];
         prop_oneof![
-            4 => (0..10usize, port.clone()).prop_map(|(i, p)| Op::Create(i, p)),
-            2 => (0..10usize).prop_map(Op::Delete),
-            1 => (0..10usize, port).prop_map(|(i, p)| Op::Edit(i, p)),
+            2 => (
+                0..GATEWAYS,
+                1..=3u8,
+                LOW..=HIGH - 4,
+                0..6u16,
+                any::<bool>(),
+                proptest::option::of(LOW..=HIGH),
+            )
+                .prop_map(|(g, a, first, len, udp, fixed)| Op::SetGateway(g, a, first, first + len, udp, fixed)),
+            1 => (0..GATEWAYS).prop_map(Op::RemoveGateway),
+            1 => (0..GATEWAYS, 0..GATEWAYS).prop_map(|(a, b)| Op::SwapAges(a, b)),
+            5 => (0..12usize, 0..GATEWAYS, prop::bool::weighted(0.25), port.clone())
+                .prop_map(|(i, g, udp, p)| Op::CreateRoute(i, g, udp, p)),
+            2 => (0..12usize).prop_map(Op::DeleteRoute),
+            1 => (0..12usize, port).prop_map(|(i, p)| Op::EditRoute(i, p)),
             2 => (1..90u64).prop_map(Op::Advance),
-            1 => Just(Op::Flip),
         ]
     }
 
-    pub fn gateway_of(i: usize) -> &'static str {
-        ["a", "b"][i % 2]
+    /// What a history has made.
+    #[derive(Default)]
+    pub struct World {
+        pub gateways: [Option<GatewayState>; GATEWAYS],
+        pub routes: BTreeMap<usize, Route>,
+        pub now: u64,
+        /// The next Gateway creation time.
+        pub clock: u64,
     }
 
-    pub fn manifests_text(routes: &BTreeMap<usize, RouteState>, flipped: bool) -> String {
-        let (a_created, b_created) = match flipped {
-            false => (time(0), time(1)),
-            true => (time(1), time(0)),
-        };
-        let created = |t| humantime::format_rfc3339_seconds(t);
-        let mut s = format!(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: berth}}\n\
-             spec: {{controllerName: berth.dev/gateway-controller}}\n---\n\
-             apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
-             metadata: {{name: a, namespace: infra, creationTimestamp: \"{}\"}}\n\
-             spec:\n  gatewayClassName: berth\n  addresses: [{{value: 10.0.0.1}}]\n  infrastructure:\n    \
-             parametersRef: {{group: berth.dev, kind: GatewayConfig, name: a}}\n  listeners:\n  \
-             - {{name: pool, protocol: TCP, port: {}, allowedRoutes: {{namespaces: {{from: All}}}}}}\n---\n\
-             apiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: a, namespace: infra}}\n\
-             spec:\n  releaseCooldown: {COOLDOWN}s\n  listeners: [{{name: pool, endPort: {}}}]\n---\n\
-             apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
-             metadata: {{name: b, namespace: infra, creationTimestamp: \"{}\"}}\n\
-             spec:\n  gatewayClassName: berth\n  addresses: [{{value: 10.0.0.2}}, {{value: 10.0.0.1}}]\n  infrastructure:\n    \
-             parametersRef: {{group: berth.dev, kind: GatewayConfig, name: b}}\n  listeners:\n  \
-             - {{name: pool, protocol: TCP, port: {}, allowedRoutes: {{namespaces: {{from: All}}}}}}\n  \
-             - {{name: fixed, protocol: TCP, port: {FIXED}, allowedRoutes: {{namespaces: {{from: All}}}}}}\n---\n\
-             apiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: b, namespace: infra}}\n\
-             spec:\n  releaseCooldown: {COOLDOWN}s\n  listeners: [{{name: pool, endPort: {}}}]\n",
-            created(a_created),
-            A.0,
-            A.1,
-            created(b_created),
-            B.0,
-            B.1,
-        );
-        for (i, r) in routes {
-            let port = r.port.map(|p| format!(", port: {p}")).unwrap_or_default();
-            s.push_str(&format!(
-                "---\napiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
-                 metadata: {{name: r{i}, namespace: {}, creationTimestamp: \"{}\"}}\n\
-                 spec:\n  parentRefs: [{{name: {}, namespace: infra{port}}}]\n",
-                NAMESPACES[i % NAMESPACES.len()],
-                created(time(r.created)),
-                gateway_of(*i),
-            ));
+    impl World {
+        pub fn apply(&mut self, op: &Op) {
+            match *op {
+                Op::SetGateway(g, addresses, first, last, udp, fixed) => {
+                    // A fixed port inside its own range would make the parameters
+                    // invalid (and freeze the Gateway): it goes just above instead.
+                    let fixed = fixed.map(|p| {
+                        if (first..=last).contains(&p) {
+                            last + 1
+                        } else {
+                            p
+                        }
+                    });
+                    let created = match &self.gateways[g] {
+                        Some(old) => old.created,
+                        None => {
+                            self.clock += 1;
+                            self.clock
+                        }
+                    };
+                    self.gateways[g] = Some(GatewayState {
+                        addresses,
+                        range: (first, last),
+                        udp,
+                        fixed,
+                        created,
+                    });
+                }
+                Op::RemoveGateway(g) => self.gateways[g] = None,
+                Op::SwapAges(a, b) => {
+                    let ages = (
+                        self.gateways[a].as_ref().map(|g| g.created),
+                        self.gateways[b].as_ref().map(|g| g.created),
+                    );
+                    if let (Some(x), Some(y)) = ages {
+                        self.gateways[a].as_mut().expect("a").created = y;
+                        self.gateways[b].as_mut().expect("b").created = x;
+                    }
+                }
+                Op::CreateRoute(i, gateway, udp, port) => {
+                    let created = self.now;
+                    self.routes.entry(i).or_insert(Route {
+                        gateway,
+                        udp,
+                        port,
+                        created,
+                    });
+                }
+                Op::DeleteRoute(i) => {
+                    self.routes.remove(&i);
+                }
+                Op::EditRoute(i, port) => {
+                    if let Some(r) = self.routes.get_mut(&i) {
+                        r.port = port;
+                    }
+                }
+                Op::Advance(s) => self.now += s,
+            }
         }
-        s
-    }
 
-    pub fn snapshot(routes: &BTreeMap<usize, RouteState>, flipped: bool) -> berth::model::Snapshot {
-        let text = manifests_text(routes, flipped);
-        let parsed = manifests::parse_file(std::path::Path::new("shared.yaml"), &text);
-        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-        manifests::snapshot([&parsed])
+        pub fn manifests_text(&self) -> String {
+            let created = |t| humantime::format_rfc3339_seconds(time(t));
+            let mut s = String::from(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: berth}\n\
+                 spec: {controllerName: berth.dev/gateway-controller}\n",
+            );
+            let all = "allowedRoutes: {namespaces: {from: All}}";
+            for (g, gw) in self.gateways.iter().enumerate() {
+                let Some(gw) = gw else { continue };
+                let addresses: Vec<String> = ADDRESSES
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| gw.addresses & (1 << i) != 0)
+                    .map(|(_, a)| format!("{{value: {a}}}"))
+                    .collect();
+                let (first, last) = gw.range;
+                let mut listeners =
+                    format!("  - {{name: pool, protocol: TCP, port: {first}, {all}}}\n");
+                let mut ranges = format!("{{name: pool, endPort: {last}}}");
+                if gw.udp {
+                    listeners.push_str(&format!(
+                        "  - {{name: upool, protocol: UDP, port: {first}, {all}}}\n"
+                    ));
+                    ranges.push_str(&format!(", {{name: upool, endPort: {last}}}"));
+                }
+                if let Some(p) = gw.fixed {
+                    listeners.push_str(&format!(
+                        "  - {{name: fixed, protocol: TCP, port: {p}, {all}}}\n"
+                    ));
+                }
+                s.push_str(&format!(
+                    "---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
+                     metadata: {{name: g{g}, namespace: infra, creationTimestamp: \"{}\"}}\n\
+                     spec:\n  gatewayClassName: berth\n  addresses: [{}]\n  infrastructure:\n    \
+                     parametersRef: {{group: berth.dev, kind: GatewayConfig, name: g{g}}}\n  listeners:\n{listeners}\
+                     ---\napiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: g{g}, namespace: infra}}\n\
+                     spec:\n  releaseCooldown: {COOLDOWN}s\n  listeners: [{ranges}]\n",
+                    created(gw.created),
+                    addresses.join(", "),
+                ));
+            }
+            for (i, r) in &self.routes {
+                let port = r.port.map(|p| format!(", port: {p}")).unwrap_or_default();
+                let kind = if r.udp { "UDPRoute" } else { "TCPRoute" };
+                s.push_str(&format!(
+                    "---\napiVersion: gateway.networking.k8s.io/v1\nkind: {kind}\n\
+                     metadata: {{name: r{i}, namespace: {}, creationTimestamp: \"{}\"}}\n\
+                     spec:\n  parentRefs: [{{name: g{}, namespace: infra{port}}}]\n",
+                    NAMESPACES[i % NAMESPACES.len()],
+                    created(100 + r.created),
+                    r.gateway,
+                ));
+            }
+            s
+        }
+
+        pub fn snapshot(&self) -> berth::model::Snapshot {
+            let text = self.manifests_text();
+            let parsed = manifests::parse_file(std::path::Path::new("shared.yaml"), &text);
+            assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+            manifests::snapshot([&parsed])
+        }
     }
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-    /// However routes come and go and whichever Gateway is older, no (address,
-    /// protocol, port) is given to two routes: every bound claim is served on every
-    /// address of its Gateway to its own route, and nothing else is served but the
-    /// fixed listener of a Gateway that does not yield its port.
+    /// However Gateways sharing addresses with overlapping ranges and fixed listeners
+    /// come, go, change and swap ages, and routes come and go, no (address, protocol,
+    /// port) is held by two routes: not in the claims, not in the routes' statuses, not
+    /// in the datapath. Every bound claim is served on every address of its Gateway to
+    /// its own route; a route whose status says it has a port is served there; nothing
+    /// else is served but the fixed listener of a Gateway not in conflict, to a route
+    /// that is accepted; a listener is in conflict exactly when it is PortUnavailable.
     #[test]
     fn no_address_protocol_and_port_is_served_to_two_routes(
         ops in proptest::collection::vec(shared_address::op(), 1..40)
     ) {
         use berth::datapath::{Protocol, ServiceAddr};
-        use shared_address::{Op, FIXED};
 
-        let mut routes: BTreeMap<usize, RouteState> = BTreeMap::new();
+        let mut world = shared_address::World { now: 2, ..Default::default() };
         let mut claims: Vec<Arc<PortClaim>> = Vec::new();
-        let mut now = 2u64;
-        let mut flipped = false;
         let mut memo = planner::Memo::default();
         for op in ops {
-            match op {
-                Op::Create(i, port) => {
-                    routes.entry(i).or_insert(RouteState { created: now, port });
-                }
-                Op::Delete(i) => {
-                    routes.remove(&i);
-                }
-                Op::Edit(i, port) => {
-                    if let Some(r) = routes.get_mut(&i) {
-                        r.port = port;
-                    }
-                }
-                Op::Advance(s) => now += s,
-                Op::Flip => flipped = !flipped,
-            }
-            let snapshot = shared_address::snapshot(&routes, flipped);
+            world.apply(&op);
+            let snapshot = world.snapshot();
+            let now = world.now + 100;
             let plan = planner::plan(&input(&snapshot, &claims, now));
             let remembered = planner::plan_with(&input(&snapshot, &claims, now), &mut memo);
             prop_assert_eq!(&plan.claims, &remembered.claims);
             prop_assert_eq!(&plan.datapath, &remembered.datapath);
             prop_assert_eq!(&plan.owners, &remembered.owners);
             prop_assert_eq!(&plan.gateways, &remembered.gateways);
+            prop_assert!(plan.owners.keys().eq(plan.datapath.services.keys()));
 
             let addresses = |gateway: &str| -> Vec<std::net::Ipv4Addr> {
                 plan.gateways
@@ -420,12 +525,14 @@ proptest! {
                     .map(|g| g.status.addresses.iter().map(|a| a.value.parse().expect("ipv4")).collect())
                     .unwrap_or_default()
             };
+            let protocol_of = |p: &str| if p == "UDP" { Protocol::Udp } else { Protocol::Tcp };
+            // Claims: one route per service, and it is the route served there.
             let mut claimed: BTreeMap<ServiceAddr, String> = BTreeMap::new();
             for c in plan.claims.iter().filter(|c| {
                 c.status.as_ref().is_none_or(|s| s.phase == ClaimPhase::Bound)
             }) {
                 for addr in addresses(&c.spec.gateway) {
-                    let service = ServiceAddr { addr, protocol: Protocol::Tcp, port: c.spec.port };
+                    let service = ServiceAddr { addr, protocol: protocol_of(&c.spec.protocol), port: c.spec.port };
                     let route = c.spec.route.name.clone();
                     if let Some(other) = claimed.insert(service, route.clone()) {
                         prop_assert!(false, "{service} claimed by {other} and {route}: {:?}", plan.claims);
@@ -437,18 +544,65 @@ proptest! {
                     );
                 }
             }
-            let fixed_yields = plan.gateways.iter().find(|g| g.name == "b").is_some_and(|g| {
-                g.status.listeners.iter().any(|l| l.name == "fixed"
-                    && l.conditions.iter().any(|c| c.kind == "Conflicted" && c.status == "True"))
-            });
+            // Statuses: a port a route is told it has is its alone, and served to it.
+            let mut told: BTreeMap<ServiceAddr, String> = BTreeMap::new();
+            let mut accepted_on: BTreeMap<(String, String), bool> = BTreeMap::new();
+            for r in &plan.routes {
+                let protocol = if r.kind == "UDPRoute" { Protocol::Udp } else { Protocol::Tcp };
+                for p in &r.status.parents {
+                    let accepted = p.conditions.iter().find(|c| c.kind == "Accepted").expect("Accepted");
+                    let ok = accepted.status == "True";
+                    *accepted_on.entry((r.name.clone(), p.parent_ref.name.clone())).or_default() |= ok;
+                    if !ok || !accepted.message.starts_with("assigned port") {
+                        continue;
+                    }
+                    let port = p.parent_ref.port.expect("assigned port in parentRef");
+                    for addr in addresses(&p.parent_ref.name) {
+                        let service = ServiceAddr { addr, protocol, port };
+                        if let Some(other) = told.insert(service, r.name.clone()) {
+                            prop_assert!(false, "{service} told to {other} and {}", r.name);
+                        }
+                        prop_assert_eq!(
+                            plan.owners.get(&service).map(|o| o.name.as_str()),
+                            Some(r.name.as_str()),
+                            "{} is told to {} but not served to it", service, r.name
+                        );
+                    }
+                }
+            }
+            // Listeners: in conflict exactly when PortUnavailable; what they serve
+            // without a claim is a fixed port not in conflict.
+            let mut fixed_open: Vec<(String, ServiceAddr)> = Vec::new();
+            for g in &plan.gateways {
+                for l in &g.status.listeners {
+                    let cond = |kind: &str| l.conditions.iter().find(|c| c.kind == kind).expect("condition");
+                    let conflicted = cond("Conflicted").status == "True";
+                    let unavailable = cond("Accepted").reason == "PortUnavailable";
+                    prop_assert_eq!(conflicted, unavailable, "{}/{}: {:?}", g.name, l.name, l.conditions);
+                    prop_assert_eq!(conflicted, cond("Conflicted").reason == "ProtocolConflict");
+                    if l.name != "fixed" || conflicted {
+                        continue;
+                    }
+                    let i: usize = g.name[1..].parse().expect("g<i>");
+                    let port = world.gateways[i].as_ref().and_then(|w| w.fixed).expect("fixed");
+                    for addr in addresses(&g.name) {
+                        fixed_open.push((g.name.clone(), ServiceAddr { addr, protocol: Protocol::Tcp, port }));
+                    }
+                }
+            }
             for (service, owner) in &plan.owners {
-                let fixed = service.port == FIXED && !fixed_yields;
-                prop_assert!(
-                    claimed.contains_key(service) || fixed,
-                    "{} served to {} without a claim", service, owner.name
+                if claimed.contains_key(service) {
+                    continue;
+                }
+                let gateway = fixed_open.iter().find(|(_, s)| s == service).map(|(g, _)| g);
+                prop_assert!(gateway.is_some(), "{} served to {} without a claim", service, owner.name);
+                let gateway = gateway.expect("some").clone();
+                prop_assert_eq!(
+                    accepted_on.get(&(owner.name.clone(), gateway.clone())),
+                    Some(&true),
+                    "{} served to {} whose status on {} is not accepted", service, owner.name, gateway
                 );
             }
-            prop_assert_eq!(plan.owners.len(), plan.datapath.services.len());
             claims = remembered.claims;
         }
     }

@@ -373,17 +373,16 @@ fn attach(
         reason: "NoMatchingParent",
         message,
     };
+    // Which listeners the parentRef names (Gateway API: sectionName, then port); a
+    // parentRef naming none is `NoMatchingParent`. Of those, the ones that admit the
+    // route (its kind and its namespace) are attached to; if none does, the route is
+    // `NotAllowedByListeners`, as upstream conformance expects.
     let mut candidates: Vec<usize> = (0..gw.listeners.len()).collect();
     if let Some(section) = &parent.section_name {
         candidates.retain(|&i| &gw.listeners[i].spec.name == section);
         if candidates.is_empty() {
             return no_match(format!("the Gateway has no listener {section}"));
         }
-    }
-    let protocol = route.kind.protocol();
-    candidates.retain(|&i| gw.listeners[i].spec.protocol == protocol);
-    if candidates.is_empty() {
-        return no_match(format!("no {protocol} listener matches"));
     }
     if let Some(port) = parent.port {
         candidates.retain(|&i| {
@@ -394,19 +393,40 @@ fn attach(
             }
         });
         if candidates.is_empty() {
-            return no_match(format!("port {port} is neither the port nor in the port range of a matching {protocol} listener"));
+            let which = match &parent.section_name {
+                Some(section) => format!("listener {section}"),
+                None => "a listener".to_string(),
+            };
+            return no_match(format!(
+                "port {port} is neither the port nor in the port range of {which}"
+            ));
         }
     }
     let route_ns = route.metadata.ns();
     let gw_ns = gw.spec.metadata.ns();
-    candidates.retain(|&i| allowed(&gw.listeners[i], route, route_ns, gw_ns, namespaces));
+    let mut refusals = Vec::new();
+    candidates.retain(
+        |&i| match refusal(&gw.listeners[i], route, route_ns, gw_ns, namespaces) {
+            None => true,
+            Some(why) => {
+                refusals.push(why);
+                false
+            }
+        },
+    );
     if candidates.is_empty() {
+        // Listeners of the route's protocol say why they refuse it; the others are
+        // named only when no listener of its protocol was named.
+        let some_own = refusals.iter().any(|(other_protocol, _)| !other_protocol);
+        let message = refusals
+            .iter()
+            .filter(|(other_protocol, _)| !(some_own && *other_protocol))
+            .map(|(_, why)| why.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
         return Attach::Refused {
             reason: "NotAllowedByListeners",
-            message: format!(
-                "no matching listener allows {} routes from namespace {route_ns}",
-                route.kind.name()
-            ),
+            message,
         };
     }
     let (ranges, fixed) = candidates
@@ -419,13 +439,28 @@ fn attach(
     }
 }
 
-fn allowed(
+/// Why listener `l` does not admit `route` (`None` when it does), and whether that is
+/// because it is of another protocol: a listener takes the route kind of its protocol
+/// only, narrowed by `allowedRoutes.kinds`, from the namespaces
+/// `allowedRoutes.namespaces` allows (`Same` by default).
+fn refusal(
     l: &Lis,
     route: &Route,
     route_ns: &str,
     gw_ns: &str,
     namespaces: &BTreeMap<&str, &Namespace>,
-) -> bool {
+) -> Option<(bool, String)> {
+    let name = &l.spec.name;
+    let kind = route.kind.name();
+    if l.spec.protocol != route.kind.protocol() {
+        return Some((
+            true,
+            format!(
+                "listener {name} (protocol {}) does not take {kind}s",
+                l.spec.protocol
+            ),
+        ));
+    }
     let namespaces_rule = l
         .spec
         .allowed_routes
@@ -437,10 +472,20 @@ fn allowed(
         .as_ref()
         .map(|a| a.kinds.as_slice())
         .unwrap_or_default();
-    let ns_ok = match namespaces_rule
+    let kind_ok = kinds.is_empty()
+        || kinds.iter().any(|k| {
+            k.kind == kind && k.group.as_deref().unwrap_or(GATEWAY_GROUP) == GATEWAY_GROUP
+        });
+    if !kind_ok {
+        return Some((
+            false,
+            format!("listener {name} does not allow {kind}s (allowedRoutes.kinds)"),
+        ));
+    }
+    let from = namespaces_rule
         .and_then(|n| n.from.as_deref())
-        .unwrap_or("Same")
-    {
+        .unwrap_or("Same");
+    let ns_ok = match from {
         "All" => true,
         "Same" => route_ns == gw_ns,
         "Selector" => {
@@ -456,12 +501,15 @@ fn allowed(
         }
         _ => false,
     };
-    let kind_ok = kinds.is_empty()
-        || kinds.iter().any(|k| {
-            k.kind == route.kind.name()
-                && k.group.as_deref().unwrap_or(GATEWAY_GROUP) == GATEWAY_GROUP
-        });
-    ns_ok && kind_ok
+    (!ns_ok).then(|| {
+        (
+            false,
+            format!(
+                "listener {name} does not allow routes from namespace {route_ns} \
+             (allowedRoutes.namespaces.from: {from})"
+            ),
+        )
+    })
 }
 
 fn condition(
@@ -1118,29 +1166,26 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         .collect();
 
     // Gateway statuses.
+    // Routes accepted for each fixed listener they attach to (upstream counts only
+    // accepted routes in `attachedRoutes`).
+    let accepted_on = |gi: usize, li: usize| {
+        fixed_attached.get(&(gi, li)).map_or(0, |list| {
+            list.iter()
+                .filter(|&&ai| {
+                    let a = &attachments[ai];
+                    let port = a.claim.and_then(|ci| claims[ci].as_ref()).is_some();
+                    matches!(&*a.attach, Attach::Listeners { fixed, .. }
+                        if serves(&gateways[a.gw], fixed, port))
+                })
+                .count()
+        })
+    };
     let mut gateway_entries = Vec::new();
     for (gi, gw) in gateways.iter().enumerate() {
         let generation = gw.spec.metadata.generation;
-        let accepted_ok = gw.params_error.is_none();
-        let mut conditions = vec![match &gw.params_error {
-            None => condition(
-                "Accepted",
-                true,
-                "Accepted",
-                "accepted by Berth",
-                &now_text,
-                generation,
-            ),
-            Some(e) => condition(
-                "Accepted",
-                false,
-                "InvalidParameters",
-                e.clone(),
-                &now_text,
-                generation,
-            ),
-        }];
-        conditions.push(programmed(gw, accepted_ok, &now_text, generation));
+        let accepted = gateway_accepted(gw, &now_text, generation);
+        let accepted_ok = accepted.status == "True";
+        let conditions = vec![accepted, programmed(gw, accepted_ok, &now_text, generation)];
         let listeners = gw
             .listeners
             .iter()
@@ -1159,7 +1204,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                                     .is_none_or(|s| s.phase == ClaimPhase::Bound)
                         })
                         .count(),
-                    None => fixed_attached.get(&(gi, li)).map_or(0, Vec::len),
+                    None => accepted_on(gi, li),
                 };
                 let ephemeral = input
                     .ephemeral_ports
@@ -1176,100 +1221,23 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                     }],
                     None => vec![],
                 };
-                let supported = l.protocol.is_some();
-                // Every port belongs to an older Gateway's listener: nothing to serve.
-                let unavailable = supported && l.fully_yielded();
-                let range_note = l
-                    .range
-                    .map(|(a, b)| format!(" (ports {a}-{b})"))
-                    .unwrap_or_default();
+                let mut conditions =
+                    listener_conditions(l, gw.params_error.is_none(), &now_text, generation);
+                conditions.extend(ephemeral.map(|(ports, within)| {
+                    condition(
+                        EPHEMERAL_PORT_OVERLAP,
+                        true,
+                        "OverlapsEphemeralPorts",
+                        overlaps::ephemeral_message(&ports, &within),
+                        &now_text,
+                        generation,
+                    )
+                }));
                 ListenerStatus {
                     name: l.spec.name.clone(),
                     supported_kinds: kinds,
                     attached_routes: attached as i32,
-                    conditions: vec![
-                        if unavailable {
-                            condition(
-                                "Accepted",
-                                false,
-                                "PortUnavailable",
-                                format!("every port of this listener{range_note} belongs to an older Gateway on a shared address (see Conflicted)"),
-                                &now_text,
-                                generation,
-                            )
-                        } else if supported {
-                            condition(
-                                "Accepted",
-                                true,
-                                "Accepted",
-                                format!("listener accepted{range_note}"),
-                                &now_text,
-                                generation,
-                            )
-                        } else {
-                            condition(
-                                "Accepted",
-                                false,
-                                "UnsupportedProtocol",
-                                format!(
-                                    "protocol {} is not supported; use TCP or UDP",
-                                    l.spec.protocol
-                                ),
-                                &now_text,
-                                generation,
-                            )
-                        },
-                        condition(
-                            "Programmed",
-                            supported && accepted_ok && !unavailable,
-                            if supported && accepted_ok && !unavailable {
-                                "Programmed"
-                            } else {
-                                "Invalid"
-                            },
-                            "",
-                            &now_text,
-                            generation,
-                        ),
-                        condition(
-                            "ResolvedRefs",
-                            true,
-                            "ResolvedRefs",
-                            "",
-                            &now_text,
-                            generation,
-                        ),
-                        match l.yielded.is_empty() {
-                            true => condition(
-                                "Conflicted",
-                                false,
-                                "NoConflicts",
-                                "",
-                                &now_text,
-                                generation,
-                            ),
-                            false => condition(
-                                "Conflicted",
-                                true,
-                                "PortConflict",
-                                overlaps::conflict_message(l),
-                                &now_text,
-                                generation,
-                            ),
-                        },
-                    ]
-                    .into_iter()
-                    .chain(ephemeral.map(|(ports, within)| {
-                        condition(
-                            EPHEMERAL_PORT_OVERLAP,
-                            true,
-                            "OverlapsEphemeralPorts",
-                            overlaps::ephemeral_message(&ports, &within),
-                            &now_text,
-                            generation,
-                        )
-                    }))
-                    .collect(),
+                    conditions,
                 }
             })
             .collect();
@@ -1369,6 +1337,167 @@ fn programmed(gw: &Gw, accepted: bool, now: &str, generation: Option<i64>) -> Co
     condition("Programmed", true, "Programmed", message, now, generation)
 }
 
+/// Whether a listener is accepted: its protocol is supported and no port of it is
+/// in conflict with an older Gateway's listener on a shared address.
+fn listener_accepted(l: &Lis) -> bool {
+    l.protocol.is_some() && l.yielded.is_empty()
+}
+
+/// Whether a listener serves some port: its protocol is supported and not every port
+/// of it belongs to an older Gateway's listener.
+fn listener_serves(l: &Lis) -> bool {
+    l.protocol.is_some() && !l.fully_yielded()
+}
+
+/// A Gateway's `Accepted` condition. Gateway API: a Gateway with listeners that are not
+/// accepted (conflicted, or of an unsupported protocol) says `ListenersNotValid`, and
+/// naming them; it is accepted while some listener still serves, and rejected as a
+/// whole when none does.
+fn gateway_accepted(gw: &Gw, now: &str, generation: Option<i64>) -> Condition {
+    if let Some(e) = &gw.params_error {
+        return condition(
+            "Accepted",
+            false,
+            "InvalidParameters",
+            e.clone(),
+            now,
+            generation,
+        );
+    }
+    let invalid: Vec<String> = gw
+        .listeners
+        .iter()
+        .filter(|l| !listener_accepted(l))
+        .map(|l| {
+            let why = match (l.protocol.is_some(), listener_serves(l)) {
+                (false, _) => format!("protocol {} is not supported", l.spec.protocol),
+                (true, false) => "its ports belong to an older Gateway".to_string(),
+                (true, true) => {
+                    "some ports belong to an older Gateway; the others still serve".to_string()
+                }
+            };
+            format!("{} ({why})", l.spec.name)
+        })
+        .collect();
+    if invalid.is_empty() {
+        return condition(
+            "Accepted",
+            true,
+            "Accepted",
+            "accepted by Berth",
+            now,
+            generation,
+        );
+    }
+    let ok = gw.listeners.iter().any(listener_serves);
+    let mut message = format!(
+        "listeners not accepted (see their conditions): {}",
+        invalid.join(", ")
+    );
+    let valid: Vec<&str> = gw
+        .listeners
+        .iter()
+        .filter(|l| listener_accepted(l))
+        .map(|l| l.spec.name.as_str())
+        .collect();
+    if !valid.is_empty() {
+        message.push_str(&format!("; accepted: {}", valid.join(", ")));
+    }
+    if !ok {
+        message.push_str("; no listener serves");
+    }
+    condition(
+        "Accepted",
+        ok,
+        "ListenersNotValid",
+        message,
+        now,
+        generation,
+    )
+}
+
+/// A listener's `Accepted`, `Programmed`, `ResolvedRefs` and `Conflicted` conditions.
+/// A listener some of whose ports an older Gateway's listener serves on a shared
+/// address is `Conflicted=True, ProtocolConflict` and `Accepted=False, PortUnavailable`
+/// (see `overlaps`); the ports outside the conflict keep serving their routes (a bound
+/// claim does not move while its route attaches), and `Programmed` says so.
+fn listener_conditions(
+    l: &Lis,
+    gateway_ok: bool,
+    now: &str,
+    generation: Option<i64>,
+) -> Vec<Condition> {
+    let range_note = l
+        .range
+        .map(|(a, b)| format!(" (ports {a}-{b})"))
+        .unwrap_or_default();
+    let accepted = if l.protocol.is_none() {
+        condition(
+            "Accepted",
+            false,
+            "UnsupportedProtocol",
+            format!(
+                "protocol {} is not supported; use TCP or UDP",
+                l.spec.protocol
+            ),
+            now,
+            generation,
+        )
+    } else if !l.yielded.is_empty() {
+        condition(
+            "Accepted",
+            false,
+            "PortUnavailable",
+            overlaps::conflict_message(l),
+            now,
+            generation,
+        )
+    } else {
+        condition(
+            "Accepted",
+            true,
+            "Accepted",
+            format!("listener accepted{range_note}"),
+            now,
+            generation,
+        )
+    };
+    let programmed = match (gateway_ok && listener_serves(l), l.yielded.is_empty()) {
+        (true, true) => condition("Programmed", true, "Programmed", "", now, generation),
+        (true, false) => condition(
+            "Programmed",
+            true,
+            "Programmed",
+            overlaps::kept_message(l),
+            now,
+            generation,
+        ),
+        (false, _) => condition("Programmed", false, "Invalid", "", now, generation),
+    };
+    let conflicted = match l.yielded.is_empty() {
+        true => condition("Conflicted", false, "NoConflicts", "", now, generation),
+        // Upstream's reasons are HostnameConflict and ProtocolConflict; TCP and UDP
+        // listeners are told apart by port alone, so a port two of them share is a
+        // ProtocolConflict (as Envoy Gateway reports it for layer-4 listeners).
+        false => condition(
+            "Conflicted",
+            true,
+            "ProtocolConflict",
+            overlaps::conflict_message(l),
+            now,
+            generation,
+        ),
+    };
+    let resolved = condition("ResolvedRefs", true, "ResolvedRefs", "", now, generation);
+    vec![accepted, programmed, resolved, conflicted]
+}
+
+/// Whether a route attached to fixed listeners `fixed` of `gw`, with a range port
+/// (`port`) or not, is served: by its port, or by a fixed listener not in conflict.
+fn serves(gw: &Gw, fixed: &[usize], port: bool) -> bool {
+    port || fixed.iter().any(|&li| gw.listeners[li].yielded.is_empty())
+}
+
 /// A route's status for the parent of attachment `a`.
 fn parent_status(
     a: &Attachment,
@@ -1404,44 +1533,49 @@ fn parent_status(
                     .collect::<Vec<_>>()
                     .join(", ")
             };
+            // Fixed listeners whose port an older Gateway serves give the route no port,
+            // as a range without a free port does.
+            let (open, taken): (Vec<usize>, Vec<usize>) = fixed
+                .iter()
+                .partition(|&&li| gw.listeners[li].yielded.is_empty());
             let mut parts = Vec::new();
-            let mut ok = !fixed.is_empty();
-            let mut reason = "Accepted";
+            let mut failure = None;
             if let Some(port) = decision.port {
                 parts.push(format!("assigned port {port}"));
                 parent_ref.port = Some(port);
-                ok = true;
             } else if !ranges.is_empty() {
                 let (r, m) = decision
                     .failure
                     .clone()
                     .unwrap_or(("PortRangeExhausted", "no port".to_string()));
-                if fixed.is_empty() {
-                    reason = r;
-                }
+                failure = Some(r);
                 parts.push(m);
             }
-            if !fixed.is_empty() {
-                parts.push(format!("attached to listener {}", names(fixed)));
+            if !open.is_empty() {
+                parts.push(format!("attached to listener {}", names(&open)));
                 // GEP-2644: every route is accepted; only the oldest gets traffic.
-                if !decision.shadowed.is_empty() {
-                    parts.push(format!(
-                        "an older route gets the traffic of listener {}",
-                        names(&decision.shadowed)
-                    ));
-                }
-                let conflicted: Vec<usize> = fixed
+                let shadowed: Vec<usize> = decision
+                    .shadowed
                     .iter()
                     .copied()
-                    .filter(|&li| !gw.listeners[li].yielded.is_empty())
+                    .filter(|li| open.contains(li))
                     .collect();
-                if !conflicted.is_empty() {
+                if !shadowed.is_empty() {
                     parts.push(format!(
-                        "listener {} serves no traffic: its port belongs to an older Gateway on a shared address",
-                        names(&conflicted)
+                        "an older route gets the traffic of listener {}",
+                        names(&shadowed)
                     ));
                 }
             }
+            for &li in &taken {
+                failure.get_or_insert("PortUnavailable");
+                parts.push(overlaps::taken_message(&gw.listeners[li]));
+            }
+            let ok = serves(gw, fixed, decision.port.is_some());
+            let reason = match ok {
+                true => "Accepted",
+                false => failure.unwrap_or("PortUnavailable"),
+            };
             let message = match parts.len() {
                 1 => parts.pop().unwrap_or_default(),
                 _ => parts.join("; "),
@@ -1586,14 +1720,8 @@ fn allocate(
                 continue;
             }
         }
-        if let Some((p, y)) = requested.and_then(|p| Some((p, l.yielded_at(p)?))) {
-            return Err((
-                "PortUnavailable",
-                format!(
-                    "port {p} is served on {} by an older Gateway that shares this address",
-                    y.addr
-                ),
-            ));
+        if let Some(m) = requested.and_then(|p| overlaps::requested_message(l, p)) {
+            return Err(("PortUnavailable", m));
         }
         // Its own released claim on this listener, still cooling down, comes back to it.
         if let Some(ci) = ledger.rebind(a.gw, li, &me, *requested) {
@@ -1671,3 +1799,6 @@ fn allocate(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -38,22 +38,36 @@ impl Lis<'_> {
         self.yielded.iter().find(|y| y.ports.contains(&port))
     }
 
-    /// Whether every port of the listener is yielded.
-    pub(super) fn fully_yielded(&self) -> bool {
+    /// The spans of ports the listener keeps: its own, less those it yields.
+    pub(super) fn kept(&self) -> Vec<RangeInclusive<u16>> {
         let Some((_, span)) = self.span() else {
-            return false;
+            return Vec::new();
         };
         let mut spans: Vec<&RangeInclusive<u16>> = self.yielded.iter().map(|y| &y.ports).collect();
         spans.sort_by_key(|s| *s.start());
+        let mut kept = Vec::new();
         // The first port not yet covered, walking the spans up from the listener's first.
         let mut next = u32::from(*span.start());
+        let end = u32::from(*span.end());
         for s in spans {
-            if u32::from(*s.start()) > next {
-                return false;
+            let (first, last) = (u32::from(*s.start()), u32::from(*s.end()));
+            if first > next {
+                kept.push(next..=first - 1);
             }
-            next = next.max(u32::from(*s.end()) + 1);
+            next = next.max(last + 1);
         }
-        next > u32::from(*span.end())
+        if next <= end {
+            kept.push(next..=end);
+        }
+        // Every bound is a port of the listener's span (u16).
+        kept.into_iter()
+            .map(|r| *r.start() as u16..=*r.end() as u16)
+            .collect()
+    }
+
+    /// Whether every port of the listener is yielded.
+    pub(super) fn fully_yielded(&self) -> bool {
+        self.span().is_some() && self.kept().is_empty()
     }
 }
 
@@ -126,29 +140,82 @@ pub(super) fn ports_text(ports: &RangeInclusive<u16>) -> String {
     }
 }
 
-/// The Conflicted message of a listener that yields ports.
+/// Whose `ports` are: `ports P on ADDR belong to listener L of the older Gateway G`.
+fn belongs(y: &Yielded, ports: &RangeInclusive<u16>) -> String {
+    let verb = match ports.start() == ports.end() {
+        true => "belongs",
+        false => "belong",
+    };
+    format!(
+        "{} on {} {verb} to listener {} of the older Gateway {}",
+        ports_text(ports),
+        y.addr,
+        y.listener,
+        y.gateway
+    )
+}
+
+/// `ports a-b, c-d` (or `port p`) for spans of a listener.
+fn spans_text(spans: &[RangeInclusive<u16>]) -> String {
+    let text: Vec<String> = spans
+        .iter()
+        .map(|s| match s.start() == s.end() {
+            true => s.start().to_string(),
+            false => format!("{}-{}", s.start(), s.end()),
+        })
+        .collect();
+    let one = matches!(spans, [s] if s.start() == s.end());
+    format!("{} {}", if one { "port" } else { "ports" }, text.join(", "))
+}
+
+/// The message of the `Accepted=False` and `Conflicted=True` conditions of a listener
+/// that yields ports: which ports belong to which older Gateway's listener, and which
+/// ports of this listener still serve.
 pub(super) fn conflict_message(l: &Lis) -> String {
     let yields = l
         .yielded
         .iter()
-        .map(|y| {
-            let verb = match y.ports.start() == y.ports.end() {
-                true => "belongs",
-                false => "belong",
-            };
-            format!(
-                "{} on {} {verb} to listener {} of the older Gateway {}",
-                ports_text(&y.ports),
-                y.addr,
-                y.listener,
-                y.gateway
-            )
-        })
+        .map(|y| belongs(y, &y.ports))
         .collect::<Vec<_>>()
         .join("; ");
     let one = matches!(&l.yielded[..], [y] if y.ports.start() == y.ports.end());
     let them = if one { "it" } else { "them" };
-    format!("{yields}; no route of this listener gets {them}")
+    let kept = l.kept();
+    match kept.is_empty() {
+        true => format!("{yields}; no route of this listener gets {them}"),
+        false => format!(
+            "{yields}; no route of this listener gets {them}; {} of this listener keep serving their routes",
+            spans_text(&kept)
+        ),
+    }
+}
+
+/// The `Programmed` message of a listener that yields some of its ports.
+pub(super) fn kept_message(l: &Lis) -> String {
+    format!(
+        "{} programmed; the ports in conflict are not (see Conflicted)",
+        spans_text(&l.kept())
+    )
+}
+
+/// Why a route attached to fixed listener `l`, whose port an older Gateway's listener
+/// serves, gets nothing from it.
+pub(super) fn taken_message(l: &Lis) -> String {
+    let port = l.spec.port;
+    match l.yielded_at(port) {
+        Some(y) => format!(
+            "listener {} serves no traffic: {}",
+            l.spec.name,
+            belongs(y, &(port..=port))
+        ),
+        None => format!("listener {} serves no traffic", l.spec.name),
+    }
+}
+
+/// Why a requested `port` of a listener is not available: it belongs to an older
+/// Gateway's listener (`None` when it does not).
+pub(super) fn requested_message(l: &Lis, port: u16) -> Option<String> {
+    l.yielded_at(port).map(|y| belongs(y, &(port..=port)))
 }
 
 /// The ports of listener `l` among the host's ephemeral ports `ephemeral`, with the
@@ -227,10 +294,15 @@ mod tests {
             Some(30005..=30009)
         );
         assert!(partly.yielded_at(30004).is_none());
+        assert_eq!(partly.kept(), vec![30000..=30004]);
         let gap = range_listener(&spec, vec![yielded(30006..=30009), yielded(30000..=30004)]);
         assert!(!gap.fully_yielded());
+        assert_eq!(gap.kept(), vec![30005..=30005]);
+        let inner = range_listener(&spec, vec![yielded(30002..=30003), yielded(30003..=30006)]);
+        assert_eq!(inner.kept(), vec![30000..=30001, 30007..=30009]);
         let whole = range_listener(&spec, vec![yielded(30004..=30009), yielded(30000..=30004)]);
         assert!(whole.fully_yielded());
+        assert!(whole.kept().is_empty());
         assert_eq!(
             conflict_message(&whole),
             "ports 30004-30009 on 10.0.0.1 belong to listener pool of the older Gateway infra/old; \

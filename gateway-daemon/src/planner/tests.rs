@@ -1,0 +1,422 @@
+//! Conditions of listeners, Gateways and routes where Gateways share an address, and
+//! route attachment refusals.
+
+use std::{net::Ipv4Addr, path::Path};
+
+use super::*;
+use crate::manifests;
+
+const CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\n\
+    metadata: {name: berth}\nspec: {controllerName: berth.dev/gateway-controller}\n";
+
+/// A Gateway `name` in `infra` on 10.0.0.1, created at `created` (seconds), with
+/// `listeners` (YAML flow items) and, for `range = Some((listener, end))`, a
+/// GatewayConfig making that listener a range.
+fn gateway(name: &str, created: u64, listeners: &[&str], range: Option<(&str, u16)>) -> String {
+    let params = match range {
+        Some(_) => format!(
+            "  infrastructure:\n    parametersRef: {{group: berth.dev, kind: GatewayConfig, name: {name}}}\n"
+        ),
+        None => String::new(),
+    };
+    let mut s = format!(
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
+         metadata: {{name: {name}, namespace: infra, creationTimestamp: \"2026-01-01T00:00:{created:02}Z\"}}\n\
+         spec:\n  gatewayClassName: berth\n  addresses: [{{value: 10.0.0.1}}]\n{params}  listeners:\n"
+    );
+    for l in listeners {
+        s.push_str(&format!("  - {l}\n"));
+    }
+    if let Some((listener, end)) = range {
+        s.push_str(&format!(
+            "---\napiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\n\
+             metadata: {{name: {name}, namespace: infra}}\n\
+             spec: {{listeners: [{{name: {listener}, endPort: {end}}}]}}\n"
+        ));
+    }
+    s
+}
+
+/// A Gateway `name` with one TCP range listener `listener` (`first..=last`) that
+/// takes routes from every namespace.
+fn range_gateway(name: &str, created: u64, listener: &str, first: u16, last: u16) -> String {
+    let spec = format!("{{name: {listener}, protocol: TCP, port: {first}, {ALL}}}");
+    gateway(name, created, &[&spec], Some((listener, last)))
+}
+
+/// A route `kind/team/name` with one parentRef (YAML flow mapping body).
+fn route(kind: &str, name: &str, created: u64, parent: &str) -> String {
+    format!(
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: {kind}\n\
+         metadata: {{name: {name}, namespace: team, creationTimestamp: \"2026-01-01T00:01:{created:02}Z\"}}\n\
+         spec:\n  parentRefs: [{{{parent}}}]\n"
+    )
+}
+
+fn plan_of(text: &str, claims: &[Arc<PortClaim>]) -> Plan {
+    let parsed = manifests::parse_file(Path::new("test.yaml"), text);
+    assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+    let snapshot = manifests::snapshot([&parsed]);
+    plan(&Input {
+        snapshot: &snapshot,
+        claims,
+        now: humantime::parse_rfc3339("2026-01-01T01:00:00Z").expect("time"),
+        default_address: None,
+        ephemeral_ports: None,
+        allocate: true,
+    })
+}
+
+fn find<'a>(conditions: &'a [Condition], kind: &str) -> &'a Condition {
+    conditions
+        .iter()
+        .find(|c| c.kind == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {conditions:?}"))
+}
+
+fn gateway_status<'a>(plan: &'a Plan, name: &str) -> &'a GatewayStatus {
+    &plan
+        .gateways
+        .iter()
+        .find(|g| g.name == name)
+        .expect("gateway")
+        .status
+}
+
+fn listener<'a>(plan: &'a Plan, gateway: &str, name: &str) -> &'a ListenerStatus {
+    gateway_status(plan, gateway)
+        .listeners
+        .iter()
+        .find(|l| l.name == name)
+        .expect("listener")
+}
+
+fn route_accepted<'a>(plan: &'a Plan, name: &str) -> &'a Condition {
+    let r = plan.routes.iter().find(|r| r.name == name).expect("route");
+    find(&r.status.parents[0].conditions, "Accepted")
+}
+
+fn owner(plan: &Plan, port: u16) -> Option<&str> {
+    let service = ServiceAddr {
+        addr: Ipv4Addr::new(10, 0, 0, 1),
+        protocol: Protocol::Tcp,
+        port,
+    };
+    plan.owners.get(&service).map(|r| r.name.as_str())
+}
+
+fn claim(gateway: &str, listener: &str, port: u16, route: &str) -> Arc<PortClaim> {
+    Arc::new(PortClaim::bound(
+        "infra",
+        PortClaimSpec {
+            gateway: gateway.to_string(),
+            listener: listener.to_string(),
+            protocol: "TCP".to_string(),
+            port,
+            route: ClaimRoute::new("TCPRoute", "team", route, None),
+        },
+    ))
+}
+
+const ALL: &str = "allowedRoutes: {namespaces: {from: All}}";
+
+#[test]
+fn a_partly_overlapping_newer_listener_is_port_unavailable_and_keeps_its_other_ports() {
+    let text = [
+        CLASS.to_string(),
+        range_gateway("old", 0, "pool", 30005, 30009),
+        range_gateway("new", 1, "wide", 30000, 30009),
+        route("TCPRoute", "kept", 0, "name: new, namespace: infra"),
+        route("TCPRoute", "moved", 1, "name: new, namespace: infra"),
+        route(
+            "TCPRoute",
+            "asks",
+            2,
+            "name: new, namespace: infra, port: 30007",
+        ),
+        route(
+            "TCPRoute",
+            "older-team",
+            3,
+            "name: old, namespace: infra, port: 30006",
+        ),
+    ]
+    .concat();
+    // `kept` held 30002 (outside the overlap), `moved` held 30006 (inside it).
+    let claims = [
+        claim("new", "wide", 30002, "kept"),
+        claim("new", "wide", 30006, "moved"),
+    ];
+    let plan = plan_of(&text, &claims);
+
+    let wide = listener(&plan, "new", "wide");
+    let accepted = find(&wide.conditions, "Accepted");
+    assert_eq!(
+        (&*accepted.status, &*accepted.reason),
+        ("False", "PortUnavailable")
+    );
+    assert_eq!(
+        accepted.message,
+        "ports 30005-30009 on 10.0.0.1 belong to listener pool of the older Gateway infra/old; \
+         no route of this listener gets them; ports 30000-30004 of this listener keep serving \
+         their routes"
+    );
+    let conflicted = find(&wide.conditions, "Conflicted");
+    assert_eq!(
+        (&*conflicted.status, &*conflicted.reason),
+        ("True", "ProtocolConflict")
+    );
+    assert_eq!(conflicted.message, accepted.message);
+    let programmed = find(&wide.conditions, "Programmed");
+    assert_eq!(&*programmed.status, "True", "{programmed:?}");
+    assert!(programmed
+        .message
+        .starts_with("ports 30000-30004 programmed"));
+    // Routes with a port are attached: `kept` and `moved` (now on 30000).
+    assert_eq!(wide.attached_routes, 2);
+
+    let gw = find(&gateway_status(&plan, "new").conditions, "Accepted");
+    assert_eq!((&*gw.status, &*gw.reason), ("True", "ListenersNotValid"));
+    assert!(gw.message.contains("wide ("), "{}", gw.message);
+    let old = listener(&plan, "old", "pool");
+    assert_eq!(&*find(&old.conditions, "Accepted").status, "True");
+    assert_eq!(&*find(&old.conditions, "Conflicted").reason, "NoConflicts");
+
+    // Outside the overlap the route keeps its port; inside it the claim moves out.
+    assert_eq!(&*route_accepted(&plan, "kept").status, "True");
+    assert_eq!(owner(&plan, 30002), Some("kept"));
+    assert_eq!(
+        route_accepted(&plan, "moved").message,
+        "assigned port 30000"
+    );
+    let asks = route_accepted(&plan, "asks");
+    assert_eq!((&*asks.status, &*asks.reason), ("False", "PortUnavailable"));
+    assert_eq!(
+        asks.message,
+        "port 30007 on 10.0.0.1 belongs to listener pool of the older Gateway infra/old"
+    );
+    assert_eq!(owner(&plan, 30006), Some("older-team"));
+    assert_eq!(owner(&plan, 30007), None);
+}
+
+#[test]
+fn a_fixed_listener_whose_port_is_taken_gives_its_routes_no_port() {
+    let text = [
+        CLASS.to_string(),
+        gateway(
+            "old",
+            0,
+            &[&format!("{{name: db, protocol: TCP, port: 5432, {ALL}}}")],
+            None,
+        ),
+        gateway(
+            "new",
+            1,
+            &[&format!("{{name: pg, protocol: TCP, port: 5432, {ALL}}}")],
+            None,
+        ),
+        route("TCPRoute", "theirs", 0, "name: old, namespace: infra"),
+        route("TCPRoute", "mine", 1, "name: new, namespace: infra"),
+    ]
+    .concat();
+    let plan = plan_of(&text, &[]);
+
+    let mine = route_accepted(&plan, "mine");
+    assert_eq!((&*mine.status, &*mine.reason), ("False", "PortUnavailable"));
+    assert_eq!(
+        mine.message,
+        "listener pg serves no traffic: port 5432 on 10.0.0.1 belongs to listener db of the \
+         older Gateway infra/old"
+    );
+    assert_eq!(owner(&plan, 5432), Some("theirs"));
+    let pg = listener(&plan, "new", "pg");
+    assert_eq!(pg.attached_routes, 0, "only accepted routes are attached");
+    assert_eq!(&*find(&pg.conditions, "Accepted").reason, "PortUnavailable");
+    assert_eq!(&*find(&pg.conditions, "Programmed").status, "False");
+    // No listener of the newer Gateway serves: it is not accepted as a whole.
+    let gw = gateway_status(&plan, "new");
+    let accepted = find(&gw.conditions, "Accepted");
+    assert_eq!(
+        (&*accepted.status, &*accepted.reason),
+        ("False", "ListenersNotValid")
+    );
+    assert_eq!(&*find(&gw.conditions, "Programmed").status, "False");
+    assert_eq!(listener(&plan, "old", "db").attached_routes, 1);
+}
+
+#[test]
+fn a_route_kind_or_namespace_the_named_listeners_refuse_is_not_allowed_by_listeners() {
+    let text = [
+        CLASS.to_string(),
+        gateway(
+            "gw",
+            0,
+            &[
+                "{name: dns, protocol: UDP, port: 53, allowedRoutes: {namespaces: {from: All}, \
+                 kinds: [{kind: UDPRoute}]}}",
+                "{name: home, protocol: TCP, port: 80}",
+                &format!("{{name: open, protocol: TCP, port: 81, {ALL}}}"),
+                "{name: web, protocol: HTTP, port: 8080}",
+            ],
+            None,
+        ),
+        // The issue's case: a TCPRoute naming a UDP listener that allows UDPRoutes only.
+        route(
+            "TCPRoute",
+            "by-section",
+            0,
+            "name: gw, namespace: infra, sectionName: dns",
+        ),
+        route(
+            "TCPRoute",
+            "by-port",
+            1,
+            "name: gw, namespace: infra, port: 53",
+        ),
+        route(
+            "TCPRoute",
+            "http",
+            2,
+            "name: gw, namespace: infra, sectionName: web",
+        ),
+        route(
+            "TCPRoute",
+            "elsewhere",
+            3,
+            "name: gw, namespace: infra, sectionName: home",
+        ),
+        route(
+            "UDPRoute",
+            "udp-to-tcp",
+            4,
+            "name: gw, namespace: infra, port: 81",
+        ),
+        route(
+            "TCPRoute",
+            "no-such",
+            5,
+            "name: gw, namespace: infra, sectionName: nope",
+        ),
+        route(
+            "TCPRoute",
+            "no-port",
+            6,
+            "name: gw, namespace: infra, port: 9999",
+        ),
+        route("TCPRoute", "whole", 7, "name: gw, namespace: infra"),
+    ]
+    .concat();
+    let plan = plan_of(&text, &[]);
+    let expect = |name: &str, reason: &str, message: &str| {
+        let c = route_accepted(&plan, name);
+        assert_eq!(
+            (&*c.status, &*c.reason, c.message.as_str()),
+            ("False", reason, message),
+            "{name}"
+        );
+    };
+    expect(
+        "by-section",
+        "NotAllowedByListeners",
+        "listener dns (protocol UDP) does not take TCPRoutes",
+    );
+    expect(
+        "by-port",
+        "NotAllowedByListeners",
+        "listener dns (protocol UDP) does not take TCPRoutes",
+    );
+    expect(
+        "http",
+        "NotAllowedByListeners",
+        "listener web (protocol HTTP) does not take TCPRoutes",
+    );
+    expect(
+        "elsewhere",
+        "NotAllowedByListeners",
+        "listener home does not allow routes from namespace team (allowedRoutes.namespaces.from: Same)",
+    );
+    expect(
+        "udp-to-tcp",
+        "NotAllowedByListeners",
+        "listener open (protocol TCP) does not take UDPRoutes",
+    );
+    expect(
+        "no-such",
+        "NoMatchingParent",
+        "the Gateway has no listener nope",
+    );
+    expect(
+        "no-port",
+        "NoMatchingParent",
+        "port 9999 is neither the port nor in the port range of a listener",
+    );
+    // Without sectionName or port, the listeners that admit it are attached to.
+    let whole = route_accepted(&plan, "whole");
+    assert_eq!(
+        (&*whole.status, whole.message.as_str()),
+        ("True", "attached to listener open")
+    );
+}
+
+#[test]
+fn a_kind_excluded_by_allowed_kinds_is_not_allowed_by_listeners() {
+    let text = [
+        CLASS.to_string(),
+        gateway(
+            "gw",
+            0,
+            &["{name: tcp, protocol: TCP, port: 80, allowedRoutes: {namespaces: {from: All}, kinds: [{kind: UDPRoute}]}}"],
+            None,
+        ),
+        route("TCPRoute", "r", 0, "name: gw, namespace: infra, sectionName: tcp"),
+    ]
+    .concat();
+    let plan = plan_of(&text, &[]);
+    let c = route_accepted(&plan, "r");
+    assert_eq!(
+        (&*c.status, &*c.reason, c.message.as_str()),
+        (
+            "False",
+            "NotAllowedByListeners",
+            "listener tcp does not allow TCPRoutes (allowedRoutes.kinds)"
+        )
+    );
+}
+
+/// Found by the property test: a route whose range shrank away from its port got
+/// that port back as its own released claim, while a newer Gateway on the address,
+/// no longer overlapping, had given it to its own route: two routes on one port.
+#[test]
+fn a_released_claim_outside_the_listeners_range_now_is_not_bound_again() {
+    let text = [
+        CLASS.to_string(),
+        range_gateway("old", 0, "pool", 30000, 30000),
+        range_gateway("new", 1, "pool", 30009, 30009),
+        route("TCPRoute", "theirs", 0, "name: old, namespace: infra"),
+        route("TCPRoute", "mine", 1, "name: new, namespace: infra"),
+    ]
+    .concat();
+    // `theirs` held 30009 while `old`'s range was 30009-30009.
+    let claims = [claim("old", "pool", 30009, "theirs")];
+    let plan = plan_of(&text, &claims);
+    let again = plan_of(&text, &plan.claims);
+    for plan in [&plan, &again] {
+        assert_eq!(
+            route_accepted(plan, "theirs").message,
+            "assigned port 30000"
+        );
+        assert_eq!(route_accepted(plan, "mine").message, "assigned port 30009");
+        assert_eq!(owner(plan, 30009), Some("mine"));
+        let bound_at_30009 = plan
+            .claims
+            .iter()
+            .filter(|c| c.spec.port == 30009)
+            .filter(|c| {
+                c.status
+                    .as_ref()
+                    .is_none_or(|s| s.phase == ClaimPhase::Bound)
+            })
+            .count();
+        assert_eq!(bound_at_30009, 1, "{:?}", plan.claims);
+    }
+}
