@@ -548,6 +548,14 @@ fn steps() -> Vec<Step> {
         XDP_REDIRECT,
         Some(forwarded(&p, moved_to).frame()),
     ));
+    let late = from_backend(Packet::tcp(x, client(port)).payload(b"late"));
+    s.push(case(
+        "a late reply from a removed backend of a service still installed is reverse-NATed",
+        Backend,
+        late.frame(),
+        XDP_REDIRECT,
+        Some(replied(&late, gw(82)).frame()),
+    ));
     s.push(case(
         "a flow of a remaining backend stays where it was",
         Client,
