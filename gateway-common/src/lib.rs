@@ -86,12 +86,47 @@ pub struct ServiceKey {
     pub pad: u8,
 }
 
+/// Which service, over the datapath's whole life: a slot and a generation.
+///
+/// The slot indexes per-service maps (statistics) and is reused once its service is
+/// removed; the generation changes every time the slot is given to a service, so a
+/// conntrack entry of a removed service never matches the service that took its slot
+/// (and the backend slots with it). Host order; the low `ServiceId::SLOT_BITS` bits are
+/// the slot, the high bits the generation. Ids written before generations existed are
+/// generation 0.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceId(u32);
+
+impl ServiceId {
+    /// Bits of the slot.
+    pub const SLOT_BITS: u32 = 16;
+    /// Number of slots: the most services one datapath can hold.
+    pub const SLOTS: u32 = 1 << Self::SLOT_BITS;
+
+    /// The id of generation `generation` of slot `slot` (`slot` below `SLOTS`).
+    pub const fn new(slot: u32, generation: u16) -> Self {
+        ServiceId(((generation as u32) << Self::SLOT_BITS) | (slot & (Self::SLOTS - 1)))
+    }
+
+    /// Index into per-service maps.
+    #[inline(always)]
+    pub const fn slot(self) -> u32 {
+        self.0 & (Self::SLOTS - 1)
+    }
+
+    /// Which of the services that held the slot.
+    pub const fn generation(self) -> u16 {
+        (self.0 >> Self::SLOT_BITS) as u16
+    }
+}
+
 /// Value of the service map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Service {
-    /// Service id, host order: index into the service statistics map.
-    pub id: u32,
+    /// Service id (its slot indexes the service statistics map).
+    pub id: ServiceId,
     /// Maglev table number, host order. Tables are written before a service points at
     /// them, so switching the backend set is one atomic map update.
     pub table: u32,
@@ -115,8 +150,8 @@ pub struct Backend {
     pub port: u16,
     /// Weight, host order (0: keeps existing flows, gets no new ones).
     pub weight: u16,
-    /// Id of the service this backend belongs to, host order.
-    pub service: u32,
+    /// Id of the service this backend belongs to (generation included).
+    pub service: ServiceId,
     /// `BACKEND_LIVE` or 0, host order.
     pub flags: u32,
 }
@@ -180,11 +215,12 @@ pub struct Flow {
     pub kind: u8,
     /// Always zero.
     pub pad: u8,
-    /// Backend id the flow was assigned to, host order (checked on every `NAT_DST` hit:
-    /// a flow whose backend was removed is balanced again).
+    /// Backend id the flow was assigned to, host order. Checked on every hit: the
+    /// entry applies while this backend slot holds the flow's backend for `service`.
     pub backend: u32,
-    /// Service id, host order (for statistics).
-    pub service: u32,
+    /// Id of the service that balanced the flow (generation included): an entry of a
+    /// removed service never applies to the service given its ids later.
+    pub service: ServiceId,
     /// Where packets of this flow were last sent.
     pub next_hop: NextHop,
 }
@@ -311,6 +347,11 @@ counters! {
     /// A redirect the kernel refused after the program returned (tracepoint
     /// `xdp:xdp_redirect_err`): the frame was lost.
     RedirectError = "redirect_error",
+    /// A conntrack entry of a removed service (whose ids another service may hold now)
+    /// was not used: a forward packet is balanced afresh by the service it addresses
+    /// now (or passes untouched if there is none), a reply (or ICMP error) passes
+    /// untranslated. Each program that sees such a packet counts it.
+    CtStaleService = "ct_stale_service",
 }
 
 impl Counter {
@@ -344,6 +385,7 @@ const fn mix(mut h: u32) -> u32 {
 }
 
 const _: () = {
+    assert!(core::mem::size_of::<ServiceId>() == 4);
     assert!(core::mem::size_of::<ServiceKey>() == 8);
     assert!(core::mem::size_of::<Service>() == 16);
     assert!(core::mem::size_of::<Backend>() == 16);

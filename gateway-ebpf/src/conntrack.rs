@@ -25,16 +25,25 @@ pub enum Found {
 }
 
 /// Finds the flow of the packet with tuple `t`, or balances it to a backend (written
-/// to `new`, left untouched otherwise) when it is the first packet to a service.
+/// to `new`, left untouched otherwise) when it is the first packet to a service (or
+/// the first since its entry stopped applying, see `applies`).
 #[inline(always)]
 pub fn lookup_or_balance(t: &FlowKey, new: &mut MaybeUninit<Flow>) -> Result<Found, Counter> {
+    // The service of a forward entry that no longer applies.
+    let mut stale = None;
     if let Some(flow) = CONNTRACK.get_ptr_mut(t) {
         // SAFETY: a valid map value pointer for the duration of this program run.
         let f = unsafe { &*flow };
-        if f.kind == NAT_SRC || backend_alive(f) {
+        if backend_serves(t, f) {
             return Ok(Found::Tracked(flow));
         }
-        count(Counter::BackendGone);
+        if f.kind == NAT_DST {
+            stale = Some(f.service);
+        } else if service_unchanged(t, f) {
+            return Ok(Found::Tracked(flow));
+        } else {
+            count(Counter::CtStaleService);
+        }
     }
     let key = ServiceKey {
         addr: t.dst,
@@ -43,25 +52,81 @@ pub fn lookup_or_balance(t: &FlowKey, new: &mut MaybeUninit<Flow>) -> Result<Fou
         pad: 0,
     };
     // SAFETY: the value is copied out at once.
-    let Some(service) = (unsafe { SERVICES.get(key) }).copied() else {
+    let service = (unsafe { SERVICES.get(key) }).copied();
+    if let Some(old) = stale {
+        // The service the packet addresses is the flow's own (its key is the flow's
+        // service key): same id, so only the backend went; else the service went.
+        count(match service {
+            Some(s) if s.id == old => Counter::BackendGone,
+            _ => Counter::CtStaleService,
+        });
+    }
+    let Some(service) = service else {
         return Ok(Found::Miss);
     };
     new.write(balance(t, &service)?);
     Ok(Found::New)
 }
 
-/// A tracked flow keeps its backend while that backend is still configured for the
-/// same service (weight 0 included); if it was removed, the flow is balanced again.
+/// Whether a tracked entry (found under tuple `key`) still belongs to the service that
+/// created it, so that it may translate the packet.
+///
+/// Service and backend ids are reused: without this check, a flow of a removed service
+/// whose ids were given to an unrelated service with the same backend endpoint (two
+/// routes to one Service) was forwarded again, and its replies left from the removed
+/// service's address (the case Cilium's reverse-NAT index check exists for). Service
+/// ids carry a generation, so a reused id differs from the entry's.
+///
+/// The cheap check first (one array lookup): the entry's backend slot still holds its
+/// backend for the entry's service. Otherwise the service map decides: an entry of a
+/// service still installed under the same id applies (a reply or ICMP error from a
+/// backend just removed is still translated; forward packets of such a flow are
+/// balanced again by `lookup_or_balance` instead).
 #[inline(always)]
-fn backend_alive(flow: &Flow) -> bool {
+pub fn applies(key: &FlowKey, flow: &Flow) -> bool {
+    backend_serves(key, flow) || service_unchanged(key, flow)
+}
+
+/// The entry's backend slot holds its backend (the endpoint the flow goes to, or the
+/// one its replies come from), live and configured for the entry's service (weight 0
+/// included).
+#[inline(always)]
+fn backend_serves(key: &FlowKey, flow: &Flow) -> bool {
+    let ((addr, port), _) = ends(key, flow);
     match BACKENDS.get(flow.backend) {
         Some(b) => {
             b.flags & BACKEND_LIVE != 0
                 && b.service == flow.service
-                && b.addr == flow.nat_addr
-                && b.port == flow.nat_port
+                && b.addr == addr
+                && b.port == port
         }
         None => false,
+    }
+}
+
+/// The service the entry was balanced by is installed under the same id.
+#[inline(always)]
+fn service_unchanged(key: &FlowKey, flow: &Flow) -> bool {
+    let (_, (addr, port)) = ends(key, flow);
+    let service = ServiceKey {
+        addr,
+        port,
+        proto: key.proto,
+        pad: 0,
+    };
+    // SAFETY: the value is only compared.
+    unsafe { SERVICES.get(service) }.is_some_and(|s| s.id == flow.service)
+}
+
+/// The backend's and the service's (address, port) of an entry found under `key`, both
+/// network order: a forward entry (`NAT_DST`) is keyed by the service address and
+/// rewrites to the backend, a reply entry the other way round.
+#[inline(always)]
+fn ends(key: &FlowKey, flow: &Flow) -> ((u32, u16), (u32, u16)) {
+    if flow.kind == NAT_DST {
+        ((flow.nat_addr, flow.nat_port), (key.dst, key.dport))
+    } else {
+        ((key.src, key.sport), (flow.nat_addr, flow.nat_port))
     }
 }
 

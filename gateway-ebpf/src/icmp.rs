@@ -6,6 +6,7 @@ use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use gateway_common::{proto, Counter, Flow, FlowKey, NextHop, NAT_DST};
 
 use crate::{
+    conntrack::applies,
     csum::{replace2, replace4},
     fwd::{path, send, Path},
     maps::{count, CONNTRACK},
@@ -54,6 +55,10 @@ pub unsafe fn handle(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, l4_off: usi
     let Some(flow) = CONNTRACK.get(key).copied() else {
         return pass;
     };
+    if !applies(&key, &flow) {
+        count(Counter::CtStaleService);
+        return pass;
+    }
     // Errors are rare: they use their own next-hop lookup, not the flow's cache.
     let mut hop = NextHop::default();
     if flow.kind == NAT_DST {

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use gateway_common::{
-    Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service, ServiceKey,
-    ServiceStats, XMIT_SLOTS,
+    Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service, ServiceId,
+    ServiceKey, ServiceStats, XMIT_SLOTS,
 };
 
 const SERVICES_MAX: u32 = 1024;
@@ -41,7 +41,7 @@ pub static FRAGMENTS: LruHashMap<FragKey, FragPorts> = LruHashMap::with_max_entr
 #[map(name = "berth_counters")]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
 
-/// Service id → packet counters, per CPU. Written by both programs.
+/// Service slot → packet counters, per CPU. Written by both programs.
 #[map(name = "berth_svc_stats")]
 pub static SERVICE_STATS: PerCpuArray<ServiceStats> =
     PerCpuArray::with_max_entries(SERVICES_MAX, 0);
@@ -78,8 +78,8 @@ pub enum Direction {
 
 /// Accounts one packet of `len` bytes to a service.
 #[inline(always)]
-pub fn account(service: u32, dir: Direction, len: u64, new_flow: bool) {
-    let Some(stats) = SERVICE_STATS.get_ptr_mut(service) else {
+pub fn account(service: ServiceId, dir: Direction, len: u64, new_flow: bool) {
+    let Some(stats) = SERVICE_STATS.get_ptr_mut(service.slot()) else {
         return;
     };
     // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
@@ -103,8 +103,8 @@ pub fn account(service: u32, dir: Direction, len: u64, new_flow: bool) {
 /// `TcReply` (replies translated on egress) is only a reason while XDP gave none: the
 /// forward path's reason says more.
 #[inline(always)]
-pub fn account_kernel(service: u32, reason: Counter) {
-    let Some(stats) = SERVICE_STATS.get_ptr_mut(service) else {
+pub fn account_kernel(service: ServiceId, reason: Counter) {
+    let Some(stats) = SERVICE_STATS.get_ptr_mut(service.slot()) else {
         return;
     };
     // SAFETY: per-CPU slot, only this CPU writes it while the program runs.

@@ -19,6 +19,7 @@ use aya_ebpf::{
 use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NAT_SRC};
 
 use crate::{
+    conntrack::applies,
     csum::{replace2, replace4},
     icmp::{DEST_UNREACH, TIME_EXCEEDED},
     maps::{account, account_kernel, count, Direction, CONNTRACK, FRAGMENTS},
@@ -88,6 +89,10 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
         return Ok(());
     };
     if flow.kind != NAT_SRC {
+        return Ok(());
+    }
+    if !applies(&key, &flow) {
+        count(Counter::CtStaleService);
         return Ok(());
     }
     if frag & IP_MF != 0 && !later {
@@ -189,6 +194,10 @@ fn icmp_error(ctx: &TcContext, ip: &Ipv4, l4_off: usize) -> Result<(), Untouched
         return Ok(());
     };
     if flow.kind != NAT_SRC {
+        return Ok(());
+    }
+    if !applies(&key, &flow) {
+        count(Counter::CtStaleService);
         return Ok(());
     }
     // After the flow was found, a failed write leaves a packet of ours untranslated.

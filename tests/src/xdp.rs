@@ -41,6 +41,7 @@ pub fn test_limits() -> Limits {
 pub struct TestDatapath {
     pub dp: Datapath,
     pub pin_dir: PathBuf,
+    limits: Limits,
 }
 
 impl TestDatapath {
@@ -55,13 +56,28 @@ impl TestDatapath {
             limits,
         };
         match Datapath::load(&config) {
-            Ok(dp) => TestDatapath { dp, pin_dir },
+            Ok(dp) => TestDatapath {
+                dp,
+                pin_dir,
+                limits,
+            },
             Err(e) => {
                 // Maps may be pinned already when the program fails to load.
                 let _ = berth::datapath::remove_pins(&pin_dir);
                 panic!("loading datapath: {}", berth::error_chain(&e))
             }
         }
+    }
+
+    /// Loads the datapath again on the same pins, as a restarted daemon does: the new
+    /// one adopts the maps (services, backends, conntrack) the old one left.
+    pub fn restart(&mut self) {
+        let config = Config {
+            pin_dir: self.pin_dir.clone(),
+            limits: self.limits,
+        };
+        self.dp = Datapath::load(&config)
+            .unwrap_or_else(|e| panic!("reloading datapath: {}", berth::error_chain(&e)));
     }
 }
 

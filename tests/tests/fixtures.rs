@@ -6,12 +6,12 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use berth::datapath::{maglev, DesiredState, Protocol, ServiceAddr, WeightedBackend};
+use berth::datapath::{maglev, DesiredState, Limits, Protocol, ServiceAddr, WeightedBackend};
 use berth_tests::{
     packet::{decode, Packet, SYN},
     xdp::{
-        net::*, run_gateway, run_tc, verdict_name, FixtureNet, TestDatapath, TC_NEXT, XDP_DROP,
-        XDP_PASS, XDP_REDIRECT,
+        net::*, run_gateway, run_tc, test_limits, verdict_name, FixtureNet, TestDatapath, TC_NEXT,
+        XDP_DROP, XDP_PASS, XDP_REDIRECT,
     },
 };
 use gateway_common::{flow_hash, MAGLEV_SIZE};
@@ -26,11 +26,19 @@ enum Step {
     Apply(&'static str, DesiredState),
     /// The interfaces that accept XDP frames (the daemon keeps this from the kernel).
     Xmit(Vec<Side>),
+    /// The daemon restarts: a new one loads the program and adopts the pinned maps.
+    Restart,
     Packet {
         name: String,
         ingress: Side,
         input: Vec<u8>,
         verdict: u32,
+        output: Option<Vec<u8>>,
+    },
+    /// A frame leaving an `--interface` through the TC egress program (verdict "next").
+    Egress {
+        name: String,
+        input: Vec<u8>,
         output: Option<Vec<u8>>,
     },
 }
@@ -540,6 +548,14 @@ fn steps() -> Vec<Step> {
         XDP_REDIRECT,
         Some(forwarded(&p, moved_to).frame()),
     ));
+    let late = from_backend(Packet::tcp(x, client(port)).payload(b"late"));
+    s.push(case(
+        "a late reply from a removed backend of a service still installed is reverse-NATed",
+        Backend,
+        late.frame(),
+        XDP_REDIRECT,
+        Some(replied(&late, gw(82)).frame()),
+    ));
     s.push(case(
         "a flow of a remaining backend stays where it was",
         Client,
@@ -593,13 +609,11 @@ fn steps() -> Vec<Step> {
     s
 }
 
-#[test]
-fn packet_fixtures_give_the_expected_verdict_and_bytes() {
-    let mut t = TestDatapath::load();
-    let fx = FixtureNet::new();
+/// Runs `steps` on `t`; returns the number of packets and the failures, described.
+fn run_steps(t: &mut TestDatapath, fx: &FixtureNet, steps: Vec<Step>) -> (usize, Vec<String>) {
     let mut failures = Vec::new();
     let mut count = 0;
-    for step in steps() {
+    for step in steps {
         match step {
             Step::Apply(what, state) => {
                 t.dp.apply(&state)
@@ -612,6 +626,7 @@ fn packet_fixtures_give_the_expected_verdict_and_bytes() {
                     .collect();
                 t.allow_redirect(&ifindexes);
             }
+            Step::Restart => t.restart(),
             Step::Packet {
                 name,
                 ingress,
@@ -628,25 +643,64 @@ fn packet_fixtures_give_the_expected_verdict_and_bytes() {
                 let (got_verdict, got) = fx.ns.enter(|| run_gateway(&mut t.dp, ifindex, &input));
                 let want = output.unwrap_or_else(|| input.clone());
                 if got_verdict != verdict || got != want {
-                    failures.push(format!(
-                        "✗ {name}\n  input:\n    {}\n  expected {}:\n    {}\n  got {}:\n    {}",
-                        decode(&input).replace('\n', "\n    "),
-                        verdict_name(verdict),
-                        decode(&want).replace('\n', "\n    "),
-                        verdict_name(got_verdict),
-                        decode(&got).replace('\n', "\n    "),
+                    failures.push(failure(
+                        &name,
+                        &input,
+                        (verdict_name(verdict), &want),
+                        (verdict_name(got_verdict), &got),
+                    ));
+                }
+            }
+            Step::Egress {
+                name,
+                input,
+                output,
+            } => {
+                count += 1;
+                let (verdict, got) = fx.ns.enter(|| run_tc(&mut t.dp, &input));
+                let want = output.unwrap_or_else(|| input.clone());
+                if verdict != TC_NEXT || got != want {
+                    failures.push(failure(
+                        &name,
+                        &input,
+                        ("tc next", &want),
+                        (&format!("tc verdict {verdict:#x}"), &got),
                     ));
                 }
             }
         }
     }
-    assert!(count >= 25, "the table has {count} cases");
+    (count, failures)
+}
+
+/// A case that failed, with the packets decoded.
+fn failure(name: &str, input: &[u8], want: (&str, &[u8]), got: (&str, &[u8])) -> String {
+    format!(
+        "✗ {name}\n  input:\n    {}\n  expected {}:\n    {}\n  got {}:\n    {}",
+        decode(input).replace('\n', "\n    "),
+        want.0,
+        decode(want.1).replace('\n', "\n    "),
+        got.0,
+        decode(got.1).replace('\n', "\n    "),
+    )
+}
+
+fn assert_no_failures(count: usize, failures: &[String]) {
     assert!(
         failures.is_empty(),
         "{} of {count} fixtures failed:\n{}",
         failures.len(),
         failures.join("\n")
     );
+}
+
+#[test]
+fn packet_fixtures_give_the_expected_verdict_and_bytes() {
+    let mut t = TestDatapath::load();
+    let fx = FixtureNet::new();
+    let (count, failures) = run_steps(&mut t, &fx, steps());
+    assert!(count >= 25, "the table has {count} cases");
+    assert_no_failures(count, &failures);
 
     let c = t.dp.counters().expect("counters");
     let expect = [
@@ -656,8 +710,9 @@ fn packet_fixtures_give_the_expected_verdict_and_bytes() {
         ("icmp_translated", 2),
         ("fragment_translated", 1),
         ("tx", 1),
-        // The removed backend, and the backend of the removed service.
-        ("backend_gone", 2),
+        ("backend_gone", 1),
+        // The flow of the removed service.
+        ("ct_stale_service", 1),
         ("kernel_forward_frag_needed", 1),
         ("kernel_forward_no_neighbour", 1),
         ("kernel_forward_ttl", 1),
@@ -666,6 +721,131 @@ fn packet_fixtures_give_the_expected_verdict_and_bytes() {
     for (name, want) in expect {
         assert_eq!(c[name], want, "counter {name} (all: {c:?})");
     }
+}
+
+/// A flow of service S1 (tcp/84 → B1:7000), established; then S1 is removed and an
+/// unrelated service S2 (tcp/85, another route to the same backend endpoint) is
+/// installed, taking S1's service and backend slots. Old flows must not be forwarded,
+/// and their replies not translated, as if they were S2's: a packet to tcp/84 is a
+/// packet to no service (passes untouched, the host answers it), and a reply from B1
+/// to the old flow's client is not the gateway's to rewrite. A service installed on
+/// tcp/84 again balances the old flow's next packet afresh. With `restart`, the daemon
+/// restarts between S1's removal and S2's installation.
+fn reuse_steps(restart: bool) -> Vec<Step> {
+    use Side::*;
+    let backend = || vec![wb(B1, 7000, 1)];
+    let s1 = || DesiredState::default().with_service(svc(Protocol::Tcp, 84), backend());
+    let s2 = DesiredState::default().with_service(svc(Protocol::Tcp, 85), backend());
+    let p = from_client(Packet::tcp(client(45000), gw(84)).payload(b"old"));
+    let r = from_backend(Packet::tcp(sa(B1, 7000), client(45000)).payload(b"old reply"));
+    // The same reply as the kernel forwards it out of fx0.
+    let r_kernel = r.clone().ttl(r.ttl - 1).macs(FX0_MAC, CLIENT_MAC);
+    let sent = forwarded(&p, sa(B1, 7000));
+    let unreach = from_backend(Packet::icmp_error(B1, CLIENT, 3, 3, 0, &sent.quote()));
+    let q = from_client(Packet::tcp(client(45001), gw(85)).flags(SYN));
+    let mut steps = vec![
+        Step::Xmit(vec![Client, Backend]),
+        Step::Apply("S1", s1()),
+        case(
+            "a flow to S1 is DNATed to its backend",
+            Client,
+            p.frame(),
+            XDP_REDIRECT,
+            Some(sent.frame()),
+        ),
+        case(
+            "its reply is reverse-NATed to S1's address",
+            Backend,
+            r.frame(),
+            XDP_REDIRECT,
+            Some(replied(&r, gw(84)).frame()),
+        ),
+        Step::Apply("S1 removed", DesiredState::default()),
+    ];
+    if restart {
+        steps.push(Step::Restart);
+    }
+    steps.extend([
+        Step::Apply("S2 takes S1's service and backend slots", s2),
+        case(
+            "a packet of the removed service's flow passes untouched",
+            Client,
+            p.frame(),
+            XDP_PASS,
+            None,
+        ),
+        case(
+            "a reply of the removed service's flow passes untranslated",
+            Backend,
+            r.frame(),
+            XDP_PASS,
+            None,
+        ),
+        Step::Egress {
+            name: "tc leaves a reply of the removed service's flow untranslated".into(),
+            input: r_kernel.frame(),
+            output: None,
+        },
+        case(
+            "an icmp error about the removed service's flow passes untranslated",
+            Backend,
+            unreach.frame(),
+            XDP_PASS,
+            None,
+        ),
+        case(
+            "a new flow to S2 is DNATed to the same backend",
+            Client,
+            q.frame(),
+            XDP_REDIRECT,
+            Some(forwarded(&q, sa(B1, 7000)).frame()),
+        ),
+        Step::Apply("S2 removed", DesiredState::default()),
+        Step::Apply("S1 installed again", s1()),
+        case(
+            "the old flow's next packet is balanced afresh by the service now on its port",
+            Client,
+            p.frame(),
+            XDP_REDIRECT,
+            Some(sent.frame()),
+        ),
+    ]);
+    steps
+}
+
+/// Runs `reuse_steps` and checks what was counted.
+fn check_reuse(limits: Limits, restart: bool) {
+    let mut t = TestDatapath::load_with(limits);
+    let fx = FixtureNet::new();
+    let (count, failures) = run_steps(&mut t, &fx, reuse_steps(restart));
+    assert_no_failures(count, &failures);
+    let c = t.dp.counters().expect("counters");
+    // The forward packet, the reply (XDP and TC), the icmp error; the forward packet
+    // again once S1 is back.
+    assert_eq!(c["ct_stale_service"], 5, "all: {c:?}");
+    assert_eq!(
+        c["new_flow"], 3,
+        "the old flow twice, S2's flow; all: {c:?}"
+    );
+    assert_eq!(c["backend_gone"], 0, "all: {c:?}");
+}
+
+#[test]
+fn a_flow_of_a_removed_service_is_not_served_by_the_service_given_its_ids() {
+    // One service slot and one backend slot: every service gets the same ids, as a
+    // daemon's ids come round again once it has used them all.
+    let limits = Limits {
+        services: 1,
+        backends: 1,
+        ..test_limits()
+    };
+    check_reuse(limits, false);
+}
+
+#[test]
+fn a_flow_of_a_removed_service_is_not_served_by_the_service_given_its_ids_after_a_restart() {
+    // A restarted daemon hands out ids from the highest in use: with none in use, S1's.
+    check_reuse(test_limits(), true);
 }
 
 #[test]
@@ -779,22 +959,15 @@ fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
         let (verdict, got) = fx.ns.enter(|| run_tc(&mut t.dp, &case.input));
         let want = case.output.clone().unwrap_or_else(|| case.input.clone());
         if verdict != TC_NEXT || got != want {
-            failures.push(format!(
-                "✗ {}\n  input:\n    {}\n  expected:\n    {}\n  got (verdict {verdict:#x}):\n    {}",
+            failures.push(failure(
                 case.name,
-                decode(&case.input).replace('\n', "\n    "),
-                decode(&want).replace('\n', "\n    "),
-                decode(&got).replace('\n', "\n    "),
+                &case.input,
+                ("tc next", &want),
+                (&format!("tc verdict {verdict:#x}"), &got),
             ));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} tc cases failed:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+    assert_no_failures(cases.len(), &failures);
     let c = t.dp.counters().expect("counters");
     assert_eq!(c["tc_reply_translated"], 3, "all: {c:?}");
     assert_eq!(c["tc_icmp_translated"], 2, "all: {c:?}");

@@ -28,7 +28,7 @@ use desired::BackendSet;
 pub use desired::{reserved_ports, Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use gateway_common::{
     map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service,
-    ServiceKey, ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
+    ServiceId, ServiceKey, ServiceStats, BACKEND_LIVE, MAGLEV_SIZE,
 };
 pub use links::{LinkChange, LinkKind};
 pub use xmit::{follow as follow_xmit, FollowError, XmitChange, XmitMap};
@@ -238,6 +238,16 @@ pub enum DatapathError {
         #[source]
         source: io::Error,
     },
+    /// A map limit is beyond what the maps' layout can address.
+    #[error("a limit of {wanted} {what} is beyond the {max} the datapath can address")]
+    Limit {
+        /// The limited resource.
+        what: &'static str,
+        /// The limit asked for.
+        wanted: u32,
+        /// The largest limit supported.
+        max: u32,
+    },
     /// The desired state does not fit the configured limits.
     #[error("desired state needs more {what} than the limit of {limit}")]
     Capacity {
@@ -375,7 +385,7 @@ pub enum Attached {
 /// One service as installed in the maps.
 #[derive(Clone, Debug)]
 struct Installed {
-    id: u32,
+    id: ServiceId,
     table: u32,
     /// Endpoint → (backend id, weight).
     backends: BTreeMap<SocketAddrV4, (u32, u16)>,
@@ -446,7 +456,7 @@ pub struct Datapath {
     reserved: std::collections::BTreeSet<u16>,
     /// Links this process holds, by pin path.
     links: BTreeMap<PathBuf, FdLink>,
-    service_ids: IdPool,
+    service_ids: ServiceIds,
     tables: IdPool,
     backend_ids: IdPool,
 }
@@ -477,6 +487,13 @@ impl Datapath {
 
     fn load_pinned(config: &Config) -> Result<Self> {
         let Config { pin_dir, limits } = config;
+        if limits.services > ServiceId::SLOTS {
+            return Err(DatapathError::Limit {
+                what: "services",
+                wanted: limits.services,
+                max: ServiceId::SLOTS,
+            });
+        }
         fs::create_dir_all(pin_dir.join("links")).map_err(|source| DatapathError::PinDir {
             path: pin_dir.clone(),
             source,
@@ -546,7 +563,7 @@ impl Datapath {
             address_interface: None,
             reserved: Default::default(),
             links: BTreeMap::new(),
-            service_ids: IdPool::new("services", limits.services),
+            service_ids: ServiceIds::new(limits.services),
             tables: IdPool::new("Maglev tables", limits.tables()),
             backend_ids: IdPool::new("backends", limits.backends),
         };
@@ -597,6 +614,15 @@ impl Datapath {
             self.backends
                 .set(id, Backend::default(), 0)
                 .map_err(map_err(map_names::BACKENDS))?;
+        }
+        // Conntrack entries may still name services removed before this start: the
+        // ids handed out from now on must differ from theirs.
+        let mut seen = std::collections::HashSet::new();
+        self.each_flow(|_, f| {
+            seen.insert(f.service);
+        })?;
+        for id in seen {
+            self.service_ids.saw(id);
         }
         Ok(())
     }
@@ -764,7 +790,7 @@ impl Datapath {
                 }))
             })?;
         self.service_stats
-            .set(id, zero, 0)
+            .set(id.slot(), zero, 0)
             .map_err(map_err(map_names::SERVICE_STATS))?;
         self.services
             .insert(
@@ -872,7 +898,7 @@ impl Datapath {
     fn write_backend(
         &mut self,
         bid: u32,
-        service: u32,
+        service: ServiceId,
         e: SocketAddrV4,
         weight: u16,
     ) -> Result<()> {
@@ -962,10 +988,10 @@ impl Datapath {
         // Per-CPU values come as one 8-byte-aligned slot per possible CPU.
         let slot = std::mem::size_of::<ServiceStats>().next_multiple_of(8);
         let cpus = nr_cpus()?;
-        let mut by_id: StdHashMap<u32, ServiceStats> = StdHashMap::new();
+        let mut by_slot: StdHashMap<u32, ServiceStats> = StdHashMap::new();
         let fd = std::os::fd::AsFd::as_fd(self.service_stats.map().fd());
         lookup_batch(fd, 4, slot * cpus, |key, value| {
-            let id = u32::from_ne_bytes(key.try_into().unwrap_or_default());
+            let index = u32::from_ne_bytes(key.try_into().unwrap_or_default());
             let sum = value
                 .chunks_exact(slot)
                 .fold(ServiceStats::default(), |a, v| {
@@ -974,14 +1000,17 @@ impl Datapath {
                     let s: ServiceStats = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
                     add_stats(a, &s)
                 });
-            by_id.insert(id, sum);
+            by_slot.insert(index, sum);
         })
         .map_err(batch_err(map_names::SERVICE_STATS))?;
         Ok(self
             .installed
             .iter()
             .filter_map(|(key, svc)| {
-                Some((ServiceAddr::from_key(key)?, by_id.get(&svc.id).copied()?))
+                Some((
+                    ServiceAddr::from_key(key)?,
+                    by_slot.get(&svc.id.slot()).copied()?,
+                ))
             })
             .collect())
     }
@@ -1003,7 +1032,7 @@ impl Datapath {
     pub fn active_flows(&self, window: std::time::Duration) -> Result<BTreeMap<ServiceAddr, u64>> {
         let now = coarse_clock_units();
         let window = u32::try_from(window.as_nanos() >> 20).unwrap_or(u32::MAX);
-        let mut per_id: StdHashMap<u32, u64> = StdHashMap::new();
+        let mut per_id: StdHashMap<ServiceId, u64> = StdHashMap::new();
         self.each_flow(|_, f| {
             if f.kind == gateway_common::NAT_DST
                 && now.wrapping_sub(f.next_hop.checked_at) <= window
@@ -1230,6 +1259,58 @@ fn endpoint(addr: u32, port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::from(u32::from_be(addr)), u16::from_be(port))
 }
 
+/// Service ids: a slot from a pool, with the next generation of that slot, so that no
+/// two services (over the datapath's life, restarts included) get the same id.
+struct ServiceIds {
+    slots: IdPool,
+    /// Per slot, the highest generation handed out or found in the maps.
+    generations: Vec<u16>,
+}
+
+impl ServiceIds {
+    fn new(capacity: u32) -> Self {
+        ServiceIds {
+            slots: IdPool::new("services", capacity),
+            generations: vec![0; capacity as usize],
+        }
+    }
+
+    fn alloc(&mut self) -> Result<ServiceId> {
+        let slot = self.slots.alloc()?;
+        let generation = match self.generations.get_mut(slot as usize) {
+            Some(g) => {
+                // Wraps after 65535 services in one slot; an entry that old is long gone.
+                *g = g.wrapping_add(1);
+                *g
+            }
+            None => 0,
+        };
+        Ok(ServiceId::new(slot, generation))
+    }
+
+    /// Marks the id of an installed service (adopted maps).
+    fn mark(&mut self, id: ServiceId) {
+        self.slots.mark(id.slot());
+        self.saw(id);
+    }
+
+    /// Notes an id found in the maps (in use or not), so that it is not handed out again.
+    fn saw(&mut self, id: ServiceId) {
+        if let Some(g) = self.generations.get_mut(id.slot() as usize) {
+            *g = (*g).max(id.generation());
+        }
+    }
+
+    fn free(&mut self, id: ServiceId) {
+        self.slots.free(id.slot());
+    }
+
+    /// Frees every slot; generations are kept.
+    fn clear(&mut self) {
+        self.slots.clear();
+    }
+}
+
 /// The ids of one kind of map slot (services, Maglev tables, backends) in use. Handed
 /// out next-fit, so that a freed id is not reused at once: a CPU may still be reading
 /// the slot through a lookup made just before it was freed.
@@ -1367,4 +1448,28 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
         return Err(DatapathError::PrivateBpffs);
     }
     mount("bpf", root).map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_slot_given_again_comes_with_a_new_generation() {
+        let mut ids = ServiceIds::new(1);
+        let first = ids.alloc().expect("a free slot");
+        ids.free(first);
+        let second = ids.alloc().expect("a free slot");
+        assert_eq!(first.slot(), second.slot());
+        assert_ne!(first, second);
+    }
+
+    #[test]
+    fn a_service_id_seen_in_the_maps_is_never_handed_out() {
+        // As after a restart: conntrack entries name generation 7 of slot 0, whose
+        // service is gone.
+        let mut ids = ServiceIds::new(1);
+        ids.saw(ServiceId::new(0, 7));
+        assert_eq!(ids.alloc().expect("a free slot"), ServiceId::new(0, 8));
+    }
 }
