@@ -18,12 +18,19 @@ pub const DEST_UNREACH: u8 = 3;
 /// ICMP type "time exceeded".
 pub const TIME_EXCEEDED: u8 = 11;
 
-/// Handles an unfragmented ICMP packet whose ICMP header starts at `l4_off`.
+/// Handles an unfragmented ICMP packet whose ICMP header starts at `l4_off` and whose
+/// IP packet ends at `end` (both from the start of the frame).
 ///
 /// # Safety
 /// `eth` and `ip` must point into the packet, bounds-checked.
 #[inline(always)]
-pub unsafe fn handle(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, l4_off: usize) -> u32 {
+pub unsafe fn handle(
+    ctx: &XdpContext,
+    eth: *mut Eth,
+    ip: *mut Ipv4,
+    l4_off: usize,
+    end: usize,
+) -> u32 {
     let pass = xdp_action::XDP_PASS;
     let Some(icmp) = ptr_at::<Icmp>(ctx, l4_off) else {
         return pass;
@@ -42,6 +49,11 @@ pub unsafe fn handle(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, l4_off: usi
     let Some(ports) = ptr_at::<Ports>(ctx, inner_off + IPV4_MIN_LEN) else {
         return pass;
     };
+    // A quote past the IP total length (in the frame's padding) is not part of the
+    // message, and the ICMP checksum does not cover it.
+    if inner_off + IPV4_MIN_LEN + core::mem::size_of::<Ports>() > end {
+        return pass;
+    }
     // The quoted packet travelled opposite to this error: its reversed tuple is the
     // tuple of this error's direction.
     let key = FlowKey {

@@ -109,7 +109,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         proto::TCP => false,
         proto::UDP => true,
         proto::ICMP if frag & (IP_MF | IP_OFFSET) == 0 => {
-            return Ok(unsafe { icmp::handle(ctx, eth, ip, l4_off) })
+            return Ok(unsafe { icmp::handle(ctx, eth, ip, l4_off, ETH_LEN + tot_len) })
         }
         _ => return PASS,
     };

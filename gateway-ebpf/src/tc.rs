@@ -114,7 +114,8 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
         l4_off,
         &flow,
         ip.proto == proto::UDP,
-    )?;
+    )
+    .inspect_err(|_| count(Counter::TcUntranslated))?;
     account(
         flow.service,
         Direction::Reply,
@@ -138,6 +139,11 @@ fn snat(
     udp: bool,
 ) -> Result<(), Untouched> {
     let e = |_| Untouched;
+    // Nothing is written unless the checksum is in the packet too: a transport header
+    // cut short (a tiny first fragment) would be left half translated.
+    if let Some(check_off) = check_off {
+        ctx.load::<u16>(check_off).map_err(e)?;
+    }
     ctx.store(IP_SRC, &flow.nat_addr, 0).map_err(e)?;
     ctx.l3_csum_replace(IP_CHECK, ip.src as u64, flow.nat_addr as u64, 4)
         .map_err(e)?;

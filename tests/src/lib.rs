@@ -2,6 +2,7 @@
 //! namespaces, and `BPF_PROG_TEST_RUN` of the gateway program.
 
 pub mod daemon;
+pub mod fuzz;
 pub mod loadgen;
 pub mod netns;
 pub mod packet;

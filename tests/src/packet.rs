@@ -287,6 +287,16 @@ pub fn checksum(bytes: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+/// Recomputes the checksum of the IPv4 header at the start of `ip` (its IHL clamped
+/// to what a header and `ip` can hold).
+pub fn fix_ip_checksum(ip: &mut [u8]) {
+    ip[10] = 0;
+    ip[11] = 0;
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    let c = checksum(&ip[..ihl.clamp(20, ip.len())]);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+}
+
 /// A one-line-per-layer rendering of a frame, with checksums verified from scratch.
 pub fn decode(frame: &[u8]) -> String {
     let hex: Vec<String> = frame
@@ -350,7 +360,10 @@ pub fn summary(f: &[u8]) -> String {
         u16::from_be_bytes([l4[0], l4[1]]),
         u16::from_be_bytes([l4[2], l4[3]])
     );
-    let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
+    // (Clamped into the frame and past the header: fuzzed lengths are anything.)
+    let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]]))
+        .min(ip.len())
+        .max(ihl);
     let whole = frag & 0x2000 == 0;
     let pseudo_ok = |data: &[u8]| {
         let mut p = Vec::new();

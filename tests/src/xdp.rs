@@ -92,6 +92,23 @@ impl TestDatapath {
     }
 }
 
+/// The conntrack map of a test datapath, opened from its pin.
+pub type Conntrack =
+    aya::maps::HashMap<aya::maps::MapData, gateway_common::FlowKey, gateway_common::Flow>;
+
+impl TestDatapath {
+    /// The conntrack map, to ask whether a tuple is tracked (opened from its pin, so it
+    /// follows the map's key and value types).
+    pub fn conntrack(&self) -> Conntrack {
+        let path = self.pin_dir.join(gateway_common::map_names::CONNTRACK);
+        let map = aya::maps::MapData::from_pin(&path)
+            .and_then(aya::maps::Map::from_map_data)
+            .and_then(Conntrack::try_from)
+            .unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+        map
+    }
+}
+
 impl Drop for TestDatapath {
     fn drop(&mut self) {
         let _ = berth::datapath::remove_pins(&self.pin_dir);

@@ -1,4 +1,5 @@
-//! Project tasks: `cargo xtask setup|test|demo|bench datapath|planner|control-plane|e2e`.
+//! Project tasks: `cargo xtask setup|test|demo|bench datapath|planner|control-plane|e2e|fuzz
+//! datapath`.
 //!
 //! `setup` installs what a fresh machine lacks and is idempotent: Debian packages the
 //! tests and demo use, `rust-src` for the nightly toolchain, and `bpf-linker` built
@@ -30,7 +31,7 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/local/lib/berth-llvm";
 
 const USAGE: &str =
-    "usage: cargo xtask <setup | test | demo | bench datapath|planner|control-plane|e2e>
+    "usage: cargo xtask <setup | test | demo | bench datapath|planner|control-plane|e2e | fuzz datapath>
   setup            install what this machine lacks (idempotent; needs root)
   test             setup, then fmt and clippy checks and every test (needs root)
   demo             setup, then berth run on the examples in network namespaces (needs root)
@@ -40,7 +41,11 @@ const USAGE: &str =
   bench e2e        setup, then one UDP load through the gateway by Berth's XDP, iptables,
                    nftables (IPVS if the kernel has it) and plain routing: delivered pps,
                    loss, gateway CPU per packet; a table, target/bench/e2e.svg, a JSON line
-                   (arguments go to it: [--load xdp-live-frames|sendmmsg] [MODE...])";
+                   (arguments go to it: [--load xdp-live-frames|sendmmsg] [MODE...])
+  fuzz datapath    setup, then random and mutated packets through the XDP and TC programs
+                   under BPF_PROG_TEST_RUN, invariants checked on every output; reports
+                   verdicts, translations, violations, packets/s ([--packets N] [--seed S],
+                   default 10^6 packets, a seed from the clock)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -59,6 +64,9 @@ fn main() -> ExitCode {
             build_berth()?;
             run_bin_with("berth-bench-e2e", rest)
         }),
+        ["fuzz", "datapath", rest @ ..] => {
+            setup().and_then(|()| run_bin_with("berth-fuzz-datapath", rest))
+        }
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
