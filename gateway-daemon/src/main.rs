@@ -39,6 +39,10 @@ enum Command {
         /// Directory of YAML manifests (standalone mode).
         #[arg(long, conflicts_with = "kubernetes")]
         manifests: Option<PathBuf>,
+        /// How long a manifest file must stay gone before its objects are removed (so
+        /// that replacing a file, by `rm` then write or by an editor, causes no outage).
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        manifest_settle: std::time::Duration,
         /// Read objects from the Kubernetes API.
         #[arg(long)]
         kubernetes: bool,
@@ -205,6 +209,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::State { action, state_dir } => state_cmd(action, &state_dir),
         Command::Run {
             manifests,
+            manifest_settle,
             kubernetes,
             interfaces,
             state_dir,
@@ -249,7 +254,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 dp.address_interface = Some(DEFAULT_ADDRESS_INTERFACE.to_string());
             }
             let dir = manifests.context("--manifests DIR (or --kubernetes) is required")?;
-            run_standalone(&dir, &state_dir, address, &admin_addr, &dp)
+            let source = ManifestSource::new(&dir, manifest_settle);
+            run_standalone(source, &dir, &state_dir, address, &admin_addr, &dp)
         }
     }
 }
@@ -281,6 +287,9 @@ fn check_cmd(
     for (_, f) in &files {
         for note in &f.ignored {
             eprintln!("note: {note}");
+        }
+        for w in &f.warnings {
+            eprintln!("warning: {w}");
         }
         for e in &f.errors {
             eprintln!("error: {e}");
@@ -459,6 +468,7 @@ struct DatapathOptions {
 }
 
 fn run_standalone(
+    mut source: ManifestSource,
     dir: &std::path::Path,
     state_dir: &std::path::Path,
     address: Option<Ipv4Addr>,
@@ -472,7 +482,6 @@ fn run_standalone(
     let mut datapath = load_datapath(options)?;
     let shared = serve_admin(admin_addr)?;
     tracing::info!(admin = admin_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
-    let mut source = ManifestSource::new(dir);
     exit_on_signal()?;
     standalone::run_loop(&mut source, &store, datapath.as_mut(), address, &shared);
     Ok(())
