@@ -39,6 +39,10 @@ enum Command {
         /// Directory of YAML manifests (standalone mode).
         #[arg(long, conflicts_with = "kubernetes")]
         manifests: Option<PathBuf>,
+        /// How long a manifest file must stay gone before its objects are removed (so
+        /// that replacing a file, by `rm` then write or by an editor, causes no outage).
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        manifest_settle: std::time::Duration,
         /// Read objects from the Kubernetes API.
         #[arg(long)]
         kubernetes: bool,
@@ -210,6 +214,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::State { action, state_dir } => state_cmd(action, &state_dir),
         Command::Run {
             manifests,
+            manifest_settle,
             kubernetes,
             interfaces,
             state_dir,
@@ -256,7 +261,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let dir = manifests.context("--manifests DIR (or --kubernetes) is required")?;
             let metrics_addr = metrics_addr.as_deref();
-            run_standalone(&dir, &state_dir, address, &admin_addr, metrics_addr, &dp)
+            let source = ManifestSource::new(&dir, manifest_settle);
+            let admin = (admin_addr.as_str(), metrics_addr);
+            run_standalone(source, &dir, &state_dir, address, admin, &dp)
         }
     }
 }
@@ -288,6 +295,9 @@ fn check_cmd(
     for (_, f) in &files {
         for note in &f.ignored {
             eprintln!("note: {note}");
+        }
+        for w in &f.warnings {
+            eprintln!("warning: {w}");
         }
         for e in &f.errors {
             eprintln!("error: {e}");
@@ -466,11 +476,11 @@ struct DatapathOptions {
 }
 
 fn run_standalone(
+    mut source: ManifestSource,
     dir: &std::path::Path,
     state_dir: &std::path::Path,
     address: Option<Ipv4Addr>,
-    admin_addr: &str,
-    metrics_addr: Option<&str>,
+    (admin_addr, metrics_addr): (&str, Option<&str>),
     options: &DatapathOptions,
 ) -> anyhow::Result<()> {
     let store = Store::open(state_dir)
@@ -480,7 +490,6 @@ fn run_standalone(
     let mut datapath = load_datapath(options)?;
     let shared = serve_admin(admin_addr, metrics_addr)?;
     tracing::info!(admin = admin_addr, metrics = metrics_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
-    let mut source = ManifestSource::new(dir);
     exit_on_signal()?;
     standalone::run_loop(&mut source, &store, datapath.as_mut(), address, &shared);
     Ok(())

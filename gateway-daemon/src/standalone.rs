@@ -3,10 +3,10 @@
 //! store's lock, write claim changes, program the datapath, publish the state.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use crate::{
@@ -23,45 +23,67 @@ use crate::{
 pub const POLL: Duration = Duration::from_millis(200);
 
 /// Wakes the loop as soon as the manifest directory changes (inotify), or after a
-/// timeout; without inotify it simply waits `POLL`.
+/// timeout; without inotify it simply waits `POLL`. A directory deleted (or moved away)
+/// and created again is watched again once it is back.
 pub struct DirWatch {
     fd: Option<std::os::fd::OwnedFd>,
+    path: std::ffi::CString,
+    /// The directory is no longer watched (it was deleted or moved).
+    lost: std::cell::Cell<bool>,
 }
 
 impl DirWatch {
     /// Watches `dir` for files written, moved, created or deleted.
     pub fn new(dir: &Path) -> Self {
         use std::os::{fd::FromRawFd, unix::ffi::OsStrExt};
-        let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-            return DirWatch { fd: None };
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap_or_default();
+        let none = |path| DirWatch {
+            fd: None,
+            path,
+            lost: false.into(),
         };
+        if path.is_empty() {
+            return none(path);
+        }
         // SAFETY: plain syscalls; the descriptor is owned by the OwnedFd from here on.
         let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
         if fd < 0 {
-            return DirWatch { fd: None };
+            return none(path);
         }
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let watch = DirWatch {
+            fd: Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }),
+            path,
+            lost: false.into(),
+        };
+        // A directory missing at the start is watched once it appears.
+        watch.lost.set(!watch.add());
+        watch
+    }
+
+    /// Adds the watch on the directory's path; whether that worked.
+    fn add(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let Some(fd) = &self.fd else { return false };
         let mask = libc::IN_CLOSE_WRITE
             | libc::IN_MOVED_TO
             | libc::IN_MOVED_FROM
             | libc::IN_CREATE
             | libc::IN_DELETE
-            | libc::IN_MODIFY;
+            | libc::IN_MODIFY
+            | libc::IN_DELETE_SELF
+            | libc::IN_MOVE_SELF;
         // SAFETY: valid descriptor and NUL-terminated path.
-        if unsafe {
-            libc::inotify_add_watch(std::os::fd::AsRawFd::as_raw_fd(&fd), path.as_ptr(), mask)
-        } < 0
-        {
-            return DirWatch { fd: None };
-        }
-        DirWatch { fd: Some(fd) }
+        unsafe { libc::inotify_add_watch(fd.as_raw_fd(), self.path.as_ptr(), mask) >= 0 }
     }
 
     /// Waits until the directory changes or `timeout` passes. A change counts once the
     /// file is complete: closed after writing, moved in, or deleted. While some file is
     /// still being written, waits for it (at most 100 ms of a continuing burst).
     pub fn wait(&self, timeout: Duration) {
-        let Some(fd) = &self.fd else {
+        if self.lost.get() && self.add() {
+            self.lost.set(false);
+        }
+        let Some(fd) = self.fd.as_ref().filter(|_| !self.lost.get()) else {
             std::thread::sleep(POLL.min(timeout));
             return;
         };
@@ -113,6 +135,9 @@ impl DirWatch {
                 };
                 let (mask, len) = (field(4), field(12) as usize);
                 writing = Some(mask & (libc::IN_MODIFY | libc::IN_CREATE) != 0);
+                if mask & (libc::IN_IGNORED | libc::IN_MOVE_SELF) != 0 {
+                    self.lost.set(true);
+                }
                 at += 16 + len;
             }
         }
@@ -120,86 +145,199 @@ impl DirWatch {
 }
 
 /// The files of a manifest directory, each with its last good objects.
-#[derive(Default)]
+///
+/// Bookkeeping per look at the directory is one listing and one `stat` per file, with
+/// map lookups: O(n log n) for n files; a changed file costs its own parse.
 pub struct ManifestSource {
     dir: PathBuf,
+    settle: Duration,
     files: BTreeMap<PathBuf, Tracked>,
+    /// Where each object in force is defined.
+    definitions: manifests::Definitions,
+    /// Files whose current version defines an object another file defines: admitted
+    /// when that definition goes.
+    waiting: BTreeSet<PathBuf>,
 }
 
 struct Tracked {
+    /// Modification time and length of the version read.
     stamp: (SystemTime, u64),
+    /// The objects in force: the current version's, or the last good one's.
     objects: FileObjects,
-    /// The current version failed; `objects` is the last good one.
+    /// The current version failed: its errors.
     broken: Vec<String>,
+    /// The current version's unknown fields.
+    warnings: Vec<String>,
+    /// The current version, refused only for objects defined elsewhere.
+    refused: Option<FileObjects>,
+    /// When the file was first seen gone (its objects stay in force meanwhile).
+    gone_since: Option<Instant>,
 }
 
 impl ManifestSource {
-    /// Watches `dir`.
-    pub fn new(dir: &Path) -> Self {
+    /// Watches `dir`; a file's removal takes effect after it stays gone for `settle`
+    /// (`--manifest-settle`), so that a file replaced by `rm` then write, or by an
+    /// editor or a config tool, causes no outage.
+    pub fn new(dir: &Path, settle: Duration) -> Self {
         ManifestSource {
             dir: dir.to_path_buf(),
+            settle,
             files: BTreeMap::new(),
+            definitions: manifests::Definitions::default(),
+            waiting: BTreeSet::new(),
         }
     }
 
-    /// Re-reads files that changed; returns whether anything did, and the errors of
-    /// files newly found broken (their last good objects stay in force).
-    pub fn refresh(&mut self) -> std::io::Result<(bool, Vec<String>)> {
-        let mut seen = Vec::new();
+    /// Re-reads files that changed; returns whether any file did (or was removed), and
+    /// the errors of files newly found broken (their last good objects stay in force).
+    /// If the directory cannot be listed (it is gone), nothing changes.
+    pub fn refresh(&mut self) -> Result<(bool, Vec<String>), CycleError> {
+        let listed = manifests::list_dir(&self.dir).map_err(|e| CycleError::Manifests {
+            dir: self.dir.clone(),
+            source: e,
+        })?;
         let mut changed = false;
         let mut errors = Vec::new();
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(&self.dir)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.is_file()
-                    && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
-            })
-            .collect();
-        entries.sort();
-        for path in entries {
-            let Ok(meta) = std::fs::metadata(&path) else {
-                continue;
-            };
-            let stamp = (
+        let stamp_of = |path: &Path| {
+            let meta = std::fs::metadata(path).ok()?;
+            Some((
                 meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
                 meta.len(),
-            );
-            seen.push(path.clone());
-            if self.files.get(&path).is_some_and(|t| t.stamp == stamp) {
+            ))
+        };
+        // One merge of the listing with the files known, both in path order (one
+        // directory: comparing the paths' bytes orders them as `Path` does): files new
+        // or changed are read below; files gone stay in force until they have stayed
+        // gone for the settle time.
+        let now = Instant::now();
+        let mut to_read = Vec::new();
+        let (mut newly_gone, mut removed) = (Vec::new(), Vec::new());
+        let mut listed = listed.into_iter().peekable();
+        for (path, t) in &mut self.files {
+            while let Some(new) = listed.next_if(|p| p.as_os_str() < path.as_os_str()) {
+                to_read.extend(stamp_of(&new).map(|s| (new, s)));
+            }
+            if listed
+                .next_if(|p| p.as_os_str() == path.as_os_str())
+                .is_some()
+            {
+                if t.gone_since.take().is_some() {
+                    tracing::debug!(file = %path.display(), "manifest file is back");
+                }
+                match stamp_of(path) {
+                    Some(s) if s != t.stamp => to_read.push((path.clone(), s)),
+                    _ => {}
+                }
                 continue;
             }
-            let parsed = manifests::read_file(&path);
-            changed = true;
-            if parsed.errors.is_empty() {
-                self.files.insert(
-                    path,
-                    Tracked {
-                        stamp,
-                        objects: parsed,
-                        broken: Vec::new(),
-                    },
-                );
-            } else {
-                let messages: Vec<String> = parsed.errors.iter().map(ToString::to_string).collect();
-                errors.extend(messages.iter().cloned());
-                let objects = self
-                    .files
-                    .remove(&path)
-                    .map(|t| t.objects)
-                    .unwrap_or_default();
-                self.files.insert(
-                    path,
-                    Tracked {
-                        stamp,
-                        objects,
-                        broken: messages,
-                    },
-                );
+            let since = *t.gone_since.get_or_insert_with(|| {
+                newly_gone.push(path.clone());
+                now
+            });
+            if now.duration_since(since) >= self.settle {
+                removed.push(path.clone());
             }
         }
-        let before = self.files.len();
-        self.files.retain(|p, _| seen.contains(p));
-        Ok((changed || before != self.files.len(), errors))
+        for new in listed {
+            to_read.extend(stamp_of(&new).map(|s| (new, s)));
+        }
+        for (path, stamp) in to_read {
+            self.read(&path, stamp, &mut errors);
+            changed = true;
+        }
+        if !newly_gone.is_empty() {
+            tracing::info!(
+                files = %some_of(&newly_gone),
+                settle = %humantime::format_duration(self.settle),
+                "manifest files gone: their objects stay in force unless they are back within the settle time"
+            );
+        }
+        if !removed.is_empty() {
+            tracing::info!(files = %some_of(&removed), "manifest files removed: their objects are gone");
+            changed = true;
+        }
+        for path in removed {
+            if let Some(t) = self.files.remove(&path) {
+                self.waiting.remove(&path);
+                // Releasing definitions cannot fail.
+                let _ = self
+                    .definitions
+                    .replace(&path, &t.objects, &FileObjects::default());
+            }
+        }
+        // A file changed or removed may have let go of definitions others wait for.
+        if changed && !self.waiting.is_empty() {
+            self.admit_waiting();
+        }
+        Ok((changed, errors))
+    }
+
+    /// Reads a new version of `path`: in force if it is good, else its errors are
+    /// added to `errors` and the last good version stays.
+    fn read(&mut self, path: &Path, stamp: (SystemTime, u64), errors: &mut Vec<String>) {
+        let parsed = manifests::read_file(path);
+        for w in &parsed.warnings {
+            tracing::warn!("{w}");
+        }
+        let t = self
+            .files
+            .entry(path.to_path_buf())
+            .or_insert_with(|| Tracked {
+                stamp,
+                objects: FileObjects::default(),
+                broken: Vec::new(),
+                warnings: Vec::new(),
+                refused: None,
+                gone_since: None,
+            });
+        t.stamp = stamp;
+        t.warnings = parsed.warnings.clone();
+        t.refused = None;
+        self.waiting.remove(path);
+        let failed = if parsed.errors.is_empty() {
+            match self.definitions.replace(path, &t.objects, &parsed) {
+                Ok(()) => {
+                    t.objects = parsed;
+                    t.broken.clear();
+                    return;
+                }
+                Err(e) => {
+                    t.refused = Some(parsed);
+                    self.waiting.insert(path.to_path_buf());
+                    e
+                }
+            }
+        } else {
+            parsed.errors
+        };
+        t.broken = failed.iter().map(ToString::to_string).collect();
+        errors.extend(t.broken.iter().cloned());
+    }
+
+    /// Admits the files refused for objects defined elsewhere whose other definitions
+    /// are gone.
+    fn admit_waiting(&mut self) {
+        let waiting = std::mem::take(&mut self.waiting);
+        for path in waiting {
+            let Some(t) = self.files.get_mut(&path) else {
+                continue;
+            };
+            let Some(new) = t.refused.take() else {
+                continue;
+            };
+            match self.definitions.replace(&path, &t.objects, &new) {
+                Ok(()) => {
+                    tracing::info!(file = %path.display(), "manifest file admitted: the other definitions are gone");
+                    t.objects = new;
+                    t.broken.clear();
+                }
+                Err(e) => {
+                    t.broken = e.iter().map(ToString::to_string).collect();
+                    t.refused = Some(new);
+                    self.waiting.insert(path);
+                }
+            }
+        }
     }
 
     /// The objects in force, moved out (none copied) until `give_back`.
@@ -224,6 +362,27 @@ impl ManifestSource {
             .flat_map(|t| t.broken.iter().cloned())
             .collect()
     }
+
+    /// Unknown fields of the files' current versions.
+    pub fn warnings(&self) -> Vec<String> {
+        self.files
+            .values()
+            .flat_map(|t| t.warnings.iter().cloned())
+            .collect()
+    }
+}
+
+/// Up to five of `paths`, and how many more.
+fn some_of(paths: &[PathBuf]) -> String {
+    let mut s: Vec<String> = paths
+        .iter()
+        .take(5)
+        .map(|p| p.display().to_string())
+        .collect();
+    if paths.len() > 5 {
+        s.push(format!("and {} more", paths.len() - 5));
+    }
+    s.join(", ")
 }
 
 /// What the admin endpoint serves. The parts that come from a plan are shared, so that
@@ -236,6 +395,8 @@ pub struct Published {
     pub datapath: Arc<DesiredState>,
     /// Errors of broken manifest files.
     pub broken: Vec<String>,
+    /// Unknown fields in manifest files (warnings).
+    pub warnings: Vec<String>,
     /// Plans made.
     pub cycles: u64,
     /// Datapath counters, when a datapath is attached.
@@ -280,9 +441,14 @@ pub enum CycleError {
     /// The claim store failed.
     #[error("claim store")]
     Store(#[from] StoreError),
-    /// The manifest directory could not be read.
-    #[error("reading manifests")]
-    Manifests(#[source] std::io::Error),
+    /// The manifest directory could not be read (what was in force stays).
+    #[error("reading manifests from {}", dir.display())]
+    Manifests {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The datapath could not be programmed.
     #[error("programming the datapath")]
     Datapath(#[from] crate::datapath::DatapathError),
@@ -531,7 +697,7 @@ fn step(
     last_plan: &mut std::time::Instant,
     memo: &mut planner::Memo,
 ) -> Result<(), CycleError> {
-    let (changed, errors) = source.refresh().map_err(CycleError::Manifests)?;
+    let (changed, errors) = source.refresh()?;
     for e in &errors {
         tracing::error!("{e} (the last good version of this file stays in force)");
     }
@@ -564,6 +730,7 @@ fn step(
     let mut next = effects(plan, datapath, &prev)?;
     let t_effects = started.elapsed();
     next.broken = source.broken();
+    next.warnings = source.warnings();
     // A plan of many routes frees megabytes: give them back (about a millisecond).
     crate::memory::release_freed();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
@@ -704,7 +871,7 @@ pub fn refresh_traffic(shared: &Shared, dp: &Datapath) {
 
 /// The effects of a plan that every mode shares: programs the datapath (when there is
 /// one) and returns what to publish next, following `prev` (counters, traffic, cycles).
-/// The caller fills in `broken`.
+/// The caller fills in `broken` and `warnings`.
 pub fn effects(
     plan: Plan,
     datapath: Option<&mut Datapath>,
@@ -749,6 +916,7 @@ pub fn effects(
         state: Some(Arc::new(state)),
         datapath: Arc::new(desired),
         broken: Vec::new(),
+        warnings: Vec::new(),
         cycles: prev.cycles + 1,
         counters,
         last_error: None,

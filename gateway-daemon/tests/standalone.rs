@@ -268,6 +268,17 @@ fn a_second_daemon_on_the_same_state_directory_refuses_to_start_and_the_first_ke
     }
 }
 
+/// `berth check --manifests DIR`: whether it succeeded, and its stderr.
+fn check(dir: &Path) -> (bool, String) {
+    let out = berth(&[
+        std::ffi::OsStr::new("check"),
+        std::ffi::OsStr::new("--manifests"),
+        dir.as_os_str(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.success(), err)
+}
+
 fn berth(args: &[&std::ffi::OsStr]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(args)
@@ -400,16 +411,213 @@ fn a_manifest_file_that_is_not_text_is_an_error_naming_it() {
         std::fs::copy(examples().join(f), manifests.join(f)).expect("copy example");
     }
     std::fs::write(manifests.join("blob.yaml"), [0xff, 0xfe, 0x00, 0x81]).expect("write");
-    let out = berth(&[
-        std::ffi::OsStr::new("check"),
-        std::ffi::OsStr::new("--manifests"),
-        manifests.as_os_str(),
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let (ok, err) = check(&manifests);
+    assert!(!ok, "{err}");
     assert!(
         err.contains("blob.yaml") && err.contains("not UTF-8"),
         "the error names the file and why: {err}"
     );
     let _ = std::fs::remove_dir_all(&manifests);
+}
+
+/// A manifest directory holding some examples and a state directory, for one test;
+/// removed when the test ends, also when it fails (declare it before the daemon).
+struct Dirs {
+    manifests: PathBuf,
+    state: PathBuf,
+}
+
+impl Dirs {
+    fn new(tag: &str, files: &[&str]) -> Dirs {
+        let d = Dirs {
+            manifests: temp_dir(&format!("{tag}-man")),
+            state: temp_dir(&format!("{tag}-state")),
+        };
+        copy_examples(&d.manifests, files);
+        d
+    }
+}
+
+impl Drop for Dirs {
+    fn drop(&mut self) {
+        for dir in [&self.manifests, &self.state] {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn copy_examples(dir: &Path, files: &[&str]) {
+    for f in files {
+        std::fs::copy(examples().join(f), dir.join(f)).expect("copy example");
+    }
+}
+
+fn manifest_errors(d: &Daemon) -> Option<String> {
+    let m = berth::admin::get(&d.admin, "/metrics").ok()?;
+    m.lines()
+        .find_map(|l| l.strip_prefix("berth_manifest_errors "))
+        .map(str::to_string)
+}
+
+#[test]
+fn the_same_route_in_two_files_is_an_error_naming_both_and_the_first_stays_in_force() {
+    let dirs = Dirs::new("t7", &["gateway.yaml", "team-a.yaml"]);
+    let (manifests, state_dir) = (&dirs.manifests, &dirs.state);
+    let team_a = std::fs::read_to_string(manifests.join("team-a.yaml")).expect("read");
+    let (route, rest) = team_a.split_once("---\n").expect("documents");
+    let d = Daemon::start(manifests, state_dir);
+    let before = state(&d)["claims"].clone();
+    assert_eq!(port_of(&state(&d), "web"), Some(30000));
+
+    // The same route, with another port asked for, in a second file.
+    let copy = manifests.join("team-a-copy.yaml");
+    std::fs::write(&copy, route.replace("sectionName: tcp-pool", "port: 30500")).expect("write");
+    wait_for("the duplicate to be counted", || {
+        manifest_errors(&d).as_deref() == Some("1")
+    });
+    let s = state(&d);
+    assert_eq!(
+        s["claims"], before,
+        "the definition in force keeps its claim"
+    );
+    assert_eq!(port_of(&s, "web"), Some(30000), "{s:#}");
+    assert_eq!(s["routes"].as_array().map(Vec::len), Some(1), "{s:#}");
+
+    let (ok, err) = check(manifests);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("team-a.yaml document 1: TCPRoute team-a/web: also defined in")
+            && err.contains("team-a-copy.yaml document 1"),
+        "the error names the object and both files: {err}"
+    );
+
+    // Moving the route: once the first file lets go of it, the copy is in force.
+    std::fs::write(manifests.join("team-a.yaml"), rest).expect("write");
+    wait_for("the copy to be admitted", || {
+        manifest_errors(&d).as_deref() == Some("0")
+            && state(&d)["routes"][0]["status"]["parents"][0]["parentRef"]["port"] == 30500
+    });
+    drop(d);
+
+    // A first start with both files present: the first file by name wins.
+    std::fs::write(manifests.join("team-a.yaml"), &team_a).expect("write");
+    let d = Daemon::start(manifests, state_dir);
+    wait_for("the later file to be counted broken", || {
+        manifest_errors(&d).as_deref() == Some("1")
+    });
+    let s = state(&d);
+    assert_eq!(
+        s["routes"][0]["status"]["parents"][0]["parentRef"]["port"], 30500,
+        "team-a-copy.yaml comes first: {s:#}"
+    );
+}
+
+#[test]
+fn a_replaced_file_causes_no_outage_and_a_removed_one_goes_after_the_settle_time() {
+    let dirs = Dirs::new("t8", &["gateway.yaml", "team-a.yaml", "team-b.yaml"]);
+    let (manifests, state_dir) = (&dirs.manifests, &dirs.state);
+    let d = Daemon::start_with(manifests, state_dir, &["--manifest-settle", "3s"]);
+    let before = state(&d);
+    let ports = |s: &Value| (port_of(s, "web"), port_of(s, "dns"));
+    assert_eq!(ports(&before), (Some(30000), Some(30053)), "{before:#}");
+
+    // The Gateway's file replaced by rm, then a write a second later: every route keeps
+    // its port and every claim stays, all along.
+    let gateway = std::fs::read_to_string(manifests.join("gateway.yaml")).expect("read");
+    std::fs::remove_file(manifests.join("gateway.yaml")).expect("rm");
+    let gap = Instant::now();
+    while gap.elapsed() < Duration::from_secs(1) {
+        let s = state(&d);
+        assert_eq!(ports(&s), ports(&before), "while the file is gone: {s:#}");
+        assert_eq!(s["claims"], before["claims"]);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let plans = plans_total(&d);
+    std::fs::write(manifests.join("gateway.yaml"), gateway).expect("write");
+    wait_for("the rewritten file to be read", || plans_total(&d) > plans);
+    let s = state(&d);
+    assert_eq!(ports(&s), ports(&before), "{s:#}");
+    assert_eq!(s["claims"], before["claims"]);
+
+    // Removed for good: gone after the settle time.
+    std::fs::remove_file(manifests.join("team-b.yaml")).expect("rm");
+    wait_for("team-b's route to go", || {
+        port_of(&state(&d), "dns").is_none()
+    });
+    assert_eq!(port_of(&state(&d), "web"), Some(30000));
+}
+
+fn plans_total(d: &Daemon) -> u64 {
+    berth::admin::get(&d.admin, "/metrics")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("berth_plans_total "))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_missing_manifest_directory_keeps_the_last_state_and_makes_the_daemon_not_ready() {
+    let files = ["gateway.yaml", "team-a.yaml"];
+    let dirs = Dirs::new("t9", &files);
+    let (manifests, state_dir) = (&dirs.manifests, &dirs.state);
+    let d = Daemon::start_with(manifests, state_dir, &["--manifest-settle", "3s"]);
+    let before = state(&d)["claims"].clone();
+
+    std::fs::remove_dir_all(manifests).expect("rm -r");
+    wait_for("not ready, naming the directory", || {
+        d.readyz()
+            .is_some_and(|(ok, body)| !ok && body.contains(&manifests.display().to_string()))
+    });
+    let s = state(&d);
+    assert_eq!(
+        s["claims"], before,
+        "claims kept while the directory is gone"
+    );
+    assert_eq!(port_of(&s, "web"), Some(30000), "{s:#}");
+
+    // Created again, empty at first, then filled: nothing is lost on the way.
+    std::fs::create_dir(manifests).expect("mkdir");
+    wait_for("ready again", || d.readyz().is_some_and(|(ok, _)| ok));
+    assert_eq!(port_of(&state(&d), "web"), Some(30000), "right after mkdir");
+    let plans = plans_total(&d);
+    copy_examples(manifests, &files);
+    wait_for("the files to be read again", || plans_total(&d) > plans);
+    let s = state(&d);
+    assert_eq!(s["claims"], before);
+    assert_eq!(port_of(&s, "web"), Some(30000), "{s:#}");
+}
+
+#[test]
+fn unknown_fields_are_warnings_in_check_and_logged_once_per_file_version_in_run() {
+    let dirs = Dirs::new("t10", &["gateway.yaml"]);
+    let (manifests, state_dir) = (&dirs.manifests, &dirs.state);
+    let team_a = std::fs::read_to_string(examples().join("team-a.yaml")).expect("read");
+    std::fs::write(
+        manifests.join("team-a.yaml"),
+        team_a.replace("sectionName: tcp-pool", "sectionname: tcp-pool"),
+    )
+    .expect("write");
+    let warning =
+        "team-a.yaml document 1: TCPRoute team-a/web: unknown field \"spec.parentRefs[0].sectionname\"";
+
+    let (ok, err) = check(manifests);
+    assert!(ok, "warnings do not fail the check: {err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("warning: ") && l.ends_with(warning)),
+        "{err}"
+    );
+
+    let mut d = Daemon::spawn(manifests, state_dir, true);
+    wait_for("readiness", || d.readyz().is_some_and(|(ok, _)| ok));
+    // More plans: the warning is not repeated for the same version of the file.
+    copy_examples(manifests, &["team-b.yaml"]);
+    wait_for("team-b's route", || port_of(&state(&d), "dns").is_some());
+    // SAFETY: signals a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) }, 0);
+    let (_, log) = d.exit("berth run ignored SIGTERM");
+    assert_eq!(log.matches(warning).count(), 1, "{log}");
 }

@@ -73,3 +73,57 @@ fn example_and_test_manifests_validate_against_the_upstream_crds() {
         failures.join("\n")
     );
 }
+
+/// `src/upstream-fields.txt`, the field paths `berth` checks Gateway API manifests
+/// against to warn about unknown fields, is what the upstream CRDs define (`BLESS=1`
+/// rewrites it): `[]` for a list's items, `*` for a map's keys, `**` for anything below.
+#[test]
+fn the_field_list_unknown_fields_are_found_with_is_the_upstream_crds() {
+    fn join(a: &str, b: &str) -> String {
+        if a.is_empty() {
+            b.to_string()
+        } else {
+            format!("{a}.{b}")
+        }
+    }
+    fn walk(kind: &str, s: &Value, at: &str, out: &mut std::collections::BTreeSet<String>) {
+        if s["x-kubernetes-preserve-unknown-fields"] == true {
+            out.insert(format!("{kind} {}", join(at, "**")));
+        }
+        if let Some(fields) = s["properties"].as_object() {
+            for (k, sub) in fields {
+                let p = join(at, k);
+                out.insert(format!("{kind} {p}"));
+                match (at, k.as_str()) {
+                    // Checked against ObjectMeta; a status is not Berth's to check.
+                    ("", "metadata") => {}
+                    ("", "status") => {
+                        out.insert(format!("{kind} status.**"));
+                    }
+                    _ => walk(kind, sub, &p, out),
+                }
+            }
+        }
+        if s["items"].is_object() {
+            walk(kind, &s["items"], &format!("{at}[]"), out);
+        }
+        if s["additionalProperties"].is_object() {
+            out.insert(format!("{kind} {}", join(at, "*")));
+            walk(kind, &s["additionalProperties"], &join(at, "*"), out);
+        }
+    }
+    let mut fields = std::collections::BTreeSet::new();
+    for ((kind, _), schema) in common::upstream_schemas() {
+        walk(&kind, &schema.raw, "", &mut fields);
+    }
+    let want: String = fields.into_iter().map(|l| l + "\n").collect();
+    let path = common::repo_root().join("gateway-daemon/src/upstream-fields.txt");
+    if std::env::var_os("BLESS").is_some() {
+        std::fs::write(&path, &want).expect("write");
+    }
+    assert!(
+        std::fs::read_to_string(&path).expect("read") == want,
+        "{} is stale: run BLESS=1 cargo test -p gateway-daemon --test upstream_schemas",
+        path.display()
+    );
+}

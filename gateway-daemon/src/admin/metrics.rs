@@ -98,6 +98,12 @@ fn families(p: &Published) -> Families {
         )
         .with(vec![], p.broken.len() as u64),
         Family::new(
+            "berth_manifest_warnings",
+            "Unknown fields in the manifests' current versions (each is logged).",
+            Gauge,
+        )
+        .with(vec![], p.warnings.len() as u64),
+        Family::new(
             "berth_cycle_failing",
             "1 while the last plan/commit/program cycle failed.",
             Gauge,
@@ -284,6 +290,8 @@ mod tests {
             "berth_plans_total 7",
             "# TYPE berth_manifest_errors gauge",
             "berth_manifest_errors 0",
+            "# TYPE berth_manifest_warnings gauge",
+            "berth_manifest_warnings 0",
             "berth_cycle_failing 0",
             "# TYPE berth_datapath_packets_total counter",
             "berth_datapath_packets_total{reason=\"redirect\"} 5",

@@ -33,6 +33,11 @@ impl Daemon {
     /// Starts `berth run --manifests MANIFESTS --state-dir STATE` on a free admin port,
     /// without waiting; its stderr is piped (read it with `exit`) or dropped.
     pub fn spawn(manifests: &Path, state: &Path, keep_stderr: bool) -> Daemon {
+        Daemon::spawn_with(manifests, state, keep_stderr, &[])
+    }
+
+    /// `spawn` with more arguments for `berth run`.
+    pub fn spawn_with(manifests: &Path, state: &Path, keep_stderr: bool, args: &[&str]) -> Daemon {
         let admin = {
             let l = TcpListener::bind("127.0.0.1:0").expect("free port");
             l.local_addr().expect("addr").to_string()
@@ -43,6 +48,7 @@ impl Daemon {
             .arg("--state-dir")
             .arg(state)
             .args(["--admin-addr", &admin])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(if keep_stderr {
                 Stdio::piped()
@@ -56,7 +62,12 @@ impl Daemon {
 
     /// `spawn`, then waits until it is ready.
     pub fn start(manifests: &Path, state: &Path) -> Daemon {
-        let d = Daemon::spawn(manifests, state, false);
+        Daemon::start_with(manifests, state, &[])
+    }
+
+    /// `spawn_with`, then waits until it is ready.
+    pub fn start_with(manifests: &Path, state: &Path, args: &[&str]) -> Daemon {
+        let d = Daemon::spawn_with(manifests, state, false, args);
         wait_for("readiness", || d.readyz().is_some_and(|(ok, _)| ok));
         d
     }

@@ -1,6 +1,10 @@
 //! `cargo xtask bench planner`: planning time for 100, 1k and 10k routes over a
 //! 20k-port range, a full plan from no claims and a one-route change with every other
 //! claim in place. Prints a table and, last, one JSON line.
+//!
+//! With `--files`: the manifest source's bookkeeping with 10k files of one route each
+//! (one file per team): the first load, a look at the unchanged directory (made at
+//! every wake-up), and one file changed.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -137,7 +141,85 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+/// The `--files` case: times of the standalone manifest source with `n` route files.
+fn bench_files(n: usize) {
+    use berth::standalone::ManifestSource;
+    let dir = std::env::temp_dir().join(format!("berth-bench-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let route = |i: usize, port: u16| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+             metadata: {{name: web, namespace: team-{i}}}\n\
+             spec:\n  parentRefs: [{{name: shared, namespace: infra, port: {port}}}]\n  \
+             rules: [{{backendRefs: [{{name: web, port: 80}}]}}]\n"
+        )
+    };
+    for i in 0..n {
+        std::fs::write(dir.join(format!("team-{i:05}.yaml")), route(i, 30000)).expect("write");
+    }
+    let mut source = ManifestSource::new(&dir, Duration::from_secs(5));
+    let t = Instant::now();
+    let (changed, errors) = source.refresh().expect("refresh");
+    let first = t.elapsed();
+    assert!(changed && errors.is_empty(), "{errors:?}");
+    let snapshot_of = |source: &mut ManifestSource| {
+        let t = Instant::now();
+        let (snap, layout) = source.take_snapshot();
+        assert_eq!(snap.routes.len(), n);
+        source.give_back(snap, layout);
+        t.elapsed()
+    };
+    let mut idle = Vec::new();
+    let mut change = Vec::new();
+    let mut snapshot = Vec::new();
+    for run in 0..RUNS {
+        let t = Instant::now();
+        let (changed, _) = source.refresh().expect("refresh");
+        idle.push(t.elapsed());
+        assert!(!changed);
+        // A longer file: its stamp changes even within the file system's time grain.
+        let port = 30001 + run as u16 * 1000;
+        std::fs::write(dir.join("team-00042.yaml"), route(42, port)).expect("write");
+        let t = Instant::now();
+        let (changed, _) = source.refresh().expect("refresh");
+        change.push(t.elapsed());
+        assert!(changed);
+        snapshot.push(snapshot_of(&mut source));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (idle, change, snapshot) = (median(idle), median(change), median(snapshot));
+    println!("manifest source with {n} files of one route each, median of {RUNS} runs");
+    println!(
+        "{:<44} {:>10.1}",
+        "first load (read and parse all) ms",
+        ms(first)
+    );
+    println!(
+        "{:<44} {:>10.2}",
+        "look at the unchanged directory ms",
+        ms(idle)
+    );
+    println!("{:<44} {:>10.2}", "one file changed ms", ms(change));
+    println!(
+        "{:<44} {:>10.2}",
+        "snapshot taken and given back ms",
+        ms(snapshot)
+    );
+    println!(
+        "{{\"files\":{n},\"first_load_ms\":{:.1},\"idle_look_ms\":{:.2},\"one_change_ms\":{:.2},\"snapshot_ms\":{:.2}}}",
+        ms(first),
+        ms(idle),
+        ms(change),
+        ms(snapshot)
+    );
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "--files") {
+        return bench_files(10_000);
+    }
     let now = SystemTime::now();
     let mut rows = Vec::new();
     for n in [100usize, 1_000, 10_000] {
