@@ -322,6 +322,9 @@ fn check_cmd(
         ephemeral_ports: None,
         allocate: true,
     });
+    for why in &plan.released {
+        eprintln!("warning: {why}");
+    }
     print_document(&check::document(&plan), output)
 }
 

@@ -530,7 +530,13 @@ pub fn cycle(
             "cycle"
         );
         match r {
-            Ok(()) => return Ok(plan),
+            Ok(()) => {
+                // Said once: the claim is released for good by this commit.
+                for why in &plan.released {
+                    tracing::warn!("{why}");
+                }
+                return Ok(plan);
+            }
             // Someone else created that claim meanwhile: read again and plan again.
             Err(StoreError::AlreadyExists { .. }) => continue,
             Err(e) => return Err(e.into()),
@@ -907,6 +913,7 @@ pub fn effects(
         datapath: desired,
         owners,
         usage,
+        released: _,
     } = plan;
     let mut state = StateDocument::after(gateways, routes, &claims, prev.state.as_deref());
     if let Some(old) = &prev.state {

@@ -108,7 +108,10 @@ impl Daemon {
             .arg("--state-dir")
             .arg(&dirs.state)
             .arg("--pin-dir")
-            .arg(&dirs.pins);
+            .arg(&dirs.pins)
+            // A removed route file takes effect after half a second, not the default 5 s
+            // (the settle time itself is tested in gateway-daemon/tests/standalone.rs).
+            .args(["--manifest-settle", "500ms"]);
         for iface in interfaces {
             cmd.args(["--interface", iface.as_ref()]);
         }

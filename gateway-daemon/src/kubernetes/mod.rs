@@ -211,6 +211,9 @@ impl Controller {
             }
             match result {
                 Ok(()) => {
+                    for why in &plan.released {
+                        tracing::warn!("{why}");
+                    }
                     self.write_statuses(view, &plan, now).await?;
                     return Ok(plan);
                 }

@@ -79,6 +79,11 @@ pub struct Plan {
     /// Port usage of every range listener.
     #[serde(skip)]
     pub usage: Vec<ListenerUsage>,
+    /// Bound claims this plan released although their route still attaches to their
+    /// Gateway, and why (a port outside the listener's range, a second claim of the
+    /// route on its listener): worth a warning, since a claim is released only here.
+    #[serde(skip)]
+    pub released: Vec<String>,
 }
 
 /// A route's identity.
@@ -854,6 +859,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     sort_claims(&mut claims);
     let gw_index = &gateway_at;
     let mut kept = Vec::with_capacity(claims.len());
+    let mut released = Vec::new();
     for mut claim in claims {
         let Some(&gi) = gw_index.get(&(claim.metadata.ns(), claim.spec.gateway.as_str())) else {
             // The Gateway is gone (or no longer ours): release its claims, and forget
@@ -899,7 +905,17 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
             };
             match holder {
                 Some(ai) => attachments[ai].claim = Some(kept.len()),
-                None => release(&mut claim, input.now),
+                None => {
+                    let attached = attachments_named(&claim.spec.route).filter(|&ai| {
+                        let a = &attachments[ai];
+                        a.gw == gi && holds(&claim.spec.route, a.route)
+                    });
+                    released.extend(
+                        unheld(&claim, gw, attached.map(|ai| &attachments[ai]))
+                            .map(|why| format!("claim {} released: {why}", claim_label(&claim))),
+                    );
+                    release(&mut claim, input.now)
+                }
             }
             kept.push(Some(claim));
         } else if cooled_down(&claim, gw.cooldown, input.now) {
@@ -1294,7 +1310,61 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         datapath,
         owners,
         usage,
+        released,
     }
+}
+
+/// Why a bound claim of a route that still attaches to the claim's Gateway holds none
+/// of its attachments, when that is not the user's own doing (a route that moved to
+/// another listener or asks for another port): its port lies outside the listener's
+/// range (a range that shrank, or a record from elsewhere), or every attachment of the
+/// route to that listener holds an earlier claim.
+fn unheld<'a>(
+    claim: &PortClaim,
+    gw: &Gw,
+    attached: impl Iterator<Item = &'a Attachment<'a>>,
+) -> Option<String> {
+    let li = gw
+        .listeners
+        .iter()
+        .position(|l| l.spec.name == claim.spec.listener)?;
+    let l = &gw.listeners[li];
+    let port = claim.spec.port;
+    // The route's attachments that this listener may serve with this very port.
+    let mut on_listener = attached
+        .filter(|a| {
+            matches!(&*a.attach, Attach::Listeners { ranges, requested, .. }
+                if ranges.contains(&li) && requested.is_none_or(|p| p == port))
+        })
+        .peekable();
+    on_listener.peek()?;
+    if let Some((first, last)) = l.range.filter(|&(x, y)| !(x..=y).contains(&port)) {
+        return Some(format!(
+            "port {port} is outside listener {}'s range {first}-{last}",
+            l.spec.name
+        ));
+    }
+    if l.yielded_at(port).is_some() {
+        // Said by the listener's own conditions (PortUnavailable).
+        return None;
+    }
+    on_listener.all(|a| a.claim.is_some()).then(|| {
+        format!(
+            "its route already holds another port of listener {}",
+            l.spec.name
+        )
+    })
+}
+
+/// `namespace/name (protocol port)` of a claim, for messages.
+fn claim_label(c: &PortClaim) -> String {
+    format!(
+        "{}/{} ({} {})",
+        c.metadata.ns(),
+        c.metadata.name,
+        c.spec.protocol,
+        c.spec.port
+    )
 }
 
 /// A Gateway's `Programmed` condition: served on at least one address, or why not.
