@@ -465,10 +465,16 @@ fn a_full_range_and_a_quota_say_why_and_a_freed_port_goes_to_the_oldest_waiting_
     ] {
         std::fs::write(dirs.manifests.join(format!("{ns}.yaml")), with_time(ns, t)).expect("write");
     }
-    let extra = web_route("team-a", None, "web").replace(
-        "name: web\n  namespace: team-a",
-        "name: extra\n  namespace: team-a",
-    );
+    // The route alone: team A's Service and EndpointSlice are defined in team-a.yaml
+    // already, and an object defined in two files is an error.
+    let extra = web_route("team-a", None, "web")
+        .split("---\n")
+        .next()
+        .expect("the route document")
+        .replace(
+            "name: web\n  namespace: team-a",
+            "name: extra\n  namespace: team-a",
+        );
     std::fs::write(dirs.manifests.join("team-a-extra.yaml"), extra).expect("write");
     wait_until("all routes planned", Duration::from_secs(10), || {
         daemon.routes(&topo.gateway).len() == 7
