@@ -51,12 +51,16 @@ fn record(name: &str, port: u16, route: &str) -> String {
     )
 }
 
-fn berth(args: &[&str], dir: &TempDir) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+fn run(args: &[&str], dir: &TempDir) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(args)
         .args(["--state-dir".as_ref(), dir.0.join("state").as_os_str()])
         .output()
-        .expect("berth");
+        .expect("berth")
+}
+
+fn berth(args: &[&str], dir: &TempDir) -> (bool, String) {
+    let out = run(args, dir);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -65,10 +69,10 @@ fn berth(args: &[&str], dir: &TempDir) -> (bool, String) {
     (out.status.success(), text)
 }
 
-/// The ports each route is served on, per `berth check --state-dir`.
-fn served(dir: &TempDir) -> Vec<(String, u64)> {
+/// The ports each route is served on, per `berth check --state-dir`, and its warnings.
+fn served(dir: &TempDir) -> (Vec<(String, u64)>, String) {
     let m = dir.0.join("manifests");
-    let (ok, text) = berth(
+    let out = run(
         &[
             "check",
             "-o",
@@ -78,8 +82,9 @@ fn served(dir: &TempDir) -> Vec<(String, u64)> {
         ],
         dir,
     );
-    assert!(ok, "{text}");
-    let doc: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let warnings = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{warnings}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let mut out = Vec::new();
     for r in doc["routes"].as_array().expect("routes") {
         for p in r["status"]["parents"].as_array().expect("parents") {
@@ -88,7 +93,7 @@ fn served(dir: &TempDir) -> Vec<(String, u64)> {
             }
         }
     }
-    out
+    (out, warnings)
 }
 
 #[test]
@@ -111,7 +116,7 @@ fn a_port_held_twice_is_listed_by_state_check_and_the_later_record_is_not_served
     ] {
         assert!(text.contains(part), "{part} in: {text}");
     }
-    let mut ports = served(&dir);
+    let (mut ports, _) = served(&dir);
     ports.sort();
     assert_eq!(ports, vec![("a".into(), 30000), ("b".into(), 30001)]);
     let (ok, text) = berth(&["state", "repair"], &dir);
@@ -129,10 +134,18 @@ fn a_claim_outside_its_listeners_range_is_not_served() {
         record("shared-tcp-31500", 31500, "a"),
     )
     .expect("journal");
+    let (ports, warnings) = served(&dir);
     assert_eq!(
-        served(&dir),
+        ports,
         vec![("a".into(), 30000)],
         "a port of the range, not the stored 31500"
+    );
+    assert!(
+        warnings.contains(
+            "warning: claim infra/shared-tcp-31500 (TCP 31500) released: port 31500 is \
+             outside listener tcp-pool's range"
+        ),
+        "{warnings}"
     );
 }
 
@@ -146,6 +159,10 @@ fn of_two_claims_of_one_route_on_one_listener_one_is_served() {
     ]
     .concat();
     std::fs::write(dir.0.join("state/claims.log"), journal).expect("journal");
-    let ports = served(&dir);
+    let (ports, warnings) = served(&dir);
     assert_eq!(ports.len(), 1, "{ports:?}");
+    assert!(
+        warnings.contains("released: its route already holds another port of listener tcp-pool"),
+        "{warnings}"
+    );
 }
