@@ -1,0 +1,223 @@
+//! A journal: a file of records, one per line, appended to and fsynced, rewritten whole
+//! (temporary file fsynced, renamed over, directory fsynced) when it has grown.
+//!
+//! A `kill -9` (or a crash) at any instant leaves at worst a torn last line, which
+//! readers ignore and the next append cuts off; a failed append is truncated back, so a
+//! batch is either held whole or not at all. Temporary files are named after the
+//! writer's pid, so those of dead writers can be told and removed.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io::{self, Write},
+    marker::PhantomData,
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use super::{io_err, Result, StoreError};
+
+/// The records of one journal: its file name, how a line reads and how it is written.
+pub(super) trait Format {
+    /// The file name in the state directory.
+    const FILE: &'static str;
+    /// One record, as read from a line (borrowing from it) or to be written.
+    type Record<'l>;
+    /// Parses one line (without its newline); what is wrong with it otherwise.
+    fn parse(line: &str) -> std::result::Result<Self::Record<'_>, String>;
+    /// Appends the line of `record`, with its newline, to `out`.
+    fn write(record: &Self::Record<'_>, out: &mut String) -> std::result::Result<(), String>;
+}
+
+/// The journal of format `F` in a state directory.
+pub(super) struct Journal<F> {
+    dir: PathBuf,
+    path: PathBuf,
+    format: PhantomData<fn() -> F>,
+}
+
+impl<F: Format> Journal<F> {
+    /// The journal of state directory `dir` (nothing is read or created yet).
+    pub(super) fn new(dir: &Path) -> Self {
+        Journal {
+            dir: dir.to_path_buf(),
+            path: dir.join(F::FILE),
+            format: PhantomData,
+        }
+    }
+
+    /// The journal's file.
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the journal, passing each record and its line number (from 1) to `apply`;
+    /// a line that does not parse makes the journal `Corrupt`. Returns the number of
+    /// lines (none if there is no journal).
+    pub(super) fn replay(&self, mut apply: impl FnMut(F::Record<'_>, usize)) -> Result<usize> {
+        let lines = read_lines(&self.path)?;
+        for (n, line) in lines.iter().enumerate() {
+            let record = F::parse(line).map_err(|message| StoreError::Corrupt {
+                path: self.path.clone(),
+                message: format!("line {}: {message}", n + 1),
+            })?;
+            apply(record, n + 1);
+        }
+        Ok(lines.len())
+    }
+
+    /// The lines of `records`.
+    pub(super) fn text(&self, records: &[F::Record<'_>]) -> Result<String> {
+        let mut text = String::new();
+        for record in records {
+            F::write(record, &mut text).map_err(|message| StoreError::Corrupt {
+                path: self.path.clone(),
+                message,
+            })?;
+        }
+        Ok(text)
+    }
+
+    /// Appends `text` (whole lines), durably, first cutting off a torn last line.
+    pub(super) fn append(&self, text: &str) -> Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = &self.path;
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io_err("opening", path))?;
+        // Cut off a torn last line before appending after it.
+        let mut old = Vec::new();
+        let len = f.metadata().map_err(io_err("reading", path))?.len();
+        if len > 0 {
+            let mut last = [0u8];
+            f.seek(SeekFrom::Start(len - 1))
+                .and_then(|_| f.read_exact(&mut last))
+                .map_err(io_err("reading", path))?;
+            if last[0] != b'\n' {
+                f.seek(SeekFrom::Start(0))
+                    .and_then(|_| f.read_to_end(&mut old))
+                    .map_err(io_err("reading", path))?;
+                let keep = old.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+                f.set_len(keep as u64).map_err(io_err("truncating", path))?;
+            }
+        }
+        let before = f
+            .seek(SeekFrom::End(0))
+            .map_err(io_err("appending to", path))?;
+        if let Err(e) = f.write_all(text.as_bytes()).and_then(|()| f.sync_data()) {
+            // Leave the journal as it was (a failed batch is not half held); if even
+            // that fails, the reader ignores a torn last line and the next append cuts it.
+            let _ = f.set_len(before).and_then(|()| f.sync_data());
+            return Err(io_err("appending to", path)(e));
+        }
+        if len == 0 {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the journal with `text`, atomically and durably.
+    pub(super) fn rewrite(&self, text: &str) -> Result<()> {
+        rewrite_file(&self.dir, F::FILE, text)
+    }
+}
+
+/// Whether a journal of `lines` lines holding `records` records has grown enough to be
+/// rewritten whole (to twice what it holds, and some).
+pub(super) fn worth_rewriting(lines: usize, records: usize) -> bool {
+    lines > 2 * records + 64
+}
+
+/// The complete lines of a journal (a last line without its newline is a torn append,
+/// not part of it); none if there is no journal.
+pub(super) fn read_lines(path: &Path) -> Result<Vec<String>> {
+    let text = match fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("reading", path)(e)),
+    };
+    Ok(text
+        .split_inclusive('\n')
+        .filter_map(|l| l.strip_suffix('\n'))
+        .map(str::to_string)
+        .collect())
+}
+
+/// Replaces file `name` of `dir` with `text`, atomically and durably.
+pub(super) fn rewrite_file(dir: &Path, name: &str, text: &str) -> Result<()> {
+    let path = dir.join(name);
+    let tmp = write_tmp(dir, text)?;
+    if let Err(e) = fs::rename(&tmp, &path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err("replacing", &path)(e));
+    }
+    sync_dir(dir)
+}
+
+/// Removes the temporary files in `dirs` left by writers killed mid-write (their
+/// process is gone).
+pub(super) fn remove_stale_temporaries(dirs: &[PathBuf]) -> Result<()> {
+    for d in dirs {
+        for f in read_dir(d)? {
+            let name = f
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let Some(pid) = name.strip_prefix(".tmp-").and_then(|r| r.split('-').next()) else {
+                continue;
+            };
+            if !Path::new("/proc").join(pid).exists() {
+                let _ = fs::remove_file(&f);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The entries of `dir`; none if it does not exist.
+pub(super) fn read_dir(dir: &Path) -> Result<Vec<PathBuf>> {
+    match fs::read_dir(dir) {
+        Ok(entries) => Ok(entries.filter_map(|e| e.ok().map(|e| e.path())).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(io_err("listing", dir)(e)),
+    }
+}
+
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Writes `text` to a new temporary file in `dir` and fsyncs it.
+fn write_tmp(dir: &Path, text: &str) -> Result<PathBuf> {
+    let tmp = write_tmp_unsynced(dir, text)?;
+    if let Err(e) = File::open(&tmp).and_then(|f| f.sync_all()) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err("syncing", &tmp)(e));
+    }
+    Ok(tmp)
+}
+
+/// Writes `text` to a new temporary file in `dir` (not yet durable).
+pub(super) fn write_tmp_unsynced(dir: &Path, text: &str) -> Result<PathBuf> {
+    let n = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".tmp-{}-{n}", std::process::id()));
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(io_err("creating", &tmp))?;
+    // A temporary file left behind by a full disk would only fill it further.
+    if let Err(e) = f.write_all(text.as_bytes()) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err("writing", &tmp)(e));
+    }
+    Ok(tmp)
+}
+
+/// Makes the entries of `dir` (created, renamed, removed files) durable.
+pub(super) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("syncing", dir))
+}
