@@ -20,7 +20,7 @@ use crate::{
     datapath::{Protocol, ServiceAddr},
     model::claim_name,
     planner::{status::RouteParentStatus, RouteEntry},
-    standalone::Published,
+    publish::Published,
 };
 
 /// Which endpoints a listener serves.

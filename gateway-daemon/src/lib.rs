@@ -13,6 +13,7 @@ pub mod memory;
 pub mod model;
 pub mod netlink;
 pub mod planner;
+pub mod publish;
 pub mod standalone;
 pub mod store;
 

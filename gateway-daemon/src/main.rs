@@ -14,7 +14,8 @@ use berth::{
     check::{self, StateDocument},
     datapath::{self, AttachMode, Attached, Config, Datapath, LinkChange},
     manifests, planner,
-    standalone::{self, ManifestSource, Published},
+    publish::{Published, Shared},
+    standalone::{self, ManifestSource},
     store::Store,
 };
 use clap::{Parser, Subcommand, ValueEnum};
@@ -664,7 +665,7 @@ fn uninstall(pin_dir: &std::path::Path, address_interface: &str) -> anyhow::Resu
 
 /// Binds the admin endpoint (and the metrics endpoint, if asked for) and serves them
 /// from a thread; returns what they serve.
-fn serve_admin(admin_addr: &str, metrics_addr: Option<&str>) -> anyhow::Result<standalone::Shared> {
+fn serve_admin(admin_addr: &str, metrics_addr: Option<&str>) -> anyhow::Result<Shared> {
     let shared = Arc::new(Mutex::new(Arc::new(Published::default())));
     let bind = |what: &str, addr: &str| {
         TcpListener::bind(addr).with_context(|| format!("binding the {what} endpoint {addr}"))
