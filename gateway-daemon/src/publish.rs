@@ -11,10 +11,10 @@ use std::{
 };
 
 use crate::{
-    check::StateDocument,
     datapath::{Datapath, DesiredState},
     model::ClaimPhase,
     planner::Plan,
+    state_document::StateDocument,
 };
 
 /// What the admin endpoint serves. The parts that come from a plan are shared, so that
