@@ -16,11 +16,11 @@ use hyper::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    check::StateDocument,
     datapath::{Protocol, ServiceAddr},
     model::claim_name,
     planner::{status::RouteParentStatus, RouteEntry},
-    standalone::Published,
+    publish::Published,
+    state_document::StateDocument,
 };
 
 /// Which endpoints a listener serves.

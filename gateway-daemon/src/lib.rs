@@ -3,7 +3,6 @@
 //! This library holds the daemon's parts; the `berth` binary is a thin `main` over it.
 
 pub mod admin;
-pub mod check;
 pub mod crd;
 pub mod datapath;
 pub mod host;
@@ -12,8 +11,11 @@ pub mod manifests;
 pub mod memory;
 pub mod model;
 pub mod netlink;
+pub mod output;
 pub mod planner;
+pub mod publish;
 pub mod standalone;
+pub mod state_document;
 pub mod store;
 
 /// An error and its sources on one line, `: `-separated (for logs and test failures).

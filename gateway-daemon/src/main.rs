@@ -11,10 +11,11 @@ use std::{
 use anyhow::{bail, Context as _};
 use berth::{
     admin::{self, RouteRow},
-    check::{self, StateDocument},
     datapath::{self, AttachMode, Attached, Config, Datapath, LinkChange},
     manifests, planner,
-    standalone::{self, ManifestSource, Published},
+    publish::{Published, Shared},
+    standalone::{self, ManifestSource},
+    state_document::{self, StateDocument},
     store::Store,
 };
 use clap::{Parser, Subcommand, ValueEnum};
@@ -325,14 +326,14 @@ fn check_cmd(
     for why in &plan.released {
         eprintln!("warning: {why}");
     }
-    print_document(&check::document(&plan), output)
+    print_document(&state_document::document(&plan), output)
 }
 
 fn print_document(doc: &StateDocument, output: Output) -> anyhow::Result<()> {
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(doc)?),
         Output::Yaml => print!("{}", serde_yaml::to_string(doc)?),
-        Output::Table => print!("{}", check::tables(doc)),
+        Output::Table => print!("{}", berth::output::state_tables(doc)),
     }
     Ok(())
 }
@@ -352,92 +353,25 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
         }
     };
     let state: StateDocument = serde_json::from_str(&state)?;
-    match what {
-        What::Routes => {
+    match (what, output) {
+        (What::Routes, _) => {
             let rows: Vec<RouteRow> = serde_json::from_str(&admin::get(addr, "/api/v1/routes")?)?;
             match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
-                Output::Yaml => print!("{}", serde_yaml::to_string(&rows)?),
-                Output::Table => {
-                    println!(
-                        "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {:<6} TRAFFIC",
-                        "NAMESPACE",
-                        "NAME",
-                        "KIND",
-                        "GATEWAY",
-                        "LISTENER",
-                        "PORT",
-                        "ACCEPTED",
-                        "BACKENDS",
-                        "AGE",
-                        "PATH"
-                    );
-                    for r in rows {
-                        let port = r.port.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
-                        let path = if r.path.starts_with("kernel") {
-                            "kernel"
-                        } else {
-                            r.path.as_str()
-                        };
-                        println!(
-                            "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {:<6} {} pkts, {} B, {} active flows",
-                            r.namespace,
-                            r.name,
-                            r.kind,
-                            r.gateway,
-                            r.listener,
-                            port,
-                            r.accepted,
-                            r.backends,
-                            age(r.created.as_deref()),
-                            path,
-                            r.packets,
-                            r.bytes,
-                            r.active_flows
-                        );
-                        // The slow way and its reason, and anything to look at, below the row.
-                        if let Some(why) = r.path.strip_prefix("kernel: ") {
-                            println!("  ↳ forwarded by the kernel: {why}");
-                        }
-                        if let Some(w) = &r.warning {
-                            println!("  ↳ warning: {w}");
-                        }
-                    }
-                }
+                Output::Table => print!("{}", berth::output::route_table(&rows)),
+                _ => print_value(&rows, output)?,
             }
         }
-        What::Gateways | What::Claims => match output {
-            Output::Table if matches!(what, What::Claims) => {
-                println!(
-                    "{:<16} {:<24} {:<16} {:<12} {:<5} {:<6} ROUTE",
-                    "NAMESPACE", "NAME", "GATEWAY", "LISTENER", "PROTO", "PORT"
-                );
-                for c in &state.claims {
-                    println!(
-                        "{:<16} {:<24} {:<16} {:<12} {:<5} {:<6} {} {}/{}",
-                        c.namespace,
-                        c.name,
-                        c.gateway,
-                        c.listener,
-                        c.protocol,
-                        c.port,
-                        c.route.kind,
-                        c.route.namespace,
-                        c.route.name
-                    );
-                }
-            }
-            Output::Table => print!(
-                "{}",
-                check::tables(&StateDocument {
-                    routes: vec![],
-                    claims: vec![],
-                    ..state
-                })
-            ),
-            _ if matches!(what, What::Claims) => print_value(&state.claims, output)?,
-            _ => print_value(&state.gateways, output)?,
-        },
+        (What::Claims, Output::Table) => print!("{}", berth::output::claim_table(&state.claims)),
+        (What::Claims, _) => print_value(&state.claims, output)?,
+        (What::Gateways, Output::Table) => print!(
+            "{}",
+            berth::output::state_tables(&StateDocument {
+                routes: vec![],
+                claims: vec![],
+                ..state
+            })
+        ),
+        (What::Gateways, _) => print_value(&state.gateways, output)?,
     }
     Ok(())
 }
@@ -448,22 +382,6 @@ fn print_value<T: serde::Serialize>(v: &T, output: Output) -> anyhow::Result<()>
         _ => println!("{}", serde_json::to_string_pretty(v)?),
     }
     Ok(())
-}
-
-fn age(created: Option<&str>) -> String {
-    let Some(t) = created.and_then(|c| humantime::parse_rfc3339_weak(c).ok()) else {
-        return "-".into();
-    };
-    let secs = SystemTime::now()
-        .duration_since(t)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    match secs {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86400),
-    }
 }
 
 /// Default name of the dummy interface that holds the gateway addresses.
@@ -664,7 +582,7 @@ fn uninstall(pin_dir: &std::path::Path, address_interface: &str) -> anyhow::Resu
 
 /// Binds the admin endpoint (and the metrics endpoint, if asked for) and serves them
 /// from a thread; returns what they serve.
-fn serve_admin(admin_addr: &str, metrics_addr: Option<&str>) -> anyhow::Result<standalone::Shared> {
+fn serve_admin(admin_addr: &str, metrics_addr: Option<&str>) -> anyhow::Result<Shared> {
     let shared = Arc::new(Mutex::new(Arc::new(Published::default())));
     let bind = |what: &str, addr: &str| {
         TcpListener::bind(addr).with_context(|| format!("binding the {what} endpoint {addr}"))

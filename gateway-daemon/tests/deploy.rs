@@ -1244,7 +1244,7 @@ fn example_errors(d: &Deploy) -> Vec<String> {
         ephemeral_ports: None,
         allocate: true,
     });
-    let state = serde_json::to_value(berth::check::document(&plan)).expect("state");
+    let state = serde_json::to_value(berth::state_document::document(&plan)).expect("state");
     let example = |kind: &'static str| -> Vec<&Doc> {
         d.of_kind(kind)
             .filter(|doc| doc.file.starts_with("example/"))

@@ -1184,7 +1184,7 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
             respond(reply, code, &answer);
         }
     });
-    let shared: berth::standalone::Shared = Default::default();
+    let shared: berth::publish::Shared = Default::default();
     let options = berth::kubernetes::Options {
         identity: "node-a".into(),
         lease_namespace: "berth-system".into(),

@@ -8,10 +8,10 @@ use std::{
 };
 
 use berth::{
-    check::StateDocument,
     manifests,
     model::{ClaimPhase, PortClaim},
     planner::{self, Input},
+    state_document::StateDocument,
 };
 use proptest::prelude::*;
 

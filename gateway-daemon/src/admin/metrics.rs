@@ -12,7 +12,7 @@ use prometheus_client::{
 };
 
 use super::unanswered;
-use crate::standalone::Published;
+use crate::publish::Published;
 
 /// The `Content-Type` of what [`encode`] returns.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;

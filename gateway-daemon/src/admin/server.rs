@@ -19,7 +19,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::Semaphore};
 
 use super::{Endpoints, Resource};
-use crate::standalone::Shared;
+use crate::publish::Shared;
 
 /// The most a request's line and headers may take: more gets 431 and the connection
 /// closed, and no buffer grows past it.

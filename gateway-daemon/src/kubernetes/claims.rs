@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     model::{ClaimPhase, PortClaim, PortClaimResource},
-    standalone::{claim_changes, ClaimChange},
+    planner::changes::{claim_changes, ClaimChange},
 };
 
 /// A committed change, for events.

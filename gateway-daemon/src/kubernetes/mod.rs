@@ -5,7 +5,7 @@
 //! One cycle: reflectors → `View` (the planner's `Snapshot`, stored claims, raw objects)
 //! → `planner::plan_with` (with the memo of the last plan, as standalone mode) → as the
 //! leader: claims (conditional writes; a race re-plans), Gateway and route statuses,
-//! events → on every node: datapath and admin state (`standalone::effects`, shared
+//! events → on every node: datapath and admin state (`publish::effects`, shared
 //! with standalone mode).
 //!
 //! # API access (for RBAC)
@@ -52,7 +52,7 @@ use crate::{
     datapath::{Datapath, DatapathError},
     model::{ClaimRoute, PortClaim},
     planner::{self, Plan},
-    standalone::{self, Published, Shared},
+    publish::{self, Published, Shared},
 };
 use claims::{ClaimError, Recent};
 use lease::{Elector, Leadership, LeaseConfig};
@@ -430,7 +430,7 @@ async fn cycles(
         if !plan_due {
             // Nothing the plan depends on moved: only the counters are due.
             if let Some(dp) = &datapath {
-                standalone::refresh_traffic(shared, dp);
+                publish::refresh_traffic(shared, dp);
             }
         } else {
             let view = View::new(sources.objects());
@@ -443,7 +443,7 @@ async fn cycles(
             let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
             let result = match controller.reconcile(&view, SystemTime::now()).await {
                 Ok(plan) => {
-                    standalone::effects(plan, datapath.as_mut(), &prev).map_err(CycleError::from)
+                    publish::effects(plan, datapath.as_mut(), &prev).map_err(CycleError::from)
                 }
                 Err(e) => Err(e),
             };
@@ -476,7 +476,7 @@ async fn cycles(
         let wait = if failing || cooling {
             Duration::from_secs(1)
         } else {
-            standalone::TRAFFIC_REFRESH
+            publish::TRAFFIC_REFRESH
         };
         plan_due = tokio::select! {
             _ = changed.notified() => {

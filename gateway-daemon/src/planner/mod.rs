@@ -8,6 +8,7 @@
 
 mod addresses;
 mod backends;
+pub mod changes;
 mod ledger;
 mod overlaps;
 pub mod status;

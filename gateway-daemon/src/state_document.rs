@@ -1,5 +1,6 @@
-//! The `berth check` / `/api/v1/state` document: claims and statuses, as DESIGN.md
-//! specifies its JSON shape.
+//! The state document: claims and statuses, as DESIGN.md specifies its JSON shape. The
+//! admin endpoint serves it (`/api/v1/state`), `berth check -o json` prints it and
+//! `berth get` reads it; `output` prints it as tables.
 
 use serde::{Deserialize, Serialize};
 
@@ -173,67 +174,4 @@ impl ClaimEntry {
             && self.route.namespace == r.namespace
             && self.route.name == r.name
     }
-}
-
-/// kubectl-style tables of a document.
-pub fn tables(doc: &StateDocument) -> String {
-    let mut out = String::new();
-    out.push_str(&format!(
-        "{:<16} {:<24} {:<9} {:<10} {}\n",
-        "NAMESPACE", "GATEWAY", "ACCEPTED", "PROGRAMMED", "LISTENERS"
-    ));
-    for g in &doc.gateways {
-        let cond = |t: &str| {
-            g.status
-                .conditions
-                .iter()
-                .find(|c| c.kind == t)
-                .map_or("Unknown", |c| &*c.status)
-                .to_string()
-        };
-        let listeners: Vec<String> = g
-            .status
-            .listeners
-            .iter()
-            .map(|l| format!("{}({})", l.name, l.attached_routes))
-            .collect();
-        out.push_str(&format!(
-            "{:<16} {:<24} {:<9} {:<10} {}\n",
-            g.namespace,
-            g.name,
-            cond("Accepted"),
-            cond("Programmed"),
-            listeners.join(",")
-        ));
-    }
-    // `berth get gateways` passes a document without routes: no empty routes table.
-    if doc.routes.is_empty() {
-        return out;
-    }
-    out.push('\n');
-    out.push_str(&format!(
-        "{:<16} {:<24} {:<9} {:<22} {:<7} {:<9} {}\n",
-        "NAMESPACE", "NAME", "KIND", "GATEWAY", "PORT", "ACCEPTED", "REASON"
-    ));
-    for r in &doc.routes {
-        for p in &r.status.parents {
-            let accepted = p.conditions.iter().find(|c| c.kind == "Accepted");
-            let port = p
-                .parent_ref
-                .port
-                .map(|p| p.to_string())
-                .unwrap_or_else(|| "-".into());
-            out.push_str(&format!(
-                "{:<16} {:<24} {:<9} {:<22} {:<7} {:<9} {}\n",
-                r.namespace,
-                r.name,
-                r.kind,
-                p.parent_ref.name,
-                port,
-                accepted.map_or("Unknown", |c| &*c.status),
-                accepted.map_or("", |c| &*c.reason)
-            ));
-        }
-    }
-    out
 }
