@@ -33,6 +33,13 @@ pub(super) fn containerfile_errors(d: &Deploy) -> Vec<String> {
             ));
         }
     }
+    // The nightly is the one `cargo xtask setup` and CI use: read from the same file.
+    match rust_const(&d.xtask, "NIGHTLY_FILE") {
+        Some(file) if text.lines().any(|l| l.starts_with(&format!("COPY {file} "))) => {}
+        file => e.push(format!(
+            "deploy/Containerfile: does not read the pinned nightly from {file:?} as xtask setup does"
+        )),
+    }
     if !text.contains("--component rust-src") {
         e.push("deploy/Containerfile: the nightly needs rust-src (-Z build-std=core)".into());
     }
