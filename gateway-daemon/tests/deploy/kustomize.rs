@@ -15,7 +15,10 @@ pub(super) struct Kustomization {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-#[allow(dead_code)] // read for the field check; only `name` is compared
+#[allow(
+    dead_code,
+    reason = "read for the field check; only `name` is compared"
+)]
 pub(super) struct KustomizeImage {
     name: String,
     new_name: Option<String>,
