@@ -1,3 +1,5 @@
+//! Builds the XDP program (crate `gateway-ebpf`) and hands its object to the daemon.
+
 use anyhow::{anyhow, Context as _};
 use aya_build::{Package, Toolchain};
 

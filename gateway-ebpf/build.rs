@@ -1,3 +1,5 @@
+//! Rebuilds the XDP program when `bpf-linker` changes.
+
 use which::which;
 
 /// Building this crate needs `bpf-linker`; rebuild when it changes.

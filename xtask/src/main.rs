@@ -2,8 +2,9 @@
 //! datapath`.
 //!
 //! `setup` installs what a fresh machine lacks and is idempotent: Debian packages the
-//! tests and demo use, `rust-src` for the nightly toolchain, and `bpf-linker` built
-//! against the nightly's own libLLVM. Every other task runs it first. This crate
+//! tests and demo use, the nightly toolchain pinned in `ebpf-toolchain` (if no nightly
+//! is installed) with `rust-src`, and `bpf-linker` built against the nightly's own
+//! libLLVM. Every other task runs it first. This crate
 //! depends on nothing that needs the eBPF toolchain, so it builds on a fresh machine.
 
 use std::{
@@ -25,6 +26,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iptables", "iptables-legacy"),
     ("nftables", "nft"),
 ];
+
+/// The file at the workspace root that names the pinned nightly (`nightly-YYYY-MM-DD`),
+/// read here, by `.ci/run` and by `deploy/Containerfile`.
+const NIGHTLY_FILE: &str = "ebpf-toolchain";
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Where the nightly's libLLVM is linked for bpf-linker (its path is baked in as rpath).
@@ -131,6 +136,7 @@ fn require_root(what: &str) -> Result<()> {
 fn setup() -> Result<()> {
     require_root("setup")?;
     install_packages()?;
+    install_nightly()?;
     install_nightly_components()?;
     install_bpf_linker()?;
     Ok(())
@@ -160,6 +166,75 @@ fn install_packages() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The pinned nightly, from `NIGHTLY_FILE` (its first line that is not a comment).
+fn pinned_nightly() -> Result<String> {
+    let path = workspace_root().join(NIGHTLY_FILE);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .with_context(|| format!("{} names no toolchain", path.display()))
+}
+
+/// Installs the pinned nightly under the name `nightly` (which the eBPF build asks
+/// rustup for) when no nightly is installed; an installed nightly of another date is
+/// kept, with a note (nothing is downloaded for it).
+fn install_nightly() -> Result<()> {
+    let pinned = pinned_nightly()?;
+    let date = pinned
+        .strip_prefix("nightly-")
+        .with_context(|| format!("{NIGHTLY_FILE}: {pinned:?} is not nightly-YYYY-MM-DD"))?;
+    let verbose = output(Command::new("rustc").arg("-vV"))?;
+    let host = verbose
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .context("rustc does not report its host")?
+        .trim()
+        .to_string();
+    let rustup_home = std::env::var_os("RUSTUP_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".rustup")))
+        .context("neither RUSTUP_HOME nor HOME is set")?;
+    let toolchains = rustup_home.join("toolchains");
+    let nightly = toolchains.join(format!("nightly-{host}"));
+    if nightly.exists() {
+        // The channel manifest's date is the nightly's (rustc's commit date is a day
+        // earlier).
+        let manifest = nightly.join("lib/rustlib/multirust-channel-manifest.toml");
+        let installed = std::fs::read_to_string(&manifest)
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("date = "))
+                    .map(|d| d.trim().trim_matches('"').to_string())
+            })
+            .unwrap_or_else(|| "an unknown date".into());
+        if installed != date {
+            eprintln!(
+                "setup: the installed nightly is of {installed}, {NIGHTLY_FILE} pins {pinned}: \
+                 building with the installed one"
+            );
+        }
+        return Ok(());
+    }
+    eprintln!("setup: installing {pinned} as the nightly toolchain");
+    run(Command::new("rustup").args([
+        "toolchain",
+        "install",
+        &pinned,
+        "--profile",
+        "minimal",
+        "--component",
+        "rust-src",
+        "--component",
+        "clippy",
+    ]))?;
+    std::os::unix::fs::symlink(format!("{pinned}-{host}"), &nightly)
+        .with_context(|| format!("linking {} to {pinned}", nightly.display()))
 }
 
 fn install_nightly_components() -> Result<()> {

@@ -4,8 +4,10 @@
 //! documents read as JSON values. (CEL rules, `x-kubernetes-validations`, are not
 //! evaluated: no API server here.)
 
-// Each test crate that includes this module uses a part of it.
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test crate that includes this module uses a part of it"
+)]
 
 use std::{
     collections::BTreeMap,

@@ -3,8 +3,10 @@
 //! read its endpoint, wait for it, kill it (by PID) when the test ends; and a small
 //! tmpfs to put its state directory on, to fill up.
 
-// Each test crate that includes this module uses a part of it.
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test crate that includes this module uses a part of it"
+)]
 
 use std::{
     fs::OpenOptions,

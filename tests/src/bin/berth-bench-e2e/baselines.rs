@@ -1,0 +1,105 @@
+//! The gateway under test, set up per mode: Berth (`berth run` on a route to the
+//! backends), the netfilter DNAT baselines (iptables-legacy, iptables-nft, nftables) and IPVS.
+
+use super::*;
+
+pub(super) fn route_yaml() -> String {
+    let endpoints: String = (1..=BACKENDS)
+        .map(|i| format!("- addresses: [{}]\n", backend_addr(i)))
+        .collect();
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: UDPRoute\nmetadata: {{name: bench, namespace: bench}}\n\
+         spec:\n  parentRefs: [{{name: shared, namespace: infra, port: {GW_PORT}}}]\n  \
+         rules: [{{backendRefs: [{{name: sink, port: 53}}]}}]\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: sink, namespace: bench}}\n\
+         spec: {{ports: [{{name: udp, port: 53, protocol: UDP}}]}}\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: sink-1, namespace: bench, labels: {{kubernetes.io/service-name: sink}}}}\n\
+         addressType: IPv4\nendpoints:\n{endpoints}ports: [{{name: udp, port: {BACKEND_PORT}, protocol: UDP}}]\n"
+    )
+}
+
+/// Sets the gateway up for `mode`. For Berth, returns the daemon and its directories,
+/// to drop (kill, unpin) before the topology.
+pub(super) fn configure(mode: Mode, topo: &Topology) -> Option<(Daemon, Dirs)> {
+    let gw = &topo.gateway;
+    let backend = |i: usize| format!("{}:{BACKEND_PORT}", backend_addr(i));
+    match mode {
+        Mode::Routing => {}
+        Mode::Berth | Mode::BerthKernel => {
+            let dirs = Dirs::with_example_files(&["gateway.yaml"]);
+            std::fs::write(dirs.manifests.join("bench.yaml"), route_yaml()).expect("write");
+            let extra: &[&str] = if mode == Mode::BerthKernel {
+                &["--redirect", "never"]
+            } else {
+                &[]
+            };
+            let daemon = Daemon::start_with(gw, &topo.gateway_ifaces, &dirs, extra);
+            wait_until(
+                "the bench route's port and backends in berth",
+                Duration::from_secs(20),
+                || {
+                    daemon.routes(gw).iter().any(|r| {
+                        r.name == "bench" && r.port == Some(GW_PORT) && r.backends == BACKENDS
+                    })
+                },
+            );
+            return Some((daemon, dirs));
+        }
+        Mode::IptablesLegacy | Mode::IptablesNft => {
+            let cmd = if mode == Mode::IptablesLegacy {
+                "iptables-legacy"
+            } else {
+                "iptables-nft"
+            };
+            // Rule i takes 1/(remaining) of the new flows: an even split.
+            for i in 1..=BACKENDS {
+                let (gw_addr, port, to) = (GW.to_string(), GW_PORT.to_string(), backend(i));
+                let p = format!("{:.6}", 1.0 / (BACKENDS - i + 1) as f64);
+                let mut rule = vec![
+                    cmd,
+                    "-t",
+                    "nat",
+                    "-A",
+                    "PREROUTING",
+                    "-d",
+                    &gw_addr,
+                    "-p",
+                    "udp",
+                    "--dport",
+                    &port,
+                ];
+                if i < BACKENDS {
+                    rule.extend(["-m", "statistic", "--mode", "random", "--probability", &p]);
+                }
+                rule.extend(["-j", "DNAT", "--to-destination", &to]);
+                gw.exec(&rule);
+            }
+        }
+        Mode::Ipvs => {
+            // IPVS answers addresses of this host: put the gateway address on lo.
+            gw.ip(&["addr", "add", &format!("{GW}/32"), "dev", "lo"]);
+            let vip = format!("{GW}:{GW_PORT}");
+            gw.exec(&["ipvsadm", "-A", "-u", &vip, "-s", "rr"]);
+            for i in 1..=BACKENDS {
+                gw.exec(&["ipvsadm", "-a", "-u", &vip, "-r", &backend(i), "-m"]);
+            }
+        }
+        Mode::Nftables => {
+            let map: Vec<String> = (1..=BACKENDS)
+                .map(|i| format!("{} : {}", i - 1, backend_addr(i)))
+                .collect();
+            gw.exec(&[
+                "nft",
+                &format!(
+                    "add table ip berth_bench; \
+                     add chain ip berth_bench pre {{ type nat hook prerouting priority dstnat; }}; \
+                     add rule ip berth_bench pre ip daddr {GW} udp dport {GW_PORT} \
+                     dnat to numgen random mod {BACKENDS} map {{ {} }} : {BACKEND_PORT}",
+                    map.join(", ")
+                ),
+            ]);
+        }
+    }
+    None
+}

@@ -1,0 +1,302 @@
+//! The chart: a hand-written SVG of delivered packets/s and gateway CPU per packet.
+
+use super::*;
+
+pub(super) fn color(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Routing => "#9ca3af",
+        Mode::Berth => "#2563eb",
+        Mode::BerthKernel => "#60a5fa",
+        Mode::IptablesLegacy => "#f59e0b",
+        Mode::IptablesNft => "#ef4444",
+        Mode::Ipvs => "#a855f7",
+        Mode::Nftables => "#10b981",
+    }
+}
+
+/// A round axis step giving about five ticks up to `max`.
+pub(super) fn nice_step(max: f64) -> f64 {
+    let raw = (max / 5.0).max(f64::MIN_POSITIVE);
+    let mag = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag)
+}
+
+pub(super) fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Median, minimum and maximum.
+pub(super) type Stat = (f64, f64, f64);
+
+pub(super) struct Panel<'a> {
+    pub(super) x: f64,
+    pub(super) title: &'a str,
+    pub(super) unit: &'a str,
+    /// (median, min, max) per row, in the panel's unit.
+    pub(super) value: &'a dyn Fn(&Row) -> Option<Stat>,
+    pub(super) decimals: usize,
+    /// Two short lines written at the foot of a bar.
+    pub(super) label: &'a dyn Fn(&Row) -> Option<[String; 2]>,
+}
+
+/// A gateway busier than this share is taken as saturated (SCHED_FIFO threads get at
+/// most 95% of a CPU).
+pub(super) const UNSATURATED: f64 = 0.85;
+
+pub(super) const PLOT_TOP: f64 = 120.0;
+pub(super) const PLOT_H: f64 = 300.0;
+pub(super) const PLOT_W: f64 = 420.0;
+
+pub(super) fn panel(svg: &mut String, rows: &[Row], p: &Panel) {
+    let values: Vec<Option<Stat>> = rows.iter().map(|r| (p.value)(r)).collect();
+    let max = values
+        .iter()
+        .flatten()
+        .map(|v| v.2)
+        .fold(0.0, f64::max)
+        .max(1e-9);
+    let step = nice_step(max * 1.1);
+    let top = (max * 1.1 / step).ceil() * step;
+    let y = |v: f64| PLOT_TOP + PLOT_H - v / top * PLOT_H;
+    let bottom = PLOT_TOP + PLOT_H;
+    let _ = writeln!(
+        svg,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="15" font-weight="bold">{}</text>"#,
+        p.x + PLOT_W / 2.0,
+        PLOT_TOP - 22.0,
+        escape(p.title)
+    );
+    let mut tick = 0.0;
+    while tick <= top + step / 2.0 {
+        let ty = y(tick);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{:.1}" y1="{ty:.1}" x2="{:.1}" y2="{ty:.1}" stroke="#e5e7eb"/><text x="{:.1}" y="{:.1}" text-anchor="end" font-size="11" fill="#374151">{}</text>"##,
+            p.x,
+            p.x + PLOT_W,
+            p.x - 6.0,
+            ty + 4.0,
+            fmt_tick(tick, step)
+        );
+        tick += step;
+    }
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{x:.1}" y1="{PLOT_TOP}" x2="{x:.1}" y2="{bottom}" stroke="#111827"/><line x1="{x:.1}" y1="{bottom}" x2="{:.1}" y2="{bottom}" stroke="#111827"/>"##,
+        p.x + PLOT_W,
+        x = p.x
+    );
+    let (cx, cy) = (p.x - 48.0, PLOT_TOP + PLOT_H / 2.0);
+    let _ = writeln!(
+        svg,
+        r##"<text x="{cx:.1}" y="{cy:.1}" transform="rotate(-90 {cx:.1} {cy:.1})" text-anchor="middle" font-size="12" fill="#374151">{}</text>"##,
+        escape(p.unit)
+    );
+    let slot = PLOT_W / rows.len() as f64;
+    let bar = slot * 0.62;
+    for (i, (row, v)) in rows.iter().zip(&values).enumerate() {
+        let mid = p.x + slot * (i as f64 + 0.5);
+        let name = row.mode.name();
+        let (first, second) = name.split_once('-').unwrap_or((name, ""));
+        let _ = writeln!(
+            svg,
+            r##"<text x="{mid:.1}" y="{:.1}" text-anchor="middle" font-size="12" fill="#111827">{first}</text><text x="{mid:.1}" y="{:.1}" text-anchor="middle" font-size="12" fill="#111827">{second}</text>"##,
+            bottom + 16.0,
+            bottom + 30.0
+        );
+        let Some((med, lo, hi)) = *v else {
+            let _ = writeln!(
+                svg,
+                r##"<rect x="{:.1}" y="{:.1}" width="{bar:.1}" height="60" fill="none" stroke="#9ca3af" stroke-dasharray="4 3"/><text x="{mid:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#6b7280">n/a</text>"##,
+                mid - bar / 2.0,
+                bottom - 60.0,
+                bottom - 34.0
+            );
+            continue;
+        };
+        let _ = writeln!(
+            svg,
+            r#"<rect x="{:.1}" y="{:.1}" width="{bar:.1}" height="{:.1}" fill="{}"><title>{name}: {med:.*} {}</title></rect>"#,
+            mid - bar / 2.0,
+            y(med),
+            bottom - y(med),
+            color(row.mode),
+            p.decimals,
+            escape(p.unit)
+        );
+        if hi > lo {
+            let _ = writeln!(
+                svg,
+                r##"<path d="M{mid:.1} {:.1}V{:.1}M{:.1} {:.1}h8M{:.1} {:.1}h8" stroke="#111827" stroke-width="1.2"/>"##,
+                y(hi),
+                y(lo),
+                mid - 4.0,
+                y(hi),
+                mid - 4.0,
+                y(lo)
+            );
+        }
+        let _ = writeln!(
+            svg,
+            r##"<text x="{mid:.1}" y="{:.1}" text-anchor="middle" font-size="12" font-weight="bold" fill="#111827">{med:.*}</text>"##,
+            y(hi.max(med)) - 6.0,
+            p.decimals
+        );
+        if let Some([a, b]) = (p.label)(row).filter(|_| bottom - y(med) > 34.0) {
+            let _ = writeln!(
+                svg,
+                r##"<text x="{mid:.1}" y="{:.1}" text-anchor="middle" font-size="10" fill="white">{}</text><text x="{mid:.1}" y="{:.1}" text-anchor="middle" font-size="10" fill="white">{}</text>"##,
+                bottom - 18.0,
+                escape(&a),
+                bottom - 6.0,
+                escape(&b)
+            );
+        }
+    }
+}
+
+pub(super) fn fmt_tick(v: f64, step: f64) -> String {
+    if step.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+pub(super) fn chart(rows: &[Row], load: Load, headline: &str) -> String {
+    let (w, h) = (1040.0, 530.0);
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="DejaVu Sans, Helvetica, Arial, sans-serif">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{:.1}" y="30" text-anchor="middle" font-size="20" font-weight="bold" fill="#111827">One gateway, the same UDP load: Berth's XDP datapath vs kernel NAT</text>
+<text x="{:.1}" y="54" text-anchor="middle" font-size="13" fill="#374151">{FLOWS} flows of 64-byte UDP frames ({} load), client → gateway → {BACKENDS} backends over veth; median of {REPS} runs of {}s (whiskers: min–max)</text>
+<text x="{:.1}" y="74" text-anchor="middle" font-size="13" font-weight="bold" fill="#1d4ed8">{}</text>"##,
+        w / 2.0,
+        w / 2.0,
+        load.name(),
+        MEASURE.as_secs(),
+        w / 2.0,
+        escape(headline)
+    );
+    panel(
+        &mut svg,
+        rows,
+        &Panel {
+            x: 80.0,
+            title: "Delivered packets per second (higher is better)",
+            unit: "kpps at the backends",
+            value: &|r: &Row| {
+                r.stat(|x| x.delivered_pps)
+                    .map(|(m, lo, hi)| (m / 1e3, lo / 1e3, hi / 1e3))
+            },
+            decimals: 0,
+            label: &|r: &Row| {
+                r.stat(|x| x.gateway_busy)
+                    .map(|(b, _, _)| ["busy".into(), format!("{:.0}%", b * 100.0)])
+            },
+        },
+    );
+    panel(
+        &mut svg,
+        rows,
+        &Panel {
+            x: 590.0,
+            title: "Gateway CPU per packet (lower is better)",
+            unit: "ns of gateway CPU per delivered packet",
+            value: &|r: &Row| r.stat(|x| x.gateway_ns_per_packet),
+            decimals: 0,
+            label: &|_| None,
+        },
+    );
+    let mut notes: Vec<String> = rows
+        .iter()
+        .filter(|r| r.runs.is_empty())
+        .filter_map(|r| {
+            r.unavailable
+                .as_ref()
+                .map(|why| format!("{}: {why}", r.mode.name()))
+        })
+        .collect();
+    let unsaturated: Vec<&str> = rows
+        .iter()
+        .filter(|r| {
+            r.stat(|x| x.gateway_busy)
+                .is_some_and(|b| b.0 < UNSATURATED)
+        })
+        .map(|r| r.mode.name())
+        .collect();
+    if !unsaturated.is_empty() {
+        notes.push(format!(
+            "{}: gateway not saturated (CPU 0, shared by the generator and the backends, was the limit)",
+            unsaturated.join(", ")
+        ));
+    }
+    let notes = notes.join("; ");
+    let _ = writeln!(
+        svg,
+        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">Gateway CPU = run time of its threaded-NAPI kernel thread (receive, forwarding/NAT, transmit; own CPU) ÷ delivered packets; busy = its share of that CPU.</text>
+<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">{}</text>
+</svg>"##,
+        w / 2.0,
+        h - 44.0,
+        w / 2.0,
+        h - 26.0,
+        escape(&notes)
+    );
+    svg
+}
+
+/// Berth against the kernel NAT references, e.g. "Berth vs iptables-legacy,
+/// iptables-nft, nftables: 3.4x the packets per second, 4.4-4.5x less gateway CPU per
+/// packet".
+pub(super) fn headline(rows: &[Row]) -> String {
+    let find = |m: Mode| rows.iter().find(|r| r.mode == m);
+    let Some(berth) = find(Mode::Berth) else {
+        return String::new();
+    };
+    let (mut names, mut pps, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
+    for m in REFERENCES {
+        if let Some((p, c)) = find(m).and_then(|r| berth.ratio(r)) {
+            names.push(m.name());
+            pps.push(p);
+            cpu.push(c);
+        }
+    }
+    if names.is_empty() {
+        return String::new();
+    }
+    let range = |v: &[f64]| {
+        let lo = format!("{:.1}", v.iter().copied().fold(f64::INFINITY, f64::min));
+        let hi = format!("{:.1}", v.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+        if lo == hi {
+            format!("{lo}x")
+        } else {
+            format!("{lo}-{hi}x")
+        }
+    };
+    format!(
+        "Berth vs {}: {} the packets per second, {} less gateway CPU per packet",
+        names.join(", "),
+        range(&pps),
+        range(&cpu)
+    )
+}
+
+pub(super) fn chart_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("own path");
+    // target/<profile>/berth-bench-e2e → target/bench/e2e.svg
+    let target = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("target"));
+    target.join("bench").join("e2e.svg")
+}

@@ -1,0 +1,148 @@
+//! The report: medians over rounds, the table, ratios, the JSON line.
+
+use super::*;
+
+pub(super) struct Row {
+    pub(super) mode: Mode,
+    /// Why it did not run.
+    pub(super) unavailable: Option<String>,
+    pub(super) runs: Vec<Run>,
+}
+
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+impl Row {
+    pub(super) fn stat(&self, f: impl Fn(&Run) -> f64) -> Option<Stat> {
+        if self.runs.is_empty() {
+            return None;
+        }
+        let v: Vec<f64> = self.runs.iter().map(f).collect();
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Some((median(v), lo, hi))
+    }
+    pub(super) fn pps(&self) -> Option<f64> {
+        self.stat(|r| r.delivered_pps).map(|s| s.0)
+    }
+    pub(super) fn ns(&self) -> Option<f64> {
+        self.stat(|r| r.gateway_ns_per_packet).map(|s| s.0)
+    }
+    /// (delivered pps ratio, gateway CPU ratio) against `reference`: both > 1 when this
+    /// mode is better (more packets, fewer ns per packet).
+    pub(super) fn ratio(&self, reference: &Row) -> Option<(f64, f64)> {
+        Some((self.pps()? / reference.pps()?, reference.ns()? / self.ns()?))
+    }
+}
+
+pub(super) fn table(rows: &[Row]) -> String {
+    let mut t = String::new();
+    let _ = write!(
+        t,
+        "{:<16} {:>9} {:>9} {:>7} {:>9} {:>6}",
+        "mode", "dlv kpps", "sent kpps", "loss %", "gw ns/pkt", "gw %"
+    );
+    for r in REFERENCES {
+        let _ = write!(t, "  {:>19}", format!("vs {}", r.name()));
+    }
+    t.push('\n');
+    for row in rows {
+        let _ = write!(t, "{:<16} ", row.mode.name());
+        if let Some(why) = row.unavailable.as_ref().filter(|_| row.runs.is_empty()) {
+            let _ = writeln!(t, "{why}");
+            continue;
+        }
+        let m = |f: fn(&Run) -> f64| row.stat(f).map(|s| s.0).unwrap_or(f64::NAN);
+        let _ = write!(
+            t,
+            "{:>9.1} {:>9.1} {:>7.1} {:>9.0} {:>6.0}",
+            m(|r| r.delivered_pps) / 1e3,
+            m(|r| r.sent_pps) / 1e3,
+            m(|r| r.loss) * 100.0,
+            m(|r| r.gateway_ns_per_packet),
+            m(|r| r.gateway_busy) * 100.0,
+        );
+        for reference in REFERENCES {
+            let cell = rows
+                .iter()
+                .find(|r| r.mode == reference)
+                .and_then(|r| row.ratio(r))
+                .map(|(p, c)| format!("pps {p:.2}x cpu {c:.2}x"))
+                .unwrap_or_else(|| "-".into());
+            let _ = write!(t, "  {cell:>19}");
+        }
+        t.push('\n');
+    }
+    t
+}
+
+pub(super) fn json_line(rows: &[Row], load: Load, chart: &Path) -> Value {
+    let modes: Vec<Value> = rows
+        .iter()
+        .map(|row| {
+            let Some((pps, pps_lo, pps_hi)) = row.stat(|r| r.delivered_pps) else {
+                return json!({
+                    "mode": row.mode.name(),
+                    "available": false,
+                    "reason": row.unavailable,
+                });
+            };
+            let med = |f: fn(&Run) -> f64| row.stat(f).map(|s| s.0).unwrap_or(f64::NAN);
+            let mut ratios = serde_json::Map::new();
+            for reference in REFERENCES {
+                if let Some((p, c)) = rows
+                    .iter()
+                    .find(|r| r.mode == reference)
+                    .and_then(|r| row.ratio(r))
+                {
+                    ratios.insert(format!("pps_vs_{}", reference.name()), json!(round(p, 3)));
+                    ratios.insert(format!("cpu_vs_{}", reference.name()), json!(round(c, 3)));
+                }
+            }
+            json!({
+                "mode": row.mode.name(),
+                "available": true,
+                "delivered_pps": pps.round(),
+                "delivered_pps_min": pps_lo.round(),
+                "delivered_pps_max": pps_hi.round(),
+                "sent_pps": med(|r| r.sent_pps).round(),
+                "loss": round(med(|r| r.loss), 4),
+                "gateway_ns_per_packet": round(med(|r| r.gateway_ns_per_packet), 1),
+                "gateway_busy": round(med(|r| r.gateway_busy), 3),
+                "gateway_pps_per_core": (1e9 / med(|r| r.gateway_ns_per_packet)).round(),
+                "backend_ns_per_packet": round(med(|r| r.backend_ns_per_packet), 1),
+                "dropped_at_gateway_ring": round(med(|r| r.ingress_drop), 4),
+                "dropped_at_backend_rings": round(med(|r| r.backend_drop), 4),
+                "runs": row.runs.len(),
+                "ratios": ratios,
+            })
+        })
+        .collect();
+    json!({
+        "bench": "e2e",
+        "load": load.name(),
+        "flows": FLOWS,
+        "frame_bytes": 64,
+        "backends": BACKENDS,
+        "warmup_s": WARMUP.as_secs_f64(),
+        "measure_s": MEASURE.as_secs_f64(),
+        "repetitions": REPS,
+        "statistic": "median",
+        "gateway_cpu_accounting": ACCOUNTING,
+        "ratios_mean": "pps_vs_X = delivered pps / X's; cpu_vs_X = X's gateway ns per packet / this mode's",
+        "modes": modes,
+        "chart": chart.display().to_string(),
+    })
+}
+
+pub(super) fn round(v: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (v * f).round() / f
+}
