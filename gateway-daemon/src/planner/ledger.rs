@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::{FastMap as HashMap, Gw};
+use super::{FastMap as HashMap, GatewayView};
 
 use crate::{
     datapath::Protocol,
@@ -24,7 +24,7 @@ pub struct Ledger<'g> {
     /// All claims of the plan.
     pub claims: Vec<Option<Arc<PortClaim>>>,
     /// The plan's Gateways, and their index by (namespace, name).
-    gateways: &'g [Gw<'g>],
+    gateways: &'g [GatewayView<'g>],
     gateway_at: &'g HashMap<(&'g str, &'g str), usize>,
     /// Route names seen (namespaces, kinds, names) → small ids.
     names: HashMap<String, u32>,
@@ -45,7 +45,7 @@ impl<'g> Ledger<'g> {
     /// among them is kept but not indexed: no listener of the plan can collide with it.
     pub fn new(
         claims: Vec<Option<Arc<PortClaim>>>,
-        gateways: &'g [Gw<'g>],
+        gateways: &'g [GatewayView<'g>],
         gateway_at: &'g HashMap<(&'g str, &'g str), usize>,
     ) -> Self {
         let mut ledger = Ledger {

@@ -143,7 +143,7 @@ pub struct RouteEntry {
 }
 
 /// A listener as the planner sees it.
-struct Lis<'a> {
+struct ListenerView<'a> {
     spec: &'a Listener,
     protocol: Option<Protocol>,
     /// `port..=end` when a GatewayConfig makes it a range.
@@ -155,9 +155,9 @@ struct Lis<'a> {
 }
 
 /// A Gateway of ours.
-struct Gw<'a> {
+struct GatewayView<'a> {
     spec: &'a Gateway,
-    listeners: Vec<Lis<'a>>,
+    listeners: Vec<ListenerView<'a>>,
     params_error: Option<String>,
     cooldown: Duration,
     /// The addresses it is served on (and those it is not).
@@ -166,7 +166,7 @@ struct Gw<'a> {
     age: usize,
 }
 
-impl Gw<'_> {
+impl GatewayView<'_> {
     fn key(&self) -> (String, String) {
         (
             self.spec.metadata.ns().to_string(),
@@ -252,12 +252,12 @@ fn gateway_view<'a>(
     gw: &'a Gateway,
     configs: &'a [Arc<GatewayConfig>],
     default_address: Option<Ipv4Addr>,
-) -> Gw<'a> {
-    let mut listeners: Vec<Lis<'a>> = gw
+) -> GatewayView<'a> {
+    let mut listeners: Vec<ListenerView<'a>> = gw
         .spec
         .listeners
         .iter()
-        .map(|l| Lis {
+        .map(|l| ListenerView {
             spec: l,
             protocol: protocol_of(&l.protocol),
             range: None,
@@ -265,7 +265,7 @@ fn gateway_view<'a>(
             yielded: Vec::new(),
         })
         .collect();
-    let mut view = Gw {
+    let mut view = GatewayView {
         spec: gw,
         listeners: Vec::new(),
         params_error: None,
@@ -337,7 +337,7 @@ fn gateway_view<'a>(
                 if a.protocol.is_none() || a.protocol != b.protocol {
                     continue;
                 }
-                let span = |l: &Lis| l.range.unwrap_or((l.spec.port, l.spec.port));
+                let span = |l: &ListenerView| l.range.unwrap_or((l.spec.port, l.spec.port));
                 let ((a0, a1), (b0, b1)) = (span(a), span(b));
                 if (a.range.is_some() || b.range.is_some()) && a0 <= b1 && b0 <= a1 {
                     errors.push(format!(
@@ -367,7 +367,7 @@ fn gateway_view<'a>(
 fn attach(
     route: &Route,
     parent: &ParentRef,
-    gw: &Gw,
+    gw: &GatewayView,
     namespaces: &BTreeMap<&str, &Namespace>,
 ) -> Attach {
     if let Some(e) = &gw.params_error {
@@ -449,7 +449,7 @@ fn attach(
 /// only, narrowed by `allowedRoutes.kinds`, from the namespaces
 /// `allowedRoutes.namespaces` allows (`Same` by default).
 fn refusal(
-    l: &Lis,
+    l: &ListenerView,
     route: &Route,
     route_ns: &str,
     gw_ns: &str,
@@ -696,7 +696,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         .map(|c| c.metadata.name.as_str())
         .collect();
     // Ours, with their position in the snapshot (their age without a creation time).
-    let mut gateways: Vec<(Gw, usize)> = snap
+    let mut gateways: Vec<(GatewayView, usize)> = snap
         .gateways
         .iter()
         .enumerate()
@@ -709,7 +709,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         })
         .collect();
     gateways.sort_by_key(|(g, _)| g.key());
-    let (mut gateways, source): (Vec<Gw>, Vec<usize>) = gateways.into_iter().unzip();
+    let (mut gateways, source): (Vec<GatewayView>, Vec<usize>) = gateways.into_iter().unzip();
     let created: Vec<Option<SystemTime>> = gateways
         .iter()
         .map(|g| {
@@ -1321,7 +1321,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
 /// route to that listener holds an earlier claim.
 fn unheld<'a>(
     claim: &PortClaim,
-    gw: &Gw,
+    gw: &GatewayView,
     attached: impl Iterator<Item = &'a Attachment<'a>>,
 ) -> Option<String> {
     let li = gw
@@ -1369,7 +1369,7 @@ fn claim_label(c: &PortClaim) -> String {
 
 /// A Gateway's `Programmed` condition: served on at least one address, or why not.
 /// Addresses it asked for but cannot have are named in the message either way.
-fn programmed(gw: &Gw, accepted: bool, now: &str, generation: Option<i64>) -> Condition {
+fn programmed(gw: &GatewayView, accepted: bool, now: &str, generation: Option<i64>) -> Condition {
     let a = &gw.addresses;
     if !accepted {
         let message = "the Gateway is not accepted";
@@ -1409,13 +1409,13 @@ fn programmed(gw: &Gw, accepted: bool, now: &str, generation: Option<i64>) -> Co
 
 /// Whether a listener is accepted: its protocol is supported and no port of it is
 /// in conflict with an older Gateway's listener on a shared address.
-fn listener_accepted(l: &Lis) -> bool {
+fn listener_accepted(l: &ListenerView) -> bool {
     l.protocol.is_some() && l.yielded.is_empty()
 }
 
 /// Whether a listener serves some port: its protocol is supported and not every port
 /// of it belongs to an older Gateway's listener.
-fn listener_serves(l: &Lis) -> bool {
+fn listener_serves(l: &ListenerView) -> bool {
     l.protocol.is_some() && !l.fully_yielded()
 }
 
@@ -1423,7 +1423,7 @@ fn listener_serves(l: &Lis) -> bool {
 /// accepted (conflicted, or of an unsupported protocol) says `ListenersNotValid`, and
 /// naming them; it is accepted while some listener still serves, and rejected as a
 /// whole when none does.
-fn gateway_accepted(gw: &Gw, now: &str, generation: Option<i64>) -> Condition {
+fn gateway_accepted(gw: &GatewayView, now: &str, generation: Option<i64>) -> Condition {
     if let Some(e) = &gw.params_error {
         return condition(
             "Accepted",
@@ -1492,7 +1492,7 @@ fn gateway_accepted(gw: &Gw, now: &str, generation: Option<i64>) -> Condition {
 /// (see `overlaps`); the ports outside the conflict keep serving their routes (a bound
 /// claim does not move while its route attaches), and `Programmed` says so.
 fn listener_conditions(
-    l: &Lis,
+    l: &ListenerView,
     gateway_ok: bool,
     now: &str,
     generation: Option<i64>,
@@ -1564,14 +1564,14 @@ fn listener_conditions(
 
 /// Whether a route attached to fixed listeners `fixed` of `gw`, with a range port
 /// (`port`) or not, is served: by its port, or by a fixed listener not in conflict.
-fn serves(gw: &Gw, fixed: &[usize], port: bool) -> bool {
+fn serves(gw: &GatewayView, fixed: &[usize], port: bool) -> bool {
     port || fixed.iter().any(|&li| gw.listeners[li].yielded.is_empty())
 }
 
 /// A route's status for the parent of attachment `a`.
 fn parent_status(
     a: &Attachment,
-    gateways: &[Gw],
+    gateways: &[GatewayView],
     decision: &Decision,
     (refs_ok, refs_reason, refs_message): (bool, &'static str, String),
     now_text: &str,
@@ -1703,7 +1703,7 @@ fn sort_claims(claims: &mut [Arc<PortClaim>]) {
     }
 }
 
-fn listener_usage(gateways: &[Gw], claims: &[Arc<PortClaim>]) -> Vec<ListenerUsage> {
+fn listener_usage(gateways: &[GatewayView], claims: &[Arc<PortClaim>]) -> Vec<ListenerUsage> {
     let mut out = Vec::new();
     for gw in gateways {
         let (namespace, gateway) = gw.key();
@@ -1761,7 +1761,7 @@ fn cooled_down(claim: &PortClaim, cooldown: Duration, now: SystemTime) -> bool {
 /// Finds or makes the claim for a range attachment.
 fn allocate(
     a: &Attachment,
-    gateways: &[Gw],
+    gateways: &[GatewayView],
     ledger: &mut Ledger,
 ) -> Result<usize, (&'static str, String)> {
     let Attach::Listeners {
