@@ -13,12 +13,6 @@ use crate::{
     model::{ClaimPhase, ClaimRoute, PortClaim, PortClaimStatus},
 };
 
-fn is_bound(c: &PortClaim) -> bool {
-    c.status
-        .as_ref()
-        .is_none_or(|s| s.phase == ClaimPhase::Bound)
-}
-
 /// Claims (a removed claim is `None`, so indexes stay valid) and their indexes.
 pub struct Ledger<'g> {
     /// All claims of the plan.
@@ -102,7 +96,7 @@ impl<'g> Ledger<'g> {
             self.by_port.insert((gi, protocol, c.spec.port), ci);
             let r = &c.spec.route;
             let namespace = self.intern(&r.namespace);
-            if is_bound(c) {
+            if c.is_bound() {
                 if let Some(li) = li {
                     *self.bound.entry((gi, li, namespace)).or_default() += 1;
                 }

@@ -864,10 +864,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         let Some(&gi) = gw_index.get(&(claim.metadata.ns(), claim.spec.gateway.as_str())) else {
             // The Gateway is gone (or no longer ours): release its claims, and forget
             // them after the default cool-down (its GatewayConfig may be gone too).
-            let released = claim
-                .status
-                .as_ref()
-                .is_some_and(|s| s.phase == ClaimPhase::Released);
+            let released = claim.is_released();
             if released && cooled_down(&claim, DEFAULT_RELEASE_COOLDOWN, input.now) {
                 kept.push(None);
                 continue;
@@ -881,10 +878,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
             kept.push(Some(claim));
             continue;
         }
-        let bound = claim
-            .status
-            .as_ref()
-            .is_none_or(|s| s.phase == ClaimPhase::Bound);
+        let bound = claim.is_bound();
         if bound {
             let holder = {
                 attachments_named(&claim.spec.route).find(|&ai| {
@@ -1095,11 +1089,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         let Some(claim) = claim else {
             continue;
         };
-        if claim
-            .status
-            .as_ref()
-            .is_some_and(|s| s.phase == ClaimPhase::Released)
-        {
+        if claim.is_released() {
             continue;
         }
         let (gi, route) = match holder[ci].map(|ai| &attachments[ai]) {
@@ -1215,9 +1205,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
                             c.metadata.ns() == gw.spec.metadata.ns()
                                 && c.spec.gateway == gw.spec.metadata.name
                                 && c.spec.listener == l.spec.name
-                                && c.status
-                                    .as_ref()
-                                    .is_none_or(|s| s.phase == ClaimPhase::Bound)
+                                && c.is_bound()
                         })
                         .count(),
                     None => accepted_on(gi, li),
@@ -1723,9 +1711,9 @@ fn listener_usage(gateways: &[GatewayView], claims: &[Arc<PortClaim>]) -> Vec<Li
                     && c.spec.gateway == gateway
                     && c.spec.listener == l.spec.name
             }) {
-                match c.status.as_ref().map_or(ClaimPhase::Bound, |s| s.phase) {
-                    ClaimPhase::Bound => u.bound += 1,
-                    ClaimPhase::Released => u.cooling += 1,
+                match c.is_bound() {
+                    true => u.bound += 1,
+                    false => u.cooling += 1,
                 }
             }
             out.push(u);
@@ -1735,11 +1723,7 @@ fn listener_usage(gateways: &[GatewayView], claims: &[Arc<PortClaim>]) -> Vec<Li
 }
 
 fn release(claim: &mut Arc<PortClaim>, now: SystemTime) {
-    if claim
-        .status
-        .as_ref()
-        .is_some_and(|s| s.phase == ClaimPhase::Released)
-    {
+    if claim.is_released() {
         return;
     }
     Arc::make_mut(claim).status = Some(PortClaimStatus {
@@ -1808,10 +1792,7 @@ fn allocate(
                     } else {
                         "a route in another namespace".to_string()
                     };
-                    let cooling = h
-                        .status
-                        .as_ref()
-                        .is_some_and(|s| s.phase == ClaimPhase::Released);
+                    let cooling = h.is_released();
                     let state = if cooling {
                         " (released, cooling down)"
                     } else {
