@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::{FastMap as HashMap, GatewayView};
+use super::{gateways::GatewayView, FastMap as HashMap};
 
 use crate::{
     datapath::Protocol,
@@ -80,7 +80,7 @@ impl<'g> Ledger<'g> {
         let gi = *self
             .gateway_at
             .get(&(c.metadata.ns(), c.spec.gateway.as_str()))?;
-        let protocol = super::protocol_of(&c.spec.protocol)?;
+        let protocol = super::gateways::protocol_of(&c.spec.protocol)?;
         let li = self.gateways[gi]
             .listeners
             .iter()

@@ -10,7 +10,7 @@ use std::{net::Ipv4Addr, ops::RangeInclusive, time::SystemTime};
 
 use crate::datapath::Protocol;
 
-use super::{GatewayView, ListenerView};
+use super::gateways::{GatewayView, ListenerView};
 
 /// Ports of a listener that an older Gateway's listener serves on a shared address.
 #[derive(Clone, Debug, PartialEq, Eq)]
