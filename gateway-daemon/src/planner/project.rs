@@ -5,14 +5,14 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use crate::{
-    datapath::{DesiredState, ServiceAddr},
+    datapath::{DesiredState, Protocol, ServiceAddr},
     model::*,
 };
 
 use super::{
     attach::{holds, Attachments},
     backends::{resolve_backends, Index, Resolved},
-    gateways::{protocol_of, Gateways},
+    gateways::{protocol_of, GatewayView, Gateways},
     memo::Remembered,
     route_status::route_id,
     RouteId,
@@ -111,17 +111,7 @@ fn claimed(cx: &Context, serving: &mut Vec<Serving>) {
         let (Some(protocol), Some(ri)) = (protocol_of(&claim.spec.protocol), route) else {
             continue;
         };
-        for &addr in &gw.addresses.served {
-            serving.push((
-                ServiceAddr {
-                    addr,
-                    protocol,
-                    port: claim.spec.port,
-                },
-                ri,
-                gw.age,
-            ));
-        }
+        serve(serving, gw, protocol, claim.spec.port, ri);
     }
 }
 
@@ -137,16 +127,27 @@ fn fixed(cx: &Context, serving: &mut Vec<Serving>) {
         if !l.yielded.is_empty() {
             continue;
         }
-        for &addr in &gw.addresses.served {
-            serving.push((
-                ServiceAddr {
-                    addr,
-                    protocol,
-                    port: l.spec.port,
-                },
-                cx.attachments.list[oldest].route_index,
-                gw.age,
-            ));
-        }
+        serve(
+            serving,
+            gw,
+            protocol,
+            l.spec.port,
+            cx.attachments.list[oldest].route_index,
+        );
+    }
+}
+
+/// `port` on each address `gw` serves, by route `ri`.
+fn serve(serving: &mut Vec<Serving>, gw: &GatewayView, protocol: Protocol, port: u16, ri: usize) {
+    for &addr in &gw.addresses.served {
+        serving.push((
+            ServiceAddr {
+                addr,
+                protocol,
+                port,
+            },
+            ri,
+            gw.age,
+        ));
     }
 }
