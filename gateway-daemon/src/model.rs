@@ -669,6 +669,20 @@ impl PortClaim {
             }),
         }
     }
+
+    /// Whether the claim is bound (a claim without a status is).
+    pub fn is_bound(&self) -> bool {
+        self.status
+            .as_ref()
+            .is_none_or(|s| s.phase == ClaimPhase::Bound)
+    }
+
+    /// Whether the claim is released (cooling down).
+    pub fn is_released(&self) -> bool {
+        self.status
+            .as_ref()
+            .is_some_and(|s| s.phase == ClaimPhase::Released)
+    }
 }
 
 /// The name of the claim for a port: creating it is the lock.

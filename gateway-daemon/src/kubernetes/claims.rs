@@ -22,7 +22,7 @@ use super::{
     ApiError,
 };
 use crate::{
-    model::{ClaimPhase, PortClaim, PortClaimResource},
+    model::{PortClaim, PortClaimResource},
     planner::changes::{claim_changes, ClaimChange},
 };
 
@@ -188,19 +188,13 @@ pub async fn commit(
             }
             Err(source) => return Err(api_error("updating the status of", &ns, &name, source)),
         }
-        if c.status
-            .as_ref()
-            .is_some_and(|s| s.phase == ClaimPhase::Released)
-        {
+        if c.is_released() {
             done.push(Change::Released(c.clone()));
         }
     }
     for c in creates {
         // A released claim that is not stored holds nothing worth creating.
-        if c.status
-            .as_ref()
-            .is_some_and(|s| s.phase == ClaimPhase::Released)
-        {
+        if c.is_released() {
             continue;
         }
         let (ns, name) = key(c);

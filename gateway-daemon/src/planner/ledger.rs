@@ -6,25 +6,19 @@
 
 use std::sync::Arc;
 
-use super::{FastMap as HashMap, Gw};
+use super::{gateways::GatewayView, FastMap as HashMap};
 
 use crate::{
     datapath::Protocol,
     model::{ClaimPhase, ClaimRoute, PortClaim, PortClaimStatus},
 };
 
-fn is_bound(c: &PortClaim) -> bool {
-    c.status
-        .as_ref()
-        .is_none_or(|s| s.phase == ClaimPhase::Bound)
-}
-
 /// Claims (a removed claim is `None`, so indexes stay valid) and their indexes.
 pub struct Ledger<'g> {
     /// All claims of the plan.
     pub claims: Vec<Option<Arc<PortClaim>>>,
     /// The plan's Gateways, and their index by (namespace, name).
-    gateways: &'g [Gw<'g>],
+    gateways: &'g [GatewayView<'g>],
     gateway_at: &'g HashMap<(&'g str, &'g str), usize>,
     /// Route names seen (namespaces, kinds, names) → small ids.
     names: HashMap<String, u32>,
@@ -45,7 +39,7 @@ impl<'g> Ledger<'g> {
     /// among them is kept but not indexed: no listener of the plan can collide with it.
     pub fn new(
         claims: Vec<Option<Arc<PortClaim>>>,
-        gateways: &'g [Gw<'g>],
+        gateways: &'g [GatewayView<'g>],
         gateway_at: &'g HashMap<(&'g str, &'g str), usize>,
     ) -> Self {
         let mut ledger = Ledger {
@@ -86,7 +80,7 @@ impl<'g> Ledger<'g> {
         let gi = *self
             .gateway_at
             .get(&(c.metadata.ns(), c.spec.gateway.as_str()))?;
-        let protocol = super::protocol_of(&c.spec.protocol)?;
+        let protocol = super::gateways::protocol_of(&c.spec.protocol)?;
         let li = self.gateways[gi]
             .listeners
             .iter()
@@ -102,7 +96,7 @@ impl<'g> Ledger<'g> {
             self.by_port.insert((gi, protocol, c.spec.port), ci);
             let r = &c.spec.route;
             let namespace = self.intern(&r.namespace);
-            if is_bound(c) {
+            if c.is_bound() {
                 if let Some(li) = li {
                     *self.bound.entry((gi, li, namespace)).or_default() += 1;
                 }

@@ -10,7 +10,7 @@ use std::{net::Ipv4Addr, ops::RangeInclusive, time::SystemTime};
 
 use crate::datapath::Protocol;
 
-use super::{Gw, Lis};
+use super::gateways::{GatewayView, ListenerView};
 
 /// Ports of a listener that an older Gateway's listener serves on a shared address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct Yielded {
     pub listener: String,
 }
 
-impl Lis<'_> {
+impl ListenerView<'_> {
     /// The protocol and the ports the listener serves: its range, or its one port.
     pub(super) fn span(&self) -> Option<(Protocol, RangeInclusive<u16>)> {
         let protocol = self.protocol?;
@@ -75,7 +75,7 @@ impl Lis<'_> {
 /// newer Gateway the ports it shares with an older one on an address both serve.
 /// Age is creation time, then (without one) source order, then namespace/name: the
 /// order in which routes compete too.
-pub(super) fn mark(gateways: &mut [Gw], created: &[Option<SystemTime>], source: &[usize]) {
+pub(super) fn mark(gateways: &mut [GatewayView], created: &[Option<SystemTime>], source: &[usize]) {
     let mut order: Vec<usize> = (0..gateways.len()).collect();
     order.sort_by_cached_key(|&gi| {
         let (ns, name) = gateways[gi].key();
@@ -171,7 +171,7 @@ fn spans_text(spans: &[RangeInclusive<u16>]) -> String {
 /// The message of the `Accepted=False` and `Conflicted=True` conditions of a listener
 /// that yields ports: which ports belong to which older Gateway's listener, and which
 /// ports of this listener still serve.
-pub(super) fn conflict_message(l: &Lis) -> String {
+pub(super) fn conflict_message(l: &ListenerView) -> String {
     let yields = l
         .yielded
         .iter()
@@ -191,7 +191,7 @@ pub(super) fn conflict_message(l: &Lis) -> String {
 }
 
 /// The `Programmed` message of a listener that yields some of its ports.
-pub(super) fn kept_message(l: &Lis) -> String {
+pub(super) fn kept_message(l: &ListenerView) -> String {
     format!(
         "{} programmed; the ports in conflict are not (see Conflicted)",
         spans_text(&l.kept())
@@ -200,7 +200,7 @@ pub(super) fn kept_message(l: &Lis) -> String {
 
 /// Why a route attached to fixed listener `l`, whose port an older Gateway's listener
 /// serves, gets nothing from it.
-pub(super) fn taken_message(l: &Lis) -> String {
+pub(super) fn taken_message(l: &ListenerView) -> String {
     let port = l.spec.port;
     match l.yielded_at(port) {
         Some(y) => format!(
@@ -214,14 +214,14 @@ pub(super) fn taken_message(l: &Lis) -> String {
 
 /// Why a requested `port` of a listener is not available: it belongs to an older
 /// Gateway's listener (`None` when it does not).
-pub(super) fn requested_message(l: &Lis, port: u16) -> Option<String> {
+pub(super) fn requested_message(l: &ListenerView, port: u16) -> Option<String> {
     l.yielded_at(port).map(|y| belongs(y, &(port..=port)))
 }
 
 /// The ports of listener `l` among the host's ephemeral ports `ephemeral`, with the
 /// ephemeral range itself (for the message).
 pub(super) fn ephemeral_overlap(
-    l: &Lis,
+    l: &ListenerView,
     ephemeral: &RangeInclusive<u16>,
 ) -> Option<(RangeInclusive<u16>, RangeInclusive<u16>)> {
     let (_, span) = l.span()?;
@@ -269,8 +269,8 @@ mod tests {
         }
     }
 
-    fn range_listener(spec: &Listener, yields: Vec<Yielded>) -> Lis<'_> {
-        Lis {
+    fn range_listener(spec: &Listener, yields: Vec<Yielded>) -> ListenerView<'_> {
+        ListenerView {
             spec,
             protocol: Some(Protocol::Tcp),
             range: Some((30000, 30009)),

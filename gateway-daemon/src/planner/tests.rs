@@ -4,7 +4,7 @@
 use std::{net::Ipv4Addr, path::Path};
 
 use super::*;
-use crate::manifests;
+use crate::{datapath::Protocol, manifests};
 
 const CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\n\
     metadata: {name: berth}\nspec: {controllerName: berth.dev/gateway-controller}\n";
@@ -411,11 +411,7 @@ fn a_released_claim_outside_the_listeners_range_now_is_not_bound_again() {
             .claims
             .iter()
             .filter(|c| c.spec.port == 30009)
-            .filter(|c| {
-                c.status
-                    .as_ref()
-                    .is_none_or(|s| s.phase == ClaimPhase::Bound)
-            })
+            .filter(|c| c.is_bound())
             .count();
         assert_eq!(bound_at_30009, 1, "{:?}", plan.claims);
     }

@@ -1,0 +1,187 @@
+//! What one plan leaves for the next: the routes it planned, with their attachments,
+//! decisions and statuses, so that the next plan rebuilds only what changed.
+
+use std::{
+    net::Ipv4Addr,
+    sync::{atomic::Ordering::Relaxed, Arc},
+    time::SystemTime,
+};
+
+use crate::model::*;
+
+use super::{
+    attach::Attach, backends::Resolved, route_status::Decision, FastMap, Input, RouteEntry, RouteId,
+};
+
+/// Everything but the routes: when it is unchanged, an unchanged route with unchanged
+/// decisions has an unchanged status.
+#[derive(Debug)]
+struct World {
+    gateway_classes: Vec<Arc<GatewayClass>>,
+    gateways: Vec<Arc<Gateway>>,
+    reference_grants: Vec<Arc<ReferenceGrant>>,
+    services: Vec<Arc<Service>>,
+    endpoint_slices: Vec<Arc<EndpointSlice>>,
+    namespaces: Vec<Arc<Namespace>>,
+    gateway_configs: Vec<Arc<GatewayConfig>>,
+    default_address: Option<Ipv4Addr>,
+}
+
+impl World {
+    fn of(s: &Snapshot, input: &Input) -> Self {
+        World {
+            gateway_classes: s.gateway_classes.clone(),
+            gateways: s.gateways.clone(),
+            reference_grants: s.reference_grants.clone(),
+            services: s.services.clone(),
+            endpoint_slices: s.endpoint_slices.clone(),
+            namespaces: s.namespaces.clone(),
+            gateway_configs: s.gateway_configs.clone(),
+            default_address: input.default_address,
+        }
+    }
+
+    fn is(&self, s: &Snapshot, input: &Input) -> bool {
+        self.gateway_classes == s.gateway_classes
+            && self.gateways == s.gateways
+            && self.reference_grants == s.reference_grants
+            && self.services == s.services
+            && self.endpoint_slices == s.endpoint_slices
+            && self.namespaces == s.namespaces
+            && self.gateway_configs == s.gateway_configs
+            && self.default_address == input.default_address
+    }
+}
+
+/// A route's status as last planned, and what it was planned from.
+#[derive(Debug)]
+pub(super) struct Remembered {
+    /// Shared with the snapshot it was planned from (the next snapshot holds the same
+    /// allocation while the route is unchanged). Holding it also keeps its address,
+    /// the memo's key, from being reused by another route.
+    pub route: Arc<Route>,
+    /// Its identity (for the owners of datapath services).
+    pub id: Arc<RouteId>,
+    /// Its creation time, parsed.
+    pub created: Option<SystemTime>,
+    /// What each of its parentRefs to a Gateway of ours attaches to: the parentRef's
+    /// index, the Gateway's index in the plan, the listeners (valid while the world is
+    /// unchanged).
+    pub attaches: Vec<(usize, usize, Attach)>,
+    pub decisions: Vec<Decision>,
+    pub entry: Arc<RouteEntry>,
+    pub backends: Arc<Resolved>,
+    /// The last plan that planned this route.
+    pub pass: std::sync::atomic::AtomicU64,
+}
+
+/// The memo's key of a route: the address of its shared allocation.
+fn address(route: &Arc<Route>) -> usize {
+    Arc::as_ptr(route) as usize
+}
+
+/// What one plan leaves for the next, so that a plan rebuilds only the statuses of
+/// routes whose inputs changed (the rest are shared with the last plan, times and all).
+/// A plan with a memo equals a plan without one, except that the conditions of a
+/// status rebuilt keep their `lastTransitionTime` while their status is unchanged.
+#[derive(Debug)]
+pub struct Memo {
+    /// Whether to remember (a plan made once need not copy what it planned from).
+    pub(super) keep: bool,
+    /// Plans made with this memo.
+    pass: u64,
+    world: Option<World>,
+    /// By the address of the route's allocation.
+    routes: FastMap<usize, Remembered>,
+    /// The address of the route last remembered under each `Kind/namespace/name`: a
+    /// changed route is a new allocation, and keeps its unchanged conditions' times.
+    names: FastMap<String, usize>,
+}
+
+impl Memo {
+    /// A memo for one plan: it remembers nothing (nothing would use it).
+    pub(super) fn for_one_plan() -> Self {
+        Memo {
+            keep: false,
+            ..Memo::default()
+        }
+    }
+
+    /// Starts a plan: whether every object but the routes is as in the last plan (then
+    /// remembered attachments still hold), and this plan's number.
+    pub(super) fn begin(&mut self, input: &Input) -> (bool, u64) {
+        let snap = input.snapshot;
+        let world_same = self.world.as_ref().is_some_and(|w| w.is(snap, input));
+        if !world_same && self.keep {
+            self.world = Some(World::of(snap, input));
+        }
+        self.pass += 1;
+        (world_same, self.pass)
+    }
+
+    /// What the memo remembers of each route (by its allocation). A source that parses
+    /// its objects again for each plan (the Kubernetes reflectors) hands over new
+    /// allocations: an equal route remembered under its name serves too.
+    pub(super) fn recall(&self, routes: &[Arc<Route>]) -> Vec<Option<&Remembered>> {
+        let mut key = String::new();
+        routes
+            .iter()
+            .map(|r| {
+                self.routes.get(&address(r)).or_else(|| {
+                    key.clear();
+                    route_key(&mut key, r.kind.name(), r.metadata.ns(), &r.metadata.name);
+                    let old = self.routes.get(self.names.get(key.as_str())?)?;
+                    (old.route == *r).then_some(old)
+                })
+            })
+            .collect()
+    }
+
+    /// The route last remembered under the name of `route` (an earlier version of it).
+    pub(super) fn earlier(&self, route: &Route, key: &mut String) -> Option<&Remembered> {
+        let m = &route.metadata;
+        key.clear();
+        route_key(key, route.kind.name(), m.ns(), &m.name);
+        self.routes.get(self.names.get(key.as_str())?)
+    }
+
+    /// Keeps the routes this plan (`pass`) reused, `kept` of them, and adds `fresh`.
+    pub(super) fn remember(&mut self, fresh: Vec<Remembered>, kept: usize, pass: u64) {
+        let mut key = String::new();
+        if kept != self.routes.len() {
+            let names = &mut self.names;
+            self.routes.retain(|&at, r| {
+                if r.pass.load(Relaxed) == pass {
+                    return true;
+                }
+                let m = &r.route.metadata;
+                key.clear();
+                route_key(&mut key, r.route.kind.name(), m.ns(), &m.name);
+                if names.get(key.as_str()) == Some(&at) {
+                    names.remove(key.as_str());
+                }
+                false
+            });
+        }
+        for r in fresh {
+            let m = &r.route.metadata;
+            key.clear();
+            route_key(&mut key, r.route.kind.name(), m.ns(), &m.name);
+            let at = address(&r.route);
+            self.names.insert(key.clone(), at);
+            self.routes.insert(at, r);
+        }
+    }
+}
+
+impl Default for Memo {
+    fn default() -> Self {
+        Memo {
+            keep: true,
+            pass: 0,
+            world: None,
+            routes: FastMap::default(),
+            names: FastMap::default(),
+        }
+    }
+}

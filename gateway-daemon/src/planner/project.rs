@@ -1,0 +1,153 @@
+//! The fifth stage: the datapath's desired state. Every bound claim of a Gateway, on
+//! each of its addresses, plus each fixed listener's oldest route, one route per
+//! service.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use crate::{
+    datapath::{DesiredState, Protocol, ServiceAddr},
+    model::*,
+};
+
+use super::{
+    attach::{holds, Attachments},
+    backends::{resolve_backends, Index, Resolved},
+    gateways::{protocol_of, GatewayView, Gateways},
+    memo::Remembered,
+    route_status::route_id,
+    RouteId,
+};
+
+/// What the datapath stage reads.
+pub(super) struct Context<'p, 'a> {
+    pub snap: &'a Snapshot,
+    pub gateways: &'p Gateways<'a>,
+    pub attachments: &'p Attachments<'a>,
+    /// The attachments to each fixed listener, by (Gateway, listener), oldest first.
+    pub fixed_attached: &'p BTreeMap<(usize, usize), Vec<usize>>,
+    pub claims: &'p [Option<Arc<PortClaim>>],
+    /// What the memo remembers of each route, by route index.
+    pub known: &'p [Option<&'a Remembered>],
+    pub index: &'p Index<'a>,
+}
+
+/// (datapath service, index of the route whose backends serve it, its Gateway's age)
+type Serving = (ServiceAddr, usize, usize);
+
+/// The datapath's desired state, and the route whose backends serve each service.
+/// `backends` (by route index) are those of the routes planned; the others are
+/// resolved here when they serve.
+pub(super) fn project(
+    cx: &Context,
+    backends: &mut [Option<Arc<Resolved>>],
+) -> (DesiredState, BTreeMap<ServiceAddr, Arc<RouteId>>) {
+    let snap = cx.snap;
+    let mut serving: Vec<Serving> = Vec::with_capacity(cx.claims.len());
+    claimed(cx, &mut serving);
+    fixed(cx, &mut serving);
+    // One route per service. Where Gateways still collide (the claims kept for a
+    // Gateway with invalid parameters are not checked against other Gateways), the
+    // oldest Gateway's entry wins; within one Gateway a later entry wins, as an insert
+    // would (the stable sort keeps the reversed order among equals).
+    serving.reverse();
+    serving.sort_by_key(|&(service, _, age)| (service, age));
+    serving.dedup_by_key(|&mut (service, _, _)| service);
+    let owners: BTreeMap<ServiceAddr, Arc<RouteId>> = serving
+        .iter()
+        .map(|&(service, ri, _)| {
+            let id = match cx.known[ri] {
+                Some(k) => Arc::clone(&k.id),
+                None => Arc::new(route_id(&snap.routes[ri])),
+            };
+            (service, id)
+        })
+        .collect();
+    let services = serving
+        .into_iter()
+        .map(|(service, ri, _)| {
+            // A claim kept for a frozen Gateway may name a route without attachments.
+            let resolved = backends[ri].get_or_insert_with(|| {
+                Arc::new(resolve_backends(&snap.routes[ri], snap, cx.index))
+            });
+            (service, resolved.backends.clone())
+        })
+        .collect();
+    (DesiredState { services }, owners)
+}
+
+/// Every bound claim of a Gateway, on each of its addresses. The backends of a service
+/// are those of the last route of the claim's identity.
+fn claimed(cx: &Context, serving: &mut Vec<Serving>) {
+    let attachments = &cx.attachments.list;
+    // The attachment each claim serves (its Gateway and route, without looking them up).
+    let mut holder: Vec<Option<usize>> = vec![None; cx.claims.len()];
+    for (ai, a) in attachments.iter().enumerate() {
+        if let Some(ci) = a.claim {
+            holder[ci] = Some(ai);
+        }
+    }
+    for (ci, claim) in cx.claims.iter().enumerate() {
+        let Some(claim) = claim else {
+            continue;
+        };
+        if claim.is_released() {
+            continue;
+        }
+        let (gi, route) = match holder[ci].map(|ai| &attachments[ai]) {
+            Some(a) if !cx.attachments.given_twice[a.route_index] => (
+                Some(a.gw),
+                holds(&claim.spec.route, a.route).then_some(a.route_index),
+            ),
+            _ => (
+                cx.gateways
+                    .index(claim.metadata.ns(), claim.spec.gateway.as_str()),
+                cx.attachments
+                    .route_named(&claim.spec.route, &cx.snap.routes),
+            ),
+        };
+        let Some(gw) = gi.map(|gi| &cx.gateways.views[gi]) else {
+            continue;
+        };
+        let (Some(protocol), Some(ri)) = (protocol_of(&claim.spec.protocol), route) else {
+            continue;
+        };
+        serve(serving, gw, protocol, claim.spec.port, ri);
+    }
+}
+
+/// Each fixed listener's oldest route, on each address of its Gateway.
+fn fixed(cx: &Context, serving: &mut Vec<Serving>) {
+    for (&(gi, li), list) in cx.fixed_attached {
+        let gw = &cx.gateways.views[gi];
+        let l = &gw.listeners[li];
+        let (Some(protocol), Some(&oldest)) = (l.protocol, list.first()) else {
+            continue;
+        };
+        // Its port belongs to an older Gateway's listener on a shared address.
+        if !l.yielded.is_empty() {
+            continue;
+        }
+        serve(
+            serving,
+            gw,
+            protocol,
+            l.spec.port,
+            cx.attachments.list[oldest].route_index,
+        );
+    }
+}
+
+/// `port` on each address `gw` serves, by route `ri`.
+fn serve(serving: &mut Vec<Serving>, gw: &GatewayView, protocol: Protocol, port: u16, ri: usize) {
+    for &addr in &gw.addresses.served {
+        serving.push((
+            ServiceAddr {
+                addr,
+                protocol,
+                port,
+            },
+            ri,
+            gw.age,
+        ));
+    }
+}

@@ -1,0 +1,338 @@
+//! The fourth stage: the status of every route with a parent of ours (shared with the
+//! last plan when the route, the world and its decisions are unchanged), and the
+//! backends of each route planned.
+
+use std::{
+    borrow::Cow,
+    collections::BTreeMap,
+    sync::{atomic::Ordering::Relaxed, Arc},
+};
+
+use crate::model::*;
+
+use super::{
+    attach::{Attach, Attachment, Attachments},
+    backends::{resolve_backends, Index, Resolved},
+    condition,
+    gateway_status::serves,
+    gateways::GatewayView,
+    memo::{Memo, Remembered},
+    overlaps,
+    status::*,
+    RouteEntry, RouteId,
+};
+
+/// What the route stage reads.
+pub(super) struct Context<'p, 'a> {
+    pub snap: &'a Snapshot,
+    pub attachments: &'p Attachments<'a>,
+    /// The attachments to each fixed listener, by (Gateway, listener), oldest first.
+    pub fixed_attached: &'p BTreeMap<(usize, usize), Vec<usize>>,
+    pub claims: &'p [Option<Arc<PortClaim>>],
+    pub gateways: &'p [GatewayView<'a>],
+    /// What the memo remembers of each route, by route index.
+    pub known: &'p [Option<&'a Remembered>],
+    /// Whether every object but the routes is as in the last plan.
+    pub world_same: bool,
+    pub memo: &'a Memo,
+    /// This plan's number.
+    pub pass: u64,
+    pub index: &'p Index<'a>,
+    pub now_text: &'p str,
+}
+
+/// The route statuses of a plan.
+pub(super) struct Planned {
+    /// One entry per route identity with a parent of ours, sorted by kind, namespace
+    /// and name.
+    pub entries: Vec<Arc<RouteEntry>>,
+    /// Backends of the routes planned, by route index.
+    pub backends: Vec<Option<Arc<Resolved>>>,
+    /// Routes to remember from this plan (added to the memo once nothing borrows it).
+    pub fresh: Vec<Remembered>,
+    /// Routes remembered that this plan reused.
+    pub reused: usize,
+}
+
+/// Builds the status of every route with a parent of ours, oldest route first.
+pub(super) fn route_statuses(cx: &Context) -> Planned {
+    let snap = cx.snap;
+    let mut out = Planned {
+        // One entry per route with a parent of ours.
+        entries: Vec::with_capacity(snap.routes.len()),
+        backends: vec![None; snap.routes.len()],
+        fresh: Vec::new(),
+        reused: 0,
+    };
+    let mut key = String::new();
+    for &ri in &cx.attachments.order {
+        let at = cx.attachments.of[ri].clone();
+        if at.is_empty() {
+            continue;
+        }
+        // A route given twice has one entry with the parents of both: not remembered.
+        let unique = !cx.attachments.given_twice[ri];
+        if let Some(old) = cx.known[ri] {
+            let same = unique
+                && cx.world_same
+                && old.decisions.len() == at.len()
+                && at
+                    .clone()
+                    .zip(&old.decisions)
+                    .all(|(ai, d)| cx.decision(ai) == *d);
+            if same {
+                old.pass.store(cx.pass, Relaxed);
+                out.reused += 1;
+                out.entries.push(Arc::clone(&old.entry));
+                out.backends[ri] = Some(Arc::clone(&old.backends));
+                continue;
+            }
+        }
+        let (entry, resolved, remembered) = cx.plan_route(ri, unique, &mut key);
+        out.fresh.extend(remembered);
+        out.backends[ri] = Some(resolved);
+        out.entries.push(entry);
+    }
+    merge_twice(&mut out.entries);
+    out
+}
+
+impl Context<'_, '_> {
+    /// What a status says beyond the route and the other objects, for attachment `ai`.
+    fn decision(&self, ai: usize) -> Decision {
+        let a: &Attachment = &self.attachments.list[ai];
+        let shadowed = match &*a.attach {
+            Attach::Listeners { fixed, .. } => fixed
+                .iter()
+                .copied()
+                .filter(|&li| {
+                    self.fixed_attached.get(&(a.gw, li)).and_then(|l| l.first()) != Some(&ai)
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Decision {
+            port: a
+                .claim
+                .and_then(|ci| self.claims[ci].as_ref())
+                .map(|c| c.spec.port),
+            failure: a.failure.clone(),
+            shadowed,
+        }
+    }
+
+    /// Builds the status of route `ri` anew, with its backends, and what to remember
+    /// of it (when `unique` and the memo keeps).
+    fn plan_route(
+        &self,
+        ri: usize,
+        unique: bool,
+        key: &mut String,
+    ) -> (Arc<RouteEntry>, Arc<Resolved>, Option<Remembered>) {
+        let snap = self.snap;
+        let at = self.attachments.of[ri].clone();
+        let route = &snap.routes[ri];
+        let m = &route.metadata;
+        let resolved = Arc::new(resolve_backends(route, snap, self.index));
+        let decisions: Vec<Decision> = at.clone().map(|ai| self.decision(ai)).collect();
+        let mut parents: Vec<RouteParentStatus> = at
+            .clone()
+            .zip(&decisions)
+            .map(|(ai, d)| {
+                parent_status(
+                    &self.attachments.list[ai],
+                    self.gateways,
+                    d,
+                    resolved.status(),
+                    self.now_text,
+                )
+            })
+            .collect();
+        // The same route as planned last time, or an earlier version of it.
+        let earlier = self.known[ri].or_else(|| self.memo.earlier(route, key));
+        if let Some(old) = earlier {
+            carry_parent_times(&mut parents, &old.entry.status.parents);
+        }
+        let entry = Arc::new(RouteEntry {
+            kind: route.kind.name().to_string(),
+            namespace: m.ns().to_string(),
+            name: m.name.clone(),
+            status: RouteStatus { parents },
+            created: m.creation_timestamp.clone(),
+        });
+        let remembered = (unique && self.memo.keep).then(|| Remembered {
+            id: Arc::new(route_id(route)),
+            route: Arc::clone(route),
+            created: self.attachments.created[ri],
+            attaches: at
+                .clone()
+                .map(|ai| {
+                    let a = &self.attachments.list[ai];
+                    (a.parent_index, a.gw, a.attach.as_ref().clone())
+                })
+                .collect(),
+            decisions,
+            entry: Arc::clone(&entry),
+            backends: Arc::clone(&resolved),
+            pass: self.pass.into(),
+        });
+        (entry, resolved, remembered)
+    }
+}
+
+/// Sorts route entries by kind, namespace and name; the same route twice in the
+/// snapshot has one entry with the parents of both.
+fn merge_twice(routes: &mut Vec<Arc<RouteEntry>>) {
+    routes.sort_by(|a, b| {
+        (a.kind.as_str(), a.namespace.as_str(), a.name.as_str()).cmp(&(
+            b.kind.as_str(),
+            b.namespace.as_str(),
+            b.name.as_str(),
+        ))
+    });
+    routes.dedup_by(|later, first| {
+        let same = (later.kind == first.kind)
+            && later.namespace == first.namespace
+            && later.name == first.name;
+        if same {
+            let parents = std::mem::take(&mut Arc::make_mut(later).status.parents);
+            Arc::make_mut(first).status.parents.extend(parents);
+        }
+        same
+    });
+}
+
+/// What a route's status for one parent says beyond the route and the other objects.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Decision {
+    /// The port assigned.
+    port: Option<u16>,
+    /// Why a range attachment got no port.
+    failure: Option<(&'static str, String)>,
+    /// Fixed listeners where an older route gets the traffic.
+    shadowed: Vec<usize>,
+}
+/// A route's status for the parent of attachment `a`.
+fn parent_status(
+    a: &Attachment,
+    gateways: &[GatewayView],
+    decision: &Decision,
+    (refs_ok, refs_reason, refs_message): (bool, &'static str, String),
+    now_text: &str,
+) -> RouteParentStatus {
+    let gw = &gateways[a.gw];
+    let generation = a.route.metadata.generation;
+    let mut parent_ref = a.parent.clone();
+    let accepted = match &*a.attach {
+        Attach::Refused { reason, message } => condition(
+            "Accepted",
+            false,
+            reason,
+            message.clone(),
+            now_text,
+            generation,
+        ),
+        Attach::Frozen { message } => condition(
+            "Accepted",
+            false,
+            "Pending",
+            message.clone(),
+            now_text,
+            generation,
+        ),
+        Attach::Listeners { fixed, ranges, .. } => {
+            let names = |ls: &[usize]| {
+                ls.iter()
+                    .map(|&i| gw.listeners[i].spec.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            // Fixed listeners whose port an older Gateway serves give the route no port,
+            // as a range without a free port does.
+            let (open, taken): (Vec<usize>, Vec<usize>) = fixed
+                .iter()
+                .partition(|&&li| gw.listeners[li].yielded.is_empty());
+            let mut parts = Vec::new();
+            let mut failure = None;
+            if let Some(port) = decision.port {
+                parts.push(format!("assigned port {port}"));
+                parent_ref.port = Some(port);
+            } else if !ranges.is_empty() {
+                let (r, m) = decision
+                    .failure
+                    .clone()
+                    .unwrap_or(("PortRangeExhausted", "no port".to_string()));
+                failure = Some(r);
+                parts.push(m);
+            }
+            if !open.is_empty() {
+                parts.push(format!("attached to listener {}", names(&open)));
+                // GEP-2644: every route is accepted; only the oldest gets traffic.
+                let shadowed: Vec<usize> = decision
+                    .shadowed
+                    .iter()
+                    .copied()
+                    .filter(|li| open.contains(li))
+                    .collect();
+                if !shadowed.is_empty() {
+                    parts.push(format!(
+                        "an older route gets the traffic of listener {}",
+                        names(&shadowed)
+                    ));
+                }
+            }
+            for &li in &taken {
+                failure.get_or_insert("PortUnavailable");
+                parts.push(overlaps::taken_message(&gw.listeners[li]));
+            }
+            let ok = serves(gw, fixed, decision.port.is_some());
+            let reason = match ok {
+                true => "Accepted",
+                false => failure.unwrap_or("PortUnavailable"),
+            };
+            let message = match parts.len() {
+                1 => parts.pop().unwrap_or_default(),
+                _ => parts.join("; "),
+            };
+            condition("Accepted", ok, reason, message, now_text, generation)
+        }
+    };
+    let resolved = condition(
+        "ResolvedRefs",
+        refs_ok,
+        refs_reason,
+        refs_message,
+        now_text,
+        generation,
+    );
+    RouteParentStatus {
+        parent_ref,
+        controller_name: Cow::Borrowed(CONTROLLER_NAME),
+        conditions: vec![accepted, resolved],
+    }
+}
+
+/// Keeps the condition times of `old` parents in `new` ones of the same parent;
+/// returns whether that changed any.
+pub fn carry_parent_times(new: &mut [RouteParentStatus], old: &[RouteParentStatus]) -> bool {
+    let mut changed = false;
+    for p in new {
+        let same_parent = |op: &&RouteParentStatus| {
+            op.parent_ref.name == p.parent_ref.name
+                && op.parent_ref.namespace == p.parent_ref.namespace
+                && op.parent_ref.section_name == p.parent_ref.section_name
+        };
+        if let Some(op) = old.iter().find(same_parent) {
+            changed |= carry_times(&mut p.conditions, &op.conditions);
+        }
+    }
+    changed
+}
+
+pub(super) fn route_id(r: &Route) -> RouteId {
+    RouteId {
+        kind: r.kind.name().to_string(),
+        namespace: r.metadata.ns().to_string(),
+        name: r.metadata.name.clone(),
+    }
+}
