@@ -1,5 +1,65 @@
 //! Berth's XDP datapath: per-port DNAT to weighted Maglev backends with an LRU
 //! conntrack, reverse NAT of replies, ICMP error translation and fragment tracking.
+//!
+//! # The packet walk (IPv4, TCP and UDP)
+//!
+//! 1. **Parse** (`try_berth`): not IPv4 → pass. Headers truncated or invalid → drop if
+//!    addressed to a gateway address (`drop_malformed`), else pass. ICMP → `icmp.rs`.
+//!    Other protocols pass untouched.
+//! 2. **Conntrack** (`conntrack.rs`): an LRU hash shared by all CPUs, keyed by the
+//!    5-tuple as seen on the wire. A forward entry (client → gateway) rewrites the
+//!    destination to the backend; a reply entry (backend → client) rewrites the source
+//!    to the gateway address and port. Replies may land on any CPU.
+//! 3. **New flows** look up the service map `(gateway address, protocol, port)` and pick
+//!    a backend with weighted Maglev (`MAGLEV_SIZE` entries per service, built in
+//!    userspace; weight 0 takes no new flows); both entries are recorded. A tracked flow
+//!    keeps its backend while the backend is live; only if it was removed is the flow
+//!    balanced again (`backend_gone`).
+//! 4. **NAT** (`nat.rs`): addresses and ports rewritten with incremental checksum
+//!    updates (RFC 1624); a zero UDP checksum stays zero.
+//! 5. **Forwarding** (`fwd.rs`): `bpf_fib_lookup` (cached in the flow, asked again after
+//!    about a second) finds the egress and the neighbour's MAC. XDP sends the packet
+//!    itself (TTL, MACs, `bpf_redirect`) only into an interface that accepts XDP frames
+//!    (`berth_xmit`); every other packet goes up the stack with a named reason and the
+//!    kernel forwards it.
+//! 6. **Replies through the kernel**: a forward packet is translated in XDP whichever
+//!    way it leaves; a reply only when XDP sends it itself. Otherwise it goes up
+//!    untranslated (a translated reply would be a martian) and the TC program (`tc.rs`,
+//!    tcx egress) translates it as it leaves, from the same conntrack entries.
+//! 7. **ICMP errors** quoting a NATed flow are translated both ways (`icmp.rs` in XDP,
+//!    `tc.rs` on egress), so path MTU discovery works.
+//! 8. **Fragments**: the first fragment is handled like any packet and its ports are
+//!    remembered (`berth_frags`, keyed by source, destination, IP id, protocol); later
+//!    fragments follow the same flow. A later fragment to a gateway address whose first
+//!    fragment was not seen is dropped (`drop_fragment`), never sent to a guessed backend.
+//!
+//! # Verdicts and counters
+//!
+//! Every verdict other than "pass untouched" is counted per CPU by name
+//! (`berth_counters`, `gateway_common::Counter`; on `/metrics` as
+//! `berth_datapath_packets_total{reason}`). Per service (`berth_svc_stats`): packets and
+//! bytes per direction, new flows, and packets the kernel forwarded with the last reason.
+//! Nothing is logged per packet.
+//!
+//! | situation | verdict | counter |
+//! |---|---|---|
+//! | translated, sent into another interface / back out of the receiving one | `XDP_REDIRECT` | `redirect` / `tx` |
+//! | egress takes no XDP frames (default veth, bridge, tunnel) | `XDP_PASS` | `kernel_forward_no_xdp_egress` |
+//! | neighbour not resolved yet | `XDP_PASS` | `kernel_forward_no_neighbour` |
+//! | longer than the egress MTU | `XDP_PASS` | `kernel_forward_frag_needed` |
+//! | TTL expired | `XDP_PASS` | `kernel_forward_ttl` |
+//! | no usable route / forwarding disabled | `XDP_PASS` | `kernel_forward_no_route` / `kernel_forward_disabled` |
+//! | egress index beyond `XMIT_SLOTS` | `XDP_PASS` | `kernel_forward_egress_unknown` |
+//! | a reply translated on egress by TC | (TC: next) | `tc_reply_translated` |
+//! | an ICMP error translated (XDP / TC) | as forwarded | `icmp_translated` / `tc_icmp_translated` |
+//! | a later fragment followed its first one | as forwarded | `fragment_translated` |
+//! | a reply of a tracked flow TC could not rewrite (an skb helper failed) | (TC: next) | `tc_untranslated` |
+//! | a redirect the kernel refused after the program returned | (tracepoint) | `redirect_error` |
+//! | a flow whose service ids now belong to another service | balanced afresh or pass | `ct_stale_service` |
+//! | new flow to a service with no backend taking new flows | `XDP_DROP` | `drop_no_backend` |
+//! | malformed packet to a gateway address | `XDP_DROP` | `drop_malformed` |
+//! | later fragment to a gateway address, first one not seen | `XDP_DROP` | `drop_fragment` |
+//! | anything else (not ours, other protocols) | `XDP_PASS` | — |
 #![no_std]
 #![no_main]
 

@@ -1,0 +1,322 @@
+//! Applying a desired state as a minimal diff of the maps: services added, changed
+//! (a new Maglev table, switched to atomically) or removed, and the gateway addresses
+//! and reserved ports that follow from them.
+
+use std::{collections::BTreeMap, net::SocketAddrV4};
+
+use aya::maps::{MapError, PerCpuValues};
+use gateway_common::{
+    map_names, Backend, MaglevTable, Service, ServiceId, ServiceKey, ServiceStats, BACKEND_LIVE,
+    MAGLEV_SIZE,
+};
+
+use super::{
+    desired::BackendSet, maglev, map_err, nr_cpus, ApplyReport, Datapath, DatapathError,
+    DesiredState, Installed, Result, ServiceAddr, WeightedBackend,
+};
+
+impl Datapath {
+    /// Ports of the installed services.
+    pub(super) fn installed_ports(&self) -> std::collections::BTreeSet<u16> {
+        self.installed
+            .keys()
+            .map(|k| u16::from_be(k.port))
+            .collect()
+    }
+
+    /// Reserves the installed services' ports from the host's ephemeral ports (and
+    /// releases those no longer installed), leaving the operator's entries alone.
+    fn sync_reserved_ports(&mut self) {
+        let want = self.installed_ports();
+        let release: std::collections::BTreeSet<u16> =
+            self.reserved.difference(&want).copied().collect();
+        match crate::host::update_reserved_ports(&release, &want) {
+            Ok(()) => self.reserved = want,
+            Err(e) => tracing::warn!(error = %e, "updating net.ipv4.ip_local_reserved_ports"),
+        }
+    }
+
+    /// The services currently installed, with their backends.
+    pub fn installed(&self) -> DesiredState {
+        let services = self
+            .installed
+            .iter()
+            .filter_map(|(key, svc)| {
+                let backends = svc
+                    .backends
+                    .iter()
+                    .map(|(&endpoint, &(_, weight))| WeightedBackend { endpoint, weight })
+                    .collect::<Vec<_>>();
+                Some((ServiceAddr::from_key(key)?, backends.into()))
+            })
+            .collect();
+        DesiredState { services }
+    }
+
+    /// Makes the maps hold `desired`, touching only what differs. Flows of unchanged
+    /// backends are never disturbed; a changed service switches tables atomically.
+    pub fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
+        let result = self.apply_diff(desired);
+        if result.is_err() {
+            // Ids handed out to what was not installed in the end are free again.
+            self.rebuild_pools();
+        }
+        result
+    }
+
+    fn apply_diff(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
+        if desired.services.len() as u32 > self.limits.services {
+            return Err(DatapathError::Capacity {
+                what: "services",
+                limit: self.limits.services,
+            });
+        }
+        let mut report = ApplyReport::default();
+        // The services that may differ from what is installed: those that changed since
+        // the state last applied in full, or (after a failure, and at first) all.
+        let changes: Vec<(ServiceKey, Option<BackendSet>)> = match self.applied.take() {
+            Some(last) => {
+                let (changes, same) = desired.changes_since(&last);
+                report.unchanged = same;
+                changes
+            }
+            None => {
+                let want = desired.normalized();
+                let gone: Vec<(ServiceKey, Option<BackendSet>)> = self
+                    .installed
+                    .keys()
+                    .filter(|k| !want.contains_key(k))
+                    .map(|&k| (k, None))
+                    .collect();
+                gone.into_iter()
+                    .chain(want.into_iter().map(|(k, set)| (k, Some(set))))
+                    .collect()
+            }
+        };
+        for (key, want) in &changes {
+            match (want, self.installed.get(key)) {
+                (None, None) => {}
+                (None, Some(_)) => {
+                    self.remove_service(key)?;
+                    report.removed += 1;
+                }
+                (Some(backends), None) => {
+                    self.add_service(key, backends)?;
+                    report.added += 1;
+                }
+                (Some(backends), Some(svc)) if svc.same_backends(backends) => report.unchanged += 1,
+                (Some(backends), Some(_)) => {
+                    self.update_service(key, backends)?;
+                    report.changed += 1;
+                }
+            }
+        }
+        if report.added + report.removed > 0 {
+            self.sync_addresses()?;
+            self.sync_address_interface()?;
+            self.sync_reserved_ports();
+        }
+        self.applied = Some(desired.clone());
+        Ok(report)
+    }
+
+    fn add_service(&mut self, key: &ServiceKey, want: &BackendSet) -> Result<()> {
+        let id = self.service_ids.alloc()?;
+        let table = self.tables.alloc()?;
+        let mut svc = Installed {
+            id,
+            table,
+            backends: BTreeMap::new(),
+        };
+        for (&endpoint, &weight) in want {
+            let bid = self.backend_ids.alloc()?;
+            self.write_backend(bid, id, endpoint, weight)?;
+            svc.backends.insert(endpoint, (bid, weight));
+        }
+        let active = self.write_table(&svc)?;
+        let zero =
+            PerCpuValues::try_from(vec![ServiceStats::default(); nr_cpus()?]).map_err(|e| {
+                map_err(map_names::SERVICE_STATS)(MapError::SyscallError(aya::sys::SyscallError {
+                    call: "per-cpu values",
+                    io_error: e,
+                }))
+            })?;
+        self.service_stats
+            .set(id.slot(), zero, 0)
+            .map_err(map_err(map_names::SERVICE_STATS))?;
+        self.services
+            .insert(
+                key,
+                Service {
+                    id,
+                    table,
+                    active,
+                    pad: 0,
+                },
+                0,
+            )
+            .map_err(map_err(map_names::SERVICES))?;
+        self.installed.insert(*key, svc);
+        Ok(())
+    }
+
+    fn update_service(&mut self, key: &ServiceKey, want: &BackendSet) -> Result<()> {
+        let Some(old) = self.installed.get(key).cloned() else {
+            return self.add_service(key, want);
+        };
+        let mut svc = Installed {
+            id: old.id,
+            table: self.tables.alloc()?,
+            backends: BTreeMap::new(),
+        };
+        // New and reweighted backends first, so the new table only names live ones.
+        for (&endpoint, &weight) in want {
+            let bid = match old.backends.get(&endpoint) {
+                Some(&(bid, w)) if w == weight => bid,
+                Some(&(bid, _)) => {
+                    self.write_backend(bid, svc.id, endpoint, weight)?;
+                    bid
+                }
+                None => {
+                    let bid = self.backend_ids.alloc()?;
+                    self.write_backend(bid, svc.id, endpoint, weight)?;
+                    bid
+                }
+            };
+            svc.backends.insert(endpoint, (bid, weight));
+        }
+        let active = self.write_table(&svc)?;
+        self.services
+            .insert(
+                key,
+                Service {
+                    id: svc.id,
+                    table: svc.table,
+                    active,
+                    pad: 0,
+                },
+                0,
+            )
+            .map_err(map_err(map_names::SERVICES))?;
+        // Only now that no table names them: retire removed backends. Their flows are
+        // balanced again by the kernel program on their next packet.
+        for (endpoint, &(bid, _)) in &old.backends {
+            if !svc.backends.contains_key(endpoint) {
+                self.clear_backend(bid)?;
+            }
+        }
+        self.tables.free(old.table);
+        self.installed.insert(*key, svc);
+        Ok(())
+    }
+
+    fn remove_service(&mut self, key: &ServiceKey) -> Result<()> {
+        let Some(svc) = self.installed.remove(key) else {
+            return Ok(());
+        };
+        match self.services.remove(key) {
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(map_err(map_names::SERVICES)(e)),
+        }
+        for &(bid, _) in svc.backends.values() {
+            self.clear_backend(bid)?;
+        }
+        self.service_ids.free(svc.id);
+        self.tables.free(svc.table);
+        Ok(())
+    }
+
+    /// Writes the service's Maglev table; returns the number of backends taking new flows.
+    fn write_table(&mut self, svc: &Installed) -> Result<u32> {
+        let candidates: Vec<maglev::Candidate> = svc
+            .backends
+            .iter()
+            .map(|(&endpoint, &(_, weight))| maglev::Candidate { endpoint, weight })
+            .collect();
+        let ids: Vec<u32> = svc.backends.values().map(|&(bid, _)| bid).collect();
+        let Some(table) = maglev::table(&candidates, MAGLEV_SIZE) else {
+            return Ok(0);
+        };
+        let mut entries: MaglevTable = [0; MAGLEV_SIZE as usize];
+        for (slot, &e) in entries.iter_mut().zip(&table) {
+            *slot = ids[e as usize];
+        }
+        self.maglev
+            .set(svc.table, entries, 0)
+            .map_err(map_err(map_names::MAGLEV))?;
+        Ok(candidates.iter().filter(|c| c.weight > 0).count() as u32)
+    }
+
+    fn write_backend(
+        &mut self,
+        bid: u32,
+        service: ServiceId,
+        e: SocketAddrV4,
+        weight: u16,
+    ) -> Result<()> {
+        let value = Backend {
+            addr: u32::from(*e.ip()).to_be(),
+            port: e.port().to_be(),
+            weight,
+            service,
+            flags: BACKEND_LIVE,
+        };
+        self.backends
+            .set(bid, value, 0)
+            .map_err(map_err(map_names::BACKENDS))
+    }
+
+    fn clear_backend(&mut self, bid: u32) -> Result<()> {
+        self.backends
+            .set(bid, Backend::default(), 0)
+            .map_err(map_err(map_names::BACKENDS))?;
+        self.backend_ids.free(bid);
+        Ok(())
+    }
+
+    /// Keeps the gateway-address map equal to the addresses of installed services.
+    fn sync_addresses(&mut self) -> Result<()> {
+        let mut want: BTreeMap<u32, u32> = BTreeMap::new();
+        for key in self.installed.keys() {
+            *want.entry(key.addr).or_default() += 1;
+        }
+        if want.len() as u32 > self.limits.addresses {
+            return Err(DatapathError::Capacity {
+                what: "addresses",
+                limit: self.limits.addresses,
+            });
+        }
+        let have: Vec<(u32, u32)> = self
+            .addresses
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(map_err(map_names::ADDRESSES))?;
+        for (addr, _) in have.iter().filter(|(a, _)| !want.contains_key(a)) {
+            self.addresses
+                .remove(addr)
+                .map_err(map_err(map_names::ADDRESSES))?;
+        }
+        for (addr, count) in want {
+            if !have.contains(&(addr, count)) {
+                self.addresses
+                    .insert(addr, count, 0)
+                    .map_err(map_err(map_names::ADDRESSES))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks exactly the ids of installed services as used.
+    fn rebuild_pools(&mut self) {
+        self.service_ids.clear();
+        self.tables.clear();
+        self.backend_ids.clear();
+        for svc in self.installed.values() {
+            self.service_ids.mark(svc.id);
+            self.tables.mark(svc.table);
+            for &(bid, _) in svc.backends.values() {
+                self.backend_ids.mark(bid);
+            }
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! Loading the object and adopting what an earlier run pinned: map shapes checked
+//! against this build's, the userspace view rebuilt from the maps, bpffs and tracefs
+//! mounted when the host has none.
+
+use std::{
+    collections::{BTreeMap, HashMap as StdHashMap},
+    fs, io,
+    net::{Ipv4Addr, SocketAddrV4},
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{Array, HashMap, MapData, MapError, MapInfo},
+    programs::ProgramError,
+    Ebpf, EbpfLoader,
+};
+use gateway_common::{
+    map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service,
+    ServiceId, ServiceKey, ServiceStats, BACKEND_LIVE,
+};
+
+use super::{
+    links, map_err, xdp, Config, Datapath, DatapathError, IdPool, Installed, Limits, Result,
+    ServiceIds, FLOOR_PROGRAM, PROGRAM, REDIRECT_ERR_PROGRAM, TC_PROGRAM,
+};
+
+/// Maglev tables beyond one per service: a changed service's new table is written to a
+/// spare one before the service switches to it.
+const SPARE_TABLES: u32 = 64;
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gateway"));
+
+impl Limits {
+    fn tables(&self) -> u32 {
+        self.services + SPARE_TABLES
+    }
+
+    /// The shape of every map.
+    fn shapes(&self) -> [Shape; 10] {
+        use std::mem::size_of;
+        let shape = |name, key_size, value_size, max_entries| Shape {
+            name,
+            key_size,
+            value_size,
+            max_entries,
+            disposable: [
+                map_names::COUNTERS,
+                map_names::SERVICE_STATS,
+                map_names::PROGRAM_ID,
+            ]
+            .contains(&name),
+        };
+        [
+            shape(
+                map_names::SERVICES,
+                size_of::<ServiceKey>(),
+                size_of::<Service>(),
+                self.services,
+            ),
+            shape(map_names::ADDRESSES, 4, 4, self.addresses),
+            shape(
+                map_names::MAGLEV,
+                4,
+                size_of::<MaglevTable>(),
+                self.tables(),
+            ),
+            shape(map_names::BACKENDS, 4, size_of::<Backend>(), self.backends),
+            shape(
+                map_names::CONNTRACK,
+                size_of::<FlowKey>(),
+                size_of::<Flow>(),
+                self.flows,
+            ),
+            shape(
+                map_names::FRAGMENTS,
+                size_of::<FragKey>(),
+                size_of::<FragPorts>(),
+                self.fragments,
+            ),
+            shape(map_names::COUNTERS, 4, 8, Counter::COUNT),
+            shape(
+                map_names::SERVICE_STATS,
+                4,
+                size_of::<ServiceStats>(),
+                self.services,
+            ),
+            shape(map_names::XMIT, 4, 4, gateway_common::XMIT_SLOTS),
+            shape(map_names::PROGRAM_ID, 4, 4, 1),
+        ]
+    }
+}
+
+/// What a map must look like: an earlier run's pinned map is adopted only if it matches.
+struct Shape {
+    name: &'static str,
+    key_size: usize,
+    value_size: usize,
+    max_entries: u32,
+    /// Replaced rather than refused when an earlier run's pin has another shape.
+    disposable: bool,
+}
+
+impl Datapath {
+    /// Loads the program, creating the maps or adopting those an earlier run pinned.
+    pub fn load(config: &Config) -> Result<Self> {
+        ensure_bpffs(&config.pin_dir)?;
+        // A start that fails leaves no pins of its own behind (an earlier run's stay).
+        let existed: Vec<bool> = map_names::ALL
+            .iter()
+            .map(|n| config.pin_dir.join(n).exists())
+            .collect();
+        let dir_existed = config.pin_dir.exists();
+        let loaded = Self::load_pinned(config);
+        if loaded.is_err() {
+            for (name, existed) in map_names::ALL.iter().zip(existed) {
+                if !existed {
+                    let _ = fs::remove_file(config.pin_dir.join(name));
+                }
+            }
+            if !dir_existed {
+                let _ = fs::remove_dir_all(&config.pin_dir);
+            }
+        }
+        loaded
+    }
+
+    fn load_pinned(config: &Config) -> Result<Self> {
+        let Config { pin_dir, limits } = config;
+        if limits.services > ServiceId::SLOTS {
+            return Err(DatapathError::Limit {
+                what: "services",
+                wanted: limits.services,
+                max: ServiceId::SLOTS,
+            });
+        }
+        fs::create_dir_all(pin_dir.join("links")).map_err(|source| DatapathError::PinDir {
+            path: pin_dir.clone(),
+            source,
+        })?;
+
+        let shapes = limits.shapes();
+        let paths: Vec<PathBuf> = shapes.iter().map(|s| pin_dir.join(s.name)).collect();
+        for (shape, path) in shapes.iter().zip(&paths) {
+            // Counters hold nothing a restart must keep: a build that counts more (or
+            // differently) replaces them instead of refusing to start.
+            if shape.disposable && check_pinned(path, pin_dir, shape).is_err() {
+                tracing::info!(
+                    map = shape.name,
+                    "pinned counters have another shape; replacing them"
+                );
+                let _ = fs::remove_file(path);
+            }
+            check_pinned(path, pin_dir, shape).map_err(|e| {
+                e.unwrap_or_else(|source| DatapathError::Map {
+                    name: shape.name,
+                    source,
+                })
+            })?;
+        }
+        let mut loader = EbpfLoader::new();
+        for (shape, path) in shapes.iter().zip(&paths) {
+            loader.map_max_entries(shape.name, shape.max_entries);
+            loader.map_pin_path(shape.name, path.as_path());
+        }
+        let mut ebpf = loader.load(OBJECT).map_err(DatapathError::Load)?;
+        for name in [PROGRAM, FLOOR_PROGRAM] {
+            xdp(&mut ebpf, name)?
+                .load()
+                .map_err(|source| DatapathError::Program { name, source })?;
+        }
+        let tc = links::tc_program(&mut ebpf)?;
+        tc.load().map_err(|source| DatapathError::Program {
+            name: TC_PROGRAM,
+            source,
+        })?;
+
+        fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T>
+        where
+            T: TryFrom<aya::maps::Map, Error = MapError>,
+        {
+            let map = ebpf.take_map(name).ok_or(DatapathError::Map {
+                name,
+                source: MapError::InvalidName {
+                    name: name.to_string(),
+                },
+            })?;
+            T::try_from(map).map_err(map_err(name))
+        }
+        let mut dp = Datapath {
+            services: take(&mut ebpf, map_names::SERVICES)?,
+            addresses: take(&mut ebpf, map_names::ADDRESSES)?,
+            maglev: take(&mut ebpf, map_names::MAGLEV)?,
+            backends: take(&mut ebpf, map_names::BACKENDS)?,
+            conntrack: take(&mut ebpf, map_names::CONNTRACK)?,
+            counters: take(&mut ebpf, map_names::COUNTERS)?,
+            service_stats: take(&mut ebpf, map_names::SERVICE_STATS)?,
+            ebpf,
+            pin_dir: pin_dir.clone(),
+            limits: *limits,
+            installed: BTreeMap::new(),
+            applied: None,
+            address_interface: None,
+            reserved: Default::default(),
+            links: BTreeMap::new(),
+            service_ids: ServiceIds::new(limits.services),
+            tables: IdPool::new("Maglev tables", limits.tables()),
+            backend_ids: IdPool::new("backends", limits.backends),
+        };
+        dp.adopt()?;
+        dp.reserved = dp.installed_ports();
+        dp.count_redirect_errors();
+        Ok(dp)
+    }
+
+    /// Rebuilds the userspace view of installed services from the (possibly adopted) maps.
+    fn adopt(&mut self) -> Result<()> {
+        let mut by_id = StdHashMap::new();
+        for item in self.services.iter() {
+            let (key, svc) = item.map_err(map_err(map_names::SERVICES))?;
+            by_id.insert(svc.id, key);
+            self.installed.insert(
+                key,
+                Installed {
+                    id: svc.id,
+                    table: svc.table,
+                    backends: BTreeMap::new(),
+                },
+            );
+            self.service_ids.mark(svc.id);
+            self.tables.mark(svc.table);
+        }
+        let mut orphans = Vec::new();
+        for (id, item) in self.backends.iter().enumerate() {
+            let b = item.map_err(map_err(map_names::BACKENDS))?;
+            if b.flags & BACKEND_LIVE == 0 {
+                continue;
+            }
+            let id = id as u32;
+            match by_id
+                .get(&b.service)
+                .and_then(|key| self.installed.get_mut(key))
+            {
+                Some(svc) => {
+                    svc.backends
+                        .insert(endpoint(b.addr, b.port), (id, b.weight));
+                    self.backend_ids.mark(id);
+                }
+                // A backend left behind by a run that died mid-update.
+                None => orphans.push(id),
+            }
+        }
+        for id in orphans {
+            self.backends
+                .set(id, Backend::default(), 0)
+                .map_err(map_err(map_names::BACKENDS))?;
+        }
+        // Conntrack entries may still name services removed before this start: the
+        // ids handed out from now on must differ from theirs.
+        let mut seen = std::collections::HashSet::new();
+        self.each_flow(|_, f| {
+            seen.insert(f.service);
+        })?;
+        for id in seen {
+            self.service_ids.saw(id);
+        }
+        Ok(())
+    }
+
+    /// Attaches the tracepoint that counts redirects the kernel refused (`redirect_error`)
+    /// to this daemon's lifetime. Best effort: without tracefs or perf events the
+    /// counter stays at zero, which is logged.
+    fn count_redirect_errors(&mut self) {
+        let result = (|| -> std::result::Result<(), String> {
+            let id = xdp(&mut self.ebpf, PROGRAM)
+                .map_err(|e| e.to_string())?
+                .info()
+                .map_err(|e| e.to_string())?
+                .id();
+            let mut ids: Array<&mut MapData, u32> = Array::try_from(
+                self.ebpf
+                    .map_mut(map_names::PROGRAM_ID)
+                    .ok_or("no program id map")?,
+            )
+            .map_err(|e| e.to_string())?;
+            ids.set(0, id, 0).map_err(|e| e.to_string())?;
+            let tp: &mut aya::programs::TracePoint = self
+                .ebpf
+                .program_mut(REDIRECT_ERR_PROGRAM)
+                .ok_or("no tracepoint program")?
+                .try_into()
+                .map_err(|e: ProgramError| e.to_string())?;
+            tp.load().map_err(|e| e.to_string())?;
+            ensure_tracefs().map_err(|e| format!("mounting tracefs: {e}"))?;
+            tp.attach("xdp", "xdp_redirect_err")
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            tracing::warn!(
+                error = e,
+                "redirect errors the kernel reports will not be counted (redirect_error)"
+            );
+        }
+    }
+}
+
+/// Ports of the services in the maps pinned in `pin_dir` (none if nothing is pinned).
+pub fn pinned_service_ports(pin_dir: &Path) -> Result<std::collections::BTreeSet<u16>> {
+    let name = map_names::SERVICES;
+    let path = pin_dir.join(name);
+    if !path.exists() {
+        return Ok(Default::default());
+    }
+    let data = MapData::from_pin(&path).map_err(map_err(name))?;
+    let map: HashMap<MapData, ServiceKey, Service> =
+        HashMap::try_from(aya::maps::Map::HashMap(data)).map_err(map_err(name))?;
+    map.keys()
+        .map(|k| k.map(|k| u16::from_be(k.port)).map_err(map_err(name)))
+        .collect()
+}
+
+/// Removes every pin of a datapath (maps and links). Attached programs whose link is
+/// held by no process are detached; established flows are forgotten.
+pub fn remove_pins(pin_dir: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(pin_dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Compares a pinned map's shape with this build's. `Ok(())` when absent or equal.
+fn check_pinned(
+    path: &Path,
+    dir: &Path,
+    shape: &Shape,
+) -> std::result::Result<(), std::result::Result<DatapathError, MapError>> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let info = MapInfo::from_pin(path).map_err(Err)?;
+    let checks = [
+        ("key size", info.key_size(), shape.key_size as u32),
+        ("value size", info.value_size(), shape.value_size as u32),
+        ("max entries", info.max_entries(), shape.max_entries),
+    ];
+    for (what, found, wanted) in checks {
+        if found != wanted {
+            return Err(Ok(DatapathError::Incompatible {
+                path: path.to_path_buf(),
+                what,
+                found,
+                wanted,
+                dir: dir.to_path_buf(),
+            }));
+        }
+    }
+    Ok(())
+}
+
+fn endpoint(addr: u32, port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::from(u32::from_be(addr)), u16::from_be(port))
+}
+
+/// Mounts tracefs on `/sys/kernel/tracing` if it is not there: attaching to a
+/// tracepoint reads the event's id from it (a fresh host has it unmounted).
+fn ensure_tracefs() -> io::Result<()> {
+    let root = Path::new("/sys/kernel/tracing");
+    if root.join("events").exists() {
+        return Ok(());
+    }
+    mount("tracefs", root)
+}
+
+/// Mounts a filesystem of type `fstype` (no device, no options) on `at`.
+fn mount(fstype: &str, at: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c_at = std::ffi::CString::new(at.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let c_type = std::ffi::CString::new(fstype).map_err(io::Error::other)?;
+    // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            c_type.as_ptr(),
+            c_at.as_ptr(),
+            c_type.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether this process shares its parent's mount namespace (true when it cannot
+/// tell). `ip netns exec` unshares the mount namespace and remounts /sys just before it
+/// executes its command, so a daemon it started is the first process of a new one.
+fn in_parent_mount_namespace() -> bool {
+    let parent = std::os::unix::process::parent_id();
+    match (
+        fs::read_link("/proc/self/ns/mnt"),
+        fs::read_link(format!("/proc/{parent}/ns/mnt")),
+    ) {
+        (Ok(own), Ok(theirs)) => own == theirs,
+        _ => true,
+    }
+}
+
+/// Mounts bpffs on `/sys/fs/bpf` if the pin directory lies there and it is not mounted.
+fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    let root = Path::new("/sys/fs/bpf");
+    if !pin_dir.starts_with(root) {
+        return Ok(());
+    }
+    let err = |source| DatapathError::PinDir {
+        path: pin_dir.to_path_buf(),
+        source,
+    };
+    let c_root = std::ffi::CString::new("/sys/fs/bpf").map_err(|e| err(io::Error::other(e)))?;
+    // SAFETY: statfs writes into the zeroed struct we own; the path is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c_root.as_ptr(), &mut st) } == 0 && st.f_type as i64 == BPF_FS_MAGIC {
+        return Ok(());
+    }
+    // Not mounted here. Usually a host that never mounted it: mount it. In a mount
+    // namespace made just for this process (`ip netns exec` remounts /sys), a bpffs
+    // mounted now would be private: the pins would die with this process.
+    if !in_parent_mount_namespace() {
+        return Err(DatapathError::PrivateBpffs);
+    }
+    mount("bpf", root).map_err(err)
+}

@@ -1,0 +1,296 @@
+//! What the datapath counted: named counters, per-service statistics and the tracked
+//! flows, read from the maps in batches.
+
+use std::collections::{BTreeMap, HashMap as StdHashMap};
+use std::io;
+
+use aya::maps::MapError;
+use gateway_common::{map_names, Counter, Flow, FlowKey, ServiceId, ServiceStats};
+
+use super::{map_err, nr_cpus, Datapath, DatapathError, Result, ServiceAddr};
+
+/// What the datapath counted for one service.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Packets, bytes and new flows, summed over CPUs.
+    pub stats: ServiceStats,
+    /// Tracked flows that forwarded a packet recently.
+    pub active_flows: u64,
+    /// Since when packets were forwarded to the backends without a reply coming back
+    /// (None: replies keep up, or nothing was forwarded).
+    pub unanswered_since: Option<std::time::Instant>,
+}
+
+impl Traffic {
+    /// The traffic of two services together (a route served on several addresses).
+    pub fn plus(self, other: &Traffic) -> Traffic {
+        Traffic {
+            stats: add_stats(self.stats, &other.stats),
+            active_flows: self.active_flows + other.active_flows,
+            unanswered_since: match (self.unanswered_since, other.unanswered_since) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                (x, y) => x.or(y),
+            },
+        }
+    }
+
+    /// How this service's packets leave: `None` before any packet, "xdp" while XDP
+    /// sends nearly all (the first packet to a backend whose neighbour entry is not
+    /// resolved yet goes through the kernel anyway), else "kernel: <why>".
+    pub fn path(&self) -> Option<String> {
+        let all = self.stats.packets + self.stats.reply_packets;
+        if all == 0 {
+            return None;
+        }
+        if self.stats.kernel_packets * 20 <= all {
+            return Some("xdp".into());
+        }
+        let why = self
+            .stats
+            .kernel_reason
+            .checked_sub(1)
+            .and_then(Counter::from_index)
+            .map_or("unknown", kernel_reason);
+        Some(format!("kernel: {why}"))
+    }
+}
+
+/// Two services' (or CPUs') counters together.
+fn add_stats(a: ServiceStats, b: &ServiceStats) -> ServiceStats {
+    ServiceStats {
+        packets: a.packets + b.packets,
+        bytes: a.bytes + b.bytes,
+        reply_packets: a.reply_packets + b.reply_packets,
+        reply_bytes: a.reply_bytes + b.reply_bytes,
+        new_flows: a.new_flows + b.new_flows,
+        kernel_packets: a.kernel_packets + b.kernel_packets,
+        kernel_reason: min_reason(a.kernel_reason, b.kernel_reason),
+        pad: 0,
+    }
+}
+
+/// Of two `ServiceStats::kernel_reason`s the one to show: the forward path's reasons
+/// (lower indices) over TC's, any over none (0).
+fn min_reason(a: u32, b: u32) -> u32 {
+    match (a, b) {
+        (0, r) | (r, 0) => r,
+        (x, y) => x.min(y),
+    }
+}
+
+/// Why a packet took the kernel's path, in words.
+pub fn kernel_reason(c: Counter) -> &'static str {
+    match c {
+        Counter::KernelNoXdpEgress => "egress takes no XDP frames",
+        Counter::KernelNoNeighbour => "no neighbour entry yet",
+        Counter::KernelFragNeeded => "longer than the egress MTU",
+        Counter::KernelTtl => "TTL expired",
+        Counter::KernelNoRoute => "no usable route",
+        Counter::KernelForwardingOff => "forwarding disabled (dropped)",
+        Counter::KernelEgressUnknown => "egress interface index beyond the map",
+        Counter::TcReply => "replies arrive where XDP does not run (translated by TC)",
+        other => other.name(),
+    }
+}
+
+impl Datapath {
+    /// Named counters summed over CPUs.
+    pub fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
+        Counter::ALL
+            .iter()
+            .map(|c| {
+                let values = self
+                    .counters
+                    .get(&(*c as u32), 0)
+                    .map_err(map_err(map_names::COUNTERS))?;
+                Ok((c.name(), values.iter().sum()))
+            })
+            .collect()
+    }
+
+    /// Statistics of every installed service, summed over CPUs.
+    pub fn service_stats(&self) -> Result<BTreeMap<ServiceAddr, ServiceStats>> {
+        use aya::maps::IterableMap as _;
+        // Per-CPU values come as one 8-byte-aligned slot per possible CPU.
+        let slot = std::mem::size_of::<ServiceStats>().next_multiple_of(8);
+        let cpus = nr_cpus()?;
+        let mut by_slot: StdHashMap<u32, ServiceStats> = StdHashMap::new();
+        let fd = std::os::fd::AsFd::as_fd(self.service_stats.map().fd());
+        lookup_batch(fd, 4, slot * cpus, |key, value| {
+            let index = u32::from_ne_bytes(key.try_into().unwrap_or_default());
+            let sum = value
+                .chunks_exact(slot)
+                .fold(ServiceStats::default(), |a, v| {
+                    // SAFETY: each slot starts with a ServiceStats (Pod, any bytes valid);
+                    // read unaligned from the byte buffer.
+                    let s: ServiceStats = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
+                    add_stats(a, &s)
+                });
+            by_slot.insert(index, sum);
+        })
+        .map_err(batch_err(map_names::SERVICE_STATS))?;
+        Ok(self
+            .installed
+            .iter()
+            .filter_map(|(key, svc)| {
+                Some((
+                    ServiceAddr::from_key(key)?,
+                    by_slot.get(&svc.id.slot()).copied()?,
+                ))
+            })
+            .collect())
+    }
+
+    /// Tracked flows, client → gateway direction only: (flow tuple, backend endpoint, service).
+    pub fn flows(&self) -> Result<Vec<(FlowKey, Flow)>> {
+        let mut out = Vec::new();
+        self.each_flow(|k, f| {
+            if f.kind == gateway_common::NAT_DST {
+                out.push((*k, *f));
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// Per service, the tracked flows (client → gateway) that forwarded a packet within
+    /// about `window` (a flow's next hop is asked for at least every second while its
+    /// packets flow, and that time is what is compared).
+    pub fn active_flows(&self, window: std::time::Duration) -> Result<BTreeMap<ServiceAddr, u64>> {
+        let now = coarse_clock_units();
+        let window = u32::try_from(window.as_nanos() >> 20).unwrap_or(u32::MAX);
+        let mut per_id: StdHashMap<ServiceId, u64> = StdHashMap::new();
+        self.each_flow(|_, f| {
+            if f.kind == gateway_common::NAT_DST
+                && now.wrapping_sub(f.next_hop.checked_at) <= window
+            {
+                *per_id.entry(f.service).or_default() += 1;
+            }
+        })?;
+        Ok(self
+            .installed
+            .iter()
+            .filter_map(|(key, svc)| Some((ServiceAddr::from_key(key)?, *per_id.get(&svc.id)?)))
+            .collect())
+    }
+
+    /// Calls `f` on every conntrack entry, reading them in batches (a few syscalls for
+    /// the whole table, not two per entry).
+    pub(super) fn each_flow(&self, mut f: impl FnMut(&FlowKey, &Flow)) -> Result<()> {
+        use aya::maps::IterableMap as _;
+        let fd = std::os::fd::AsFd::as_fd(self.conntrack.map().fd());
+        let (key_size, value_size) = (std::mem::size_of::<FlowKey>(), std::mem::size_of::<Flow>());
+        lookup_batch(fd, key_size, value_size, |k, v| {
+            // SAFETY: the map's key and value are a FlowKey and a Flow (sizes checked at
+            // load; Pod, any bytes valid); read unaligned from the byte buffers.
+            let (k, v): (FlowKey, Flow) = unsafe {
+                (
+                    std::ptr::read_unaligned(k.as_ptr().cast()),
+                    std::ptr::read_unaligned(v.as_ptr().cast()),
+                )
+            };
+            f(&k, &v)
+        })
+        .map_err(batch_err(map_names::CONNTRACK))
+    }
+}
+
+/// `bpf_ktime_get_coarse_ns() >> 20` as the program computes it (CLOCK_MONOTONIC_COARSE).
+fn coarse_clock_units() -> u32 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    let ns = (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64;
+    (ns >> 20) as u32
+}
+
+fn batch_err(name: &'static str) -> impl FnOnce(io::Error) -> DatapathError {
+    move |io_error| {
+        map_err(name)(MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_lookup_batch",
+            io_error,
+        }))
+    }
+}
+
+/// Reads every entry of a BPF hash or array map with `BPF_MAP_LOOKUP_BATCH` (a few
+/// syscalls for the whole map, not two per entry), calling `f` on each key's and value's
+/// bytes (`value_size` as the kernel copies it: per-CPU maps give one 8-byte-aligned
+/// slot per possible CPU).
+pub(super) fn lookup_batch(
+    fd: std::os::fd::BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+    mut f: impl FnMut(&[u8], &[u8]),
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    /// The `batch` member of `union bpf_attr` (uapi/linux/bpf.h).
+    #[repr(C)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    const CHUNK: usize = 1024;
+    let mut keys = vec![0u8; CHUNK * key_size];
+    let mut values = vec![0u8; CHUNK * value_size];
+    // Hash maps and arrays both use a u32 (bucket, index) as the batch cursor.
+    let (mut cursor_in, mut cursor_out) = (0u64, 0u64);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                std::ptr::addr_of!(cursor_in) as u64
+            },
+            out_batch: std::ptr::addr_of_mut!(cursor_out) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            elem_flags: 0,
+            flags: 0,
+        };
+        // SAFETY: the buffers hold CHUNK keys and values of the sizes the kernel copies;
+        // the cursors are 8 bytes, more than the 4 the kernel writes.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        let done = if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(e);
+            }
+            true
+        } else {
+            false
+        };
+        let n = (attr.count as usize).min(CHUNK);
+        for (k, v) in keys
+            .chunks_exact(key_size)
+            .zip(values.chunks_exact(value_size))
+            .take(n)
+        {
+            f(k, v);
+        }
+        if done {
+            return Ok(());
+        }
+        cursor_in = cursor_out;
+        first = false;
+    }
+}
