@@ -73,7 +73,10 @@ pub fn spawn(
 /// Serves `listener` for ever: each connection on a task of its own, HTTP/1.1 with
 /// keep-alive (and HTTP/1.0), within the limits above.
 pub async fn serve(listener: TcpListener, endpoints: Endpoints, shared: Shared) {
-    let slots = Arc::new(Semaphore::new(connection_cap()));
+    let slots_cap = connection_cap();
+    let slots = Arc::new(Semaphore::new(slots_cap));
+    // Connections refused since the last warning, and when that was.
+    let (mut refused, mut warned) = (0u64, None);
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
@@ -90,7 +93,19 @@ pub async fn serve(listener: TcpListener, endpoints: Endpoints, shared: Shared) 
             }
         };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            continue; // dropping the stream closes it
+            // Dropping the stream closes it; said at most once a minute, with a count.
+            refused += 1;
+            if warned.is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(60)) {
+                tracing::warn!(
+                    refused,
+                    cap = slots_cap,
+                    "admin endpoint: connections refused, every slot is taken (idle clients are cut off after {}s)",
+                    HEADER_TIMEOUT.as_secs()
+                );
+                warned = Some(std::time::Instant::now());
+                refused = 0;
+            }
+            continue;
         };
         let shared = shared.clone();
         let service = service_fn(move |request: Request<Incoming>| {
