@@ -1,0 +1,220 @@
+//! Berth's own kinds: the GatewayConfig and PortClaim CRDs.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Meta, GATEWAY_GROUP};
+
+/// `berth.dev/v1alpha1` GatewayConfig.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayConfig {
+    /// Metadata.
+    pub metadata: Meta,
+    /// Spec.
+    pub spec: GatewayConfigSpec,
+}
+
+// The derive also generates `GatewayConfigResource`, the kube type behind our CRD.
+/// GatewayConfig spec: turns a Gateway's TCP/UDP listeners into port ranges.
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    kube::CustomResource,
+)]
+#[kube(
+    group = "berth.dev",
+    version = "v1alpha1",
+    kind = "GatewayConfig",
+    root = "GatewayConfigResource",
+    namespaced
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayConfigSpec {
+    /// Listeners turned into port ranges.
+    #[serde(default)]
+    pub listeners: Vec<ListenerRange>,
+    /// How long a released port stays unassigned (`300s` when absent).
+    #[serde(default)]
+    pub release_cooldown: Option<String>,
+}
+
+/// One listener's range.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerRange {
+    /// The Gateway listener's name.
+    pub name: String,
+    /// Last port of the range (the listener's port is the first).
+    pub end_port: u16,
+    /// Most ports one namespace may hold in this range.
+    #[serde(default)]
+    pub max_ports_per_namespace: Option<u32>,
+}
+
+/// `berth.dev/v1alpha1` PortClaim: the durable record of one allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortClaim {
+    /// Metadata: in the Gateway's namespace, named `<gateway>-<tcp|udp>-<port>`.
+    pub metadata: Meta,
+    /// Spec.
+    pub spec: PortClaimSpec,
+    /// Status.
+    #[serde(default)]
+    pub status: Option<PortClaimStatus>,
+}
+
+// The derive also generates `PortClaimResource`, the kube type behind our CRD.
+/// PortClaim spec: which route holds which port of which Gateway listener.
+#[derive(
+    Clone,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    kube::CustomResource,
+)]
+#[kube(
+    group = "berth.dev",
+    version = "v1alpha1",
+    kind = "PortClaim",
+    root = "PortClaimResource",
+    namespaced
+)]
+#[kube(status = "PortClaimStatus")]
+#[kube(printcolumn = r#"{"name":"Gateway","type":"string","jsonPath":".spec.gateway"}"#)]
+#[kube(printcolumn = r#"{"name":"Protocol","type":"string","jsonPath":".spec.protocol"}"#)]
+#[kube(printcolumn = r#"{"name":"Port","type":"integer","jsonPath":".spec.port"}"#)]
+#[kube(printcolumn = r#"{"name":"Route","type":"string","jsonPath":".spec.route.name"}"#)]
+#[kube(printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#)]
+#[serde(rename_all = "camelCase")]
+pub struct PortClaimSpec {
+    /// Gateway name (same namespace as the claim).
+    pub gateway: String,
+    /// Listener name.
+    pub listener: String,
+    /// `TCP` or `UDP`.
+    pub protocol: String,
+    /// The port.
+    pub port: u16,
+    /// The route holding the port.
+    pub route: ClaimRoute,
+}
+
+/// The route a claim belongs to.
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimRoute {
+    /// Group.
+    pub group: String,
+    /// Kind (`TCPRoute` or `UDPRoute`).
+    pub kind: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl PortClaimSpec {
+    /// The spec of a claim on `port` of a Gateway's listener for `route`.
+    pub fn new(
+        gateway: &str,
+        listener: &str,
+        protocol: &str,
+        port: u16,
+        route: ClaimRoute,
+    ) -> Self {
+        PortClaimSpec {
+            gateway: gateway.to_string(),
+            listener: listener.to_string(),
+            protocol: protocol.to_string(),
+            port,
+            route,
+        }
+    }
+}
+
+impl ClaimRoute {
+    /// A Gateway API route (`TCPRoute` or `UDPRoute`) by kind, namespace and name.
+    pub fn new(kind: &str, namespace: &str, name: &str, uid: Option<String>) -> Self {
+        ClaimRoute {
+            group: GATEWAY_GROUP.to_string(),
+            kind: kind.to_string(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid,
+        }
+    }
+}
+
+/// PortClaim status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortClaimStatus {
+    /// `Bound` or `Released`.
+    pub phase: ClaimPhase,
+    /// When the claim was released (RFC 3339), for the cool-down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<String>,
+}
+
+/// Phase of a claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum ClaimPhase {
+    /// Held by its route.
+    Bound,
+    /// Its route let go; the port is free after the cool-down.
+    Released,
+}
+
+impl PortClaim {
+    /// A bound claim for `port` of a Gateway listener, named by `claim_name`.
+    pub fn bound(gateway_ns: &str, spec: PortClaimSpec) -> Self {
+        PortClaim {
+            metadata: Meta {
+                name: claim_name(&spec.gateway, &spec.protocol, spec.port),
+                namespace: Some(gateway_ns.to_string()),
+                ..Meta::default()
+            },
+            spec,
+            status: Some(PortClaimStatus {
+                phase: ClaimPhase::Bound,
+                released_at: None,
+            }),
+        }
+    }
+
+    /// Whether the claim is bound (a claim without a status is).
+    pub fn is_bound(&self) -> bool {
+        self.status
+            .as_ref()
+            .is_none_or(|s| s.phase == ClaimPhase::Bound)
+    }
+
+    /// Whether the claim is released (cooling down).
+    pub fn is_released(&self) -> bool {
+        self.status
+            .as_ref()
+            .is_some_and(|s| s.phase == ClaimPhase::Released)
+    }
+}
+
+/// The name of the claim for a port: creating it is the lock.
+pub fn claim_name(gateway: &str, protocol: &str, port: u16) -> String {
+    format!("{gateway}-{}-{port}", protocol.to_ascii_lowercase())
+}

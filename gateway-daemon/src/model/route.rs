@@ -1,0 +1,163 @@
+//! Route kinds: TCPRoute, UDPRoute and the ReferenceGrants that let them cross namespaces.
+
+use serde::{Deserialize, Serialize};
+
+use super::Meta;
+
+/// TCPRoute or UDPRoute: the two share their shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum RouteKind {
+    /// TCPRoute.
+    #[serde(rename = "TCPRoute")]
+    Tcp,
+    /// UDPRoute.
+    #[serde(rename = "UDPRoute")]
+    Udp,
+}
+
+impl RouteKind {
+    /// The Kubernetes kind name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            RouteKind::Tcp => "TCPRoute",
+            RouteKind::Udp => "UDPRoute",
+        }
+    }
+
+    /// The listener protocol this kind attaches to.
+    pub const fn protocol(self) -> &'static str {
+        match self {
+            RouteKind::Tcp => "TCP",
+            RouteKind::Udp => "UDP",
+        }
+    }
+}
+
+/// A TCPRoute or UDPRoute.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Route {
+    /// Which of the two kinds.
+    #[serde(skip, default = "default_kind")]
+    pub kind: RouteKind,
+    /// Metadata.
+    pub metadata: Meta,
+    /// Spec.
+    pub spec: RouteSpec,
+}
+
+fn default_kind() -> RouteKind {
+    RouteKind::Tcp
+}
+
+/// Route spec.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteSpec {
+    /// Parents (Gateways) to attach to.
+    #[serde(default)]
+    pub parent_refs: Vec<ParentRef>,
+    /// Rules (Berth forwards to the backends of all rules).
+    #[serde(default)]
+    pub rules: Vec<RouteRule>,
+}
+
+/// A route's parent reference.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentRef {
+    /// Group (default `gateway.networking.k8s.io`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Kind (default `Gateway`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Namespace (default: the route's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Gateway name.
+    pub name: String,
+    /// Listener name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
+    /// Port: a listener's port, or a port requested from a range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+}
+
+/// A route rule.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteRule {
+    /// Backends.
+    #[serde(default)]
+    pub backend_refs: Vec<BackendRef>,
+}
+
+/// A backend reference (a Service port).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendRef {
+    /// Group (default core, `""`).
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Kind (default `Service`).
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Name.
+    pub name: String,
+    /// Namespace (default: the route's).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Service port.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Weight (default 1).
+    #[serde(default)]
+    pub weight: Option<u32>,
+}
+
+/// ReferenceGrant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReferenceGrant {
+    /// Metadata.
+    pub metadata: Meta,
+    /// Spec.
+    pub spec: ReferenceGrantSpec,
+}
+
+/// ReferenceGrant spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReferenceGrantSpec {
+    /// Who may refer.
+    pub from: Vec<GrantFrom>,
+    /// What may be referred to.
+    pub to: Vec<GrantTo>,
+}
+
+/// ReferenceGrant `from`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GrantFrom {
+    /// Group.
+    pub group: String,
+    /// Kind.
+    pub kind: String,
+    /// Namespace.
+    pub namespace: String,
+}
+
+/// ReferenceGrant `to`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GrantTo {
+    /// Group.
+    pub group: String,
+    /// Kind.
+    pub kind: String,
+    /// Name (all of the kind when absent).
+    #[serde(default)]
+    pub name: Option<String>,
+}
