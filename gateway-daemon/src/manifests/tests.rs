@@ -1,0 +1,198 @@
+
+use super::*;
+
+#[test]
+fn a_taken_snapshot_equals_a_copied_one_and_goes_back_where_it_came_from() {
+    let a = parse_file(
+        Path::new("a.yaml"),
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\n\
+             apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+             metadata: {name: web, namespace: a}\nspec: {parentRefs: [{name: gw}]}\n---\n\
+             apiVersion: v1\nkind: Namespace\nmetadata: {name: b}\n",
+    );
+    let b = parse_file(
+        Path::new("b.yaml"),
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: UDPRoute\n\
+             metadata: {name: dns, namespace: b}\nspec: {parentRefs: [{name: gw}]}\n",
+    );
+    let (before_a, before_b) = (a.objects.clone(), b.objects.clone());
+    let copied = snapshot([&a, &b]);
+    let mut files = [a, b];
+    let (taken, layout) = take_snapshot(files.iter_mut());
+    assert_eq!(taken, copied);
+    assert!(files.iter().all(|f| f.objects.is_empty()));
+    give_back(files.iter_mut(), taken, layout);
+    assert_eq!(
+        (&files[0].objects, &files[1].objects),
+        (&before_a, &before_b)
+    );
+}
+
+#[test]
+fn a_bad_field_is_reported_with_file_document_object_and_path() {
+    let text = "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\n\
+                    apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+                    metadata: {name: web, namespace: team-a}\n\
+                    spec:\n  parentRefs:\n  - name: gw\n    port: seventy\n";
+    let parsed = parse_file(Path::new("routes.yaml"), text);
+    assert_eq!(parsed.objects.len(), 1);
+    let err = parsed.errors[0].to_string();
+    assert!(
+        err.starts_with(
+            "routes.yaml document 2: TCPRoute team-a/web: field spec.parentRefs[0].port"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn names_that_kubernetes_would_refuse_are_errors_naming_the_object_and_field() {
+    let route = |name: &str, ns: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\nmetadata:\n  \
+                 name: {name}\n  namespace: {ns}\nspec: {{}}\n"
+        )
+    };
+    for (name, ns, field) in [
+        ("\"web\\nx\"", "team-a", "metadata.name"),
+        ("Web", "team-a", "metadata.name"),
+        ("web-", "team-a", "metadata.name"),
+        ("web", "Team_A", "metadata.namespace"),
+    ] {
+        let parsed = parse_file(Path::new("r.yaml"), &route(name, ns));
+        assert!(parsed.objects.is_empty(), "{name} in {ns} accepted");
+        let message = parsed.errors[0].to_string();
+        assert!(
+            message.contains("TCPRoute") && message.contains(field),
+            "{message}"
+        );
+    }
+    let ok = parse_file(Path::new("r.yaml"), &route("web.v2", "team-a"));
+    assert!(ok.errors.is_empty(), "{:?}", ok.errors);
+    let long = "a".repeat(64);
+    let svc = format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: {long}\n  namespace: a\n");
+    assert!(!parse_file(Path::new("s.yaml"), &svc).errors.is_empty());
+}
+
+#[test]
+fn a_yaml_syntax_error_is_reported_once() {
+    let text = "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\ngarbage: [\n";
+    let parsed = parse_file(Path::new("x.yaml"), text);
+    assert_eq!(parsed.errors.len(), 1, "{:?}", parsed.errors);
+    assert!(
+        parsed.errors[0]
+            .to_string()
+            .starts_with("x.yaml document 1: not YAML"),
+        "{}",
+        parsed.errors[0]
+    );
+}
+
+#[test]
+fn unknown_kinds_are_noted_and_v1alpha2_routes_accepted() {
+    let text = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n---\n\
+                    apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: UDPRoute\n\
+                    metadata: {name: dns}\nspec: {}\n";
+    let parsed = parse_file(Path::new("x.yaml"), text);
+    assert_eq!(parsed.ignored.len(), 1, "{:?}", parsed.ignored);
+    assert!(matches!(&parsed.objects[0], Object::Route(r) if r.kind == RouteKind::Udp));
+}
+
+#[test]
+fn unknown_fields_warn_with_file_object_and_path_and_upstream_fields_do_not() {
+    let text = "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+                    metadata: {name: web, namespace: a, annotations: {x: y}, labelz: {}}\n\
+                    spec:\n  parentRef: [{name: gw}]\n  parentRefs:\n  \
+                    - {name: gw, sectionname: pool}\n  rules: [{name: r, backendRefs: \
+                    [{name: web, port: 80, weight: 1}]}]\n---\n\
+                    apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
+                    metadata: {name: gw, namespace: a}\nspec:\n  gatewayClassName: berth\n  \
+                    infrastructure: {labels: {team: a}}\n  listeners:\n  - name: pool\n    \
+                    protocol: TCP\n    port: 30000\n    hostname: x.example\n    \
+                    tls: {mode: Passthrough, options: {k: v}}\n    colour: red\n\
+                    status: {anything: [1]}\n---\n\
+                    apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: a}\n\
+                    spec: {type: ClusterIP, selector: {app: web}, portz: [], \
+                    ports: [{port: 80, appProtocol: tcp}]}\n---\n\
+                    apiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\n\
+                    metadata: {name: c, namespace: a}\nspec: {listeners: [{name: pool, \
+                    endPort: 30010, maxPorts: 3}]}\n";
+    let parsed = parse_file(Path::new("a.yaml"), text);
+    assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+    assert_eq!(parsed.objects.len(), 4);
+    assert_eq!(
+        parsed.warnings,
+        [
+            "a.yaml document 1: TCPRoute a/web: unknown field \"metadata.labelz\"",
+            "a.yaml document 1: TCPRoute a/web: unknown field \"spec.parentRef\"",
+            "a.yaml document 1: TCPRoute a/web: unknown field \"spec.parentRefs[0].sectionname\"",
+            "a.yaml document 2: Gateway a/gw: unknown field \"spec.listeners[0].colour\"",
+            "a.yaml document 3: Service a/web: unknown field \"spec.portz\"",
+            "a.yaml document 4: GatewayConfig a/c: unknown field \"spec.listeners[0].maxPorts\"",
+        ]
+    );
+}
+
+#[test]
+fn an_object_defined_twice_is_an_error_of_the_later_definition_naming_both() {
+    let route = |port: u16| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+                 metadata: {{name: web, namespace: a}}\n\
+                 spec: {{parentRefs: [{{name: gw, port: {port}}}]}}\n"
+        )
+    };
+    let dir = std::env::temp_dir().join(format!("berth-defs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("a.yaml"), route(1)).expect("write");
+    std::fs::write(dir.join("b.yaml"), route(2)).expect("write");
+    // The same name as a UDPRoute is another object; twice in one file is not.
+    let twice = format!(
+        "{}---\n{}",
+        route(3).replace("web", "w2"),
+        route(4).replace("web", "w2")
+    );
+    std::fs::write(
+        dir.join("c.yaml"),
+        twice.clone() + "---\n" + &route(5).replace("TCP", "UDP"),
+    )
+    .expect("write");
+    let files = load_dir(&dir).expect("load");
+    let errors: Vec<Vec<String>> = files
+        .iter()
+        .map(|(_, f)| f.errors.iter().map(ToString::to_string).collect())
+        .collect();
+    let a = dir.join("a.yaml").display().to_string();
+    let (b, c) = (a.replace("a.yaml", "b.yaml"), a.replace("a.yaml", "c.yaml"));
+    assert_eq!(
+        errors,
+        [
+            vec![],
+            vec![format!(
+                "{b} document 1: TCPRoute a/web: also defined in {a} document 1, which stays \
+                     in force (an object may be defined once)"
+            )],
+            vec![format!(
+                "{c} document 2: TCPRoute a/w2: also defined in {c} document 1, which stays \
+                     in force (an object may be defined once)"
+            )],
+        ]
+    );
+    // Replacing a file's own definitions is no conflict; once a file lets go of an
+    // object, another may define it.
+    let mut defs = Definitions::default();
+    let (fa, fb) = (&files[0].1, &files[1].1);
+    defs.replace(Path::new(&a), &FileObjects::default(), fa)
+        .expect("first");
+    defs.replace(Path::new(&a), fa, fa)
+        .expect("same file again");
+    assert!(defs
+        .replace(Path::new(&b), &FileObjects::default(), fb)
+        .is_err());
+    defs.replace(Path::new(&a), fa, &FileObjects::default())
+        .expect("let go");
+    defs.replace(Path::new(&b), &FileObjects::default(), fb)
+        .expect("now b");
+    let _ = std::fs::remove_dir_all(&dir);
+}
