@@ -6,45 +6,10 @@ use std::{
     net::{Ipv4Addr, SocketAddrV4},
 };
 
-use gateway_common::{proto, ServiceKey};
+use gateway_common::ServiceKey;
 use serde::{Deserialize, Serialize};
 
-/// Transport protocol of a service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum Protocol {
-    /// TCP.
-    Tcp,
-    /// UDP.
-    Udp,
-}
-
-impl Protocol {
-    /// IP protocol number.
-    pub const fn number(self) -> u8 {
-        match self {
-            Protocol::Tcp => proto::TCP,
-            Protocol::Udp => proto::UDP,
-        }
-    }
-
-    fn from_number(n: u8) -> Option<Self> {
-        match n {
-            proto::TCP => Some(Protocol::Tcp),
-            proto::UDP => Some(Protocol::Udp),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Protocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Protocol::Tcp => "TCP",
-            Protocol::Udp => "UDP",
-        })
-    }
-}
+pub use crate::model::Protocol;
 
 /// A gateway address, protocol and port: what clients connect to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -12,7 +12,9 @@ use serde_json::Value;
 
 use super::sources::View;
 use crate::{
-    model::{claim_name, ClaimRoute, PortClaim, PortClaimSpec, BERTH_GROUP, CONTROLLER_NAME},
+    model::{
+        claim_name, ClaimRoute, PortClaim, PortClaimSpec, Protocol, BERTH_GROUP, CONTROLLER_NAME,
+    },
     planner::status::RouteParentStatus,
 };
 
@@ -61,7 +63,7 @@ pub fn hints(view: &View) -> Vec<PortClaim> {
                     && c.spec.route.namespace == *ns
                     && c.spec.route.name == *name
             });
-            let claim = claim_name(gw_name, protocol, port);
+            let claim = claim_name(gw_name, protocol.as_str(), port);
             if route_holds || held(&gw_ns, &claim) || !offered.insert((gw_ns.clone(), claim)) {
                 continue;
             }
@@ -91,7 +93,7 @@ fn range_listener(
     view: &View,
     ns: &str,
     gateway: &str,
-    protocol: &str,
+    protocol: Protocol,
     port: u16,
 ) -> Option<String> {
     let gw = view
@@ -110,6 +112,7 @@ fn range_listener(
         .find(|c| c.metadata.ns() == ns && c.metadata.name == pref.name)?;
     config.spec.listeners.iter().find_map(|r| {
         let l = gw.spec.listeners.iter().find(|l| l.name == r.name)?;
-        (l.protocol == protocol && (l.port..=r.end_port).contains(&port)).then(|| l.name.clone())
+        (Protocol::parse(&l.protocol) == Some(protocol) && (l.port..=r.end_port).contains(&port))
+            .then(|| l.name.clone())
     })
 }

@@ -15,12 +15,14 @@ mod berth;
 mod core_kinds;
 mod gateway;
 mod meta;
+mod protocol;
 mod route;
 
 pub use berth::*;
 pub use core_kinds::*;
 pub use gateway::*;
 pub use meta::*;
+pub use protocol::Protocol;
 pub use route::*;
 
 /// Appends a route's key, `Kind/namespace/name` (first-seen times and the planner's

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Meta;
+use super::{Meta, Protocol};
 
 /// TCPRoute or UDPRoute: the two share their shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -25,10 +25,10 @@ impl RouteKind {
     }
 
     /// The listener protocol this kind attaches to.
-    pub const fn protocol(self) -> &'static str {
+    pub const fn protocol(self) -> Protocol {
         match self {
-            RouteKind::Tcp => "TCP",
-            RouteKind::Udp => "UDP",
+            RouteKind::Tcp => Protocol::Tcp,
+            RouteKind::Udp => Protocol::Udp,
         }
     }
 }

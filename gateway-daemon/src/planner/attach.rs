@@ -328,7 +328,7 @@ fn refusal(
 ) -> Option<(bool, String)> {
     let name = &l.spec.name;
     let kind = route.kind.name();
-    if l.spec.protocol != route.kind.protocol() {
+    if Protocol::parse(&l.spec.protocol) != Some(route.kind.protocol()) {
         return Some((
             true,
             format!(

@@ -5,7 +5,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use super::FastMap;
 use crate::{
     datapath::WeightedBackend,
-    model::{EndpointSlice, Route, Service, Snapshot, GATEWAY_GROUP},
+    model::{EndpointSlice, Protocol, Route, Service, Snapshot, GATEWAY_GROUP},
 };
 
 /// Share of one backendRef spread over its endpoints (so weights stay integers).
@@ -117,12 +117,10 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
                 continue;
             };
             let protocol = route.kind.protocol();
-            let Some(sp) = svc
-                .spec
-                .ports
-                .iter()
-                .find(|p| p.port == port && p.protocol.as_deref().unwrap_or("TCP") == protocol)
-            else {
+            let Some(sp) = svc.spec.ports.iter().find(|p| {
+                p.port == port
+                    && Protocol::parse(p.protocol.as_deref().unwrap_or("TCP")) == Some(protocol)
+            }) else {
                 out.errors.push((
                     "BackendNotFound",
                     format!(
@@ -147,7 +145,9 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
                     .ports
                     .iter()
                     .find(|p| {
-                        p.name == sp.name && p.protocol.as_deref().unwrap_or("TCP") == protocol
+                        p.name == sp.name
+                            && Protocol::parse(p.protocol.as_deref().unwrap_or("TCP"))
+                                == Some(protocol)
                     })
                     .and_then(|p| p.port)
                 else {

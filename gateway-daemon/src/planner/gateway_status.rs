@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::{datapath::Protocol, model::*};
+use crate::model::*;
 
 use super::{
     attach::{Attach, Attachments},

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use crate::{datapath::Protocol, model::*};
+use crate::model::*;
 
 use super::{addresses::Addresses, overlaps, parse_time, FastMap, Input, DEFAULT_RELEASE_COOLDOWN};
 
@@ -105,14 +105,6 @@ pub(super) fn ours<'a>(input: &Input<'a>) -> Gateways<'a> {
     }
 }
 
-pub(super) fn protocol_of(p: &str) -> Option<Protocol> {
-    match p {
-        "TCP" => Some(Protocol::Tcp),
-        "UDP" => Some(Protocol::Udp),
-        _ => None,
-    }
-}
-
 /// Resolves a Gateway's listeners against its GatewayConfig.
 fn gateway_view<'a>(
     gw: &'a Gateway,
@@ -125,7 +117,7 @@ fn gateway_view<'a>(
         .iter()
         .map(|l| ListenerView {
             spec: l,
-            protocol: protocol_of(&l.protocol),
+            protocol: Protocol::parse(&l.protocol),
             range: None,
             quota: None,
             yielded: Vec::new(),

@@ -8,10 +8,7 @@ use std::sync::Arc;
 
 use super::{gateways::GatewayView, FastMap as HashMap};
 
-use crate::{
-    datapath::Protocol,
-    model::{ClaimPhase, ClaimRoute, PortClaim, PortClaimStatus},
-};
+use crate::model::{ClaimPhase, ClaimRoute, PortClaim, PortClaimStatus, Protocol};
 
 /// Claims (a removed claim is `None`, so indexes stay valid) and their indexes.
 pub struct Ledger<'g> {
@@ -80,7 +77,7 @@ impl<'g> Ledger<'g> {
         let gi = *self
             .gateway_at
             .get(&(c.metadata.ns(), c.spec.gateway.as_str()))?;
-        let protocol = super::gateways::protocol_of(&c.spec.protocol)?;
+        let protocol = Protocol::parse(&c.spec.protocol)?;
         let li = self.gateways[gi]
             .listeners
             .iter()

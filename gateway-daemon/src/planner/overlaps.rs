@@ -8,7 +8,7 @@
 
 use std::{net::Ipv4Addr, ops::RangeInclusive, time::SystemTime};
 
-use crate::datapath::Protocol;
+use crate::model::Protocol;
 
 use super::gateways::{GatewayView, ListenerView};
 

@@ -5,14 +5,14 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use crate::{
-    datapath::{DesiredState, Protocol, ServiceAddr},
+    datapath::{DesiredState, ServiceAddr},
     model::*,
 };
 
 use super::{
     attach::{holds, Attachments},
     backends::{resolve_backends, Index, Resolved},
-    gateways::{protocol_of, GatewayView, Gateways},
+    gateways::{GatewayView, Gateways},
     memo::Remembered,
     route_status::route_id,
     RouteId,
@@ -108,7 +108,7 @@ fn claimed(cx: &Context, serving: &mut Vec<Serving>) {
         let Some(gw) = gi.map(|gi| &cx.gateways.views[gi]) else {
             continue;
         };
-        let (Some(protocol), Some(ri)) = (protocol_of(&claim.spec.protocol), route) else {
+        let (Some(protocol), Some(ri)) = (Protocol::parse(&claim.spec.protocol), route) else {
             continue;
         };
         serve(serving, gw, protocol, claim.spec.port, ri);

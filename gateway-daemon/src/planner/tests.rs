@@ -4,7 +4,7 @@
 use std::{net::Ipv4Addr, path::Path};
 
 use super::*;
-use crate::{datapath::Protocol, manifests};
+use crate::{manifests, model::Protocol};
 
 const CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\n\
     metadata: {name: berth}\nspec: {controllerName: berth.dev/gateway-controller}\n";
