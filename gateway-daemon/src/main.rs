@@ -1,8 +1,11 @@
 //! `berth`: one L4 gateway address shared by many owners, one port each.
 
-mod run;
-
-use std::{net::Ipv4Addr, path::PathBuf, process::ExitCode, time::SystemTime};
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::SystemTime,
+};
 
 use anyhow::{bail, Context as _};
 use berth::{
@@ -12,6 +15,8 @@ use berth::{
     store::Store,
 };
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+mod run;
 
 const DEFAULT_ADMIN: &str = "127.0.0.1:9470";
 
@@ -214,11 +219,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn check_cmd(
-    dir: &std::path::Path,
-    state_dir: Option<PathBuf>,
-    output: Output,
-) -> anyhow::Result<()> {
+fn check_cmd(dir: &Path, state_dir: Option<PathBuf>, output: Output) -> anyhow::Result<()> {
     let files = manifests::load_dir(dir)
         .with_context(|| format!("reading manifests from {}", dir.display()))?;
     let mut failed = false;
@@ -317,7 +318,7 @@ fn print_value<T: serde::Serialize>(v: &T, output: Output) -> anyhow::Result<()>
 const DEFAULT_ADDRESS_INTERFACE: &str = "berth0";
 
 /// `berth state check|repair`.
-fn state_cmd(action: StateAction, dir: &std::path::Path) -> anyhow::Result<()> {
+fn state_cmd(action: StateAction, dir: &Path) -> anyhow::Result<()> {
     let store =
         Store::open(dir).with_context(|| format!("opening state directory {}", dir.display()))?;
     match action {
@@ -353,7 +354,7 @@ fn state_cmd(action: StateAction, dir: &std::path::Path) -> anyhow::Result<()> {
 
 /// `berth uninstall`: removes the pins (detaching every program no process holds) and
 /// the dummy interface.
-fn uninstall(pin_dir: &std::path::Path, address_interface: &str) -> anyhow::Result<()> {
+fn uninstall(pin_dir: &Path, address_interface: &str) -> anyhow::Result<()> {
     let links = std::fs::read_dir(pin_dir.join("links"))
         .map(|d| d.count())
         .unwrap_or(0);
