@@ -12,7 +12,6 @@ use std::{
 
 use crate::{
     datapath::{Datapath, DesiredState},
-    model::ClaimPhase,
     planner::Plan,
     state_document::StateDocument,
 };
@@ -248,10 +247,6 @@ pub fn effects(
         traffic,
         traffic_at,
         active_at,
-        cooling: claims.iter().any(|c| {
-            c.status
-                .as_ref()
-                .is_some_and(|s| s.phase == ClaimPhase::Released)
-        }),
+        cooling: claims.iter().any(|c| c.is_released()),
     })
 }

@@ -1,0 +1,288 @@
+//! `berth run`: the daemon. Sets up the datapath (loads or adopts the pinned maps and
+//! links, attaches to the interfaces, turns ICMP redirects off, owns the address
+//! interface), serves the admin endpoint, and hands over to the standalone or the
+//! Kubernetes loop.
+//!
+//! Part of the `berth` binary (declared in `main.rs`), not of the library.
+
+use std::{
+    net::{Ipv4Addr, TcpListener},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use anyhow::Context as _;
+use berth::{
+    admin,
+    datapath::{self, AttachMode, Attached, Config, Datapath, LinkChange},
+    publish::{Published, Shared},
+    standalone::{self, ManifestSource},
+    store::Store,
+};
+
+use crate::{LogFormat, Redirect, RunArgs, XdpMode, DEFAULT_ADDRESS_INTERFACE};
+
+/// Runs the daemon as the options say (standalone unless `--kubernetes`).
+pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
+    let RunArgs {
+        manifests,
+        manifest_settle,
+        kubernetes,
+        interfaces,
+        state_dir,
+        address,
+        admin_addr,
+        metrics_addr,
+        xdp_mode,
+        node_name,
+        lease_namespace,
+        log_format,
+        pin_dir,
+        address_interface,
+        no_address_interface,
+        redirect,
+    } = args;
+    init_logging(log_format);
+    let mut dp = DatapathOptions {
+        interfaces,
+        xdp_mode,
+        redirect,
+        pin_dir,
+        address_interface: if no_address_interface {
+            None
+        } else {
+            address_interface.clone()
+        },
+    };
+    if kubernetes {
+        let identity = match node_name {
+            Some(n) => n,
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .context("--node-name is not set and the host name is unreadable")?,
+        };
+        let options = berth::kubernetes::Options {
+            identity,
+            lease_namespace,
+            default_address: address,
+        };
+        return run_kubernetes(options, &dp, &admin_addr, metrics_addr.as_deref());
+    }
+    if !no_address_interface && address_interface.is_none() {
+        dp.address_interface = Some(DEFAULT_ADDRESS_INTERFACE.to_string());
+    }
+    let dir = manifests.context("--manifests DIR (or --kubernetes) is required")?;
+    let metrics_addr = metrics_addr.as_deref();
+    let source = ManifestSource::new(&dir, manifest_settle);
+    let admin = (admin_addr.as_str(), metrics_addr);
+    run_standalone(source, &dir, &state_dir, address, admin, &dp)
+}
+
+fn init_logging(format: LogFormat) {
+    // RUST_LOG (e.g. `berth=debug`) refines the default level, info.
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing::level_filters::LevelFilter::INFO.into())
+        .from_env_lossy();
+    // Colour only on a terminal: escape codes in a log file or journal are noise.
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// How `berth run` sets up the datapath.
+struct DatapathOptions {
+    interfaces: Vec<String>,
+    xdp_mode: XdpMode,
+    redirect: Redirect,
+    pin_dir: PathBuf,
+    address_interface: Option<String>,
+}
+
+fn run_standalone(
+    mut source: ManifestSource,
+    dir: &std::path::Path,
+    state_dir: &std::path::Path,
+    address: Option<Ipv4Addr>,
+    (admin_addr, metrics_addr): (&str, Option<&str>),
+    options: &DatapathOptions,
+) -> anyhow::Result<()> {
+    let store = Store::open(state_dir)
+        .with_context(|| format!("opening state directory {}", state_dir.display()))?;
+    // Before anything else is touched: a second daemon on this directory stops here.
+    let _owner = store.own()?;
+    let mut datapath = load_datapath(options)?;
+    let shared = serve_admin(admin_addr, metrics_addr)?;
+    tracing::info!(admin = admin_addr, metrics = metrics_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
+    exit_on_signal()?;
+    standalone::run_loop(&mut source, &store, datapath.as_mut(), address, &shared);
+    Ok(())
+}
+
+/// Standalone mode: on SIGTERM or Ctrl-C, says so and exits as a kill would (the
+/// state is kill-safe at any instant, and the pinned datapath keeps serving).
+fn exit_on_signal() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the signal watcher")?;
+    std::thread::Builder::new()
+        .name("berth-signals".into())
+        .spawn(move || {
+            runtime.block_on(terminated());
+            tracing::info!("stopping on a signal; the datapath keeps serving");
+            std::process::exit(0);
+        })
+        .context("starting the signal watcher")?;
+    Ok(())
+}
+
+/// Loads the datapath, attaches it to the interfaces (none: no datapath), follows
+/// which interfaces take XDP frames, and owns the address interface if asked to.
+fn load_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>> {
+    // A first start that fails (an interface that does not exist, a hook held by
+    // another program) leaves nothing pinned behind.
+    let fresh = !options.interfaces.is_empty() && !options.pin_dir.exists();
+    let loaded = set_up_datapath(options);
+    if loaded.is_err() && fresh {
+        let _ = datapath::remove_pins(&options.pin_dir);
+    }
+    loaded
+}
+
+fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>> {
+    let DatapathOptions {
+        interfaces,
+        xdp_mode,
+        redirect,
+        pin_dir,
+        address_interface,
+    } = options;
+    if interfaces.is_empty() {
+        tracing::warn!("no --interface: planning and serving state only, no datapath");
+        return Ok(None);
+    }
+    let mut dp = Datapath::load(&Config {
+        pin_dir: pin_dir.clone(),
+        ..Config::default()
+    })
+    .context("loading the datapath")?;
+    if *redirect == Redirect::Auto {
+        datapath::follow_xmit(pin_dir).context("following which interfaces take XDP frames")?;
+    } else {
+        datapath::XmitMap::open(pin_dir)
+            .and_then(|mut m| m.set(&Default::default()))
+            .context("clearing the xmit map")?;
+        tracing::warn!("--redirect never: the kernel forwards every packet");
+    }
+    let mode = match xdp_mode {
+        XdpMode::Auto => AttachMode::Auto,
+        XdpMode::Native => AttachMode::Native,
+        XdpMode::Skb => AttachMode::Skb,
+    };
+    let changes = dp
+        .converge(interfaces, mode)
+        .context("attaching to the interfaces (nothing new was left attached)")?;
+    for change in changes {
+        match change {
+            LinkChange::Attached {
+                iface,
+                how: Attached::Replaced,
+            } => tracing::info!(iface, "replaced the program an earlier run attached"),
+            LinkChange::Attached {
+                iface,
+                how: Attached::New(m),
+            } => tracing::info!(iface, mode = ?m, "attached the XDP and TC programs"),
+            LinkChange::Detached { ifindex, iface } => tracing::warn!(
+                ifindex,
+                iface = iface.as_deref().unwrap_or("(gone)"),
+                "detached the programs an earlier run attached: interface not in --interface"
+            ),
+        }
+    }
+    match berth::host::disable_icmp_redirects(interfaces) {
+        Ok(changed) if !changed.is_empty() => tracing::info!(
+            settings = changed.join(" "),
+            "ICMP redirects off: they would send backends around the gateway's NAT"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "turning ICMP redirects off"),
+    }
+    if let Some(name) = address_interface {
+        dp.own_addresses_on(name)
+            .context("putting the gateway addresses on their interface")?;
+        tracing::info!(
+            iface = name,
+            "gateway addresses go on this dummy interface (the host answers ARP for them)"
+        );
+    }
+    if !datapath::ipv4_forwarding_enabled().unwrap_or(false) {
+        tracing::error!("IPv4 forwarding is off (net.ipv4.ip_forward=0): every packet the XDP program hands to the kernel (interfaces that take no XDP frames, unresolved neighbours) will be dropped; set net.ipv4.ip_forward=1");
+    }
+    Ok(Some(dp))
+}
+
+/// Binds the admin endpoint (and the metrics endpoint, if asked for) and serves them
+/// from a thread; returns what they serve.
+fn serve_admin(admin_addr: &str, metrics_addr: Option<&str>) -> anyhow::Result<Shared> {
+    let shared = Arc::new(Mutex::new(Arc::new(Published::default())));
+    let bind = |what: &str, addr: &str| {
+        TcpListener::bind(addr).with_context(|| format!("binding the {what} endpoint {addr}"))
+    };
+    let mut listeners = vec![(bind("admin", admin_addr)?, admin::Endpoints::All)];
+    if let Some(addr) = metrics_addr {
+        listeners.push((bind("metrics", addr)?, admin::Endpoints::Monitoring));
+    }
+    admin::server::spawn(listeners, shared.clone()).context("starting the admin endpoint")?;
+    Ok(shared)
+}
+
+fn run_kubernetes(
+    options: berth::kubernetes::Options,
+    dp: &DatapathOptions,
+    admin_addr: &str,
+    metrics_addr: Option<&str>,
+) -> anyhow::Result<()> {
+    let datapath = load_datapath(dp)?;
+    let shared = serve_admin(admin_addr, metrics_addr)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+        tracing::info!(
+            admin = admin_addr,
+            metrics = metrics_addr,
+            node = options.identity,
+            lease_namespace = options.lease_namespace,
+            "berth running in Kubernetes mode"
+        );
+        berth::kubernetes::run(client, options, datapath, shared, terminated()).await;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    // Leave as a kill would: the pinned datapath keeps serving for the next daemon.
+    std::process::exit(0)
+}
+
+/// Resolves on SIGTERM (how Kubernetes stops a pod) or Ctrl-C.
+async fn terminated() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
