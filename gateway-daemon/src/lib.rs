@@ -2,6 +2,8 @@
 //!
 //! This library holds the daemon's parts; the `berth` binary is a thin `main` over it.
 
+#![deny(unsafe_code)]
+
 pub mod admin;
 pub mod crd;
 pub mod datapath;
@@ -17,6 +19,12 @@ pub mod publish;
 pub mod standalone;
 pub mod state_document;
 pub mod store;
+#[allow(
+    unsafe_code,
+    reason = "the system calls, each unsafe block with its SAFETY comment"
+)]
+#[warn(clippy::undocumented_unsafe_blocks)]
+mod sys;
 
 /// An error and its sources on one line, `: `-separated (for logs and test failures).
 pub fn error_chain(e: &dyn std::error::Error) -> String {

@@ -1,5 +1,7 @@
 //! `berth`: one L4 gateway address shared by many owners, one port each.
 
+#![deny(unsafe_code)]
+
 use std::{
     net::Ipv4Addr,
     path::{Path, PathBuf},

@@ -22,6 +22,7 @@ use crate::{
     planner,
     publish::{effects, refresh_traffic, Published, Shared},
     store::{Store, StoreError},
+    sys,
 };
 
 /// How often the directory is looked at when inotify is unavailable (a change takes
@@ -41,7 +42,7 @@ pub struct DirWatch {
 impl DirWatch {
     /// Watches `dir` for files written, moved, created or deleted.
     pub fn new(dir: &Path) -> Self {
-        use std::os::{fd::FromRawFd, unix::ffi::OsStrExt};
+        use std::os::unix::ffi::OsStrExt;
         let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap_or_default();
         let none = |path| DirWatch {
             fd: None,
@@ -51,13 +52,11 @@ impl DirWatch {
         if path.is_empty() {
             return none(path);
         }
-        // SAFETY: plain syscalls; the descriptor is owned by the OwnedFd from here on.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd < 0 {
+        let Ok(fd) = sys::inotify::init() else {
             return none(path);
-        }
+        };
         let watch = DirWatch {
-            fd: Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }),
+            fd: Some(fd),
             path,
             lost: false.into(),
         };
@@ -68,7 +67,7 @@ impl DirWatch {
 
     /// Adds the watch on the directory's path; whether that worked.
     fn add(&self) -> bool {
-        use std::os::fd::AsRawFd;
+        use std::os::fd::AsFd;
         let Some(fd) = &self.fd else { return false };
         let mask = libc::IN_CLOSE_WRITE
             | libc::IN_MOVED_TO
@@ -78,8 +77,7 @@ impl DirWatch {
             | libc::IN_MODIFY
             | libc::IN_DELETE_SELF
             | libc::IN_MOVE_SELF;
-        // SAFETY: valid descriptor and NUL-terminated path.
-        unsafe { libc::inotify_add_watch(fd.as_raw_fd(), self.path.as_ptr(), mask) >= 0 }
+        sys::inotify::add_watch(fd.as_fd(), &self.path, mask).is_ok()
     }
 
     /// Waits until the directory changes or `timeout` passes. A change counts once the
@@ -108,34 +106,21 @@ impl DirWatch {
     /// Polls for events and drains them: `None` if there were none, else whether the
     /// last event leaves a file being written (modified or created, not yet closed).
     fn poll(&self, fd: &std::os::fd::OwnedFd, timeout: Duration) -> Option<bool> {
-        use std::os::fd::AsRawFd;
-        let mut pfd = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let ready = unsafe {
-            libc::poll(
-                &mut pfd,
-                1,
-                timeout.as_millis().min(i32::MAX as u128) as i32,
-            )
-        };
-        if ready <= 0 {
+        use std::os::fd::AsFd;
+        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
+        if !matches!(sys::inotify::poll_in(fd.as_fd(), millis), Ok(ready) if ready > 0) {
             return None;
         }
         let mut writing = None;
         let mut buf = [0u8; 4096];
         loop {
-            // SAFETY: reading into a buffer we own; non-blocking descriptor.
-            let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n <= 0 {
-                return writing;
-            }
+            let n = match sys::inotify::read(fd.as_fd(), &mut buf) {
+                Ok(n) if n > 0 => n,
+                _ => return writing,
+            };
             // struct inotify_event: wd (i32), mask (u32), cookie (u32), len (u32), name.
             let mut at = 0;
-            while at + 16 <= n as usize {
+            while at + 16 <= n {
                 let field = |i: usize| {
                     u32::from_ne_bytes(buf[at + i..at + i + 4].try_into().unwrap_or_default())
                 };

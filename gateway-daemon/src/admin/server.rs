@@ -176,17 +176,11 @@ fn response(
 /// endpoint's clients must not take the descriptors the claim store and the datapath
 /// need (two listeners take at most half).
 fn connection_cap() -> usize {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit into the struct it is given, which lives
-    // through the call.
-    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
-    let quarter = usize::try_from(limit.rlim_cur / 4).unwrap_or(usize::MAX);
-    if ok {
-        MAX_CONNECTIONS.min(quarter.max(1))
-    } else {
-        MAX_CONNECTIONS
+    match crate::sys::rlimit::open_files_soft_limit() {
+        Ok(soft) => {
+            let quarter = usize::try_from(soft / 4).unwrap_or(usize::MAX);
+            MAX_CONNECTIONS.min(quarter.max(1))
+        }
+        Err(_) => MAX_CONNECTIONS,
     }
 }

@@ -339,15 +339,7 @@ fn resolve(iface: &str) -> Result<u32> {
 
 /// The name of interface `ifindex`, if it exists.
 fn ifname(ifindex: u32) -> Option<String> {
-    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: `buf` has IF_NAMESIZE bytes, as if_indextoname requires.
-    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: on success the buffer holds a NUL-terminated name.
-    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-    Some(name.to_string_lossy().into_owned())
+    crate::sys::iface::index_to_name(ifindex)
 }
 
 /// An attach error, made specific when another program already holds the hook.

@@ -23,6 +23,7 @@ use super::{
     links, map_err, xdp, Config, Datapath, DatapathError, IdPool, Installed, Limits, Result,
     ServiceIds, FLOOR_PROGRAM, PROGRAM, REDIRECT_ERR_PROGRAM, TC_PROGRAM,
 };
+use crate::sys;
 
 /// Maglev tables beyond one per service: a changed service's new table is written to a
 /// spare one before the service switches to it.
@@ -368,28 +369,7 @@ fn ensure_tracefs() -> io::Result<()> {
     if root.join("events").exists() {
         return Ok(());
     }
-    mount("tracefs", root)
-}
-
-/// Mounts a filesystem of type `fstype` (no device, no options) on `at`.
-fn mount(fstype: &str, at: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let c_at = std::ffi::CString::new(at.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    let c_type = std::ffi::CString::new(fstype).map_err(io::Error::other)?;
-    // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
-    let rc = unsafe {
-        libc::mount(
-            c_type.as_ptr(),
-            c_at.as_ptr(),
-            c_type.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    sys::fs::mount("tracefs", root)
 }
 
 /// Whether this process shares its parent's mount namespace (true when it cannot
@@ -418,9 +398,7 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
         source,
     };
     let c_root = std::ffi::CString::new("/sys/fs/bpf").map_err(|e| err(io::Error::other(e)))?;
-    // SAFETY: statfs writes into the zeroed struct we own; the path is NUL-terminated.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statfs(c_root.as_ptr(), &mut st) } == 0 && st.f_type as i64 == BPF_FS_MAGIC {
+    if sys::fs::fs_type(&c_root).is_ok_and(|t| t == BPF_FS_MAGIC) {
         return Ok(());
     }
     // Not mounted here. Usually a host that never mounted it: mount it. In a mount
@@ -429,5 +407,5 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
     if !in_parent_mount_namespace() {
         return Err(DatapathError::PrivateBpffs);
     }
-    mount("bpf", root).map_err(err)
+    sys::fs::mount("bpf", root).map_err(err)
 }

@@ -30,6 +30,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::sys::bpf::lookup_batch;
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuArray},
     programs::{links::FdLink, ProgramError, SchedClassifier, Xdp},
@@ -43,7 +44,6 @@ use gateway_common::{
 use ids::{IdPool, ServiceIds};
 pub use links::{LinkChange, LinkKind};
 pub use load::{pinned_service_ports, remove_pins};
-use traffic::lookup_batch;
 pub use traffic::{kernel_reason, Traffic};
 pub use xmit::{follow as follow_xmit, FollowError, XmitChange, XmitMap};
 
@@ -351,10 +351,7 @@ fn xdp<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp> {
 }
 
 fn ifindex(iface: &str) -> Option<u32> {
-    let name = std::ffi::CString::new(iface).ok()?;
-    // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    (index != 0).then_some(index)
+    crate::sys::iface::name_to_index(iface)
 }
 
 fn nr_cpus() -> Result<usize> {

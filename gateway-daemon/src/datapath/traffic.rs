@@ -8,6 +8,7 @@ use aya::maps::MapError;
 use gateway_common::{map_names, Counter, Flow, FlowKey, ServiceId, ServiceStats};
 
 use super::{map_err, nr_cpus, Datapath, DatapathError, Result, ServiceAddr};
+use crate::sys::bpf::{lookup_batch, read_pod};
 
 /// What the datapath counted for one service.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -121,9 +122,8 @@ impl Datapath {
             let sum = value
                 .chunks_exact(slot)
                 .fold(ServiceStats::default(), |a, v| {
-                    // SAFETY: each slot starts with a ServiceStats (Pod, any bytes valid);
-                    // read unaligned from the byte buffer.
-                    let s: ServiceStats = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
+                    // Each slot starts with a ServiceStats.
+                    let s: ServiceStats = read_pod(v);
                     add_stats(a, &s)
                 });
             by_slot.insert(index, sum);
@@ -180,14 +180,8 @@ impl Datapath {
         let fd = std::os::fd::AsFd::as_fd(self.conntrack.map().fd());
         let (key_size, value_size) = (std::mem::size_of::<FlowKey>(), std::mem::size_of::<Flow>());
         lookup_batch(fd, key_size, value_size, |k, v| {
-            // SAFETY: the map's key and value are a FlowKey and a Flow (sizes checked at
-            // load; Pod, any bytes valid); read unaligned from the byte buffers.
-            let (k, v): (FlowKey, Flow) = unsafe {
-                (
-                    std::ptr::read_unaligned(k.as_ptr().cast()),
-                    std::ptr::read_unaligned(v.as_ptr().cast()),
-                )
-            };
+            // The map's key and value are a FlowKey and a Flow (sizes checked at load).
+            let (k, v): (FlowKey, Flow) = (read_pod(k), read_pod(v));
             f(&k, &v)
         })
         .map_err(batch_err(map_names::CONNTRACK))
@@ -196,14 +190,7 @@ impl Datapath {
 
 /// `bpf_ktime_get_coarse_ns() >> 20` as the program computes it (CLOCK_MONOTONIC_COARSE).
 fn coarse_clock_units() -> u32 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    let ns = (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64;
-    (ns >> 20) as u32
+    (crate::sys::clock::monotonic_coarse_ns() >> 20) as u32
 }
 
 fn batch_err(name: &'static str) -> impl FnOnce(io::Error) -> DatapathError {
@@ -212,85 +199,5 @@ fn batch_err(name: &'static str) -> impl FnOnce(io::Error) -> DatapathError {
             call: "bpf_map_lookup_batch",
             io_error,
         }))
-    }
-}
-
-/// Reads every entry of a BPF hash or array map with `BPF_MAP_LOOKUP_BATCH` (a few
-/// syscalls for the whole map, not two per entry), calling `f` on each key's and value's
-/// bytes (`value_size` as the kernel copies it: per-CPU maps give one 8-byte-aligned
-/// slot per possible CPU).
-pub(super) fn lookup_batch(
-    fd: std::os::fd::BorrowedFd<'_>,
-    key_size: usize,
-    value_size: usize,
-    mut f: impl FnMut(&[u8], &[u8]),
-) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    /// The `batch` member of `union bpf_attr` (uapi/linux/bpf.h).
-    #[repr(C)]
-    struct BatchAttr {
-        in_batch: u64,
-        out_batch: u64,
-        keys: u64,
-        values: u64,
-        count: u32,
-        map_fd: u32,
-        elem_flags: u64,
-        flags: u64,
-    }
-    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-    const CHUNK: usize = 1024;
-    let mut keys = vec![0u8; CHUNK * key_size];
-    let mut values = vec![0u8; CHUNK * value_size];
-    // Hash maps and arrays both use a u32 (bucket, index) as the batch cursor.
-    let (mut cursor_in, mut cursor_out) = (0u64, 0u64);
-    let mut first = true;
-    loop {
-        let mut attr = BatchAttr {
-            in_batch: if first {
-                0
-            } else {
-                std::ptr::addr_of!(cursor_in) as u64
-            },
-            out_batch: std::ptr::addr_of_mut!(cursor_out) as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: CHUNK as u32,
-            map_fd: fd.as_raw_fd() as u32,
-            elem_flags: 0,
-            flags: 0,
-        };
-        // SAFETY: the buffers hold CHUNK keys and values of the sizes the kernel copies;
-        // the cursors are 8 bytes, more than the 4 the kernel writes.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        let done = if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                return Err(e);
-            }
-            true
-        } else {
-            false
-        };
-        let n = (attr.count as usize).min(CHUNK);
-        for (k, v) in keys
-            .chunks_exact(key_size)
-            .zip(values.chunks_exact(value_size))
-            .take(n)
-        {
-            f(k, v);
-        }
-        if done {
-            return Ok(());
-        }
-        cursor_in = cursor_out;
-        first = false;
     }
 }

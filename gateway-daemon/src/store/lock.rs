@@ -5,11 +5,11 @@
 
 use std::{
     fs::{self, File, OpenOptions},
-    io::{self, Write},
-    os::fd::AsRawFd,
+    io::Write,
 };
 
 use super::{io_err, Result, Store, StoreError};
+use crate::sys;
 
 /// Whether a store holds its directory's lock, and has bumped the generation under it.
 #[derive(Debug, Default)]
@@ -50,9 +50,7 @@ impl Store {
             .write(true)
             .open(&path)
             .map_err(io_err("opening", &path))?;
-        // SAFETY: flock on a descriptor we own; non-blocking.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let err = io::Error::last_os_error();
+        if let Err(err) = sys::flock::lock_exclusive(&file, true) {
             if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 let pid = fs::read_to_string(&path)
                     .map(|p| p.trim().to_string())
@@ -80,10 +78,7 @@ impl Store {
             .write(true)
             .open(&path)
             .map_err(io_err("opening", &path))?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io_err("locking", &path)(io::Error::last_os_error()));
-        }
+        sys::flock::lock_exclusive(&file, false).map_err(io_err("locking", &path))?;
         self.locked.lock().unwrap_or_else(|e| e.into_inner()).held = true;
         Ok(StoreLock {
             _file: file,

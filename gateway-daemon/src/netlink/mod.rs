@@ -1,0 +1,388 @@
+//! Raw netlink: which interfaces accept redirected XDP frames, notifications when links
+//! or their XDP features change, and a dummy link holding the gateway's /32 addresses.
+//!
+//! Every call opens its own socket, so it acts in the network namespace of the calling
+//! thread at the time of the call. Replies are parsed, not trusted: every length is
+//! checked before it is used. The system calls live in `crate::sys::netlink_socket`.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io,
+    net::Ipv4Addr,
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
+    time::{Duration, Instant},
+};
+
+use crate::sys::netlink_socket as sys;
+
+mod events;
+mod objects;
+mod socket;
+mod wire;
+
+pub use events::LinkEvents;
+use objects::*;
+use socket::*;
+use wire::*;
+
+// Netlink framing (include/uapi/linux/netlink.h).
+const NLMSG_HDRLEN: usize = 16;
+const NLMSG_NOOP: u16 = 1;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLMSG_OVERRUN: u16 = 4;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_DUMP_INTR: u16 = 0x10;
+const NLM_F_DUMP: u16 = 0x300;
+const NLM_F_EXCL: u16 = 0x200;
+const NLM_F_CREATE: u16 = 0x400;
+/// In an NLMSG_ERROR: the request is not echoed back, only its header.
+const NLM_F_CAPPED: u16 = 0x100;
+/// In an NLMSG_ERROR or NLMSG_DONE: extended-ack attributes follow.
+const NLM_F_ACK_TLVS: u16 = 0x200;
+const NLMSGERR_ATTR_MSG: u16 = 1;
+const NLA_HDRLEN: usize = 4;
+const NLA_F_NESTED: u16 = 1 << 15;
+const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | (1 << 14));
+
+// rtnetlink (include/uapi/linux/rtnetlink.h, if_link.h, if_addr.h).
+const RTM_NEWLINK: u16 = 16;
+const RTM_DELLINK: u16 = 17;
+const RTM_GETLINK: u16 = 18;
+const RTM_NEWADDR: u16 = 20;
+const RTM_DELADDR: u16 = 21;
+const RTM_GETADDR: u16 = 22;
+const RTNLGRP_LINK: u32 = 1;
+const IFLA_IFNAME: u16 = 3;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_INFO_KIND: u16 = 1;
+const IFA_ADDRESS: u16 = 1;
+const IFA_LOCAL: u16 = 2;
+const IFINFOMSG_LEN: usize = 16;
+const IFADDRMSG_LEN: usize = 8;
+const RT_SCOPE_UNIVERSE: u8 = 0;
+/// IFNAMSIZ, including the terminating NUL.
+const IFNAMSIZ: usize = 16;
+
+// Generic netlink controller (include/uapi/linux/genetlink.h).
+const GENL_ID_CTRL: u16 = 0x10;
+const GENL_HDRLEN: usize = 4;
+const CTRL_CMD_GETFAMILY: u8 = 3;
+const CTRL_VERSION: u8 = 2;
+const CTRL_ATTR_FAMILY_ID: u16 = 1;
+const CTRL_ATTR_FAMILY_NAME: u16 = 2;
+const CTRL_ATTR_MCAST_GROUPS: u16 = 7;
+const CTRL_ATTR_MCAST_GRP_NAME: u16 = 1;
+const CTRL_ATTR_MCAST_GRP_ID: u16 = 2;
+
+// The netdev family (include/uapi/linux/netdev.h, Linux 6.3+).
+const NETDEV_FAMILY_NAME: &str = "netdev";
+const NETDEV_FAMILY_VERSION: u8 = 1;
+const NETDEV_MCGRP_MGMT: &str = "mgmt";
+const NETDEV_CMD_DEV_GET: u8 = 1;
+const NETDEV_A_DEV_IFINDEX: u16 = 1;
+const NETDEV_A_DEV_XDP_FEATURES: u16 = 3;
+const NETDEV_XDP_ACT_NDO_XMIT: u64 = 1 << 2;
+
+/// Large enough for any datagram the kernel sends: dumps fill at most 32 KiB.
+const RECV_BUF: usize = 64 * 1024;
+/// How long a request waits for the kernel's answer before giving up.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a dump is restarted when the kernel reports it was interrupted by changes.
+const DUMP_ATTEMPTS: usize = 5;
+/// At most this many notifications are drained per socket in one `wait`, so a storm of
+/// changes cannot keep the caller from acting on them.
+const DRAIN_LIMIT: usize = 1024;
+
+/// Errors of netlink requests.
+#[derive(Debug, thiserror::Error)]
+pub enum NetlinkError {
+    /// A socket call failed.
+    #[error("{what}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The system call's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel answered a request with an error.
+    #[error("{what}: {}{}", io::Error::from_raw_os_error(*.errno), detail(.message))]
+    Kernel {
+        /// The request.
+        what: &'static str,
+        /// The error number (positive, as in `errno`).
+        errno: i32,
+        /// The kernel's extended-ack text, when it gave one.
+        message: Option<String>,
+    },
+    /// The kernel lacks a feature the request needs.
+    #[error("{what} is not supported by this kernel")]
+    Unsupported {
+        /// The missing feature.
+        what: &'static str,
+    },
+    /// A reply from the kernel did not parse.
+    #[error("{what}: malformed reply: {detail}")]
+    Malformed {
+        /// The request.
+        what: &'static str,
+        /// What was wrong with the reply.
+        detail: &'static str,
+    },
+    /// A dump was interrupted by concurrent changes every time it was tried.
+    #[error("{what}: interrupted by concurrent changes {DUMP_ATTEMPTS} times")]
+    Interrupted {
+        /// The dump.
+        what: &'static str,
+    },
+    /// The name cannot be an interface name.
+    #[error("invalid interface name {name:?}")]
+    InvalidName {
+        /// The name given.
+        name: String,
+    },
+    /// The name belongs to a link that is not a dummy; it is left alone.
+    #[error("link {name} exists and is not a dummy (kind: {})", .kind.as_deref().unwrap_or("none"))]
+    NotDummy {
+        /// The link's name.
+        name: String,
+        /// The link's kind (`IFLA_INFO_KIND`), if it has one.
+        kind: Option<String>,
+    },
+    /// The name is an alternative name of another link; that link is left alone.
+    #[error("{name} is an alternative name of link {holder}")]
+    AltName {
+        /// The name given.
+        name: String,
+        /// The link holding it.
+        holder: String,
+    },
+}
+
+fn detail(message: &Option<String>) -> String {
+    message
+        .as_deref()
+        .map(|m| format!(" ({m})"))
+        .unwrap_or_default()
+}
+
+impl NetlinkError {
+    fn errno(&self) -> Option<i32> {
+        match self {
+            NetlinkError::Kernel { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+}
+
+/// Interfaces (ifindex) that accept XDP frames redirected into them: the netdev generic-netlink
+/// family's dev-get dump, NETDEV_A_DEV_XDP_FEATURES containing NETDEV_XDP_ACT_NDO_XMIT.
+pub fn xdp_xmit_interfaces() -> Result<BTreeSet<u32>, NetlinkError> {
+    const WHAT: &str = "dumping the XDP features of interfaces (netdev dev-get)";
+    let mut sock = Socket::open(libc::NETLINK_GENERIC)?;
+    let family = resolve_family(&mut sock, NETDEV_FAMILY_NAME)?;
+    let request = Request::new(family.id, NLM_F_DUMP)
+        .fixed(&genl_header(NETDEV_CMD_DEV_GET, NETDEV_FAMILY_VERSION));
+    let mut out = BTreeSet::new();
+    for reply in sock.dump(WHAT, &request)? {
+        if reply.ty != family.id {
+            continue;
+        }
+        let dev = Device::parse(&reply.body)
+            .map_err(|detail| NetlinkError::Malformed { what: WHAT, detail })?;
+        if dev.xdp_features & NETDEV_XDP_ACT_NDO_XMIT != 0 {
+            out.insert(dev.ifindex);
+        }
+    }
+    Ok(out)
+}
+
+/// Kinds of link that carry no traffic of their own and may hold the gateway
+/// addresses, in order of preference: `dummy`, else `ifb` (kernels built without
+/// CONFIG_DUMMY, as this project's machines are, have it).
+const HOLDER_KINDS: [&[u8]; 2] = [b"dummy\0", b"ifb\0"];
+
+/// Creates (if absent) a dummy interface `name` (IFLA_INFO_KIND "dummy", or "ifb" where
+/// the kernel has no dummy driver), sets it up; returns its ifindex.
+/// If a link with that name exists but is not of those kinds, return an error naming it
+/// (never touch it).
+pub fn ensure_dummy(name: &str) -> Result<u32, NetlinkError> {
+    check_name(name)?;
+    let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
+    if let Some(link) = link_by_name(&mut sock, name)? {
+        return adopt_dummy(&mut sock, name, link);
+    }
+    let mut created = false;
+    for kind in HOLDER_KINDS {
+        let create = Request::new(RTM_NEWLINK, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
+            .fixed(&ifinfomsg(0, libc::IFF_UP as u32, libc::IFF_UP as u32))
+            .attr(IFLA_IFNAME, &c_string(name))
+            .nested(IFLA_LINKINFO, |r| r.attr(IFLA_INFO_KIND, kind));
+        match sock.request("creating a dummy link", &create) {
+            // EEXIST: created by someone else since the look-up; it is checked below.
+            Ok(_) => {}
+            Err(e) if e.errno() == Some(libc::EEXIST) => {}
+            Err(e) if e.errno() == Some(libc::EOPNOTSUPP) => continue,
+            Err(e) => return Err(e),
+        }
+        created = true;
+        break;
+    }
+    if !created {
+        return Err(NetlinkError::Unsupported {
+            what: "dummy and ifb links (CONFIG_DUMMY, CONFIG_IFB)",
+        });
+    }
+    let link = link_by_name(&mut sock, name)?.ok_or(NetlinkError::Kernel {
+        what: "finding the dummy link just created",
+        errno: libc::ENODEV,
+        message: None,
+    })?;
+    adopt_dummy(&mut sock, name, link)
+}
+
+/// Checks that `link` is the dummy called `name` and sets it up.
+fn adopt_dummy(sock: &mut Socket, name: &str, link: Link) -> Result<u32, NetlinkError> {
+    link.require_dummy(name)?;
+    if link.flags & libc::IFF_UP as u32 == 0 {
+        let up = Request::new(RTM_NEWLINK, NLM_F_ACK).fixed(&ifinfomsg(
+            link.index,
+            libc::IFF_UP as u32,
+            libc::IFF_UP as u32,
+        ));
+        sock.request("setting the dummy link up", &up)?;
+    }
+    Ok(link.index)
+}
+
+/// Deletes link `name` if it exists and is a dummy (Ok(false) when absent).
+pub fn delete_dummy(name: &str) -> Result<bool, NetlinkError> {
+    check_name(name)?;
+    let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
+    let Some(link) = link_by_name(&mut sock, name)? else {
+        return Ok(false);
+    };
+    link.require_dummy(name)?;
+    let delete = Request::new(RTM_DELLINK, NLM_F_ACK).fixed(&ifinfomsg(link.index, 0, 0));
+    match sock.request("deleting a dummy link", &delete) {
+        Ok(_) => Ok(true),
+        // Deleted by someone else since the look-up.
+        Err(e) if e.errno() == Some(libc::ENODEV) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// IPv4 addresses on interface `ifindex` (RTM_GETADDR dump, filtered).
+pub fn ipv4_addresses(ifindex: u32) -> Result<BTreeSet<Ipv4Addr>, NetlinkError> {
+    const WHAT: &str = "dumping IPv4 addresses";
+    let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
+    let request = Request::new(RTM_GETADDR, NLM_F_DUMP).fixed(&ifaddrmsg(0, 0));
+    let mut out = BTreeSet::new();
+    for reply in sock.dump(WHAT, &request)? {
+        if reply.ty != RTM_NEWADDR {
+            continue;
+        }
+        let addr = Address::parse(&reply.body)
+            .map_err(|detail| NetlinkError::Malformed { what: WHAT, detail })?;
+        if let Some(Address {
+            index,
+            local: Some(local),
+        }) = addr
+        {
+            if index == ifindex {
+                out.insert(local);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Adds `addr`/32 to `ifindex` (EEXIST is success).
+pub fn add_ipv4_address(ifindex: u32, addr: Ipv4Addr) -> Result<(), NetlinkError> {
+    let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
+    let request = Request::new(RTM_NEWADDR, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
+        .fixed(&ifaddrmsg(ifindex, 32))
+        .attr(IFA_LOCAL, &addr.octets())
+        .attr(IFA_ADDRESS, &addr.octets());
+    match sock.request("adding an IPv4 address", &request) {
+        Err(e) if e.errno() != Some(libc::EEXIST) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Removes `addr`/32 from `ifindex` (EADDRNOTAVAIL/ENOENT: success).
+pub fn remove_ipv4_address(ifindex: u32, addr: Ipv4Addr) -> Result<(), NetlinkError> {
+    let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
+    // IFA_ADDRESS with prefix length 32 makes the kernel match only the /32, never the
+    // same address with another prefix.
+    let request = Request::new(RTM_DELADDR, NLM_F_ACK)
+        .fixed(&ifaddrmsg(ifindex, 32))
+        .attr(IFA_LOCAL, &addr.octets())
+        .attr(IFA_ADDRESS, &addr.octets());
+    match sock.request("removing an IPv4 address", &request) {
+        Err(e) if !matches!(e.errno(), Some(libc::EADDRNOTAVAIL | libc::ENOENT)) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Index → name of every link (RTM_GETLINK dump).
+pub fn links() -> Result<BTreeMap<u32, String>, NetlinkError> {
+    const WHAT: &str = "dumping links";
+    let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
+    let request = Request::new(RTM_GETLINK, NLM_F_DUMP).fixed(&ifinfomsg(0, 0, 0));
+    let mut out = BTreeMap::new();
+    for reply in sock.dump(WHAT, &request)? {
+        if reply.ty != RTM_NEWLINK {
+            continue;
+        }
+        let link = Link::parse(&reply.body)
+            .map_err(|detail| NetlinkError::Malformed { what: WHAT, detail })?;
+        out.insert(link.index, String::from_utf8_lossy(&link.name).into_owned());
+    }
+    Ok(out)
+}
+
+/// The link called `name` (or holding it as an alternative name), if any.
+fn link_by_name(sock: &mut Socket, name: &str) -> Result<Option<Link>, NetlinkError> {
+    const WHAT: &str = "looking up a link by name";
+    let request = Request::new(RTM_GETLINK, NLM_F_ACK)
+        .fixed(&ifinfomsg(0, 0, 0))
+        .attr(IFLA_IFNAME, &c_string(name));
+    let replies = match sock.request(WHAT, &request) {
+        Ok(replies) => replies,
+        Err(e) if e.errno() == Some(libc::ENODEV) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let reply = replies
+        .iter()
+        .find(|r| r.ty == RTM_NEWLINK)
+        .ok_or(NetlinkError::Malformed {
+            what: WHAT,
+            detail: "no link in the answer",
+        })?;
+    Link::parse(&reply.body)
+        .map(Some)
+        .map_err(|detail| NetlinkError::Malformed { what: WHAT, detail })
+}
+
+/// Mirrors the kernel's `dev_valid_name`, so a bad name fails before any request.
+fn check_name(name: &str) -> Result<(), NetlinkError> {
+    let bad = name.is_empty()
+        || name.len() >= IFNAMSIZ
+        || name == "."
+        || name == ".."
+        || name
+            .bytes()
+            .any(|b| b == b'/' || b == b':' || b == 0 || b.is_ascii_whitespace());
+    if bad {
+        return Err(NetlinkError::InvalidName {
+            name: name.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

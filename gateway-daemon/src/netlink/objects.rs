@@ -1,0 +1,217 @@
+//! What the kernel's answers describe (links, addresses, devices, generic netlink
+//! families), parsed from message bodies.
+
+use super::*;
+
+/// A link as RTM_NEWLINK describes it.
+pub(super) struct Link {
+    pub(super) index: u32,
+    pub(super) flags: u32,
+    pub(super) name: Vec<u8>,
+    pub(super) kind: Option<Vec<u8>>,
+}
+
+impl Link {
+    /// Parses an ifinfomsg and its attributes.
+    pub(super) fn parse(body: &[u8]) -> Result<Self, &'static str> {
+        let (header, attrs) = split_fixed(body, IFINFOMSG_LEN).ok_or("short ifinfomsg")?;
+        let index = ne_i32(&header[4..8]).ok_or("short ifinfomsg")?;
+        let index = u32::try_from(index)
+            .ok()
+            .filter(|&i| i > 0)
+            .ok_or("link without a valid index")?;
+        let flags = ne_u32(&header[8..12]).ok_or("short ifinfomsg")?;
+        let (mut name, mut kind) = (None, None);
+        for attr in Attrs::new(attrs) {
+            let attr = attr?;
+            match attr.ty {
+                IFLA_IFNAME => name = Some(until_nul(attr.value).to_vec()),
+                IFLA_LINKINFO => {
+                    for info in Attrs::new(attr.value) {
+                        let info = info?;
+                        if info.ty == IFLA_INFO_KIND {
+                            kind = Some(until_nul(info.value).to_vec());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Link {
+            index,
+            flags,
+            name: name.ok_or("link without a name")?,
+            kind,
+        })
+    }
+
+    /// Ok if this is the dummy called `name`: never touch another link.
+    pub(super) fn require_dummy(&self, name: &str) -> Result<(), NetlinkError> {
+        if self.name != name.as_bytes() {
+            return Err(NetlinkError::AltName {
+                name: name.to_owned(),
+                holder: String::from_utf8_lossy(&self.name).into_owned(),
+            });
+        }
+        let kind = self.kind.as_deref().unwrap_or_default();
+        if !HOLDER_KINDS.iter().any(|k| &k[..k.len() - 1] == kind) {
+            return Err(NetlinkError::NotDummy {
+                name: name.to_owned(),
+                kind: self
+                    .kind
+                    .as_deref()
+                    .map(|k| String::from_utf8_lossy(k).into_owned()),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// An address as RTM_NEWADDR describes it (IPv4 only).
+pub(super) struct Address {
+    pub(super) index: u32,
+    pub(super) local: Option<Ipv4Addr>,
+}
+
+impl Address {
+    /// Parses an ifaddrmsg and its attributes; `None` for other families.
+    pub(super) fn parse(body: &[u8]) -> Result<Option<Self>, &'static str> {
+        let (header, attrs) = split_fixed(body, IFADDRMSG_LEN).ok_or("short ifaddrmsg")?;
+        if i32::from(header[0]) != libc::AF_INET {
+            return Ok(None);
+        }
+        let index = ne_u32(&header[4..8]).ok_or("short ifaddrmsg")?;
+        let (mut local, mut address) = (None, None);
+        for attr in Attrs::new(attrs) {
+            let attr = attr?;
+            let ip = || {
+                <[u8; 4]>::try_from(attr.value)
+                    .map(Ipv4Addr::from)
+                    .map_err(|_| "IPv4 address attribute not 4 bytes long")
+            };
+            match attr.ty {
+                IFA_LOCAL => local = Some(ip()?),
+                IFA_ADDRESS => address = Some(ip()?),
+                _ => {}
+            }
+        }
+        // IFA_LOCAL is the interface's own address; IFA_ADDRESS differs from it only on
+        // point-to-point links, where it is the peer's.
+        Ok(Some(Address {
+            index,
+            local: local.or(address),
+        }))
+    }
+}
+
+/// A device as the netdev family's dev-get describes it.
+pub(super) struct Device {
+    pub(super) ifindex: u32,
+    pub(super) xdp_features: u64,
+}
+
+impl Device {
+    /// Parses a genlmsghdr and the dev attributes.
+    pub(super) fn parse(body: &[u8]) -> Result<Self, &'static str> {
+        let (_, attrs) = split_fixed(body, GENL_HDRLEN).ok_or("short genlmsghdr")?;
+        let (mut ifindex, mut xdp_features) = (None, 0);
+        for attr in Attrs::new(attrs) {
+            let attr = attr?;
+            match attr.ty {
+                NETDEV_A_DEV_IFINDEX => {
+                    ifindex = Some(ne_u32(attr.value).ok_or("ifindex not 4 bytes long")?)
+                }
+                NETDEV_A_DEV_XDP_FEATURES => {
+                    xdp_features = ne_u64(attr.value).ok_or("xdp-features not 8 bytes long")?
+                }
+                _ => {}
+            }
+        }
+        Ok(Device {
+            ifindex: ifindex.ok_or("device without an ifindex")?,
+            xdp_features,
+        })
+    }
+}
+
+/// A generic netlink family: its message type and multicast groups.
+pub(super) struct Family {
+    pub(super) id: u16,
+    pub(super) groups: Vec<(Vec<u8>, u32)>,
+}
+
+impl Family {
+    pub(super) fn group(&self, name: &str) -> Option<u32> {
+        self.groups
+            .iter()
+            .find(|(n, _)| n == name.as_bytes())
+            .map(|&(_, id)| id)
+    }
+
+    /// Parses the controller's answer to CTRL_CMD_GETFAMILY.
+    pub(super) fn parse(body: &[u8]) -> Result<Self, &'static str> {
+        let (_, attrs) = split_fixed(body, GENL_HDRLEN).ok_or("short genlmsghdr")?;
+        let (mut id, mut groups) = (None, Vec::new());
+        for attr in Attrs::new(attrs) {
+            let attr = attr?;
+            match attr.ty {
+                CTRL_ATTR_FAMILY_ID => {
+                    id = Some(ne_u16(attr.value).ok_or("family id not 2 bytes long")?)
+                }
+                CTRL_ATTR_MCAST_GROUPS => {
+                    for group in Attrs::new(attr.value) {
+                        let (mut name, mut gid) = (None, None);
+                        for field in Attrs::new(group?.value) {
+                            let field = field?;
+                            match field.ty {
+                                CTRL_ATTR_MCAST_GRP_NAME => {
+                                    name = Some(until_nul(field.value).to_vec())
+                                }
+                                CTRL_ATTR_MCAST_GRP_ID => {
+                                    gid = Some(ne_u32(field.value).ok_or("group id not 4 bytes")?)
+                                }
+                                _ => {}
+                            }
+                        }
+                        if let (Some(name), Some(gid)) = (name, gid) {
+                            groups.push((name, gid));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Family {
+            id: id.ok_or("family without an id")?,
+            groups,
+        })
+    }
+}
+
+/// Asks the generic netlink controller for family `name`.
+pub(super) fn resolve_family(
+    sock: &mut Socket,
+    name: &'static str,
+) -> Result<Family, NetlinkError> {
+    const WHAT: &str = "resolving a generic netlink family";
+    let request = Request::new(GENL_ID_CTRL, NLM_F_ACK)
+        .fixed(&genl_header(CTRL_CMD_GETFAMILY, CTRL_VERSION))
+        .attr(CTRL_ATTR_FAMILY_NAME, &c_string(name));
+    let replies = match sock.request(WHAT, &request) {
+        Ok(replies) => replies,
+        Err(e) if e.errno() == Some(libc::ENOENT) => {
+            return Err(NetlinkError::Unsupported {
+                what: "the netdev generic netlink family (Linux 6.3+)",
+            })
+        }
+        Err(e) => return Err(e),
+    };
+    let reply = replies
+        .iter()
+        .find(|r| r.ty == GENL_ID_CTRL)
+        .ok_or(NetlinkError::Malformed {
+            what: WHAT,
+            detail: "no family in the answer",
+        })?;
+    Family::parse(&reply.body).map_err(|detail| NetlinkError::Malformed { what: WHAT, detail })
+}

@@ -1,0 +1,97 @@
+//! The bpf(2) calls aya does not make for us: batch lookups, and reading map values
+//! out of the byte buffers they fill.
+
+use std::{io, os::fd::AsRawFd as _};
+
+/// A `T` read from the start of `bytes` (a key or value of a BPF map, which need not be
+/// aligned for `T`). Panics if `bytes` is shorter than a `T`.
+pub(crate) fn read_pod<T: aya::Pod>(bytes: &[u8]) -> T {
+    assert!(
+        bytes.len() >= std::mem::size_of::<T>(),
+        "a map entry shorter than its type"
+    );
+    // SAFETY: `bytes` holds at least size_of::<T>() bytes (checked above) and `T` is
+    // Pod: any bytes are a valid value; read_unaligned needs no alignment.
+    unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) }
+}
+
+/// Reads every entry of a BPF hash or array map with `BPF_MAP_LOOKUP_BATCH` (a few
+/// syscalls for the whole map, not two per entry), calling `f` on each key's and value's
+/// bytes (`value_size` as the kernel copies it: per-CPU maps give one 8-byte-aligned
+/// slot per possible CPU). `key_size` and `value_size` must be the map's: the kernel
+/// writes that many bytes per entry.
+pub(crate) fn lookup_batch(
+    fd: std::os::fd::BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+    mut f: impl FnMut(&[u8], &[u8]),
+) -> io::Result<()> {
+    /// The `batch` member of `union bpf_attr` (uapi/linux/bpf.h).
+    #[repr(C)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    const CHUNK: usize = 1024;
+    let mut keys = vec![0u8; CHUNK * key_size];
+    let mut values = vec![0u8; CHUNK * value_size];
+    // Hash maps and arrays both use a u32 (bucket, index) as the batch cursor.
+    let (mut cursor_in, mut cursor_out) = (0u64, 0u64);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                std::ptr::addr_of!(cursor_in) as u64
+            },
+            out_batch: std::ptr::addr_of_mut!(cursor_out) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            elem_flags: 0,
+            flags: 0,
+        };
+        // SAFETY: the buffers hold CHUNK keys and values of the sizes the kernel copies
+        // (the caller passes the map's sizes); the cursors are 8 bytes, more than the 4
+        // the kernel writes; `attr` and all it points to live through the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        let done = if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(e);
+            }
+            true
+        } else {
+            false
+        };
+        let n = (attr.count as usize).min(CHUNK);
+        for (k, v) in keys
+            .chunks_exact(key_size)
+            .zip(values.chunks_exact(value_size))
+            .take(n)
+        {
+            f(k, v);
+        }
+        if done {
+            return Ok(());
+        }
+        cursor_in = cursor_out;
+        first = false;
+    }
+}
