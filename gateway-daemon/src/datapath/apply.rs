@@ -151,7 +151,7 @@ impl Datapath {
                     id,
                     table,
                     active,
-                    pad: 0,
+                    flags: 0,
                 },
                 0,
             )
@@ -193,7 +193,7 @@ impl Datapath {
                     id: svc.id,
                     table: svc.table,
                     active,
-                    pad: 0,
+                    flags: 0,
                 },
                 0,
             )

@@ -36,7 +36,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 10] {
+    fn shapes(&self) -> [Shape; 12] {
         use std::mem::size_of;
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
@@ -86,6 +86,8 @@ impl Limits {
             ),
             shape(map_names::XMIT, 4, 4, gateway_common::XMIT_SLOTS),
             shape(map_names::PROGRAM_ID, 4, 4, 1),
+            shape(map_names::SNAT_SOURCES, 4, 4, self.backends),
+            shape(map_names::SNAT_PORTS, 4, 4, gateway_common::SNAT_PORT_SLOTS),
         ]
     }
 }
