@@ -429,6 +429,15 @@ pub fn flow_hash(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> u32 {
     mix(h ^ proto as u32)
 }
 
+/// Which slot of the SNAT port list (1..=`ports`) a new flow with Maglev hash `hash`
+/// tries at attempt `attempt` (0-based): another mix of the flow hash than Maglev's
+/// slot, different per attempt. Shared so tests can predict a flow's source port.
+#[inline(always)]
+pub fn snat_port_slot(hash: u32, attempt: u32, ports: u32) -> u32 {
+    let h = mix(hash ^ attempt.wrapping_mul(0x9e37_79b9));
+    1 + h % ports
+}
+
 /// Murmur3's 32-bit finaliser: cheap and well spread.
 #[inline(always)]
 const fn mix(mut h: u32) -> u32 {

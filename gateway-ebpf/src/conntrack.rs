@@ -4,8 +4,8 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::bindings::BPF_NOEXIST;
 use gateway_common::{
-    flow_hash, Backend, Counter, Flow, FlowKey, NextHop, Service, ServiceKey, BACKEND_LIVE,
-    MAGLEV_SIZE, NAT_DST, NAT_MASQ, NAT_SRC, SERVICE_SNAT, SNAT_PORT_TRIES,
+    flow_hash, snat_port_slot, Backend, Counter, Flow, FlowKey, NextHop, Service, ServiceKey,
+    BACKEND_LIVE, MAGLEV_SIZE, NAT_DST, NAT_MASQ, NAT_SRC, SERVICE_SNAT, SNAT_PORT_TRIES,
 };
 
 use crate::maps::{count, BACKENDS, CONNTRACK, MAGLEV, SERVICES, SNAT_PORTS, SNAT_SOURCES};
@@ -201,10 +201,9 @@ fn claim_source(
         pad2: 0,
     };
     for attempt in 0..SNAT_PORT_TRIES {
-        // Another mix of the flow hash than Maglev's slot, different per attempt.
-        let h = (hash ^ attempt.wrapping_mul(0x9e37_79b9)).wrapping_mul(0x85eb_ca6b);
-        let index = 1 + core::hint::black_box((h ^ (h >> 15)) % ports);
-        let Some(&port) = SNAT_PORTS.get(index) else {
+        // Hidden from LLVM for the same reason as the Maglev slot in `balance`.
+        let slot = core::hint::black_box(snat_port_slot(hash, attempt, ports));
+        let Some(&port) = SNAT_PORTS.get(slot) else {
             break;
         };
         let reply_key = FlowKey {
@@ -271,22 +270,26 @@ pub fn record(key: &FlowKey, flow: &Flow) {
 /// `key`, forward or reply).
 #[inline(always)]
 pub fn add_kernel_path_entries(key: &FlowKey, flow: &Flow) {
-    let ((client, client_port), (gateway, gateway_port), (backend, backend_port), (node, node_port)) =
-        if flow.kind == NAT_DST {
-            (
-                (key.src, key.sport),
-                (key.dst, key.dport),
-                (flow.nat_addr, flow.nat_port),
-                (flow.peer_addr, flow.peer_port),
-            )
-        } else {
-            (
-                (flow.peer_addr, flow.peer_port),
-                (flow.nat_addr, flow.nat_port),
-                (key.src, key.sport),
-                (key.dst, key.dport),
-            )
-        };
+    let (
+        (client, client_port),
+        (gateway, gateway_port),
+        (backend, backend_port),
+        (node, node_port),
+    ) = if flow.kind == NAT_DST {
+        (
+            (key.src, key.sport),
+            (key.dst, key.dport),
+            (flow.nat_addr, flow.nat_port),
+            (flow.peer_addr, flow.peer_port),
+        )
+    } else {
+        (
+            (flow.peer_addr, flow.peer_port),
+            (flow.nat_addr, flow.nat_port),
+            (key.src, key.sport),
+            (key.dst, key.dport),
+        )
+    };
     let entry = |kind, nat_addr, nat_port, peer_addr, peer_port| Flow {
         nat_addr,
         nat_port,

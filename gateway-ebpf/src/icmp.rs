@@ -7,10 +7,10 @@ use gateway_common::{proto, Counter, FlowKey, NextHop, NAT_MASQ};
 
 use crate::{
     conntrack::{add_kernel_path_entries, applies},
-    nat::{halves, Endpoint, Side},
     csum::{replace2, replace4},
     fwd::{path, send, Path},
     maps::{count, CONNTRACK},
+    nat::{halves, Endpoint, Side},
     packet::{ptr_at, Eth, Icmp, Ipv4, Ports, IPV4_MIN_LEN},
 };
 

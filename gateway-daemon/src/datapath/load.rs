@@ -196,6 +196,10 @@ impl Datapath {
             conntrack: take(&mut ebpf, map_names::CONNTRACK)?,
             counters: take(&mut ebpf, map_names::COUNTERS)?,
             service_stats: take(&mut ebpf, map_names::SERVICE_STATS)?,
+            snat: super::snat::Snat::new(
+                take(&mut ebpf, map_names::SNAT_SOURCES)?,
+                take(&mut ebpf, map_names::SNAT_PORTS)?,
+            ),
             ebpf,
             pin_dir: pin_dir.clone(),
             limits: *limits,
@@ -225,6 +229,7 @@ impl Datapath {
                 Installed {
                     id: svc.id,
                     table: svc.table,
+                    snat: svc.flags & gateway_common::SERVICE_SNAT != 0,
                     backends: BTreeMap::new(),
                 },
             );
