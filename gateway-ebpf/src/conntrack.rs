@@ -312,7 +312,7 @@ pub fn add_kernel_path_entries(key: &FlowKey, flow: &Flow) {
     };
     // Looked up first: an LRU insert takes a free element (maybe evicting one) before
     // it finds the key present.
-    if CONNTRACK.get_ptr(&masq).is_none() {
+    if CONNTRACK.get_ptr(masq).is_none() {
         let masq_flow = entry(NAT_MASQ, node, node_port, gateway, gateway_port);
         let _ = CONNTRACK.insert(masq, masq_flow, 0);
     }
@@ -324,7 +324,7 @@ pub fn add_kernel_path_entries(key: &FlowKey, flow: &Flow) {
         proto: key.proto,
         pad: [0; 3],
     };
-    if CONNTRACK.get_ptr(&reply).is_none() {
+    if CONNTRACK.get_ptr(reply).is_none() {
         let _ = CONNTRACK.insert(reply, entry(NAT_SRC, gateway, gateway_port, 0, 0), 0);
     }
 }
