@@ -38,9 +38,14 @@ pub mod map_names {
     pub const XMIT: &str = "berth_xmit";
     /// Slot 0: id of the loaded gateway program (for the redirect-error tracepoint).
     pub const PROGRAM_ID: &str = "berth_prog";
+    /// Backend id → the node's address toward that backend (network order; 0: none
+    /// known), the source of SNAT-mode flows to it.
+    pub const SNAT_SOURCES: &str = "berth_snat_src";
+    /// Slot 0: number of SNAT source ports; slots 1..=n: the ports (network order).
+    pub const SNAT_PORTS: &str = "berth_snat_ports";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 12] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -51,6 +56,8 @@ pub mod map_names {
         SERVICE_STATS,
         XMIT,
         PROGRAM_ID,
+        SNAT_SOURCES,
+        SNAT_PORTS,
     ];
 }
 
@@ -133,9 +140,22 @@ pub struct Service {
     /// Number of backends that take new flows (weight > 0), host order. Zero: new
     /// flows are dropped (`Counter::DropNoBackend`).
     pub active: u32,
-    /// Always zero.
-    pub pad: u32,
+    /// `SERVICE_SNAT` or 0, host order (0 in maps written before SNAT mode existed).
+    pub flags: u32,
 }
+
+/// `Service::flags` bit: SNAT mode. New flows also get their source rewritten to the
+/// node's address toward the backend (`map_names::SNAT_SOURCES`) and a source port
+/// allocated for the flow (`map_names::SNAT_PORTS`), so backends reply to the gateway
+/// whatever their routes.
+pub const SERVICE_SNAT: u32 = 1;
+
+/// Entries of the `map_names::SNAT_PORTS` array: slot 0 and up to 65535 ports.
+pub const SNAT_PORT_SLOTS: u32 = 65536;
+
+/// Source ports a new SNAT flow tries (each an insert-if-absent of its reply entry)
+/// before it is dropped as `Counter::DropSnatPortsExhausted`.
+pub const SNAT_PORT_TRIES: u32 = 4;
 
 /// `Backend::flags` bit: the slot holds a live backend.
 pub const BACKEND_LIVE: u32 = 1;
@@ -178,6 +198,11 @@ pub struct FlowKey {
 pub const NAT_DST: u8 = 1;
 /// `Flow::kind`: rewrite the source (backend → client becomes gateway → client).
 pub const NAT_SRC: u8 = 2;
+/// `Flow::kind`: a SNAT-mode forward packet the kernel forwards: XDP rewrote its
+/// destination (client → backend); the TC program rewrites its source to the node's
+/// address and port (`nat_*`) as it leaves. Keyed by (client, backend); `peer_*` holds
+/// the gateway address and port. XDP never translates with it.
+pub const NAT_MASQ: u8 = 3;
 
 /// A next hop learnt from the kernel's FIB and cached in a flow, so established
 /// packets skip `bpf_fib_lookup`. Written by the kernel program only.
@@ -223,6 +248,23 @@ pub struct Flow {
     pub service: ServiceId,
     /// Where packets of this flow were last sent.
     pub next_hop: NextHop,
+    /// SNAT mode: the other end's translation, network order. A forward entry's new
+    /// source (the node's address and the flow's allocated port), a reply entry's new
+    /// destination (the client). 0: none (router mode). A `NAT_MASQ` entry holds the
+    /// gateway address and port here.
+    pub peer_addr: u32,
+    /// Port of `peer_addr`, network order.
+    pub peer_port: u16,
+    /// Always zero.
+    pub pad2: u16,
+}
+
+impl Flow {
+    /// Whether the flow is in SNAT mode (both ends translated).
+    #[inline(always)]
+    pub const fn is_snat(&self) -> bool {
+        self.peer_addr != 0
+    }
 }
 
 /// Key of the fragment map: identifies one fragmented IPv4 datagram.
@@ -352,6 +394,19 @@ counters! {
     /// now (or passes untouched if there is none), a reply (or ICMP error) passes
     /// untranslated. Each program that sees such a packet counts it.
     CtStaleService = "ct_stale_service",
+    /// A SNAT-mode flow was given a node source port and recorded.
+    SnatNewFlow = "snat_new_flow",
+    /// A SNAT source port a new flow tried was taken; it tried the next.
+    SnatPortRetry = "snat_port_retry",
+    /// A new SNAT flow found no free source port in `SNAT_PORT_TRIES` tries (XDP_DROP):
+    /// the port range is too small for the flows toward that backend.
+    DropSnatPortsExhausted = "drop_snat_ports_exhausted",
+    /// A new SNAT flow to a backend with no known node address toward it (no route, or
+    /// the daemon has not resolved it yet) (XDP_DROP).
+    DropSnatNoSource = "drop_snat_no_source",
+    /// A SNAT-mode forward packet the kernel forwarded got its node source address
+    /// and port on egress by the TC program.
+    TcMasq = "tc_masq_translated",
 }
 
 impl Counter {
@@ -374,6 +429,15 @@ pub fn flow_hash(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> u32 {
     mix(h ^ proto as u32)
 }
 
+/// Which slot of the SNAT port list (1..=`ports`) a new flow with Maglev hash `hash`
+/// tries at attempt `attempt` (0-based): another mix of the flow hash than Maglev's
+/// slot, different per attempt. Shared so tests can predict a flow's source port.
+#[inline(always)]
+pub fn snat_port_slot(hash: u32, attempt: u32, ports: u32) -> u32 {
+    let h = mix(hash ^ attempt.wrapping_mul(0x9e37_79b9));
+    1 + h % ports
+}
+
 /// Murmur3's 32-bit finaliser: cheap and well spread.
 #[inline(always)]
 const fn mix(mut h: u32) -> u32 {
@@ -391,7 +455,7 @@ const _: () = {
     assert!(core::mem::size_of::<Backend>() == 16);
     assert!(core::mem::size_of::<FlowKey>() == 16);
     assert!(core::mem::size_of::<NextHop>() == 24);
-    assert!(core::mem::size_of::<Flow>() == 40);
+    assert!(core::mem::size_of::<Flow>() == 48);
     assert!(core::mem::size_of::<FragKey>() == 12);
     assert!(core::mem::size_of::<FragPorts>() == 4);
     assert!(core::mem::size_of::<ServiceStats>() == 56);

@@ -2,12 +2,13 @@
 
 use core::mem::MaybeUninit;
 
+use aya_ebpf::bindings::BPF_NOEXIST;
 use gateway_common::{
-    flow_hash, Counter, Flow, FlowKey, NextHop, Service, ServiceKey, BACKEND_LIVE, MAGLEV_SIZE,
-    NAT_DST, NAT_SRC,
+    flow_hash, snat_port_slot, Backend, Counter, Flow, FlowKey, NextHop, Service, ServiceKey,
+    BACKEND_LIVE, MAGLEV_SIZE, NAT_DST, NAT_MASQ, NAT_SRC, SERVICE_SNAT, SNAT_PORT_TRIES,
 };
 
-use crate::maps::{count, BACKENDS, CONNTRACK, MAGLEV, SERVICES};
+use crate::maps::{count, BACKENDS, CONNTRACK, MAGLEV, SERVICES, SNAT_PORTS, SNAT_SOURCES};
 
 /// What the conntrack says about a packet.
 ///
@@ -34,10 +35,11 @@ pub fn lookup_or_balance(t: &FlowKey, new: &mut MaybeUninit<Flow>) -> Result<Fou
     if let Some(flow) = CONNTRACK.get_ptr_mut(t) {
         // SAFETY: a valid map value pointer for the duration of this program run.
         let f = unsafe { &*flow };
-        if backend_serves(t, f) {
+        // A `NAT_MASQ` entry is the TC program's (see its doc): XDP looks past it.
+        if f.kind == NAT_MASQ {
+        } else if backend_serves(t, f) {
             return Ok(Found::Tracked(flow));
-        }
-        if f.kind == NAT_DST {
+        } else if f.kind == NAT_DST {
             stale = Some(f.service);
         } else if service_unchanged(t, f) {
             return Ok(Found::Tracked(flow));
@@ -120,13 +122,14 @@ fn service_unchanged(key: &FlowKey, flow: &Flow) -> bool {
 
 /// The backend's and the service's (address, port) of an entry found under `key`, both
 /// network order: a forward entry (`NAT_DST`) is keyed by the service address and
-/// rewrites to the backend, a reply entry the other way round.
+/// rewrites to the backend, a reply entry the other way round; a `NAT_MASQ` entry is
+/// keyed by the backend and holds the service address as its peer.
 #[inline(always)]
 fn ends(key: &FlowKey, flow: &Flow) -> ((u32, u16), (u32, u16)) {
-    if flow.kind == NAT_DST {
-        ((flow.nat_addr, flow.nat_port), (key.dst, key.dport))
-    } else {
-        ((key.src, key.sport), (flow.nat_addr, flow.nat_port))
+    match flow.kind {
+        NAT_DST => ((flow.nat_addr, flow.nat_port), (key.dst, key.dport)),
+        NAT_MASQ => ((key.dst, key.dport), (flow.peer_addr, flow.peer_port)),
+        _ => ((key.src, key.sport), (flow.nat_addr, flow.nat_port)),
     }
 }
 
@@ -146,7 +149,7 @@ fn balance(t: &FlowKey, service: &Service) -> Result<Flow, Counter> {
     if backend.flags & BACKEND_LIVE == 0 {
         return Err(Counter::DropNoBackend);
     }
-    Ok(Flow {
+    let mut flow = Flow {
         nat_addr: backend.addr,
         nat_port: backend.port,
         kind: NAT_DST,
@@ -154,33 +157,174 @@ fn balance(t: &FlowKey, service: &Service) -> Result<Flow, Counter> {
         backend: backend_id,
         service: service.id,
         next_hop: NextHop::default(),
-    })
+        peer_addr: 0,
+        peer_port: 0,
+        pad2: 0,
+    };
+    if service.flags & SERVICE_SNAT != 0 {
+        let (addr, port) = claim_source(t, &flow, backend, hash)?;
+        flow.peer_addr = addr;
+        flow.peer_port = port;
+    }
+    Ok(flow)
 }
 
-/// Records both directions of a new flow with tuple `key`.
+/// SNAT mode: picks the node's address toward the backend and a source port for the
+/// flow, and records the flow's reply entry under them (insert-if-absent: that is what
+/// makes the port the flow's own). Tries `SNAT_PORT_TRIES` ports, each chosen by the
+/// flow's hash from the daemon's port list.
 #[inline(always)]
-pub fn record(key: &FlowKey, flow: &Flow) {
-    let reply_key = FlowKey {
-        src: flow.nat_addr,
-        dst: key.src,
-        sport: flow.nat_port,
-        dport: key.sport,
-        proto: key.proto,
-        pad: [0; 3],
+fn claim_source(
+    t: &FlowKey,
+    flow: &Flow,
+    backend: &Backend,
+    hash: u32,
+) -> Result<(u32, u16), Counter> {
+    let node = match SNAT_SOURCES.get(flow.backend) {
+        Some(&addr) if addr != 0 => addr,
+        _ => return Err(Counter::DropSnatNoSource),
+    };
+    let ports = match SNAT_PORTS.get(0) {
+        Some(&n) if n != 0 => n,
+        _ => return Err(Counter::DropSnatPortsExhausted),
     };
     let reply = Flow {
-        nat_addr: key.dst,
-        nat_port: key.dport,
+        nat_addr: t.dst,
+        nat_port: t.dport,
         kind: NAT_SRC,
         pad: 0,
         backend: flow.backend,
         service: flow.service,
         next_hop: NextHop::default(),
+        peer_addr: t.src,
+        peer_port: t.sport,
+        pad2: 0,
     };
-    // The reply entry goes first so that a reply can never arrive before it exists.
-    // Inserting into an LRU map only fails on allocation failure; the packet is still
-    // forwarded and the next one retries.
-    let _ = CONNTRACK.insert(reply_key, reply, 0);
+    for attempt in 0..SNAT_PORT_TRIES {
+        // Hidden from LLVM for the same reason as the Maglev slot in `balance`.
+        let slot = core::hint::black_box(snat_port_slot(hash, attempt, ports));
+        let Some(&port) = SNAT_PORTS.get(slot) else {
+            break;
+        };
+        let reply_key = FlowKey {
+            src: backend.addr,
+            dst: node,
+            sport: backend.port,
+            dport: port as u16,
+            proto: t.proto,
+            pad: [0; 3],
+        };
+        if CONNTRACK
+            .insert(reply_key, reply, BPF_NOEXIST as u64)
+            .is_ok()
+        {
+            count(Counter::SnatNewFlow);
+            return Ok((node, port as u16));
+        }
+        count(Counter::SnatPortRetry);
+    }
+    Err(Counter::DropSnatPortsExhausted)
+}
+
+/// Records a new flow with tuple `key`: its forward entry, and in router mode its reply
+/// entry (a SNAT flow's reply entry was recorded when its port was claimed).
+#[inline(always)]
+pub fn record(key: &FlowKey, flow: &Flow) {
+    if !flow.is_snat() {
+        let reply_key = FlowKey {
+            src: flow.nat_addr,
+            dst: key.src,
+            sport: flow.nat_port,
+            dport: key.sport,
+            proto: key.proto,
+            pad: [0; 3],
+        };
+        let reply = Flow {
+            nat_addr: key.dst,
+            nat_port: key.dport,
+            kind: NAT_SRC,
+            pad: 0,
+            backend: flow.backend,
+            service: flow.service,
+            next_hop: NextHop::default(),
+            peer_addr: 0,
+            peer_port: 0,
+            pad2: 0,
+        };
+        // The reply entry goes first so that a reply can never arrive before it exists.
+        // Inserting into an LRU map only fails on allocation failure; the packet is
+        // still forwarded and the next one retries.
+        let _ = CONNTRACK.insert(reply_key, reply, 0);
+    }
     let _ = CONNTRACK.insert(key, flow, 0);
     count(Counter::NewFlow);
+}
+
+/// A SNAT flow's packet goes through the kernel: the kernel forwards it with only its
+/// destination half translated (see `nat`), and the TC program translates the source
+/// half on egress. It finds the flow by the tuple the packet leaves with, so that tuple
+/// needs entries: (client → backend) rewrites the source to the node (`NAT_MASQ`),
+/// (backend → client) to the gateway (`NAT_SRC`, as in router mode). Both are made the
+/// first time either direction takes the kernel's path (the second also serves ICMP
+/// errors the kernel sends about forward packets), found by `entry` (`flow` found under
+/// `key`, forward or reply).
+#[inline(always)]
+pub fn add_kernel_path_entries(key: &FlowKey, flow: &Flow) {
+    let (
+        (client, client_port),
+        (gateway, gateway_port),
+        (backend, backend_port),
+        (node, node_port),
+    ) = if flow.kind == NAT_DST {
+        (
+            (key.src, key.sport),
+            (key.dst, key.dport),
+            (flow.nat_addr, flow.nat_port),
+            (flow.peer_addr, flow.peer_port),
+        )
+    } else {
+        (
+            (flow.peer_addr, flow.peer_port),
+            (flow.nat_addr, flow.nat_port),
+            (key.src, key.sport),
+            (key.dst, key.dport),
+        )
+    };
+    let entry = |kind, nat_addr, nat_port, peer_addr, peer_port| Flow {
+        nat_addr,
+        nat_port,
+        kind,
+        pad: 0,
+        backend: flow.backend,
+        service: flow.service,
+        next_hop: NextHop::default(),
+        peer_addr,
+        peer_port,
+        pad2: 0,
+    };
+    let masq = FlowKey {
+        src: client,
+        dst: backend,
+        sport: client_port,
+        dport: backend_port,
+        proto: key.proto,
+        pad: [0; 3],
+    };
+    // Looked up first: an LRU insert takes a free element (maybe evicting one) before
+    // it finds the key present.
+    if CONNTRACK.get_ptr(masq).is_none() {
+        let masq_flow = entry(NAT_MASQ, node, node_port, gateway, gateway_port);
+        let _ = CONNTRACK.insert(masq, masq_flow, 0);
+    }
+    let reply = FlowKey {
+        src: backend,
+        dst: client,
+        sport: backend_port,
+        dport: client_port,
+        proto: key.proto,
+        pad: [0; 3],
+    };
+    if CONNTRACK.get_ptr(reply).is_none() {
+        let _ = CONNTRACK.insert(reply, entry(NAT_SRC, gateway, gateway_port, 0, 0), 0);
+    }
 }

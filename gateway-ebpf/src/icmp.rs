@@ -3,13 +3,14 @@
 //! quote, so the sender of the quoted packet recognises it.
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
-use gateway_common::{proto, Counter, Flow, FlowKey, NextHop, NAT_DST};
+use gateway_common::{proto, Counter, FlowKey, NextHop, NAT_MASQ};
 
 use crate::{
-    conntrack::applies,
+    conntrack::{add_kernel_path_entries, applies},
     csum::{replace2, replace4},
     fwd::{path, send, Path},
     maps::{count, CONNTRACK},
+    nat::{halves, Endpoint, Side},
     packet::{ptr_at, Eth, Icmp, Ipv4, Ports, IPV4_MIN_LEN},
 };
 
@@ -67,43 +68,47 @@ pub unsafe fn handle(
     let Some(flow) = CONNTRACK.get(key).copied() else {
         return pass;
     };
+    // A `NAT_MASQ` entry is the TC program's.
+    if flow.kind == NAT_MASQ {
+        return pass;
+    }
     if !applies(&key, &flow) {
         count(Counter::CtStaleService);
         return pass;
     }
-    // Errors are rare: they use their own next-hop lookup, not the flow's cache.
-    let mut hop = NextHop::default();
-    if flow.kind == NAT_DST {
-        // From the client's side, quoting a reply: translated whichever way it leaves
-        // (its new destination is the backend, which the kernel forwards to).
-        translate(ip, icmp, inner, ports, &flow);
-        count(Counter::IcmpTranslated);
-        return match path(ctx, ip, &mut hop) {
-            Path::Redirect => send(ctx, eth, ip, &hop),
-            Path::Kernel(reason) => {
-                count(reason);
-                xdp_action::XDP_PASS
-            }
-        };
+    // Errors are rare: they use their own next-hop lookup, not the flow's cache. As for
+    // any packet of the flow (`translate` in main.rs), the destination half is applied
+    // whichever way the error leaves, the source half only if XDP sends it itself.
+    let (dst, src) = halves(&flow);
+    if let Some(dst) = dst {
+        translate(ip, icmp, inner, ports, Side::Dst, dst);
     }
-    // From the backend's side, quoting a forwarded packet: translated only if XDP sends
-    // it; the kernel would drop it as a martian if its source became the (local)
-    // gateway address, so it goes up as it is and the TC program translates it.
+    let mut hop = NextHop::default();
     match path(ctx, ip, &mut hop) {
         Path::Redirect => {
-            translate(ip, icmp, inner, ports, &flow);
+            if let Some(src) = src {
+                translate(ip, icmp, inner, ports, Side::Src, src);
+            }
             count(Counter::IcmpTranslated);
             send(ctx, eth, ip, &hop)
         }
         Path::Kernel(reason) => {
+            if dst.is_some() {
+                count(Counter::IcmpTranslated);
+            }
+            if flow.is_snat() {
+                add_kernel_path_entries(&key, &flow);
+            }
             count(reason);
             xdp_action::XDP_PASS
         }
     }
 }
 
-/// Applies `flow`'s translation to the quoted packet and, where the outer header names
-/// the quoted endpoint, to the outer header.
+/// Applies one half of a flow's translation (`side` of packets in the error's
+/// direction) to an ICMP error: the quoted packet travelled the other way, so the half
+/// that rewrites the error's destination rewrites the quote's source, and the other way
+/// round; the outer address is rewritten too where it names the quoted endpoint.
 ///
 /// # Safety
 /// All pointers must point into the packet, bounds-checked.
@@ -113,13 +118,10 @@ unsafe fn translate(
     icmp: *mut Icmp,
     inner: *mut Ipv4,
     ports: *mut Ports,
-    flow: &Flow,
+    side: Side,
+    to: Endpoint,
 ) {
-    // A NAT_DST flow (client → gateway) quotes a reply: restore its source to the
-    // backend. A NAT_SRC flow (backend → client) quotes a forwarded packet: restore its
-    // destination to the gateway address. The outer header gets the flow's own
-    // translation when it names the quoted endpoint.
-    let (inner_addr, inner_port, outer_addr) = if flow.kind == NAT_DST {
+    let (inner_addr, inner_port, outer_addr) = if side == Side::Dst {
         (&mut (*inner).src, &mut (*ports).src, &mut (*ip).dst)
     } else {
         (&mut (*inner).dst, &mut (*ports).dst, &mut (*ip).src)
@@ -127,18 +129,18 @@ unsafe fn translate(
     let old_addr = *inner_addr;
     let old_port = *inner_port;
     let old_inner_check = (*inner).check;
-    *inner_addr = flow.nat_addr;
-    *inner_port = flow.nat_port;
-    (*inner).check = replace4(old_inner_check, old_addr, flow.nat_addr);
+    *inner_addr = to.addr;
+    *inner_port = to.port;
+    (*inner).check = replace4(old_inner_check, old_addr, to.addr);
 
     // The ICMP checksum covers the quoted bytes (no pseudo-header). Quoted L4
     // checksums are left alone: receivers do not verify them.
-    let mut check = replace4((*icmp).check, old_addr, flow.nat_addr);
-    check = replace2(check, old_port, flow.nat_port);
+    let mut check = replace4((*icmp).check, old_addr, to.addr);
+    check = replace2(check, old_port, to.port);
     (*icmp).check = replace2(check, old_inner_check, (*inner).check);
 
     if *outer_addr == old_addr {
-        *outer_addr = flow.nat_addr;
-        (*ip).check = replace4((*ip).check, old_addr, flow.nat_addr);
+        *outer_addr = to.addr;
+        (*ip).check = replace4((*ip).check, old_addr, to.addr);
     }
 }

@@ -85,7 +85,7 @@ use crate::{
     conntrack::{lookup_or_balance, Found},
     fwd::Path,
     maps::{account, account_kernel, count, is_gateway_address, Direction, FRAGMENTS},
-    nat::{rewrite, L4},
+    nat::{halves, rewrite, Side, L4},
     packet::{
         ptr_at, Eth, Ipv4, Ports, ETH_LEN, ETH_P_IP, IPV4_MIN_LEN, IP_MF, IP_OFFSET, TCP_CHECK_OFF,
         UDP_CHECK_OFF,
@@ -276,12 +276,12 @@ pub struct Packet<'a> {
 
 /// Translates and forwards a packet of a flow; records a new flow.
 ///
-/// A forward packet (client → gateway) is translated here whichever way it leaves: the
-/// kernel forwards it to the backend like any packet. A reply (backend → client) is
-/// translated only when XDP sends it itself: handed to the kernel with the gateway
-/// address as its source it would be dropped as a martian (the address is local when
-/// it sits on the gateway's dummy interface), so it goes up untranslated and the TC
-/// program translates it on egress.
+/// The destination half of the translation (a forward packet's backend; a SNAT reply's
+/// client) is applied whichever way the packet leaves: the kernel forwards it like any
+/// packet. The source half (a reply's gateway address; a SNAT forward packet's node
+/// address) only when XDP sends the packet itself: handed to the kernel with one of its
+/// own addresses as the source, it would be dropped as a martian, so it goes up with
+/// its source as it came and the TC program translates that on egress.
 ///
 /// # Safety
 /// The pointers in `pkt` must point into the packet, bounds-checked; a `Tracked`
@@ -299,29 +299,35 @@ unsafe fn translate(
         // SAFETY: `lookup_or_balance` wrote the slot when it returned `New`.
         _ => (new.assume_init_mut(), true),
     };
-    let verdict = if flow.kind == NAT_DST {
-        rewrite(pkt.ip, pkt.l4, flow);
+    let forward = flow.kind == NAT_DST;
+    let (dst, src) = halves(flow);
+    if let Some(dst) = dst {
+        rewrite(pkt.ip, pkt.l4, Side::Dst, dst);
+    }
+    if forward {
         account(flow.service, Direction::Forward, pkt.len as u64, is_new);
-        match fwd::path(ctx, pkt.ip, &mut flow.next_hop) {
-            Path::Redirect => fwd::send(ctx, pkt.eth, pkt.ip, &flow.next_hop),
-            Path::Kernel(reason) => {
-                count(reason);
-                account_kernel(flow.service, reason);
-                xdp_action::XDP_PASS
+    }
+    let verdict = match fwd::path(ctx, pkt.ip, &mut flow.next_hop) {
+        Path::Redirect => {
+            if let Some(src) = src {
+                rewrite(pkt.ip, pkt.l4, Side::Src, src);
             }
-        }
-    } else {
-        match fwd::path(ctx, pkt.ip, &mut flow.next_hop) {
-            Path::Redirect => {
-                rewrite(pkt.ip, pkt.l4, flow);
+            if !forward {
                 account(flow.service, Direction::Reply, pkt.len as u64, false);
-                fwd::send(ctx, pkt.eth, pkt.ip, &flow.next_hop)
             }
-            // Counted again (and accounted to the service) by the TC program.
-            Path::Kernel(reason) => {
-                count(reason);
-                xdp_action::XDP_PASS
+            fwd::send(ctx, pkt.eth, pkt.ip, &flow.next_hop)
+        }
+        // The source half is left to the TC program on egress. A reply is counted
+        // again (and accounted to the service) there.
+        Path::Kernel(reason) => {
+            count(reason);
+            if forward {
+                account_kernel(flow.service, reason);
             }
+            if flow.is_snat() {
+                conntrack::add_kernel_path_entries(key, flow);
+            }
+            xdp_action::XDP_PASS
         }
     };
     if is_new {

@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use gateway_common::{
     Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service, ServiceId,
-    ServiceKey, ServiceStats, XMIT_SLOTS,
+    ServiceKey, ServiceStats, SNAT_PORT_SLOTS, XMIT_SLOTS,
 };
 
 const SERVICES_MAX: u32 = 1024;
@@ -28,6 +28,16 @@ pub static MAGLEV: Array<MaglevTable> = Array::with_max_entries(SERVICES_MAX + 6
 /// Backend id → endpoint and weight. Written by the daemon.
 #[map(name = "berth_backends")]
 pub static BACKENDS: Array<Backend> = Array::with_max_entries(16384, 0);
+
+/// Backend id → the node's address toward it (SNAT mode's source; 0: none known).
+/// Written by the daemon as routes and addresses change.
+#[map(name = "berth_snat_src")]
+pub static SNAT_SOURCES: Array<u32> = Array::with_max_entries(16384, 0);
+
+/// Slot 0: how many SNAT source ports; slots 1..=n: the ports, network order. Written
+/// by the daemon (its `--snat-ports` range minus every listener range).
+#[map(name = "berth_snat_ports")]
+pub static SNAT_PORTS: Array<u32> = Array::with_max_entries(SNAT_PORT_SLOTS, 0);
 
 /// Conntrack: 5-tuple → translation. Written by the XDP program (new flows).
 #[map(name = "berth_ct")]

@@ -1,4 +1,11 @@
 //! Header rewriting with incremental checksum updates.
+//!
+//! A flow's translation has up to two halves: the destination half (a forward packet's
+//! backend, or in SNAT mode a reply's client) and the source half (a reply's gateway
+//! address, or in SNAT mode a forward packet's node address). The destination half is
+//! applied whichever way the packet leaves; the source half only when XDP sends the
+//! packet itself, because the kernel drops a received packet whose source is one of its
+//! own addresses (a martian) — on the kernel's path the TC program applies it on egress.
 
 use gateway_common::{Flow, NAT_DST};
 
@@ -15,38 +22,68 @@ pub struct L4 {
     pub udp: bool,
 }
 
-/// Applies a flow's translation: `NAT_DST` rewrites the destination address and port,
-/// `NAT_SRC` the source.
+/// Which address and port of a packet a rewrite changes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Src,
+    Dst,
+}
+
+/// An address and port to write (network order).
+#[derive(Clone, Copy)]
+pub struct Endpoint {
+    pub addr: u32,
+    pub port: u16,
+}
+
+/// The destination and source halves of a flow's translation (see the module doc).
+#[inline(always)]
+pub fn halves(flow: &Flow) -> (Option<Endpoint>, Option<Endpoint>) {
+    let nat = Endpoint {
+        addr: flow.nat_addr,
+        port: flow.nat_port,
+    };
+    let peer = flow.is_snat().then_some(Endpoint {
+        addr: flow.peer_addr,
+        port: flow.peer_port,
+    });
+    if flow.kind == NAT_DST {
+        (Some(nat), peer)
+    } else {
+        (peer, Some(nat))
+    }
+}
+
+/// Rewrites one side's address and (with a transport header) port.
 ///
 /// # Safety
 /// `ip` and the pointers in `l4` must point into the packet, bounds-checked.
 #[inline(always)]
-pub unsafe fn rewrite(ip: *mut Ipv4, l4: Option<&L4>, flow: &Flow) {
-    let dst = flow.kind == NAT_DST;
-    let addr = if dst { &mut (*ip).dst } else { &mut (*ip).src };
+pub unsafe fn rewrite(ip: *mut Ipv4, l4: Option<&L4>, side: Side, to: Endpoint) {
+    let addr = if side == Side::Dst {
+        &mut (*ip).dst
+    } else {
+        &mut (*ip).src
+    };
     let old_addr = *addr;
-    *addr = flow.nat_addr;
-    (*ip).check = replace4((*ip).check, old_addr, flow.nat_addr);
+    *addr = to.addr;
+    (*ip).check = replace4((*ip).check, old_addr, to.addr);
 
     let Some(l4) = l4 else {
         return;
     };
-    let port = if dst {
+    let port = if side == Side::Dst {
         &mut (*l4.ports).dst
     } else {
         &mut (*l4.ports).src
     };
     let old_port = *port;
-    *port = flow.nat_port;
+    *port = to.port;
     let check = *l4.check;
     if l4.udp && check == 0 {
         return;
     }
-    let mut check = replace2(
-        replace4(check, old_addr, flow.nat_addr),
-        old_port,
-        flow.nat_port,
-    );
+    let mut check = replace2(replace4(check, old_addr, to.addr), old_port, to.port);
     if l4.udp && check == 0 {
         check = 0xffff;
     }

@@ -16,7 +16,7 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
-use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NAT_SRC};
+use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NAT_MASQ, NAT_SRC};
 
 use crate::{
     conntrack::applies,
@@ -88,7 +88,7 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
     let Some(flow) = (unsafe { CONNTRACK.get(key) }).copied() else {
         return Ok(());
     };
-    if flow.kind != NAT_SRC {
+    if !rewrites_source_on_egress(&flow) {
         return Ok(());
     }
     if !applies(&key, &flow) {
@@ -116,6 +116,11 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
         ip.proto == proto::UDP,
     )
     .inspect_err(|_| count(Counter::TcUntranslated))?;
+    if flow.kind == NAT_MASQ {
+        // A forward packet: XDP accounted it already.
+        count(Counter::TcMasq);
+        return Ok(());
+    }
     account(
         flow.service,
         Direction::Reply,
@@ -125,6 +130,15 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
     account_kernel(flow.service, Counter::TcReply);
     count(Counter::TcReply);
     Ok(())
+}
+
+/// Whether the entry is one this program applies: a router-mode reply entry (source
+/// becomes the gateway), or a SNAT forward packet's `NAT_MASQ` entry (source becomes
+/// the node). Both rewrite the source to `nat_*`. A SNAT flow's reply entry (keyed by
+/// the node's address, which the kernel delivers locally) is XDP's only.
+#[inline(always)]
+fn rewrites_source_on_egress(flow: &Flow) -> bool {
+    (flow.kind == NAT_SRC && !flow.is_snat()) || flow.kind == NAT_MASQ
 }
 
 /// Rewrites the source address (and, with a transport header whose checksum is at
@@ -170,9 +184,12 @@ fn snat(
     .map_err(e)
 }
 
-/// An ICMP error (destination unreachable, time exceeded) quoting a forward packet as
-/// translated (client → backend): the quoted destination becomes the gateway address
-/// and port again, and so does the outer source if the backend itself sent it.
+/// An ICMP error (destination unreachable, time exceeded) quoting a packet as the
+/// kernel forwarded it: a forward packet as translated (client → backend), whose
+/// quoted destination becomes the gateway address and port again; or in SNAT mode a
+/// reply with its destination translated (backend → client), whose quoted destination
+/// becomes the node's address and port. The outer source too, if the quoted
+/// destination itself sent the error.
 #[inline(always)]
 fn icmp_error(ctx: &TcContext, ip: &Ipv4, l4_off: usize) -> Result<(), Untouched> {
     let e = |_| Untouched;
@@ -199,7 +216,7 @@ fn icmp_error(ctx: &TcContext, ip: &Ipv4, l4_off: usize) -> Result<(), Untouched
     let Some(flow) = (unsafe { CONNTRACK.get(key) }).copied() else {
         return Ok(());
     };
-    if flow.kind != NAT_SRC {
+    if !rewrites_source_on_egress(&flow) {
         return Ok(());
     }
     if !applies(&key, &flow) {

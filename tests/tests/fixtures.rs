@@ -983,3 +983,6 @@ fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
         "the forward packet and both replies took the kernel's path"
     );
 }
+
+#[path = "fixtures/snat.rs"]
+mod snat;

@@ -50,7 +50,17 @@ impl Datapath {
                 Some((ServiceAddr::from_key(key)?, backends.into()))
             })
             .collect();
-        DesiredState { services }
+        let source_nat = self
+            .installed
+            .iter()
+            .filter(|(_, svc)| svc.snat)
+            .filter_map(|(key, _)| ServiceAddr::from_key(key))
+            .collect();
+        DesiredState {
+            services,
+            source_nat,
+            snat_ports: self.snat.ports_written(),
+        }
     }
 
     /// Makes the maps hold `desired`, touching only what differs. Flows of unchanged
@@ -72,6 +82,14 @@ impl Datapath {
             });
         }
         let mut report = ApplyReport::default();
+        let snat: std::collections::HashSet<ServiceKey> =
+            desired.source_nat.iter().map(ServiceAddr::key).collect();
+        let snat_changed = self
+            .applied
+            .as_ref()
+            .is_none_or(|last| last.source_nat != desired.source_nat);
+        // Ports first: a service switched to SNAT mode below takes them at once.
+        self.sync_snat_ports(&desired.snat_ports)?;
         // The services that may differ from what is installed: those that changed since
         // the state last applied in full, or (after a failure, and at first) all.
         let changes: Vec<(ServiceKey, Option<BackendSet>)> = match self.applied.take() {
@@ -101,15 +119,18 @@ impl Datapath {
                     report.removed += 1;
                 }
                 (Some(backends), None) => {
-                    self.add_service(key, backends)?;
+                    self.add_service(key, backends, snat.contains(key))?;
                     report.added += 1;
                 }
                 (Some(backends), Some(svc)) if svc.same_backends(backends) => report.unchanged += 1,
                 (Some(backends), Some(_)) => {
-                    self.update_service(key, backends)?;
+                    self.update_service(key, backends, snat.contains(key))?;
                     report.changed += 1;
                 }
             }
+        }
+        if snat_changed {
+            report.changed += self.sync_snat_flags(&snat)?;
         }
         if report.added + report.removed > 0 {
             self.sync_addresses()?;
@@ -120,17 +141,18 @@ impl Datapath {
         Ok(report)
     }
 
-    fn add_service(&mut self, key: &ServiceKey, want: &BackendSet) -> Result<()> {
+    fn add_service(&mut self, key: &ServiceKey, want: &BackendSet, snat: bool) -> Result<()> {
         let id = self.service_ids.alloc()?;
         let table = self.tables.alloc()?;
         let mut svc = Installed {
             id,
             table,
+            snat,
             backends: BTreeMap::new(),
         };
         for (&endpoint, &weight) in want {
             let bid = self.backend_ids.alloc()?;
-            self.write_backend(bid, id, endpoint, weight)?;
+            self.write_backend(bid, id, endpoint, weight, snat)?;
             svc.backends.insert(endpoint, (bid, weight));
         }
         let active = self.write_table(&svc)?;
@@ -151,7 +173,7 @@ impl Datapath {
                     id,
                     table,
                     active,
-                    pad: 0,
+                    flags: service_flags(snat),
                 },
                 0,
             )
@@ -160,26 +182,27 @@ impl Datapath {
         Ok(())
     }
 
-    fn update_service(&mut self, key: &ServiceKey, want: &BackendSet) -> Result<()> {
+    fn update_service(&mut self, key: &ServiceKey, want: &BackendSet, snat: bool) -> Result<()> {
         let Some(old) = self.installed.get(key).cloned() else {
-            return self.add_service(key, want);
+            return self.add_service(key, want, snat);
         };
         let mut svc = Installed {
             id: old.id,
             table: self.tables.alloc()?,
+            snat,
             backends: BTreeMap::new(),
         };
         // New and reweighted backends first, so the new table only names live ones.
         for (&endpoint, &weight) in want {
             let bid = match old.backends.get(&endpoint) {
-                Some(&(bid, w)) if w == weight => bid,
+                Some(&(bid, w)) if w == weight && (old.snat || !snat) => bid,
                 Some(&(bid, _)) => {
-                    self.write_backend(bid, svc.id, endpoint, weight)?;
+                    self.write_backend(bid, svc.id, endpoint, weight, snat)?;
                     bid
                 }
                 None => {
                     let bid = self.backend_ids.alloc()?;
-                    self.write_backend(bid, svc.id, endpoint, weight)?;
+                    self.write_backend(bid, svc.id, endpoint, weight, snat)?;
                     bid
                 }
             };
@@ -193,7 +216,7 @@ impl Datapath {
                     id: svc.id,
                     table: svc.table,
                     active,
-                    pad: 0,
+                    flags: service_flags(snat),
                 },
                 0,
             )
@@ -247,13 +270,19 @@ impl Datapath {
         Ok(candidates.iter().filter(|c| c.weight > 0).count() as u32)
     }
 
+    /// Writes a backend; in SNAT mode its source first (its flows need it from the
+    /// first packet).
     fn write_backend(
         &mut self,
         bid: u32,
         service: ServiceId,
         e: SocketAddrV4,
         weight: u16,
+        snat: bool,
     ) -> Result<()> {
+        if snat {
+            self.write_snat_source(bid, e)?;
+        }
         let value = Backend {
             addr: u32::from(*e.ip()).to_be(),
             port: e.port().to_be(),
@@ -264,6 +293,39 @@ impl Datapath {
         self.backends
             .set(bid, value, 0)
             .map_err(map_err(map_names::BACKENDS))
+    }
+
+    /// Switches installed services in or out of SNAT mode as `snat` says (sources
+    /// written before the flag that makes new flows use them); returns how many changed.
+    /// Established flows keep the translation they started with.
+    fn sync_snat_flags(&mut self, snat: &std::collections::HashSet<ServiceKey>) -> Result<usize> {
+        let switch: Vec<ServiceKey> = self
+            .installed
+            .iter()
+            .filter(|(key, svc)| svc.snat != snat.contains(key))
+            .map(|(key, _)| *key)
+            .collect();
+        for key in &switch {
+            let Some(mut svc) = self.installed.get(key).cloned() else {
+                continue;
+            };
+            svc.snat = !svc.snat;
+            if svc.snat {
+                for (&endpoint, &(bid, _)) in &svc.backends {
+                    self.write_snat_source(bid, endpoint)?;
+                }
+            }
+            let mut value = self
+                .services
+                .get(key, 0)
+                .map_err(map_err(map_names::SERVICES))?;
+            value.flags = service_flags(svc.snat);
+            self.services
+                .insert(key, value, 0)
+                .map_err(map_err(map_names::SERVICES))?;
+            self.installed.insert(*key, svc);
+        }
+        Ok(switch.len())
     }
 
     fn clear_backend(&mut self, bid: u32) -> Result<()> {
@@ -318,5 +380,14 @@ impl Datapath {
                 self.backend_ids.mark(bid);
             }
         }
+    }
+}
+
+/// `Service::flags` for a service in SNAT mode or not.
+fn service_flags(snat: bool) -> u32 {
+    if snat {
+        gateway_common::SERVICE_SNAT
+    } else {
+        0
     }
 }

@@ -66,6 +66,14 @@ pub struct DesiredState {
     /// in the state applied before is unchanged without looking further).
     #[serde(with = "service_list")]
     pub services: BTreeMap<ServiceAddr, Backends>,
+    /// Services whose flows are source-NATed (`GatewayConfig.spec.sourceNAT`): the
+    /// backend sees the node's address toward it and a port allocated per flow.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub source_nat: BTreeSet<ServiceAddr>,
+    /// The source ports SNAT flows are given (the `--snat-ports` range minus every
+    /// listener's ports), in ascending non-overlapping ranges.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snat_ports: Vec<std::ops::RangeInclusive<u16>>,
 }
 
 /// The backends of one service.
@@ -117,6 +125,22 @@ impl DesiredState {
     /// Adds a service, replacing any previous backends of the same address.
     pub fn with_service(mut self, service: ServiceAddr, backends: Vec<WeightedBackend>) -> Self {
         self.services.insert(service, backends.into());
+        self
+    }
+
+    /// Adds a service in SNAT mode (see `source_nat`).
+    pub fn with_snat_service(
+        mut self,
+        service: ServiceAddr,
+        backends: Vec<WeightedBackend>,
+    ) -> Self {
+        self.source_nat.insert(service);
+        self.with_service(service, backends)
+    }
+
+    /// Sets the SNAT source ports.
+    pub fn with_snat_ports(mut self, ports: Vec<std::ops::RangeInclusive<u16>>) -> Self {
+        self.snat_ports = ports;
         self
     }
 

@@ -37,7 +37,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 10] {
+    fn shapes(&self) -> [Shape; 12] {
         use std::mem::size_of;
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
@@ -87,6 +87,8 @@ impl Limits {
             ),
             shape(map_names::XMIT, 4, 4, gateway_common::XMIT_SLOTS),
             shape(map_names::PROGRAM_ID, 4, 4, 1),
+            shape(map_names::SNAT_SOURCES, 4, 4, self.backends),
+            shape(map_names::SNAT_PORTS, 4, 4, gateway_common::SNAT_PORT_SLOTS),
         ]
     }
 }
@@ -195,6 +197,10 @@ impl Datapath {
             conntrack: take(&mut ebpf, map_names::CONNTRACK)?,
             counters: take(&mut ebpf, map_names::COUNTERS)?,
             service_stats: take(&mut ebpf, map_names::SERVICE_STATS)?,
+            snat: super::snat::Snat::new(
+                take(&mut ebpf, map_names::SNAT_SOURCES)?,
+                take(&mut ebpf, map_names::SNAT_PORTS)?,
+            ),
             ebpf,
             pin_dir: pin_dir.clone(),
             limits: *limits,
@@ -224,6 +230,7 @@ impl Datapath {
                 Installed {
                     id: svc.id,
                     table: svc.table,
+                    snat: svc.flags & gateway_common::SERVICE_SNAT != 0,
                     backends: BTreeMap::new(),
                 },
             );

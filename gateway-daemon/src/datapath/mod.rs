@@ -20,6 +20,7 @@ mod desired;
 mod ids;
 mod links;
 mod load;
+mod snat;
 mod traffic;
 mod xmit;
 
@@ -241,6 +242,8 @@ pub enum Attached {
 struct Installed {
     id: ServiceId,
     table: u32,
+    /// SNAT mode (`Service::flags`).
+    snat: bool,
     /// Endpoint → (backend id, weight).
     backends: BTreeMap<SocketAddrV4, (u32, u16)>,
 }
@@ -313,6 +316,8 @@ pub struct Datapath {
     service_ids: ServiceIds,
     tables: IdPool,
     backend_ids: IdPool,
+    /// SNAT mode's maps and what this process wrote into them.
+    snat: snat::Snat,
 }
 
 impl Datapath {

@@ -72,7 +72,13 @@ pub(super) fn project(
             (service, resolved.backends.clone())
         })
         .collect();
-    (DesiredState { services }, owners)
+    (
+        DesiredState {
+            services,
+            ..Default::default()
+        },
+        owners,
+    )
 }
 
 /// Every bound claim of a Gateway, on each of its addresses. The backends of a service

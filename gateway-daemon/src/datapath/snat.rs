@@ -1,0 +1,131 @@
+//! SNAT mode's maps: each backend's source address (the node's address on the route
+//! toward it, what `MASQUERADE` would pick) and the pool of source ports the kernel
+//! program claims from for each new flow.
+
+use std::{
+    collections::HashMap,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket},
+    ops::RangeInclusive,
+};
+
+use aya::maps::{Array, MapData};
+use gateway_common::{map_names, SNAT_PORT_SLOTS};
+
+use super::{map_err, Datapath, Result};
+
+/// Finds the node's address toward a backend.
+pub type SourceResolver = Box<dyn Fn(Ipv4Addr) -> Option<Ipv4Addr> + Send + Sync>;
+
+/// The SNAT maps and what this process wrote into them.
+pub(super) struct Snat {
+    sources: Array<MapData, u32>,
+    ports: Array<MapData, u32>,
+    /// Backend id → source address written (network order).
+    written: HashMap<u32, u32>,
+    /// The port ranges the port map holds, once this process wrote them.
+    ports_written: Option<Vec<RangeInclusive<u16>>>,
+    resolve: SourceResolver,
+}
+
+impl Snat {
+    pub(super) fn new(sources: Array<MapData, u32>, ports: Array<MapData, u32>) -> Self {
+        Snat {
+            sources,
+            ports,
+            written: HashMap::new(),
+            ports_written: None,
+            resolve: Box::new(node_source),
+        }
+    }
+
+    pub(super) fn ports_written(&self) -> Vec<RangeInclusive<u16>> {
+        self.ports_written.clone().unwrap_or_default()
+    }
+}
+
+/// The address the kernel gives a connection to `backend` as its source: the preferred
+/// source of the route toward it, else the outgoing interface's primary address. Asked
+/// by connecting a UDP socket, which sends nothing.
+pub fn node_source(backend: Ipv4Addr) -> Option<Ipv4Addr> {
+    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+    socket.connect((backend, 9)).ok()?;
+    match socket.local_addr().ok()? {
+        SocketAddr::V4(local) if !local.ip().is_unspecified() => Some(*local.ip()),
+        _ => None,
+    }
+}
+
+impl Datapath {
+    /// Replaces how the node's address toward a backend is found (tests use a fixed
+    /// answer; the default asks the kernel's routes).
+    pub fn set_source_resolver(&mut self, resolve: SourceResolver) {
+        self.snat.resolve = resolve;
+        self.snat.written.clear();
+    }
+
+    /// Writes backend `bid`'s SNAT source if it differs from what was written. A
+    /// backend with no route gets 0: its new flows are dropped and counted
+    /// (`drop_snat_no_source`) until a route appears and `refresh_snat_sources` runs.
+    pub(super) fn write_snat_source(&mut self, bid: u32, endpoint: SocketAddrV4) -> Result<bool> {
+        let want = (self.snat.resolve)(*endpoint.ip()).map_or(0, |a| u32::from(a).to_be());
+        if self.snat.written.get(&bid) == Some(&want) {
+            return Ok(false);
+        }
+        self.snat
+            .sources
+            .set(bid, want, 0)
+            .map_err(map_err(map_names::SNAT_SOURCES))?;
+        self.snat.written.insert(bid, want);
+        Ok(true)
+    }
+
+    /// Asks again for the source of every backend of a SNAT service (after routes or
+    /// addresses changed) and writes those that changed; returns how many did.
+    pub fn refresh_snat_sources(&mut self) -> Result<usize> {
+        let backends: Vec<(u32, SocketAddrV4)> = self
+            .installed
+            .values()
+            .filter(|svc| svc.snat)
+            .flat_map(|svc| svc.backends.iter().map(|(&e, &(bid, _))| (bid, e)))
+            .collect();
+        let mut changed = 0;
+        for (bid, endpoint) in backends {
+            changed += usize::from(self.write_snat_source(bid, endpoint)?);
+        }
+        Ok(changed)
+    }
+
+    /// Makes the port map hold `want` (ascending ranges). Growing, the ports go in
+    /// before the count that exposes them; shrinking, the count goes first.
+    pub(super) fn sync_snat_ports(&mut self, want: &[RangeInclusive<u16>]) -> Result<()> {
+        if self.snat.ports_written.as_deref() == Some(want) {
+            return Ok(());
+        }
+        let ports: Vec<u16> = want
+            .iter()
+            .flat_map(|r| r.clone())
+            .take(SNAT_PORT_SLOTS as usize - 1)
+            .collect();
+        let count = ports.len() as u32;
+        let old_count = self.snat.ports.get(&0, 0).unwrap_or(0);
+        let set_count = |snat: &mut Snat| {
+            snat.ports
+                .set(0, count, 0)
+                .map_err(map_err(map_names::SNAT_PORTS))
+        };
+        if count < old_count {
+            set_count(&mut self.snat)?;
+        }
+        for (i, port) in ports.iter().enumerate() {
+            self.snat
+                .ports
+                .set(i as u32 + 1, u32::from(port.to_be()), 0)
+                .map_err(map_err(map_names::SNAT_PORTS))?;
+        }
+        if count >= old_count {
+            set_count(&mut self.snat)?;
+        }
+        self.snat.ports_written = Some(want.to_vec());
+        Ok(())
+    }
+}
