@@ -62,6 +62,10 @@
 //! | anything else (not ours, other protocols) | `XDP_PASS` | — |
 #![no_std]
 #![no_main]
+#![allow(
+    missing_docs,
+    reason = "aya's program macros drop the doc comments of the functions they export"
+)]
 
 mod conntrack;
 mod csum;
