@@ -28,7 +28,7 @@
 //!    tcx egress) translates it as it leaves, from the same conntrack entries.
 //! 7. **ICMP errors** quoting a NATed flow are translated both ways (`icmp.rs` in XDP,
 //!    `tc.rs` on egress), so path MTU discovery works.
-//! 8. **Fragments**: the first fragment is handled like any packet and its ports are
+//! 8. **Fragments** (`frag.rs`): the first fragment is handled like any packet and its ports are
 //!    remembered (`berth_frags`, keyed by source, destination, IP id, protocol); later
 //!    fragments follow the same flow. A later fragment to a gateway address whose first
 //!    fragment was not seen is dropped (`drop_fragment`), never sent to a guessed backend.
@@ -62,9 +62,14 @@
 //! | anything else (not ours, other protocols) | `XDP_PASS` | — |
 #![no_std]
 #![no_main]
+#![allow(
+    missing_docs,
+    reason = "aya's program macros drop the doc comments of the functions they export"
+)]
 
 mod conntrack;
 mod csum;
+mod frag;
 mod fwd;
 mod icmp;
 mod maps;
@@ -79,12 +84,12 @@ use aya_ebpf::{
     macros::{classifier, tracepoint, xdp},
     programs::{TcContext, TracePointContext, XdpContext},
 };
-use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NAT_DST};
+use gateway_common::{proto, Counter, Flow, FlowKey, NAT_DST};
 
 use crate::{
     conntrack::{lookup_or_balance, Found},
     fwd::Path,
-    maps::{account, account_kernel, count, is_gateway_address, Direction, FRAGMENTS},
+    maps::{account, account_kernel, count, is_gateway_address, Direction},
     nat::{halves, rewrite, Side, L4},
     packet::{
         ptr_at, Eth, Ipv4, Ports, ETH_LEN, ETH_P_IP, IPV4_MIN_LEN, IP_MF, IP_OFFSET, TCP_CHECK_OFF,
@@ -176,35 +181,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
 
     if frag & IP_OFFSET != 0 {
         // A later fragment carries no ports: follow the flow its first fragment took.
-        let key = fragment_key(ip, src, dst, ip_proto);
-        let Some(ports) = (unsafe { FRAGMENTS.get(key) }).copied() else {
-            return if is_gateway_address(dst) {
-                Err(Counter::DropFragment)
-            } else {
-                PASS
-            };
-        };
-        let t = FlowKey {
-            src,
-            dst,
-            sport: ports.sport,
-            dport: ports.dport,
-            proto: ip_proto,
-            pad: [0; 3],
-        };
-        let mut new = MaybeUninit::uninit();
-        let found = lookup_or_balance(&t, &mut new)?;
-        if matches!(found, Found::Miss) {
-            return PASS;
-        }
-        count(Counter::FragmentTranslated);
-        let pkt = Packet {
-            eth,
-            ip,
-            l4: None,
-            len: tot_len,
-        };
-        return Ok(unsafe { translate(ctx, &pkt, &t, found, &mut new) });
+        return frag::later(ctx, eth, ip, src, dst, ip_proto, tot_len);
     }
 
     let (ports, check_off, hdr_len) = if udp {
@@ -241,12 +218,12 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let found = lookup_or_balance(&t, &mut new)?;
     if matches!(found, Found::Miss) {
         if first_fragment && is_gateway_address(dst) {
-            remember_fragment(ip, &t);
+            frag::remember(ip, &t);
         }
         return PASS;
     }
     if first_fragment {
-        remember_fragment(ip, &t);
+        frag::remember(ip, &t);
     }
     let l4 = L4 {
         ports,
@@ -334,33 +311,6 @@ unsafe fn translate(
         conntrack::record(key, flow);
     }
     verdict
-}
-
-/// Records the ports of a fragmented datagram seen in its first fragment.
-#[inline(always)]
-fn remember_fragment(ip: *mut Ipv4, t: &FlowKey) {
-    let key = fragment_key(ip, t.src, t.dst, t.proto);
-    let _ = FRAGMENTS.insert(
-        key,
-        FragPorts {
-            sport: t.sport,
-            dport: t.dport,
-        },
-        0,
-    );
-}
-
-/// The datagram a fragment belongs to. (`ip` is bounds-checked by the caller.)
-#[inline(always)]
-fn fragment_key(ip: *mut Ipv4, src: u32, dst: u32, proto: u8) -> FragKey {
-    // SAFETY: `ip` points at a bounds-checked IPv4 header.
-    FragKey {
-        src,
-        dst,
-        id: unsafe { (*ip).id },
-        proto,
-        pad: 0,
-    }
 }
 
 /// A packet whose headers cannot be parsed: ours to drop if it was sent to a gateway

@@ -4,7 +4,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Stdio},
+    process::{Child, Command, Stdio},
     time::Duration,
 };
 
@@ -35,8 +35,11 @@ pub fn berth_binary() -> PathBuf {
 
 /// Directories of one daemon, removed on drop.
 pub struct Dirs {
+    /// The `--manifests` directory the daemon watches.
     pub manifests: PathBuf,
+    /// The `--state-dir`, where claims and first-seen times are kept.
     pub state: PathBuf,
+    /// The `--pin-dir` under bpffs where the datapath pins its maps and links.
     pub pins: PathBuf,
 }
 
@@ -62,6 +65,20 @@ impl Dirs {
             std::fs::copy(examples.join(f), d.manifests.join(f)).expect("copy example");
         }
         d
+    }
+
+    /// `berth run` in `gateway` on these directories, not started; add the
+    /// `--interface`s and other arguments.
+    pub fn berth_run(&self, gateway: &Netns) -> Command {
+        let mut cmd = gateway.command(&berth_binary());
+        cmd.arg("run")
+            .arg("--manifests")
+            .arg(&self.manifests)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .arg("--pin-dir")
+            .arg(&self.pins);
+        cmd
     }
 }
 
@@ -101,17 +118,10 @@ impl Daemon {
         extra: &[&str],
     ) -> Self {
         let berth = berth_binary();
-        let mut cmd = gateway.command(&berth);
-        cmd.arg("run")
-            .arg("--manifests")
-            .arg(&dirs.manifests)
-            .arg("--state-dir")
-            .arg(&dirs.state)
-            .arg("--pin-dir")
-            .arg(&dirs.pins)
-            // A removed route file takes effect after half a second, not the default 5 s
-            // (the settle time itself is tested in gateway-daemon/tests/standalone.rs).
-            .args(["--manifest-settle", "500ms"]);
+        let mut cmd = dirs.berth_run(gateway);
+        // A removed route file takes effect after half a second, not the default 5 s
+        // (the settle time itself is tested in gateway-daemon/tests/standalone.rs).
+        cmd.args(["--manifest-settle", "500ms"]);
         for iface in interfaces {
             cmd.args(["--interface", iface.as_ref()]);
         }

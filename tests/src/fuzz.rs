@@ -59,10 +59,12 @@ const SHOWN: usize = 5;
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator whose sequence is fixed by `seed` (a run is replayed by its seed).
     pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
 
+    /// The next 64 uniformly distributed bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
@@ -81,10 +83,12 @@ impl Rng {
         self.below(100) < percent
     }
 
+    /// One of `items` (not empty), each equally likely.
     pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
         items[self.below(items.len())]
     }
 
+    /// `n` random bytes.
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next_u64() as u8).collect()
     }
@@ -93,7 +97,9 @@ impl Rng {
 /// What a fuzzing run did.
 #[derive(Default)]
 pub struct Report {
+    /// The seed the run started from (pass it again to replay the run).
     pub seed: u64,
+    /// Packets run through the XDP program.
     pub packets: u64,
     /// XDP verdict → packets.
     pub verdicts: BTreeMap<u32, u64>,
@@ -101,12 +107,15 @@ pub struct Report {
     pub translated: u64,
     /// Packets also run through the TC program, and those it changed.
     pub tc_packets: u64,
+    /// Packets the TC program changed.
     pub tc_translated: u64,
     /// Packets that broke an invariant, and the first few in full.
     pub violations: u64,
+    /// The first violations, each described with its packet.
     pub shown: Vec<String>,
     /// The datapath's counters at the end (which paths the packets took).
     pub counters: BTreeMap<&'static str, u64>,
+    /// Wall-clock time of the run.
     pub elapsed: Duration,
 }
 

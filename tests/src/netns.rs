@@ -34,6 +34,7 @@ pub fn run(cmd: &[&str]) -> Output {
 
 /// A network namespace, deleted (with its interfaces) on drop.
 pub struct Netns {
+    /// The name `ip netns` knows it by (`berth-` + `unique(tag)`).
     pub name: String,
 }
 

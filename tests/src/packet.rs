@@ -8,38 +8,64 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 pub enum L4 {
     /// TCP with the given flags byte.
     Tcp {
+        /// Source port.
         sport: u16,
+        /// Destination port.
         dport: u16,
+        /// Sequence number.
         seq: u32,
+        /// Acknowledgement number.
         ack: u32,
+        /// Flags byte (`SYN`, `ACK`, `PSH`).
         flags: u8,
     },
     /// UDP; `checksum: false` sends 0 ("no checksum").
     Udp {
+        /// Source port.
         sport: u16,
+        /// Destination port.
         dport: u16,
+        /// Whether the checksum is computed (else 0).
         checksum: bool,
     },
     /// ICMP header; the payload follows.
-    Icmp { kind: u8, code: u8, rest: u32 },
+    Icmp {
+        /// ICMP type (3 destination unreachable, 11 time exceeded, ...).
+        kind: u8,
+        /// ICMP code within the type.
+        code: u8,
+        /// The header's last four bytes (e.g. the next-hop MTU of "fragmentation needed").
+        rest: u32,
+    },
 }
 
-/// TCP flags.
+/// TCP flag SYN: opens a connection.
 pub const SYN: u8 = 0x02;
+/// TCP flag ACK: the acknowledgement number is valid.
 pub const ACK: u8 = 0x10;
+/// TCP flag PSH: deliver the data at once.
 pub const PSH: u8 = 0x08;
 
 /// An Ethernet + IPv4 packet.
 #[derive(Clone, Debug)]
 pub struct Packet {
+    /// Ethernet source MAC.
     pub eth_src: [u8; 6],
+    /// Ethernet destination MAC.
     pub eth_dst: [u8; 6],
+    /// IPv4 source address.
     pub src: Ipv4Addr,
+    /// IPv4 destination address.
     pub dst: Ipv4Addr,
+    /// IPv4 time to live.
     pub ttl: u8,
+    /// IPv4 identification (what fragments of one datagram share).
     pub id: u16,
+    /// IPv4 options (a multiple of 4 bytes, at most 40).
     pub options: Vec<u8>,
+    /// The transport header.
     pub l4: L4,
+    /// Bytes after the transport header.
     pub payload: Vec<u8>,
 }
 
@@ -94,30 +120,36 @@ impl Packet {
         p
     }
 
+    /// The same packet with other Ethernet source and destination MACs.
     pub fn macs(mut self, src: [u8; 6], dst: [u8; 6]) -> Self {
         self.eth_src = src;
         self.eth_dst = dst;
         self
     }
+    /// The same packet with TCP flags `f` (no change to other protocols).
     pub fn flags(mut self, f: u8) -> Self {
         if let L4::Tcp { flags, .. } = &mut self.l4 {
             *flags = f;
         }
         self
     }
+    /// The same packet with another IPv4 TTL.
     pub fn ttl(mut self, ttl: u8) -> Self {
         self.ttl = ttl;
         self
     }
+    /// The same packet with IPv4 options (a multiple of 4 bytes, at most 40).
     pub fn options(mut self, options: &[u8]) -> Self {
         assert!(options.len().is_multiple_of(4) && options.len() <= 40);
         self.options = options.to_vec();
         self
     }
+    /// The same packet with another payload.
     pub fn payload(mut self, payload: &[u8]) -> Self {
         self.payload = payload.to_vec();
         self
     }
+    /// The same packet with UDP checksum 0 ("no checksum"; no change to other protocols).
     pub fn no_udp_checksum(mut self) -> Self {
         if let L4::Udp { checksum, .. } = &mut self.l4 {
             *checksum = false;
@@ -133,6 +165,7 @@ impl Packet {
         }
         self
     }
+    /// The same packet with another destination address/port (what NAT should produce).
     pub fn with_dst(mut self, dst: SocketAddrV4) -> Self {
         self.dst = *dst.ip();
         match &mut self.l4 {

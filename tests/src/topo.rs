@@ -44,8 +44,11 @@ pub fn marker(n: usize) -> Ipv4Addr {
 
 /// The namespaces and links; everything is removed on drop.
 pub struct Topology {
+    /// Where the client sends from.
     pub client: Netns,
+    /// Where the gateway (XDP program or daemon) runs.
     pub gateway: Netns,
+    /// The backends: `backends[n - 1]` is backend `n`.
     pub backends: Vec<Netns>,
     /// Interfaces of the gateway namespace that carry traffic (attach XDP to all).
     pub gateway_ifaces: Vec<String>,

@@ -8,10 +8,13 @@ use berth::datapath::{Config, Datapath, Limits, PROGRAM};
 
 use crate::netns::{unique, Netns};
 
-/// XDP verdicts.
+/// XDP verdict: the program dropped the packet.
 pub const XDP_DROP: u32 = 1;
+/// XDP verdict: the packet goes up to the kernel stack.
 pub const XDP_PASS: u32 = 2;
+/// XDP verdict: the packet goes back out of the interface it came in on.
 pub const XDP_TX: u32 = 3;
+/// XDP verdict: the packet goes out of the interface `bpf_redirect` chose.
 pub const XDP_REDIRECT: u32 = 4;
 
 /// Name of a verdict for messages.
@@ -39,16 +42,20 @@ pub fn test_limits() -> Limits {
 
 /// A datapath loaded with its own pin directory, removed on drop.
 pub struct TestDatapath {
+    /// The loaded datapath (maps, programs), as the daemon holds it.
     pub dp: Datapath,
+    /// Where its maps are pinned (under bpffs).
     pub pin_dir: PathBuf,
     limits: Limits,
 }
 
 impl TestDatapath {
+    /// Loads the datapath with `test_limits()`; panics if the kernel refuses it.
     pub fn load() -> Self {
         Self::load_with(test_limits())
     }
 
+    /// Loads the datapath with the given map sizes; panics if the kernel refuses it.
     pub fn load_with(limits: Limits) -> Self {
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/berth-test-{}", unique("dp")));
         let config = Config {
@@ -169,26 +176,36 @@ pub fn run_gateway(dp: &mut Datapath, ingress_ifindex: u32, input: &[u8]) -> (u3
 pub mod net {
     use std::net::{Ipv4Addr, SocketAddrV4};
 
+    /// The gateway address the services listen on.
     pub const GW: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 100);
+    /// The client, on fx0's subnet.
     pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 250, 1, 10);
+    /// The client's MAC (static neighbour entry on fx0).
     pub const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 1, 0x10];
+    /// MAC of fx0, the client-side interface.
     pub const FX0_MAC: [u8; 6] = [2, 0, 0, 0, 1, 1];
+    /// MAC of fx1, the backend-side interface.
     pub const FX1_MAC: [u8; 6] = [2, 0, 0, 0, 2, 1];
     /// Backends with static neighbour entries on fx1.
     pub const B1: Ipv4Addr = Ipv4Addr::new(10, 250, 2, 10);
+    /// Second backend with a static neighbour entry on fx1.
     pub const B2: Ipv4Addr = Ipv4Addr::new(10, 250, 2, 11);
+    /// Third backend with a static neighbour entry on fx1.
     pub const B3: Ipv4Addr = Ipv4Addr::new(10, 250, 2, 12);
     /// A backend on fx1's subnet with no neighbour entry.
     pub const B_NO_NEIGH: Ipv4Addr = Ipv4Addr::new(10, 250, 2, 20);
     /// A backend on the client side (fx0).
     pub const B_SAME_SIDE: Ipv4Addr = Ipv4Addr::new(10, 250, 1, 50);
+    /// MAC of `B_SAME_SIDE` (static neighbour entry on fx0).
     pub const B_SAME_SIDE_MAC: [u8; 6] = [2, 0, 0, 0, 1, 0x50];
 
+    /// The MAC of the neighbour entry the fixture gives a backend address.
     pub fn mac_of(backend: Ipv4Addr) -> [u8; 6] {
         let o = backend.octets();
         [2, 0, 0, 0, o[2], o[3]]
     }
 
+    /// Shorthand for `SocketAddrV4::new(ip, port)`.
     pub fn sa(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
         SocketAddrV4::new(ip, port)
     }
@@ -197,12 +214,16 @@ pub mod net {
 /// A namespace with two veth pairs standing for the client side (fx0) and the backend
 /// side (fx1) of a gateway, static neighbours and forwarding on.
 pub struct FixtureNet {
+    /// The namespace holding both veth pairs.
     pub ns: Netns,
+    /// Interface index of fx0 (client side).
     pub fx0: u32,
+    /// Interface index of fx1 (backend side).
     pub fx1: u32,
 }
 
 impl FixtureNet {
+    /// Creates the namespace, both veth pairs, addresses and static neighbours.
     pub fn new() -> Self {
         use net::*;
         let ns = Netns::new("fx");

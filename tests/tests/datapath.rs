@@ -393,15 +393,8 @@ fn a_redirect_the_kernel_refuses_is_counted_and_the_kernel_path_then_delivers() 
 fn a_first_start_that_fails_leaves_nothing_pinned() {
     let ns = Netns::new("fs");
     let dirs = berth_tests::daemon::Dirs::with_examples();
-    let out = ns
-        .command(&berth_tests::daemon::berth_binary())
-        .arg("run")
-        .arg("--manifests")
-        .arg(&dirs.manifests)
-        .arg("--state-dir")
-        .arg(&dirs.state)
-        .arg("--pin-dir")
-        .arg(&dirs.pins)
+    let out = dirs
+        .berth_run(&ns)
         .args(["--interface", "nope0", "--admin-addr", "127.0.0.1:0"])
         .output()
         .expect("run berth");
