@@ -464,14 +464,24 @@ const _: () = {
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
-    // SAFETY: all of these are repr(C), Copy, with no implicit padding and no invalid bit patterns.
-    unsafe impl aya::Pod for ServiceKey {}
-    unsafe impl aya::Pod for Service {}
-    unsafe impl aya::Pod for Backend {}
-    unsafe impl aya::Pod for FlowKey {}
-    unsafe impl aya::Pod for Flow {}
-    unsafe impl aya::Pod for NextHop {}
-    unsafe impl aya::Pod for FragKey {}
-    unsafe impl aya::Pod for FragPorts {}
-    unsafe impl aya::Pod for ServiceStats {}
+
+    macro_rules! pod {
+        ($($t:ty),*) => {$(
+            // SAFETY: a `repr(C)`, `Copy` map type with no implicit padding (padding is a
+            // named field) and no invalid bit patterns; its size is pinned above.
+            unsafe impl aya::Pod for $t {}
+        )*};
+    }
+
+    pod!(
+        ServiceKey,
+        Service,
+        Backend,
+        FlowKey,
+        Flow,
+        NextHop,
+        FragKey,
+        FragPorts,
+        ServiceStats
+    );
 }

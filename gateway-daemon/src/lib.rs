@@ -23,7 +23,6 @@ pub mod store;
     unsafe_code,
     reason = "the system calls, each unsafe block with its SAFETY comment"
 )]
-#[warn(clippy::undocumented_unsafe_blocks)]
 mod sys;
 
 /// An error and its sources on one line, `: `-separated (for logs and test failures).

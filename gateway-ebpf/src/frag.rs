@@ -79,10 +79,10 @@ pub fn remember(ip: *mut Ipv4, t: &FlowKey) {
 /// The datagram a fragment belongs to. (`ip` is bounds-checked by the caller.)
 #[inline(always)]
 fn key(ip: *mut Ipv4, src: u32, dst: u32, proto: u8) -> FragKey {
-    // SAFETY: `ip` points at a bounds-checked IPv4 header.
     FragKey {
         src,
         dst,
+        // SAFETY: `ip` points at a bounds-checked IPv4 header.
         id: unsafe { (*ip).id },
         proto,
         pad: 0,

@@ -143,14 +143,16 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let Some(eth) = ptr_at::<Eth>(ctx, 0) else {
         return PASS;
     };
-    // SAFETY (all header accesses below): every pointer comes from `ptr_at`, which
-    // checked that the whole header lies inside the packet.
+    // Every header pointer below comes from `ptr_at`, which checked that the whole
+    // header lies inside the packet.
+    // SAFETY: `eth` is such a pointer.
     if unsafe { (*eth).ether_type } != ETH_P_IP {
         return PASS;
     }
     let Some(ip) = ptr_at::<Ipv4>(ctx, ETH_LEN) else {
         return PASS;
     };
+    // SAFETY: `ip` comes from `ptr_at`.
     let (vihl, ip_proto, src, dst, frag, tot_len) = unsafe {
         (
             (*ip).vihl,
@@ -174,7 +176,8 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         proto::TCP => false,
         proto::UDP => true,
         proto::ICMP if frag & (IP_MF | IP_OFFSET) == 0 => {
-            return Ok(unsafe { icmp::handle(ctx, eth, ip, l4_off, ETH_LEN + tot_len) })
+            // SAFETY: `eth` and `ip` come from `ptr_at`.
+            return Ok(unsafe { icmp::handle(ctx, eth, ip, l4_off, ETH_LEN + tot_len) });
         }
         _ => return PASS,
     };
@@ -203,6 +206,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     if l4_off + hdr_len > ETH_LEN + tot_len {
         return malformed(dst);
     }
+    // SAFETY: `ports` comes from `ptr_at` (8 or 20 bytes, more than the two ports).
     let (sport, dport) = unsafe { ((*ports).src, (*ports).dst) };
     let t = FlowKey {
         src,
@@ -227,6 +231,8 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     }
     let l4 = L4 {
         ports,
+        // SAFETY: the checksum lies inside the header `ptr_at` checked (UDP 6..8 of 8,
+        // TCP 16..18 of 20).
         check: unsafe { (ports as *mut u8).add(check_off) as *mut u16 },
         udp,
     };
@@ -236,6 +242,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         l4: Some(&l4),
         len: tot_len,
     };
+    // SAFETY: every pointer in `pkt` comes from `ptr_at`; `found` is this run's.
     Ok(unsafe { translate(ctx, &pkt, &t, found, &mut new) })
 }
 
