@@ -11,6 +11,7 @@ use std::{
 
 use crate::model::*;
 
+use super::Reason;
 use super::{
     gateways::{GatewayView, Gateways, ListenerView},
     memo::Remembered,
@@ -195,11 +196,13 @@ fn order(snap: &Snapshot, created_of: &[Option<SystemTime>]) -> Vec<usize> {
 #[derive(Clone, Debug)]
 pub(super) enum Attach {
     Refused {
-        reason: &'static str,
+        reason: Reason,
         message: String,
     },
     /// The Gateway's parameters are invalid: nothing changes for it.
-    Frozen { message: String },
+    Frozen {
+        message: String,
+    },
     Listeners {
         fixed: Vec<usize>,
         /// Range listeners that may serve the route, in Gateway order.
@@ -221,7 +224,7 @@ pub(super) struct Attachment<'a> {
     /// The claim serving a range attachment, once found or made.
     pub claim: Option<usize>,
     /// Why a range attachment got no port.
-    pub failure: Option<(&'static str, String)>,
+    pub failure: Option<(Reason, String)>,
 }
 
 /// Whether `claimed` names `route` (a missing uid on either side matches any).
@@ -246,7 +249,7 @@ fn attach(
         return Attach::Frozen { message: format!("Gateway {ns}/{name} has invalid parameters ({e}); port assignments are kept as they are") };
     }
     let no_match = |message: String| Attach::Refused {
-        reason: "NoMatchingParent",
+        reason: Reason::NoMatchingParent,
         message,
     };
     // Which listeners the parentRef names (Gateway API: sectionName, then port); a
@@ -301,7 +304,7 @@ fn attach(
             .collect::<Vec<_>>()
             .join("; ");
         return Attach::Refused {
-            reason: "NotAllowedByListeners",
+            reason: Reason::NotAllowedByListeners,
             message,
         };
     }

@@ -3,6 +3,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use super::FastMap;
+use super::Reason;
 use crate::{
     datapath::WeightedBackend,
     model::{EndpointSlice, Protocol, Route, Service, Snapshot, GATEWAY_GROUP},
@@ -17,31 +18,31 @@ pub struct Resolved {
     /// Endpoints with weights (terminating endpoints have weight 0).
     pub backends: crate::datapath::Backends,
     /// (reason, message) per backendRef that failed.
-    pub errors: Vec<(&'static str, String)>,
+    pub errors: Vec<(Reason, String)>,
 }
 
 impl Resolved {
     /// The ResolvedRefs condition: (ok, reason, message).
-    pub fn status(&self) -> (bool, &'static str, String) {
+    pub fn status(&self) -> (bool, Reason, String) {
         if self.errors.is_empty() {
             return (
                 true,
-                "ResolvedRefs",
+                Reason::ResolvedRefs,
                 "all backend references resolved".to_string(),
             );
         }
         // Report the most serious reason; list every problem.
-        let rank = |r: &str| match r {
-            "RefNotPermitted" => 0,
-            "InvalidKind" => 1,
+        let rank = |r: Reason| match r {
+            Reason::RefNotPermitted => 0,
+            Reason::InvalidKind => 1,
             _ => 2,
         };
         let reason = self
             .errors
             .iter()
             .map(|(r, _)| *r)
-            .min_by_key(|r| rank(r))
-            .unwrap_or("BackendNotFound");
+            .min_by_key(|&r| rank(r))
+            .unwrap_or(Reason::BackendNotFound);
         let message = self
             .errors
             .iter()
@@ -91,7 +92,7 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
             let kind = b.kind.as_deref().unwrap_or("Service");
             if !group.is_empty() || kind != "Service" {
                 out.errors.push((
-                    "InvalidKind",
+                    Reason::InvalidKind,
                     format!("{field}: {group}/{kind} is not a Service"),
                 ));
                 continue;
@@ -99,21 +100,21 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
             let ns = b.namespace.as_deref().unwrap_or(route_ns);
             if ns != route_ns && !granted(snap, route, ns, &b.name) {
                 out.errors.push((
-                    "RefNotPermitted",
+                    Reason::RefNotPermitted,
                     format!("{field}: Service {ns}/{} needs a ReferenceGrant in {ns} for {} from {route_ns}", b.name, route.kind.name()),
                 ));
                 continue;
             }
             let Some(svc) = index.services.get(&(ns, b.name.as_str())).copied() else {
                 out.errors.push((
-                    "BackendNotFound",
+                    Reason::BackendNotFound,
                     format!("{field}: Service {ns}/{} not found", b.name),
                 ));
                 continue;
             };
             let Some(port) = b.port else {
                 out.errors
-                    .push(("BackendNotFound", format!("{field}.port is required")));
+                    .push((Reason::BackendNotFound, format!("{field}.port is required")));
                 continue;
             };
             let protocol = route.kind.protocol();
@@ -122,7 +123,7 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
                     && Protocol::parse(p.protocol.as_deref().unwrap_or("TCP")) == Some(protocol)
             }) else {
                 out.errors.push((
-                    "BackendNotFound",
+                    Reason::BackendNotFound,
                     format!(
                         "{field}: Service {ns}/{} has no {protocol} port {port}",
                         b.name

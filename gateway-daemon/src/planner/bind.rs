@@ -9,6 +9,7 @@ use std::{
 
 use crate::model::*;
 
+use super::Reason;
 use super::{
     attach::{holds, Attach, Attachment, Attachments},
     format_time,
@@ -32,7 +33,7 @@ pub(super) fn bind(input: &Input, gateways: &Gateways, attachments: &mut Attachm
         let a = &mut attachments.list[ai];
         if !input.allocate {
             a.failure = Some((
-                "Pending",
+                Reason::Pending,
                 "waiting for the allocator to assign a port".to_string(),
             ));
             continue;
@@ -247,12 +248,12 @@ fn allocate(
     a: &Attachment,
     gateways: &[GatewayView],
     ledger: &mut Ledger,
-) -> Result<usize, (&'static str, String)> {
+) -> Result<usize, (Reason, String)> {
     let Attach::Listeners {
         ranges, requested, ..
     } = &*a.attach
     else {
-        return Err(("NoMatchingParent", "no range listener".to_string()));
+        return Err((Reason::NoMatchingParent, "no range listener".to_string()));
     };
     let gw = &gateways[a.gw];
     let me = route_ref(a.route);
@@ -275,7 +276,7 @@ fn allocate(
             }
         }
         if let Some(m) = requested.and_then(|p| overlaps::requested_message(l, p)) {
-            return Err(("PortUnavailable", m));
+            return Err((Reason::PortUnavailable, m));
         }
         // Its own released claim on this listener, still cooling down, comes back to it.
         if let Some(ci) = ledger.rebind(a.gw, li, &me, *requested) {
@@ -298,7 +299,7 @@ fn allocate(
                         ""
                     };
                     return Err((
-                        "PortUnavailable",
+                        Reason::PortUnavailable,
                         format!("port {p} is held by {who}{state}"),
                     ));
                 }
@@ -321,7 +322,7 @@ fn allocate(
         return Ok(ledger.push(claim));
     }
     match quota_hit {
-        Some(m) => Err(("QuotaExceeded", m)),
+        Some(m) => Err((Reason::QuotaExceeded, m)),
         None => {
             let spans: Vec<String> = ranges
                 .iter()
@@ -343,7 +344,7 @@ fn allocate(
                 })
                 .collect();
             Err((
-                "PortRangeExhausted",
+                Reason::PortRangeExhausted,
                 format!("no free port in {}", spans.join(", ")),
             ))
         }

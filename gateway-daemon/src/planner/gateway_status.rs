@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::model::*;
 
+use super::Reason;
 use super::{
     attach::{Attach, Attachments},
     condition,
@@ -127,7 +128,7 @@ impl Context<'_, '_> {
             condition(
                 EPHEMERAL_PORT_OVERLAP,
                 true,
-                "OverlapsEphemeralPorts",
+                Reason::OverlapsEphemeralPorts,
                 overlaps::ephemeral_message(&ports, &within),
                 self.now_text,
                 generation,
@@ -148,14 +149,21 @@ fn programmed(gw: &GatewayView, accepted: bool, now: &str, generation: Option<i6
     let a = &gw.addresses;
     if !accepted {
         let message = "the Gateway is not accepted";
-        return condition("Programmed", false, "Invalid", message, now, generation);
+        return condition(
+            "Programmed",
+            false,
+            Reason::Invalid,
+            message,
+            now,
+            generation,
+        );
     }
     if a.served.is_empty() && a.unserved.is_empty() {
         let message = "spec.addresses has no IPv4 address";
         return condition(
             "Programmed",
             false,
-            "AddressNotAssigned",
+            Reason::AddressNotAssigned,
             message,
             now,
             generation,
@@ -169,7 +177,7 @@ fn programmed(gw: &GatewayView, accepted: bool, now: &str, generation: Option<i6
         return condition(
             "Programmed",
             false,
-            "AddressNotUsable",
+            Reason::AddressNotUsable,
             message,
             now,
             generation,
@@ -179,7 +187,14 @@ fn programmed(gw: &GatewayView, accepted: bool, now: &str, generation: Option<i6
     if !a.unserved.is_empty() {
         message.push_str(&format!("; not serving on {}", a.unserved_list()));
     }
-    condition("Programmed", true, "Programmed", message, now, generation)
+    condition(
+        "Programmed",
+        true,
+        Reason::Programmed,
+        message,
+        now,
+        generation,
+    )
 }
 
 /// Whether a listener is accepted: its protocol is supported and no port of it is
@@ -203,7 +218,7 @@ fn gateway_accepted(gw: &GatewayView, now: &str, generation: Option<i64>) -> Con
         return condition(
             "Accepted",
             false,
-            "InvalidParameters",
+            Reason::InvalidParameters,
             e.clone(),
             now,
             generation,
@@ -228,7 +243,7 @@ fn gateway_accepted(gw: &GatewayView, now: &str, generation: Option<i64>) -> Con
         return condition(
             "Accepted",
             true,
-            "Accepted",
+            Reason::Accepted,
             "accepted by Berth",
             now,
             generation,
@@ -254,7 +269,7 @@ fn gateway_accepted(gw: &GatewayView, now: &str, generation: Option<i64>) -> Con
     condition(
         "Accepted",
         ok,
-        "ListenersNotValid",
+        Reason::ListenersNotValid,
         message,
         now,
         generation,
@@ -280,7 +295,7 @@ fn listener_conditions(
         condition(
             "Accepted",
             false,
-            "UnsupportedProtocol",
+            Reason::UnsupportedProtocol,
             format!(
                 "protocol {} is not supported; use TCP or UDP",
                 l.spec.protocol
@@ -292,7 +307,7 @@ fn listener_conditions(
         condition(
             "Accepted",
             false,
-            "PortUnavailable",
+            Reason::PortUnavailable,
             overlaps::conflict_message(l),
             now,
             generation,
@@ -301,39 +316,53 @@ fn listener_conditions(
         condition(
             "Accepted",
             true,
-            "Accepted",
+            Reason::Accepted,
             format!("listener accepted{range_note}"),
             now,
             generation,
         )
     };
     let programmed = match (gateway_ok && listener_serves(l), l.yielded.is_empty()) {
-        (true, true) => condition("Programmed", true, "Programmed", "", now, generation),
+        (true, true) => condition("Programmed", true, Reason::Programmed, "", now, generation),
         (true, false) => condition(
             "Programmed",
             true,
-            "Programmed",
+            Reason::Programmed,
             overlaps::kept_message(l),
             now,
             generation,
         ),
-        (false, _) => condition("Programmed", false, "Invalid", "", now, generation),
+        (false, _) => condition("Programmed", false, Reason::Invalid, "", now, generation),
     };
     let conflicted = match l.yielded.is_empty() {
-        true => condition("Conflicted", false, "NoConflicts", "", now, generation),
+        true => condition(
+            "Conflicted",
+            false,
+            Reason::NoConflicts,
+            "",
+            now,
+            generation,
+        ),
         // Upstream's reasons are HostnameConflict and ProtocolConflict; TCP and UDP
         // listeners are told apart by port alone, so a port two of them share is a
         // ProtocolConflict (as Envoy Gateway reports it for layer-4 listeners).
         false => condition(
             "Conflicted",
             true,
-            "ProtocolConflict",
+            Reason::ProtocolConflict,
             overlaps::conflict_message(l),
             now,
             generation,
         ),
     };
-    let resolved = condition("ResolvedRefs", true, "ResolvedRefs", "", now, generation);
+    let resolved = condition(
+        "ResolvedRefs",
+        true,
+        Reason::ResolvedRefs,
+        "",
+        now,
+        generation,
+    );
     vec![accepted, programmed, resolved, conflicted]
 }
 

@@ -17,6 +17,7 @@ mod ledger;
 mod memo;
 mod overlaps;
 mod project;
+mod reason;
 mod route_status;
 pub mod status;
 
@@ -39,6 +40,7 @@ use backends::Index;
 use status::*;
 
 pub use memo::Memo;
+pub use reason::Reason;
 pub use route_status::carry_parent_times;
 
 /// Listener condition type: some of the listener's ports are among the host's
@@ -164,7 +166,7 @@ pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::
 fn condition(
     kind: &'static str,
     ok: bool,
-    reason: &'static str,
+    reason: Reason,
     message: impl Into<String>,
     now: &str,
     generation: Option<i64>,
@@ -172,7 +174,7 @@ fn condition(
     Condition {
         kind: Cow::Borrowed(kind),
         status: Cow::Borrowed(if ok { "True" } else { "False" }),
-        reason: Cow::Borrowed(reason),
+        reason: Cow::Borrowed(reason.as_str()),
         message: message.into(),
         last_transition_time: now.to_string(),
         observed_generation: generation,

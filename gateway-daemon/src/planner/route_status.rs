@@ -10,6 +10,7 @@ use std::{
 
 use crate::model::*;
 
+use super::Reason;
 use super::{
     attach::{Attach, Attachment, Attachments},
     backends::{resolve_backends, Index, Resolved},
@@ -208,7 +209,7 @@ pub(super) struct Decision {
     /// The port assigned.
     port: Option<u16>,
     /// Why a range attachment got no port.
-    failure: Option<(&'static str, String)>,
+    failure: Option<(Reason, String)>,
     /// Fixed listeners where an older route gets the traffic.
     shadowed: Vec<usize>,
 }
@@ -217,7 +218,7 @@ fn parent_status(
     a: &Attachment,
     gateways: &[GatewayView],
     decision: &Decision,
-    (refs_ok, refs_reason, refs_message): (bool, &'static str, String),
+    (refs_ok, refs_reason, refs_message): (bool, Reason, String),
     now_text: &str,
 ) -> RouteParentStatus {
     let gw = &gateways[a.gw];
@@ -227,7 +228,7 @@ fn parent_status(
         Attach::Refused { reason, message } => condition(
             "Accepted",
             false,
-            reason,
+            *reason,
             message.clone(),
             now_text,
             generation,
@@ -235,7 +236,7 @@ fn parent_status(
         Attach::Frozen { message } => condition(
             "Accepted",
             false,
-            "Pending",
+            Reason::Pending,
             message.clone(),
             now_text,
             generation,
@@ -261,7 +262,7 @@ fn parent_status(
                 let (r, m) = decision
                     .failure
                     .clone()
-                    .unwrap_or(("PortRangeExhausted", "no port".to_string()));
+                    .unwrap_or((Reason::PortRangeExhausted, "no port".to_string()));
                 failure = Some(r);
                 parts.push(m);
             }
@@ -282,13 +283,13 @@ fn parent_status(
                 }
             }
             for &li in &taken {
-                failure.get_or_insert("PortUnavailable");
+                failure.get_or_insert(Reason::PortUnavailable);
                 parts.push(overlaps::taken_message(&gw.listeners[li]));
             }
             let ok = serves(gw, fixed, decision.port.is_some());
             let reason = match ok {
-                true => "Accepted",
-                false => failure.unwrap_or("PortUnavailable"),
+                true => Reason::Accepted,
+                false => failure.unwrap_or(Reason::PortUnavailable),
             };
             let message = match parts.len() {
                 1 => parts.pop().unwrap_or_default(),
