@@ -26,9 +26,12 @@ use crate::{netns::Netns, packet::Packet};
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
+/// `BPF_MAP_TYPE_LRU_HASH`, the conntrack's type.
+pub const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
 const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
@@ -112,6 +115,29 @@ fn lookup_counter(map: &OwnedFd, at: i16, to_null: i16) -> [u64; 7] {
         insn(CALL, 0, 0, 0, HELPER_MAP_LOOKUP_ELEM), // r0 = &value or NULL
         insn(JEQI, 0, 0, to_null - (at + 7), 0),     // if !r0 goto to_null
     ]
+}
+
+/// Creates a BPF map of `map_type` with these sizes and pins it at `path`, as an older
+/// build would have left it (for tests of what a new daemon does with it).
+pub fn create_pinned_map(
+    path: &std::path::Path,
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    entries: u32,
+) -> std::io::Result<()> {
+    let mut attr = Attr::default();
+    put_u32(&mut attr, 0, map_type);
+    put_u32(&mut attr, 4, key_size);
+    put_u32(&mut attr, 8, value_size);
+    put_u32(&mut attr, 12, entries);
+    let map = bpf_fd(BPF_MAP_CREATE, &mut attr)?;
+    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(std::io::Error::other)?;
+    let mut attr = Attr::default();
+    attr[0] = path.as_ptr() as u64;
+    put_u32(&mut attr, 8, map.as_raw_fd() as u32);
+    bpf(BPF_OBJ_PIN, &mut attr).map(drop)
 }
 
 /// An array map of one u64 counter.

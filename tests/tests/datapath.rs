@@ -163,6 +163,46 @@ fn pinned_maps_of_other_limits_are_refused_with_a_clear_error() {
 }
 
 #[test]
+fn a_conntrack_pinned_with_an_older_entry_layout_is_replaced_not_refused() {
+    // What an upgrade from a build before SNAT mode finds: `berth_ct` with 40-byte
+    // entries. The daemon must start (the flows are balanced again), not refuse.
+    let limits = test_limits();
+    let pin_dir = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/berth-test-{}",
+        berth_tests::netns::unique("relayout")
+    ));
+    struct RemovePins(std::path::PathBuf);
+    impl Drop for RemovePins {
+        fn drop(&mut self) {
+            let _ = berth::datapath::remove_pins(&self.0);
+        }
+    }
+    let _cleanup = RemovePins(pin_dir.clone());
+    std::fs::create_dir_all(&pin_dir).expect("pin dir");
+    let ct = pin_dir.join(gateway_common::map_names::CONNTRACK);
+    berth_tests::loadgen::create_pinned_map(
+        &ct,
+        berth_tests::loadgen::BPF_MAP_TYPE_LRU_HASH,
+        16,
+        40,
+        limits.flows,
+    )
+    .expect("pinning an old-layout conntrack");
+    let config = Config {
+        pin_dir: pin_dir.clone(),
+        limits,
+    };
+    let dp = Datapath::load(&config)
+        .unwrap_or_else(|e| panic!("loading over an old conntrack: {}", berth::error_chain(&e)));
+    let info = aya::maps::MapInfo::from_pin(&ct).expect("the new conntrack is pinned");
+    assert_eq!(
+        info.value_size() as usize,
+        std::mem::size_of::<gateway_common::Flow>()
+    );
+    drop(dp);
+}
+
+#[test]
 fn attach_modes_native_skb_and_replacement() {
     let mut t = TestDatapath::load();
     let ns = Netns::new("am");

@@ -130,7 +130,11 @@ impl Datapath {
             }
         }
         if snat_changed {
-            report.changed += self.sync_snat_flags(&snat)?;
+            // Only services whose backends are the same switch here (the others were
+            // written with their mode above): counted as unchanged so far.
+            let switched = self.sync_snat_flags(&snat)?;
+            report.changed += switched;
+            report.unchanged = report.unchanged.saturating_sub(switched);
         }
         if report.added + report.removed > 0 {
             self.sync_addresses()?;

@@ -153,6 +153,32 @@ impl Datapath {
                 );
                 let _ = fs::remove_file(path);
             }
+            // The conntrack of a build whose flow entries had another layout (an
+            // upgrade): its entries cannot be read by this program. Replaced rather than
+            // refused, so an upgrade starts; established flows are balanced again by
+            // Maglev (to the same backend while the backends are unchanged) on their
+            // next forward packet. Other limits (max entries) are still refused.
+            if shape.name == map_names::CONNTRACK {
+                if let Err(Ok(DatapathError::Incompatible {
+                    what,
+                    found,
+                    wanted,
+                    ..
+                })) = check_pinned(path, pin_dir, shape)
+                {
+                    if what != "max entries" {
+                        tracing::warn!(
+                            map = shape.name,
+                            what,
+                            found,
+                            wanted,
+                            "the pinned conntrack has another entry layout (an earlier \
+                             build); replacing it: established flows are balanced again"
+                        );
+                        let _ = fs::remove_file(path);
+                    }
+                }
+            }
             check_pinned(path, pin_dir, shape).map_err(|e| {
                 e.unwrap_or_else(|source| DatapathError::Map {
                     name: shape.name,
