@@ -1,0 +1,685 @@
+//! SNAT mode with real traffic, driven by `berth-dp-loader` (the daemon's own datapath
+//! API) in the gateway namespace:
+//! - backends whose default route is another router that also reaches the clients:
+//!   router mode cannot serve them (their replies go around the gateway, from their own
+//!   address), SNAT mode serves curl (nginx) and dig (dnsmasq), and a backend sees the
+//!   gateway node's address as the source;
+//! - a kept-alive TCP connection and a UDP stream through SNAT mode survive `kill -9`
+//!   of the loader and its restart;
+//! - a Kubernetes-like cluster: pods behind a bridge on two nodes, the gateway on node
+//!   1, one SNAT service over pods of both nodes: 1000 flows split by weight, every
+//!   reply from the gateway address and port, every pod sees node 1's address.
+//!
+//! Devices as the kernel makes them (veths with GRO off and checksum offload on,
+//! Linux bridges), nothing tuned. Needs root.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket},
+    ops::RangeInclusive,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use berth::datapath::{DesiredState, Protocol, ServiceAddr, WeightedBackend};
+use berth_tests::{
+    loader::{self, Pins},
+    netns::{wait_until, Netns, Proc},
+    topo::{
+        bridge, enslave, http_request, veth, Flow, Servers, Topology, Veth, DNS_PORT, GW, HTTP_PORT,
+    },
+};
+use gateway_common::Counter;
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+/// The source ports SNAT flows get (no service port is among them).
+const SNAT_PORTS: RangeInclusive<u16> = 40000..=60999;
+
+fn svc(protocol: Protocol, port: u16) -> ServiceAddr {
+    ServiceAddr {
+        addr: GW,
+        protocol,
+        port,
+    }
+}
+
+fn gw(port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(GW, port)
+}
+
+/// Every backend of `topo` on `port`, with the given weights (1 each if empty).
+fn backends(topo: &Topology, port: u16, weights: &[u16]) -> Vec<WeightedBackend> {
+    topo.backend_addrs
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| WeightedBackend {
+            endpoint: SocketAddrV4::new(a, port),
+            weight: weights.get(i).copied().unwrap_or(1),
+        })
+        .collect()
+}
+
+/// The loader binary.
+const LOADER: &str = env!("CARGO_BIN_EXE_berth-dp-loader");
+
+// --- Backends that route around the gateway --------------------------------------------
+
+/// The gateway node's address on the backends' LAN: what SNAT mode gives their flows.
+const NODE_B: Ipv4Addr = Ipv4Addr::new(10, 251, 10, 1);
+/// Router mode: TCP 80 and UDP 53. SNAT mode: TCP 81 and UDP 54. Same backends.
+const ROUTED_TCP: u16 = 80;
+const ROUTED_UDP: u16 = 53;
+const SNAT_TCP: u16 = 81;
+const SNAT_UDP: u16 = 54;
+
+/// Two LANs on bridges in a switch namespace: the clients' (client .2, gateway .1,
+/// router .254 of 10.251.1.0/24) and the backends' (gateway .1, router .254, backend
+/// n at .1n of 10.251.10.0/24). The client's default route is the gateway, the
+/// backends' the router: a backend answers a client directly, around the gateway.
+///
+/// ```text
+///  client ─┬─ gateway (XDP on c0, b0) ─┬─ backend 1, 2
+///          └──────── router ───────────┘
+/// ```
+fn routed_around(n: usize) -> Topology {
+    let switch = Netns::new("sw");
+    bridge(&switch, "lanc", &[]);
+    bridge(&switch, "lanb", &[]);
+    let client = Netns::new("cl");
+    let gateway = Netns::new("gw");
+    let router = Netns::new("rt");
+    let plug = |port: &str, lan: &str, ns: &Netns, dev: &str, addr: &str, how: Veth| {
+        veth(&switch, port, &[], ns, dev, &[addr], how);
+        enslave(&switch, port, lan);
+    };
+    plug(
+        "pc",
+        "lanc",
+        &client,
+        "eth0",
+        "10.251.1.2/24",
+        Veth::default(),
+    );
+    plug(
+        "pg0",
+        "lanc",
+        &gateway,
+        "c0",
+        "10.251.1.1/24",
+        Veth::default(),
+    );
+    plug(
+        "pg1",
+        "lanb",
+        &gateway,
+        "b0",
+        "10.251.10.1/24",
+        Veth::default(),
+    );
+    plug(
+        "pr0",
+        "lanc",
+        &router,
+        "c0",
+        "10.251.1.254/24",
+        Veth::default(),
+    );
+    plug(
+        "pr1",
+        "lanb",
+        &router,
+        "b0",
+        "10.251.10.254/24",
+        Veth::default(),
+    );
+    client.ip(&["route", "add", "default", "via", "10.251.1.1"]);
+    let mut backends = Vec::new();
+    let mut backend_addrs = Vec::new();
+    for i in 1..=n {
+        let b = Netns::new("be");
+        let addr = Ipv4Addr::new(10, 251, 10, 10 + i as u8);
+        plug(
+            &format!("pb{i}"),
+            "lanb",
+            &b,
+            "eth0",
+            &format!("{addr}/24"),
+            Veth::default(),
+        );
+        b.ip(&["route", "add", "default", "via", "10.251.10.254"]);
+        backends.push(b);
+        backend_addrs.push(addr);
+    }
+    gateway.sysctl("net.ipv4.ip_forward", "1");
+    router.sysctl("net.ipv4.ip_forward", "1");
+    Topology {
+        client,
+        gateway,
+        backends,
+        gateway_ifaces: vec!["c0".into(), "b0".into()],
+        backend_addrs,
+        others: vec![switch, router],
+    }
+}
+
+/// `routed_around` with servers and the loader. Fields drop in order: the loader
+/// (killed), the pins (programs detached), the servers, the namespaces.
+struct Lab {
+    loader: Proc,
+    pins: Pins,
+    _servers: Servers,
+    topo: Topology,
+}
+
+impl Lab {
+    fn start() -> Lab {
+        let topo = routed_around(2);
+        let servers = topo.start_servers();
+        let pins = Pins::new();
+        let state = DesiredState::default()
+            .with_service(
+                svc(Protocol::Tcp, ROUTED_TCP),
+                backends(&topo, HTTP_PORT, &[]),
+            )
+            .with_service(
+                svc(Protocol::Udp, ROUTED_UDP),
+                backends(&topo, DNS_PORT, &[]),
+            )
+            .with_snat_service(
+                svc(Protocol::Tcp, SNAT_TCP),
+                backends(&topo, HTTP_PORT, &[]),
+            )
+            .with_snat_service(svc(Protocol::Udp, SNAT_UDP), backends(&topo, DNS_PORT, &[]))
+            .with_snat_ports(vec![SNAT_PORTS]);
+        pins.write_state(&state);
+        let (loader, report) = loader::start(LOADER, &topo, &pins);
+        assert!(
+            report.contains("\"adopted\":0") && report.contains("\"added\":4"),
+            "first start: {report}"
+        );
+        Lab {
+            loader,
+            pins,
+            _servers: servers,
+            topo,
+        }
+    }
+
+    /// IPv4 packets the router has forwarded (`Ip: ForwDatagrams`): only backends'
+    /// answers that go around the gateway take it.
+    fn router_forwarded(&self) -> u64 {
+        let out = self.topo.others[1].exec(&["cat", "/proc/net/snmp"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut ip = text.lines().filter(|l| l.starts_with("Ip:"));
+        let (names, values) = (ip.next().unwrap_or(""), ip.next().unwrap_or(""));
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(n, _)| *n == "ForwDatagrams")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("no Ip ForwDatagrams in the router's /proc/net/snmp: {text}"))
+    }
+
+    /// Runs a command on the client; returns its exit code and what it printed.
+    fn client(&self, cmd: &[&str]) -> (Option<i32>, String) {
+        let out = self.topo.client.try_exec(cmd);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    }
+}
+
+fn curl(port: u16) -> Vec<String> {
+    ["curl", "-sS", "--max-time", "2"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([format!("http://{GW}:{port}/")])
+        .collect()
+}
+
+fn dig(port: u16) -> Vec<String> {
+    ["dig", "+short", "+time=1", "+tries=1", "-p"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            port.to_string(),
+            format!("@{GW}"),
+            berth_tests::topo::WHOAMI.into(),
+        ])
+        .collect()
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn backends_routing_around_the_gateway_fail_in_router_mode_and_are_served_in_snat_mode() {
+    let lab = Lab::start();
+
+    // Router mode: the backend answers the client from its own address by way of its
+    // default router; the client's TCP answers the unknown SYN-ACK with a reset and
+    // curl never connects, dig sees a reply from an unexpected source. This is the
+    // network SNAT mode exists for.
+    let around = || lab.router_forwarded();
+    let before = around();
+    let (code, out) = lab.client(&strs(&curl(ROUTED_TCP)));
+    assert_eq!(
+        code,
+        Some(28),
+        "router mode with backends routing around the gateway: curl should time out, got {out}"
+    );
+    let went_around = around() - before;
+    assert!(
+        went_around > 0,
+        "the backend's answers went to the client by way of the router: {went_around} packets"
+    );
+    let (code, out) = lab.client(&strs(&dig(ROUTED_UDP)));
+    assert!(
+        code != Some(0) || !out.contains("10.99.0."),
+        "router mode: dig should get no answer from the gateway address, got {code:?}: {out}"
+    );
+    eprintln!("router mode, dig: {code:?}: {}", out.trim());
+
+    eprintln!("router mode: {went_around} answers forwarded by the router");
+
+    // SNAT mode: the same backends serve, and their answers come back to the gateway.
+    let before = around();
+    let (code, out) = lab.client(&strs(&curl(SNAT_TCP)));
+    assert!(
+        code == Some(0) && out.starts_with("backend-"),
+        "curl through SNAT mode: {code:?}: {out}"
+    );
+    let (code, out) = lab.client(&strs(&dig(SNAT_UDP)));
+    assert!(
+        code == Some(0) && out.trim().starts_with("10.99.0."),
+        "dig through SNAT mode: {code:?}: {out}"
+    );
+
+    assert_eq!(
+        around(),
+        before,
+        "in SNAT mode no answer goes around the gateway"
+    );
+
+    // The backend sees the node's address, not the client's: a kept-alive connection
+    // as `ss` on the backend shows it.
+    let mut conn = lab.topo.client.enter(|| {
+        let c = TcpStream::connect_timeout(&gw(SNAT_TCP).into(), TIMEOUT).expect("connect");
+        c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+        c
+    });
+    let body = http_request(&mut conn).expect("request through SNAT mode");
+    let n: usize = body
+        .trim()
+        .strip_prefix("backend-")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected body {body:?}"));
+    let ss = lab.topo.backends[n - 1].exec(&[
+        "ss",
+        "-Htn",
+        "state",
+        "established",
+        &format!("( sport = :{HTTP_PORT} )"),
+    ]);
+    let ss = String::from_utf8_lossy(&ss.stdout).to_string();
+    let peers: Vec<&str> = ss
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .collect();
+    assert_eq!(peers.len(), 1, "one connection on backend {n}: {ss}");
+    let peer: SocketAddrV4 = peers[0].parse().expect("peer address");
+    assert_eq!(
+        *peer.ip(),
+        NODE_B,
+        "backend {n} sees the gateway node's address as the source: {ss}"
+    );
+    assert!(
+        SNAT_PORTS.contains(&peer.port()),
+        "and a port from the SNAT range: {peer}"
+    );
+    let new_flows = lab.pins.counter(Counter::SnatNewFlow);
+    assert!(
+        new_flows >= 3,
+        "curl, dig and the kept-alive connection are SNAT flows: {new_flows}"
+    );
+    eprintln!(
+        "snat_new_flow {new_flows}, tc_masq_translated {}, kernel_forward_no_xdp_egress {}",
+        lab.pins.counter(Counter::TcMasq),
+        lab.pins.counter(Counter::KernelNoXdpEgress)
+    );
+}
+
+/// Sets an `AtomicBool` when dropped: stops a helper thread also when the test panics.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_kept_alive_connection_and_a_udp_stream_through_snat_mode_survive_kill_9_and_restart() {
+    let mut lab = Lab::start();
+    let (sent, answered, stop) = (AtomicU64::new(0), AtomicU64::new(0), AtomicBool::new(false));
+    let client = &lab.topo.client;
+    let mut conn = client.enter(|| {
+        let c = TcpStream::connect_timeout(&gw(SNAT_TCP).into(), TIMEOUT).expect("connect");
+        c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+        c
+    });
+    let body = http_request(&mut conn).expect("first request on the kept-alive connection");
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        // A steady UDP stream on one flow, counted query by query.
+        s.spawn(|| {
+            client.enter(|| {
+                let mut flow = Flow::new(gw(SNAT_UDP), TIMEOUT);
+                while !stop.load(Ordering::Relaxed) {
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    if flow.ask().is_some() {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Pacing, not synchronisation: about 150 queries a second.
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        });
+        let progress = |what: &str| {
+            let target = answered.load(Ordering::Relaxed) + 20;
+            wait_until(
+                &format!("the UDP stream to progress {what}"),
+                Duration::from_secs(10),
+                || answered.load(Ordering::Relaxed) >= target,
+            );
+        };
+        progress("before the kill");
+        // Two flows so far (the connection and the stream); neither gets a new port.
+        let flows = lab.pins.counter(Counter::SnatNewFlow);
+        assert_eq!(
+            flows, 2,
+            "one SNAT flow each for the connection and the stream"
+        );
+
+        lab.loader.kill(); // SIGKILL: no chance to clean up.
+        progress("with no loader");
+        assert_eq!(
+            http_request(&mut conn).expect("request with the loader dead"),
+            body
+        );
+        let (loader, report) = loader::start(LOADER, &lab.topo, &lab.pins);
+        lab.loader = loader;
+        assert!(
+            report.contains("\"adopted\":4") && report.contains("\"unchanged\":4"),
+            "the restart adopts the pinned maps: {report}"
+        );
+        progress("after the restart");
+        assert_eq!(
+            http_request(&mut conn).expect("request after the restart"),
+            body,
+            "same connection, same backend"
+        );
+        assert_eq!(
+            lab.pins.counter(Counter::SnatNewFlow),
+            flows,
+            "both flows kept their node ports across the restart"
+        );
+    });
+    let (sent, answered) = (sent.into_inner(), answered.into_inner());
+    eprintln!("UDP stream: {answered} of {sent} answered");
+    assert_eq!(
+        answered,
+        sent,
+        "UDP queries lost across kill -9 and restart: {} of {sent}",
+        sent - answered
+    );
+}
+
+// --- A Kubernetes-like cluster -----------------------------------------------------------
+
+/// The nodes' LAN, 10.251.2.0/24: node 1 .1, node 2 .2, the client .100.
+const NODE1: Ipv4Addr = Ipv4Addr::new(10, 251, 2, 1);
+const K8S_CLIENT: Ipv4Addr = Ipv4Addr::new(10, 251, 2, 100);
+/// Pod `j` (1-based) of node `k` is 10.251.2k.1j; node k's cni0 is 10.251.2k.1.
+fn pod_addr(node: u8, j: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 251, 20 + node, 10 + j)
+}
+/// The whoami port on every pod.
+const WHOAMI_PORT: u16 = 7000;
+/// The SNAT service of the cluster.
+const K8S_UDP: u16 = 7000;
+
+/// Two nodes and a client on a LAN (a bridge in a switch namespace); on each node pods
+/// behind bridge `cni0`, the node routing the other node's pod subnet via it. The
+/// gateway runs on node 1 (`Topology::gateway`, on `eth0` and `cni0`); the backends are
+/// the pods, node 1's first. Node 2 reaches the client directly: a pod of node 2
+/// answering a client's address would reach it around the gateway.
+fn cluster(pods_per_node: u8) -> Topology {
+    let switch = Netns::new("sw");
+    bridge(&switch, "lan", &[]);
+    let client = Netns::new("cl");
+    let node1 = Netns::new("n1");
+    let node2 = Netns::new("n2");
+    let plug = |port: &str, ns: &Netns, addr: &str, how: Veth| {
+        veth(&switch, port, &[], ns, "eth0", &[addr], how);
+        enslave(&switch, port, "lan");
+    };
+    plug("pc", &client, &format!("{K8S_CLIENT}/24"), Veth::default());
+    plug("pn1", &node1, "10.251.2.1/24", Veth::default());
+    plug("pn2", &node2, "10.251.2.2/24", Veth::default());
+    client.ip(&["route", "add", &GW.to_string(), "via", "10.251.2.1"]);
+    let mut backends = Vec::new();
+    let mut backend_addrs = Vec::new();
+    for (k, node, other) in [(1u8, &node1, "10.251.2.2"), (2, &node2, "10.251.2.1")] {
+        bridge(node, "cni0", &[&format!("10.251.2{k}.1/24")]);
+        let remote = if k == 1 { 2 } else { 1 };
+        node.ip(&[
+            "route",
+            "add",
+            &format!("10.251.2{remote}.0/24"),
+            "via",
+            other,
+        ]);
+        node.sysctl("net.ipv4.ip_forward", "1");
+        for j in 1..=pods_per_node {
+            let pod = Netns::new("pod");
+            let addr = pod_addr(k, j);
+            let port = format!("vp{j}");
+            veth(
+                node,
+                &port,
+                &[],
+                &pod,
+                "eth0",
+                &[&format!("{addr}/24")],
+                Veth::default(),
+            );
+            enslave(node, &port, "cni0");
+            pod.ip(&["route", "add", "default", "via", &format!("10.251.2{k}.1")]);
+            backends.push(pod);
+            backend_addrs.push(addr);
+        }
+    }
+    Topology {
+        client,
+        gateway: node1,
+        backends,
+        gateway_ifaces: vec!["eth0".into(), "cni0".into()],
+        backend_addrs,
+        others: vec![switch, node2],
+    }
+}
+
+/// UDP servers on the pods that answer each datagram with `pod-<n> <peer address>`:
+/// who answered and what source it saw. Stopped and joined on drop.
+struct Whoami {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Whoami {
+    fn start(topo: &Topology) -> Whoami {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = topo
+            .backends
+            .iter()
+            .zip(&topo.backend_addrs)
+            .enumerate()
+            .map(|(i, (pod, &addr))| {
+                // Bound inside the pod's namespace; the socket stays there.
+                let sock = pod
+                    .enter(|| UdpSocket::bind((addr, WHOAMI_PORT)))
+                    .unwrap_or_else(|e| panic!("whoami on {addr}: {e}"));
+                sock.set_read_timeout(Some(Duration::from_millis(100)))
+                    .expect("timeout");
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 64];
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok((_, peer)) = sock.recv_from(&mut buf) {
+                            let _ = sock.send_to(format!("pod-{} {peer}", i + 1).as_bytes(), peer);
+                        }
+                    }
+                })
+            })
+            .collect();
+        Whoami { stop, threads }
+    }
+}
+
+impl Drop for Whoami {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One new flow: a datagram from `K8S_CLIENT:port` to the service, up to three tries
+/// on the same socket (the same flow). Returns where the reply came from, the reply,
+/// and the tries it took.
+fn whoami_flow(port: u16) -> (SocketAddr, String, u32) {
+    let sock = UdpSocket::bind((K8S_CLIENT, port)).expect("bind client port");
+    sock.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+    let mut buf = [0u8; 128];
+    for tries in 1..=3 {
+        sock.send_to(b"who", gw(K8S_UDP)).expect("send");
+        if let Ok((n, from)) = sock.recv_from(&mut buf) {
+            return (from, String::from_utf8_lossy(&buf[..n]).to_string(), tries);
+        }
+    }
+    panic!("flow from port {port}: no reply in 3 tries");
+}
+
+#[test]
+fn a_route_over_pods_on_two_nodes_splits_1000_snat_flows_by_weight_and_replies_from_the_gateway() {
+    const FLOWS: u16 = 1000;
+    // Pods 1, 2 on node 1 with weight 1; pods 3, 4 on node 2 with weight 3.
+    let weights = [1u16, 1, 3, 3];
+    let topo = cluster(2);
+    let _whoami = Whoami::start(&topo);
+    let pins = Pins::new();
+    pins.write_state(
+        &DesiredState::default()
+            .with_snat_service(
+                svc(Protocol::Udp, K8S_UDP),
+                backends(&topo, WHOAMI_PORT, &weights),
+            )
+            .with_snat_ports(vec![SNAT_PORTS]),
+    );
+    let (_loader, report) = loader::start(LOADER, &topo, &pins);
+    assert!(report.contains("\"added\":1"), "first start: {report}");
+
+    let started = Instant::now();
+    let replies: Vec<(SocketAddr, String, u32)> = topo
+        .client
+        .enter(|| (0..FLOWS).map(|i| whoami_flow(20000 + i)).collect());
+    let elapsed = started.elapsed();
+
+    // The node address each pod must see: node 1's cni0 address toward its own pods,
+    // its LAN address toward node 2's.
+    let node_source = |pod: usize| {
+        if pod <= 2 {
+            Ipv4Addr::new(10, 251, 21, 1)
+        } else {
+            NODE1
+        }
+    };
+    let mut per_pod: BTreeMap<usize, u32> = BTreeMap::new();
+    let mut ports: BTreeMap<usize, BTreeSet<u16>> = BTreeMap::new();
+    let mut retried = 0;
+    for (i, (from, text, tries)) in replies.iter().enumerate() {
+        assert_eq!(
+            *from,
+            SocketAddr::V4(gw(K8S_UDP)),
+            "flow {i}: the reply came from {from}, not the gateway address and port ({text})"
+        );
+        let (pod, peer) = text
+            .strip_prefix("pod-")
+            .and_then(|t| t.split_once(' '))
+            .and_then(|(p, a)| Some((p.parse::<usize>().ok()?, a.parse::<SocketAddrV4>().ok()?)))
+            .unwrap_or_else(|| panic!("flow {i}: unexpected reply {text:?}"));
+        assert_eq!(
+            *peer.ip(),
+            node_source(pod),
+            "flow {i}: pod {pod} saw {peer}, not node 1's address toward it"
+        );
+        assert!(
+            SNAT_PORTS.contains(&peer.port()),
+            "flow {i}: pod {pod} saw port {} outside the SNAT range",
+            peer.port()
+        );
+        assert!(
+            ports.entry(pod).or_default().insert(peer.port()),
+            "flow {i}: pod {pod} saw node port {} twice",
+            peer.port()
+        );
+        *per_pod.entry(pod).or_default() += 1;
+        retried += u32::from(*tries > 1);
+    }
+    let total: u32 = weights.iter().map(|&w| u32::from(w)).sum();
+    for (pod, &w) in weights.iter().enumerate() {
+        let got = per_pod.get(&(pod + 1)).copied().unwrap_or(0);
+        let share = f64::from(got) / f64::from(FLOWS);
+        let want = f64::from(w) / f64::from(total);
+        assert!(
+            (share - want).abs() <= 0.05,
+            "pod {} (weight {w}) got {:.1}% of {FLOWS} flows, want {:.1}% ± 5: {per_pod:?}",
+            pod + 1,
+            share * 100.0,
+            want * 100.0
+        );
+    }
+    let counters: BTreeMap<&str, u64> = [
+        Counter::SnatNewFlow,
+        Counter::SnatPortRetry,
+        Counter::DropSnatPortsExhausted,
+        Counter::DropSnatNoSource,
+        Counter::TcMasq,
+        Counter::Redirect,
+        Counter::Tx,
+        Counter::KernelNoXdpEgress,
+    ]
+    .iter()
+    .map(|&c| (c.name(), pins.counter(c)))
+    .collect();
+    eprintln!(
+        "{FLOWS} flows in {elapsed:?} ({retried} needed a second try): per pod {per_pod:?}, counters {counters:?}"
+    );
+    assert_eq!(
+        counters["snat_new_flow"],
+        u64::from(FLOWS),
+        "one SNAT flow per client flow: {counters:?}"
+    );
+    assert_eq!(counters["drop_snat_ports_exhausted"], 0, "{counters:?}");
+    assert_eq!(counters["drop_snat_no_source"], 0, "{counters:?}");
+}
