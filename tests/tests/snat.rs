@@ -8,7 +8,9 @@
 //!   of the loader and its restart;
 //! - a Kubernetes-like cluster: pods behind a bridge on two nodes, the gateway on node
 //!   1, one SNAT service over pods of both nodes: 1000 flows split by weight, every
-//!   reply from the gateway address and port, every pod sees node 1's address.
+//!   reply from the gateway address and port, every pod sees node 1's address; TCP,
+//!   DNS and ICMP errors to pods of both nodes; a port pool too small drops and
+//!   counts, never giving one port to two flows.
 //!
 //! Devices as the kernel makes them (veths with GRO off and checksum offload on,
 //! Linux bridges), nothing tuned. Needs root.
@@ -682,4 +684,169 @@ fn a_route_over_pods_on_two_nodes_splits_1000_snat_flows_by_weight_and_replies_f
     );
     assert_eq!(counters["drop_snat_ports_exhausted"], 0, "{counters:?}");
     assert_eq!(counters["drop_snat_no_source"], 0, "{counters:?}");
+}
+
+#[test]
+fn tcp_dns_and_icmp_errors_reach_pods_on_both_nodes_through_snat_mode() {
+    // Pod 1 on node 1, pod 2 on node 2, both serving nginx and dnsmasq; a UDP port
+    // nothing listens on, whose ICMP port-unreachable must come back translated.
+    const CLOSED: u16 = 5999;
+    let topo = cluster(1);
+    let _servers = topo.start_servers();
+    let pins = Pins::new();
+    pins.write_state(
+        &DesiredState::default()
+            .with_snat_service(svc(Protocol::Tcp, 80), backends(&topo, HTTP_PORT, &[]))
+            .with_snat_service(svc(Protocol::Udp, 53), backends(&topo, DNS_PORT, &[]))
+            .with_snat_service(svc(Protocol::Udp, 54), backends(&topo, CLOSED, &[]))
+            .with_snat_ports(vec![SNAT_PORTS]),
+    );
+    let (_loader, report) = loader::start(LOADER, &topo, &pins);
+    assert!(report.contains("\"added\":3"), "first start: {report}");
+
+    // New TCP connections reach both pods; each gets its page.
+    let bodies: BTreeSet<String> = topo.client.enter(|| {
+        (0..40)
+            .map(|i| {
+                berth_tests::topo::http_get(gw(80))
+                    .unwrap_or_else(|e| panic!("connection {i} through SNAT mode: {e}"))
+            })
+            .collect()
+    });
+    assert_eq!(
+        bodies,
+        BTreeSet::from(["backend-1\n".to_string(), "backend-2\n".to_string()]),
+        "40 connections reach the pods of both nodes"
+    );
+    // Ten megabytes from a pod, four times: the pods send partial checksums
+    // (offload on), node 2's segments cross the LAN to node 1.
+    for _ in 0..4 {
+        let out = topo.client.exec(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{size_download}",
+            &format!("http://{GW}:80/big"),
+        ]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            berth_tests::topo::BIG_FILE.to_string(),
+            "the whole file through SNAT mode"
+        );
+    }
+    // DNS through SNAT mode, answered from the gateway address (Flow ignores others).
+    let markers: BTreeSet<Ipv4Addr> = topo.client.enter(|| {
+        (0..20)
+            .map(|i| {
+                Flow::new(gw(53), TIMEOUT)
+                    .ask()
+                    .unwrap_or_else(|| panic!("DNS query {i}: no answer from {GW}:53"))
+            })
+            .collect()
+    });
+    assert_eq!(markers.len(), 2, "both pods answer DNS: {markers:?}");
+
+    // A closed port: the pod's ICMP port-unreachable (to node 1's address and port)
+    // reaches the client as one about its own flow to the gateway address.
+    let icmp_before = pins.counter(Counter::IcmpTranslated) + pins.counter(Counter::TcIcmp);
+    topo.client.enter(|| {
+        for i in 0..10 {
+            let sock = UdpSocket::bind((K8S_CLIENT, 21000 + i)).expect("bind");
+            sock.connect(gw(54)).expect("connect");
+            sock.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+            sock.send(b"anyone?").expect("send");
+            let err = sock
+                .recv(&mut [0u8; 16])
+                .expect_err("nothing listens: no answer");
+            assert_eq!(
+                err.kind(),
+                std::io::ErrorKind::ConnectionRefused,
+                "flow {i}: the port-unreachable came back translated (got {err})"
+            );
+        }
+    });
+    let icmp = pins.counter(Counter::IcmpTranslated) + pins.counter(Counter::TcIcmp) - icmp_before;
+    assert!(icmp >= 10, "ten ICMP errors translated, counted {icmp}");
+    eprintln!(
+        "cluster tcp/dns/icmp: icmp translated {icmp} (icmp_translated {}, tc_icmp_translated {}), snat_new_flow {}, tc_masq {}",
+        pins.counter(Counter::IcmpTranslated),
+        pins.counter(Counter::TcIcmp),
+        pins.counter(Counter::SnatNewFlow),
+        pins.counter(Counter::TcMasq)
+    );
+}
+
+#[test]
+fn a_port_pool_too_small_drops_and_counts_new_flows_but_never_shares_a_port() {
+    // Four node ports for one pod: at most four flows toward it at a time.
+    const POOL: RangeInclusive<u16> = 40000..=40003;
+    const FLOWS: u16 = 20;
+    let topo = cluster(1);
+    let _whoami = Whoami::start(&topo);
+    let pins = Pins::new();
+    let one_pod = vec![backends(&topo, WHOAMI_PORT, &[])[0]];
+    pins.write_state(
+        &DesiredState::default()
+            .with_snat_service(svc(Protocol::Udp, K8S_UDP), one_pod)
+            .with_snat_ports(vec![POOL]),
+    );
+    let (_loader, _) = loader::start(LOADER, &topo, &pins);
+    let results: Vec<Option<String>> = topo.client.enter(|| {
+        let socks: Vec<UdpSocket> = (0..FLOWS)
+            .map(|i| {
+                let s = UdpSocket::bind((K8S_CLIENT, 22000 + i)).expect("bind");
+                s.set_read_timeout(Some(Duration::from_millis(500)))
+                    .expect("timeout");
+                s
+            })
+            .collect();
+        socks
+            .iter()
+            .map(|s| {
+                s.send_to(b"who", gw(K8S_UDP)).expect("send");
+                let mut buf = [0u8; 128];
+                s.recv_from(&mut buf)
+                    .ok()
+                    .map(|(n, _)| String::from_utf8_lossy(&buf[..n]).to_string())
+            })
+            .collect()
+    });
+    let answered: Vec<&String> = results.iter().flatten().collect();
+    let ports: BTreeSet<&str> = answered
+        .iter()
+        .filter_map(|t| t.rsplit(':').next())
+        .collect();
+    let (new, exhausted) = (
+        pins.counter(Counter::SnatNewFlow),
+        pins.counter(Counter::DropSnatPortsExhausted),
+    );
+    eprintln!(
+        "pool of 4: {} of {FLOWS} flows answered on ports {ports:?}; snat_new_flow {new}, \
+         drop_snat_ports_exhausted {exhausted}, retries {}",
+        answered.len(),
+        pins.counter(Counter::SnatPortRetry)
+    );
+    assert!(
+        (1..=4).contains(&answered.len()),
+        "between one and four flows get a port: {answered:?}"
+    );
+    assert_eq!(
+        ports.len(),
+        answered.len(),
+        "no port serves two flows: {answered:?}"
+    );
+    assert_eq!(
+        new,
+        answered.len() as u64,
+        "snat_new_flow counts the flows that got a port"
+    );
+    assert_eq!(
+        exhausted,
+        u64::from(FLOWS) - new,
+        "every other flow's packet is dropped and counted"
+    );
 }
