@@ -850,3 +850,72 @@ fn a_port_pool_too_small_drops_and_counts_new_flows_but_never_shares_a_port() {
         "every other flow's packet is dropped and counted"
     );
 }
+
+#[test]
+fn pods_reach_the_gateway_address_and_get_replies_from_it_even_from_themselves() {
+    // Clients inside the cluster: every pod asks the route, whose endpoints include
+    // itself and the pods beside it on the same bridge (hairpin through node 1).
+    const PER_POD: u16 = 50;
+    let topo = cluster(2);
+    // Node 2 sends the gateway address to node 1, as to any service address.
+    topo.others[1].ip(&["route", "add", &GW.to_string(), "via", "10.251.2.1"]);
+    let _whoami = Whoami::start(&topo);
+    let pins = Pins::new();
+    pins.write_state(
+        &DesiredState::default()
+            .with_snat_service(
+                svc(Protocol::Udp, K8S_UDP),
+                backends(&topo, WHOAMI_PORT, &[]),
+            )
+            .with_snat_ports(vec![SNAT_PORTS]),
+    );
+    let (_loader, _) = loader::start(LOADER, &topo, &pins);
+    let mut failures = Vec::new();
+    let mut reached: BTreeMap<(usize, String), u32> = BTreeMap::new();
+    let mut peers: BTreeSet<(String, String)> = BTreeSet::new();
+    for (c, pod) in topo.backends.iter().enumerate() {
+        let addr = topo.backend_addrs[c];
+        let results: Vec<Result<(SocketAddr, String), String>> = pod.enter(|| {
+            (0..PER_POD)
+                .map(|i| {
+                    let s = UdpSocket::bind((addr, 23000 + i)).map_err(|e| e.to_string())?;
+                    s.set_read_timeout(Some(Duration::from_millis(500)))
+                        .map_err(|e| e.to_string())?;
+                    s.send_to(b"who", gw(K8S_UDP)).map_err(|e| e.to_string())?;
+                    let mut buf = [0u8; 128];
+                    let (n, from) = s
+                        .recv_from(&mut buf)
+                        .map_err(|e| format!("port {}: {e}", 23000 + i))?;
+                    Ok((from, String::from_utf8_lossy(&buf[..n]).to_string()))
+                })
+                .collect()
+        });
+        for r in results {
+            match r {
+                Ok((from, text)) if from == SocketAddr::V4(gw(K8S_UDP)) => {
+                    let (who, peer) = text.split_once(' ').unwrap_or_default();
+                    *reached.entry((c + 1, who.to_string())).or_default() += 1;
+                    // All pods use the same source ports: the node ports keep them apart.
+                    if !peers.insert((who.to_string(), peer.to_string())) {
+                        failures.push(format!("pod {}: {who} saw node port {peer} twice", c + 1));
+                    }
+                }
+                Ok((from, text)) => {
+                    failures.push(format!("pod {}: reply {text:?} from {from}", c + 1))
+                }
+                Err(e) => failures.push(format!("pod {}: {e}", c + 1)),
+            }
+        }
+    }
+    let counters: BTreeMap<&str, u64> = Counter::ALL
+        .iter()
+        .map(|&c| (c.name(), pins.counter(c)))
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    eprintln!("pods as clients: reached {reached:?}\nfailures {failures:?}\ncounters {counters:?}");
+    assert!(
+        failures.is_empty(),
+        "{} failures: {failures:?}",
+        failures.len()
+    );
+}
