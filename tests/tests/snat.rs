@@ -566,20 +566,62 @@ impl Drop for Whoami {
     }
 }
 
-/// One new flow: a datagram from `K8S_CLIENT:port` to the service, up to three tries
-/// on the same socket (the same flow). Returns where the reply came from, the reply,
-/// and the tries it took.
-fn whoami_flow(port: u16) -> (SocketAddr, String, u32) {
-    let sock = UdpSocket::bind((K8S_CLIENT, port)).expect("bind client port");
-    sock.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+/// One new flow from `from` to the cluster's service: a datagram, sent again on the
+/// same socket (the same flow) up to `tries` times while no reply comes within
+/// `wait`. Returns where the reply came from and the reply.
+fn whoami_flow(
+    from: SocketAddrV4,
+    tries: u32,
+    wait: Duration,
+) -> Result<(SocketAddr, String), String> {
+    let sock = UdpSocket::bind(from).map_err(|e| format!("bind {from}: {e}"))?;
+    sock.set_read_timeout(Some(wait))
+        .map_err(|e| e.to_string())?;
     let mut buf = [0u8; 128];
-    for tries in 1..=3 {
-        sock.send_to(b"who", gw(K8S_UDP)).expect("send");
-        if let Ok((n, from)) = sock.recv_from(&mut buf) {
-            return (from, String::from_utf8_lossy(&buf[..n]).to_string(), tries);
+    for _ in 0..tries {
+        sock.send_to(b"who", gw(K8S_UDP))
+            .map_err(|e| format!("send from {from}: {e}"))?;
+        if let Ok((n, peer)) = sock.recv_from(&mut buf) {
+            return Ok((peer, String::from_utf8_lossy(&buf[..n]).to_string()));
         }
     }
-    panic!("flow from port {port}: no reply in 3 tries");
+    Err(format!("flow from {from}: no reply in {tries} tries"))
+}
+
+/// A cluster with whoami servers on the pods and the loader on node 1 serving one
+/// SNAT route. Fields drop in order: the loader, the pins, the servers, the network.
+struct ClusterLab {
+    _loader: Proc,
+    pins: Pins,
+    _whoami: Whoami,
+    topo: Topology,
+}
+
+impl ClusterLab {
+    /// Starts whoami on `topo`'s pods and the loader with route `K8S_UDP` over
+    /// `endpoints` (pod indices, 0-based, with weights) and node ports `ports`.
+    fn start(topo: Topology, endpoints: &[(usize, u16)], ports: RangeInclusive<u16>) -> Self {
+        let whoami = Whoami::start(&topo);
+        let pins = Pins::new();
+        let all = backends(&topo, WHOAMI_PORT, &[]);
+        let chosen = endpoints
+            .iter()
+            .map(|&(i, weight)| WeightedBackend { weight, ..all[i] })
+            .collect();
+        pins.write_state(
+            &DesiredState::default()
+                .with_snat_service(svc(Protocol::Udp, K8S_UDP), chosen)
+                .with_snat_ports(vec![ports]),
+        );
+        let (loader, report) = loader::start(LOADER, &topo, &pins);
+        assert!(report.contains("\"added\":1"), "first start: {report}");
+        ClusterLab {
+            _loader: loader,
+            pins,
+            _whoami: whoami,
+            topo,
+        }
+    }
 }
 
 #[test]
@@ -587,24 +629,18 @@ fn a_route_over_pods_on_two_nodes_splits_1000_snat_flows_by_weight_and_replies_f
     const FLOWS: u16 = 1000;
     // Pods 1, 2 on node 1 with weight 1; pods 3, 4 on node 2 with weight 3.
     let weights = [1u16, 1, 3, 3];
-    let topo = cluster(2);
-    let _whoami = Whoami::start(&topo);
-    let pins = Pins::new();
-    pins.write_state(
-        &DesiredState::default()
-            .with_snat_service(
-                svc(Protocol::Udp, K8S_UDP),
-                backends(&topo, WHOAMI_PORT, &weights),
-            )
-            .with_snat_ports(vec![SNAT_PORTS]),
-    );
-    let (_loader, report) = loader::start(LOADER, &topo, &pins);
-    assert!(report.contains("\"added\":1"), "first start: {report}");
+    let lab = ClusterLab::start(cluster(2), &[(0, 1), (1, 1), (2, 3), (3, 3)], SNAT_PORTS);
+    let (topo, pins) = (&lab.topo, &lab.pins);
 
     let started = Instant::now();
-    let replies: Vec<(SocketAddr, String, u32)> = topo
-        .client
-        .enter(|| (0..FLOWS).map(|i| whoami_flow(20000 + i)).collect());
+    let replies: Vec<(SocketAddr, String)> = topo.client.enter(|| {
+        (0..FLOWS)
+            .map(|i| {
+                whoami_flow(SocketAddrV4::new(K8S_CLIENT, 20000 + i), 2, TIMEOUT)
+                    .unwrap_or_else(|e| panic!("{e}"))
+            })
+            .collect()
+    });
     let elapsed = started.elapsed();
 
     // The node address each pod must see: node 1's cni0 address toward its own pods,
@@ -618,8 +654,7 @@ fn a_route_over_pods_on_two_nodes_splits_1000_snat_flows_by_weight_and_replies_f
     };
     let mut per_pod: BTreeMap<usize, u32> = BTreeMap::new();
     let mut ports: BTreeMap<usize, BTreeSet<u16>> = BTreeMap::new();
-    let mut retried = 0;
-    for (i, (from, text, tries)) in replies.iter().enumerate() {
+    for (i, (from, text)) in replies.iter().enumerate() {
         assert_eq!(
             *from,
             SocketAddr::V4(gw(K8S_UDP)),
@@ -646,7 +681,6 @@ fn a_route_over_pods_on_two_nodes_splits_1000_snat_flows_by_weight_and_replies_f
             peer.port()
         );
         *per_pod.entry(pod).or_default() += 1;
-        retried += u32::from(*tries > 1);
     }
     let total: u32 = weights.iter().map(|&w| u32::from(w)).sum();
     for (pod, &w) in weights.iter().enumerate() {
@@ -674,9 +708,7 @@ fn a_route_over_pods_on_two_nodes_splits_1000_snat_flows_by_weight_and_replies_f
     .iter()
     .map(|&c| (c.name(), pins.counter(c)))
     .collect();
-    eprintln!(
-        "{FLOWS} flows in {elapsed:?} ({retried} needed a second try): per pod {per_pod:?}, counters {counters:?}"
-    );
+    eprintln!("{FLOWS} flows in {elapsed:?}: per pod {per_pod:?}, counters {counters:?}");
     assert_eq!(
         counters["snat_new_flow"],
         u64::from(FLOWS),
@@ -785,33 +817,15 @@ fn a_port_pool_too_small_drops_and_counts_new_flows_but_never_shares_a_port() {
     // Four node ports for one pod: at most four flows toward it at a time.
     const POOL: RangeInclusive<u16> = 40000..=40003;
     const FLOWS: u16 = 20;
-    let topo = cluster(1);
-    let _whoami = Whoami::start(&topo);
-    let pins = Pins::new();
-    let one_pod = vec![backends(&topo, WHOAMI_PORT, &[])[0]];
-    pins.write_state(
-        &DesiredState::default()
-            .with_snat_service(svc(Protocol::Udp, K8S_UDP), one_pod)
-            .with_snat_ports(vec![POOL]),
-    );
-    let (_loader, _) = loader::start(LOADER, &topo, &pins);
-    let results: Vec<Option<String>> = topo.client.enter(|| {
-        let socks: Vec<UdpSocket> = (0..FLOWS)
+    let lab = ClusterLab::start(cluster(1), &[(0, 1)], POOL);
+    let pins = &lab.pins;
+    let results: Vec<Option<String>> = lab.topo.client.enter(|| {
+        (0..FLOWS)
             .map(|i| {
-                let s = UdpSocket::bind((K8S_CLIENT, 22000 + i)).expect("bind");
-                s.set_read_timeout(Some(Duration::from_millis(500)))
-                    .expect("timeout");
-                s
-            })
-            .collect();
-        socks
-            .iter()
-            .map(|s| {
-                s.send_to(b"who", gw(K8S_UDP)).expect("send");
-                let mut buf = [0u8; 128];
-                s.recv_from(&mut buf)
+                let from = SocketAddrV4::new(K8S_CLIENT, 22000 + i);
+                whoami_flow(from, 1, Duration::from_millis(500))
                     .ok()
-                    .map(|(n, _)| String::from_utf8_lossy(&buf[..n]).to_string())
+                    .map(|(_, text)| text)
             })
             .collect()
     });
@@ -859,17 +873,8 @@ fn pods_reach_the_gateway_address_and_get_replies_from_it_even_from_themselves()
     let topo = cluster(2);
     // Node 2 sends the gateway address to node 1, as to any service address.
     topo.others[1].ip(&["route", "add", &GW.to_string(), "via", "10.251.2.1"]);
-    let _whoami = Whoami::start(&topo);
-    let pins = Pins::new();
-    pins.write_state(
-        &DesiredState::default()
-            .with_snat_service(
-                svc(Protocol::Udp, K8S_UDP),
-                backends(&topo, WHOAMI_PORT, &[]),
-            )
-            .with_snat_ports(vec![SNAT_PORTS]),
-    );
-    let (_loader, _) = loader::start(LOADER, &topo, &pins);
+    let lab = ClusterLab::start(topo, &[(0, 1), (1, 1), (2, 1), (3, 1)], SNAT_PORTS);
+    let (topo, pins) = (&lab.topo, &lab.pins);
     let mut failures = Vec::new();
     let mut reached: BTreeMap<(usize, String), u32> = BTreeMap::new();
     let mut peers: BTreeSet<(String, String)> = BTreeSet::new();
@@ -878,15 +883,11 @@ fn pods_reach_the_gateway_address_and_get_replies_from_it_even_from_themselves()
         let results: Vec<Result<(SocketAddr, String), String>> = pod.enter(|| {
             (0..PER_POD)
                 .map(|i| {
-                    let s = UdpSocket::bind((addr, 23000 + i)).map_err(|e| e.to_string())?;
-                    s.set_read_timeout(Some(Duration::from_millis(500)))
-                        .map_err(|e| e.to_string())?;
-                    s.send_to(b"who", gw(K8S_UDP)).map_err(|e| e.to_string())?;
-                    let mut buf = [0u8; 128];
-                    let (n, from) = s
-                        .recv_from(&mut buf)
-                        .map_err(|e| format!("port {}: {e}", 23000 + i))?;
-                    Ok((from, String::from_utf8_lossy(&buf[..n]).to_string()))
+                    whoami_flow(
+                        SocketAddrV4::new(addr, 23000 + i),
+                        1,
+                        Duration::from_millis(500),
+                    )
                 })
                 .collect()
         });
