@@ -324,24 +324,13 @@ fn backends_routing_around_the_gateway_fail_in_router_mode_and_are_served_in_sna
         .strip_prefix("backend-")
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("unexpected body {body:?}"));
-    let ss = lab.topo.backends[n - 1].exec(&[
-        "ss",
-        "-Htn",
-        "state",
-        "established",
-        &format!("( sport = :{HTTP_PORT} )"),
-    ]);
-    let ss = String::from_utf8_lossy(&ss.stdout).to_string();
-    let peers: Vec<&str> = ss
-        .lines()
-        .filter_map(|l| l.split_whitespace().last())
-        .collect();
-    assert_eq!(peers.len(), 1, "one connection on backend {n}: {ss}");
-    let peer: SocketAddrV4 = peers[0].parse().expect("peer address");
+    let peers = nginx_peers(&lab.topo.backends[n - 1]);
+    assert_eq!(peers.len(), 1, "one connection on backend {n}: {peers:?}");
+    let peer = peers[0];
     assert_eq!(
         *peer.ip(),
         NODE_B,
-        "backend {n} sees the gateway node's address as the source: {ss}"
+        "backend {n} sees the gateway node's address as the source, not the client's"
     );
     assert!(
         SNAT_PORTS.contains(&peer.port()),
@@ -919,4 +908,101 @@ fn pods_reach_the_gateway_address_and_get_replies_from_it_even_from_themselves()
         "{} failures: {failures:?}",
         failures.len()
     );
+}
+
+/// The peer addresses of the established connections to nginx on `backend`.
+fn nginx_peers(backend: &Netns) -> Vec<SocketAddrV4> {
+    let ss = backend.exec(&[
+        "ss",
+        "-Htn",
+        "state",
+        "established",
+        &format!("( sport = :{HTTP_PORT} )"),
+    ]);
+    String::from_utf8_lossy(&ss.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().last()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn switching_a_route_between_router_and_snat_mode_keeps_the_flows_of_either_mode() {
+    // Backends that route through the gateway, where both modes work.
+    let topo = Topology::new(1);
+    let _servers = topo.start_servers();
+    let pins = Pins::new();
+    let state = |snat: bool| {
+        let (tcp, udp) = (svc(Protocol::Tcp, 80), svc(Protocol::Udp, 53));
+        let (web, dns) = (
+            backends(&topo, HTTP_PORT, &[]),
+            backends(&topo, DNS_PORT, &[]),
+        );
+        let s = DesiredState::default().with_snat_ports(vec![SNAT_PORTS]);
+        if snat {
+            s.with_snat_service(tcp, web).with_snat_service(udp, dns)
+        } else {
+            s.with_service(tcp, web).with_service(udp, dns)
+        }
+    };
+    let client = berth_tests::topo::CLIENT;
+    // A kept-alive connection and a UDP flow opened in the mode `snat`; checks the
+    // source the backend sees.
+    let open = |snat: bool| {
+        let (mut conn, flow) = topo.client.enter(|| {
+            let c = TcpStream::connect_timeout(&gw(80).into(), TIMEOUT).expect("connect");
+            c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+            (c, Flow::new(gw(53), TIMEOUT))
+        });
+        http_request(&mut conn).expect("first request");
+        let local = match conn.local_addr() {
+            Ok(SocketAddr::V4(a)) => a,
+            other => panic!("local address {other:?}"),
+        };
+        let peers = nginx_peers(&topo.backends[0]);
+        let want = if snat {
+            Ipv4Addr::new(10, 251, 11, 1)
+        } else {
+            client
+        };
+        assert!(
+            peers
+                .iter()
+                .any(|p| *p.ip() == want && (snat || *p == local)),
+            "a connection opened in {} mode shows as from {want} on the backend: {peers:?}",
+            if snat { "SNAT" } else { "router" }
+        );
+        (conn, flow)
+    };
+    let check = |what: &str, conns: &mut [(TcpStream, Flow)]| {
+        for (i, (conn, flow)) in conns.iter_mut().enumerate() {
+            http_request(conn).unwrap_or_else(|e| panic!("{what}: connection {i}: {e}"));
+            assert!(flow.ask().is_some(), "{what}: UDP flow {i} got no answer");
+        }
+    };
+
+    pins.write_state(&state(true));
+    let (mut loader, _) = loader::start(LOADER, &topo, &pins);
+    let mut flows = vec![open(true)];
+    loader.kill();
+    pins.write_state(&state(false));
+    let (mut loader, report) = loader::start(LOADER, &topo, &pins);
+    assert!(
+        report.contains("\"changed\":2"),
+        "both services switch: {report}"
+    );
+    check("SNAT flows after the switch to router mode", &mut flows);
+    flows.push(open(false));
+    loader.kill();
+    pins.write_state(&state(true));
+    let (_loader, report) = loader::start(LOADER, &topo, &pins);
+    assert!(
+        report.contains("\"changed\":2"),
+        "both switch back: {report}"
+    );
+    check(
+        "flows of both modes after the switch back to SNAT mode",
+        &mut flows,
+    );
+    flows.push(open(true));
+    check("all flows", &mut flows);
 }
