@@ -9,8 +9,10 @@
 //! - a Kubernetes-like cluster: pods behind a bridge on two nodes, the gateway on node
 //!   1, one SNAT service over pods of both nodes: 1000 flows split by weight, every
 //!   reply from the gateway address and port, every pod sees node 1's address; TCP,
-//!   DNS and ICMP errors to pods of both nodes; a port pool too small drops and
-//!   counts, never giving one port to two flows.
+//!   DNS, ICMP errors and fragmented datagrams to pods of both nodes; pods as
+//!   clients (hairpin included); a port pool too small drops and counts, never
+//!   giving one port to two flows;
+//! - a route switched between router and SNAT mode keeps the flows of either mode.
 //!
 //! Devices as the kernel makes them (veths with GRO off and checksum offload on,
 //! Linux bridges), nothing tuned. Needs root.
@@ -445,6 +447,8 @@ fn pod_addr(node: u8, j: u8) -> Ipv4Addr {
 }
 /// The whoami port on every pod.
 const WHOAMI_PORT: u16 = 7000;
+/// Requests up to this long get a short whoami answer.
+const WHOAMI_SMALL: usize = 64;
 /// The SNAT service of the cluster.
 const K8S_UDP: u16 = 7000;
 
@@ -510,7 +514,8 @@ fn cluster(pods_per_node: u8) -> Topology {
 }
 
 /// UDP servers on the pods that answer each datagram with `pod-<n> <peer address>`:
-/// who answered and what source it saw. Stopped and joined on drop.
+/// who answered and what source it saw; a datagram longer than `WHOAMI_SMALL` gets
+/// an answer as long, the rest after a newline filler. Stopped and joined on drop.
 struct Whoami {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -533,10 +538,15 @@ impl Whoami {
                     .expect("timeout");
                 let stop = stop.clone();
                 std::thread::spawn(move || {
-                    let mut buf = [0u8; 64];
+                    let mut buf = vec![0u8; 65536];
                     while !stop.load(Ordering::Relaxed) {
-                        if let Ok((_, peer)) = sock.recv_from(&mut buf) {
-                            let _ = sock.send_to(format!("pod-{} {peer}", i + 1).as_bytes(), peer);
+                        if let Ok((n, peer)) = sock.recv_from(&mut buf) {
+                            let mut reply = format!("pod-{} {peer}", i + 1).into_bytes();
+                            if n > WHOAMI_SMALL {
+                                reply.push(b'\n');
+                                reply.resize(n, b'.');
+                            }
+                            let _ = sock.send_to(&reply, peer);
                         }
                     }
                 })
@@ -1005,4 +1015,36 @@ fn switching_a_route_between_router_and_snat_mode_keeps_the_flows_of_either_mode
     );
     flows.push(open(true));
     check("all flows", &mut flows);
+}
+
+#[test]
+fn fragmented_datagrams_through_snat_mode_reach_pods_on_both_nodes_and_come_back() {
+    // 4000 bytes each way: three fragments on 1500-byte links, from the client and
+    // from the pods.
+    const LEN: usize = 4000;
+    let lab = ClusterLab::start(cluster(1), &[(0, 1), (1, 1)], SNAT_PORTS);
+    let pods: BTreeSet<String> = lab.topo.client.enter(|| {
+        (0..20u16)
+            .map(|i| {
+                let sock = UdpSocket::bind((K8S_CLIENT, 24000 + i)).expect("bind");
+                sock.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+                sock.send_to(&[b'x'; LEN], gw(K8S_UDP)).expect("send");
+                let mut buf = vec![0u8; 65536];
+                let (n, from) = sock
+                    .recv_from(&mut buf)
+                    .unwrap_or_else(|e| panic!("flow {i}: no answer to {LEN} bytes: {e}"));
+                assert_eq!(from, SocketAddr::V4(gw(K8S_UDP)), "flow {i}");
+                assert_eq!(n, LEN, "flow {i}: the whole answer");
+                let text = String::from_utf8_lossy(&buf[..n]).to_string();
+                text.split(' ').next().unwrap_or_default().to_string()
+            })
+            .collect()
+    });
+    let fragments = lab.pins.counter(Counter::FragmentTranslated);
+    eprintln!("fragments: pods {pods:?}, fragment_translated {fragments}");
+    assert_eq!(pods.len(), 2, "both pods answered: {pods:?}");
+    assert!(
+        fragments >= 40,
+        "each flow's non-first fragments follow it: {fragments}"
+    );
 }
