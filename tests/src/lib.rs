@@ -3,6 +3,7 @@
 
 pub mod daemon;
 pub mod fuzz;
+pub mod loader;
 pub mod loadgen;
 pub mod netns;
 pub mod packet;

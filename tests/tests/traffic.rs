@@ -4,16 +4,13 @@
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader},
     net::{SocketAddrV4, TcpStream},
-    path::{Path, PathBuf},
-    process::{Command, Stdio},
     time::Duration,
 };
 
 use berth::datapath::{AttachMode, Attached, DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use berth_tests::{
-    netns::Proc,
+    loader::{self, Pins},
     topo::{
         backend_addr, backend_of_marker, http_request, Flow, Servers, Topology, DNS_PORT, GW,
         HTTP_PORT,
@@ -208,63 +205,17 @@ fn removing_a_backend_moves_only_its_own_flows() {
     }
 }
 
-/// The loader binary, joined to the gateway namespace. (Not with `ip netns exec`: that
-/// also gives the process its own /sys, hence a private bpffs whose pins die with it.)
-fn start_loader(lab_topo: &Topology, pin_dir: &Path, state_file: &Path) -> (Proc, String) {
-    let mut cmd = vec!["--netns".to_string(), lab_topo.gateway.name.clone()];
-    cmd.extend([
-        "--pin-dir".into(),
-        pin_dir.display().to_string(),
-        "--state".into(),
-        state_file.display().to_string(),
-    ]);
-    for iface in &lab_topo.gateway_ifaces {
-        cmd.extend(["--interface".to_string(), iface.clone()]);
-    }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_berth-dp-loader"))
-        .args(&cmd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start loader");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let report = lines.next().and_then(Result::ok).unwrap_or_default();
-    let ready = lines.next().and_then(Result::ok).unwrap_or_default();
-    let proc = Proc::from_child(child, "berth-dp-loader");
-    assert_eq!(ready, "ready", "loader did not come up (report: {report})");
-    (proc, report)
-}
+/// The loader binary.
+const LOADER: &str = env!("CARGO_BIN_EXE_berth-dp-loader");
 
 #[test]
 fn killing_and_restarting_the_loader_keeps_established_flows() {
     let topo = Topology::new(2);
     let _servers = topo.start_servers();
-    let pin_dir = PathBuf::from(format!(
-        "/sys/fs/bpf/berth-test-{}",
-        berth_tests::netns::unique("rs")
-    ));
-    /// Removes the test's pins and state file, also when it fails.
-    struct Cleanup(PathBuf, PathBuf);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = berth::datapath::remove_pins(&self.0);
-            let _ = std::fs::remove_file(&self.1);
-        }
-    }
-    let state_file = std::env::temp_dir().join(format!(
-        "berth-state-{}.json",
-        berth_tests::netns::unique("st")
-    ));
-    let _cleanup = Cleanup(pin_dir.clone(), state_file.clone());
-    std::fs::write(
-        &state_file,
-        serde_json::to_vec(&state(&[1, 1])).expect("json"),
-    )
-    .expect("state file");
+    let pins = Pins::new();
+    pins.write_state(&state(&[1, 1]));
 
-    let (mut loader, report) = start_loader(&topo, &pin_dir, &state_file);
+    let (mut loader, report) = loader::start(LOADER, &topo, &pins);
     assert!(
         report.contains("\"adopted\":0") && report.contains("\"added\":2"),
         "first start: {report}"
@@ -291,7 +242,7 @@ fn killing_and_restarting_the_loader_keeps_established_flows() {
         "udp flow while the loader is down"
     );
 
-    let (_loader, report) = start_loader(&topo, &pin_dir, &state_file);
+    let (_loader, report) = loader::start(LOADER, &topo, &pins);
     assert!(
         report.contains("\"adopted\":2") && report.contains("\"unchanged\":2"),
         "restart adopts the maps: {report}"
