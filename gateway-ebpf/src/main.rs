@@ -28,7 +28,16 @@
 //!    tcx egress) translates it as it leaves, from the same conntrack entries.
 //! 7. **ICMP errors** quoting a NATed flow are translated both ways (`icmp.rs` in XDP,
 //!    `tc.rs` on egress), so path MTU discovery works.
-//! 8. **Fragments** (`frag.rs`): the first fragment is handled like any packet and its ports are
+//! 8. **SNAT mode** (a service with `SERVICE_SNAT`): a new flow also gets the node's
+//!    address toward its backend (`berth_snat_src`) and a source port from
+//!    `berth_snat_ports`, claimed by inserting its reply entry (backend → node:port) only
+//!    if absent (`SNAT_PORT_TRIES` tries). A translation then has two halves
+//!    (`nat.rs`): the destination half is applied whichever way the packet leaves, the
+//!    source half only when XDP sends it; on the kernel's path the TC program applies the
+//!    source half on egress, from entries keyed by the tuple the packet leaves with
+//!    (`NAT_MASQ` for forward packets, a router-mode reply entry for replies), made the
+//!    first time the flow takes that path.
+//! 9. **Fragments** (`frag.rs`): the first fragment is handled like any packet and its ports are
 //!    remembered (`berth_frags`, keyed by source, destination, IP id, protocol); later
 //!    fragments follow the same flow. A later fragment to a gateway address whose first
 //!    fragment was not seen is dropped (`drop_fragment`), never sent to a guessed backend.
@@ -57,6 +66,10 @@
 //! | a redirect the kernel refused after the program returned | (tracepoint) | `redirect_error` |
 //! | a flow whose service ids now belong to another service | balanced afresh or pass | `ct_stale_service` |
 //! | new flow to a service with no backend taking new flows | `XDP_DROP` | `drop_no_backend` |
+//! | new SNAT flow: a node port claimed (after a taken one) | as forwarded | `snat_new_flow` (`snat_port_retry`) |
+//! | new SNAT flow: no free node port in the tries | `XDP_DROP` | `drop_snat_ports_exhausted` |
+//! | new SNAT flow: no node address toward the backend | `XDP_DROP` | `drop_snat_no_source` |
+//! | a SNAT forward packet the kernel forwarded, given its node source by TC | (TC: next) | `tc_masq_translated` |
 //! | malformed packet to a gateway address | `XDP_DROP` | `drop_malformed` |
 //! | later fragment to a gateway address, first one not seen | `XDP_DROP` | `drop_fragment` |
 //! | anything else (not ours, other protocols) | `XDP_PASS` | — |
