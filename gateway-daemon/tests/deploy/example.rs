@@ -63,6 +63,7 @@ pub(super) fn example_errors(d: &Deploy) -> Vec<String> {
         now: SystemTime::now(),
         default_address: None,
         ephemeral_ports: None,
+        snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
     });
     let state = serde_json::to_value(berth::state_document::document(&plan)).expect("state");
