@@ -88,14 +88,20 @@ fn read_traffic(p: &mut Published, dp: &Datapath) {
     p.traffic = stats
         .into_iter()
         .map(|(service, stats)| {
-            let active_flows = match &active {
-                Some(counted) => counted.get(&service).copied().unwrap_or(0),
-                None => p.traffic.get(&service).map_or(0, |t| t.active_flows),
+            let flows = match &active {
+                Some(counted) => counted.get(&service).copied().unwrap_or_default(),
+                None => p.traffic.get(&service).map_or_else(Default::default, |t| {
+                    crate::datapath::ActiveFlows {
+                        all: t.active_flows,
+                        snat: t.snat_flows,
+                    }
+                }),
             };
             let before = p.traffic.get(&service);
             let traffic = crate::datapath::Traffic {
                 stats,
-                active_flows,
+                active_flows: flows.all,
+                snat_flows: flows.snat,
                 unanswered_since: unanswered_since(before, &stats, now),
             };
             (service, traffic)
