@@ -443,7 +443,7 @@ async fn cycles(
     loop {
         if !plan_due {
             // Nothing the plan depends on moved: only the counters are due.
-            if let Some(dp) = &datapath {
+            if let Some(dp) = &mut datapath {
                 publish::refresh_traffic(shared, dp);
             }
         } else {
