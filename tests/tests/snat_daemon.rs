@@ -129,6 +129,35 @@ fn a_snat_gateway_serves_backends_without_a_route_back_and_counts_snat_flows() {
     );
     assert!(snat_flows >= 1);
     drop(conn);
+
+    // The gateway's address toward backend 1 changes: the daemon follows it (it asks
+    // again every few seconds), and new flows to backend 1 come from the new address.
+    // (Deleting a primary address deletes its secondaries: delete first, then add.)
+    topo.gateway
+        .ip(&["addr", "del", "10.251.11.1/24", "dev", "b1"]);
+    topo.gateway
+        .ip(&["addr", "add", "10.251.11.9/24", "dev", "b1"]);
+    let peer = poll(
+        "a new flow to backend 1 from the gateway's new address",
+        Duration::from_secs(30),
+        || {
+            let mut s = topo
+                .client
+                .enter(|| TcpStream::connect_timeout(&web.into(), Duration::from_secs(1)))
+                .map_err(|e| format!("connect: {e}"))?;
+            s.set_read_timeout(Some(Duration::from_secs(1)))
+                .map_err(|e| e.to_string())?;
+            let body = http_request(&mut s).map_err(|e| format!("GET: {e}"))?;
+            if body != "backend-1\n" {
+                return Err(format!("answered by {body:?}"));
+            }
+            nginx_peers(&topo.backends[0])
+                .into_iter()
+                .find(|p| p.starts_with("10.251.11.9:"))
+                .ok_or_else(|| "backend 1 sees no connection from 10.251.11.9".to_string())
+        },
+    );
+    assert!(peer.starts_with("10.251.11.9:"), "{peer}");
     drop(daemon);
     drop(dirs);
     drop(servers);
