@@ -6,7 +6,7 @@
 use std::{net::SocketAddrV4, net::TcpStream, time::Duration};
 
 use berth_tests::{
-    daemon::{Daemon, Dirs},
+    daemon::{metrics, sample, Daemon, Dirs},
     netns::poll,
     topo::{http_get, http_request, Topology, GW},
 };
@@ -128,6 +128,29 @@ fn a_snat_gateway_serves_backends_without_a_route_back_and_counts_snat_flows() {
         },
     );
     assert!(snat_flows >= 1);
+    // /metrics names the SNAT counters and the route's active SNAT flows.
+    let m = metrics(&topo.gateway);
+    let new_flows = sample(&m, "berth_datapath_packets_total{reason=\"snat_new_flow\"}");
+    assert!(new_flows >= Some(1), "snat_new_flow {new_flows:?}");
+    // These veths take no XDP frames: the kernel forwards, TC gives the source.
+    let masq = sample(
+        &m,
+        "berth_datapath_packets_total{reason=\"tc_masq_translated\"}",
+    );
+    assert!(masq >= Some(1), "tc_masq_translated {masq:?}");
+    for reason in [
+        "snat_port_retry",
+        "drop_snat_ports_exhausted",
+        "drop_snat_no_source",
+    ] {
+        let series = format!("berth_datapath_packets_total{{reason=\"{reason}\"}}");
+        assert!(sample(&m, &series).is_some(), "no {series} in /metrics");
+    }
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("berth_route_snat_flows{") && !l.ends_with(" 0")),
+        "no berth_route_snat_flows sample above 0 in /metrics"
+    );
     drop(conn);
 
     // The gateway's address toward backend 1 changes: the daemon follows it (it asks
