@@ -128,6 +128,13 @@ pub struct RouteRow {
     /// Tracked flows of the route's port that forwarded a packet in the last minute.
     #[serde(default)]
     pub active_flows: u64,
+    /// Of those, the flows in SNAT mode.
+    #[serde(default)]
+    pub snat_flows: u64,
+    /// How the route's services forward: "snat" (GatewayConfig sourceNAT: true) or
+    /// "router" (the backends see the client's address).
+    #[serde(default)]
+    pub mode: String,
     /// Packets from the backends back to clients (reverse NAT).
     #[serde(default)]
     pub reply_packets: u64,
@@ -253,6 +260,7 @@ fn row(
         .first()
         .and_then(|s| p.datapath.services.get(s))
         .map_or(0, |b| b.len());
+    let snat = services.iter().any(|s| p.datapath.source_nat.contains(s));
     let traffic = services
         .iter()
         .filter_map(|s| p.traffic.get(s))
@@ -275,6 +283,8 @@ fn row(
         packets: traffic.stats.packets + traffic.stats.reply_packets,
         bytes: traffic.stats.bytes + traffic.stats.reply_bytes,
         active_flows: traffic.active_flows,
+        snat_flows: traffic.snat_flows,
+        mode: if snat { "snat" } else { "router" }.to_string(),
         reply_packets: traffic.stats.reply_packets,
         kernel_packets: traffic.stats.kernel_packets,
         path: traffic.path().unwrap_or_else(|| "-".into()),

@@ -144,6 +144,30 @@ struct RunArgs {
     /// to measure the kernel path).
     #[arg(long, value_enum, default_value_t = Redirect::Auto)]
     redirect: Redirect,
+    /// Source ports for SNAT mode (GatewayConfig sourceNAT: true), as LO-HI; every
+    /// Gateway listener's ports are taken out. Keep it clear of the host's own
+    /// ephemeral ports when the host opens many connections itself.
+    #[arg(long, default_value = "32768-60999", value_parser = parse_port_range)]
+    snat_ports: std::ops::RangeInclusive<u16>,
+}
+
+/// Parses `LO-HI` (1 <= LO <= HI <= 65535) for `--snat-ports`.
+fn parse_port_range(text: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
+    let (lo, hi) = text
+        .split_once('-')
+        .ok_or_else(|| format!("{text:?} is not LO-HI (e.g. 32768-60999)"))?;
+    let port = |p: &str| match p.trim().parse::<u16>() {
+        Ok(0) => Err(format!("port 0 in {text:?}: ports start at 1")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{p:?} in {text:?} is not a port (1-65535): {e}")),
+    };
+    let (lo, hi) = (port(lo)?, port(hi)?);
+    if lo > hi {
+        return Err(format!(
+            "{text:?}: the first port {lo} is above the last {hi}"
+        ));
+    }
+    Ok(lo..=hi)
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -253,6 +277,7 @@ fn check_cmd(dir: &Path, state_dir: Option<PathBuf>, output: Output) -> anyhow::
         now: SystemTime::now(),
         default_address: None,
         ephemeral_ports: None,
+        snat_ports: planner::DEFAULT_SNAT_PORTS,
         allocate: true,
     });
     for why in &plan.released {
@@ -378,4 +403,25 @@ fn uninstall(pin_dir: &Path, address_interface: &str) -> anyhow::Result<()> {
         Err(e) => return Err(e).with_context(|| format!("removing interface {address_interface}")),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_port_range;
+
+    #[test]
+    fn snat_ports_are_lo_hi_with_both_above_zero_and_in_order() {
+        assert_eq!(parse_port_range("32768-60999"), Ok(32768..=60999));
+        assert_eq!(parse_port_range("5000-5000"), Ok(5000..=5000));
+        for (bad, says) in [
+            ("60999-32768", "above the last"),
+            ("0-100", "port 0"),
+            ("100", "not LO-HI"),
+            ("100-70000", "not a port"),
+            ("a-b", "not a port"),
+        ] {
+            let err = parse_port_range(bad).expect_err(bad);
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 }

@@ -79,7 +79,7 @@ pub fn route_table(rows: &[RouteRow]) -> String {
     // Writing to a String cannot fail.
     let _ = writeln!(
         out,
-        "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {:<6} TRAFFIC",
+        "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {:<6} {:<6} TRAFFIC",
         "NAMESPACE",
         "NAME",
         "KIND",
@@ -89,6 +89,7 @@ pub fn route_table(rows: &[RouteRow]) -> String {
         "ACCEPTED",
         "BACKENDS",
         "AGE",
+        "MODE",
         "PATH"
     );
     for r in rows {
@@ -100,7 +101,7 @@ pub fn route_table(rows: &[RouteRow]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {:<6} {} pkts, {} B, {} active flows",
+            "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {:<6} {:<6} {} pkts, {} B, {} active flows{}",
             r.namespace,
             r.name,
             r.kind,
@@ -110,10 +111,16 @@ pub fn route_table(rows: &[RouteRow]) -> String {
             r.accepted,
             r.backends,
             age(r.created.as_deref()),
+            if r.mode.is_empty() { "-" } else { &r.mode },
             path,
             r.packets,
             r.bytes,
-            r.active_flows
+            r.active_flows,
+            if r.mode == "snat" {
+                format!(" ({} snat)", r.snat_flows)
+            } else {
+                String::new()
+            }
         );
         // The slow way and its reason, and anything to look at, below the row.
         if let Some(why) = r.path.strip_prefix("kernel: ") {

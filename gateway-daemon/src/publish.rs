@@ -88,14 +88,20 @@ fn read_traffic(p: &mut Published, dp: &Datapath) {
     p.traffic = stats
         .into_iter()
         .map(|(service, stats)| {
-            let active_flows = match &active {
-                Some(counted) => counted.get(&service).copied().unwrap_or(0),
-                None => p.traffic.get(&service).map_or(0, |t| t.active_flows),
+            let flows = match &active {
+                Some(counted) => counted.get(&service).copied().unwrap_or_default(),
+                None => p.traffic.get(&service).map_or_else(Default::default, |t| {
+                    crate::datapath::ActiveFlows {
+                        all: t.active_flows,
+                        snat: t.snat_flows,
+                    }
+                }),
             };
             let before = p.traffic.get(&service);
             let traffic = crate::datapath::Traffic {
                 stats,
-                active_flows,
+                active_flows: flows.all,
+                snat_flows: flows.snat,
                 unanswered_since: unanswered_since(before, &stats, now),
             };
             (service, traffic)
@@ -177,9 +183,11 @@ fn log_losses(before: &Published, after: &Published) {
     }
 }
 
-/// Between plans (both modes): publishes fresh counters and traffic when they are due
-/// (`TRAFFIC_REFRESH`), sharing everything else with what was published.
-pub fn refresh_traffic(shared: &Shared, dp: &Datapath) {
+/// Between plans (both modes): keeps the SNAT sources current, and publishes fresh
+/// counters and traffic when they are due (`TRAFFIC_REFRESH`), sharing everything else
+/// with what was published.
+pub fn refresh_traffic(shared: &Shared, dp: &mut Datapath) {
+    dp.keep_snat_sources_current();
     let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
     if !traffic_due(&prev, TRAFFIC_REFRESH) {
         return;
@@ -207,6 +215,7 @@ pub fn effects(
     };
     if let Some(dp) = datapath {
         dp.apply(&plan.datapath)?;
+        dp.keep_snat_sources_current();
         // Between plans counters are read every `TRAFFIC_REFRESH`; a plan reads them
         // (several milliseconds with 10k routes) only if changes have kept coming for
         // longer than `TRAFFIC_STALE`, so that reading never delays a change.

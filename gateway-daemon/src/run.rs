@@ -6,7 +6,7 @@
 //! Part of the `berth` binary (declared in `main.rs`), not of the library.
 
 use std::{
-    net::{Ipv4Addr, TcpListener},
+    net::TcpListener,
     path::PathBuf,
     sync::{Arc, Mutex},
 };
@@ -41,6 +41,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         address_interface,
         no_address_interface,
         redirect,
+        snat_ports,
     } = args;
     init_logging(log_format);
     let mut dp = DatapathOptions {
@@ -65,6 +66,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
             identity,
             lease_namespace,
             default_address: address,
+            snat_ports,
         };
         return run_kubernetes(options, &dp, &admin_addr, metrics_addr.as_deref());
     }
@@ -75,7 +77,11 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics_addr = metrics_addr.as_deref();
     let source = ManifestSource::new(&dir, manifest_settle);
     let admin = (admin_addr.as_str(), metrics_addr);
-    run_standalone(source, &dir, &state_dir, address, admin, &dp)
+    let settings = berth::planner::Settings {
+        default_address: address,
+        snat_ports,
+    };
+    run_standalone(source, &dir, &state_dir, &settings, admin, &dp)
 }
 
 fn init_logging(format: LogFormat) {
@@ -107,7 +113,7 @@ fn run_standalone(
     mut source: ManifestSource,
     dir: &std::path::Path,
     state_dir: &std::path::Path,
-    address: Option<Ipv4Addr>,
+    settings: &berth::planner::Settings,
     (admin_addr, metrics_addr): (&str, Option<&str>),
     options: &DatapathOptions,
 ) -> anyhow::Result<()> {
@@ -119,7 +125,7 @@ fn run_standalone(
     let shared = serve_admin(admin_addr, metrics_addr)?;
     tracing::info!(admin = admin_addr, metrics = metrics_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
     exit_on_signal()?;
-    standalone::run_loop(&mut source, &store, datapath.as_mut(), address, &shared);
+    standalone::run_loop(&mut source, &store, datapath.as_mut(), settings, &shared);
     Ok(())
 }
 

@@ -160,7 +160,7 @@ pub fn run_loop(
     source: &mut ManifestSource,
     store: &Store,
     mut datapath: Option<&mut Datapath>,
-    default_address: Option<std::net::Ipv4Addr>,
+    settings: &planner::Settings,
     shared: &Shared,
 ) {
     let mut last_plan = std::time::Instant::now() - Duration::from_secs(3600);
@@ -172,7 +172,7 @@ pub fn run_loop(
             source,
             store,
             datapath.as_deref_mut(),
-            default_address,
+            settings,
             shared,
             &mut last_plan,
             &mut memo,
@@ -207,7 +207,7 @@ fn step(
     source: &mut ManifestSource,
     store: &Store,
     datapath: Option<&mut Datapath>,
-    default_address: Option<std::net::Ipv4Addr>,
+    settings: &planner::Settings,
     shared: &Shared,
     last_plan: &mut std::time::Instant,
     memo: &mut planner::Memo,
@@ -232,13 +232,7 @@ fn step(
     let started = std::time::Instant::now();
     let (mut snapshot, layout) = source.take_snapshot();
     let t_snapshot = started.elapsed();
-    let planned = cycle(
-        store,
-        &mut snapshot,
-        SystemTime::now(),
-        default_address,
-        memo,
-    );
+    let planned = cycle(store, &mut snapshot, SystemTime::now(), settings, memo);
     source.give_back(snapshot, layout);
     let plan = planned?;
     let t_cycle = started.elapsed();

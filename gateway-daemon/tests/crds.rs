@@ -45,4 +45,9 @@ fn the_generated_gateway_config_schema_accepts_the_example_and_rejects_a_bad_one
     let mut bad = doc.clone();
     bad["spec"]["listeners"][0]["endPort"] = Value::from("high");
     assert!(!schema.is_valid(&bad), "endPort must be an integer");
+    let mut snat = doc.clone();
+    snat["spec"]["sourceNAT"] = Value::from(true);
+    assert!(schema.is_valid(&snat), "sourceNAT: true");
+    snat["spec"]["sourceNAT"] = Value::from("yes");
+    assert!(!schema.is_valid(&snat), "sourceNAT must be a boolean");
 }

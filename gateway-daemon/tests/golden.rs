@@ -28,6 +28,9 @@ struct Golden {
 struct DatapathEntry {
     service: String,
     backends: Vec<String>,
+    /// Source-NATed (`sourceNAT: true`): shown only where set.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    snat: bool,
 }
 
 fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
@@ -67,6 +70,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
         now,
         default_address: None,
         ephemeral_ports: ephemeral_ports.clone(),
+        snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
     });
     let again = planner::plan(&planner::Input {
@@ -75,6 +79,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
         now,
         default_address: None,
         ephemeral_ports: ephemeral_ports.clone(),
+        snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
     });
     assert_eq!(
@@ -105,6 +110,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
                 now,
                 default_address: None,
                 ephemeral_ports: ephemeral_ports.clone(),
+                snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
                 allocate: true,
             },
             memo,
@@ -130,6 +136,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
                     .iter()
                     .map(|b| format!("{} weight {}", b.endpoint, b.weight))
                     .collect(),
+                snat: plan.datapath.source_nat.contains(s),
             })
             .collect(),
     };

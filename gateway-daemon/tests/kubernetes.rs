@@ -339,6 +339,7 @@ async fn a_cooled_down_claim_is_deleted_only_at_the_version_read() {
         now: SystemTime::now(),
         default_address: None,
         ephemeral_ports: None,
+        snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
     });
     assert!(plan.claims.is_empty(), "cooled down: no longer wanted");
@@ -690,6 +691,7 @@ async fn gateway_status_is_server_side_applied_with_our_field_manager() {
         now: SystemTime::now(),
         default_address: None,
         ephemeral_ports: None,
+        snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
     });
     let entry = plan.gateways[0].clone();
@@ -1189,6 +1191,7 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
         identity: "node-a".into(),
         lease_namespace: "berth-system".into(),
         default_address: None,
+        snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
     };
     let (shut_down, shutdown) = tokio::sync::oneshot::channel::<()>();
     let stop = async {

@@ -119,6 +119,7 @@ fn input<'a>(
         now: time(now),
         default_address: None,
         ephemeral_ports: None,
+        snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
     }
 }

@@ -172,9 +172,9 @@ fn listener_labels(namespace: &str, gateway: &str, listener: &str) -> Labels {
 }
 
 /// The per-route families: one sample per datapath service (route and address).
-fn route_families(p: &Published) -> [Family; 6] {
+fn route_families(p: &Published) -> [Family; 7] {
     use MetricType::{Counter, Gauge};
-    let [mut packets, mut bytes, mut flows, mut active, mut kernel, mut silent] = [
+    let [mut packets, mut bytes, mut flows, mut active, mut snat, mut kernel, mut silent] = [
         (
             "berth_route_packets",
             "Packets through a route's port, by direction.",
@@ -193,6 +193,11 @@ fn route_families(p: &Published) -> [Family; 6] {
         (
             "berth_route_active_flows",
             "Tracked flows of a route that forwarded a packet in the last minute.",
+            Gauge,
+        ),
+        (
+            "berth_route_snat_flows",
+            "Tracked SNAT flows of a route that forwarded a packet in the last minute.",
             Gauge,
         ),
         (
@@ -234,11 +239,12 @@ fn route_families(p: &Published) -> [Family; 6] {
             .with(with(reply()), t.reply_bytes);
         flows = flows.with(route.clone(), t.new_flows);
         active = active.with(route.clone(), traffic.active_flows);
+        snat = snat.with(route.clone(), traffic.snat_flows);
         let path = traffic.path().unwrap_or_default();
         kernel = kernel.with(with(("path", path)), t.kernel_packets);
         silent = silent.with(route, u64::from(unanswered(traffic).is_some()));
     }
-    [packets, bytes, flows, active, kernel, silent]
+    [packets, bytes, flows, active, snat, kernel, silent]
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ use gateway_common::{
 use ids::{IdPool, ServiceIds};
 pub use links::{LinkChange, LinkKind};
 pub use load::{pinned_service_ports, remove_pins};
-pub use traffic::{kernel_reason, Traffic};
+pub use traffic::{kernel_reason, ActiveFlows, Traffic};
 pub use xmit::{follow as follow_xmit, FollowError, XmitChange, XmitMap};
 
 /// Name of the gateway program in the object.

@@ -3,15 +3,20 @@
 //! program claims from for each new flow.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket},
     ops::RangeInclusive,
+    time::{Duration, Instant},
 };
 
 use aya::maps::{Array, MapData};
 use gateway_common::{map_names, SNAT_PORT_SLOTS};
 
 use super::{map_err, Datapath, Result};
+
+/// How often the daemon asks again for the node's address toward every SNAT backend
+/// (routes and addresses may have changed): a connect per backend, no packet sent.
+pub const SNAT_SOURCE_REFRESH: Duration = Duration::from_secs(5);
 
 /// Finds the node's address toward a backend.
 pub type SourceResolver = Box<dyn Fn(Ipv4Addr) -> Option<Ipv4Addr> + Send + Sync>;
@@ -25,6 +30,10 @@ pub(super) struct Snat {
     /// The port ranges the port map holds, once this process wrote them.
     ports_written: Option<Vec<RangeInclusive<u16>>>,
     resolve: SourceResolver,
+    /// When `keep_snat_sources_current` last asked for every source.
+    refreshed_at: Option<Instant>,
+    /// The SNAT backends without a node address last logged.
+    unresolved: BTreeSet<SocketAddrV4>,
 }
 
 impl Snat {
@@ -35,6 +44,8 @@ impl Snat {
             written: HashMap::new(),
             ports_written: None,
             resolve: Box::new(node_source),
+            refreshed_at: None,
+            unresolved: BTreeSet::new(),
         }
     }
 
@@ -93,6 +104,50 @@ impl Datapath {
             changed += usize::from(self.write_snat_source(bid, endpoint)?);
         }
         Ok(changed)
+    }
+
+    /// Between plans and after each: when `SNAT_SOURCE_REFRESH` has passed, asks again
+    /// for every SNAT backend's source (a route or address may have changed) and logs
+    /// the SNAT backends without a node address, once each time that set changes (their
+    /// new flows are dropped and counted `drop_snat_no_source`).
+    pub fn keep_snat_sources_current(&mut self) {
+        if self
+            .snat
+            .refreshed_at
+            .is_some_and(|t| t.elapsed() < SNAT_SOURCE_REFRESH)
+        {
+            return;
+        }
+        self.snat.refreshed_at = Some(Instant::now());
+        match self.refresh_snat_sources() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                backends = n,
+                "the node's address toward SNAT backends changed"
+            ),
+            Err(e) => tracing::warn!(error = %e, "refreshing the SNAT source addresses"),
+        }
+        let unresolved: BTreeSet<SocketAddrV4> = self
+            .installed
+            .values()
+            .filter(|svc| svc.snat)
+            .flat_map(|svc| svc.backends.iter())
+            .filter(|(_, (bid, _))| self.snat.written.get(bid) == Some(&0))
+            .map(|(&endpoint, _)| endpoint)
+            .collect();
+        if unresolved != self.snat.unresolved {
+            if unresolved.is_empty() {
+                tracing::info!("every SNAT backend has a node address toward it again");
+            } else {
+                let list: Vec<String> = unresolved.iter().map(ToString::to_string).collect();
+                tracing::warn!(
+                    backends = list.join(" "),
+                    "no route to these SNAT backends: the node has no address toward them, so \
+                     their new flows are dropped (counted drop_snat_no_source)"
+                );
+            }
+            self.snat.unresolved = unresolved;
+        }
     }
 
     /// Makes the port map hold `want` (ascending ranges). Growing, the ports go in

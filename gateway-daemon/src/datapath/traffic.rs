@@ -10,6 +10,15 @@ use gateway_common::{map_names, Counter, Flow, FlowKey, ServiceId, ServiceStats}
 use super::{map_err, nr_cpus, Datapath, DatapathError, Result, ServiceAddr};
 use crate::sys::bpf::{lookup_batch, read_pod};
 
+/// A service's recently active flows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ActiveFlows {
+    /// All of them.
+    pub all: u64,
+    /// Those in SNAT mode.
+    pub snat: u64,
+}
+
 /// What the datapath counted for one service.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Traffic {
@@ -17,6 +26,8 @@ pub struct Traffic {
     pub stats: ServiceStats,
     /// Tracked flows that forwarded a packet recently.
     pub active_flows: u64,
+    /// Of those, the flows in SNAT mode.
+    pub snat_flows: u64,
     /// Since when packets were forwarded to the backends without a reply coming back
     /// (None: replies keep up, or nothing was forwarded).
     pub unanswered_since: Option<std::time::Instant>,
@@ -28,6 +39,7 @@ impl Traffic {
         Traffic {
             stats: add_stats(self.stats, &other.stats),
             active_flows: self.active_flows + other.active_flows,
+            snat_flows: self.snat_flows + other.snat_flows,
             unanswered_since: match (self.unanswered_since, other.unanswered_since) {
                 (Some(x), Some(y)) => Some(x.min(y)),
                 (x, y) => x.or(y),
@@ -154,16 +166,22 @@ impl Datapath {
 
     /// Per service, the tracked flows (client → gateway) that forwarded a packet within
     /// about `window` (a flow's next hop is asked for at least every second while its
-    /// packets flow, and that time is what is compared).
-    pub fn active_flows(&self, window: std::time::Duration) -> Result<BTreeMap<ServiceAddr, u64>> {
+    /// packets flow, and that time is what is compared), and how many of them are SNAT
+    /// flows.
+    pub fn active_flows(
+        &self,
+        window: std::time::Duration,
+    ) -> Result<BTreeMap<ServiceAddr, ActiveFlows>> {
         let now = coarse_clock_units();
         let window = u32::try_from(window.as_nanos() >> 20).unwrap_or(u32::MAX);
-        let mut per_id: StdHashMap<ServiceId, u64> = StdHashMap::new();
+        let mut per_id: StdHashMap<ServiceId, ActiveFlows> = StdHashMap::new();
         self.each_flow(|_, f| {
             if f.kind == gateway_common::NAT_DST
                 && now.wrapping_sub(f.next_hop.checked_at) <= window
             {
-                *per_id.entry(f.service).or_default() += 1;
+                let counted = per_id.entry(f.service).or_default();
+                counted.all += 1;
+                counted.snat += u64::from(f.is_snat());
             }
         })?;
         Ok(self

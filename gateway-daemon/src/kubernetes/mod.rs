@@ -141,6 +141,8 @@ pub struct Controller {
     default_address: Option<Ipv4Addr>,
     /// The last plan's statuses, reused where their inputs did not change.
     memo: planner::Memo,
+    /// The source ports SNAT flows may be given.
+    snat_ports: std::ops::RangeInclusive<u16>,
 }
 
 impl Controller {
@@ -160,7 +162,15 @@ impl Controller {
             recent: Recent::default(),
             default_address,
             memo: planner::Memo::default(),
+            snat_ports: planner::DEFAULT_SNAT_PORTS,
         }
+    }
+
+    /// Gives SNAT flows the source ports `ports` (`--snat-ports`) instead of the
+    /// default ones.
+    pub fn with_snat_ports(mut self, ports: std::ops::RangeInclusive<u16>) -> Self {
+        self.snat_ports = ports;
+        self
     }
 
     /// One cycle over `view`: plan; as the leader, commit claims (planning again after
@@ -189,6 +199,7 @@ impl Controller {
                     now,
                     default_address: self.default_address,
                     ephemeral_ports: None,
+                    snat_ports: self.snat_ports.clone(),
                     allocate: leader,
                 },
                 &mut self.memo,
@@ -355,6 +366,8 @@ pub struct Options {
     pub lease_namespace: String,
     /// Address of Gateways whose `spec.addresses` has no IPv4 address.
     pub default_address: Option<Ipv4Addr>,
+    /// The source ports SNAT flows may be given (`--snat-ports`).
+    pub snat_ports: std::ops::RangeInclusive<u16>,
 }
 
 /// Waits for a quiet spell after a watch event (at most `DEBOUNCE_MAX`).
@@ -406,7 +419,8 @@ pub async fn run(
         leadership,
         &options.identity,
         options.default_address,
-    );
+    )
+    .with_snat_ports(options.snat_ports.clone());
     tokio::select! {
         _ = cycles(controller, &sources, &changed, datapath, &shared) => {}
         _ = shutdown => tracing::info!("shutting down"),
@@ -429,7 +443,7 @@ async fn cycles(
     loop {
         if !plan_due {
             // Nothing the plan depends on moved: only the counters are due.
-            if let Some(dp) = &datapath {
+            if let Some(dp) = &mut datapath {
                 publish::refresh_traffic(shared, dp);
             }
         } else {

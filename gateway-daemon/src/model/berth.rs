@@ -42,6 +42,25 @@ pub struct GatewayConfigSpec {
     /// How long a released port stays unassigned (`300s` when absent).
     #[serde(default)]
     pub release_cooldown: Option<String>,
+    /// SNAT mode: backends see the node's address and a port of its own per flow, so
+    /// their replies need not route through the gateway (`false` when absent: router
+    /// mode, backends see the client's address).
+    // Kept as read, so that a value other than a boolean becomes the Gateway's
+    // InvalidParameters like a bad releaseCooldown: see `GatewayConfigSpec::source_nat`.
+    #[serde(default, rename = "sourceNAT", skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<bool>")]
+    pub source_nat: Option<serde_json::Value>,
+}
+
+impl GatewayConfigSpec {
+    /// `spec.sourceNAT` as a boolean (`false` when absent), or what is wrong with it.
+    pub fn source_nat(&self) -> Result<bool, String> {
+        match &self.source_nat {
+            None | Some(serde_json::Value::Null) => Ok(false),
+            Some(serde_json::Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(format!("spec.sourceNAT {v}: not a boolean (true or false)")),
+        }
+    }
 }
 
 /// One listener's range.

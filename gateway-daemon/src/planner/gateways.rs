@@ -31,6 +31,8 @@ pub(super) struct GatewayView<'a> {
     pub listeners: Vec<ListenerView<'a>>,
     pub params_error: Option<String>,
     pub cooldown: Duration,
+    /// Whether its services are source-NATed (its GatewayConfig's `sourceNAT`).
+    pub source_nat: bool,
     /// The addresses it is served on (and those it is not).
     pub addresses: Addresses,
     /// Its rank among the plan's Gateways, oldest (0) first.
@@ -128,6 +130,7 @@ fn gateway_view<'a>(
         listeners: Vec::new(),
         params_error: None,
         cooldown: DEFAULT_RELEASE_COOLDOWN,
+        source_nat: false,
         addresses: Addresses::of(&gw.spec.addresses, default_address),
         age: 0,
     };
@@ -157,6 +160,10 @@ fn gateway_view<'a>(
                 Ok(d) => view.cooldown = d,
                 Err(e) => errors.push(format!("{cname}: spec.releaseCooldown {c:?}: {e}")),
             }
+        }
+        match config.spec.source_nat() {
+            Ok(on) => view.source_nat = on,
+            Err(e) => errors.push(format!("{cname}: {e}")),
         }
         let mut seen = BTreeSet::new();
         for (i, r) in config.spec.listeners.iter().enumerate() {

@@ -50,6 +50,28 @@ pub const EPHEMERAL_PORT_OVERLAP: &str = "berth.dev/EphemeralPortOverlap";
 /// Cool-down when a GatewayConfig does not set `releaseCooldown`.
 pub const DEFAULT_RELEASE_COOLDOWN: Duration = Duration::from_secs(300);
 
+/// The source ports SNAT flows are given when `--snat-ports` is not set (Linux's
+/// default ephemeral range); the listeners' ports are taken out of them.
+pub const DEFAULT_SNAT_PORTS: RangeInclusive<u16> = 32768..=60999;
+
+/// What the daemon's options say about planning (`--address`, `--snat-ports`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// The address of Gateways whose `spec.addresses` has no IPv4 address.
+    pub default_address: Option<Ipv4Addr>,
+    /// The source ports SNAT flows may be given.
+    pub snat_ports: RangeInclusive<u16>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            default_address: None,
+            snat_ports: DEFAULT_SNAT_PORTS,
+        }
+    }
+}
+
 /// What the planner reads.
 pub struct Input<'a> {
     /// All objects.
@@ -68,6 +90,9 @@ pub struct Input<'a> {
     /// role plans with `false`: a route without a claim is reported Pending, and the
     /// plan programs only claims that are stored.
     pub allocate: bool,
+    /// The source ports SNAT flows may be given (`--snat-ports`); the plan's
+    /// `datapath.snat_ports` is this minus every listener's ports.
+    pub snat_ports: RangeInclusive<u16>,
 }
 
 /// What the planner decides.
@@ -220,6 +245,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
             claims: &claims,
             known: &known,
             index: &index,
+            snat_ports: &input.snat_ports,
         },
         &mut routes.backends,
     );

@@ -1,8 +1,13 @@
 //! The fifth stage: the datapath's desired state. Every bound claim of a Gateway, on
 //! each of its addresses, plus each fixed listener's oldest route, one route per
-//! service.
+//! service. Services of a Gateway in SNAT mode are marked so, and SNAT flows get the
+//! configured source ports minus every listener's.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    ops::RangeInclusive,
+    sync::Arc,
+};
 
 use crate::{
     datapath::{DesiredState, ServiceAddr},
@@ -29,10 +34,13 @@ pub(super) struct Context<'p, 'a> {
     /// What the memo remembers of each route, by route index.
     pub known: &'p [Option<&'a Remembered>],
     pub index: &'p Index<'a>,
+    /// The source ports SNAT flows may be given (`--snat-ports`).
+    pub snat_ports: &'p RangeInclusive<u16>,
 }
 
-/// (datapath service, index of the route whose backends serve it, its Gateway's age)
-type Serving = (ServiceAddr, usize, usize);
+/// (datapath service, index of the route whose backends serve it, its Gateway's age,
+/// whether its Gateway is in SNAT mode)
+type Serving = (ServiceAddr, usize, usize, bool);
 
 /// The datapath's desired state, and the route whose backends serve each service.
 /// `backends` (by route index) are those of the routes planned; the others are
@@ -50,11 +58,17 @@ pub(super) fn project(
     // oldest Gateway's entry wins; within one Gateway a later entry wins, as an insert
     // would (the stable sort keeps the reversed order among equals).
     serving.reverse();
-    serving.sort_by_key(|&(service, _, age)| (service, age));
-    serving.dedup_by_key(|&mut (service, _, _)| service);
+    serving.sort_by_key(|&(service, _, age, _)| (service, age));
+    serving.dedup_by_key(|&mut (service, _, _, _)| service);
+    let source_nat = serving
+        .iter()
+        .filter(|&&(_, _, _, snat)| snat)
+        .map(|&(service, _, _, _)| service)
+        .collect();
+    let snat_ports = snat_ports(cx, &serving);
     let owners: BTreeMap<ServiceAddr, Arc<RouteId>> = serving
         .iter()
-        .map(|&(service, ri, _)| {
+        .map(|&(service, ri, _, _)| {
             let id = match cx.known[ri] {
                 Some(k) => Arc::clone(&k.id),
                 None => Arc::new(route_id(&snap.routes[ri])),
@@ -64,7 +78,7 @@ pub(super) fn project(
         .collect();
     let services = serving
         .into_iter()
-        .map(|(service, ri, _)| {
+        .map(|(service, ri, _, _)| {
             // A claim kept for a frozen Gateway may name a route without attachments.
             let resolved = backends[ri].get_or_insert_with(|| {
                 Arc::new(resolve_backends(&snap.routes[ri], snap, cx.index))
@@ -75,7 +89,8 @@ pub(super) fn project(
     (
         DesiredState {
             services,
-            ..Default::default()
+            source_nat,
+            snat_ports,
         },
         owners,
     )
@@ -154,6 +169,46 @@ fn serve(serving: &mut Vec<Serving>, gw: &GatewayView, protocol: Protocol, port:
             },
             ri,
             gw.age,
+            gw.source_nat,
         ));
     }
+}
+
+/// The configured SNAT ports minus the ports of every listener of every Gateway
+/// (a range listener's whole range, TCP and UDP alike, whatever its address) and of
+/// every service served (a claim kept for a Gateway whose ranges are void), as
+/// ascending non-overlapping ranges: a node port never takes a listener's.
+fn snat_ports(cx: &Context, serving: &[Serving]) -> Vec<RangeInclusive<u16>> {
+    let mut taken: BTreeSet<(u16, u16)> = serving
+        .iter()
+        .map(|(service, _, _, _)| (service.port, service.port))
+        .collect();
+    for gw in &cx.gateways.views {
+        taken.extend(
+            gw.listeners
+                .iter()
+                .map(|l| l.range.unwrap_or((l.spec.port, l.spec.port))),
+        );
+    }
+    let (mut next, last) = (*cx.snat_ports.start(), *cx.snat_ports.end());
+    let mut free = Vec::new();
+    for (lo, hi) in taken {
+        if next > last {
+            break;
+        }
+        if hi < next {
+            continue;
+        }
+        if lo > next {
+            free.push(next..=(lo - 1).min(last));
+        }
+        match hi.checked_add(1) {
+            Some(n) => next = next.max(n),
+            None => return free,
+        }
+    }
+    if next <= last {
+        free.push(next..=last);
+    }
+    free
 }

@@ -20,7 +20,7 @@ pub fn cycle(
     store: &Store,
     snapshot: &mut Snapshot,
     now: SystemTime,
-    default_address: Option<std::net::Ipv4Addr>,
+    settings: &planner::Settings,
     memo: &mut planner::Memo,
 ) -> Result<Plan, CycleError> {
     let started = std::time::Instant::now();
@@ -60,8 +60,9 @@ pub fn cycle(
                 snapshot,
                 claims: &stored,
                 now,
-                default_address,
+                default_address: settings.default_address,
                 ephemeral_ports: crate::host::ephemeral_ports(),
+                snat_ports: settings.snat_ports.clone(),
                 allocate: true,
             },
             memo,

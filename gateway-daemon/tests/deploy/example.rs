@@ -63,8 +63,23 @@ pub(super) fn example_errors(d: &Deploy) -> Vec<String> {
         now: SystemTime::now(),
         default_address: None,
         ephemeral_ports: None,
+        snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
     });
+    // Pods on every node are the backends: the example's routes are in SNAT mode.
+    let services = &plan.datapath.services;
+    let routed: Vec<String> = services
+        .keys()
+        .filter(|s| !plan.datapath.source_nat.contains(s))
+        .map(ToString::to_string)
+        .collect();
+    if services.is_empty() || !routed.is_empty() {
+        e.push(format!(
+            "the example's services must all be in SNAT mode (GatewayConfig sourceNAT: \
+             true); of {} these are not: {routed:?}",
+            services.len()
+        ));
+    }
     let state = serde_json::to_value(berth::state_document::document(&plan)).expect("state");
     let example = |kind: &'static str| -> Vec<&Doc> {
         d.of_kind(kind)

@@ -76,6 +76,7 @@ fn snapshot(routes: usize) -> Snapshot {
                 max_ports_per_namespace: None,
             }],
             release_cooldown: None,
+            source_nat: None,
         },
     }));
     for i in 0..routes {
@@ -234,6 +235,7 @@ fn main() {
                 now,
                 default_address: None,
                 ephemeral_ports: None,
+                snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
                 allocate: true,
             });
             full.push(t.elapsed());
@@ -251,6 +253,7 @@ fn main() {
                 now,
                 default_address: None,
                 ephemeral_ports: None,
+                snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
                 allocate: true,
             });
             one.push(t.elapsed());
@@ -270,6 +273,7 @@ fn main() {
                 now,
                 default_address: None,
                 ephemeral_ports: None,
+                snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
                 allocate: true,
             };
             let mut memo = Memo::default();
