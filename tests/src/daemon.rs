@@ -17,6 +17,12 @@ use crate::{
 
 /// The `berth` binary built next to the running test (`target/<profile>/berth`).
 pub fn berth_binary() -> PathBuf {
+    sibling_binary("berth", "cargo build -p gateway-daemon")
+}
+
+/// The binary `name` built next to the running test (`target/<profile>/name`); the
+/// panic when it is missing says to build it with `build`.
+pub fn sibling_binary(name: &str, build: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("own path");
     let dir = exe
         .parent()
@@ -28,9 +34,79 @@ pub fn berth_binary() -> PathBuf {
             }
         })
         .expect("target dir");
-    let berth = dir.join("berth");
-    assert!(berth.exists(), "{} is missing: build it with `cargo build -p gateway-daemon` (cargo test at the root does)", berth.display());
-    berth
+    let bin = dir.join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `{build}` (cargo test at the root does)",
+        bin.display()
+    );
+    bin
+}
+
+/// `berth-dp-loader` joined to a namespace: the datapath, pinned in a fresh directory,
+/// attached to the given interfaces with a desired state applied by the daemon's own
+/// API. Dropping it kills the loader, then removes its pins and state file.
+pub struct Loader {
+    proc: Option<crate::netns::Proc>,
+    pin_dir: PathBuf,
+    state_file: PathBuf,
+}
+
+impl Loader {
+    /// Starts the loader (built next to this binary) in `ns` on `interfaces` with
+    /// `state` and the `extra` arguments, and waits until it has applied the state.
+    pub fn start(
+        ns: &Netns,
+        interfaces: &[impl AsRef<str>],
+        state: &berth::datapath::DesiredState,
+        extra: &[&str],
+    ) -> Self {
+        use std::io::BufRead as _;
+        let id = unique("dl");
+        let mut loader = Loader {
+            proc: None,
+            pin_dir: PathBuf::from(format!("/sys/fs/bpf/berth-test-{id}")),
+            state_file: std::env::temp_dir().join(format!("berth-state-{id}.json")),
+        };
+        let json = serde_json::to_vec(state).expect("serialising the desired state");
+        std::fs::write(&loader.state_file, json).expect("writing the state file");
+        let bin = sibling_binary("berth-dp-loader", "cargo build -p berth-tests --bins");
+        // Not with `ip netns exec`: that gives the process its own /sys, hence a private
+        // bpffs whose pins die with it.
+        let mut cmd = std::process::Command::new(bin);
+        cmd.args(["--netns", &ns.name, "--pin-dir"])
+            .arg(&loader.pin_dir)
+            .arg("--state")
+            .arg(&loader.state_file);
+        for iface in interfaces {
+            cmd.args(["--interface", iface.as_ref()]);
+        }
+        let mut child = cmd
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start berth-dp-loader");
+        let stdout = child.stdout.take().expect("stdout");
+        loader.proc = Some(crate::netns::Proc::from_child(child, "berth-dp-loader"));
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let report = lines.next().and_then(Result::ok).unwrap_or_default();
+        let ready = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert_eq!(
+            ready, "ready",
+            "berth-dp-loader did not come up (report: {report})"
+        );
+        loader
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        drop(self.proc.take());
+        let _ = berth::datapath::remove_pins(&self.pin_dir);
+        let _ = std::fs::remove_file(&self.state_file);
+    }
 }
 
 /// Directories of one daemon, removed on drop.

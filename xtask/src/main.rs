@@ -44,7 +44,8 @@ const USAGE: &str =
   bench planner    setup, then planning time for 100, 1k and 10k routes
   bench control-plane  setup, then berth run with 10k routes: cold start, change latency, RSS
   bench e2e        setup, then one UDP load through the gateway by Berth's XDP, iptables,
-                   nftables (IPVS if the kernel has it) and plain routing: delivered pps,
+                   nftables (IPVS if the kernel has it) and plain routing, and Berth's
+                   SNAT mode beside iptables DNAT + MASQUERADE: delivered pps,
                    loss, gateway CPU per packet; a table, target/bench/e2e.svg, a JSON line
                    (arguments go to it: [--load xdp-live-frames|sendmmsg] [MODE...])
   fuzz datapath    setup, then random and mutated packets through the XDP and TC programs
@@ -67,6 +68,8 @@ fn main() -> ExitCode {
         }),
         ["bench", "e2e", rest @ ..] => setup().and_then(|()| {
             build_berth()?;
+            // The SNAT row applies its state with the loader.
+            build_release("berth-tests", "berth-dp-loader")?;
             run_bin_with("berth-bench-e2e", rest)
         }),
         ["fuzz", "datapath", rest @ ..] => {
@@ -399,17 +402,14 @@ fn run_bin_with(name: &str, args: &[&str]) -> Result<()> {
         .args(args))
 }
 
+/// Builds binary `bin` of `package`, optimised, for the demo or a benchmark to start.
+fn build_release(package: &str, bin: &str) -> Result<()> {
+    run(cargo().args(["build", "--quiet", "--release", "-p", package, "--bin", bin]))
+}
+
 /// Builds the optimised `berth` binary, which the demo and a benchmark start.
 fn build_berth() -> Result<()> {
-    run(cargo().args([
-        "build",
-        "--quiet",
-        "--release",
-        "-p",
-        "gateway-daemon",
-        "--bin",
-        "berth",
-    ]))
+    build_release("gateway-daemon", "berth")
 }
 
 fn demo() -> Result<()> {

@@ -15,10 +15,21 @@
 //! - cold: `repeat = 1` per run (caches disturbed by the syscall in between); for new
 //!   flows a distinct 5-tuple per run.
 //!
+//! SNAT-mode cases run the same three paths on SNAT services (source rewritten to a
+//! node address and a per-flow port claimed from a 64512-port pool). For their hot
+//! established and reply cases to repeat on one packet, the source resolver names the
+//! client itself as the node address and the benchmark picks the service port and
+//! client port whose claimed node port is the client port (found with the kernel's own
+//! hash): both rewrites then write the values the fields had. The hot new-flow case has
+//! its own ring of SNAT services; each hop's node port becomes the next flow's source
+//! port, distinct per backend by the claim, so every repetition is a new flow. The
+//! cold new-flow case spreads its flows over many backend endpoints so the pool stays
+//! nearly empty (a port claim rarely retries).
+//!
 //! The program runs in a private namespace with routes and static neighbours, so
 //! forwarded packets take the FIB-hit redirect path. Figures are medians.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 
 use aya::programs::{TestRun, TestRunOptions};
 use berth::datapath::{
@@ -28,6 +39,7 @@ use berth_tests::{
     packet::Packet,
     xdp::{net::*, FixtureNet, TestDatapath, XDP_PASS, XDP_REDIRECT},
 };
+use gateway_common::{flow_hash, proto, snat_port_slot};
 
 const HOT_REPEAT: u32 = 200;
 // Each repeated run swaps the kernel's XDP dispatcher (an RCU grace period, outside the
@@ -38,6 +50,32 @@ const ROUNDS: usize = 5;
 /// Services in the new-flow ring (= repetitions of a hot run).
 const RING: u32 = HOT_REPEAT;
 const RING_BASE: u16 = 20000;
+/// First service port of the SNAT new-flow ring.
+const SNAT_RING_BASE: u16 = 21000;
+/// The SNAT port pool.
+const SNAT_PORTS: std::ops::RangeInclusive<u16> = 1024..=65535;
+/// Backend endpoints of the SNAT new-flow service (each has its own port pool).
+const SNAT_BACKENDS: u16 = 64;
+
+/// A UDP service port in `ports` and a client port for which a SNAT flow from
+/// `client` to the gateway gets the client port as its node port on the first try
+/// (node address = client): the forward and reply rewrites are then identities.
+fn snat_identity(client: Ipv4Addr, ports: std::ops::Range<u16>) -> (u16, u16) {
+    let pool: Vec<u16> = SNAT_PORTS.collect();
+    ports
+        .flat_map(|svc| pool.iter().map(move |&c| (svc, c)))
+        .find(|&(svc, c)| {
+            let h = flow_hash(
+                u32::from(client).to_be(),
+                u32::from(GW).to_be(),
+                c.to_be(),
+                svc.to_be(),
+                proto::UDP,
+            );
+            pool[snat_port_slot(h, 0, pool.len() as u32) as usize - 1] == c
+        })
+        .expect("a service and client port whose node port is the client port")
+}
 
 /// One test run; returns (verdict, kernel-measured ns per repetition).
 fn run(
@@ -102,10 +140,11 @@ fn measure(dp: &mut Datapath, case: &Case, repeat: u32, runs: usize) -> u64 {
 }
 
 fn main() {
-    let flows = 4 * (COLD_RUNS * ROUNDS) as u32;
+    // Two new-flow cases, each with hot and cold samples, two entries per flow.
+    let flows = 6 * (COLD_RUNS * ROUNDS) as u32;
     let limits = Limits {
-        services: RING + 8,
-        backends: 256,
+        services: 2 * RING + 8,
+        backends: 1024,
         flows,
         fragments: 64,
         addresses: 8,
@@ -172,6 +211,40 @@ fn main() {
             }],
         )
     });
+    // SNAT services beside them. The node address is the client's (see the top).
+    let (snat_svc, snat_client_port) = snat_identity(CLIENT, 100..1000);
+    let state = state
+        .with_snat_service(
+            udp_gw(snat_svc),
+            vec![WeightedBackend {
+                endpoint: gw(snat_svc),
+                weight: 1,
+            }],
+        )
+        .with_snat_service(
+            udp_gw(55),
+            [B1, B2, B3]
+                .iter()
+                .flat_map(|&b| {
+                    (0..SNAT_BACKENDS / 3).map(move |i| WeightedBackend {
+                        endpoint: sa(b, 9000 + i),
+                        weight: 1,
+                    })
+                })
+                .collect(),
+        )
+        .with_snat_ports(vec![SNAT_PORTS]);
+    let state = (0..RING as u16).fold(state, |state, i| {
+        let next = SNAT_RING_BASE + (i + 1) % RING as u16;
+        state.with_snat_service(
+            udp_gw(SNAT_RING_BASE + i),
+            vec![WeightedBackend {
+                endpoint: gw(next),
+                weight: 1,
+            }],
+        )
+    });
+    t.dp.set_source_resolver(Box::new(|_| Some(CLIENT)));
     t.dp.apply(&state).expect("apply");
     // Both sides take XDP frames (what the daemon learns from the kernel's xdp-features):
     // forwarded packets take the redirect path.
@@ -187,6 +260,19 @@ fn main() {
     let miss = udp(sa(CLIENT, 40000), sa(Ipv4Addr::new(10, 250, 9, 9), 53))
         .macs(CLIENT_MAC, FX0_MAC)
         .frame();
+    let snat_established = udp(sa(CLIENT, snat_client_port), gw(snat_svc))
+        .macs(CLIENT_MAC, FX0_MAC)
+        .frame();
+    let snat_reply = udp(gw(snat_svc), sa(CLIENT, snat_client_port))
+        .macs([2, 0, 0, 0, 0, 0x64], FX1_MAC)
+        .frame();
+    // A distinct client address and port per sample: every one is a new flow.
+    let new_client = |n: usize| -> SocketAddrV4 {
+        sa(
+            Ipv4Addr::new(10, 250, 1, 100 + (n / 60000) as u8),
+            1024 + (n % 60000) as u16,
+        )
+    };
     let fixed = |f: Vec<u8>| -> Box<dyn Fn(usize) -> Vec<u8> + Send + Sync> {
         Box::new(move |_| f.clone())
     };
@@ -233,17 +319,42 @@ fn main() {
             program: PROGRAM,
             ingress: fx.fx0,
             verdict: XDP_REDIRECT,
-            // A distinct client address and port per sample: every one is a new flow.
-            frame: Box::new(move |n| {
-                let src = sa(
-                    Ipv4Addr::new(10, 250, 1, 100 + (n / 60000) as u8),
-                    1024 + (n % 60000) as u16,
-                );
-                udp(src, gw(54)).macs(CLIENT_MAC, FX0_MAC).frame()
-            }),
+            frame: Box::new(move |n| udp(new_client(n), gw(54)).macs(CLIENT_MAC, FX0_MAC).frame()),
             hot_frame: Some(Box::new(move |n| {
                 let src = sa(Ipv4Addr::new(10, 250, 1, 200), 1024 + n as u16);
                 udp(src, gw(RING_BASE)).macs(CLIENT_MAC, FX0_MAC).frame()
+            })),
+        },
+        Case {
+            name: "SNAT established flow (conntrack hit, DNAT+SNAT)",
+            key: "snat_established_ns",
+            program: PROGRAM,
+            ingress: fx.fx0,
+            verdict: XDP_REDIRECT,
+            frame: fixed(snat_established.clone()),
+            hot_frame: None,
+        },
+        Case {
+            name: "SNAT reply (reverse NAT of both ends, redirect)",
+            key: "snat_reply_ns",
+            program: PROGRAM,
+            ingress: fx.fx1,
+            verdict: XDP_REDIRECT,
+            frame: fixed(snat_reply),
+            hot_frame: None,
+        },
+        Case {
+            name: "SNAT new flow (Maglev, port claim, 2 inserts, FIB)",
+            key: "snat_new_flow_ns",
+            program: PROGRAM,
+            ingress: fx.fx0,
+            verdict: XDP_REDIRECT,
+            frame: Box::new(move |n| udp(new_client(n), gw(55)).macs(CLIENT_MAC, FX0_MAC).frame()),
+            hot_frame: Some(Box::new(move |n| {
+                let src = sa(Ipv4Addr::new(10, 250, 1, 201), 1024 + n as u16);
+                udp(src, gw(SNAT_RING_BASE))
+                    .macs(CLIENT_MAC, FX0_MAC)
+                    .frame()
             })),
         },
     ];
@@ -259,6 +370,15 @@ fn main() {
             &mut vec![0u8; 512],
         );
         assert_eq!(v, XDP_REDIRECT, "established flow setup");
+        let mut out = vec![0u8; 512];
+        let (v, _) = run(&mut t.dp, PROGRAM, fx.fx0, &snat_established, 1, &mut out);
+        assert_eq!(v, XDP_REDIRECT, "snat established flow setup");
+        // Addresses and ports (Ethernet + IPv4 without options + UDP ports).
+        assert_eq!(
+            out[26..38],
+            snat_established[26..38],
+            "the snat identity flow leaves with its addresses and ports unchanged"
+        );
         cases
             .iter()
             .map(|c| {
@@ -288,6 +408,10 @@ fn main() {
     println!(
         "counters: new_flow {} redirect {} kernel_forward_no_xdp_egress {}",
         c["new_flow"], c["redirect"], c["kernel_forward_no_xdp_egress"]
+    );
+    println!(
+        "snat counters: snat_new_flow {} snat_port_retry {} drop_snat_ports_exhausted {}",
+        c["snat_new_flow"], c["snat_port_retry"], c["drop_snat_ports_exhausted"]
     );
     println!("{{{}}}", headline.join(","));
 }

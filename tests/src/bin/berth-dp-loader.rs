@@ -4,7 +4,11 @@
 //! restart does to traffic.
 //!
 //! `berth-dp-loader [--netns NAME] --pin-dir DIR --state FILE [--interface IF]...
-//!  [--mode auto|native|skb]`
+//!  [--mode auto|native|skb] [--follow-xmit]`
+//!
+//! `--follow-xmit` keeps the map of interfaces that take XDP frames current, as
+//! `berth run` does by default (without it the map stays empty: every packet takes the
+//! kernel's path).
 
 use std::path::PathBuf;
 
@@ -16,6 +20,7 @@ fn main() -> anyhow::Result<()> {
     let mut state = None;
     let mut ifaces = Vec::new();
     let mut mode = AttachMode::Auto;
+    let mut follow_xmit = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
@@ -32,6 +37,7 @@ fn main() -> anyhow::Result<()> {
                     other => bail!("--mode {other}: expected auto, native or skb"),
                 }
             }
+            "--follow-xmit" => follow_xmit = true,
             other => bail!("unknown argument {other}"),
         }
     }
@@ -48,6 +54,10 @@ fn main() -> anyhow::Result<()> {
     };
     let mut dp = Datapath::load(&config).context("loading the datapath")?;
     let adopted = dp.installed().services.len();
+    if follow_xmit {
+        berth::datapath::follow_xmit(&config.pin_dir)
+            .context("following which interfaces take XDP frames")?;
+    }
     let mut attached = Vec::new();
     for iface in &ifaces {
         let how = match dp

@@ -1,5 +1,7 @@
 //! The gateway under test, set up per mode: Berth (`berth run` on a route to the
-//! backends), the netfilter DNAT baselines (iptables-legacy, iptables-nft, nftables) and IPVS.
+//! backends), Berth in SNAT mode (`berth-dp-loader` with the service source-NATed), the
+//! netfilter DNAT baselines (iptables-legacy, iptables-nft, nftables), IPVS and iptables
+//! DNAT + MASQUERADE.
 
 use super::*;
 
@@ -19,11 +21,24 @@ pub(super) fn route_yaml() -> String {
     )
 }
 
-/// Sets the gateway up for `mode`. For Berth, returns the daemon and its directories,
-/// to drop (kill, unpin) before the topology.
-pub(super) fn configure(mode: Mode, topo: &Topology) -> Option<(Daemon, Dirs)> {
+/// The SNAT port range of the SNAT-mode row (the daemon's default, 32768-60999).
+const SNAT_PORTS: std::ops::RangeInclusive<u16> = 32768..=60999;
+
+/// What keeps a mode's gateway running (Berth's daemon or loader), to drop (kill,
+/// unpin) before the topology.
+pub(super) type Running = Box<dyn std::any::Any>;
+
+/// Sets the gateway up for `mode`.
+pub(super) fn configure(mode: Mode, topo: &Topology) -> Option<Running> {
     let gw = &topo.gateway;
     let backend = |i: usize| format!("{}:{BACKEND_PORT}", backend_addr(i));
+    if matches!(mode, Mode::BerthSnat | Mode::IptablesMasq) {
+        // Source NAT serves backends that do not route via the gateway: take their
+        // default route away (they reach the gateway's address on their subnet).
+        for b in &topo.backends {
+            b.ip(&["route", "del", "default"]);
+        }
+    }
     match mode {
         Mode::Routing => {}
         Mode::Berth | Mode::BerthKernel => {
@@ -44,9 +59,28 @@ pub(super) fn configure(mode: Mode, topo: &Topology) -> Option<(Daemon, Dirs)> {
                     })
                 },
             );
-            return Some((daemon, dirs));
+            return Some(Box::new((daemon, dirs)));
         }
-        Mode::IptablesLegacy | Mode::IptablesNft => {
+        Mode::BerthSnat => {
+            let service = ServiceAddr {
+                addr: GW,
+                protocol: Protocol::Udp,
+                port: GW_PORT,
+            };
+            let backends = (1..=BACKENDS)
+                .map(|i| WeightedBackend {
+                    endpoint: SocketAddrV4::new(backend_addr(i), BACKEND_PORT),
+                    weight: 1,
+                })
+                .collect();
+            let state = DesiredState::default()
+                .with_snat_service(service, backends)
+                .with_snat_ports(vec![SNAT_PORTS]);
+            // As `berth run` by default: redirect into interfaces that take XDP frames.
+            let loader = Loader::start(gw, &topo.gateway_ifaces, &state, &["--follow-xmit"]);
+            return Some(Box::new(loader));
+        }
+        Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesMasq => {
             let cmd = if mode == Mode::IptablesLegacy {
                 "iptables-legacy"
             } else {
@@ -74,6 +108,21 @@ pub(super) fn configure(mode: Mode, topo: &Topology) -> Option<(Daemon, Dirs)> {
                 }
                 rule.extend(["-j", "DNAT", "--to-destination", &to]);
                 gw.exec(&rule);
+            }
+            if mode == Mode::IptablesMasq {
+                // Toward the backends (b1, b2, ...), the source becomes the address of
+                // the interface the packet leaves by.
+                gw.exec(&[
+                    cmd,
+                    "-t",
+                    "nat",
+                    "-A",
+                    "POSTROUTING",
+                    "-o",
+                    "b+",
+                    "-j",
+                    "MASQUERADE",
+                ]);
             }
         }
         Mode::Ipvs => {

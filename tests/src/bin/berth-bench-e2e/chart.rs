@@ -11,6 +11,8 @@ pub(super) fn color(mode: Mode) -> &'static str {
         Mode::IptablesNft => "#ef4444",
         Mode::Ipvs => "#a855f7",
         Mode::Nftables => "#10b981",
+        Mode::BerthSnat => "#1e3a8a",
+        Mode::IptablesMasq => "#b91c1c",
     }
 }
 
@@ -49,7 +51,7 @@ pub(super) struct Panel<'a> {
 /// most 95% of a CPU).
 pub(super) const UNSATURATED: f64 = 0.85;
 
-pub(super) const PLOT_TOP: f64 = 120.0;
+pub(super) const PLOT_TOP: f64 = 138.0;
 pub(super) const PLOT_H: f64 = 300.0;
 pub(super) const PLOT_W: f64 = 420.0;
 
@@ -169,23 +171,29 @@ pub(super) fn fmt_tick(v: f64, step: f64) -> String {
     }
 }
 
-pub(super) fn chart(rows: &[Row], load: Load, headline: &str) -> String {
-    let (w, h) = (1040.0, 530.0);
+pub(super) fn chart(rows: &[Row], load: Load, headline: &[String]) -> String {
+    let (w, h) = (1040.0, 548.0);
     let mut svg = String::new();
     let _ = writeln!(
         svg,
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="DejaVu Sans, Helvetica, Arial, sans-serif">
 <rect width="100%" height="100%" fill="white"/>
 <text x="{:.1}" y="30" text-anchor="middle" font-size="20" font-weight="bold" fill="#111827">One gateway, the same UDP load: Berth's XDP datapath vs kernel NAT</text>
-<text x="{:.1}" y="54" text-anchor="middle" font-size="13" fill="#374151">{FLOWS} flows of 64-byte UDP frames ({} load), client → gateway → {BACKENDS} backends over veth; median of {REPS} runs of {}s (whiskers: min–max)</text>
-<text x="{:.1}" y="74" text-anchor="middle" font-size="13" font-weight="bold" fill="#1d4ed8">{}</text>"##,
+<text x="{:.1}" y="54" text-anchor="middle" font-size="13" fill="#374151">{FLOWS} flows of 64-byte UDP frames ({} load), client → gateway → {BACKENDS} backends over veth; median of {REPS} runs of {}s (whiskers: min–max)</text>"##,
         w / 2.0,
         w / 2.0,
         load.name(),
         MEASURE.as_secs(),
-        w / 2.0,
-        escape(headline)
     );
+    for (i, line) in headline.iter().enumerate() {
+        let _ = writeln!(
+            svg,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="13" font-weight="bold" fill="#1d4ed8">{}</text>"##,
+            w / 2.0,
+            74.0 + 18.0 * i as f64,
+            escape(line)
+        );
+    }
     panel(
         &mut svg,
         rows,
@@ -254,16 +262,21 @@ pub(super) fn chart(rows: &[Row], load: Load, headline: &str) -> String {
     svg
 }
 
-/// Berth against the kernel NAT references, e.g. "Berth vs iptables-legacy,
-/// iptables-nft, nftables: 3.4x the packets per second, 4.4-4.5x less gateway CPU per
-/// packet".
-pub(super) fn headline(rows: &[Row]) -> String {
+/// One line per `HEADLINES` comparison that ran: Berth against the kernel NAT
+/// references, e.g. "Berth vs iptables-legacy, iptables-nft, nftables: 3.4x the packets
+/// per second, 4.4-4.5x less gateway CPU per packet".
+pub(super) fn headline(rows: &[Row]) -> Vec<String> {
+    HEADLINES
+        .iter()
+        .filter_map(|&(mode, label, references)| comparison(rows, mode, label, references))
+        .collect()
+}
+
+fn comparison(rows: &[Row], mode: Mode, label: &str, references: &[Mode]) -> Option<String> {
     let find = |m: Mode| rows.iter().find(|r| r.mode == m);
-    let Some(berth) = find(Mode::Berth) else {
-        return String::new();
-    };
+    let berth = find(mode)?;
     let (mut names, mut pps, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
-    for m in REFERENCES {
+    for &m in references {
         if let Some((p, c)) = find(m).and_then(|r| berth.ratio(r)) {
             names.push(m.name());
             pps.push(p);
@@ -271,7 +284,7 @@ pub(super) fn headline(rows: &[Row]) -> String {
         }
     }
     if names.is_empty() {
-        return String::new();
+        return None;
     }
     let range = |v: &[f64]| {
         let lo = format!("{:.1}", v.iter().copied().fold(f64::INFINITY, f64::min));
@@ -282,12 +295,12 @@ pub(super) fn headline(rows: &[Row]) -> String {
             format!("{lo}-{hi}x")
         }
     };
-    format!(
-        "Berth vs {}: {} the packets per second, {} less gateway CPU per packet",
+    Some(format!(
+        "{label} vs {}: {} the packets per second, {} less gateway CPU per packet",
         names.join(", "),
         range(&pps),
         range(&cpu)
-    )
+    ))
 }
 
 pub(super) fn chart_path() -> PathBuf {

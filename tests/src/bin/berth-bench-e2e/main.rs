@@ -3,7 +3,12 @@
 //! run) with the gateway doing its job in turn by plain routing (no NAT, the baseline:
 //! the client sends straight to the backends' addresses), Berth's XDP datapath (the
 //! real `berth run` on a generated manifest directory), iptables DNAT (legacy and nft
-//! back ends), IPVS and nftables DNAT. Modes take turns, `REPS` rounds of `WARMUP` +
+//! back ends), IPVS and nftables DNAT; and in source-NAT mode, Berth's SNAT (the
+//! datapath applied with the service source-NATed by `berth-dp-loader`, the daemon's own
+//! API) against its netfilter equivalent, iptables DNAT in PREROUTING + MASQUERADE in
+//! POSTROUTING toward the backends. For the two SNAT modes the backends have no default
+//! route (nothing in them routes via the gateway; as the sinks never answer, this shows
+//! only that nothing the benchmark needs depends on it). Modes take turns, `REPS` rounds of `WARMUP` +
 //! `MEASURE`; medians are reported as a table, an SVG chart (`target/bench/e2e.svg`)
 //! and, last, one JSON line.
 //!
@@ -67,8 +72,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use berth::datapath::{DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use berth_tests::{
-    daemon::{Daemon, Dirs},
+    daemon::{Daemon, Dirs, Loader},
     loadgen::{pin, FrameGenerator, Sink},
     netns::{wait_until, Netns, Proc},
     packet::Packet,
@@ -129,9 +135,13 @@ enum Mode {
     IptablesNft,
     Ipvs,
     Nftables,
+    /// Berth with the service source-NATed (`berth-dp-loader`).
+    BerthSnat,
+    /// iptables-nft DNAT + MASQUERADE toward the backends.
+    IptablesMasq,
 }
 
-const MODES: [Mode; 7] = [
+const MODES: [Mode; 9] = [
     Mode::Routing,
     Mode::Berth,
     Mode::BerthKernel,
@@ -139,14 +149,33 @@ const MODES: [Mode; 7] = [
     Mode::IptablesNft,
     Mode::Ipvs,
     Mode::Nftables,
+    Mode::BerthSnat,
+    Mode::IptablesMasq,
 ];
 
-/// The references every mode is compared with.
-const REFERENCES: [Mode; 4] = [
+/// The references every mode is compared with (ratio columns).
+const REFERENCES: [Mode; 5] = [
     Mode::IptablesLegacy,
     Mode::IptablesNft,
     Mode::Ipvs,
     Mode::Nftables,
+    Mode::IptablesMasq,
+];
+
+/// What the headline compares: Berth in router mode with the kernel's DNAT, Berth in
+/// SNAT mode with the kernel's DNAT + MASQUERADE.
+const HEADLINES: [(Mode, &str, &[Mode]); 2] = [
+    (
+        Mode::Berth,
+        "Berth",
+        &[
+            Mode::IptablesLegacy,
+            Mode::IptablesNft,
+            Mode::Ipvs,
+            Mode::Nftables,
+        ],
+    ),
+    (Mode::BerthSnat, "Berth SNAT", &[Mode::IptablesMasq]),
 ];
 
 impl Mode {
@@ -159,6 +188,8 @@ impl Mode {
             Mode::IptablesNft => "iptables-nft",
             Mode::Ipvs => "ipvs",
             Mode::Nftables => "nftables",
+            Mode::BerthSnat => "berth-snat",
+            Mode::IptablesMasq => "iptables-masq",
         }
     }
 
@@ -171,6 +202,8 @@ impl Mode {
             Mode::IptablesNft => "iptables-nft nat PREROUTING DNAT",
             Mode::Ipvs => "IPVS masquerading (NAT)",
             Mode::Nftables => "nftables nat prerouting dnat (numgen)",
+            Mode::BerthSnat => "berth-dp-loader, XDP DNAT + SNAT to the node address + redirect",
+            Mode::IptablesMasq => "iptables-nft PREROUTING DNAT + POSTROUTING MASQUERADE",
         }
     }
 
@@ -181,7 +214,7 @@ impl Mode {
         }
         let tool = match self {
             Mode::IptablesLegacy => "iptables-legacy",
-            Mode::IptablesNft => "iptables-nft",
+            Mode::IptablesNft | Mode::IptablesMasq => "iptables-nft",
             Mode::Ipvs => "ipvsadm",
             Mode::Nftables => "nft",
             _ => return None,
@@ -200,7 +233,8 @@ fn have(tool: &str) -> bool {
 }
 
 const USAGE: &str = "usage: berth-bench-e2e [--load xdp-live-frames|sendmmsg] [MODE...]
-  MODE: routing berth-xdp iptables-legacy iptables-nft ipvs nftables (default: all)";
+  MODE: routing berth-xdp berth-kernel iptables-legacy iptables-nft ipvs nftables
+        berth-snat iptables-masq (default: all)";
 
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
@@ -288,8 +322,8 @@ fn main() {
     println!(
         "ratios: pps = delivered pps / the reference's; cpu = the reference's gateway ns per packet / this mode's (> 1: better)"
     );
-    if !headline.is_empty() {
-        println!("{headline}");
+    for line in &headline {
+        println!("{line}");
     }
     println!("chart: {}", path.display());
     println!("{}", json_line(&rows, load, &path));
