@@ -48,8 +48,8 @@ pub fn sibling_binary(name: &str, build: &str) -> PathBuf {
 /// API. Dropping it kills the loader, then removes its pins and state file.
 pub struct Loader {
     proc: Option<crate::netns::Proc>,
-    pin_dir: PathBuf,
-    state_file: PathBuf,
+    /// Dropped after the loader is killed.
+    _pins: crate::loader::Pins,
 }
 
 impl Loader {
@@ -61,51 +61,20 @@ impl Loader {
         state: &berth::datapath::DesiredState,
         extra: &[&str],
     ) -> Self {
-        use std::io::BufRead as _;
-        let id = unique("dl");
-        let mut loader = Loader {
-            proc: None,
-            pin_dir: PathBuf::from(format!("/sys/fs/bpf/berth-test-{id}")),
-            state_file: std::env::temp_dir().join(format!("berth-state-{id}.json")),
-        };
-        let json = serde_json::to_vec(state).expect("serialising the desired state");
-        std::fs::write(&loader.state_file, json).expect("writing the state file");
+        let pins = crate::loader::Pins::new();
+        pins.write_state(state);
         let bin = sibling_binary("berth-dp-loader", "cargo build -p berth-tests --bins");
-        // Not with `ip netns exec`: that gives the process its own /sys, hence a private
-        // bpffs whose pins die with it.
-        let mut cmd = std::process::Command::new(bin);
-        cmd.args(["--netns", &ns.name, "--pin-dir"])
-            .arg(&loader.pin_dir)
-            .arg("--state")
-            .arg(&loader.state_file);
-        for iface in interfaces {
-            cmd.args(["--interface", iface.as_ref()]);
+        let (proc, _report) = crate::loader::spawn(bin, &ns.name, interfaces, &pins, extra);
+        Loader {
+            proc: Some(proc),
+            _pins: pins,
         }
-        let mut child = cmd
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start berth-dp-loader");
-        let stdout = child.stdout.take().expect("stdout");
-        loader.proc = Some(crate::netns::Proc::from_child(child, "berth-dp-loader"));
-        let mut lines = std::io::BufReader::new(stdout).lines();
-        let report = lines.next().and_then(Result::ok).unwrap_or_default();
-        let ready = lines.next().and_then(Result::ok).unwrap_or_default();
-        assert_eq!(
-            ready, "ready",
-            "berth-dp-loader did not come up (report: {report})"
-        );
-        loader
     }
 }
 
 impl Drop for Loader {
     fn drop(&mut self) {
         drop(self.proc.take());
-        let _ = berth::datapath::remove_pins(&self.pin_dir);
-        let _ = std::fs::remove_file(&self.state_file);
     }
 }
 

@@ -71,28 +71,38 @@ impl Drop for Pins {
 }
 
 /// Starts the loader binary `bin` (the test's `env!("CARGO_BIN_EXE_berth-dp-loader")`)
-/// joined to `topo`'s gateway namespace (not with `ip netns exec`: that also gives the
-/// process its own /sys, hence a private bpffs whose pins die with it), attached to the
-/// gateway's interfaces, on `pins`. Returns once it is ready, with its one-line JSON
-/// report.
+/// joined to `topo`'s gateway namespace, attached to the gateway's interfaces, on
+/// `pins` (see `spawn`).
 pub fn start(bin: &str, topo: &Topology, pins: &Pins) -> (Proc, String) {
-    let mut args = vec!["--netns".to_string(), topo.gateway.name.clone()];
-    args.extend([
-        "--pin-dir".into(),
-        pins.dir.display().to_string(),
-        "--state".into(),
-        pins.state.display().to_string(),
-    ]);
-    for iface in &topo.gateway_ifaces {
-        args.extend(["--interface".to_string(), iface.clone()]);
+    spawn(bin, &topo.gateway.name, &topo.gateway_ifaces, pins, &[])
+}
+
+/// Starts the loader binary `bin` joined to namespace `netns` (not with `ip netns
+/// exec`: that also gives the process its own /sys, hence a private bpffs whose pins
+/// die with it), attached to `interfaces`, on `pins`, with `extra` arguments. Returns
+/// once it is ready, with its one-line JSON report.
+pub fn spawn(
+    bin: impl AsRef<std::ffi::OsStr>,
+    netns: &str,
+    interfaces: &[impl AsRef<str>],
+    pins: &Pins,
+    extra: &[&str],
+) -> (Proc, String) {
+    let mut cmd = Command::new(bin.as_ref());
+    cmd.args(["--netns", netns, "--pin-dir"])
+        .arg(&pins.dir)
+        .arg("--state")
+        .arg(&pins.state);
+    for iface in interfaces {
+        cmd.args(["--interface", iface.as_ref()]);
     }
-    let mut child = Command::new(bin)
-        .args(&args)
+    let mut child = cmd
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .unwrap_or_else(|e| panic!("starting {bin}: {e}"));
+        .unwrap_or_else(|e| panic!("starting berth-dp-loader: {e}"));
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
     let report = lines.next().and_then(Result::ok).unwrap_or_default();
