@@ -206,14 +206,7 @@ fn claim_source(
         let Some(&port) = SNAT_PORTS.get(slot) else {
             break;
         };
-        let reply_key = FlowKey {
-            src: backend.addr,
-            dst: node,
-            sport: backend.port,
-            dport: port as u16,
-            proto: t.proto,
-            pad: [0; 3],
-        };
+        let reply_key = tuple((backend.addr, backend.port), (node, port as u16), t.proto);
         if CONNTRACK
             .insert(reply_key, reply, BPF_NOEXIST as u64)
             .is_ok()
@@ -231,14 +224,11 @@ fn claim_source(
 #[inline(always)]
 pub fn record(key: &FlowKey, flow: &Flow) {
     if !flow.is_snat() {
-        let reply_key = FlowKey {
-            src: flow.nat_addr,
-            dst: key.src,
-            sport: flow.nat_port,
-            dport: key.sport,
-            proto: key.proto,
-            pad: [0; 3],
-        };
+        let reply_key = tuple(
+            (flow.nat_addr, flow.nat_port),
+            (key.src, key.sport),
+            key.proto,
+        );
         let reply = Flow {
             nat_addr: key.dst,
             nat_port: key.dport,
@@ -302,29 +292,33 @@ pub fn add_kernel_path_entries(key: &FlowKey, flow: &Flow) {
         peer_port,
         pad2: 0,
     };
-    let masq = FlowKey {
-        src: client,
-        dst: backend,
-        sport: client_port,
-        dport: backend_port,
-        proto: key.proto,
+    let masq = tuple((client, client_port), (backend, backend_port), key.proto);
+    insert_absent(
+        &masq,
+        &entry(NAT_MASQ, node, node_port, gateway, gateway_port),
+    );
+    let reply = tuple((backend, backend_port), (client, client_port), key.proto);
+    insert_absent(&reply, &entry(NAT_SRC, gateway, gateway_port, 0, 0));
+}
+
+/// The tuple of a packet from `src` to `dst` (addresses and ports network order).
+#[inline(always)]
+fn tuple(src: (u32, u16), dst: (u32, u16), proto: u8) -> FlowKey {
+    FlowKey {
+        src: src.0,
+        dst: dst.0,
+        sport: src.1,
+        dport: dst.1,
+        proto,
         pad: [0; 3],
-    };
-    // Looked up first: an LRU insert takes a free element (maybe evicting one) before
-    // it finds the key present.
-    if CONNTRACK.get_ptr(masq).is_none() {
-        let masq_flow = entry(NAT_MASQ, node, node_port, gateway, gateway_port);
-        let _ = CONNTRACK.insert(masq, masq_flow, 0);
     }
-    let reply = FlowKey {
-        src: backend,
-        dst: client,
-        sport: backend_port,
-        dport: client_port,
-        proto: key.proto,
-        pad: [0; 3],
-    };
-    if CONNTRACK.get_ptr(reply).is_none() {
-        let _ = CONNTRACK.insert(reply, entry(NAT_SRC, gateway, gateway_port, 0, 0), 0);
+}
+
+/// Inserts an entry unless its key is tracked already. Looked up first: an LRU insert
+/// takes a free element (maybe evicting one) before it finds the key present.
+#[inline(always)]
+fn insert_absent(key: &FlowKey, flow: &Flow) {
+    if CONNTRACK.get_ptr(key).is_none() {
+        let _ = CONNTRACK.insert(key, flow, 0);
     }
 }

@@ -89,7 +89,17 @@ impl Datapath {
             .as_ref()
             .is_none_or(|last| last.source_nat != desired.source_nat);
         // Ports first: a service switched to SNAT mode below takes them at once.
-        self.sync_snat_ports(&desired.snat_ports)?;
+        let ports_changed = self.sync_snat_ports(&desired.snat_ports)?;
+        if (ports_changed || snat_changed)
+            && desired.snat_ports.is_empty()
+            && !desired.source_nat.is_empty()
+        {
+            tracing::warn!(
+                services = desired.source_nat.len(),
+                "no SNAT source port is left (--snat-ports lies inside the listeners' \
+                 ports): every new SNAT flow is dropped (counted drop_snat_ports_exhausted)"
+            );
+        }
         // The services that may differ from what is installed: those that changed since
         // the state last applied in full, or (after a failure, and at first) all.
         let changes: Vec<(ServiceKey, Option<BackendSet>)> = match self.applied.take() {

@@ -79,6 +79,10 @@ impl Datapath {
     /// (`drop_snat_no_source`) until a route appears and `refresh_snat_sources` runs.
     pub(super) fn write_snat_source(&mut self, bid: u32, endpoint: SocketAddrV4) -> Result<bool> {
         let want = (self.snat.resolve)(*endpoint.ip()).map_or(0, |a| u32::from(a).to_be());
+        self.set_snat_source(bid, want)
+    }
+
+    fn set_snat_source(&mut self, bid: u32, want: u32) -> Result<bool> {
         if self.snat.written.get(&bid) == Some(&want) {
             return Ok(false);
         }
@@ -91,7 +95,8 @@ impl Datapath {
     }
 
     /// Asks again for the source of every backend of a SNAT service (after routes or
-    /// addresses changed) and writes those that changed; returns how many did.
+    /// addresses changed) and writes those that changed; returns how many did. Each
+    /// backend address is asked once, however many services and ports it serves.
     pub fn refresh_snat_sources(&mut self) -> Result<usize> {
         let backends: Vec<(u32, SocketAddrV4)> = self
             .installed
@@ -99,9 +104,13 @@ impl Datapath {
             .filter(|svc| svc.snat)
             .flat_map(|svc| svc.backends.iter().map(|(&e, &(bid, _))| (bid, e)))
             .collect();
+        let mut asked: HashMap<Ipv4Addr, u32> = HashMap::new();
         let mut changed = 0;
         for (bid, endpoint) in backends {
-            changed += usize::from(self.write_snat_source(bid, endpoint)?);
+            let want = *asked.entry(*endpoint.ip()).or_insert_with(|| {
+                (self.snat.resolve)(*endpoint.ip()).map_or(0, |a| u32::from(a).to_be())
+            });
+            changed += usize::from(self.set_snat_source(bid, want)?);
         }
         Ok(changed)
     }
@@ -152,9 +161,10 @@ impl Datapath {
 
     /// Makes the port map hold `want` (ascending ranges). Growing, the ports go in
     /// before the count that exposes them; shrinking, the count goes first.
-    pub(super) fn sync_snat_ports(&mut self, want: &[RangeInclusive<u16>]) -> Result<()> {
+    /// Returns whether the map changed.
+    pub(super) fn sync_snat_ports(&mut self, want: &[RangeInclusive<u16>]) -> Result<bool> {
         if self.snat.ports_written.as_deref() == Some(want) {
-            return Ok(());
+            return Ok(false);
         }
         let ports: Vec<u16> = want
             .iter()
@@ -181,6 +191,6 @@ impl Datapath {
             set_count(&mut self.snat)?;
         }
         self.snat.ports_written = Some(want.to_vec());
-        Ok(())
+        Ok(true)
     }
 }
