@@ -5,7 +5,10 @@ use which::which;
 /// Building this crate needs `bpf-linker`; rebuild when it changes.
 fn main() {
     match which("bpf-linker") {
-        Ok(path) => println!("cargo:rerun-if-changed={}", path.display()),
+        Ok(path) => {
+            println!("cargo:rerun-if-changed={}", path.display());
+            println!("cargo:rustc-link-arg-bins=--disable-expand-memcpy-in-order");
+        }
         Err(err) => panic!("bpf-linker not found ({err}); run `cargo xtask setup`"),
     }
 }

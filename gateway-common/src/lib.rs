@@ -43,9 +43,13 @@ pub mod map_names {
     pub const SNAT_SOURCES: &str = "berth_snat_src";
     /// Slot 0: number of SNAT source ports; slots 1..=n: the ports (network order).
     pub const SNAT_PORTS: &str = "berth_snat_ports";
+    /// `config::*` slot → value (host order), written by the daemon at every start.
+    pub const CONFIG: &str = "berth_config";
+    /// Slot 0 → per-CPU `FloodWindow`: new flows this CPU saw in the current second.
+    pub const FLOOD: &str = "berth_flood";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 14] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -58,7 +62,30 @@ pub mod map_names {
         PROGRAM_ID,
         SNAT_SOURCES,
         SNAT_PORTS,
+        CONFIG,
+        FLOOD,
     ];
+}
+
+/// Slots of the `map_names::CONFIG` array (values host order).
+pub mod config {
+    /// New flows per second per CPU above which the program stops recording new flows
+    /// in the conntrack and balances them by Maglev alone (`Counter::FloodUntracked`),
+    /// so that a flood of new 5-tuples cannot evict every established flow. 0: no limit.
+    pub const NEW_FLOW_LIMIT: u32 = 0;
+    /// Entries of the array.
+    pub const SLOTS: u32 = 8;
+}
+
+/// Value of the per-CPU `map_names::FLOOD` array: the new flows one CPU saw in one
+/// window of 2^30 ns (about a second) of `bpf_ktime_get_coarse_ns`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FloodWindow {
+    /// The window: coarse time in ns >> 30, host order.
+    pub window: u32,
+    /// New flows seen in it, host order.
+    pub new_flows: u32,
 }
 
 /// Entries of the `map_names::XMIT` array: interfaces with a higher index are never
@@ -407,6 +434,13 @@ counters! {
     /// A SNAT-mode forward packet the kernel forwarded got its node source address
     /// and port on egress by the TC program.
     TcMasq = "tc_masq_translated",
+    /// A new flow above the new-flow limit of its CPU (`config::NEW_FLOW_LIMIT`) was
+    /// balanced by Maglev and forwarded without a conntrack entry: its packets keep going
+    /// to the same backend while the backends do not change.
+    FloodUntracked = "flood_untracked",
+    /// A conntrack entry was created (forward, reply or kernel-path entry). Created minus
+    /// live entries is what the LRU evicted (the kernel does not count evictions).
+    CtCreated = "ct_created",
 }
 
 impl Counter {
@@ -459,6 +493,7 @@ const _: () = {
     assert!(core::mem::size_of::<FragKey>() == 12);
     assert!(core::mem::size_of::<FragPorts>() == 4);
     assert!(core::mem::size_of::<ServiceStats>() == 56);
+    assert!(core::mem::size_of::<FloodWindow>() == 8);
 };
 
 #[cfg(feature = "user")]
@@ -482,6 +517,7 @@ mod pod {
         NextHop,
         FragKey,
         FragPorts,
-        ServiceStats
+        ServiceStats,
+        FloodWindow
     );
 }

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use gateway_common::{
-    Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service, ServiceId,
-    ServiceKey, ServiceStats, SNAT_PORT_SLOTS, XMIT_SLOTS,
+    config, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service,
+    ServiceId, ServiceKey, ServiceStats, SNAT_PORT_SLOTS, XMIT_SLOTS,
 };
 
 const SERVICES_MAX: u32 = 1024;
@@ -46,6 +46,14 @@ pub static CONNTRACK: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(6
 /// Fragmented datagrams → their ports. Written by both programs.
 #[map(name = "berth_frags")]
 pub static FRAGMENTS: LruHashMap<FragKey, FragPorts> = LruHashMap::with_max_entries(8192, 0);
+
+/// `config::*` slot → value. Written by the daemon at start.
+#[map(name = "berth_config")]
+pub static CONFIG: Array<u32> = Array::with_max_entries(config::SLOTS, 0);
+
+/// New flows this CPU saw in the current second. Written by the XDP program.
+#[map(name = "berth_flood")]
+pub static FLOOD: PerCpuArray<FloodWindow> = PerCpuArray::with_max_entries(1, 0);
 
 /// Named counters, per CPU. Written by both programs.
 #[map(name = "berth_counters")]

@@ -37,7 +37,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 12] {
+    fn shapes(&self) -> [Shape; 14] {
         use std::mem::size_of;
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
@@ -48,6 +48,8 @@ impl Limits {
                 map_names::COUNTERS,
                 map_names::SERVICE_STATS,
                 map_names::PROGRAM_ID,
+                map_names::CONFIG,
+                map_names::FLOOD,
             ]
             .contains(&name),
         };
@@ -89,6 +91,13 @@ impl Limits {
             shape(map_names::PROGRAM_ID, 4, 4, 1),
             shape(map_names::SNAT_SOURCES, 4, 4, self.backends),
             shape(map_names::SNAT_PORTS, 4, 4, gateway_common::SNAT_PORT_SLOTS),
+            shape(map_names::CONFIG, 4, 4, gateway_common::config::SLOTS),
+            shape(
+                map_names::FLOOD,
+                4,
+                size_of::<gateway_common::FloodWindow>(),
+                1,
+            ),
         ]
     }
 }

@@ -40,7 +40,8 @@ use aya::{
 use desired::BackendSet;
 pub use desired::{reserved_ports, Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use gateway_common::{
-    map_names, Backend, Flow, FlowKey, MaglevTable, Service, ServiceId, ServiceKey, ServiceStats,
+    config, map_names, Backend, Flow, FlowKey, MaglevTable, Service, ServiceId, ServiceKey,
+    ServiceStats,
 };
 use ids::{IdPool, ServiceIds};
 pub use links::{LinkChange, LinkKind};
@@ -335,6 +336,22 @@ impl Datapath {
     /// The pin directory.
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir
+    }
+
+    /// Sets the new flows per second per CPU above which the program stops recording
+    /// new flows (`gateway_common::config::NEW_FLOW_LIMIT`; 0: no limit).
+    pub fn set_new_flow_limit(&mut self, per_cpu_per_second: u32) -> Result<()> {
+        let name = map_names::CONFIG;
+        let map = self.ebpf.map_mut(name).ok_or(DatapathError::Map {
+            name,
+            source: MapError::InvalidName {
+                name: name.to_string(),
+            },
+        })?;
+        let mut config: Array<&mut MapData, u32> = Array::try_from(map).map_err(map_err(name))?;
+        config
+            .set(config::NEW_FLOW_LIMIT, per_cpu_per_second, 0)
+            .map_err(map_err(name))
     }
 }
 
