@@ -47,9 +47,14 @@ pub mod map_names {
     pub const CONFIG: &str = "berth_config";
     /// Slot 0 → per-CPU `FloodWindow`: new flows this CPU saw in the current second.
     pub const FLOOD: &str = "berth_flood";
+    /// Backend endpoint (`ServiceKey` layout) → `ReplyIndex`: the router-mode services
+    /// it serves, so a reply finds its flow's forward entry.
+    pub const REPLY_INDEX: &str = "berth_reply_index";
+    /// `addr_slot(address)` → `ADDR_*` bits: which roles some address hashing there has.
+    pub const ADDR_FILTER: &str = "berth_addr_filter";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 16] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -64,7 +69,41 @@ pub mod map_names {
         SNAT_PORTS,
         CONFIG,
         FLOOD,
+        REPLY_INDEX,
+        ADDR_FILTER,
     ];
+}
+
+/// Services of one backend endpoint a reply may belong to (`map_names::REPLY_INDEX`):
+/// the router-mode services it serves, at most `REPLY_CANDIDATES`. A reply (backend →
+/// client) tries the forward entry (client → each service) in turn.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ReplyIndex {
+    /// How many of `services` are set, host order.
+    pub count: u32,
+    /// The services' keys (gateway address, port, protocol).
+    pub services: [ServiceKey; REPLY_CANDIDATES as usize],
+}
+
+/// Router-mode services one backend endpoint can serve with replies found through the
+/// reply index; flows of further services sharing it record a reply entry
+/// (`SERVICE_REPLY_ENTRY`).
+pub const REPLY_CANDIDATES: u32 = 4;
+
+/// Entries of the `map_names::ADDR_FILTER` array.
+pub const ADDR_FILTER_SLOTS: u32 = 1 << 16;
+/// `map_names::ADDR_FILTER` bit: a gateway address hashes to this slot.
+pub const ADDR_GATEWAY: u32 = 1;
+/// `map_names::ADDR_FILTER` bit: a backend address hashes to this slot.
+pub const ADDR_BACKEND: u32 = 2;
+
+/// The `map_names::ADDR_FILTER` slot of an IPv4 address (network order): a packet none
+/// of whose addresses has a role there is not the program's business, known from two
+/// array lookups (no hash-map lookup).
+#[inline(always)]
+pub fn addr_slot(addr: u32) -> u32 {
+    mix(addr) & (ADDR_FILTER_SLOTS - 1)
 }
 
 /// Slots of the `map_names::CONFIG` array (values host order).
@@ -73,6 +112,10 @@ pub mod config {
     /// in the conntrack and balances them by Maglev alone (`Counter::FloodUntracked`),
     /// so that a flood of new 5-tuples cannot evict every established flow. 0: no limit.
     pub const NEW_FLOW_LIMIT: u32 = 0;
+    /// Written by the program: the last window (coarse ns >> 30) in which some CPU went
+    /// over `NEW_FLOW_LIMIT`. While it is recent, replies whose flow has no entry are
+    /// matched by Maglev instead (the flows the guard did not record).
+    pub const FLOOD_SEEN: u32 = 1;
     /// Entries of the array.
     pub const SLOTS: u32 = 8;
 }
@@ -108,7 +151,7 @@ pub mod proto {
 
 /// Key of the service map: a gateway address, protocol and port.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceKey {
     /// Gateway IPv4 address, network order.
     pub addr: u32,
@@ -176,6 +219,9 @@ pub struct Service {
 /// allocated for the flow (`map_names::SNAT_PORTS`), so backends reply to the gateway
 /// whatever their routes.
 pub const SERVICE_SNAT: u32 = 1;
+/// `Service::flags` bit (router mode): a new flow also records a reply entry, because a
+/// backend of the service serves more services than the reply index holds.
+pub const SERVICE_REPLY_ENTRY: u32 = 2;
 
 /// Entries of the `map_names::SNAT_PORTS` array: slot 0 and up to 65535 ports.
 pub const SNAT_PORT_SLOTS: u32 = 65536;
@@ -263,10 +309,10 @@ pub struct Flow {
     pub nat_addr: u32,
     /// Port written into the packet, network order.
     pub nat_port: u16,
-    /// `NAT_DST` or `NAT_SRC`.
+    /// `NAT_DST`, `NAT_SRC` or `NAT_MASQ`.
     pub kind: u8,
-    /// Always zero.
-    pub pad: u8,
+    /// `FLOW_*` bits.
+    pub flags: u8,
     /// Backend id the flow was assigned to, host order. Checked on every hit: the
     /// entry applies while this backend slot holds the flow's backend for `service`.
     pub backend: u32,
@@ -284,7 +330,13 @@ pub struct Flow {
     pub peer_port: u16,
     /// Always zero.
     pub pad2: u16,
+    /// A forward entry: where its replies were last sent (a router flow's replies find
+    /// their forward entry through the reply index, and keep their next hop here).
+    pub reply_hop: NextHop,
 }
+
+/// `Flow::flags` bit: the flow records a reply entry too (`SERVICE_REPLY_ENTRY`).
+pub const FLOW_REPLY_ENTRY: u8 = 1;
 
 impl Flow {
     /// Whether the flow is in SNAT mode (both ends translated).
@@ -489,7 +541,8 @@ const _: () = {
     assert!(core::mem::size_of::<Backend>() == 16);
     assert!(core::mem::size_of::<FlowKey>() == 16);
     assert!(core::mem::size_of::<NextHop>() == 24);
-    assert!(core::mem::size_of::<Flow>() == 48);
+    assert!(core::mem::size_of::<Flow>() == 72);
+    assert!(core::mem::size_of::<ReplyIndex>() == 36);
     assert!(core::mem::size_of::<FragKey>() == 12);
     assert!(core::mem::size_of::<FragPorts>() == 4);
     assert!(core::mem::size_of::<ServiceStats>() == 56);
@@ -518,6 +571,7 @@ mod pod {
         FragKey,
         FragPorts,
         ServiceStats,
-        FloodWindow
+        FloodWindow,
+        ReplyIndex
     );
 }

@@ -2,50 +2,118 @@
 
 use core::mem::MaybeUninit;
 
-use aya_ebpf::bindings::BPF_NOEXIST;
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::generated::bpf_ktime_get_coarse_ns};
 use gateway_common::{
-    flow_hash, snat_port_slot, Backend, Counter, Flow, FlowKey, NextHop, Service, ServiceKey,
-    BACKEND_LIVE, MAGLEV_SIZE, NAT_DST, NAT_MASQ, NAT_SRC, SERVICE_SNAT, SNAT_PORT_TRIES,
+    config, flow_hash, snat_port_slot, Backend, Counter, Flow, FlowKey, NextHop, Service,
+    ServiceId, ServiceKey, ADDR_BACKEND, ADDR_GATEWAY, BACKEND_LIVE, FLOW_REPLY_ENTRY, MAGLEV_SIZE,
+    NAT_DST, NAT_MASQ, NAT_SRC, REPLY_CANDIDATES, SERVICE_REPLY_ENTRY, SERVICE_SNAT,
+    SNAT_PORT_TRIES,
 };
 
-use crate::maps::{count, BACKENDS, CONNTRACK, MAGLEV, SERVICES, SNAT_PORTS, SNAT_SOURCES};
+use crate::maps::{
+    addr_roles, count, BACKENDS, CONFIG, CONNTRACK, FLOOD, MAGLEV, REPLY_INDEX, SERVICES,
+    SNAT_PORTS, SNAT_SOURCES,
+};
 
 /// What the conntrack says about a packet.
 ///
-/// (New flows are returned through a caller-owned slot rather than in this enum: an
-/// enum whose variants differ in size is copied with undefined bytes, which LLVM may
-/// then read from registers the verifier considers uninitialised.)
+/// (Flows are returned through a caller-owned slot, and the entry as a pointer beside
+/// this kind, rather than as enum payloads: an enum whose variants differ in size is
+/// copied with undefined bytes, which LLVM may then read from registers the verifier
+/// considers uninitialised.)
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Found {
     /// Not ours.
     Miss,
-    /// A tracked flow: its entry in the map, updated in place (next-hop cache).
-    Tracked(*mut Flow),
+    /// A tracked flow: `Lookup::entry` is its entry in the map, updated in place
+    /// (next-hop cache).
+    Tracked,
+    /// A router-mode reply: `Lookup::entry` is its flow's forward entry (found through
+    /// the reply index; the reply's next hop is cached in its `reply_hop`). The caller's
+    /// slot holds the reply's translation as a `NAT_SRC` flow.
+    Reply,
     /// The first packet of a flow: the new flow is in the caller's slot, to be recorded
     /// with `record` once forwarded (so the entry starts with its next hop cached).
     New,
+    /// A reply of a flow the flood guard did not record, matched by Maglev: its
+    /// translation is in the caller's slot; nothing is recorded.
+    Untracked,
+}
+
+/// A lookup's answer: what was found and, for `Tracked` and `Reply`, the entry (null
+/// otherwise).
+pub struct Lookup {
+    pub found: Found,
+    pub entry: *mut Flow,
+}
+
+impl Lookup {
+    #[inline(always)]
+    fn of(found: Found, entry: *mut Flow) -> Self {
+        Lookup { found, entry }
+    }
+
+    #[inline(always)]
+    fn only(found: Found) -> Self {
+        Lookup {
+            found,
+            entry: core::ptr::null_mut(),
+        }
+    }
+}
+
+/// What the packet's own tuple finds in the conntrack.
+enum Direct {
+    None,
+    Hit(*mut Flow),
+    /// A forward entry whose backend is gone: the flow's service, to be balanced again.
+    Stale(ServiceId),
 }
 
 /// Finds the flow of the packet with tuple `t`, or balances it to a backend (written
 /// to `new`, left untouched otherwise) when it is the first packet to a service (or
 /// the first since its entry stopped applying, see `applies`).
+///
+/// Two array lookups first (`addr_roles`): a packet neither to a gateway address nor
+/// from a backend address is a miss without any hash lookup. A TCP SYN (`syn`) to a
+/// router-mode service is a new flow by definition and skips the conntrack lookup (a
+/// retransmitted SYN gets the same backend from Maglev); a SNAT flow's SYN is looked up,
+/// so that a retransmission keeps the node port its flow claimed.
 #[inline(always)]
-pub fn lookup_or_balance(t: &FlowKey, new: &mut MaybeUninit<Flow>) -> Result<Found, Counter> {
+pub fn lookup_or_balance(
+    t: &FlowKey,
+    syn: bool,
+    new: &mut MaybeUninit<Flow>,
+) -> Result<Lookup, Counter> {
+    let to_gateway = addr_roles(t.dst) & ADDR_GATEWAY != 0;
+    let from_backend = addr_roles(t.src) & ADDR_BACKEND != 0;
+    if !to_gateway && !from_backend {
+        return Ok(Lookup::only(Found::Miss));
+    }
     // The service of a forward entry that no longer applies.
     let mut stale = None;
-    if let Some(flow) = CONNTRACK.get_ptr_mut(t) {
-        // SAFETY: a valid map value pointer for the duration of this program run.
-        let f = unsafe { &*flow };
-        // A `NAT_MASQ` entry is the TC program's (see its doc): XDP looks past it.
-        if f.kind == NAT_MASQ {
-        } else if backend_serves(t, f) {
-            return Ok(Found::Tracked(flow));
-        } else if f.kind == NAT_DST {
-            stale = Some(f.service);
-        } else if service_unchanged(t, f) {
-            return Ok(Found::Tracked(flow));
-        } else {
-            count(Counter::CtStaleService);
+    let mut looked = false;
+    if to_gateway && !syn {
+        looked = true;
+        match direct(t) {
+            Direct::Hit(flow) => return Ok(Lookup::of(Found::Tracked, flow)),
+            Direct::Stale(id) => stale = Some(id),
+            Direct::None => {}
         }
+    }
+    if from_backend {
+        if let Some(found) = reply_of(t, new) {
+            return Ok(found);
+        }
+        if !looked {
+            looked = true;
+            if let Direct::Hit(flow) = direct(t) {
+                return Ok(Lookup::of(Found::Tracked, flow));
+            }
+        }
+    }
+    if !to_gateway {
+        return Ok(Lookup::only(Found::Miss));
     }
     let key = ServiceKey {
         addr: t.dst,
@@ -55,19 +123,199 @@ pub fn lookup_or_balance(t: &FlowKey, new: &mut MaybeUninit<Flow>) -> Result<Fou
     };
     // SAFETY: the value is copied out at once.
     let service = (unsafe { SERVICES.get(key) }).copied();
+    let Some(service) = service else {
+        if stale.is_some() {
+            count(Counter::CtStaleService);
+        }
+        return Ok(Lookup::only(Found::Miss));
+    };
+    if !looked && service.flags & SERVICE_SNAT != 0 {
+        match direct(t) {
+            Direct::Hit(flow) => return Ok(Lookup::of(Found::Tracked, flow)),
+            Direct::Stale(id) => stale = Some(id),
+            Direct::None => {}
+        }
+    }
     if let Some(old) = stale {
         // The service the packet addresses is the flow's own (its key is the flow's
         // service key): same id, so only the backend went; else the service went.
-        count(match service {
-            Some(s) if s.id == old => Counter::BackendGone,
-            _ => Counter::CtStaleService,
+        count(if service.id == old {
+            Counter::BackendGone
+        } else {
+            Counter::CtStaleService
         });
     }
-    let Some(service) = service else {
-        return Ok(Found::Miss);
-    };
     new.write(balance(t, &service)?);
-    Ok(Found::New)
+    Ok(Lookup::only(Found::New))
+}
+
+/// The entry under the packet's own tuple, if it applies.
+#[inline(always)]
+fn direct(t: &FlowKey) -> Direct {
+    let Some(flow) = CONNTRACK.get_ptr_mut(t) else {
+        return Direct::None;
+    };
+    // SAFETY: a valid map value pointer for the duration of this program run.
+    let f = unsafe { &*flow };
+    // A `NAT_MASQ` entry is the TC program's (see its doc): XDP looks past it.
+    if f.kind == NAT_MASQ {
+        Direct::None
+    } else if backend_serves(t, f) {
+        Direct::Hit(flow)
+    } else if f.kind == NAT_DST {
+        Direct::Stale(f.service)
+    } else if service_unchanged(t, f) {
+        Direct::Hit(flow)
+    } else {
+        count(Counter::CtStaleService);
+        Direct::None
+    }
+}
+
+/// A router-mode reply (backend → client): the forward entry of its flow, tried for
+/// each service the reply index lists for the backend endpoint. Its translation (source
+/// back to the service's address and port) is written to `slot` as a `NAT_SRC` flow.
+/// Without a forward entry, while the flood guard is (recently) active, a reply whose
+/// tuple Maglev maps to this backend is translated without one (`Found::Untracked`).
+#[inline(always)]
+fn reply_of(t: &FlowKey, slot: &mut MaybeUninit<Flow>) -> Option<Lookup> {
+    let endpoint = ServiceKey {
+        addr: t.src,
+        port: t.sport,
+        proto: t.proto,
+        pad: 0,
+    };
+    // SAFETY: the value is only read during this run.
+    let index = unsafe { REPLY_INDEX.get(endpoint) }?;
+    for i in 0..REPLY_CANDIDATES as usize {
+        if i as u32 >= index.count {
+            break;
+        }
+        let svc = index.services[i];
+        let fwd = tuple((t.dst, t.dport), (svc.addr, svc.port), t.proto);
+        let Some(flow) = CONNTRACK.get_ptr_mut(&fwd) else {
+            continue;
+        };
+        // SAFETY: a valid map value pointer for the duration of this program run.
+        let f = unsafe { &*flow };
+        if f.kind != NAT_DST || f.is_snat() || f.nat_addr != t.src || f.nat_port != t.sport {
+            continue;
+        }
+        if !(backend_serves(&fwd, f) || service_unchanged(&fwd, f)) {
+            count(Counter::CtStaleService);
+            return None;
+        }
+        slot.write(reply_flow(svc, f.backend, f.service));
+        return Some(Lookup::of(Found::Reply, flow));
+    }
+    if !flood_recent() {
+        return None;
+    }
+    for i in 0..REPLY_CANDIDATES as usize {
+        if i as u32 >= index.count {
+            break;
+        }
+        let svc = index.services[i];
+        // SAFETY: the value is copied out at once.
+        let service = match unsafe { SERVICES.get(svc) } {
+            Some(service) if service.flags & SERVICE_SNAT == 0 => *service,
+            _ => continue,
+        };
+        let fwd = tuple((t.dst, t.dport), (svc.addr, svc.port), t.proto);
+        if let Ok(flow) = balance(&fwd, &service) {
+            if flow.nat_addr == t.src && flow.nat_port == t.sport && !flow.is_snat() {
+                slot.write(reply_flow(svc, flow.backend, flow.service));
+                return Some(Lookup::only(Found::Untracked));
+            }
+        }
+    }
+    None
+}
+
+/// The translation of a router-mode reply of service `svc`: its source becomes the
+/// service's address and port.
+#[inline(always)]
+fn reply_flow(svc: ServiceKey, backend: u32, service: ServiceId) -> Flow {
+    Flow {
+        nat_addr: svc.addr,
+        nat_port: svc.port,
+        kind: NAT_SRC,
+        flags: 0,
+        backend,
+        service,
+        next_hop: NextHop::default(),
+        peer_addr: 0,
+        peer_port: 0,
+        pad2: 0,
+        reply_hop: NextHop::default(),
+    }
+}
+
+/// The translation the conntrack holds for tuple `key` (a copy), for the paths that
+/// do not cache next hops (ICMP errors, TC): a router reply's translation found through
+/// its flow's forward entry, or the entry under the tuple itself. Whether it still
+/// applies is the caller's to check (`applies`).
+#[inline(always)]
+pub fn find(key: &FlowKey) -> Option<Flow> {
+    let mut slot = MaybeUninit::uninit();
+    if addr_roles(key.src) & ADDR_BACKEND != 0 {
+        if reply_of(key, &mut slot).is_some() {
+            // SAFETY: `reply_of` wrote the slot when it returned an answer.
+            return Some(unsafe { slot.assume_init() });
+        }
+    }
+    // SAFETY: the value is copied out at once.
+    (unsafe { CONNTRACK.get(key) }).copied()
+}
+
+/// Whether some CPU's flood guard skipped recording flows in this or the last window.
+#[inline(always)]
+fn flood_recent() -> bool {
+    match CONFIG.get(config::FLOOD_SEEN) {
+        Some(&seen) if seen != 0 => now_window().wrapping_sub(seen) <= 1,
+        _ => false,
+    }
+}
+
+/// The flood guard's window: coarse time in units of 2^30 ns (about a second).
+#[inline(always)]
+fn now_window() -> u32 {
+    // SAFETY: a helper without arguments.
+    (unsafe { bpf_ktime_get_coarse_ns() } >> 30) as u32
+}
+
+/// Whether this CPU may record one more new flow in this window
+/// (`config::NEW_FLOW_LIMIT`). Over the limit, marks the window as a flood
+/// (`config::FLOOD_SEEN`) for the replies of the flows it does not record.
+#[inline(always)]
+fn flood_allows() -> bool {
+    let limit = match CONFIG.get(config::NEW_FLOW_LIMIT) {
+        Some(&limit) if limit != 0 => limit,
+        _ => return true,
+    };
+    let Some(window) = FLOOD.get_ptr_mut(0) else {
+        return true;
+    };
+    // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+    let window = unsafe { &mut *window };
+    let now = now_window();
+    if window.window != now {
+        window.window = now;
+        window.new_flows = 0;
+    }
+    window.new_flows += 1;
+    if window.new_flows <= limit {
+        return true;
+    }
+    if let Some(seen) = CONFIG.get_ptr_mut(config::FLOOD_SEEN) {
+        // SAFETY: a plain word store; CPUs racing here all store a current window.
+        unsafe {
+            if *seen != now {
+                *seen = now;
+            }
+        }
+    }
+    false
 }
 
 /// Whether a tracked entry (found under tuple `key`) still belongs to the service that
@@ -153,13 +401,18 @@ fn balance(t: &FlowKey, service: &Service) -> Result<Flow, Counter> {
         nat_addr: backend.addr,
         nat_port: backend.port,
         kind: NAT_DST,
-        pad: 0,
+        flags: if service.flags & SERVICE_REPLY_ENTRY != 0 {
+            FLOW_REPLY_ENTRY
+        } else {
+            0
+        },
         backend: backend_id,
         service: service.id,
         next_hop: NextHop::default(),
         peer_addr: 0,
         peer_port: 0,
         pad2: 0,
+        reply_hop: NextHop::default(),
     };
     if service.flags & SERVICE_SNAT != 0 {
         let (addr, port) = claim_source(t, &flow, backend, hash)?;
@@ -192,13 +445,14 @@ fn claim_source(
         nat_addr: t.dst,
         nat_port: t.dport,
         kind: NAT_SRC,
-        pad: 0,
+        flags: 0,
         backend: flow.backend,
         service: flow.service,
         next_hop: NextHop::default(),
         peer_addr: t.src,
         peer_port: t.sport,
         pad2: 0,
+        reply_hop: NextHop::default(),
     };
     for attempt in 0..SNAT_PORT_TRIES {
         // Hidden from LLVM for the same reason as the Maglev slot in `balance`.
@@ -211,6 +465,7 @@ fn claim_source(
             .insert(reply_key, reply, BPF_NOEXIST as u64)
             .is_ok()
         {
+            count(Counter::CtCreated);
             count(Counter::SnatNewFlow);
             return Ok((node, port as u16));
         }
@@ -219,11 +474,18 @@ fn claim_source(
     Err(Counter::DropSnatPortsExhausted)
 }
 
-/// Records a new flow with tuple `key`: its forward entry, and in router mode its reply
-/// entry (a SNAT flow's reply entry was recorded when its port was claimed).
+/// Records a new flow with tuple `key`: its forward entry, and a reply entry where the
+/// reply index cannot find its replies (`FLOW_REPLY_ENTRY`; a SNAT flow's reply entry
+/// was recorded when its port was claimed). Over the flood guard's limit a router-mode
+/// flow is not recorded (`flood_untracked`): Maglev keeps its packets on their backend.
 #[inline(always)]
 pub fn record(key: &FlowKey, flow: &Flow) {
-    if !flow.is_snat() {
+    count(Counter::NewFlow);
+    if !flow.is_snat() && !flood_allows() {
+        count(Counter::FloodUntracked);
+        return;
+    }
+    if flow.flags & FLOW_REPLY_ENTRY != 0 {
         let reply_key = tuple(
             (flow.nat_addr, flow.nat_port),
             (key.src, key.sport),
@@ -233,21 +495,29 @@ pub fn record(key: &FlowKey, flow: &Flow) {
             nat_addr: key.dst,
             nat_port: key.dport,
             kind: NAT_SRC,
-            pad: 0,
+            flags: 0,
             backend: flow.backend,
             service: flow.service,
             next_hop: NextHop::default(),
             peer_addr: 0,
             peer_port: 0,
             pad2: 0,
+            reply_hop: NextHop::default(),
         };
         // The reply entry goes first so that a reply can never arrive before it exists.
         // Inserting into an LRU map only fails on allocation failure; the packet is
         // still forwarded and the next one retries.
-        let _ = CONNTRACK.insert(reply_key, reply, 0);
+        insert(&reply_key, &reply);
     }
-    let _ = CONNTRACK.insert(key, flow, 0);
-    count(Counter::NewFlow);
+    insert(key, flow);
+}
+
+/// Inserts (or replaces) an entry, counting it as created.
+#[inline(always)]
+fn insert(key: &FlowKey, flow: &Flow) {
+    if CONNTRACK.insert(key, flow, 0).is_ok() {
+        count(Counter::CtCreated);
+    }
 }
 
 /// A SNAT flow's packet goes through the kernel: the kernel forwards it with only its
@@ -284,13 +554,14 @@ pub fn add_kernel_path_entries(key: &FlowKey, flow: &Flow) {
         nat_addr,
         nat_port,
         kind,
-        pad: 0,
+        flags: 0,
         backend: flow.backend,
         service: flow.service,
         next_hop: NextHop::default(),
         peer_addr,
         peer_port,
         pad2: 0,
+        reply_hop: NextHop::default(),
     };
     let masq = tuple((client, client_port), (backend, backend_port), key.proto);
     insert_absent(
@@ -319,6 +590,6 @@ fn tuple(src: (u32, u16), dst: (u32, u16), proto: u8) -> FlowKey {
 #[inline(always)]
 fn insert_absent(key: &FlowKey, flow: &Flow) {
     if CONNTRACK.get_ptr(key).is_none() {
-        let _ = CONNTRACK.insert(key, flow, 0);
+        insert(key, flow);
     }
 }

@@ -4,14 +4,12 @@
 //! A later fragment to a gateway address whose first fragment was not seen is dropped
 //! (`drop_fragment`), never sent to a guessed backend.
 
-use core::mem::MaybeUninit;
-
 use aya_ebpf::programs::XdpContext;
 use gateway_common::{Counter, FlowKey, FragKey, FragPorts};
 
 use crate::{
     conntrack::{lookup_or_balance, Found},
-    maps::{count, is_gateway_address, FRAGMENTS},
+    maps::{count, is_gateway_address, scratch_flow, FRAGMENTS},
     packet::{Eth, Ipv4},
     translate, Packet, PASS,
 };
@@ -46,9 +44,11 @@ pub fn later(
         proto: ip_proto,
         pad: [0; 3],
     };
-    let mut new = MaybeUninit::uninit();
-    let found = lookup_or_balance(&t, &mut new)?;
-    if matches!(found, Found::Miss) {
+    let Some(new) = scratch_flow() else {
+        return PASS;
+    };
+    let found = lookup_or_balance(&t, false, new)?;
+    if found.found == Found::Miss {
         return PASS;
     }
     count(Counter::FragmentTranslated);
@@ -59,7 +59,7 @@ pub fn later(
         len,
     };
     // SAFETY: `eth` and `ip` are bounds-checked by the caller; `found` is from this run.
-    Ok(unsafe { translate(ctx, &pkt, &t, found, &mut new) })
+    Ok(unsafe { translate(ctx, &pkt, &t, found, new) })
 }
 
 /// Records the ports of a fragmented datagram seen in its first fragment.

@@ -6,10 +6,10 @@ use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use gateway_common::{proto, Counter, FlowKey, NextHop, NAT_MASQ};
 
 use crate::{
-    conntrack::{add_kernel_path_entries, applies},
+    conntrack::{add_kernel_path_entries, applies, find},
     csum::{replace2, replace4},
     fwd::{path, send, Path},
-    maps::{count, CONNTRACK},
+    maps::count,
     nat::{halves, Endpoint, Side},
     packet::{ptr_at, Eth, Icmp, Ipv4, Ports, IPV4_MIN_LEN},
 };
@@ -65,7 +65,7 @@ pub unsafe fn handle(
         proto: (*inner).proto,
         pad: [0; 3],
     };
-    let Some(flow) = CONNTRACK.get(key).copied() else {
+    let Some(flow) = find(&key) else {
         return pass;
     };
     // A `NAT_MASQ` entry is the TC program's.

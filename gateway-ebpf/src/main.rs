@@ -97,16 +97,16 @@ use aya_ebpf::{
     macros::{classifier, tracepoint, xdp},
     programs::{TcContext, TracePointContext, XdpContext},
 };
-use gateway_common::{proto, Counter, Flow, FlowKey, NAT_DST};
+use gateway_common::{proto, Counter, Flow, FlowKey, NextHop, NAT_DST};
 
 use crate::{
-    conntrack::{lookup_or_balance, Found},
+    conntrack::{lookup_or_balance, Found, Lookup},
     fwd::Path,
-    maps::{account, account_kernel, count, is_gateway_address, Direction},
+    maps::{account, account_kernel, count, is_gateway_address, scratch_flow, Direction},
     nat::{halves, rewrite, Side, L4},
     packet::{
-        ptr_at, Eth, Ipv4, Ports, ETH_LEN, ETH_P_IP, IPV4_MIN_LEN, IP_MF, IP_OFFSET, TCP_CHECK_OFF,
-        UDP_CHECK_OFF,
+        ptr_at, Eth, Ipv4, Ports, ETH_LEN, ETH_P_IP, IPV4_MIN_LEN, IP_MF, IP_OFFSET, TCP_ACK,
+        TCP_CHECK_OFF, TCP_SYN, UDP_CHECK_OFF,
     },
 };
 
@@ -221,6 +221,9 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     }
     // SAFETY: `ports` comes from `ptr_at` (8 or 20 bytes, more than the two ports).
     let (sport, dport) = unsafe { ((*ports).src, (*ports).dst) };
+    // A TCP SYN without ACK opens a flow (byte 13 of the TCP header: the flags).
+    // SAFETY: inside the 20 bytes `ptr_at` checked for TCP.
+    let syn = !udp && unsafe { *(ports as *const u8).add(13) } & (TCP_SYN | TCP_ACK) == TCP_SYN;
     let t = FlowKey {
         src,
         dst,
@@ -231,9 +234,11 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     };
     // First fragment of a datagram for us: remember its ports for the later ones.
     let first_fragment = frag & IP_MF != 0;
-    let mut new = MaybeUninit::uninit();
-    let found = lookup_or_balance(&t, &mut new)?;
-    if matches!(found, Found::Miss) {
+    let Some(new) = scratch_flow() else {
+        return PASS;
+    };
+    let found = lookup_or_balance(&t, syn, new)?;
+    if found.found == Found::Miss {
         if first_fragment && is_gateway_address(dst) {
             frag::remember(ip, &t);
         }
@@ -256,7 +261,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         len: tot_len,
     };
     // SAFETY: every pointer in `pkt` comes from `ptr_at`; `found` is this run's.
-    Ok(unsafe { translate(ctx, &pkt, &t, found, &mut new) })
+    Ok(unsafe { translate(ctx, &pkt, &t, found, new) })
 }
 
 /// A bounds-checked packet of a tracked or new flow.
@@ -288,47 +293,59 @@ unsafe fn translate(
     ctx: &XdpContext,
     pkt: &Packet,
     key: &FlowKey,
-    found: Found,
+    found: Lookup,
     new: &mut MaybeUninit<Flow>,
 ) -> u32 {
-    let (flow, is_new) = match found {
-        Found::Tracked(flow) => (&mut *flow, false),
-        // SAFETY: `lookup_or_balance` wrote the slot when it returned `New`.
-        _ => (new.assume_init_mut(), true),
+    // The flow the packet belongs to (its translation) and where its next hop is cached:
+    // a forward entry caches its forward packets' hop, and (`Reply`) its replies'.
+    // Raw pointers: a new flow's hop lies inside the flow. (A translation made in the
+    // slot for a flow without an entry caches nothing: its hop is the slot's own.)
+    let (flow, hop, is_new): (*mut Flow, *mut NextHop, bool) = match found.found {
+        Found::Tracked => (found.entry, &raw mut (*found.entry).next_hop, false),
+        // For the three below `lookup_or_balance` wrote the slot.
+        Found::Reply => (new.as_mut_ptr(), &raw mut (*found.entry).reply_hop, false),
+        Found::Untracked => {
+            let flow = new.as_mut_ptr();
+            (flow, &raw mut (*flow).next_hop, false)
+        }
+        _ => {
+            let flow = new.as_mut_ptr();
+            (flow, &raw mut (*flow).next_hop, true)
+        }
     };
-    let forward = flow.kind == NAT_DST;
-    let (dst, src) = halves(flow);
+    let (forward, service, snat) = ((*flow).kind == NAT_DST, (*flow).service, (*flow).is_snat());
+    let (dst, src) = halves(&*flow);
     if let Some(dst) = dst {
         rewrite(pkt.ip, pkt.l4, Side::Dst, dst);
     }
     if forward {
-        account(flow.service, Direction::Forward, pkt.len as u64, is_new);
+        account(service, Direction::Forward, pkt.len as u64, is_new);
     }
-    let verdict = match fwd::path(ctx, pkt.ip, &mut flow.next_hop) {
+    let verdict = match fwd::path(ctx, pkt.ip, &mut *hop) {
         Path::Redirect => {
             if let Some(src) = src {
                 rewrite(pkt.ip, pkt.l4, Side::Src, src);
             }
             if !forward {
-                account(flow.service, Direction::Reply, pkt.len as u64, false);
+                account(service, Direction::Reply, pkt.len as u64, false);
             }
-            fwd::send(ctx, pkt.eth, pkt.ip, &flow.next_hop)
+            fwd::send(ctx, pkt.eth, pkt.ip, &*hop)
         }
         // The source half is left to the TC program on egress. A reply is counted
         // again (and accounted to the service) there.
         Path::Kernel(reason) => {
             count(reason);
             if forward {
-                account_kernel(flow.service, reason);
+                account_kernel(service, reason);
             }
-            if flow.is_snat() {
-                conntrack::add_kernel_path_entries(key, flow);
+            if snat {
+                conntrack::add_kernel_path_entries(key, &*flow);
             }
             xdp_action::XDP_PASS
         }
     };
     if is_new {
-        conntrack::record(key, flow);
+        conntrack::record(key, &*flow);
     }
     verdict
 }

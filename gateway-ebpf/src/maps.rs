@@ -2,13 +2,16 @@
 //! `gateway_common::map_names` for what each holds). The daemon writes every map
 //! except the conntrack, the fragments and the counters, which only the programs write.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use gateway_common::{
-    config, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service,
-    ServiceId, ServiceKey, ServiceStats, SNAT_PORT_SLOTS, XMIT_SLOTS,
+    config, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragPorts, MaglevTable,
+    ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats, ADDR_FILTER_SLOTS, SNAT_PORT_SLOTS,
+    XMIT_SLOTS,
 };
 
 const SERVICES_MAX: u32 = 1024;
@@ -46,6 +49,38 @@ pub static CONNTRACK: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(6
 /// Fragmented datagrams → their ports. Written by both programs.
 #[map(name = "berth_frags")]
 pub static FRAGMENTS: LruHashMap<FragKey, FragPorts> = LruHashMap::with_max_entries(8192, 0);
+
+/// Backend endpoint → the router-mode services it serves. Written by the daemon.
+#[map(name = "berth_reply_index")]
+pub static REPLY_INDEX: HashMap<ServiceKey, ReplyIndex> = HashMap::with_max_entries(16384, 0);
+
+/// `addr_slot(address)` → `ADDR_*` role bits. Written by the daemon.
+#[map(name = "berth_addr_filter")]
+pub static ADDR_FILTER: Array<u32> = Array::with_max_entries(ADDR_FILTER_SLOTS, 0);
+
+/// The `ADDR_*` roles some address hashing to `addr`'s slot has (0: none).
+#[inline(always)]
+pub fn addr_roles(addr: u32) -> u32 {
+    ADDR_FILTER
+        .get(gateway_common::addr_slot(addr))
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Per-CPU scratch space for the flow a packet is translated with (a new flow before
+/// it is recorded, a reply's translation): too large for the 512-byte stack beside the
+/// rest. Written and read by the XDP program within one run.
+#[map(name = "berth_scratch")]
+pub static SCRATCH: PerCpuArray<Flow> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's scratch flow slot, uninitialised as far as the caller is concerned.
+#[inline(always)]
+pub fn scratch_flow() -> Option<&'static mut MaybeUninit<Flow>> {
+    let slot = SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: per-CPU slot, used only by this CPU while the program runs; MaybeUninit
+    // has the layout of Flow.
+    Some(unsafe { &mut *(slot as *mut MaybeUninit<Flow>) })
+}
 
 /// `config::*` slot → value. Written by the daemon at start.
 #[map(name = "berth_config")]

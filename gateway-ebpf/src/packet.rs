@@ -51,6 +51,10 @@ pub struct Icmp {
 
 /// Offset of the checksum within the TCP header.
 pub const TCP_CHECK_OFF: usize = 16;
+/// TCP flags (byte 13 of the header): SYN.
+pub const TCP_SYN: u8 = 0x02;
+/// TCP flags: ACK.
+pub const TCP_ACK: u8 = 0x10;
 /// Offset of the checksum within the UDP header.
 pub const UDP_CHECK_OFF: usize = 6;
 

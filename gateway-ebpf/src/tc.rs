@@ -19,10 +19,10 @@ use aya_ebpf::{
 use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NAT_MASQ, NAT_SRC};
 
 use crate::{
-    conntrack::applies,
+    conntrack::{applies, find},
     csum::{replace2, replace4},
     icmp::{DEST_UNREACH, TIME_EXCEEDED},
-    maps::{account, account_kernel, count, Direction, CONNTRACK, FRAGMENTS},
+    maps::{account, account_kernel, count, Direction, FRAGMENTS},
     packet::{
         Icmp, Ipv4, Ports, ETH_LEN, ETH_P_IP, IPV4_MIN_LEN, IP_MF, IP_OFFSET, TCP_CHECK_OFF,
         UDP_CHECK_OFF,
@@ -84,8 +84,7 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
         proto: ip.proto,
         pad: [0; 3],
     };
-    // SAFETY: the value is copied out at once.
-    let Some(flow) = (unsafe { CONNTRACK.get(key) }).copied() else {
+    let Some(flow) = find(&key) else {
         return Ok(());
     };
     if !rewrites_source_on_egress(&flow) {
@@ -212,8 +211,7 @@ fn icmp_error(ctx: &TcContext, ip: &Ipv4, l4_off: usize) -> Result<(), Untouched
         proto: inner.proto,
         pad: [0; 3],
     };
-    // SAFETY: the value is copied out at once.
-    let Some(flow) = (unsafe { CONNTRACK.get(key) }).copied() else {
+    let Some(flow) = find(&key) else {
         return Ok(());
     };
     if !rewrites_source_on_egress(&flow) {

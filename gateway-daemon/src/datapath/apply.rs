@@ -11,8 +11,11 @@ use gateway_common::{
 };
 
 use super::{
-    desired::BackendSet, maglev, map_err, nr_cpus, ApplyReport, Datapath, DatapathError,
-    DesiredState, Installed, Result, ServiceAddr, WeightedBackend,
+    desired::BackendSet,
+    maglev, map_err, nr_cpus,
+    roles::{Roles, ServiceView},
+    ApplyReport, Datapath, DatapathError, DesiredState, Installed, Result, ServiceAddr,
+    WeightedBackend,
 };
 
 impl Datapath {
@@ -121,6 +124,18 @@ impl Datapath {
                     .collect()
             }
         };
+        // The roles of what is installed and what is wanted, before either changes.
+        let union = Roles::of(
+            self.role_views()
+                .chain(changes.iter().filter_map(|(key, want)| {
+                    Some(ServiceView {
+                        key: *key,
+                        snat: snat.contains(key),
+                        endpoints: Box::new(want.as_ref()?.keys().copied()),
+                    })
+                })),
+        );
+        self.roles.write(union, true)?;
         for (key, want) in &changes {
             match (want, self.installed.get(key)) {
                 (None, None) => {}
@@ -145,6 +160,10 @@ impl Datapath {
             let switched = self.sync_snat_flags(&snat)?;
             report.changed += switched;
             report.unchanged = report.unchanged.saturating_sub(switched);
+        }
+        let exact = Roles::of(self.role_views());
+        for key in self.roles.write(exact, false)? {
+            self.write_flags(&key)?;
         }
         if report.added + report.removed > 0 {
             self.sync_addresses()?;
@@ -187,7 +206,7 @@ impl Datapath {
                     id,
                     table,
                     active,
-                    flags: service_flags(snat),
+                    flags: service_flags(snat, self.roles.reply_entry(key)),
                 },
                 0,
             )
@@ -230,7 +249,7 @@ impl Datapath {
                     id: svc.id,
                     table: svc.table,
                     active,
-                    flags: service_flags(snat),
+                    flags: service_flags(snat, self.roles.reply_entry(key)),
                 },
                 0,
             )
@@ -329,17 +348,38 @@ impl Datapath {
                     self.write_snat_source(bid, endpoint)?;
                 }
             }
-            let mut value = self
-                .services
-                .get(key, 0)
-                .map_err(map_err(map_names::SERVICES))?;
-            value.flags = service_flags(svc.snat);
+            self.installed.insert(*key, svc);
+            self.write_flags(key)?;
+        }
+        Ok(switch.len())
+    }
+
+    /// Rewrites an installed service's `Service::flags` from its mode and role.
+    fn write_flags(&mut self, key: &ServiceKey) -> Result<()> {
+        let Some(svc) = self.installed.get(key) else {
+            return Ok(());
+        };
+        let flags = service_flags(svc.snat, self.roles.reply_entry(key));
+        let mut value = self
+            .services
+            .get(key, 0)
+            .map_err(map_err(map_names::SERVICES))?;
+        if value.flags != flags {
+            value.flags = flags;
             self.services
                 .insert(key, value, 0)
                 .map_err(map_err(map_names::SERVICES))?;
-            self.installed.insert(*key, svc);
         }
-        Ok(switch.len())
+        Ok(())
+    }
+
+    /// The installed services as the roles see them.
+    fn role_views(&self) -> impl Iterator<Item = ServiceView<'_>> {
+        self.installed.iter().map(|(key, svc)| ServiceView {
+            key: *key,
+            snat: svc.snat,
+            endpoints: Box::new(svc.backends.keys().copied()),
+        })
     }
 
     fn clear_backend(&mut self, bid: u32) -> Result<()> {
@@ -397,10 +437,12 @@ impl Datapath {
     }
 }
 
-/// `Service::flags` for a service in SNAT mode or not.
-fn service_flags(snat: bool) -> u32 {
+/// `Service::flags` for a service in SNAT mode or not, recording reply entries or not.
+fn service_flags(snat: bool, reply_entry: bool) -> u32 {
     if snat {
         gateway_common::SERVICE_SNAT
+    } else if reply_entry {
+        gateway_common::SERVICE_REPLY_ENTRY
     } else {
         0
     }

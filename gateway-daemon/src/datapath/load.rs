@@ -37,7 +37,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 14] {
+    fn shapes(&self) -> [Shape; 16] {
         use std::mem::size_of;
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
@@ -50,6 +50,8 @@ impl Limits {
                 map_names::PROGRAM_ID,
                 map_names::CONFIG,
                 map_names::FLOOD,
+                map_names::REPLY_INDEX,
+                map_names::ADDR_FILTER,
             ]
             .contains(&name),
         };
@@ -97,6 +99,18 @@ impl Limits {
                 4,
                 size_of::<gateway_common::FloodWindow>(),
                 1,
+            ),
+            shape(
+                map_names::REPLY_INDEX,
+                size_of::<ServiceKey>(),
+                size_of::<gateway_common::ReplyIndex>(),
+                self.backends,
+            ),
+            shape(
+                map_names::ADDR_FILTER,
+                4,
+                4,
+                gateway_common::ADDR_FILTER_SLOTS,
             ),
         ]
     }
@@ -235,6 +249,10 @@ impl Datapath {
             snat: super::snat::Snat::new(
                 take(&mut ebpf, map_names::SNAT_SOURCES)?,
                 take(&mut ebpf, map_names::SNAT_PORTS)?,
+            ),
+            roles: super::roles::RoleMaps::new(
+                take(&mut ebpf, map_names::REPLY_INDEX)?,
+                take(&mut ebpf, map_names::ADDR_FILTER)?,
             ),
             ebpf,
             pin_dir: pin_dir.clone(),

@@ -20,6 +20,7 @@ mod desired;
 mod ids;
 mod links;
 mod load;
+mod roles;
 mod snat;
 mod traffic;
 mod xmit;
@@ -319,6 +320,8 @@ pub struct Datapath {
     backend_ids: IdPool,
     /// SNAT mode's maps and what this process wrote into them.
     snat: snat::Snat,
+    /// The address filter and the reply index.
+    roles: roles::RoleMaps,
 }
 
 impl Datapath {
