@@ -193,7 +193,7 @@ fn reply_of(t: &FlowKey, slot: &mut MaybeUninit<Flow>) -> Option<Lookup> {
         }
         let svc = index.services[i];
         let fwd = tuple((t.dst, t.dport), (svc.addr, svc.port), t.proto);
-        let Some(flow) = CONNTRACK.get_ptr_mut(&fwd) else {
+        let Some(flow) = CONNTRACK.get_ptr_mut(fwd) else {
             continue;
         };
         // SAFETY: a valid map value pointer for the duration of this program run.
@@ -258,11 +258,9 @@ fn reply_flow(svc: ServiceKey, backend: u32, service: ServiceId) -> Flow {
 #[inline(always)]
 pub fn find(key: &FlowKey) -> Option<Flow> {
     let mut slot = MaybeUninit::uninit();
-    if addr_roles(key.src) & ADDR_BACKEND != 0 {
-        if reply_of(key, &mut slot).is_some() {
-            // SAFETY: `reply_of` wrote the slot when it returned an answer.
-            return Some(unsafe { slot.assume_init() });
-        }
+    if addr_roles(key.src) & ADDR_BACKEND != 0 && reply_of(key, &mut slot).is_some() {
+        // SAFETY: `reply_of` wrote the slot when it returned an answer.
+        return Some(unsafe { slot.assume_init() });
     }
     // SAFETY: the value is copied out at once.
     (unsafe { CONNTRACK.get(key) }).copied()

@@ -35,7 +35,7 @@ use std::{
 };
 
 use berth::datapath::{DesiredState, Protocol, ServiceAddr, WeightedBackend};
-use gateway_common::{proto, Flow, FlowKey, NAT_SRC};
+use gateway_common::{proto, Flow, FlowKey, NAT_DST, NAT_SRC};
 
 use crate::{
     packet::{checksum, decode, fix_ip_checksum, Packet, ACK, PSH, SYN},
@@ -873,7 +873,36 @@ struct Expect {
 impl Facts {
     fn of(f: &[u8], ct: &Conntrack, model: &Model, state: usize) -> Facts {
         let ip = Ip::parse(f);
-        let lookup = |k: FlowKey| ct.get(&k, 0).ok();
+        // A tuple's entry, or (a router reply, which has none of its own) the forward
+        // entry of its flow to some service of either state, found as the program finds
+        // it through the reply index; seen as the reply's `NAT_SRC` translation.
+        let lookup = |k: FlowKey| {
+            ct.get(&k, 0).ok().or_else(|| {
+                model
+                    .states
+                    .iter()
+                    .flat_map(|s| s.services.keys())
+                    .filter(|svc| svc.protocol.number() == k.proto)
+                    .find_map(|svc| {
+                        let key = svc.key();
+                        let fwd = FlowKey {
+                            src: k.dst,
+                            dst: key.addr,
+                            sport: k.dport,
+                            dport: key.port,
+                            ..k
+                        };
+                        let f = ct.get(&fwd, 0).ok()?;
+                        (f.kind == NAT_DST && f.nat_addr == k.src && f.nat_port == k.sport)
+                            .then_some(Flow {
+                                kind: NAT_SRC,
+                                nat_addr: key.addr,
+                                nat_port: key.port,
+                                ..f
+                            })
+                    })
+            })
+        };
         let mut facts = Facts {
             ip,
             to_gateway: f.len() >= IP + 20
