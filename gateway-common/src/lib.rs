@@ -52,9 +52,11 @@ pub mod map_names {
     pub const REPLY_INDEX: &str = "berth_reply_index";
     /// `addr_slot(address)` → `ADDR_*` bits: which roles some address hashing there has.
     pub const ADDR_FILTER: &str = "berth_addr_filter";
+    /// Backend id → `NextHop` toward that backend (the forward packets of all its flows).
+    pub const BACKEND_HOPS: &str = "berth_backend_hops";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 17] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -71,6 +73,7 @@ pub mod map_names {
         FLOOD,
         REPLY_INDEX,
         ADDR_FILTER,
+        BACKEND_HOPS,
     ];
 }
 
@@ -319,7 +322,9 @@ pub struct Flow {
     /// Id of the service that balanced the flow (generation included): an entry of a
     /// removed service never applies to the service given its ids later.
     pub service: ServiceId,
-    /// Where packets of this flow were last sent.
+    /// The next hop toward the client: of this entry's packets (a reply entry), or of
+    /// the replies of this flow (a forward entry, whose replies find it through the
+    /// reply index). Forward packets use their backend's (`map_names::BACKEND_HOPS`).
     pub next_hop: NextHop,
     /// SNAT mode: the other end's translation, network order. A forward entry's new
     /// source (the node's address and the flow's allocated port), a reply entry's new
@@ -330,9 +335,11 @@ pub struct Flow {
     pub peer_port: u16,
     /// Always zero.
     pub pad2: u16,
-    /// A forward entry: where its replies were last sent (a router flow's replies find
-    /// their forward entry through the reply index, and keep their next hop here).
-    pub reply_hop: NextHop,
+    /// A forward entry: when it last forwarded a packet, in the units of
+    /// `NextHop::checked_at`, updated about once a second (`NEXT_HOP_REFRESH`).
+    pub seen: u32,
+    /// Always zero.
+    pub pad3: u32,
 }
 
 /// `Flow::flags` bit: the flow records a reply entry too (`SERVICE_REPLY_ENTRY`).
@@ -541,7 +548,7 @@ const _: () = {
     assert!(core::mem::size_of::<Backend>() == 16);
     assert!(core::mem::size_of::<FlowKey>() == 16);
     assert!(core::mem::size_of::<NextHop>() == 24);
-    assert!(core::mem::size_of::<Flow>() == 72);
+    assert!(core::mem::size_of::<Flow>() == 56);
     assert!(core::mem::size_of::<ReplyIndex>() == 36);
     assert!(core::mem::size_of::<FragKey>() == 12);
     assert!(core::mem::size_of::<FragPorts>() == 4);

@@ -6,8 +6,8 @@ use aya_ebpf::{bindings::BPF_NOEXIST, helpers::generated::bpf_ktime_get_coarse_n
 use gateway_common::{
     config, flow_hash, snat_port_slot, Backend, Counter, Flow, FlowKey, NextHop, Service,
     ServiceId, ServiceKey, ADDR_BACKEND, ADDR_GATEWAY, BACKEND_LIVE, FLOW_REPLY_ENTRY, MAGLEV_SIZE,
-    NAT_DST, NAT_MASQ, NAT_SRC, REPLY_CANDIDATES, SERVICE_REPLY_ENTRY, SERVICE_SNAT,
-    SNAT_PORT_TRIES,
+    NAT_DST, NAT_MASQ, NAT_SRC, NEXT_HOP_REFRESH, REPLY_CANDIDATES, SERVICE_REPLY_ENTRY,
+    SERVICE_SNAT, SNAT_PORT_TRIES,
 };
 
 use crate::maps::{
@@ -29,7 +29,7 @@ pub enum Found {
     /// (next-hop cache).
     Tracked,
     /// A router-mode reply: `Lookup::entry` is its flow's forward entry (found through
-    /// the reply index; the reply's next hop is cached in its `reply_hop`). The caller's
+    /// the reply index; the reply's next hop is cached in its `next_hop`). The caller's
     /// slot holds the reply's translation as a `NAT_SRC` flow.
     Reply,
     /// The first packet of a flow: the new flow is in the caller's slot, to be recorded
@@ -247,7 +247,8 @@ fn reply_flow(svc: ServiceKey, backend: u32, service: ServiceId) -> Flow {
         peer_addr: 0,
         peer_port: 0,
         pad2: 0,
-        reply_hop: NextHop::default(),
+        seen: 0,
+        pad3: 0,
     }
 }
 
@@ -264,6 +265,17 @@ pub fn find(key: &FlowKey) -> Option<Flow> {
     }
     // SAFETY: the value is copied out at once.
     (unsafe { CONNTRACK.get(key) }).copied()
+}
+
+/// Notes that a forward entry forwarded a packet now (`Flow::seen`, rewritten about once
+/// a second: the daemon counts active flows by it).
+#[inline(always)]
+pub fn seen(flow: &mut Flow) {
+    // SAFETY: a helper without arguments.
+    let now = (unsafe { bpf_ktime_get_coarse_ns() } >> 20) as u32;
+    if now.wrapping_sub(flow.seen) > NEXT_HOP_REFRESH {
+        flow.seen = now;
+    }
 }
 
 /// Whether some CPU's flood guard skipped recording flows in this or the last window.
@@ -410,7 +422,8 @@ fn balance(t: &FlowKey, service: &Service) -> Result<Flow, Counter> {
         peer_addr: 0,
         peer_port: 0,
         pad2: 0,
-        reply_hop: NextHop::default(),
+        seen: 0,
+        pad3: 0,
     };
     if service.flags & SERVICE_SNAT != 0 {
         let (addr, port) = claim_source(t, &flow, backend, hash)?;
@@ -450,7 +463,8 @@ fn claim_source(
         peer_addr: t.src,
         peer_port: t.sport,
         pad2: 0,
-        reply_hop: NextHop::default(),
+        seen: 0,
+        pad3: 0,
     };
     for attempt in 0..SNAT_PORT_TRIES {
         // Hidden from LLVM for the same reason as the Maglev slot in `balance`.
@@ -500,7 +514,8 @@ pub fn record(key: &FlowKey, flow: &Flow) {
             peer_addr: 0,
             peer_port: 0,
             pad2: 0,
-            reply_hop: NextHop::default(),
+            seen: 0,
+            pad3: 0,
         };
         // The reply entry goes first so that a reply can never arrive before it exists.
         // Inserting into an LRU map only fails on allocation failure; the packet is
@@ -559,7 +574,8 @@ pub fn add_kernel_path_entries(key: &FlowKey, flow: &Flow) {
         peer_addr,
         peer_port,
         pad2: 0,
-        reply_hop: NextHop::default(),
+        seen: 0,
+        pad3: 0,
     };
     let masq = tuple((client, client_port), (backend, backend_port), key.proto);
     insert_absent(

@@ -297,13 +297,13 @@ unsafe fn translate(
     new: &mut MaybeUninit<Flow>,
 ) -> u32 {
     // The flow the packet belongs to (its translation) and where its next hop is cached:
-    // a forward entry caches its forward packets' hop, and (`Reply`) its replies'.
-    // Raw pointers: a new flow's hop lies inside the flow. (A translation made in the
-    // slot for a flow without an entry caches nothing: its hop is the slot's own.)
-    let (flow, hop, is_new): (*mut Flow, *mut NextHop, bool) = match found.found {
+    // a forward packet's with its backend (shared by all the backend's flows), a reply's
+    // in the entry it found (`Reply`: its flow's forward entry). A translation made in
+    // the slot for a flow without an entry caches nothing: its hop is the slot's own.
+    let (flow, reply_hop, is_new): (*mut Flow, *mut NextHop, bool) = match found.found {
         Found::Tracked => (found.entry, &raw mut (*found.entry).next_hop, false),
         // For the three below `lookup_or_balance` wrote the slot.
-        Found::Reply => (new.as_mut_ptr(), &raw mut (*found.entry).reply_hop, false),
+        Found::Reply => (new.as_mut_ptr(), &raw mut (*found.entry).next_hop, false),
         Found::Untracked => {
             let flow = new.as_mut_ptr();
             (flow, &raw mut (*flow).next_hop, false)
@@ -312,6 +312,12 @@ unsafe fn translate(
             let flow = new.as_mut_ptr();
             (flow, &raw mut (*flow).next_hop, true)
         }
+    };
+    let hop = if (*flow).kind == NAT_DST {
+        conntrack::seen(&mut *flow);
+        maps::backend_hop((*flow).backend).unwrap_or(reply_hop)
+    } else {
+        reply_hop
     };
     let (forward, service, snat) = ((*flow).kind == NAT_DST, (*flow).service, (*flow).is_snat());
     let (dst, src) = halves(&*flow);

@@ -9,7 +9,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use gateway_common::{
-    config, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragPorts, MaglevTable,
+    config, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragPorts, MaglevTable, NextHop,
     ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats, ADDR_FILTER_SLOTS, SNAT_PORT_SLOTS,
     XMIT_SLOTS,
 };
@@ -65,6 +65,18 @@ pub fn addr_roles(addr: u32) -> u32 {
         .get(gateway_common::addr_slot(addr))
         .copied()
         .unwrap_or(0)
+}
+
+/// Backend id → the next hop toward it, shared by the forward packets of all its flows
+/// (a new flow needs no FIB lookup of its own). Written by the XDP program; cleared by
+/// the daemon when it gives the id to a backend.
+#[map(name = "berth_backend_hops")]
+pub static BACKEND_HOPS: Array<NextHop> = Array::with_max_entries(16384, 0);
+
+/// The next-hop cache of backend `id`.
+#[inline(always)]
+pub fn backend_hop(id: u32) -> Option<*mut NextHop> {
+    BACKEND_HOPS.get_ptr_mut(id)
 }
 
 /// Per-CPU scratch space for the flow a packet is translated with (a new flow before

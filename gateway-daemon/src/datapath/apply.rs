@@ -6,8 +6,8 @@ use std::{collections::BTreeMap, net::SocketAddrV4};
 
 use aya::maps::{MapError, PerCpuValues};
 use gateway_common::{
-    map_names, Backend, MaglevTable, Service, ServiceId, ServiceKey, ServiceStats, BACKEND_LIVE,
-    MAGLEV_SIZE,
+    map_names, Backend, MaglevTable, NextHop, Service, ServiceId, ServiceKey, ServiceStats,
+    BACKEND_LIVE, MAGLEV_SIZE,
 };
 
 use super::{
@@ -386,6 +386,10 @@ impl Datapath {
         self.backends
             .set(bid, Backend::default(), 0)
             .map_err(map_err(map_names::BACKENDS))?;
+        // The id's next backend starts without the old one's next hop.
+        self.backend_hops
+            .set(bid, NextHop::default(), 0)
+            .map_err(map_err(map_names::BACKEND_HOPS))?;
         self.backend_ids.free(bid);
         Ok(())
     }

@@ -37,7 +37,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 16] {
+    fn shapes(&self) -> [Shape; 17] {
         use std::mem::size_of;
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
@@ -52,6 +52,7 @@ impl Limits {
                 map_names::FLOOD,
                 map_names::REPLY_INDEX,
                 map_names::ADDR_FILTER,
+                map_names::BACKEND_HOPS,
             ]
             .contains(&name),
         };
@@ -111,6 +112,12 @@ impl Limits {
                 4,
                 4,
                 gateway_common::ADDR_FILTER_SLOTS,
+            ),
+            shape(
+                map_names::BACKEND_HOPS,
+                4,
+                size_of::<gateway_common::NextHop>(),
+                self.backends,
             ),
         ]
     }
@@ -243,6 +250,7 @@ impl Datapath {
             addresses: take(&mut ebpf, map_names::ADDRESSES)?,
             maglev: take(&mut ebpf, map_names::MAGLEV)?,
             backends: take(&mut ebpf, map_names::BACKENDS)?,
+            backend_hops: take(&mut ebpf, map_names::BACKEND_HOPS)?,
             conntrack: take(&mut ebpf, map_names::CONNTRACK)?,
             counters: take(&mut ebpf, map_names::COUNTERS)?,
             service_stats: take(&mut ebpf, map_names::SERVICE_STATS)?,

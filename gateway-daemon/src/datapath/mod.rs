@@ -301,6 +301,7 @@ pub struct Datapath {
     addresses: HashMap<MapData, u32, u32>,
     maglev: Array<MapData, MaglevTable>,
     backends: Array<MapData, Backend>,
+    backend_hops: Array<MapData, gateway_common::NextHop>,
     conntrack: HashMap<MapData, FlowKey, Flow>,
     counters: PerCpuArray<MapData, u64>,
     service_stats: PerCpuArray<MapData, ServiceStats>,

@@ -165,9 +165,8 @@ impl Datapath {
     }
 
     /// Per service, the tracked flows (client → gateway) that forwarded a packet within
-    /// about `window` (a flow's next hop is asked for at least every second while its
-    /// packets flow, and that time is what is compared), and how many of them are SNAT
-    /// flows.
+    /// about `window` (`Flow::seen`, rewritten about every second while its packets
+    /// flow), and how many of them are SNAT flows.
     pub fn active_flows(
         &self,
         window: std::time::Duration,
@@ -176,9 +175,7 @@ impl Datapath {
         let window = u32::try_from(window.as_nanos() >> 20).unwrap_or(u32::MAX);
         let mut per_id: StdHashMap<ServiceId, ActiveFlows> = StdHashMap::new();
         self.each_flow(|_, f| {
-            if f.kind == gateway_common::NAT_DST
-                && now.wrapping_sub(f.next_hop.checked_at) <= window
-            {
+            if f.kind == gateway_common::NAT_DST && now.wrapping_sub(f.seen) <= window {
                 let counted = per_id.entry(f.service).or_default();
                 counted.all += 1;
                 counted.snat += u64::from(f.is_snat());

@@ -314,7 +314,7 @@ fn main() {
             hot_frame: None,
         },
         Case {
-            name: "new flow (Maglev, 2 conntrack inserts, FIB, DNAT)",
+            name: "new flow (Maglev, 1 conntrack insert, FIB, DNAT)",
             key: "new_flow_ns",
             program: PROGRAM,
             ingress: fx.fx0,
@@ -322,6 +322,18 @@ fn main() {
             frame: Box::new(move |n| udp(new_client(n), gw(54)).macs(CLIENT_MAC, FX0_MAC).frame()),
             hot_frame: Some(Box::new(move |n| {
                 let src = sa(Ipv4Addr::new(10, 250, 1, 200), 1024 + n as u16);
+                udp(src, gw(RING_BASE)).macs(CLIENT_MAC, FX0_MAC).frame()
+            })),
+        },
+        Case {
+            name: "new flow over the flood guard (not recorded)",
+            key: "flood_new_flow_ns",
+            program: PROGRAM,
+            ingress: fx.fx0,
+            verdict: XDP_REDIRECT,
+            frame: Box::new(move |n| udp(new_client(n), gw(54)).macs(CLIENT_MAC, FX0_MAC).frame()),
+            hot_frame: Some(Box::new(move |n| {
+                let src = sa(Ipv4Addr::new(10, 250, 1, 202), 1024 + n as u16);
                 udp(src, gw(RING_BASE)).macs(CLIENT_MAC, FX0_MAC).frame()
             })),
         },
@@ -382,6 +394,9 @@ fn main() {
         cases
             .iter()
             .map(|c| {
+                // Only the flood case runs over the new-flow limit (1 per second).
+                let limit = u32::from(c.key == "flood_new_flow_ns");
+                t.dp.set_new_flow_limit(limit).expect("new-flow limit");
                 let hot = measure(&mut t.dp, c, HOT_REPEAT, HOT_RUNS);
                 (hot, measure(&mut t.dp, c, 1, COLD_RUNS))
             })
