@@ -165,9 +165,10 @@ fn families(p: &Published) -> Families {
             .with(vec![], ct.capacity),
             Family::new(
                 "berth_conntrack_evictions",
-                "Estimated conntrack entries the LRU evicted to make room for new ones: \
-                 entries created (ct_created) less those in the table, as the kernel \
-                 counts no evictions.",
+                "Estimated conntrack entries the LRU evicted to make room for new ones, \
+                 as the kernel counts no evictions: entries created (ct_created, which \
+                 also counts an entry replaced in place, e.g. by a retransmitted SYN) \
+                 less those in the table.",
                 Counter,
             )
             .with(vec![], ct.evictions),
