@@ -224,9 +224,9 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The largest conntrack (`flows`) the daemon accepts: 2^26 entries, about 4.5 GiB
-    /// of kernel memory (each entry holds a 16-byte key, a 48-byte flow and the hash
-    /// table's own overhead).
+    /// The largest conntrack (`flows`) the daemon accepts: 2^26 entries, about 10 GB of
+    /// kernel memory (an entry is a `FlowKey`, a `Flow` and the hash table's own
+    /// overhead: about 150 bytes).
     pub const MAX_FLOWS: u32 = 1 << 26;
 }
 
