@@ -149,10 +149,10 @@ struct RunArgs {
     /// ephemeral ports when the host opens many connections itself.
     #[arg(long, default_value = "32768-60999", value_parser = parse_port_range)]
     snat_ports: std::ops::RangeInclusive<u16>,
-    /// Entries of the conntrack (each flow takes one or two; about 150 bytes of kernel
-    /// memory each). A full table evicts its least recently used flows. A restart must
-    /// give the size the pinned table has (refused otherwise: remove the pinned
-    /// berth_ct to resize it, and its flows are balanced again).
+    /// Entries of the conntrack (a flow takes one, two in SNAT mode; 152 bytes of
+    /// kernel memory each). A full table evicts its least recently used flows. A
+    /// restart must give the size the pinned table has (refused otherwise: remove the
+    /// pinned berth_ct to resize it, and its flows are balanced again).
     #[arg(long, default_value_t = datapath::Limits::default().flows, value_parser = parse_conntrack_size)]
     conntrack_size: u32,
     /// New flows per second per CPU above which new flows are balanced by Maglev
