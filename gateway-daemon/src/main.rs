@@ -172,7 +172,7 @@ fn parse_conntrack_size(text: &str) -> Result<u32, String> {
         Ok(0) => Err("0 entries: the conntrack needs at least one (default 262144)".into()),
         Ok(n) if n > u64::from(max) => Err(format!(
             "{n} entries is beyond the {max} (2^26) the daemon accepts \
-             (about 150 bytes of kernel memory each)"
+             (152 bytes of kernel memory each, about 10 GB at the most)"
         )),
         Ok(n) => Ok(n as u32),
         Err(e) => Err(format!("{text:?} is not a number of entries: {e}")),
