@@ -36,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the daemon: watch the manifests, allocate ports, program the datapath.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Inspect or repair a state directory: `check` lists records that cannot be read
     /// or that loading ignores (a port held twice) (exit 1 if any), `repair` moves them aside into FILE.bad-TIME and keeps every
     /// valid claim (refused while `berth run` uses the directory).
@@ -149,6 +149,34 @@ struct RunArgs {
     /// ephemeral ports when the host opens many connections itself.
     #[arg(long, default_value = "32768-60999", value_parser = parse_port_range)]
     snat_ports: std::ops::RangeInclusive<u16>,
+    /// Entries of the conntrack (a flow takes one, two in SNAT mode; 152 bytes of
+    /// kernel memory each). A full table evicts its least recently used flows. A
+    /// restart must give the size the pinned table has (refused otherwise: remove the
+    /// pinned berth_ct to resize it, and its flows are balanced again).
+    #[arg(long, default_value_t = datapath::Limits::default().flows, value_parser = parse_conntrack_size)]
+    conntrack_size: u32,
+    /// New flows per second per CPU above which new flows are balanced by Maglev
+    /// alone and not recorded in the conntrack (flood_untracked), so a flood of new
+    /// flows cannot evict the established ones; 0: no limit.
+    #[arg(long, default_value_t = DEFAULT_NEW_FLOW_LIMIT)]
+    new_flow_limit: u32,
+}
+
+/// Default of `--new-flow-limit`: Katran's default `MAX_CONN_RATE`.
+const DEFAULT_NEW_FLOW_LIMIT: u32 = 125_000;
+
+/// Parses `--conntrack-size`: 1 to `Limits::MAX_FLOWS` entries.
+fn parse_conntrack_size(text: &str) -> Result<u32, String> {
+    let max = datapath::Limits::MAX_FLOWS;
+    match text.trim().parse::<u64>() {
+        Ok(0) => Err("0 entries: the conntrack needs at least one (default 262144)".into()),
+        Ok(n) if n > u64::from(max) => Err(format!(
+            "{n} entries is beyond the {max} (2^26) the daemon accepts \
+             (152 bytes of kernel memory each, about 10 GB at the most)"
+        )),
+        Ok(n) => Ok(n as u32),
+        Err(e) => Err(format!("{text:?} is not a number of entries: {e}")),
+    }
 }
 
 /// Parses `LO-HI` (1 <= LO <= HI <= 65535) for `--snat-ports`.
@@ -241,7 +269,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             address_interface,
         } => uninstall(&pin_dir, &address_interface),
         Command::State { action, state_dir } => state_cmd(action, &state_dir),
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
     }
 }
 
@@ -407,7 +435,48 @@ fn uninstall(pin_dir: &Path, address_interface: &str) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_port_range;
+    use super::{parse_conntrack_size, parse_port_range, Cli, Command};
+    use clap::Parser as _;
+
+    #[test]
+    fn conntrack_size_is_a_positive_count_up_to_2_to_the_26() {
+        assert_eq!(parse_conntrack_size("1024"), Ok(1024));
+        assert_eq!(parse_conntrack_size("67108864"), Ok(1 << 26));
+        for (bad, says) in [
+            ("0", "0 entries"),
+            ("67108865", "beyond the 67108864"),
+            ("99999999999", "beyond"),
+            ("-1", "not a number"),
+            ("1k", "not a number"),
+        ] {
+            let err = parse_conntrack_size(bad).expect_err(bad);
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    fn run_args(extra: &[&str]) -> Result<super::RunArgs, clap::Error> {
+        let mut argv = vec!["berth", "run", "--manifests", "m"];
+        argv.extend(extra);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Run(args) => Ok(*args),
+            _ => unreachable!("berth run parses as Run"),
+        }
+    }
+
+    #[test]
+    fn conntrack_size_and_new_flow_limit_default_and_parse() {
+        let args = run_args(&[]).expect("defaults");
+        assert_eq!(args.conntrack_size, 262_144);
+        assert_eq!(args.new_flow_limit, 125_000);
+        let args =
+            run_args(&["--conntrack-size", "1024", "--new-flow-limit", "0"]).expect("both given");
+        assert_eq!((args.conntrack_size, args.new_flow_limit), (1024, 0));
+        let err = run_args(&["--conntrack-size", "0"])
+            .err()
+            .expect("0 is refused");
+        assert!(err.to_string().contains("--conntrack-size"), "{err}");
+        assert!(run_args(&["--new-flow-limit", "-5"]).is_err());
+    }
 
     #[test]
     fn snat_ports_are_lo_hi_with_both_above_zero_and_in_order() {

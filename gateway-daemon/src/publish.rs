@@ -46,6 +46,121 @@ pub struct Published {
     pub active_at: Option<std::time::Instant>,
     /// Some claim is released and cooling down: plan again when its cool-down ends.
     pub cooling: bool,
+    /// The conntrack's occupancy when active flows were last counted (with a datapath).
+    pub conntrack: Option<Conntrack>,
+}
+
+/// The conntrack's occupancy, read with the active flows (`ACTIVE_FLOW_REFRESH`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Conntrack {
+    /// Entries in the table.
+    pub entries: u64,
+    /// Entries it can hold (`berth run --conntrack-size`).
+    pub capacity: u64,
+    /// The `ct_created` counter (entries the kernel created) read with `entries`.
+    pub created: u64,
+    /// The `flood_untracked` counter read with `entries`.
+    pub untracked: u64,
+    /// Estimated entries the LRU evicted (`evictions_estimate`), never lower than
+    /// what this daemon published before.
+    pub evictions: u64,
+    /// New flows went untracked since the count before (the flood guard is active).
+    pub flooding: bool,
+}
+
+impl Conntrack {
+    /// The table is nearly full (90 % or more): new flows evict established ones.
+    pub fn nearly_full(&self) -> bool {
+        self.capacity > 0 && self.entries * 10 >= self.capacity * 9
+    }
+
+    /// The occupancy counted now, following `before` (the count before, if any).
+    fn counted(
+        before: Option<&Conntrack>,
+        counters: &BTreeMap<&'static str, u64>,
+        entries: u64,
+        capacity: u64,
+    ) -> Conntrack {
+        use gateway_common::Counter;
+        let count = |c: Counter| counters.get(c.name()).copied().unwrap_or(0);
+        let (created, untracked) = (count(Counter::CtCreated), count(Counter::FloodUntracked));
+        Conntrack {
+            entries,
+            capacity,
+            created,
+            untracked,
+            evictions: evictions_estimate(created, entries).max(before.map_or(0, |b| b.evictions)),
+            flooding: before.is_some_and(|b| untracked > b.untracked),
+        }
+    }
+}
+
+/// Entries the conntrack's LRU evicted, estimated: the kernel counts no evictions, so
+/// this is the entries created (`ct_created`) less those still in the table (the
+/// daemon deletes none itself), 0 when fewer were counted as created (counters
+/// replaced by an upgrade).
+pub fn evictions_estimate(created: u64, entries: u64) -> u64 {
+    created.saturating_sub(entries)
+}
+
+/// A change of the conntrack's state worth one log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ConntrackChange {
+    /// The table became nearly full (true) or no longer is (false).
+    NearlyFull(bool),
+    /// The flood guard started (true) or stopped (false) leaving new flows untracked.
+    Flooding(bool),
+}
+
+/// What changed from the count `before` (none: a fresh daemon, which says what is
+/// the case) to `after`.
+fn conntrack_changes(before: Option<&Conntrack>, after: &Conntrack) -> Vec<ConntrackChange> {
+    let full_before = before.is_some_and(Conntrack::nearly_full);
+    let flooding_before = before.is_some_and(|b| b.flooding);
+    let mut changes = Vec::new();
+    if after.nearly_full() != full_before {
+        changes.push(ConntrackChange::NearlyFull(after.nearly_full()));
+    }
+    if after.flooding != flooding_before {
+        changes.push(ConntrackChange::Flooding(after.flooding));
+    }
+    changes
+}
+
+/// Logs, once per change, that the conntrack became nearly full or the flood guard
+/// started (and that they ended), naming the option that changes each.
+fn log_conntrack(before: Option<&Conntrack>, after: &Conntrack) {
+    for change in conntrack_changes(before, after) {
+        let Conntrack {
+            entries,
+            capacity,
+            evictions,
+            ..
+        } = *after;
+        match change {
+            ConntrackChange::NearlyFull(true) => tracing::warn!(
+                entries,
+                capacity,
+                evictions,
+                "the conntrack is 90 % full or more: new flows evict the least recently \
+                 used ones, whose next packets are balanced again by Maglev (to another \
+                 backend if the backends changed); raise berth run --conntrack-size"
+            ),
+            ConntrackChange::NearlyFull(false) => {
+                tracing::info!(entries, capacity, "the conntrack is below 90 % full again")
+            }
+            ConntrackChange::Flooding(true) => tracing::warn!(
+                untracked = after.untracked - before.map_or(0, |b| b.untracked),
+                "flood guard active: a CPU saw more new flows per second than \
+                 --new-flow-limit, so new flows are balanced by Maglev alone and not \
+                 recorded (flood_untracked); raise berth run --new-flow-limit if this \
+                 is legitimate load"
+            ),
+            ConntrackChange::Flooding(false) => tracing::info!(
+                "flood guard inactive: new flows are recorded in the conntrack again"
+            ),
+        }
+    }
 }
 
 /// Shared between the loop and the admin server: the loop swaps in a new snapshot,
@@ -82,14 +197,18 @@ fn read_traffic(p: &mut Published, dp: &Datapath) {
         .is_none_or(|t| t.elapsed() >= ACTIVE_FLOW_REFRESH)
         .then(|| dp.active_flows(ACTIVE_FLOW_WINDOW).unwrap_or_default());
     let now = std::time::Instant::now();
-    if active.is_some() {
+    if let Some(scan) = &active {
         p.active_at = Some(now);
+        let capacity = u64::from(dp.conntrack_capacity());
+        let counted = Conntrack::counted(p.conntrack.as_ref(), &p.counters, scan.entries, capacity);
+        log_conntrack(p.conntrack.as_ref(), &counted);
+        p.conntrack = Some(counted);
     }
     p.traffic = stats
         .into_iter()
         .map(|(service, stats)| {
             let flows = match &active {
-                Some(counted) => counted.get(&service).copied().unwrap_or_default(),
+                Some(scan) => scan.active.get(&service).copied().unwrap_or_default(),
                 None => p.traffic.get(&service).map_or_else(Default::default, |t| {
                     crate::datapath::ActiveFlows {
                         all: t.active_flows,
@@ -211,6 +330,7 @@ pub fn effects(
         traffic: prev.traffic.clone(),
         traffic_at: prev.traffic_at,
         active_at: prev.active_at,
+        conntrack: prev.conntrack,
         ..Published::default()
     };
     if let Some(dp) = datapath {
@@ -228,6 +348,7 @@ pub fn effects(
         traffic,
         traffic_at,
         active_at,
+        conntrack,
         ..
     } = read;
     let Plan {
@@ -257,5 +378,62 @@ pub fn effects(
         traffic_at,
         active_at,
         cooling: claims.iter().any(|c| c.is_released()),
+        conntrack,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counters(created: u64, untracked: u64) -> BTreeMap<&'static str, u64> {
+        [("ct_created", created), ("flood_untracked", untracked)]
+            .into_iter()
+            .collect()
+    }
+
+    #[test]
+    fn evictions_are_entries_created_less_those_in_the_table_never_decreasing() {
+        assert_eq!(evictions_estimate(5000, 1024), 3976);
+        assert_eq!(evictions_estimate(100, 100), 0);
+        // Counters replaced (an upgrade) while the table kept its entries.
+        assert_eq!(evictions_estimate(10, 1024), 0);
+        let first = Conntrack::counted(None, &counters(5000, 0), 1024, 1024);
+        assert_eq!(first.evictions, 3976);
+        let later = Conntrack::counted(Some(&first), &counters(10, 0), 1024, 1024);
+        assert_eq!(later.evictions, 3976, "a counter never goes back");
+        let more = Conntrack::counted(Some(&later), &counters(9000, 0), 1000, 1024);
+        assert_eq!(more.evictions, 8000);
+    }
+
+    #[test]
+    fn nearly_full_and_flooding_are_reported_once_per_change() {
+        use ConntrackChange::{Flooding, NearlyFull};
+        let count = |before: Option<&Conntrack>, untracked, entries| {
+            Conntrack::counted(before, &counters(0, untracked), entries, 1000)
+        };
+        let quiet = count(None, 0, 100);
+        assert_eq!(conntrack_changes(None, &quiet), vec![]);
+        let full = count(Some(&quiet), 0, 900);
+        assert!(full.nearly_full() && !count(None, 0, 899).nearly_full());
+        assert_eq!(
+            conntrack_changes(Some(&quiet), &full),
+            vec![NearlyFull(true)]
+        );
+        let flood = count(Some(&full), 7, 1000);
+        assert!(flood.flooding);
+        assert_eq!(conntrack_changes(Some(&full), &flood), vec![Flooding(true)]);
+        let still = count(Some(&flood), 9, 1000);
+        assert_eq!(conntrack_changes(Some(&flood), &still), vec![]);
+        let calm = count(Some(&still), 9, 10);
+        assert!(!calm.flooding, "flood_untracked did not grow");
+        assert_eq!(
+            conntrack_changes(Some(&still), &calm),
+            vec![NearlyFull(false), Flooding(false)]
+        );
+        // A daemon that starts on a full table says so; a first count is never a flood.
+        let restarted = count(None, 50, 950);
+        assert!(!restarted.flooding);
+        assert_eq!(conntrack_changes(None, &restarted), vec![NearlyFull(true)]);
+    }
 }

@@ -42,6 +42,8 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         no_address_interface,
         redirect,
         snat_ports,
+        conntrack_size,
+        new_flow_limit,
     } = args;
     init_logging(log_format);
     let mut dp = DatapathOptions {
@@ -49,6 +51,8 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         xdp_mode,
         redirect,
         pin_dir,
+        conntrack_size,
+        new_flow_limit,
         address_interface: if no_address_interface {
             None
         } else {
@@ -106,6 +110,10 @@ struct DatapathOptions {
     xdp_mode: XdpMode,
     redirect: Redirect,
     pin_dir: PathBuf,
+    /// Conntrack entries (`Limits::flows`).
+    conntrack_size: u32,
+    /// New flows per second per CPU the kernel records (0: no limit).
+    new_flow_limit: u32,
     address_interface: Option<String>,
 }
 
@@ -166,6 +174,8 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
         xdp_mode,
         redirect,
         pin_dir,
+        conntrack_size,
+        new_flow_limit,
         address_interface,
     } = options;
     if interfaces.is_empty() {
@@ -174,9 +184,25 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
     }
     let mut dp = Datapath::load(&Config {
         pin_dir: pin_dir.clone(),
-        ..Config::default()
+        limits: datapath::Limits {
+            flows: *conntrack_size,
+            ..datapath::Limits::default()
+        },
     })
     .context("loading the datapath")?;
+    dp.set_new_flow_limit(*new_flow_limit)
+        .context("writing --new-flow-limit into the datapath's config map")?;
+    match new_flow_limit {
+        0 => tracing::info!(
+            conntrack_size,
+            "no new-flow limit: every new flow is recorded in the conntrack"
+        ),
+        limit => tracing::info!(
+            conntrack_size,
+            new_flow_limit = limit,
+            "new flows beyond the limit (per second per CPU) are balanced by Maglev alone"
+        ),
+    }
     if *redirect == Redirect::Auto {
         datapath::follow_xmit(pin_dir).context("following which interfaces take XDP frames")?;
     } else {

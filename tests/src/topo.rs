@@ -358,6 +358,13 @@ impl Flow {
         Self::from_socket(sock, server, timeout)
     }
 
+    /// A new flow from the local address `local` (e.g. one source port per flow, for
+    /// as many distinct flows as ports); must be created inside the client's namespace.
+    pub fn bound(local: SocketAddrV4, server: SocketAddrV4, timeout: Duration) -> Self {
+        let sock = UdpSocket::bind(local).unwrap_or_else(|e| panic!("bind udp {local}: {e}"));
+        Self::from_socket(sock, server, timeout)
+    }
+
     fn from_socket(sock: UdpSocket, server: SocketAddrV4, timeout: Duration) -> Self {
         sock.set_read_timeout(Some(timeout)).expect("timeout");
         Flow {

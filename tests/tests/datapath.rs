@@ -134,7 +134,7 @@ fn a_new_loader_adopts_the_pinned_maps_and_their_services() {
 fn pinned_maps_of_other_limits_are_refused_with_a_clear_error() {
     let t = TestDatapath::load();
     let limits = Limits {
-        flows: test_limits().flows * 2,
+        fragments: test_limits().fragments * 2,
         ..test_limits()
     };
     let config = Config {
@@ -157,8 +157,76 @@ fn pinned_maps_of_other_limits_are_refused_with_a_clear_error() {
     );
     let message = err.to_string();
     assert!(
-        message.contains("berth_ct") && message.contains("max entries"),
+        message.contains("berth_frags") && message.contains("max entries"),
         "{message}"
+    );
+}
+
+#[test]
+fn a_conntrack_pinned_with_another_size_is_refused_naming_both_sizes_and_its_flows_kept() {
+    // A restart must keep the flows: another --conntrack-size than the pinned table's
+    // is refused (resizing loses them, which is the operator's call), and the table is
+    // left as it was.
+    let t = TestDatapath::load();
+    let pinned = test_limits().flows;
+    let ct = t.pin_dir.join(gateway_common::map_names::CONNTRACK);
+    let before = aya::maps::MapInfo::from_pin(&ct)
+        .expect("pinned conntrack")
+        .id();
+    let config = Config {
+        pin_dir: t.pin_dir.clone(),
+        limits: Limits {
+            flows: pinned * 2,
+            ..test_limits()
+        },
+    };
+    let err = match Datapath::load(&config) {
+        Ok(_) => panic!("loading over a conntrack of another size must fail"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(err, DatapathError::ConntrackSize { found, wanted, .. }
+            if found == pinned && wanted == pinned * 2),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    for want in [
+        ct.to_str().unwrap_or_default(),
+        &format!("holds {pinned} entries"),
+        &format!("asked for {}", pinned * 2),
+        &format!("--conntrack-size {pinned}"),
+        "remove",
+    ] {
+        assert!(message.contains(want), "no {want:?} in: {message}");
+    }
+    let after = aya::maps::MapInfo::from_pin(&ct).expect("conntrack still pinned");
+    assert_eq!(after.id(), before, "the pinned conntrack is kept");
+    // The same size adopts it.
+    let again = Datapath::load(&Config {
+        pin_dir: t.pin_dir.clone(),
+        limits: test_limits(),
+    })
+    .expect("the pinned size is adopted");
+    assert_eq!(again.conntrack_capacity(), pinned);
+    // Beyond what the daemon accepts: refused before anything is pinned.
+    let err = Datapath::load(&Config {
+        pin_dir: t.pin_dir.join("huge"),
+        limits: Limits {
+            flows: Limits::MAX_FLOWS + 1,
+            ..test_limits()
+        },
+    })
+    .err()
+    .expect("2^26 + 1 entries");
+    assert!(
+        matches!(
+            err,
+            DatapathError::Limit {
+                what: "conntrack entries",
+                ..
+            }
+        ),
+        "{err:?}"
     );
 }
 

@@ -149,6 +149,31 @@ fn families(p: &Published) -> Families {
     if !p.traffic.is_empty() {
         out.extend(route_families(p));
     }
+    if let Some(ct) = &p.conntrack {
+        out.extend([
+            Family::new(
+                "berth_conntrack_entries",
+                "Entries in the conntrack (every flow direction), counted every 10 s.",
+                Gauge,
+            )
+            .with(vec![], ct.entries),
+            Family::new(
+                "berth_conntrack_capacity",
+                "Entries the conntrack can hold (berth run --conntrack-size).",
+                Gauge,
+            )
+            .with(vec![], ct.capacity),
+            Family::new(
+                "berth_conntrack_evictions",
+                "Estimated conntrack entries the LRU evicted to make room for new ones, \
+                 as the kernel counts no evictions: entries created (ct_created, which \
+                 also counts an entry replaced in place, e.g. by a retransmitted SYN) \
+                 less those in the table.",
+                Counter,
+            )
+            .with(vec![], ct.evictions),
+        ]);
+    }
     if !p.counters.is_empty() {
         let mut datapath = Family::new(
             "berth_datapath_packets",
@@ -304,6 +329,42 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == want), "no {want:?} in:\n{text}");
         }
+    }
+
+    #[test]
+    fn conntrack_occupancy_and_evictions_are_published_with_the_datapath_counters() {
+        let p = Published {
+            counters: [("flood_untracked", 3), ("ct_created", 5000)]
+                .into_iter()
+                .collect(),
+            conntrack: Some(crate::publish::Conntrack {
+                entries: 1000,
+                capacity: 1024,
+                created: 5000,
+                evictions: 4000,
+                ..Default::default()
+            }),
+            ..Published::default()
+        };
+        let text = encode(&p);
+        for want in [
+            "# TYPE berth_conntrack_entries gauge",
+            "berth_conntrack_entries 1000",
+            "# TYPE berth_conntrack_capacity gauge",
+            "berth_conntrack_capacity 1024",
+            "# TYPE berth_conntrack_evictions_total counter",
+            "berth_conntrack_evictions_total 4000",
+            "berth_datapath_packets_total{reason=\"flood_untracked\"} 3",
+        ] {
+            assert!(text.lines().any(|l| l == want), "no {want:?} in:\n{text}");
+        }
+        assert!(
+            text.contains("# HELP berth_conntrack_evictions_total Estimated"),
+            "{text}"
+        );
+        // Without a datapath there is no conntrack to describe.
+        let text = encode(&Published::default());
+        assert!(!text.contains("berth_conntrack"), "{text}");
     }
 
     #[test]

@@ -159,12 +159,13 @@ impl Datapath {
 
     fn load_pinned(config: &Config) -> Result<Self> {
         let Config { pin_dir, limits } = config;
-        if limits.services > ServiceId::SLOTS {
-            return Err(DatapathError::Limit {
-                what: "services",
-                wanted: limits.services,
-                max: ServiceId::SLOTS,
-            });
+        for (what, wanted, max) in [
+            ("services", limits.services, ServiceId::SLOTS),
+            ("conntrack entries", limits.flows, Limits::MAX_FLOWS),
+        ] {
+            if wanted > max {
+                return Err(DatapathError::Limit { what, wanted, max });
+            }
         }
         fs::create_dir_all(pin_dir.join("links")).map_err(|source| DatapathError::PinDir {
             path: pin_dir.clone(),
@@ -187,7 +188,8 @@ impl Datapath {
             // upgrade): its entries cannot be read by this program. Replaced rather than
             // refused, so an upgrade starts; established flows are balanced again by
             // Maglev (to the same backend while the backends are unchanged) on their
-            // next forward packet. Other limits (max entries) are still refused.
+            // next forward packet. Another size is refused: a restart with the same
+            // size keeps the flows, resizing (losing them) is the operator's decision.
             if shape.name == map_names::CONNTRACK {
                 if let Err(Ok(DatapathError::Incompatible {
                     what,
@@ -196,17 +198,22 @@ impl Datapath {
                     ..
                 })) = check_pinned(path, pin_dir, shape)
                 {
-                    if what != "max entries" {
-                        tracing::warn!(
-                            map = shape.name,
-                            what,
+                    if what == "max entries" {
+                        return Err(DatapathError::ConntrackSize {
+                            path: path.clone(),
                             found,
                             wanted,
-                            "the pinned conntrack has another entry layout (an earlier \
-                             build); replacing it: established flows are balanced again"
-                        );
-                        let _ = fs::remove_file(path);
+                        });
                     }
+                    tracing::warn!(
+                        map = shape.name,
+                        what,
+                        found,
+                        wanted,
+                        "the pinned conntrack has another entry layout (an earlier \
+                         build); replacing it: established flows are balanced again"
+                    );
+                    let _ = fs::remove_file(path);
                 }
             }
             check_pinned(path, pin_dir, shape).map_err(|e| {

@@ -47,7 +47,7 @@ use gateway_common::{
 use ids::{IdPool, ServiceIds};
 pub use links::{LinkChange, LinkKind};
 pub use load::{pinned_service_ports, remove_pins};
-pub use traffic::{kernel_reason, ActiveFlows, Traffic};
+pub use traffic::{kernel_reason, ActiveFlows, FlowScan, Traffic};
 pub use xmit::{follow as follow_xmit, FollowError, XmitChange, XmitMap};
 
 /// Name of the gateway program in the object.
@@ -101,6 +101,23 @@ pub enum DatapathError {
         wanted: u32,
         /// The pin directory.
         dir: PathBuf,
+    },
+    /// The pinned conntrack holds another number of entries than asked for. Refused
+    /// rather than replaced: a restart must keep the established flows, and throwing
+    /// them away to resize the table is the operator's decision.
+    #[error(
+        "pinned conntrack {path} holds {found} entries, this daemon was asked for {wanted} \
+         (--conntrack-size): restart with --conntrack-size {found} to keep the established \
+         flows, or remove {path} and start again to resize it (established flows are then \
+         balanced again by Maglev: to the same backend while the backends do not change)"
+    )]
+    ConntrackSize {
+        /// Path of the pinned conntrack.
+        path: PathBuf,
+        /// Its entries.
+        found: u32,
+        /// The entries asked for.
+        wanted: u32,
     },
     /// Attaching to an interface failed.
     #[error("attaching the {what} program to interface {iface}")]
@@ -198,12 +215,19 @@ pub struct Limits {
     pub services: u32,
     /// Backends over all services.
     pub backends: u32,
-    /// Conntrack entries (two per flow).
+    /// Conntrack entries (`berth run --conntrack-size`): at most `MAX_FLOWS`.
     pub flows: u32,
     /// Fragmented datagrams tracked at once.
     pub fragments: u32,
     /// Distinct gateway addresses.
     pub addresses: u32,
+}
+
+impl Limits {
+    /// The largest conntrack (`flows`) the daemon accepts: 2^26 entries, about 10 GB of
+    /// kernel memory (an entry is a `FlowKey`, a `Flow` and the hash table's own
+    /// overhead: about 150 bytes).
+    pub const MAX_FLOWS: u32 = 1 << 26;
 }
 
 impl Default for Limits {

@@ -19,6 +19,16 @@ pub struct ActiveFlows {
     pub snat: u64,
 }
 
+/// One scan of the conntrack: each service's recently active flows and the table's
+/// occupancy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlowScan {
+    /// Per service, its recently active flows.
+    pub active: BTreeMap<ServiceAddr, ActiveFlows>,
+    /// Entries in the table (every kind, active or not).
+    pub entries: u64,
+}
+
 /// What the datapath counted for one service.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Traffic {
@@ -166,26 +176,33 @@ impl Datapath {
 
     /// Per service, the tracked flows (client → gateway) that forwarded a packet within
     /// about `window` (`Flow::seen`, rewritten about every second while its packets
-    /// flow), and how many of them are SNAT flows.
-    pub fn active_flows(
-        &self,
-        window: std::time::Duration,
-    ) -> Result<BTreeMap<ServiceAddr, ActiveFlows>> {
+    /// flow), and how many of them are SNAT flows; and the entries in the table,
+    /// counted by the same pass over it.
+    pub fn active_flows(&self, window: std::time::Duration) -> Result<FlowScan> {
         let now = coarse_clock_units();
         let window = u32::try_from(window.as_nanos() >> 20).unwrap_or(u32::MAX);
         let mut per_id: StdHashMap<ServiceId, ActiveFlows> = StdHashMap::new();
+        let mut entries = 0;
         self.each_flow(|_, f| {
+            entries += 1;
             if f.kind == gateway_common::NAT_DST && now.wrapping_sub(f.seen) <= window {
                 let counted = per_id.entry(f.service).or_default();
                 counted.all += 1;
                 counted.snat += u64::from(f.is_snat());
             }
         })?;
-        Ok(self
+        let active = self
             .installed
             .iter()
             .filter_map(|(key, svc)| Some((ServiceAddr::from_key(key)?, *per_id.get(&svc.id)?)))
-            .collect())
+            .collect();
+        Ok(FlowScan { active, entries })
+    }
+
+    /// Entries the conntrack can hold (its `max_entries`, checked at load against a
+    /// pinned table).
+    pub fn conntrack_capacity(&self) -> u32 {
+        self.limits.flows
     }
 
     /// Calls `f` on every conntrack entry, reading them in batches (a few syscalls for
