@@ -47,8 +47,8 @@ pub mod map_names {
     pub const CONFIG: &str = "berth_config";
     /// Slot 0 → per-CPU `FloodWindow`: new flows this CPU saw in the current second.
     pub const FLOOD: &str = "berth_flood";
-    /// Backend endpoint (`ServiceKey` layout) → `ReplyIndex`: the router-mode services
-    /// it serves, so a reply finds its flow's forward entry.
+    /// Backend endpoint (`ServiceKey` layout) → `ReplyIndex`: the services it serves,
+    /// so a reply finds its flow's forward entry.
     pub const REPLY_INDEX: &str = "berth_reply_index";
     /// `addr_slot(address)` → `ADDR_*` bits: which roles some address hashing there has.
     pub const ADDR_FILTER: &str = "berth_addr_filter";
@@ -78,19 +78,25 @@ pub mod map_names {
 }
 
 /// Services of one backend endpoint a reply may belong to (`map_names::REPLY_INDEX`):
-/// the router-mode services it serves, at most `REPLY_CANDIDATES`. A reply (backend →
-/// client) tries the forward entry (client → each service) in turn.
+/// the services it serves, at most `REPLY_CANDIDATES`. A reply (backend → client)
+/// tries the forward entry (client → each service) in turn.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ReplyIndex {
     /// How many of `services` are set, host order.
-    pub count: u32,
+    pub count: u16,
+    /// `REPLY_INDEX_*` bits, host order.
+    pub flags: u16,
     /// The services' keys (gateway address, port, protocol).
     pub services: [ServiceKey; REPLY_CANDIDATES as usize],
 }
 
-/// Router-mode services one backend endpoint can serve with replies found through the
-/// reply index; flows of further services sharing it record a reply entry
+/// `ReplyIndex::flags` bit: a SNAT-mode service uses the endpoint, so its replies are
+/// looked up under their own tuple first (a SNAT flow's reply entry).
+pub const REPLY_INDEX_SNAT: u16 = 1;
+
+/// Services one backend endpoint can serve with replies found through the reply index;
+/// router-mode flows of further services sharing it record a reply entry
 /// (`SERVICE_REPLY_ENTRY`).
 pub const REPLY_CANDIDATES: u32 = 4;
 

@@ -6,8 +6,8 @@ use aya_ebpf::{bindings::BPF_NOEXIST, helpers::generated::bpf_ktime_get_coarse_n
 use gateway_common::{
     config, flow_hash, snat_port_slot, Backend, Counter, Flow, FlowKey, NextHop, Service,
     ServiceId, ServiceKey, ADDR_BACKEND, ADDR_GATEWAY, BACKEND_LIVE, FLOW_REPLY_ENTRY, MAGLEV_SIZE,
-    NAT_DST, NAT_MASQ, NAT_SRC, NEXT_HOP_REFRESH, REPLY_CANDIDATES, SERVICE_REPLY_ENTRY,
-    SERVICE_SNAT, SNAT_PORT_TRIES,
+    NAT_DST, NAT_MASQ, NAT_SRC, NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT,
+    SERVICE_REPLY_ENTRY, SERVICE_SNAT, SNAT_PORT_TRIES,
 };
 
 use crate::maps::{
@@ -102,15 +102,10 @@ pub fn lookup_or_balance(
         }
     }
     if from_backend {
-        if let Some(found) = reply_of(t, new) {
+        if let Some(found) = reply_of(t, !looked, new) {
             return Ok(found);
         }
-        if !looked {
-            looked = true;
-            if let Direct::Hit(flow) = direct(t) {
-                return Ok(Lookup::of(Found::Tracked, flow));
-            }
-        }
+        looked = true;
     }
     if !to_gateway {
         return Ok(Lookup::only(Found::Miss));
@@ -172,13 +167,15 @@ fn direct(t: &FlowKey) -> Direct {
     }
 }
 
-/// A router-mode reply (backend → client): the forward entry of its flow, tried for
-/// each service the reply index lists for the backend endpoint. Its translation (source
-/// back to the service's address and port) is written to `slot` as a `NAT_SRC` flow.
-/// Without a forward entry, while the flood guard is (recently) active, a reply whose
-/// tuple Maglev maps to this backend is translated without one (`Found::Untracked`).
+/// A reply (backend → client): the forward entry of its flow, tried for each service
+/// the reply index lists for the backend endpoint; its translation (source back to the
+/// service's address and port) is written to `slot` as a `NAT_SRC` flow. With `own`,
+/// the entry under the reply's own tuple too (a SNAT flow's or a shared endpoint's
+/// reply entry): first where a SNAT service uses the endpoint, else after the index.
+/// Without either, while the flood guard is (recently) active, a reply whose tuple
+/// Maglev maps to this backend is translated without an entry (`Found::Untracked`).
 #[inline(always)]
-fn reply_of(t: &FlowKey, slot: &mut MaybeUninit<Flow>) -> Option<Lookup> {
+fn reply_of(t: &FlowKey, own: bool, slot: &mut MaybeUninit<Flow>) -> Option<Lookup> {
     let endpoint = ServiceKey {
         addr: t.src,
         port: t.sport,
@@ -186,9 +183,17 @@ fn reply_of(t: &FlowKey, slot: &mut MaybeUninit<Flow>) -> Option<Lookup> {
         pad: 0,
     };
     // SAFETY: the value is only read during this run.
-    let index = unsafe { REPLY_INDEX.get(endpoint) }?;
+    let Some(index) = (unsafe { REPLY_INDEX.get(endpoint) }) else {
+        return if own { tracked(t) } else { None };
+    };
+    let snat = index.flags & REPLY_INDEX_SNAT != 0;
+    if own && snat {
+        if let Some(found) = tracked(t) {
+            return Some(found);
+        }
+    }
     for i in 0..REPLY_CANDIDATES as usize {
-        if i as u32 >= index.count {
+        if i as u32 >= index.count as u32 {
             break;
         }
         let svc = index.services[i];
@@ -208,11 +213,16 @@ fn reply_of(t: &FlowKey, slot: &mut MaybeUninit<Flow>) -> Option<Lookup> {
         slot.write(reply_flow(svc, f.backend, f.service));
         return Some(Lookup::of(Found::Reply, flow));
     }
+    if own && !snat {
+        if let Some(found) = tracked(t) {
+            return Some(found);
+        }
+    }
     if !flood_recent() {
         return None;
     }
     for i in 0..REPLY_CANDIDATES as usize {
-        if i as u32 >= index.count {
+        if i as u32 >= index.count as u32 {
             break;
         }
         let svc = index.services[i];
@@ -230,6 +240,15 @@ fn reply_of(t: &FlowKey, slot: &mut MaybeUninit<Flow>) -> Option<Lookup> {
         }
     }
     None
+}
+
+/// The entry under the packet's own tuple, as a lookup answer, if it applies.
+#[inline(always)]
+fn tracked(t: &FlowKey) -> Option<Lookup> {
+    match direct(t) {
+        Direct::Hit(flow) => Some(Lookup::of(Found::Tracked, flow)),
+        _ => None,
+    }
 }
 
 /// The translation of a router-mode reply of service `svc`: its source becomes the
@@ -259,7 +278,7 @@ fn reply_flow(svc: ServiceKey, backend: u32, service: ServiceId) -> Flow {
 #[inline(always)]
 pub fn find(key: &FlowKey) -> Option<Flow> {
     let mut slot = MaybeUninit::uninit();
-    if addr_roles(key.src) & ADDR_BACKEND != 0 && reply_of(key, &mut slot).is_some() {
+    if addr_roles(key.src) & ADDR_BACKEND != 0 && reply_of(key, false, &mut slot).is_some() {
         // SAFETY: `reply_of` wrote the slot when it returned an answer.
         return Some(unsafe { slot.assume_init() });
     }

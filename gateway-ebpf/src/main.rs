@@ -6,26 +6,37 @@
 //! 1. **Parse** (`try_berth`): not IPv4 → pass. Headers truncated or invalid → drop if
 //!    addressed to a gateway address (`drop_malformed`), else pass. ICMP → `icmp.rs`.
 //!    Other protocols pass untouched.
-//! 2. **Conntrack** (`conntrack.rs`): an LRU hash shared by all CPUs, keyed by the
-//!    5-tuple as seen on the wire. A forward entry (client → gateway) rewrites the
-//!    destination to the backend; a reply entry (backend → client) rewrites the source
-//!    to the gateway address and port. Replies may land on any CPU.
-//! 3. **New flows** look up the service map `(gateway address, protocol, port)` and pick
-//!    a backend with weighted Maglev (`MAGLEV_SIZE` entries per service, built in
-//!    userspace; weight 0 takes no new flows); both entries are recorded. A tracked flow
-//!    keeps its backend while the backend is live; only if it was removed is the flow
-//!    balanced again (`backend_gone`).
+//! 2. **Roles** (`maps::addr_roles`): two array lookups say whether the destination may
+//!    be a gateway address and the source a backend address (`berth_addr_filter`, kept
+//!    by the daemon). A packet with neither role passes untouched without a hash lookup.
+//! 3. **Conntrack** (`conntrack.rs`): an LRU hash shared by all CPUs, keyed by the
+//!    5-tuple as seen on the wire. A router-mode flow has one entry, its forward one
+//!    (client → gateway, rewritten to the backend); a reply (backend → client) finds it
+//!    through the reply index (`berth_reply_index`: backend endpoint → the services it
+//!    serves) and is rewritten to the gateway address and port. Where the index cannot
+//!    tell (an endpoint of more than `REPLY_CANDIDATES` services) and in SNAT mode, a
+//!    reply entry is recorded too. A new flow to a service picks a backend with weighted
+//!    Maglev (`MAGLEV_SIZE` entries per service, built in userspace; weight 0 takes no
+//!    new flows); a TCP SYN to a router-mode service is balanced without a conntrack
+//!    lookup (a retransmission gets the same backend). A tracked flow keeps its backend
+//!    while the backend is live; only if it was removed is the flow balanced again
+//!    (`backend_gone`). Above `config::NEW_FLOW_LIMIT` new flows per second on a CPU,
+//!    router flows are not recorded (`flood_untracked`): Maglev alone keeps them on their
+//!    backend, and their replies are matched by Maglev while the flood lasts, so a flood
+//!    of new 5-tuples cannot evict the established flows.
 //! 4. **NAT** (`nat.rs`): addresses and ports rewritten with incremental checksum
 //!    updates (RFC 1624); a zero UDP checksum stays zero.
-//! 5. **Forwarding** (`fwd.rs`): `bpf_fib_lookup` (cached in the flow, asked again after
-//!    about a second) finds the egress and the neighbour's MAC. XDP sends the packet
+//! 5. **Forwarding** (`fwd.rs`): `bpf_fib_lookup` (cached per backend for forward
+//!    packets, `berth_backend_hops`, and in the flow's entry for its replies; asked again
+//!    after about a second) finds the egress and the neighbour's MAC. XDP sends the packet
 //!    itself (TTL, MACs, `bpf_redirect`) only into an interface that accepts XDP frames
 //!    (`berth_xmit`); every other packet goes up the stack with a named reason and the
 //!    kernel forwards it.
 //! 6. **Replies through the kernel**: a forward packet is translated in XDP whichever
 //!    way it leaves; a reply only when XDP sends it itself. Otherwise it goes up
 //!    untranslated (a translated reply would be a martian) and the TC program (`tc.rs`,
-//!    tcx egress) translates it as it leaves, from the same conntrack entries.
+//!    tcx egress) translates it as it leaves, finding its flow the same way
+//!    (`conntrack::find`).
 //! 7. **ICMP errors** quoting a NATed flow are translated both ways (`icmp.rs` in XDP,
 //!    `tc.rs` on egress), so path MTU discovery works.
 //! 8. **SNAT mode** (a service with `SERVICE_SNAT`): a new flow also gets the node's
@@ -66,6 +77,7 @@
 //! | a redirect the kernel refused after the program returned | (tracepoint) | `redirect_error` |
 //! | a flow whose service ids now belong to another service | balanced afresh or pass | `ct_stale_service` |
 //! | new flow to a service with no backend taking new flows | `XDP_DROP` | `drop_no_backend` |
+//! | new router flow over its CPU's new-flow limit: forwarded, not recorded | as forwarded | `flood_untracked` |
 //! | new SNAT flow: a node port claimed (after a taken one) | as forwarded | `snat_new_flow` (`snat_port_retry`) |
 //! | new SNAT flow: no free node port in the tries | `XDP_DROP` | `drop_snat_ports_exhausted` |
 //! | new SNAT flow: no node address toward the backend | `XDP_DROP` | `drop_snat_no_source` |

@@ -987,4 +987,5 @@ fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
 }
 
 #[path = "fixtures/snat.rs"]
+mod entries;
 mod snat;

@@ -16,6 +16,7 @@ use std::{
 use aya::maps::{Array, HashMap, MapData};
 use gateway_common::{
     addr_slot, map_names, ReplyIndex, ServiceKey, ADDR_BACKEND, ADDR_FILTER_SLOTS, ADDR_GATEWAY,
+    REPLY_INDEX_SNAT,
 };
 
 use super::{map_err, Result};
@@ -27,8 +28,8 @@ pub(super) struct ServiceView<'a> {
     pub endpoints: Box<dyn Iterator<Item = SocketAddrV4> + 'a>,
 }
 
-/// What the two maps should hold, and which router-mode services must record reply
-/// entries (an endpoint of theirs serves more services than `REPLY_CANDIDATES`).
+/// What the two maps should hold, and which services' router-mode flows must record
+/// reply entries (an endpoint of theirs serves more services than `REPLY_CANDIDATES`).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Roles {
     pub index: BTreeMap<ServiceKey, ReplyIndex>,
@@ -40,25 +41,31 @@ impl Roles {
     /// The roles of `services` (each service once).
     pub fn of<'a>(services: impl Iterator<Item = ServiceView<'a>>) -> Roles {
         let mut roles = Roles::default();
-        let mut serving: BTreeMap<ServiceKey, BTreeSet<ServiceKey>> = BTreeMap::new();
+        // Endpoint → (its services, whether one is in SNAT mode).
+        let mut serving: BTreeMap<ServiceKey, (BTreeSet<ServiceKey>, bool)> = BTreeMap::new();
         for svc in services {
             *roles.filter.entry(addr_slot(svc.key.addr)).or_default() |= ADDR_GATEWAY;
             for endpoint in svc.endpoints {
                 let addr = u32::from(*endpoint.ip()).to_be();
                 *roles.filter.entry(addr_slot(addr)).or_default() |= ADDR_BACKEND;
-                if !svc.snat {
-                    let at = ServiceKey {
-                        addr,
-                        port: endpoint.port().to_be(),
-                        proto: svc.key.proto,
-                        pad: 0,
-                    };
-                    serving.entry(at).or_default().insert(svc.key);
-                }
+                // SNAT services are candidates too: flows a service started in router
+                // mode keep their one entry after it switched.
+                let at = ServiceKey {
+                    addr,
+                    port: endpoint.port().to_be(),
+                    proto: svc.key.proto,
+                    pad: 0,
+                };
+                let (services, snat) = serving.entry(at).or_default();
+                services.insert(svc.key);
+                *snat |= svc.snat;
             }
         }
-        for (endpoint, services) in serving {
+        for (endpoint, (services, snat)) in serving {
             let mut entry = ReplyIndex::default();
+            if snat {
+                entry.flags |= REPLY_INDEX_SNAT;
+            }
             for (i, key) in services.into_iter().enumerate() {
                 match entry.services.get_mut(i) {
                     Some(slot) => {
@@ -206,9 +213,16 @@ mod tests {
             .collect();
         services.push(view(key(1, 2000), true, &own));
         let roles = Roles::of(services.into_iter());
-        let entry = roles.index.values().next().unwrap();
-        assert_eq!(roles.index.len(), 1, "SNAT endpoints are not indexed");
-        assert_eq!(entry.count, REPLY_CANDIDATES);
+        let at = |e: SocketAddrV4| ServiceKey {
+            addr: u32::from(*e.ip()).to_be(),
+            port: e.port().to_be(),
+            proto: 17,
+            pad: 0,
+        };
+        let entry = roles.index[&at(shared[0])];
+        assert_eq!(u32::from(entry.count), REPLY_CANDIDATES);
+        assert_eq!(entry.flags, 0);
+        assert_eq!(roles.index[&at(own[0])].flags, REPLY_INDEX_SNAT);
         assert_eq!(
             roles.reply_entry,
             BTreeSet::from([key(1, 1000 + REPLY_CANDIDATES as u16)])
