@@ -10,10 +10,15 @@
 //!   A new flow cannot repeat on one packet (its second run would be a conntrack hit),
 //!   so for it the benchmark chains 200 services in a ring, each balancing to the next
 //!   one's gateway port: every repetition is the first packet of a flow to the next
-//!   service (Maglev pick, two conntrack inserts, a full FIB lookup). Each run starts
-//!   from a distinct client port.
+//!   service (Maglev pick, one conntrack insert; the next hop is the backend's). Each
+//!   run starts from a distinct client port. So the hot new-flow cases touch 200
+//!   services, tables and backends per run, each once: "hot" for the code, cold for
+//!   the per-service data (the worst case for a new flow: a service not seen lately).
+//!   The TCP case is the same ring for SYNs (no conntrack lookup); the flood-guard case
+//!   the UDP ring over `config::NEW_FLOW_LIMIT` = 1 (Maglev only, nothing recorded).
 //! - cold: `repeat = 1` per run (caches disturbed by the syscall in between); for new
-//!   flows a distinct 5-tuple per run.
+//!   flows a distinct 5-tuple per run, all to one service of 9 backends (a DNS-style
+//!   load: every query a new flow to the same service).
 //!
 //! SNAT-mode cases run the same three paths on SNAT services (source rewritten to a
 //! node address and a per-flow port claimed from a 64512-port pool). For their hot
@@ -36,7 +41,7 @@ use berth::datapath::{
     Datapath, DesiredState, Limits, Protocol, ServiceAddr, WeightedBackend, FLOOR_PROGRAM, PROGRAM,
 };
 use berth_tests::{
-    packet::Packet,
+    packet::{Packet, SYN},
     xdp::{net::*, FixtureNet, TestDatapath, XDP_PASS, XDP_REDIRECT},
 };
 use gateway_common::{flow_hash, proto, snat_port_slot};
@@ -143,7 +148,7 @@ fn main() {
     // Two new-flow cases, each with hot and cold samples, two entries per flow.
     let flows = 6 * (COLD_RUNS * ROUNDS) as u32;
     let limits = Limits {
-        services: 2 * RING + 8,
+        services: 3 * RING + 8,
         backends: 1024,
         flows,
         fragments: 64,
@@ -193,6 +198,14 @@ fn main() {
                 protocol: Protocol::Udp,
                 port: 54,
             },
+            backends.clone(),
+        )
+        .with_service(
+            ServiceAddr {
+                addr: GW,
+                protocol: Protocol::Tcp,
+                port: 56,
+            },
             backends,
         );
     // The new-flow ring: service RING_BASE + i balances to RING_BASE + (i + 1) % RING.
@@ -205,6 +218,21 @@ fn main() {
         let next = RING_BASE + (i + 1) % RING as u16;
         state.with_service(
             udp_gw(RING_BASE + i),
+            vec![WeightedBackend {
+                endpoint: gw(next),
+                weight: 1,
+            }],
+        )
+    });
+    // The same ring for TCP SYNs.
+    let state = (0..RING as u16).fold(state, |state, i| {
+        let next = RING_BASE + (i + 1) % RING as u16;
+        state.with_service(
+            ServiceAddr {
+                addr: GW,
+                protocol: Protocol::Tcp,
+                port: RING_BASE + i,
+            },
             vec![WeightedBackend {
                 endpoint: gw(next),
                 weight: 1,
@@ -251,6 +279,7 @@ fn main() {
     t.allow_redirect(&[fx.fx0, fx.fx1]);
 
     let udp = |src, dst| Packet::udp(src, dst).payload(&[0u8; 18]).ttl(255);
+    let syn = |src, dst| Packet::tcp(src, dst).flags(SYN).ttl(255);
     let established = udp(sa(CLIENT, 40000), gw(53))
         .macs(CLIENT_MAC, FX0_MAC)
         .frame();
@@ -323,6 +352,18 @@ fn main() {
             hot_frame: Some(Box::new(move |n| {
                 let src = sa(Ipv4Addr::new(10, 250, 1, 200), 1024 + n as u16);
                 udp(src, gw(RING_BASE)).macs(CLIENT_MAC, FX0_MAC).frame()
+            })),
+        },
+        Case {
+            name: "new TCP flow (SYN: no conntrack lookup, 1 insert)",
+            key: "syn_new_flow_ns",
+            program: PROGRAM,
+            ingress: fx.fx0,
+            verdict: XDP_REDIRECT,
+            frame: Box::new(move |n| syn(new_client(n), gw(56)).macs(CLIENT_MAC, FX0_MAC).frame()),
+            hot_frame: Some(Box::new(move |n| {
+                let src = sa(Ipv4Addr::new(10, 250, 1, 203), 1024 + n as u16);
+                syn(src, gw(RING_BASE)).macs(CLIENT_MAC, FX0_MAC).frame()
             })),
         },
         Case {
