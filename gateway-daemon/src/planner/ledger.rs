@@ -21,7 +21,7 @@ pub struct Ledger<'g> {
     names: HashMap<String, u32>,
     /// (gateway, protocol, port) → claim.
     by_port: HashMap<(usize, Protocol, u16), usize>,
-    /// (gateway, listener, route namespace) → bound claims.
+    /// (gateway, listener, route namespace) → bound claims, on listeners with a quota.
     bound: HashMap<(usize, usize, u32), u32>,
     /// (gateway, route kind, route namespace, route name) → released claims.
     released: HashMap<(usize, u32, u32, u32), Vec<usize>>,
@@ -92,12 +92,14 @@ impl<'g> Ledger<'g> {
         {
             self.by_port.insert((gi, protocol, c.spec.port), ci);
             let r = &c.spec.route;
-            let namespace = self.intern(&r.namespace);
             if c.is_bound() {
-                if let Some(li) = li {
+                let quota = li.filter(|&li| self.gateways[gi].listeners[li].quota.is_some());
+                if let Some(li) = quota {
+                    let namespace = self.intern(&r.namespace);
                     *self.bound.entry((gi, li, namespace)).or_default() += 1;
                 }
             } else {
+                let namespace = self.intern(&r.namespace);
                 let (kind, name) = (self.intern(&r.kind), self.intern(&r.name));
                 self.released
                     .entry((gi, kind, namespace, name))
