@@ -147,6 +147,10 @@ pub(super) struct Scope {
 impl Scope {
     /// Whether the route `kind/namespace/name` is re-planned.
     pub fn holds(&mut self, kind: &str, namespace: &str, name: &str) -> bool {
+        // A few keys are compared faster than one is hashed.
+        if self.routes.len() <= 8 {
+            return self.routes.iter().any(|k| is_key(k, kind, namespace, name));
+        }
         self.key.clear();
         route_key(&mut self.key, kind, namespace, name);
         self.routes.contains(self.key.as_str())
@@ -158,7 +162,9 @@ impl Scope {
     }
 
     fn add_route(&mut self, kind: &str, namespace: &str, name: &str) {
-        if !self.holds(kind, namespace, name) {
+        self.key.clear();
+        route_key(&mut self.key, kind, namespace, name);
+        if !self.routes.contains(self.key.as_str()) {
             self.routes.insert(self.key.clone());
         }
     }
@@ -198,6 +204,17 @@ impl Scope {
             }
         });
     }
+}
+
+/// Whether `key` is `kind/namespace/name`.
+fn is_key(key: &str, kind: &str, namespace: &str, name: &str) -> bool {
+    let (k, (a, b)) = (key.as_bytes(), (kind.len(), namespace.len()));
+    k.len() == a + b + name.len() + 2
+        && k.ends_with(name.as_bytes())
+        && k.starts_with(kind.as_bytes())
+        && k[a] == b'/'
+        && &k[a + 1..a + 1 + b] == namespace.as_bytes()
+        && k[a + 1 + b] == b'/'
 }
 
 /// The largest scope planned incrementally for `routes` routes: beyond it, a full plan
