@@ -81,11 +81,7 @@ pub(super) fn attach_routes<'a>(
 ) -> Attachments<'a> {
     let created = created(snap, known);
     let order = order(snap, &created);
-    let namespaces: BTreeMap<&str, &Namespace> = snap
-        .namespaces
-        .iter()
-        .map(|n| (n.metadata.name.as_str(), &**n))
-        .collect();
+    let namespaces = namespaces(snap);
     let n = snap.routes.len();
     let mut out = Attachments {
         order: Vec::new(),
@@ -131,17 +127,7 @@ pub(super) fn attach_routes<'a>(
             out.of[ri] = first..out.list.len();
             continue;
         }
-        for (pi, parent) in route.spec.parent_refs.iter().enumerate() {
-            if parent.group.as_deref().unwrap_or(GATEWAY_GROUP) != GATEWAY_GROUP
-                || parent.kind.as_deref().unwrap_or("Gateway") != "Gateway"
-            {
-                continue;
-            }
-            let gw_ns = parent.namespace.as_deref().unwrap_or(route.metadata.ns());
-            let Some(gi) = gateways.index(gw_ns, parent.name.as_str()) else {
-                continue;
-            };
-            let attach = attach(route, parent, &gateways.views[gi], &namespaces);
+        each_attachment(route, gateways, &namespaces, |pi, parent, gi, attach| {
             out.list.push(Attachment {
                 route,
                 route_index: ri,
@@ -151,12 +137,47 @@ pub(super) fn attach_routes<'a>(
                 attach: Cow::Owned(attach),
                 claim: None,
                 failure: None,
-            });
-        }
+            })
+        });
         out.of[ri] = first..out.list.len();
     }
     out.order = order;
     out
+}
+
+/// The snapshot's Namespaces by name (for listeners' namespace selectors).
+pub(super) fn namespaces(snap: &Snapshot) -> BTreeMap<&str, &Namespace> {
+    snap.namespaces
+        .iter()
+        .map(|n| (n.metadata.name.as_str(), &**n))
+        .collect()
+}
+
+/// Calls `f` with each parentRef of `route` to a Gateway of ours (its index, the
+/// parentRef, the Gateway's index) and what it attaches to.
+pub(super) fn each_attachment<'a>(
+    route: &'a Route,
+    gateways: &Gateways,
+    namespaces: &BTreeMap<&str, &Namespace>,
+    mut f: impl FnMut(usize, &'a ParentRef, usize, Attach),
+) {
+    for (pi, parent) in route.spec.parent_refs.iter().enumerate() {
+        if parent.group.as_deref().unwrap_or(GATEWAY_GROUP) != GATEWAY_GROUP
+            || parent.kind.as_deref().unwrap_or("Gateway") != "Gateway"
+        {
+            continue;
+        }
+        let gw_ns = parent.namespace.as_deref().unwrap_or(route.metadata.ns());
+        let Some(gi) = gateways.index(gw_ns, parent.name.as_str()) else {
+            continue;
+        };
+        f(
+            pi,
+            parent,
+            gi,
+            attach(route, parent, &gateways.views[gi], namespaces),
+        );
+    }
 }
 
 /// Each route's creation time, as remembered or parsed.

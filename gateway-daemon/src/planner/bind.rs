@@ -14,6 +14,7 @@ use super::{
     attach::{holds, Attach, Attachment, Attachments},
     format_time,
     gateways::{GatewayView, Gateways},
+    incremental::Scope,
     ledger::Ledger,
     overlaps, parse_time, Input, DEFAULT_RELEASE_COOLDOWN,
 };
@@ -23,11 +24,24 @@ pub(super) struct Bound {
     pub claims: Vec<Option<Arc<PortClaim>>>,
     /// Bound claims released although their route still attaches, and why.
     pub released: Vec<String>,
+    /// The claims kept as they are because their route is out of scope (by index;
+    /// those made by the plan are not).
+    pub outside: Vec<bool>,
 }
 
 /// Binds the stored claims to `attachments` and allocates the ports still missing.
-pub(super) fn bind(input: &Input, gateways: &Gateways, attachments: &mut Attachments) -> Bound {
-    let (kept, released) = keep_claims(input, gateways, attachments);
+/// With a `scope`, the claims of routes out of it are kept as they are.
+pub(super) fn bind(
+    input: &Input,
+    gateways: &Gateways,
+    attachments: &mut Attachments,
+    scope: Option<&mut Scope>,
+) -> Bound {
+    let Kept {
+        kept,
+        released,
+        outside,
+    } = keep_claims(input, gateways, attachments, scope);
     let mut ledger = Ledger::new(kept, &gateways.views, &gateways.at);
     for ai in pending(&attachments.list) {
         let a = &mut attachments.list[ai];
@@ -46,26 +60,43 @@ pub(super) fn bind(input: &Input, gateways: &Gateways, attachments: &mut Attachm
     Bound {
         claims: ledger.claims,
         released,
+        outside,
     }
 }
 
-/// The stored claims, sorted, each kept as it is, released, or forgotten (`None`);
-/// a bound claim still held by an attachment is bound to it. Also the bound claims
-/// released although their route still attaches, and why.
-#[allow(
-    clippy::type_complexity,
-    reason = "two plain lists, named in the doc comment"
-)]
+/// The stored claims, sorted, each kept as it is, released, or forgotten (`None`).
+struct Kept {
+    kept: Vec<Option<Arc<PortClaim>>>,
+    /// Bound claims released although their route still attaches, and why.
+    released: Vec<String>,
+    /// Whether each claim was kept as it is because its route is out of scope.
+    outside: Vec<bool>,
+}
+
+/// The stored claims, sorted, each kept as it is, released, or forgotten; a bound
+/// claim still held by an attachment is bound to it.
 fn keep_claims(
     input: &Input,
     gateways: &Gateways,
     attachments: &mut Attachments,
-) -> (Vec<Option<Arc<PortClaim>>>, Vec<String>) {
+    mut scope: Option<&mut Scope>,
+) -> Kept {
     let mut claims: Vec<Arc<PortClaim>> = input.claims.to_vec();
     sort_claims(&mut claims);
     let mut kept = Vec::with_capacity(claims.len());
     let mut released = Vec::new();
+    let mut outside = Vec::new();
     for mut claim in claims {
+        if let Some(scope) = scope.as_deref_mut() {
+            let r = &claim.spec.route;
+            if !scope.holds(&r.kind, &r.namespace, &r.name) {
+                // Out of scope: as the last plan left it (see `incremental`).
+                outside.resize(kept.len(), false);
+                outside.push(true);
+                kept.push(Some(claim));
+                continue;
+            }
+        }
         let Some(gi) = gateways.index(claim.metadata.ns(), claim.spec.gateway.as_str()) else {
             // The Gateway is gone (or no longer ours): release its claims, and forget
             // them after the default cool-down (its GatewayConfig may be gone too).
@@ -104,7 +135,11 @@ fn keep_claims(
             kept.push(Some(claim));
         }
     }
-    (kept, released)
+    Kept {
+        kept,
+        released,
+        outside,
+    }
 }
 
 /// The first attachment without a claim that may keep bound `claim` of Gateway `gi`.
@@ -233,7 +268,7 @@ fn release(claim: &mut Arc<PortClaim>, now: SystemTime) {
     });
 }
 
-fn cooled_down(claim: &PortClaim, cooldown: Duration, now: SystemTime) -> bool {
+pub(super) fn cooled_down(claim: &PortClaim, cooldown: Duration, now: SystemTime) -> bool {
     let released = claim
         .status
         .as_ref()

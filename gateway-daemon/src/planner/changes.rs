@@ -17,13 +17,33 @@ pub enum ClaimChange<'h, 'w> {
     Delete(&'h Arc<PortClaim>),
 }
 
-/// The writes that turn `have` into `want`: one merge of the two lists by namespace,
-/// then name (the store lists claims and the planner returns them in that order). A
-/// claim the plan kept is the stored allocation: compared by pointer first.
+/// The writes that turn `have` into `want` (see `claim_pairs`).
 pub fn claim_changes<'h, 'w>(
     have: &'h [Arc<PortClaim>],
     want: &'w [Arc<PortClaim>],
 ) -> Vec<ClaimChange<'h, 'w>> {
+    claim_pairs(have, want)
+        .into_iter()
+        .filter_map(|pair| match pair {
+            (Some(a), None) => Some(ClaimChange::Delete(a)),
+            (None, Some(b)) => Some(ClaimChange::Create(b)),
+            (Some(_), Some(b)) => Some(ClaimChange::Update(b)),
+            (None, None) => None,
+        })
+        .collect()
+}
+
+/// A claim held (`.0`) and wanted (`.1`) that differ, either missing.
+pub type ClaimPair<'h, 'w> = (Option<&'h Arc<PortClaim>>, Option<&'w Arc<PortClaim>>);
+
+/// The claims that differ between `have` and `want`, paired by namespace and name: one
+/// merge of the two lists by namespace, then name (the store lists claims and the
+/// planner returns them in that order). A claim the plan kept is the stored
+/// allocation: compared by pointer first.
+pub fn claim_pairs<'h, 'w>(
+    have: &'h [Arc<PortClaim>],
+    want: &'w [Arc<PortClaim>],
+) -> Vec<ClaimPair<'h, 'w>> {
     fn key(c: &PortClaim) -> (&str, &str) {
         (c.metadata.ns(), c.metadata.name.as_str())
     }
@@ -36,30 +56,30 @@ pub fn claim_changes<'h, 'w>(
     }
     let (have, want) = (sorted(have), sorted(want));
     let (mut h, mut w) = (have.into_iter().peekable(), want.into_iter().peekable());
-    let mut changes = Vec::new();
+    let mut pairs = Vec::new();
     loop {
         match (h.peek(), w.peek()) {
-            (None, None) => return changes,
+            (None, None) => return pairs,
             (Some(&a), None) => {
-                changes.push(ClaimChange::Delete(a));
+                pairs.push((Some(a), None));
                 h.next();
             }
             (None, Some(&b)) => {
-                changes.push(ClaimChange::Create(b));
+                pairs.push((None, Some(b)));
                 w.next();
             }
             (Some(&a), Some(&b)) => match key(a).cmp(&key(b)) {
                 std::cmp::Ordering::Less => {
-                    changes.push(ClaimChange::Delete(a));
+                    pairs.push((Some(a), None));
                     h.next();
                 }
                 std::cmp::Ordering::Greater => {
-                    changes.push(ClaimChange::Create(b));
+                    pairs.push((None, Some(b)));
                     w.next();
                 }
                 std::cmp::Ordering::Equal => {
                     if !Arc::ptr_eq(a, b) && a != b {
-                        changes.push(ClaimChange::Update(b));
+                        pairs.push((Some(a), Some(b)));
                     }
                     h.next();
                     w.next();

@@ -10,6 +10,10 @@ use super::{gateways::GatewayView, FastMap as HashMap};
 
 use crate::model::{ClaimPhase, ClaimRoute, PortClaim, PortClaimStatus, Protocol};
 
+/// Where a claim lies: its Gateway's index, its listener's (if the Gateway has it),
+/// its protocol.
+type Location = (usize, Option<usize>, Protocol);
+
 /// Claims (a removed claim is `None`, so indexes stay valid) and their indexes.
 pub struct Ledger<'g> {
     /// All claims of the plan.
@@ -21,7 +25,7 @@ pub struct Ledger<'g> {
     names: HashMap<String, u32>,
     /// (gateway, protocol, port) → claim.
     by_port: HashMap<(usize, Protocol, u16), usize>,
-    /// (gateway, listener, route namespace) → bound claims.
+    /// (gateway, listener, route namespace) → bound claims, on listeners with a quota.
     bound: HashMap<(usize, usize, u32), u32>,
     /// (gateway, route kind, route namespace, route name) → released claims.
     released: HashMap<(usize, u32, u32, u32), Vec<usize>>,
@@ -29,6 +33,9 @@ pub struct Ledger<'g> {
     /// free (ranges do not overlap, ports only fill up within a plan, and the ports
     /// yielded to older Gateways stay so).
     floor: HashMap<(usize, Protocol, u16), u16>,
+    /// The last claim located, and where: claims come sorted, mostly many in a row
+    /// on one listener.
+    located: Option<(Arc<PortClaim>, Option<Location>)>,
 }
 
 impl<'g> Ledger<'g> {
@@ -49,6 +56,7 @@ impl<'g> Ledger<'g> {
             bound: HashMap::default(),
             released: HashMap::default(),
             floor: HashMap::default(),
+            located: None,
         };
         ledger.by_port.reserve(claims.len());
         for c in claims {
@@ -73,7 +81,23 @@ impl<'g> Ledger<'g> {
     }
 
     /// The gateway and listener indexes of a claim, and its protocol.
-    fn locate(&self, c: &PortClaim) -> Option<(usize, Option<usize>, Protocol)> {
+    fn locate(&mut self, c: &Arc<PortClaim>) -> Option<Location> {
+        if let Some((last, at)) = &self.located {
+            let same = last.metadata.ns() == c.metadata.ns()
+                && last.spec.gateway == c.spec.gateway
+                && last.spec.listener == c.spec.listener
+                && last.spec.protocol == c.spec.protocol;
+            if same {
+                return *at;
+            }
+        }
+        let at = self.locate_anew(c);
+        self.located = Some((Arc::clone(c), at));
+        at
+    }
+
+    /// `locate` without the last claim to go by.
+    fn locate_anew(&self, c: &PortClaim) -> Option<Location> {
         let gi = *self
             .gateway_at
             .get(&(c.metadata.ns(), c.spec.gateway.as_str()))?;
@@ -92,12 +116,14 @@ impl<'g> Ledger<'g> {
         {
             self.by_port.insert((gi, protocol, c.spec.port), ci);
             let r = &c.spec.route;
-            let namespace = self.intern(&r.namespace);
             if c.is_bound() {
-                if let Some(li) = li {
+                let quota = li.filter(|&li| self.gateways[gi].listeners[li].quota.is_some());
+                if let Some(li) = quota {
+                    let namespace = self.intern(&r.namespace);
                     *self.bound.entry((gi, li, namespace)).or_default() += 1;
                 }
             } else {
+                let namespace = self.intern(&r.namespace);
                 let (kind, name) = (self.intern(&r.kind), self.intern(&r.name));
                 self.released
                     .entry((gi, kind, namespace, name))

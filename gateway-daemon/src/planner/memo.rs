@@ -10,7 +10,11 @@ use std::{
 use crate::model::*;
 
 use super::{
-    attach::Attach, backends::Resolved, route_status::Decision, FastMap, Input, RouteEntry, RouteId,
+    attach::Attach,
+    backends::Resolved,
+    incremental::{Last, Scope},
+    route_status::Decision,
+    FastMap, Input, RouteEntry, RouteId,
 };
 
 /// Everything but the routes: when it is unchanged, an unchanged route with unchanged
@@ -96,6 +100,12 @@ pub struct Memo {
     /// The address of the route last remembered under each `Kind/namespace/name`: a
     /// changed route is a new allocation, and keeps its unchanged conditions' times.
     names: FastMap<String, usize>,
+    /// The last plan and its input, for the next plan to be made incrementally.
+    pub(super) last: Option<Last>,
+    /// Whether plans may be made incrementally (else every plan is a full one).
+    pub(super) incremental: bool,
+    /// Plans made incrementally.
+    pub(super) incremental_plans: u64,
 }
 
 impl Memo {
@@ -103,6 +113,15 @@ impl Memo {
     pub(super) fn for_one_plan() -> Self {
         Memo {
             keep: false,
+            ..Memo::default()
+        }
+    }
+
+    /// A memo that makes every plan in full (what incremental plans are tested against).
+    #[cfg(test)]
+    pub(super) fn full_only() -> Self {
+        Memo {
+            incremental: false,
             ..Memo::default()
         }
     }
@@ -146,9 +165,30 @@ impl Memo {
     }
 
     /// Keeps the routes this plan (`pass`) reused, `kept` of them, and adds `fresh`.
-    pub(super) fn remember(&mut self, fresh: Vec<Remembered>, kept: usize, pass: u64) {
+    /// A plan of the routes in `scope` only forgets those of them it did not reuse.
+    pub(super) fn remember(
+        &mut self,
+        fresh: Vec<Remembered>,
+        kept: usize,
+        pass: u64,
+        scope: Option<&mut Scope>,
+    ) {
         let mut key = String::new();
-        if kept != self.routes.len() {
+        if let Some(scope) = scope {
+            for k in scope.keys() {
+                let Some(&at) = self.names.get(k.as_str()) else {
+                    continue;
+                };
+                if self
+                    .routes
+                    .get(&at)
+                    .is_none_or(|r| r.pass.load(Relaxed) != pass)
+                {
+                    self.routes.remove(&at);
+                    self.names.remove(k.as_str());
+                }
+            }
+        } else if kept != self.routes.len() {
             let names = &mut self.names;
             self.routes.retain(|&at, r| {
                 if r.pass.load(Relaxed) == pass {
@@ -182,6 +222,9 @@ impl Default for Memo {
             world: None,
             routes: FastMap::default(),
             names: FastMap::default(),
+            last: None,
+            incremental: true,
+            incremental_plans: 0,
         }
     }
 }

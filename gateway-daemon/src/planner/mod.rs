@@ -13,6 +13,9 @@ mod bind;
 pub mod changes;
 mod gateway_status;
 mod gateways;
+mod incremental;
+#[cfg(test)]
+mod incremental_tests;
 mod ledger;
 mod memo;
 mod overlaps;
@@ -212,15 +215,50 @@ pub fn plan(input: &Input) -> Plan {
 }
 
 /// Plans like `plan`, reusing from `memo` what did not change since the last plan
-/// made with it.
+/// made with it: when only routes, Services, EndpointSlices, claims and the time
+/// changed, only the routes a change can affect are planned again (see `incremental`).
 pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
+    if let Some(plan) = incremental::plan(input, memo) {
+        memo.incremental_plans += 1;
+        return plan;
+    }
+    let run = run(input, memo, None);
+    if memo.keep {
+        let served = incremental::served(&run.plan.owners);
+        memo.last = Some(incremental::Last::of(
+            input,
+            &run.plan,
+            run.on,
+            served,
+            run.contested,
+        ));
+    }
+    run.plan
+}
+
+/// A plan, and what the next incremental plan needs of it.
+struct Run {
+    plan: Plan,
+    /// The routes waiting on, or attached to, each listener (when the memo keeps).
+    on: incremental::OnListeners,
+    /// Whether two routes contended for a datapath service.
+    contested: bool,
+}
+
+/// Runs every stage on `input`; with a `scope`, for the routes in it only (`input`
+/// holds those routes and every claim).
+fn run(input: &Input, memo: &mut Memo, mut scope: Option<&mut incremental::Scope>) -> Run {
     let snap = input.snapshot;
     let now_text = format_time(input.now);
     let gateways = gateways::ours(input);
     let (world_same, pass) = memo.begin(input);
     let known = memo.recall(&snap.routes);
     let mut attachments = attach::attach_routes(snap, &known, world_same, &gateways);
-    let bind::Bound { claims, released } = bind::bind(input, &gateways, &mut attachments);
+    let bind::Bound {
+        claims,
+        released,
+        outside,
+    } = bind::bind(input, &gateways, &mut attachments, scope.as_deref_mut());
     let fixed_attached = attachments.fixed_attached();
     let index = Index::new(snap);
     let mut routes = route_status::route_statuses(&route_status::Context {
@@ -236,13 +274,14 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         index: &index,
         now_text: &now_text,
     });
-    let (datapath, owners) = project::project(
+    let projected = project::project(
         &project::Context {
             snap,
             gateways: &gateways,
             attachments: &attachments,
             fixed_attached: &fixed_attached,
             claims: &claims,
+            outside: &outside,
             known: &known,
             index: &index,
             snat_ports: &input.snat_ports,
@@ -260,17 +299,25 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     let mut claims: Vec<Arc<PortClaim>> = claims.into_iter().flatten().collect();
     bind::sort_claims(&mut claims);
     let usage = gateway_status::listener_usage(&gateways.views, &claims);
+    let on = match memo.keep {
+        true => incremental::OnListeners::of(&attachments),
+        false => incremental::OnListeners::default(),
+    };
     drop(attachments);
     drop(known);
-    memo.remember(routes.fresh, routes.reused, pass);
-    Plan {
-        claims,
-        gateways: gateway_entries,
-        routes: routes.entries,
-        datapath,
-        owners,
-        usage,
-        released,
+    memo.remember(routes.fresh, routes.reused, pass, scope);
+    Run {
+        plan: Plan {
+            claims,
+            gateways: gateway_entries,
+            routes: routes.entries,
+            datapath: projected.datapath,
+            owners: projected.owners,
+            usage,
+            released,
+        },
+        on,
+        contested: projected.contested,
     }
 }
 

@@ -3,11 +3,7 @@
 //! service. Services of a Gateway in SNAT mode are marked so, and SNAT flows get the
 //! configured source ports minus every listener's.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    ops::RangeInclusive,
-    sync::Arc,
-};
+use std::{collections::BTreeMap, ops::RangeInclusive, sync::Arc};
 
 use crate::{
     datapath::{DesiredState, ServiceAddr},
@@ -31,6 +27,9 @@ pub(super) struct Context<'p, 'a> {
     /// The attachments to each fixed listener, by (Gateway, listener), oldest first.
     pub fixed_attached: &'p BTreeMap<(usize, usize), Vec<usize>>,
     pub claims: &'p [Option<Arc<PortClaim>>],
+    /// Claims kept as they are because their route is out of scope, by index: they
+    /// serve routes not planned here.
+    pub outside: &'p [bool],
     /// What the memo remembers of each route, by route index.
     pub known: &'p [Option<&'a Remembered>],
     pub index: &'p Index<'a>,
@@ -42,13 +41,18 @@ pub(super) struct Context<'p, 'a> {
 /// whether its Gateway is in SNAT mode)
 type Serving = (ServiceAddr, usize, usize, bool);
 
+/// What the datapath stage decides.
+pub(super) struct Projected {
+    pub datapath: DesiredState,
+    pub owners: BTreeMap<ServiceAddr, Arc<RouteId>>,
+    /// Whether two routes contended for a service (one lost).
+    pub contested: bool,
+}
+
 /// The datapath's desired state, and the route whose backends serve each service.
 /// `backends` (by route index) are those of the routes planned; the others are
 /// resolved here when they serve.
-pub(super) fn project(
-    cx: &Context,
-    backends: &mut [Option<Arc<Resolved>>],
-) -> (DesiredState, BTreeMap<ServiceAddr, Arc<RouteId>>) {
+pub(super) fn project(cx: &Context, backends: &mut [Option<Arc<Resolved>>]) -> Projected {
     let snap = cx.snap;
     let mut serving: Vec<Serving> = Vec::with_capacity(cx.claims.len());
     claimed(cx, &mut serving);
@@ -59,13 +63,19 @@ pub(super) fn project(
     // would (the stable sort keeps the reversed order among equals).
     serving.reverse();
     serving.sort_by_key(|&(service, _, age, _)| (service, age));
+    let all = serving.len();
     serving.dedup_by_key(|&mut (service, _, _, _)| service);
+    let contested = serving.len() != all;
     let source_nat = serving
         .iter()
         .filter(|&&(_, _, _, snat)| snat)
         .map(|&(service, _, _, _)| service)
         .collect();
-    let snat_ports = snat_ports(cx, &serving);
+    let snat_ports = snat_ports(
+        &cx.gateways.views,
+        serving.iter().map(|(service, _, _, _)| service.port),
+        cx.snat_ports,
+    );
     let owners: BTreeMap<ServiceAddr, Arc<RouteId>> = serving
         .iter()
         .map(|&(service, ri, _, _)| {
@@ -86,14 +96,15 @@ pub(super) fn project(
             (service, resolved.backends.clone())
         })
         .collect();
-    (
-        DesiredState {
+    Projected {
+        datapath: DesiredState {
             services,
             source_nat,
             snat_ports,
         },
         owners,
-    )
+        contested,
+    }
 }
 
 /// Every bound claim of a Gateway, on each of its addresses. The backends of a service
@@ -111,7 +122,7 @@ fn claimed(cx: &Context, serving: &mut Vec<Serving>) {
         let Some(claim) = claim else {
             continue;
         };
-        if claim.is_released() {
+        if claim.is_released() || (holder[ci].is_none() && cx.outside.get(ci) == Some(&true)) {
             continue;
         }
         let (gi, route) = match holder[ci].map(|ai| &attachments[ai]) {
@@ -174,41 +185,33 @@ fn serve(serving: &mut Vec<Serving>, gw: &GatewayView, protocol: Protocol, port:
     }
 }
 
-/// The configured SNAT ports minus the ports of every listener of every Gateway
-/// (a range listener's whole range, TCP and UDP alike, whatever its address) and of
-/// every service served (a claim kept for a Gateway whose ranges are void), as
+/// The configured SNAT ports (`snat`) minus the ports of every listener of every
+/// Gateway (a range listener's whole range, TCP and UDP alike, whatever its address)
+/// and of every service `served` (a claim kept for a Gateway whose ranges are void), as
 /// ascending non-overlapping ranges: a node port never takes a listener's.
-fn snat_ports(cx: &Context, serving: &[Serving]) -> Vec<RangeInclusive<u16>> {
-    let mut taken: BTreeSet<(u16, u16)> = serving
-        .iter()
-        .map(|(service, _, _, _)| (service.port, service.port))
-        .collect();
-    for gw in &cx.gateways.views {
-        taken.extend(
-            gw.listeners
-                .iter()
-                .map(|l| l.range.unwrap_or((l.spec.port, l.spec.port))),
-        );
+pub(super) fn snat_ports(
+    gateways: &[GatewayView],
+    served: impl Iterator<Item = u16>,
+    snat: &RangeInclusive<u16>,
+) -> Vec<RangeInclusive<u16>> {
+    // One bit per port.
+    let mut taken = vec![0u64; 1 << 10];
+    let mut take = |p: u16| taken[usize::from(p >> 6)] |= 1 << (p & 63);
+    served.for_each(&mut take);
+    for l in gateways.iter().flat_map(|gw| &gw.listeners) {
+        let (first, last) = l.range.unwrap_or((l.spec.port, l.spec.port));
+        (first..=last).for_each(&mut take);
     }
-    let (mut next, last) = (*cx.snat_ports.start(), *cx.snat_ports.end());
+    let is_taken = |p: u16| taken[usize::from(p >> 6)] & (1 << (p & 63)) != 0;
     let mut free = Vec::new();
-    for (lo, hi) in taken {
-        if next > last {
-            break;
-        }
-        if hi < next {
-            continue;
-        }
-        if lo > next {
-            free.push(next..=(lo - 1).min(last));
-        }
-        match hi.checked_add(1) {
-            Some(n) => next = next.max(n),
-            None => return free,
+    let mut run: Option<(u16, u16)> = None;
+    for p in snat.clone() {
+        match (is_taken(p), &mut run) {
+            (false, Some((_, end))) => *end = p,
+            (false, None) => run = Some((p, p)),
+            (true, _) => free.extend(run.take().map(|(a, b)| a..=b)),
         }
     }
-    if next <= last {
-        free.push(next..=last);
-    }
+    free.extend(run.map(|(a, b)| a..=b));
     free
 }

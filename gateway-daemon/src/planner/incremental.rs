@@ -1,0 +1,556 @@
+//! Incremental planning: when only routes, Services, EndpointSlices, claims and the
+//! time changed since the last plan made with a memo, the stages run again for the
+//! routes a change can affect, and their results are spliced into the last plan.
+//!
+//! The routes re-planned (the scope) are, by identity: the routes that changed, the
+//! routes named by claims that changed (in the input since the last plan, or in the
+//! last plan's own output, or whose cool-down ended meanwhile), the routes whose
+//! backends name a Service or EndpointSlice that changed; then, for every listener any
+//! of those attaches to (before or after the change) or a changed claim lies on, every
+//! route waiting for a port of it (a range listener) or attached to it (a fixed one),
+//! until no new listener comes in. Every other route keeps its claims as they are (a
+//! bound claim never moves while its route attaches, and a route that waits on an
+//! unchanged listener waits on), so the stages see the routes in scope and every
+//! claim, and allocation is the full plan's: oldest first, static before dynamic,
+//! claims, quotas and cool-downs over the whole ledger. Anything else (a Gateway,
+//! GatewayClass, GatewayConfig, Namespace, ReferenceGrant or setting changed, a change
+//! too large, two routes contending for a datapath service) falls back to the full plan.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    ops::RangeInclusive,
+    sync::Arc,
+    time::SystemTime,
+};
+
+use crate::{datapath::ServiceAddr, model::*};
+
+use super::{
+    attach::{self, Attach, Attachments},
+    bind::cooled_down,
+    changes::claim_pairs,
+    gateways::Gateways,
+    project, FastMap, Input, Memo, Plan, RouteEntry, RouteId, DEFAULT_RELEASE_COOLDOWN,
+};
+
+/// A listener in the plan's numbering: (Gateway index, listener index).
+pub(super) type ListenerAt = (usize, usize);
+
+/// A hash set with the planner's hasher.
+type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
+/// The routes (by `Kind/namespace/name`) on each listener that a change of it can
+/// move: those waiting for a port of a range listener, those attached to a fixed one.
+#[derive(Debug, Default)]
+pub(super) struct OnListeners {
+    waiting: FastMap<ListenerAt, Vec<String>>,
+    fixed: FastMap<ListenerAt, Vec<String>>,
+}
+
+impl OnListeners {
+    /// The routes waiting on, or attached to, each listener after `attachments` were bound.
+    pub fn of(attachments: &Attachments) -> Self {
+        let mut out = OnListeners::default();
+        let mut key = String::new();
+        for a in &attachments.list {
+            let Attach::Listeners { fixed, ranges, .. } = &*a.attach else {
+                continue;
+            };
+            let waiting = a.claim.is_none() && !ranges.is_empty();
+            if fixed.is_empty() && !waiting {
+                continue;
+            }
+            key.clear();
+            let m = &a.route.metadata;
+            route_key(&mut key, a.route.kind.name(), m.ns(), &m.name);
+            for &li in fixed {
+                out.fixed.entry((a.gw, li)).or_default().push(key.clone());
+            }
+            for &li in ranges.iter().filter(|_| waiting) {
+                out.waiting.entry((a.gw, li)).or_default().push(key.clone());
+            }
+        }
+        out
+    }
+}
+
+/// The last plan made with a memo, and what it was made from.
+#[derive(Debug)]
+pub(super) struct Last {
+    snapshot: Snapshot,
+    claims: Vec<Arc<PortClaim>>,
+    now: SystemTime,
+    default_address: Option<Ipv4Addr>,
+    ephemeral_ports: Option<RangeInclusive<u16>>,
+    snat_ports: RangeInclusive<u16>,
+    allocate: bool,
+    plan: Plan,
+    on: OnListeners,
+    served: Served,
+    /// Whether two routes contended for a datapath service (only a full plan settles
+    /// which one wins once either changes).
+    contested: bool,
+}
+
+impl Last {
+    /// What a plan of `input` leaves for the next one.
+    pub fn of(
+        input: &Input,
+        plan: &Plan,
+        on: OnListeners,
+        served: Served,
+        contested: bool,
+    ) -> Self {
+        Last {
+            snapshot: input.snapshot.clone(),
+            claims: input.claims.to_vec(),
+            now: input.now,
+            default_address: input.default_address,
+            ephemeral_ports: input.ephemeral_ports.clone(),
+            snat_ports: input.snat_ports.clone(),
+            allocate: input.allocate,
+            plan: plan.clone(),
+            on,
+            served,
+            contested,
+        }
+    }
+
+    /// Whether everything but routes, Services, EndpointSlices, claims and the time
+    /// is as in `input`.
+    fn same_world(&self, input: &Input) -> bool {
+        let (a, b) = (&self.snapshot, input.snapshot);
+        a.gateway_classes == b.gateway_classes
+            && a.gateways == b.gateways
+            && a.gateway_configs == b.gateway_configs
+            && a.namespaces == b.namespaces
+            && a.reference_grants == b.reference_grants
+            && self.default_address == input.default_address
+            && self.ephemeral_ports == input.ephemeral_ports
+            && self.snat_ports == input.snat_ports
+            && self.allocate == input.allocate
+    }
+}
+
+/// The routes a plan re-plans (by `Kind/namespace/name`) and the listeners whose
+/// waiting and fixed routes are all among them.
+#[derive(Debug, Default)]
+pub(super) struct Scope {
+    routes: FastSet<String>,
+    touched: BTreeSet<ListenerAt>,
+    /// Listeners touched whose routes are not yet in `routes`.
+    fresh: Vec<ListenerAt>,
+    key: String,
+}
+
+impl Scope {
+    /// Whether the route `kind/namespace/name` is re-planned.
+    pub fn holds(&mut self, kind: &str, namespace: &str, name: &str) -> bool {
+        // A few keys are compared faster than one is hashed.
+        if self.routes.len() <= 8 {
+            return self.routes.iter().any(|k| is_key(k, kind, namespace, name));
+        }
+        self.key.clear();
+        route_key(&mut self.key, kind, namespace, name);
+        self.routes.contains(self.key.as_str())
+    }
+
+    /// The routes re-planned.
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.routes.iter()
+    }
+
+    fn add_route(&mut self, kind: &str, namespace: &str, name: &str) {
+        self.key.clear();
+        route_key(&mut self.key, kind, namespace, name);
+        if !self.routes.contains(self.key.as_str()) {
+            self.routes.insert(self.key.clone());
+        }
+    }
+
+    fn touch(&mut self, at: ListenerAt) {
+        if self.touched.insert(at) {
+            self.fresh.push(at);
+        }
+    }
+
+    /// A claim that changed: its route, its listener, and any range listener of its
+    /// Gateway and protocol holding its port.
+    fn add_claim(&mut self, c: &PortClaim, gateways: &Gateways) {
+        let r = &c.spec.route;
+        self.add_route(&r.kind, &r.namespace, &r.name);
+        let Some(gi) = gateways.index(c.metadata.ns(), &c.spec.gateway) else {
+            return;
+        };
+        let protocol = Protocol::parse(&c.spec.protocol);
+        for (li, l) in gateways.views[gi].listeners.iter().enumerate() {
+            let holds_port = l.protocol == protocol
+                && l.range.is_some_and(|(x, y)| (x..=y).contains(&c.spec.port));
+            if l.spec.name == c.spec.listener || holds_port {
+                self.touch((gi, li));
+            }
+        }
+    }
+
+    /// The listeners `route` attaches to.
+    fn add_listeners_of(&mut self, route: &Route, gateways: &Gateways, snap: &Snapshot) {
+        let namespaces = attach::namespaces(snap);
+        attach::each_attachment(route, gateways, &namespaces, |_, _, gi, attach| {
+            if let Attach::Listeners { fixed, ranges, .. } = &attach {
+                for &li in fixed.iter().chain(ranges) {
+                    self.touch((gi, li));
+                }
+            }
+        });
+    }
+}
+
+/// Whether `key` is `kind/namespace/name`.
+fn is_key(key: &str, kind: &str, namespace: &str, name: &str) -> bool {
+    let (k, (a, b)) = (key.as_bytes(), (kind.len(), namespace.len()));
+    k.len() == a + b + name.len() + 2
+        && k.ends_with(name.as_bytes())
+        && k.starts_with(kind.as_bytes())
+        && k[a] == b'/'
+        && &k[a + 1..a + 1 + b] == namespace.as_bytes()
+        && k[a + 1 + b] == b'/'
+}
+
+/// The largest scope planned incrementally for `routes` routes: beyond it, a full plan
+/// costs little more.
+fn scope_limit(routes: usize) -> usize {
+    routes / 8 + 16
+}
+
+/// The plan of `input` made from the last plan in `memo`, or `None` when the change
+/// since is not small and local (then `memo` holds no last plan).
+pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
+    let last = memo.last.take().filter(|_| memo.incremental)?;
+    if last.contested || !last.same_world(input) {
+        return None;
+    }
+    let snap = input.snapshot;
+    let gateways = super::gateways::ours(input);
+    let mut scope = Scope::default();
+    // Routes that changed: those between the longest common head and tail.
+    let (old, new) = (&last.snapshot.routes, &snap.routes);
+    let (head, tail) = common_ends(old, new, |a, b| a == b);
+    let (old_changed, new_changed) = (&old[head..old.len() - tail], &new[head..new.len() - tail]);
+    if old_changed.len() + new_changed.len() > scope_limit(new.len()) {
+        return None;
+    }
+    for r in old_changed.iter().chain(new_changed) {
+        scope.add_route(r.kind.name(), r.metadata.ns(), &r.metadata.name);
+    }
+    for r in old_changed {
+        // The world is unchanged: it attached where it would attach now.
+        scope.add_listeners_of(r, &gateways, &last.snapshot);
+    }
+    // Claims changed in the input, or by the last plan itself.
+    let changed = changed_claims(&last.claims, input.claims)
+        .into_iter()
+        .chain(changed_claims(&last.claims, &last.plan.claims));
+    for (have, want) in changed {
+        for c in have.into_iter().chain(want) {
+            scope.add_claim(c, &gateways);
+        }
+    }
+    // Released claims whose cool-down ended since the last plan.
+    for c in input.claims.iter().filter(|c| c.is_released()) {
+        let cooldown = gateways
+            .index(c.metadata.ns(), &c.spec.gateway)
+            .map_or(DEFAULT_RELEASE_COOLDOWN, |gi| gateways.views[gi].cooldown);
+        if cooled_down(c, cooldown, last.now) != cooled_down(c, cooldown, input.now) {
+            scope.add_claim(c, &gateways);
+        }
+    }
+    add_backend_changes(&mut scope, &last.snapshot, snap);
+
+    // Every route waiting on, or fixed to, a touched listener, until no listener comes in.
+    let limit = scope_limit(new.len());
+    let mut routes: Option<Vec<Arc<Route>>> = None;
+    loop {
+        let before = scope.routes.len();
+        for at in std::mem::take(&mut scope.fresh) {
+            let on = [last.on.waiting.get(&at), last.on.fixed.get(&at)];
+            for key in on.into_iter().flatten().flatten() {
+                scope.routes.insert(key.clone());
+            }
+        }
+        if scope.routes.len() > limit {
+            return None;
+        }
+        if routes.is_some() && scope.routes.len() == before {
+            break;
+        }
+        let list: Vec<Arc<Route>> = new
+            .iter()
+            .filter(|r| scope.holds(r.kind.name(), r.metadata.ns(), &r.metadata.name))
+            .cloned()
+            .collect();
+        for r in &list {
+            scope.add_listeners_of(r, &gateways, snap);
+        }
+        routes = Some(list);
+        if scope.fresh.is_empty() {
+            break;
+        }
+    }
+    let part = Snapshot {
+        routes: routes.unwrap_or_default(),
+        gateway_classes: snap.gateway_classes.clone(),
+        gateways: snap.gateways.clone(),
+        reference_grants: snap.reference_grants.clone(),
+        services: snap.services.clone(),
+        endpoint_slices: snap.endpoint_slices.clone(),
+        namespaces: snap.namespaces.clone(),
+        gateway_configs: snap.gateway_configs.clone(),
+    };
+    let part_input = Input {
+        snapshot: &part,
+        claims: input.claims,
+        now: input.now,
+        default_address: input.default_address,
+        ephemeral_ports: input.ephemeral_ports.clone(),
+        allocate: input.allocate,
+        snat_ports: input.snat_ports.clone(),
+    };
+    let planned = super::run(&part_input, memo, Some(&mut scope));
+    if planned.contested {
+        return None;
+    }
+    let Last {
+        plan: last_plan,
+        mut on,
+        mut served,
+        ..
+    } = last;
+    let plan = splice(
+        last_plan,
+        &mut served,
+        planned.plan,
+        &scope,
+        &gateways,
+        input,
+    )?;
+    // The touched listeners' waiting and fixed routes are all in scope: as planned now.
+    let mut fresh = planned.on;
+    for at in &scope.touched {
+        for (map, from) in [
+            (&mut on.waiting, &mut fresh.waiting),
+            (&mut on.fixed, &mut fresh.fixed),
+        ] {
+            match from.remove(at) {
+                Some(list) => map.insert(*at, list),
+                None => map.remove(at),
+            };
+        }
+    }
+    memo.last = Some(Last::of(input, &plan, on, served, false));
+    Some(plan)
+}
+
+/// The lengths of the longest common head and tail of `a` and `b` (not overlapping),
+/// by `same`.
+fn common_ends<T>(a: &[T], b: &[T], same: impl Fn(&T, &T) -> bool) -> (usize, usize) {
+    let head = a.iter().zip(b).take_while(|(x, y)| same(x, y)).count();
+    let tail = a[head..]
+        .iter()
+        .rev()
+        .zip(b[head..].iter().rev())
+        .take_while(|(x, y)| same(x, y))
+        .count();
+    (head, tail)
+}
+
+/// The claims that differ between `a` and `b`: those between their longest common
+/// head and tail of shared allocations, paired by name.
+fn changed_claims<'a>(
+    a: &'a [Arc<PortClaim>],
+    b: &'a [Arc<PortClaim>],
+) -> Vec<super::changes::ClaimPair<'a, 'a>> {
+    let (head, tail) = common_ends(a, b, Arc::ptr_eq);
+    claim_pairs(&a[head..a.len() - tail], &b[head..b.len() - tail])
+}
+
+/// The key routes are sorted by in a plan.
+fn entry_key(e: &RouteEntry) -> (&str, &str, &str) {
+    (e.kind.as_str(), e.namespace.as_str(), e.name.as_str())
+}
+
+/// The datapath services each route serves (by `Kind/namespace/name`).
+pub(super) type Served = FastMap<String, Vec<ServiceAddr>>;
+
+/// The datapath services each route of `owners` serves.
+pub(super) fn served(owners: &BTreeMap<ServiceAddr, Arc<RouteId>>) -> Served {
+    let mut out = Served::default();
+    let mut key = String::new();
+    for (service, id) in owners {
+        key.clear();
+        route_key(&mut key, &id.kind, &id.namespace, &id.name);
+        match out.get_mut(key.as_str()) {
+            Some(list) => list.push(*service),
+            None => {
+                out.insert(key.clone(), vec![*service]);
+            }
+        }
+    }
+    out
+}
+
+/// The plan of the whole input: `part` (planned for the routes in scope, with every
+/// claim) spliced into the last plan, `last`, whose services each route served are
+/// `served` (updated). `None` when a service the scope's routes serve is served to a
+/// route outside it (a contest only a full plan settles).
+fn splice(
+    last: Plan,
+    served: &mut Served,
+    mut part: Plan,
+    scope: &Scope,
+    gateways: &Gateways,
+    input: &Input,
+) -> Option<Plan> {
+    // Route entries: the last plan's outside the scope, and the scope's as planned now,
+    // merged by key (both are sorted).
+    let old = last.routes;
+    let mut gone: Vec<usize> = scope
+        .routes
+        .iter()
+        .filter_map(|k| {
+            let mut parts = k.splitn(3, '/');
+            let key = (parts.next()?, parts.next()?, parts.next()?);
+            old.binary_search_by(|e| entry_key(e).cmp(&key)).ok()
+        })
+        .collect();
+    gone.sort_unstable();
+    let fresh = std::mem::take(&mut part.routes);
+    let cuts: Vec<usize> = fresh
+        .iter()
+        .map(|e| old.partition_point(|o| entry_key(o) < entry_key(e)))
+        .collect();
+    let mut routes = Vec::with_capacity(old.len() + fresh.len());
+    let (mut fresh, mut gone) = (
+        fresh.into_iter().zip(cuts).peekable(),
+        gone.into_iter().peekable(),
+    );
+    for (i, e) in old.into_iter().enumerate() {
+        while let Some((f, _)) = fresh.next_if(|&(_, at)| at <= i) {
+            routes.push(f);
+        }
+        if gone.next_if_eq(&i).is_none() {
+            routes.push(e);
+        }
+    }
+    routes.extend(fresh.map(|(f, _)| f));
+    part.routes = routes;
+
+    // Datapath services: the last plan's served to routes outside the scope, and the
+    // scope's as planned now.
+    let (mut services, mut source_nat) = (last.datapath.services, last.datapath.source_nat);
+    let mut owners = last.owners;
+    for key in &scope.routes {
+        for service in served.remove(key.as_str()).unwrap_or_default() {
+            services.remove(&service);
+            owners.remove(&service);
+            source_nat.remove(&service);
+        }
+    }
+    for (service, backends) in std::mem::take(&mut part.datapath.services) {
+        if owners.contains_key(&service) {
+            return None;
+        }
+        services.insert(service, backends);
+    }
+    for (key, list) in self::served(&part.owners) {
+        served.insert(key, list);
+    }
+    owners.append(&mut part.owners);
+    source_nat.append(&mut part.datapath.source_nat);
+    part.datapath.snat_ports = project::snat_ports(
+        &gateways.views,
+        services.keys().map(|s| s.port),
+        &input.snat_ports,
+    );
+    part.datapath.services = services;
+    part.datapath.source_nat = source_nat;
+    part.owners = owners;
+
+    // A fixed listener's attached routes are counted from its routes: those of an
+    // untouched listener (none in scope) are as counted last time.
+    for (gi, (entry, view)) in part.gateways.iter_mut().zip(&gateways.views).enumerate() {
+        for (li, (status, l)) in entry
+            .status
+            .listeners
+            .iter_mut()
+            .zip(&view.listeners)
+            .enumerate()
+        {
+            if l.range.is_none() && !scope.touched.contains(&(gi, li)) {
+                status.attached_routes = last.gateways[gi].status.listeners[li].attached_routes;
+            }
+        }
+    }
+    Some(part)
+}
+
+/// Adds to `scope` the routes whose backendRefs name a Service whose object or
+/// EndpointSlices changed from `old` to `new`.
+fn add_backend_changes(scope: &mut Scope, old: &Snapshot, new: &Snapshot) {
+    if old.services == new.services && old.endpoint_slices == new.endpoint_slices {
+        return;
+    }
+    fn by_key<'a, T>(
+        list: &'a [Arc<T>],
+        key: impl Fn(&'a T) -> Option<(&'a str, &'a str)>,
+        out: &mut BTreeMap<(&'a str, &'a str), Vec<&'a T>>,
+    ) {
+        for x in list {
+            if let Some(k) = key(x) {
+                out.entry(k).or_default().push(x);
+            }
+        }
+    }
+    fn service(s: &Service) -> Option<(&str, &str)> {
+        Some((s.metadata.ns(), s.metadata.name.as_str()))
+    }
+    fn slice(s: &EndpointSlice) -> Option<(&str, &str)> {
+        let name = s.metadata.labels.get("kubernetes.io/service-name")?;
+        Some((s.metadata.ns(), name.as_str()))
+    }
+    let mut changed: BTreeSet<(&str, &str)> = BTreeSet::new();
+    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
+    by_key(&old.services, service, &mut a);
+    by_key(&new.services, service, &mut b);
+    changed.extend(differing(&a, &b));
+    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
+    by_key(&old.endpoint_slices, slice, &mut a);
+    by_key(&new.endpoint_slices, slice, &mut b);
+    changed.extend(differing(&a, &b));
+    for r in &new.routes {
+        let ns = r.metadata.ns();
+        let names_changed = r
+            .spec
+            .rules
+            .iter()
+            .flat_map(|rule| &rule.backend_refs)
+            .any(|b| changed.contains(&(b.namespace.as_deref().unwrap_or(ns), b.name.as_str())));
+        if names_changed {
+            scope.add_route(r.kind.name(), ns, &r.metadata.name);
+        }
+    }
+}
+
+/// The keys whose objects differ between `a` and `b`.
+fn differing<'a, T: PartialEq>(
+    a: &BTreeMap<(&'a str, &'a str), Vec<&'a T>>,
+    b: &BTreeMap<(&'a str, &'a str), Vec<&'a T>>,
+) -> Vec<(&'a str, &'a str)> {
+    let mut out: Vec<(&str, &str)> = a
+        .iter()
+        .filter(|(k, v)| b.get(*k) != Some(*v))
+        .map(|(k, _)| *k)
+        .collect();
+    out.extend(b.keys().filter(|k| !a.contains_key(*k)).copied());
+    out
+}

@@ -1,0 +1,292 @@
+//! Incremental plans equal full ones: random histories of route, endpoint, claim,
+//! time and (now and then) Gateway and Namespace changes, each planned with a memo that
+//! plans incrementally, with one that always plans in full, and without a memo.
+
+use std::{collections::BTreeMap, path::Path, time::Duration};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::manifests;
+
+const NAMESPACES: [&str; 3] = ["a", "b", "c"];
+const ROUTES: usize = 10;
+
+/// A route: its parent (0: the shared range listener, 1: the fixed listener, 2: the
+/// second Gateway), its port request, its Service, its creation time (`None`: ordered
+/// by its place in the snapshot).
+#[derive(Clone, Debug, PartialEq)]
+struct RouteState {
+    parent: u8,
+    port: Option<u16>,
+    service: usize,
+    created: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    SetRoute(usize, RouteState),
+    Delete(usize),
+    /// Service `s`'s endpoint address ends in this.
+    Endpoint(usize, u8),
+    Advance(u64),
+    /// The next plan reads the claims the last plan read (its writes are not stored).
+    Stale,
+    /// The store lost claim `i` (of those the last plan wants).
+    LoseClaim(usize),
+    /// The shared Gateway's range ends lower or higher (a Gateway change).
+    Resize,
+    /// Namespace `a` is labelled so that the second Gateway refuses its routes.
+    Relabel,
+    /// The daemon gains or loses the allocator role.
+    Allocate,
+}
+
+fn route_state() -> impl Strategy<Value = RouteState> {
+    let port = prop_oneof![3 => Just(None), 2 => (29999..=30008u16).prop_map(Some)];
+    let created = prop_oneof![Just(None), (0..50u64).prop_map(Some)];
+    (0..3u8, port, 0..3usize, created).prop_map(|(parent, port, service, created)| RouteState {
+        parent,
+        port,
+        service,
+        created,
+    })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0..ROUTES, route_state()).prop_map(|(i, r)| Op::SetRoute(i, r)),
+        3 => (0..ROUTES).prop_map(Op::Delete),
+        2 => (0..3usize, 1..4u8).prop_map(|(s, a)| Op::Endpoint(s, a)),
+        2 => (1..90u64).prop_map(Op::Advance),
+        1 => Just(Op::Stale),
+        1 => (0..ROUTES).prop_map(Op::LoseClaim),
+        1 => Just(Op::Resize),
+        1 => Just(Op::Relabel),
+        1 => Just(Op::Allocate),
+    ]
+}
+
+#[derive(Default)]
+struct World {
+    routes: BTreeMap<usize, RouteState>,
+    endpoints: [u8; 3],
+    now: u64,
+    small: bool,
+    labelled: bool,
+    no_allocate: bool,
+}
+
+impl World {
+    fn text(&self) -> String {
+        let end = if self.small { 30005 } else { 30007 };
+        let all = "allowedRoutes: {namespaces: {from: All}}";
+        let selected = "allowedRoutes: {namespaces: {from: Selector, selector: \
+             {matchExpressions: [{key: closed, operator: DoesNotExist}]}}}";
+        let mut s = format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: berth}}\n\
+             spec: {{controllerName: berth.dev/gateway-controller}}\n---\n\
+             apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
+             metadata: {{name: gw, namespace: infra, creationTimestamp: \"2026-01-01T00:00:00Z\"}}\n\
+             spec:\n  gatewayClassName: berth\n  addresses: [{{value: 10.0.0.1}}]\n  infrastructure:\n    \
+             parametersRef: {{group: berth.dev, kind: GatewayConfig, name: cfg}}\n  listeners:\n  \
+             - {{name: pool, protocol: TCP, port: 30000, {all}}}\n  \
+             - {{name: fixed, protocol: TCP, port: 40000, {all}}}\n---\n\
+             apiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: cfg, namespace: infra}}\n\
+             spec:\n  releaseCooldown: 60s\n  listeners: [{{name: pool, endPort: {end}, maxPortsPerNamespace: 3}}]\n---\n\
+             apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
+             metadata: {{name: other, namespace: infra, creationTimestamp: \"2026-01-01T00:00:01Z\"}}\n\
+             spec:\n  gatewayClassName: berth\n  addresses: [{{value: 10.0.0.2}}]\n  infrastructure:\n    \
+             parametersRef: {{group: berth.dev, kind: GatewayConfig, name: other}}\n  listeners:\n  \
+             - {{name: pool, protocol: TCP, port: 30000, {selected}}}\n---\n\
+             apiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: other, namespace: infra}}\n\
+             spec:\n  releaseCooldown: 30s\n  listeners: [{{name: pool, endPort: 30002}}]\n"
+        );
+        if self.labelled {
+            s.push_str(
+                "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: a, labels: {closed: \"yes\"}}\n",
+            );
+        }
+        for ns in NAMESPACES {
+            for (svc, last) in self.endpoints.iter().enumerate() {
+                s.push_str(&format!(
+                    "---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{svc}, namespace: {ns}}}\n\
+                     spec: {{ports: [{{name: p, port: 80}}]}}\n---\n\
+                     apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                     metadata: {{name: s{svc}-1, namespace: {ns}, labels: {{kubernetes.io/service-name: s{svc}}}}}\n\
+                     addressType: IPv4\nendpoints: [{{addresses: [10.1.{svc}.{last}]}}]\n\
+                     ports: [{{name: p, port: 8080}}]\n"
+                ));
+            }
+        }
+        for (i, r) in &self.routes {
+            let port = r.port.map(|p| format!(", port: {p}")).unwrap_or_default();
+            let parent = match r.parent {
+                0 => format!("{{name: gw, namespace: infra, sectionName: pool{port}}}"),
+                1 => "{name: gw, namespace: infra, sectionName: fixed}".to_string(),
+                _ => format!("{{name: other, namespace: infra{port}}}"),
+            };
+            let created = r
+                .created
+                .map(|t| {
+                    let t = time(100 + t);
+                    format!(
+                        ", creationTimestamp: \"{}\"",
+                        humantime::format_rfc3339_seconds(t)
+                    )
+                })
+                .unwrap_or_default();
+            s.push_str(&format!(
+                "---\napiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+                 metadata: {{name: r{i}, namespace: {}{created}}}\n\
+                 spec:\n  parentRefs: [{parent}]\n  rules: [{{backendRefs: [{{name: s{}, port: 80}}]}}]\n",
+                NAMESPACES[i % NAMESPACES.len()],
+                r.service,
+            ));
+        }
+        s
+    }
+
+    /// The snapshot; with `last`, holding its unchanged objects as `last`'s own
+    /// allocations, as the manifest source does.
+    fn snapshot(&self, last: Option<&Snapshot>) -> Snapshot {
+        let parsed = manifests::parse_file(Path::new("inc.yaml"), &self.text());
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let mut next = manifests::snapshot([&parsed]);
+        if let Some(last) = last {
+            fn share<T: PartialEq>(next: &mut [Arc<T>], last: &[Arc<T>]) {
+                for x in next {
+                    if let Some(same) = last.iter().find(|l| **l == *x) {
+                        *x = Arc::clone(same);
+                    }
+                }
+            }
+            share(&mut next.routes, &last.routes);
+            share(&mut next.services, &last.services);
+            share(&mut next.endpoint_slices, &last.endpoint_slices);
+        }
+        next
+    }
+}
+
+fn time(t: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600 + t)
+}
+
+fn input<'a>(snapshot: &'a Snapshot, claims: &'a [Arc<PortClaim>], w: &World) -> Input<'a> {
+    Input {
+        snapshot,
+        claims,
+        now: time(1000 + w.now),
+        default_address: None,
+        ephemeral_ports: Some(32768..=60999),
+        allocate: !w.no_allocate,
+        snat_ports: DEFAULT_SNAT_PORTS,
+    }
+}
+
+/// `plan` with every route condition's time set to one value.
+fn timeless(mut plan: Plan) -> Plan {
+    for r in &mut plan.routes {
+        for p in &mut Arc::make_mut(r).status.parents {
+            for c in &mut p.conditions {
+                c.last_transition_time.clear();
+            }
+        }
+    }
+    plan
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn incremental_plans_equal_full_plans(ops in proptest::collection::vec(op(), 1..50)) {
+        let mut world = World::default();
+        let mut incremental = Memo::default();
+        let mut full = Memo::full_only();
+        let mut last: Option<Snapshot> = None;
+        let mut claims: Vec<Arc<PortClaim>> = Vec::new();
+        let mut read: Vec<Arc<PortClaim>> = Vec::new();
+        for (step, op) in ops.iter().enumerate() {
+            let mut next_claims = None;
+            match op {
+                Op::SetRoute(i, r) => {
+                    world.routes.insert(*i, r.clone());
+                }
+                Op::Delete(i) => {
+                    world.routes.remove(i);
+                }
+                Op::Endpoint(s, a) => world.endpoints[*s] = *a,
+                Op::Advance(s) => world.now += s,
+                Op::Stale => next_claims = Some(read.clone()),
+                Op::LoseClaim(i) => {
+                    let mut c = claims.clone();
+                    if *i < c.len() {
+                        c.remove(*i);
+                    }
+                    next_claims = Some(c);
+                }
+                Op::Resize => world.small = !world.small,
+                Op::Relabel => world.labelled = !world.labelled,
+                Op::Allocate => world.no_allocate = !world.no_allocate,
+            }
+            let claims_in = next_claims.unwrap_or_else(|| claims.clone());
+            // Every other plan gets all objects parsed afresh, as Kubernetes mode does.
+            let snapshot = world.snapshot(last.as_ref().filter(|_| step % 2 == 0));
+            let inc = plan_with(&input(&snapshot, &claims_in, &world), &mut incremental);
+            let reference = plan_with(&input(&snapshot, &claims_in, &world), &mut full);
+            let fresh = plan(&input(&snapshot, &claims_in, &world));
+            prop_assert_eq!(&inc, &reference, "step {} ({:?})", step, op);
+            prop_assert_eq!(timeless(inc.clone()), timeless(fresh), "step {} ({:?})", step, op);
+            read = claims_in;
+            claims = inc.claims;
+            last = Some(snapshot);
+        }
+    }
+}
+
+/// A one-route change of a plan with many routes is planned incrementally, as the
+/// full plan would.
+#[test]
+fn a_one_route_change_is_planned_incrementally() {
+    let mut world = World::default();
+    for i in 0..ROUTES - 1 {
+        world.routes.insert(
+            i,
+            RouteState {
+                parent: (i % 2) as u8,
+                port: None,
+                service: i % 3,
+                created: None,
+            },
+        );
+    }
+    let mut memo = Memo::default();
+    let first = world.snapshot(None);
+    let planned = plan_with(&input(&first, &[], &world), &mut memo);
+    let claims = planned.claims;
+    let planned = plan_with(&input(&first, &claims, &world), &mut memo);
+    assert_eq!(
+        memo.incremental_plans, 1,
+        "nothing changed: the last plan again"
+    );
+    world.routes.insert(
+        ROUTES - 1,
+        RouteState {
+            parent: 0,
+            port: None,
+            service: 0,
+            created: None,
+        },
+    );
+    let second = world.snapshot(Some(&first));
+    let inc = plan_with(&input(&second, &planned.claims, &world), &mut memo);
+    assert_eq!(memo.incremental_plans, 2);
+    let mut full = Memo::full_only();
+    plan_with(&input(&first, &[], &world), &mut full);
+    plan_with(&input(&first, &claims, &world), &mut full);
+    let reference = plan_with(&input(&second, &planned.claims, &world), &mut full);
+    assert_eq!(inc, reference);
+    assert!(inc.claims.iter().any(|c| c.spec.route.name == "r9"));
+}
