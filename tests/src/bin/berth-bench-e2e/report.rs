@@ -83,9 +83,49 @@ pub(super) fn table(rows: &[Row]) -> String {
     t
 }
 
-pub(super) fn json_line(rows: &[Row], load: Load, chart: &Path) -> Value {
-    let modes: Vec<Value> = rows
+/// One row per mode, delivered pps and gateway CPU per load side by side.
+pub(super) fn summary(sections: &[Section]) -> String {
+    let mut t = format!("{:<16}", "mode");
+    for s in sections {
+        let _ = write!(
+            t,
+            " {:>14} {:>14}",
+            format!("{} dlv kpps", s.flows.name()),
+            format!("{} gw ns/pkt", s.flows.name())
+        );
+    }
+    t.push('\n');
+    for (i, row) in sections[0].rows.iter().enumerate() {
+        let _ = write!(t, "{:<16}", row.mode.name());
+        for s in sections {
+            let r = &s.rows[i];
+            match (r.pps(), r.ns()) {
+                (Some(pps), Some(ns)) => {
+                    let _ = write!(t, " {:>14.1} {:>14.0}", pps / 1e3, ns);
+                }
+                _ => {
+                    let _ = write!(t, " {:>14} {:>14}", "-", "-");
+                }
+            }
+        }
+        t.push('\n');
+    }
+    t
+}
+
+/// `nf_conntrack_max` as the netfilter modes' gateways had it.
+pub(super) fn conntrack_max(sections: &[Section]) -> Option<u64> {
+    sections
         .iter()
+        .flat_map(|s| &s.rows)
+        .filter(|r| r.mode.netfilter())
+        .flat_map(|r| &r.runs)
+        .filter_map(|r| r.conntrack_max)
+        .max()
+}
+
+fn modes_json(rows: &[Row]) -> Vec<Value> {
+    rows.iter()
         .map(|row| {
             let Some((pps, pps_lo, pps_hi)) = row.stat(|r| r.delivered_pps) else {
                 return json!({
@@ -106,6 +146,14 @@ pub(super) fn json_line(rows: &[Row], load: Load, chart: &Path) -> Value {
                     ratios.insert(format!("cpu_vs_{}", reference.name()), json!(round(c, 3)));
                 }
             }
+            let conntrack: Vec<f64> = row
+                .runs
+                .iter()
+                .filter_map(|r| r.conntrack_entries)
+                .map(|n| n as f64)
+                .collect();
+            let conntrack =
+                (row.mode.netfilter() && !conntrack.is_empty()).then(|| median(conntrack).round());
             json!({
                 "mode": row.mode.name(),
                 "available": true,
@@ -120,15 +168,33 @@ pub(super) fn json_line(rows: &[Row], load: Load, chart: &Path) -> Value {
                 "backend_ns_per_packet": round(med(|r| r.backend_ns_per_packet), 1),
                 "dropped_at_gateway_ring": round(med(|r| r.ingress_drop), 4),
                 "dropped_at_backend_rings": round(med(|r| r.backend_drop), 4),
+                "nf_conntrack_entries_at_end": conntrack,
                 "runs": row.runs.len(),
                 "ratios": ratios,
             })
+        })
+        .collect()
+}
+
+pub(super) fn json_line(sections: &[Section], load: Load, chart: &Path) -> Value {
+    let loads: serde_json::Map<String, Value> = sections
+        .iter()
+        .map(|s| {
+            let f = s.flows.flows();
+            let value = json!({
+                "what": s.flows.what(),
+                "first_source_port": s.flows.first_port(),
+                "source_ports": f.ports,
+                "source_addresses": f.addresses,
+                "tuples": f.tuples(),
+                "modes": modes_json(&s.rows),
+            });
+            (s.flows.name().to_string(), value)
         })
         .collect();
     json!({
         "bench": "e2e",
         "load": load.name(),
-        "flows": FLOWS,
         "frame_bytes": 64,
         "backends": BACKENDS,
         "warmup_s": WARMUP.as_secs_f64(),
@@ -137,7 +203,8 @@ pub(super) fn json_line(rows: &[Row], load: Load, chart: &Path) -> Value {
         "statistic": "median",
         "gateway_cpu_accounting": ACCOUNTING,
         "ratios_mean": "pps_vs_X = delivered pps / X's; cpu_vs_X = X's gateway ns per packet / this mode's",
-        "modes": modes,
+        "nf_conntrack_max": conntrack_max(sections),
+        "loads": loads,
         "chart": chart.display().to_string(),
     })
 }
