@@ -312,7 +312,7 @@ fn comparison(rows: &[Row], mode: Mode, label: &str, references: &[Mode]) -> Opt
         if let Some((p, c)) = find(m).and_then(|r| berth.ratio(r)) {
             names.push(m.name());
             pps.push(p);
-            cpu.push(c);
+            cpu.extend(c);
         }
     }
     if names.is_empty() {
@@ -327,11 +327,15 @@ fn comparison(rows: &[Row], mode: Mode, label: &str, references: &[Mode]) -> Opt
             format!("{lo}-{hi}x")
         }
     };
+    let cpu = if cpu.is_empty() {
+        "no CPU per packet (nothing delivered)".to_string()
+    } else {
+        format!("{} less gateway CPU per packet", range(&cpu))
+    };
     Some(format!(
-        "{label} vs {}: {} the packets per second, {} less gateway CPU per packet",
+        "{label} vs {}: {} the packets per second, {cpu}",
         names.join(", "),
         range(&pps),
-        range(&cpu)
     ))
 }
 

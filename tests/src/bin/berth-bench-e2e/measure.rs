@@ -184,9 +184,18 @@ pub(super) fn measure(mode: Mode, load: Load, flows: FlowLoad) -> Run {
         sent_pps,
         delivered_pps,
         loss: (1.0 - delivered_pps / sent_pps).max(0.0),
-        gateway_ns_per_packet: gateway_busy * 1e9 / delivered_pps,
+        // None delivered: no figure (NaN, left out of the statistics).
+        gateway_ns_per_packet: if delivered > 0.0 {
+            gateway_busy * 1e9 / delivered_pps
+        } else {
+            f64::NAN
+        },
         gateway_busy,
-        backend_ns_per_packet: (b.backends_ns - a.backends_ns) as f64 / delivered,
+        backend_ns_per_packet: if delivered > 0.0 {
+            (b.backends_ns - a.backends_ns) as f64 / delivered
+        } else {
+            f64::NAN
+        },
         ingress_drop: (b.ingress_drops - a.ingress_drops) as f64 / sent,
         backend_drop: (b.backend_drops - a.backend_drops) as f64 / sent,
         conntrack_entries,

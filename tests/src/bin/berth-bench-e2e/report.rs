@@ -20,11 +20,13 @@ pub(super) fn median(mut v: Vec<f64>) -> f64 {
 }
 
 impl Row {
+    /// Median, minimum and maximum of `f` over the runs where it is a number (a run
+    /// that delivered nothing has no CPU per packet).
     pub(super) fn stat(&self, f: impl Fn(&Run) -> f64) -> Option<Stat> {
-        if self.runs.is_empty() {
+        let v: Vec<f64> = self.runs.iter().map(f).filter(|v| v.is_finite()).collect();
+        if v.is_empty() {
             return None;
         }
-        let v: Vec<f64> = self.runs.iter().map(f).collect();
         let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         Some((median(v), lo, hi))
@@ -36,9 +38,11 @@ impl Row {
         self.stat(|r| r.gateway_ns_per_packet).map(|s| s.0)
     }
     /// (delivered pps ratio, gateway CPU ratio) against `reference`: both > 1 when this
-    /// mode is better (more packets, fewer ns per packet).
-    pub(super) fn ratio(&self, reference: &Row) -> Option<(f64, f64)> {
-        Some((self.pps()? / reference.pps()?, reference.ns()? / self.ns()?))
+    /// mode is better (more packets, fewer ns per packet); no CPU ratio where either
+    /// delivered nothing.
+    pub(super) fn ratio(&self, reference: &Row) -> Option<(f64, Option<f64>)> {
+        let cpu = reference.ns().zip(self.ns()).map(|(r, s)| r / s);
+        Some((self.pps()? / reference.pps()?, cpu))
     }
 }
 
@@ -74,7 +78,10 @@ pub(super) fn table(rows: &[Row]) -> String {
                 .iter()
                 .find(|r| r.mode == reference)
                 .and_then(|r| row.ratio(r))
-                .map(|(p, c)| format!("pps {p:.2}x cpu {c:.2}x"))
+                .map(|(p, c)| match c {
+                    Some(c) => format!("pps {p:.2}x cpu {c:.2}x"),
+                    None => format!("pps {p:.2}x cpu -"),
+                })
                 .unwrap_or_else(|| "-".into());
             let _ = write!(t, "  {cell:>19}");
         }
@@ -99,14 +106,9 @@ pub(super) fn summary(sections: &[Section]) -> String {
         let _ = write!(t, "{:<16}", row.mode.name());
         for s in sections {
             let r = &s.rows[i];
-            match (r.pps(), r.ns()) {
-                (Some(pps), Some(ns)) => {
-                    let _ = write!(t, " {:>14.1} {:>14.0}", pps / 1e3, ns);
-                }
-                _ => {
-                    let _ = write!(t, " {:>14} {:>14}", "-", "-");
-                }
-            }
+            let pps = r.pps().map_or("-".into(), |v| format!("{:.1}", v / 1e3));
+            let ns = r.ns().map_or("-".into(), |v| format!("{v:.0}"));
+            let _ = write!(t, " {pps:>14} {ns:>14}");
         }
         t.push('\n');
     }
@@ -143,7 +145,9 @@ fn modes_json(rows: &[Row]) -> Vec<Value> {
                     .and_then(|r| row.ratio(r))
                 {
                     ratios.insert(format!("pps_vs_{}", reference.name()), json!(round(p, 3)));
-                    ratios.insert(format!("cpu_vs_{}", reference.name()), json!(round(c, 3)));
+                    if let Some(c) = c {
+                        ratios.insert(format!("cpu_vs_{}", reference.name()), json!(round(c, 3)));
+                    }
                 }
             }
             let conntrack: Vec<f64> = row
