@@ -10,7 +10,7 @@ use berth_tests::{
 };
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 251, 1, 2);
-/// The benchmark's new-flow load: ports 1024-65535 of 250 addresses.
+/// A new-flow load as the benchmark makes it (fewer addresses): ports 1024-65535 of 250.
 const NEW: Flows = Flows {
     ports: 64512,
     addresses: 250,

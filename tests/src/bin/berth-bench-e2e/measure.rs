@@ -120,6 +120,10 @@ fn wait_for_conntrack_teardown() {
 pub(super) fn measure(mode: Mode, load: Load, flows: FlowLoad) -> Run {
     wait_for_conntrack_teardown();
     let topo = Topology::with_gro(BACKENDS);
+    if flows == FlowLoad::New {
+        topo.gateway
+            .ip(&["route", "add", NEW_SOURCES, "via", &CLIENT.to_string()]);
+    }
     let _gateway = configure(mode, &topo);
     let sinks: Vec<Sink> = topo
         .backends

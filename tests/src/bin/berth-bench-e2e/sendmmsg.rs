@@ -79,7 +79,8 @@ impl Generator {
     ) -> Self {
         match load {
             Load::Frames => {
-                let template = Packet::udp(SocketAddrV4::new(CLIENT, flows.first_port()), dsts[0])
+                let source = SocketAddrV4::new(flows.source(), flows.first_port());
+                let template = Packet::udp(source, dsts[0])
                     .macs(mac(&topo.client, "eth0"), mac(&topo.gateway, "c0"))
                     .payload(&[0x42; PAYLOAD])
                     .no_udp_checksum();
