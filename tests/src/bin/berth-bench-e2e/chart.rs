@@ -180,7 +180,8 @@ pub(super) fn fmt_tick(v: f64, step: f64) -> String {
 
 pub(super) fn chart(sections: &[Section], load: Load, headlines: &[Vec<String>]) -> String {
     let w = 1040.0;
-    let h = SECTIONS_TOP + SECTION_H * sections.len() as f64 + 56.0;
+    let notes = notes(sections);
+    let h = SECTIONS_TOP + SECTION_H * sections.len() as f64 + 40.0 + 16.0 * notes.len() as f64;
     let mut svg = String::new();
     let _ = writeln!(
         svg,
@@ -215,6 +216,37 @@ pub(super) fn chart(sections: &[Section], load: Load, headlines: &[Vec<String>])
         }
         section_panels(&mut svg, &section.rows, top + SECTION_HEAD);
     }
+    let _ = writeln!(
+        svg,
+        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">Gateway CPU = run time of its threaded-NAPI kernel thread (receive, forwarding/NAT, transmit; own CPU) ÷ delivered packets; busy = its share of that CPU.</text>"##,
+        w / 2.0,
+        h - 20.0 - 16.0 * notes.len() as f64,
+    );
+    for (i, note) in notes.iter().enumerate() {
+        let _ = writeln!(
+            svg,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">{}</text>"##,
+            w / 2.0,
+            h - 20.0 - 16.0 * (notes.len() - 1 - i) as f64,
+            escape(note)
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// A mode that delivered less than this share of its load's best mode has collapsed:
+/// its CPU per packet (CPU spent on packets it dropped) is left out of the chart.
+pub(super) const COLLAPSED: f64 = 0.05;
+
+/// Whether `row` collapsed under its load (see `COLLAPSED`).
+fn collapsed(rows: &[Row], row: &Row) -> bool {
+    let best = rows.iter().filter_map(Row::pps).fold(0.0, f64::max);
+    row.pps().is_some_and(|p| p < best * COLLAPSED)
+}
+
+/// The chart's foot notes, one line each.
+fn notes(sections: &[Section]) -> Vec<String> {
     let mut notes: Vec<String> = sections[0]
         .rows
         .iter()
@@ -226,15 +258,20 @@ pub(super) fn chart(sections: &[Section], load: Load, headlines: &[Vec<String>])
         })
         .collect();
     for section in sections {
-        let unsaturated: Vec<&str> = section
-            .rows
-            .iter()
-            .filter(|r| {
-                r.stat(|x| x.gateway_busy)
+        let names = |keep: &dyn Fn(&Row) -> bool| -> Vec<&str> {
+            section
+                .rows
+                .iter()
+                .filter(|r| keep(r))
+                .map(|r| r.mode.name())
+                .collect()
+        };
+        let down = names(&|r| collapsed(&section.rows, r));
+        let unsaturated = names(&|r| {
+            !collapsed(&section.rows, r)
+                && r.stat(|x| x.gateway_busy)
                     .is_some_and(|b| b.0 < UNSATURATED)
-            })
-            .map(|r| r.mode.name())
-            .collect();
+        });
         if !unsaturated.is_empty() {
             notes.push(format!(
                 "{} ({}): gateway not saturated (CPU 0, shared by the generator and the backends, was the limit)",
@@ -242,20 +279,16 @@ pub(super) fn chart(sections: &[Section], load: Load, headlines: &[Vec<String>])
                 section.flows.name()
             ));
         }
+        if !down.is_empty() {
+            notes.push(format!(
+                "{} ({}): delivered under {:.0}% of the best mode's packets; CPU per packet not drawn",
+                down.join(", "),
+                section.flows.name(),
+                COLLAPSED * 100.0
+            ));
+        }
     }
-    let notes = notes.join("; ");
-    let _ = writeln!(
-        svg,
-        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">Gateway CPU = run time of its threaded-NAPI kernel thread (receive, forwarding/NAT, transmit; own CPU) ÷ delivered packets; busy = its share of that CPU.</text>
-<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">{}</text>
-</svg>"##,
-        w / 2.0,
-        h - 36.0,
-        w / 2.0,
-        h - 18.0,
-        escape(&notes)
-    );
-    svg
+    notes
 }
 
 /// One load's two panels, delivered pps and gateway CPU per packet, plots at `top`.
@@ -287,7 +320,10 @@ fn section_panels(svg: &mut String, rows: &[Row], top: f64) {
             top,
             title: "Gateway CPU per packet (lower is better)",
             unit: "ns of gateway CPU per delivered packet",
-            value: &|r: &Row| r.stat(|x| x.gateway_ns_per_packet),
+            value: &|r: &Row| {
+                r.stat(|x| x.gateway_ns_per_packet)
+                    .filter(|_| !collapsed(rows, r))
+            },
             decimals: 0,
             label: &|_| None,
         },

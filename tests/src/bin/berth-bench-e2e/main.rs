@@ -66,6 +66,10 @@
 //!
 //! Figures seen on the (shared, noisy) 2-CPU development VM: routing ~1.05 µs, netfilter
 //! DNAT (any of the three) ~1.25-1.35 µs, Berth ~0.28 µs of gateway CPU per packet.
+//! Under the new-flow load (2026-12-03, a busier VM: long flows routing 2.7 µs, DNATs
+//! 2.6-2.8, Berth 0.45): routing 2.7 µs, DNATs 6.6-7.2, Berth 2.3, Berth's kernel path
+//! 4.9; both SNAT rows collapse (Berth's port pool is exhausted: nothing delivered;
+//! MASQUERADE ~7 kpps). A whole run (8 modes x 2 loads x 3 rounds) takes ~5.3 min.
 //! Accounted the older way on the same setup (RPS of the gateway's receive to CPU 1,
 //! softirq + system time of CPU 1 from /proc/stat) routing reads ~1.3 µs: that also bills
 //! the RPS hand-off and whatever else runs on the CPU.
