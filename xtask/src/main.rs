@@ -43,11 +43,12 @@ const USAGE: &str =
   bench datapath   setup, then ns/packet of the XDP program under BPF_PROG_TEST_RUN
   bench planner    setup, then planning time for 100, 1k and 10k routes
   bench control-plane  setup, then berth run with 10k routes: cold start, change latency, RSS
-  bench e2e        setup, then one UDP load through the gateway by Berth's XDP, iptables,
-                   nftables (IPVS if the kernel has it) and plain routing, and Berth's
-                   SNAT mode beside iptables DNAT + MASQUERADE: delivered pps,
-                   loss, gateway CPU per packet; a table, target/bench/e2e.svg, a JSON line
-                   (arguments go to it: [--load xdp-live-frames|sendmmsg] [MODE...])
+  bench e2e        setup, then two UDP loads (16 long flows; a new 5-tuple every packet)
+                   through the gateway by Berth's XDP, iptables, nftables (IPVS if the
+                   kernel has it) and plain routing, and Berth's SNAT mode beside
+                   iptables DNAT + MASQUERADE: delivered pps, loss, gateway CPU per
+                   packet; tables, target/bench/e2e.svg, a JSON line (arguments go to
+                   it: [--load xdp-live-frames|sendmmsg] [--flows long|new|both] [MODE...])
   fuzz datapath    setup, then random and mutated packets through the XDP and TC programs
                    under BPF_PROG_TEST_RUN, invariants checked on every output; reports
                    verdicts, translations, violations, packets/s ([--packets N] [--seed S],

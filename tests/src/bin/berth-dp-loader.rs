@@ -4,11 +4,12 @@
 //! restart does to traffic.
 //!
 //! `berth-dp-loader [--netns NAME] --pin-dir DIR --state FILE [--interface IF]...
-//!  [--mode auto|native|skb] [--follow-xmit]`
+//!  [--mode auto|native|skb] [--follow-xmit] [--default-limits]`
 //!
 //! `--follow-xmit` keeps the map of interfaces that take XDP frames current, as
 //! `berth run` does by default (without it the map stays empty: every packet takes the
-//! kernel's path).
+//! kernel's path). `--default-limits` sizes the maps as `berth run` does by default
+//! (262,144 conntrack entries, ...) instead of the tests' small limits.
 
 use std::path::PathBuf;
 
@@ -21,6 +22,7 @@ fn main() -> anyhow::Result<()> {
     let mut ifaces = Vec::new();
     let mut mode = AttachMode::Auto;
     let mut follow_xmit = false;
+    let mut limits = berth_tests::xdp::test_limits();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
@@ -38,6 +40,7 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             "--follow-xmit" => follow_xmit = true,
+            "--default-limits" => limits = berth::datapath::Limits::default(),
             other => bail!("unknown argument {other}"),
         }
     }
@@ -48,10 +51,7 @@ fn main() -> anyhow::Result<()> {
     )
     .with_context(|| format!("parsing {}", state.display()))?;
 
-    let config = Config {
-        pin_dir,
-        limits: berth_tests::xdp::test_limits(),
-    };
+    let config = Config { pin_dir, limits };
     let mut dp = Datapath::load(&config).context("loading the datapath")?;
     let adopted = dp.installed().services.len();
     if follow_xmit {

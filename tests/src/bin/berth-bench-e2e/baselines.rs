@@ -76,8 +76,14 @@ pub(super) fn configure(mode: Mode, topo: &Topology) -> Option<Running> {
             let state = DesiredState::default()
                 .with_snat_service(service, backends)
                 .with_snat_ports(vec![SNAT_PORTS]);
-            // As `berth run` by default: redirect into interfaces that take XDP frames.
-            let loader = Loader::start(gw, &topo.gateway_ifaces, &state, &["--follow-xmit"]);
+            // As `berth run` by default: redirect into interfaces that take XDP frames,
+            // maps of the default sizes (the new-flow load fills the conntrack).
+            let loader = Loader::start(
+                gw,
+                &topo.gateway_ifaces,
+                &state,
+                &["--follow-xmit", "--default-limits"],
+            );
             return Some(Box::new(loader));
         }
         Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesMasq => {

@@ -38,6 +38,8 @@ pub(super) type Stat = (f64, f64, f64);
 
 pub(super) struct Panel<'a> {
     pub(super) x: f64,
+    /// Top of the plot area.
+    pub(super) top: f64,
     pub(super) title: &'a str,
     pub(super) unit: &'a str,
     /// (median, min, max) per row, in the panel's unit.
@@ -51,9 +53,13 @@ pub(super) struct Panel<'a> {
 /// most 95% of a CPU).
 pub(super) const UNSATURATED: f64 = 0.85;
 
-pub(super) const PLOT_TOP: f64 = 138.0;
-pub(super) const PLOT_H: f64 = 300.0;
+pub(super) const PLOT_H: f64 = 250.0;
 pub(super) const PLOT_W: f64 = 420.0;
+/// Where the first load's section starts, and the height of one.
+pub(super) const SECTIONS_TOP: f64 = 72.0;
+pub(super) const SECTION_H: f64 = 420.0;
+/// From a section's top to its plots' top (its title and headline lines above).
+pub(super) const SECTION_HEAD: f64 = 104.0;
 
 pub(super) fn panel(svg: &mut String, rows: &[Row], p: &Panel) {
     let values: Vec<Option<Stat>> = rows.iter().map(|r| (p.value)(r)).collect();
@@ -65,13 +71,13 @@ pub(super) fn panel(svg: &mut String, rows: &[Row], p: &Panel) {
         .max(1e-9);
     let step = nice_step(max * 1.1);
     let top = (max * 1.1 / step).ceil() * step;
-    let y = |v: f64| PLOT_TOP + PLOT_H - v / top * PLOT_H;
-    let bottom = PLOT_TOP + PLOT_H;
+    let y = |v: f64| p.top + PLOT_H - v / top * PLOT_H;
+    let bottom = p.top + PLOT_H;
     let _ = writeln!(
         svg,
         r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="15" font-weight="bold">{}</text>"#,
         p.x + PLOT_W / 2.0,
-        PLOT_TOP - 22.0,
+        p.top - 14.0,
         escape(p.title)
     );
     let mut tick = 0.0;
@@ -90,11 +96,12 @@ pub(super) fn panel(svg: &mut String, rows: &[Row], p: &Panel) {
     }
     let _ = writeln!(
         svg,
-        r##"<line x1="{x:.1}" y1="{PLOT_TOP}" x2="{x:.1}" y2="{bottom}" stroke="#111827"/><line x1="{x:.1}" y1="{bottom}" x2="{:.1}" y2="{bottom}" stroke="#111827"/>"##,
+        r##"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{bottom}" stroke="#111827"/><line x1="{x:.1}" y1="{bottom}" x2="{:.1}" y2="{bottom}" stroke="#111827"/>"##,
+        p.top,
         p.x + PLOT_W,
         x = p.x
     );
-    let (cx, cy) = (p.x - 48.0, PLOT_TOP + PLOT_H / 2.0);
+    let (cx, cy) = (p.x - 48.0, p.top + PLOT_H / 2.0);
     let _ = writeln!(
         svg,
         r##"<text x="{cx:.1}" y="{cy:.1}" transform="rotate(-90 {cx:.1} {cy:.1})" text-anchor="middle" font-size="12" fill="#374151">{}</text>"##,
@@ -171,34 +178,127 @@ pub(super) fn fmt_tick(v: f64, step: f64) -> String {
     }
 }
 
-pub(super) fn chart(rows: &[Row], load: Load, headline: &[String]) -> String {
-    let (w, h) = (1040.0, 548.0);
+pub(super) fn chart(sections: &[Section], load: Load, headlines: &[Vec<String>]) -> String {
+    let w = 1040.0;
+    let notes = notes(sections);
+    let h = SECTIONS_TOP + SECTION_H * sections.len() as f64 + 40.0 + 16.0 * notes.len() as f64;
     let mut svg = String::new();
     let _ = writeln!(
         svg,
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="DejaVu Sans, Helvetica, Arial, sans-serif">
 <rect width="100%" height="100%" fill="white"/>
-<text x="{:.1}" y="30" text-anchor="middle" font-size="20" font-weight="bold" fill="#111827">One gateway, the same UDP load: Berth's XDP datapath vs kernel NAT</text>
-<text x="{:.1}" y="54" text-anchor="middle" font-size="13" fill="#374151">{FLOWS} flows of 64-byte UDP frames ({} load), client → gateway → {BACKENDS} backends over veth; median of {REPS} runs of {}s (whiskers: min–max)</text>"##,
+<text x="{:.1}" y="30" text-anchor="middle" font-size="20" font-weight="bold" fill="#111827">One gateway, the same UDP loads: Berth's XDP datapath vs kernel NAT</text>
+<text x="{:.1}" y="54" text-anchor="middle" font-size="13" fill="#374151">64-byte UDP frames ({} load), client → gateway → {BACKENDS} backends over veth; median of {REPS} runs of {}s (whiskers: min–max)</text>"##,
         w / 2.0,
         w / 2.0,
         load.name(),
         MEASURE.as_secs(),
     );
-    for (i, line) in headline.iter().enumerate() {
+    for (i, (section, headline)) in sections.iter().zip(headlines).enumerate() {
+        let top = SECTIONS_TOP + SECTION_H * i as f64;
         let _ = writeln!(
             svg,
-            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="13" font-weight="bold" fill="#1d4ed8">{}</text>"##,
+            r##"<line x1="20" y1="{top:.1}" x2="{:.1}" y2="{top:.1}" stroke="#d1d5db"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="17" font-weight="bold" fill="#111827">Load {}: {}</text>"##,
+            w - 20.0,
             w / 2.0,
-            74.0 + 18.0 * i as f64,
-            escape(line)
+            top + 24.0,
+            i + 1,
+            escape(&section.flows.title())
+        );
+        for (j, line) in headline.iter().enumerate() {
+            let _ = writeln!(
+                svg,
+                r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="13" font-weight="bold" fill="#1d4ed8">{}</text>"##,
+                w / 2.0,
+                top + 46.0 + 18.0 * j as f64,
+                escape(line)
+            );
+        }
+        section_panels(&mut svg, &section.rows, top + SECTION_HEAD);
+    }
+    let _ = writeln!(
+        svg,
+        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">Gateway CPU = run time of its threaded-NAPI kernel thread (receive, forwarding/NAT, transmit; own CPU) ÷ delivered packets; busy = its share of that CPU.</text>"##,
+        w / 2.0,
+        h - 20.0 - 16.0 * notes.len() as f64,
+    );
+    for (i, note) in notes.iter().enumerate() {
+        let _ = writeln!(
+            svg,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">{}</text>"##,
+            w / 2.0,
+            h - 20.0 - 16.0 * (notes.len() - 1 - i) as f64,
+            escape(note)
         );
     }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// A mode that delivered less than this share of its load's best mode has collapsed:
+/// its CPU per packet (CPU spent on packets it dropped) is left out of the chart.
+pub(super) const COLLAPSED: f64 = 0.05;
+
+/// Whether `row` collapsed under its load (see `COLLAPSED`).
+fn collapsed(rows: &[Row], row: &Row) -> bool {
+    let best = rows.iter().filter_map(Row::pps).fold(0.0, f64::max);
+    row.pps().is_some_and(|p| p < best * COLLAPSED)
+}
+
+/// The chart's foot notes, one line each.
+fn notes(sections: &[Section]) -> Vec<String> {
+    let mut notes: Vec<String> = sections[0]
+        .rows
+        .iter()
+        .filter(|r| r.runs.is_empty())
+        .filter_map(|r| {
+            r.unavailable
+                .as_ref()
+                .map(|why| format!("{}: {why}", r.mode.name()))
+        })
+        .collect();
+    for section in sections {
+        let names = |keep: &dyn Fn(&Row) -> bool| -> Vec<&str> {
+            section
+                .rows
+                .iter()
+                .filter(|r| keep(r))
+                .map(|r| r.mode.name())
+                .collect()
+        };
+        let down = names(&|r| collapsed(&section.rows, r));
+        let unsaturated = names(&|r| {
+            !collapsed(&section.rows, r)
+                && r.stat(|x| x.gateway_busy)
+                    .is_some_and(|b| b.0 < UNSATURATED)
+        });
+        if !unsaturated.is_empty() {
+            notes.push(format!(
+                "{} ({}): gateway not saturated (CPU 0, shared by the generator and the backends, was the limit)",
+                unsaturated.join(", "),
+                section.flows.name()
+            ));
+        }
+        if !down.is_empty() {
+            notes.push(format!(
+                "{} ({}): delivered under {:.0}% of the best mode's packets; CPU per packet not drawn",
+                down.join(", "),
+                section.flows.name(),
+                COLLAPSED * 100.0
+            ));
+        }
+    }
+    notes
+}
+
+/// One load's two panels, delivered pps and gateway CPU per packet, plots at `top`.
+fn section_panels(svg: &mut String, rows: &[Row], top: f64) {
     panel(
-        &mut svg,
+        svg,
         rows,
         &Panel {
             x: 80.0,
+            top,
             title: "Delivered packets per second (higher is better)",
             unit: "kpps at the backends",
             value: &|r: &Row| {
@@ -213,53 +313,21 @@ pub(super) fn chart(rows: &[Row], load: Load, headline: &[String]) -> String {
         },
     );
     panel(
-        &mut svg,
+        svg,
         rows,
         &Panel {
             x: 590.0,
+            top,
             title: "Gateway CPU per packet (lower is better)",
             unit: "ns of gateway CPU per delivered packet",
-            value: &|r: &Row| r.stat(|x| x.gateway_ns_per_packet),
+            value: &|r: &Row| {
+                r.stat(|x| x.gateway_ns_per_packet)
+                    .filter(|_| !collapsed(rows, r))
+            },
             decimals: 0,
             label: &|_| None,
         },
     );
-    let mut notes: Vec<String> = rows
-        .iter()
-        .filter(|r| r.runs.is_empty())
-        .filter_map(|r| {
-            r.unavailable
-                .as_ref()
-                .map(|why| format!("{}: {why}", r.mode.name()))
-        })
-        .collect();
-    let unsaturated: Vec<&str> = rows
-        .iter()
-        .filter(|r| {
-            r.stat(|x| x.gateway_busy)
-                .is_some_and(|b| b.0 < UNSATURATED)
-        })
-        .map(|r| r.mode.name())
-        .collect();
-    if !unsaturated.is_empty() {
-        notes.push(format!(
-            "{}: gateway not saturated (CPU 0, shared by the generator and the backends, was the limit)",
-            unsaturated.join(", ")
-        ));
-    }
-    let notes = notes.join("; ");
-    let _ = writeln!(
-        svg,
-        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">Gateway CPU = run time of its threaded-NAPI kernel thread (receive, forwarding/NAT, transmit; own CPU) ÷ delivered packets; busy = its share of that CPU.</text>
-<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11" fill="#4b5563">{}</text>
-</svg>"##,
-        w / 2.0,
-        h - 44.0,
-        w / 2.0,
-        h - 26.0,
-        escape(&notes)
-    );
-    svg
 }
 
 /// One line per `HEADLINES` comparison that ran: Berth against the kernel NAT
@@ -280,7 +348,7 @@ fn comparison(rows: &[Row], mode: Mode, label: &str, references: &[Mode]) -> Opt
         if let Some((p, c)) = find(m).and_then(|r| berth.ratio(r)) {
             names.push(m.name());
             pps.push(p);
-            cpu.push(c);
+            cpu.extend(c);
         }
     }
     if names.is_empty() {
@@ -295,11 +363,15 @@ fn comparison(rows: &[Row], mode: Mode, label: &str, references: &[Mode]) -> Opt
             format!("{lo}-{hi}x")
         }
     };
+    let cpu = if cpu.is_empty() {
+        "no CPU per packet (nothing delivered)".to_string()
+    } else {
+        format!("{} less gateway CPU per packet", range(&cpu))
+    };
     Some(format!(
-        "{label} vs {}: {} the packets per second, {} less gateway CPU per packet",
+        "{label} vs {}: {} the packets per second, {cpu}",
         names.join(", "),
         range(&pps),
-        range(&cpu)
     ))
 }
 

@@ -12,9 +12,24 @@
 //! `MEASURE`; medians are reported as a table, an SVG chart (`target/bench/e2e.svg`)
 //! and, last, one JSON line.
 //!
-//! Load: 16 UDP flows (source ports 40000-40015; with several destinations, flows
-//! alternate between them) of 64-byte frames (18-byte payload, no UDP checksum), sent
-//! on CPU 0 as fast as it goes. By default the kernel's own generator makes it
+//! Loads (`--flows long|new|both`, default both, each run in every mode): 64-byte
+//! frames (18-byte payload, no UDP checksum) sent on CPU 0 as fast as it goes, either
+//! as 16 long UDP flows (source ports 40000-40015; with several destinations, flows
+//! alternate between them), or as a new 5-tuple every packet, as DNS clients make
+//! them: the generator's counter picks source port 1024 + n mod 64512, then the next
+//! of 2048 source addresses (10.250.0.1-10.250.8.0, which the gateway routes to the
+//! client), 132,120,576 tuples before one repeats, more than a run sends (up to ~27
+//! million frames were seen, from a sender at 5 Mpps; a run warns if it sent more). Every packet is then a new flow for the gateway: a conntrack
+//! miss, an insert, and once the table is full an eviction (Berth's LRU) or an early
+//! drop of an unreplied entry (netfilter). That is the steady state this load
+//! measures: at these rates the tables fill within the warm-up, as they would under
+//! real DNS load (netfilter keeps an unreplied UDP entry 30 s). The tables are the
+//! defaults users have: netfilter's `nf_conntrack_max` is the kernel's (262,144 on
+//! the 24 GiB development VM, printed with the results and in the JSON line), Berth's
+//! is what `berth run` makes (262,144 flows). No state carries over from one run to
+//! the next: every run builds its namespaces afresh (netfilter's conntrack and rules
+//! go with the gateway's namespace), and Berth's pinned maps are removed when its
+//! daemon or loader stops. By default the kernel's own generator makes it
 //! (`loadgen::FrameGenerator`, `BPF_PROG_TEST_RUN` with live frames): the frames reach
 //! the gateway's veth as XDP frames in page-pool pages, which is how a NIC driver hands
 //! packets over: XDP works on them in place, and for the stack the gateway builds an
@@ -51,6 +66,10 @@
 //!
 //! Figures seen on the (shared, noisy) 2-CPU development VM: routing ~1.05 µs, netfilter
 //! DNAT (any of the three) ~1.25-1.35 µs, Berth ~0.28 µs of gateway CPU per packet.
+//! Under the new-flow load (2026-12-03, a busier VM: long flows routing 2.7 µs, DNATs
+//! 2.6-2.8, Berth 0.45): routing 2.7 µs, DNATs 6.6-7.2, Berth 2.3, Berth's kernel path
+//! 4.9; both SNAT rows collapse (Berth's port pool is exhausted: nothing delivered;
+//! MASQUERADE ~7 kpps). A whole run (8 modes x 2 loads x 3 rounds) takes ~5.3 min.
 //! Accounted the older way on the same setup (RPS of the gateway's receive to CPU 1,
 //! softirq + system time of CPU 1 from /proc/stat) routing reads ~1.3 µs: that also bills
 //! the RPS hand-off and whatever else runs on the CPU.
@@ -65,7 +84,7 @@ mod topology;
 use std::{
     collections::HashSet,
     fmt::Write as _,
-    net::{SocketAddrV4, UdpSocket},
+    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
     os::fd::AsRawFd,
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -75,7 +94,7 @@ use std::{
 use berth::datapath::{DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use berth_tests::{
     daemon::{Daemon, Dirs, Loader},
-    loadgen::{pin, FrameGenerator, Sink},
+    loadgen::{pin, Flows, FrameGenerator, Sink},
     netns::{wait_until, Netns, Proc},
     packet::Packet,
     topo::{backend_addr, Topology, CLIENT, DNS_PORT, GW},
@@ -92,6 +111,15 @@ use topology::*;
 const BACKENDS: usize = 2;
 const FLOWS: u16 = 16;
 const FIRST_SOURCE_PORT: u16 = 40000;
+/// The new-flow load's source ports: 1024-65535.
+const NEW_FIRST_PORT: u16 = 1024;
+/// The new-flow load's source addresses: `NEW_SOURCES` (routed to the client by the
+/// gateway), from its first address up.
+const NEW_ADDRESSES: u32 = 2048;
+/// Where the new-flow load's clients are (10.250.0.1-10.250.8.0 of it).
+const NEW_SOURCES: &str = "10.250.0.0/16";
+/// The first of them.
+const NEW_FIRST_SOURCE: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
 /// 14 (Ethernet) + 20 (IPv4) + 8 (UDP) + 18 = 60 bytes: a 64-byte frame with its FCS.
 const PAYLOAD: usize = 18;
 /// The port the UDPRoute asks for (and the NAT rules match).
@@ -99,7 +127,7 @@ const GW_PORT: u16 = 30053;
 /// Where the backends receive.
 const BACKEND_PORT: u16 = DNS_PORT;
 const WARMUP: Duration = Duration::from_secs(1);
-const MEASURE: Duration = Duration::from_secs(5);
+const MEASURE: Duration = Duration::from_secs(4);
 const REPS: usize = 3;
 const GEN_CPU: usize = 0;
 const GATEWAY_CPU: usize = 1;
@@ -120,6 +148,72 @@ impl Load {
         match self {
             Load::Frames => "xdp-live-frames",
             Load::Sendmmsg => "sendmmsg",
+        }
+    }
+}
+
+/// Which 5-tuples the load has.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FlowLoad {
+    /// `FLOWS` long flows.
+    Long,
+    /// A new 5-tuple every packet.
+    New,
+}
+
+impl FlowLoad {
+    fn name(self) -> &'static str {
+        match self {
+            FlowLoad::Long => "long",
+            FlowLoad::New => "new",
+        }
+    }
+
+    fn what(self) -> String {
+        let f = self.flows();
+        match self {
+            FlowLoad::Long => format!("{FLOWS} long UDP flows"),
+            FlowLoad::New => format!(
+                "a new UDP 5-tuple every packet ({} source ports x {} source addresses: {} tuples before one repeats)",
+                f.ports,
+                f.addresses,
+                f.tuples()
+            ),
+        }
+    }
+
+    /// A short title (the chart's).
+    fn title(self) -> String {
+        match self {
+            FlowLoad::Long => format!("{FLOWS} long flows"),
+            FlowLoad::New => "a new 5-tuple every packet (DNS-style)".into(),
+        }
+    }
+
+    fn source(self) -> Ipv4Addr {
+        match self {
+            FlowLoad::Long => CLIENT,
+            FlowLoad::New => NEW_FIRST_SOURCE,
+        }
+    }
+
+    fn first_port(self) -> u16 {
+        match self {
+            FlowLoad::Long => FIRST_SOURCE_PORT,
+            FlowLoad::New => NEW_FIRST_PORT,
+        }
+    }
+
+    fn flows(self) -> Flows {
+        match self {
+            FlowLoad::Long => Flows {
+                ports: u32::from(FLOWS),
+                addresses: 1,
+            },
+            FlowLoad::New => Flows {
+                ports: (1 << 16) - u32::from(NEW_FIRST_PORT),
+                addresses: NEW_ADDRESSES,
+            },
         }
     }
 }
@@ -207,6 +301,14 @@ impl Mode {
         }
     }
 
+    /// Whether netfilter's conntrack keeps the mode's flows.
+    fn netfilter(self) -> bool {
+        matches!(
+            self,
+            Mode::IptablesLegacy | Mode::IptablesNft | Mode::Nftables | Mode::IptablesMasq
+        )
+    }
+
     /// Why the mode cannot run here, if it cannot.
     fn unavailable(self) -> Option<String> {
         if self == Mode::Ipvs && !Path::new("/proc/net/ip_vs").exists() {
@@ -232,9 +334,33 @@ fn have(tool: &str) -> bool {
         .unwrap_or(false)
 }
 
-const USAGE: &str = "usage: berth-bench-e2e [--load xdp-live-frames|sendmmsg] [MODE...]
+const USAGE: &str =
+    "usage: berth-bench-e2e [--load xdp-live-frames|sendmmsg] [--flows long|new|both] [MODE...]
+  --flows: 16 long flows, a new 5-tuple every packet, or both (default; long only
+           with --load sendmmsg, whose sockets have fixed ports)
   MODE: routing berth-xdp berth-kernel iptables-legacy iptables-nft ipvs nftables
         berth-snat iptables-masq (default: all)";
+
+/// The value after `flag` in `args`, both taken out; `None` if `flag` is absent.
+fn take_option(args: &mut Vec<String>, flag: &str) -> Option<String> {
+    let i = args.iter().position(|a| a == flag)?;
+    let Some(value) = args.get(i + 1).cloned() else {
+        usage_error(&format!("{flag} needs a value"));
+    };
+    args.drain(i..i + 2);
+    Some(value)
+}
+
+fn usage_error(what: &str) -> ! {
+    eprintln!("{what}\n{USAGE}");
+    std::process::exit(2);
+}
+
+/// One load's rows.
+struct Section {
+    flows: FlowLoad,
+    rows: Vec<Row>,
+}
 
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
@@ -242,89 +368,124 @@ fn main() {
         sendmmsg_generator(&args[1..]);
         return;
     }
-    let mut load = Load::Frames;
-    if let Some(i) = args.iter().position(|a| a == "--load") {
-        load = match args.get(i + 1).map(String::as_str) {
-            Some("xdp-live-frames") => Load::Frames,
-            Some("sendmmsg") => Load::Sendmmsg,
-            _ => {
-                eprintln!("{USAGE}");
-                std::process::exit(2);
-            }
-        };
-        args.drain(i..i + 2);
+    let load = match take_option(&mut args, "--load").as_deref() {
+        None | Some("xdp-live-frames") => Load::Frames,
+        Some("sendmmsg") => Load::Sendmmsg,
+        Some(other) => usage_error(&format!("--load: unknown load {other}")),
+    };
+    let flows: &[FlowLoad] = match take_option(&mut args, "--flows").as_deref() {
+        None if load == Load::Sendmmsg => &[FlowLoad::Long],
+        None | Some("both") => &[FlowLoad::Long, FlowLoad::New],
+        Some("long") => &[FlowLoad::Long],
+        Some("new") => &[FlowLoad::New],
+        Some(other) => usage_error(&format!("--flows: unknown value {other}")),
+    };
+    if load == Load::Sendmmsg && flows.contains(&FlowLoad::New) {
+        usage_error("--flows new needs the frame generator (--load xdp-live-frames)");
     }
     if let Some(bad) = args.iter().find(|a| MODES.iter().all(|m| m.name() != *a)) {
-        eprintln!("unknown mode {bad}\n{USAGE}");
-        std::process::exit(2);
+        usage_error(&format!("unknown mode {bad}"));
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert!(
         cpus >= 2,
         "the benchmark needs 2 CPUs (generator and backends, gateway); this machine has {cpus}"
     );
-    let mut rows: Vec<Row> = MODES
+    let mut sections: Vec<Section> = flows
         .iter()
-        .filter(|m| args.is_empty() || args.iter().any(|a| a == m.name()))
-        .map(|&mode| Row {
-            mode,
-            unavailable: mode.unavailable(),
-            runs: Vec::new(),
+        .map(|&flows| Section {
+            flows,
+            rows: MODES
+                .iter()
+                .filter(|m| args.is_empty() || args.iter().any(|a| a == m.name()))
+                .map(|&mode| Row {
+                    mode,
+                    unavailable: mode.unavailable(),
+                    runs: Vec::new(),
+                })
+                .collect(),
         })
         .collect();
     println!(
-        "e2e: {FLOWS} UDP flows of 64-byte frames ({} load), client -> gateway -> {BACKENDS} backends over veth; \
+        "e2e: 64-byte UDP frames ({} load), client -> gateway -> {BACKENDS} backends over veth; \
          {}s warm-up + {}s per run, {REPS} rounds, medians",
         load.name(),
         WARMUP.as_secs(),
         MEASURE.as_secs()
     );
+    for s in &sections {
+        println!("flows {:<4}: {}", s.flows.name(), s.flows.what());
+    }
     println!("gateway CPU accounting: {ACCOUNTING}");
-    for row in &rows {
+    for row in &sections[0].rows {
         println!("  {:<16} {}", row.mode.name(), row.mode.what());
     }
     for round in 1..=REPS {
-        for row in rows.iter_mut().filter(|r| r.unavailable.is_none()) {
-            let mode = row.mode;
-            let started = Instant::now();
-            match std::panic::catch_unwind(|| measure(mode, load)) {
-                Ok(run) => {
-                    eprintln!(
-                        "round {round} {:<16} {:>7.1} kpps delivered, {:>7.1} kpps sent, gateway {:>5.0} ns/pkt busy {:>3.0}%, \
-                         backends {:>4.0} ns/pkt; dropped at the gateway's ring {:.1}%, at the backends' {:.1}% ({:.1}s)",
-                        mode.name(),
-                        run.delivered_pps / 1e3,
-                        run.sent_pps / 1e3,
-                        run.gateway_ns_per_packet,
-                        run.gateway_busy * 100.0,
-                        run.backend_ns_per_packet,
-                        run.ingress_drop * 100.0,
-                        run.backend_drop * 100.0,
-                        started.elapsed().as_secs_f64()
-                    );
-                    row.runs.push(run);
-                }
-                Err(_) => {
-                    eprintln!("round {round} {}: failed (see above)", mode.name());
-                    if row.runs.is_empty() {
-                        row.unavailable = Some("failed: see the benchmark's error output".into());
+        for section in &mut sections {
+            let flows = section.flows;
+            for row in section.rows.iter_mut().filter(|r| r.unavailable.is_none()) {
+                let mode = row.mode;
+                let started = Instant::now();
+                match std::panic::catch_unwind(|| measure(mode, load, flows)) {
+                    Ok(run) => {
+                        let conntrack =
+                            match (mode.netfilter(), run.conntrack_entries, run.conntrack_max) {
+                                (true, Some(n), Some(max)) => format!(", conntrack {n}/{max}"),
+                                _ => String::new(),
+                            };
+                        eprintln!(
+                            "round {round} {:<4} {:<16} {:>7.1} kpps delivered, {:>7.1} kpps sent, gateway {:>5.0} ns/pkt busy {:>3.0}%, \
+                             backends {:>4.0} ns/pkt; dropped at the gateway's ring {:.1}%, at the backends' {:.1}%{conntrack} ({:.1}s)",
+                            flows.name(),
+                            mode.name(),
+                            run.delivered_pps / 1e3,
+                            run.sent_pps / 1e3,
+                            run.gateway_ns_per_packet,
+                            run.gateway_busy * 100.0,
+                            run.backend_ns_per_packet,
+                            run.ingress_drop * 100.0,
+                            run.backend_drop * 100.0,
+                            started.elapsed().as_secs_f64()
+                        );
+                        row.runs.push(run);
+                    }
+                    Err(_) => {
+                        eprintln!(
+                            "round {round} {} {}: failed (see above)",
+                            flows.name(),
+                            mode.name()
+                        );
+                        if row.runs.is_empty() {
+                            row.unavailable =
+                                Some("failed: see the benchmark's error output".into());
+                        }
                     }
                 }
             }
         }
     }
-    let headline = headline(&rows);
+    let headlines: Vec<Vec<String>> = sections.iter().map(|s| headline(&s.rows)).collect();
     let path = chart_path();
     std::fs::create_dir_all(path.parent().expect("chart dir")).expect("creating target/bench");
-    std::fs::write(&path, chart(&rows, load, &headline)).expect("writing the chart");
-    println!();
-    print!("{}", table(&rows));
+    std::fs::write(&path, chart(&sections, load, &headlines)).expect("writing the chart");
+    for (section, headline) in sections.iter().zip(&headlines) {
+        println!();
+        println!("flows {}: {}", section.flows.name(), section.flows.what());
+        print!("{}", table(&section.rows));
+        for line in headline {
+            println!("{line}");
+        }
+    }
     println!(
         "ratios: pps = delivered pps / the reference's; cpu = the reference's gateway ns per packet / this mode's (> 1: better)"
     );
-    for line in &headline {
-        println!("{line}");
+    if sections.len() > 1 {
+        println!();
+        print!("{}", summary(&sections));
+    }
+    if let Some(max) = conntrack_max(&sections) {
+        println!("netfilter's conntrack table: nf_conntrack_max {max} (the kernel's default here)");
     }
     println!("chart: {}", path.display());
-    println!("{}", json_line(&rows, load, &path));
+    println!("{}", json_line(&sections, load, &path));
 }

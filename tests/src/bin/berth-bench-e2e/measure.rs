@@ -71,10 +71,59 @@ pub(super) struct Run {
     pub(super) ingress_drop: f64,
     /// Share of the sent packets dropped at the backends' receive rings.
     pub(super) backend_drop: f64,
+    /// Entries in the gateway's netfilter conntrack at the end of the run
+    /// (`nf_conntrack_count`; `None` where the module is not loaded).
+    pub(super) conntrack_entries: Option<u64>,
+    /// Its limit, `nf_conntrack_max`, as the gateway's namespace has it.
+    pub(super) conntrack_max: Option<u64>,
 }
 
-pub(super) fn measure(mode: Mode, load: Load) -> Run {
+/// A number under `/proc/sys/net/netfilter/` of `ns` (absent while the kernel's
+/// conntrack is not loaded).
+fn netfilter_sysctl(ns: &Netns, name: &str) -> Option<u64> {
+    let path = format!("/proc/sys/net/netfilter/{name}");
+    ns.enter(|| std::fs::read_to_string(&path).ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Conntrack entries the kernel holds over all namespaces (the `nf_conntrack` slab's
+/// active objects; 0 while the module is not loaded).
+fn conntrack_objects() -> u64 {
+    std::fs::read_to_string("/proc/slabinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("nf_conntrack "))
+                .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Waits (up to 10 s) until the kernel has freed the conntrack entries of the
+/// namespaces removed before, which it does in the background: a new-flow run leaves
+/// a full table, and freeing it must not overlap the next measurement.
+fn wait_for_conntrack_teardown() {
+    const LEFT: u64 = 16384;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while conntrack_objects() > LEFT {
+        if Instant::now() > deadline {
+            eprintln!(
+                "warning: {} conntrack entries still held after 10 s (another user of netfilter?)",
+                conntrack_objects()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub(super) fn measure(mode: Mode, load: Load, flows: FlowLoad) -> Run {
+    wait_for_conntrack_teardown();
     let topo = Topology::with_gro(BACKENDS);
+    if flows == FlowLoad::New {
+        topo.gateway
+            .ip(&["route", "add", NEW_SOURCES, "via", &CLIENT.to_string()]);
+    }
     let _gateway = configure(mode, &topo);
     let sinks: Vec<Sink> = topo
         .backends
@@ -95,7 +144,7 @@ pub(super) fn measure(mode: Mode, load: Load) -> Run {
     } else {
         vec![SocketAddrV4::new(GW, GW_PORT)]
     };
-    let mut generator = Generator::start(load, &topo, &dsts);
+    let mut generator = Generator::start(load, flows, &topo, &dsts);
     let delivered = || sinks.iter().map(Sink::count).sum::<u64>();
     wait_until(
         &format!("{} to deliver packets", mode.name()),
@@ -120,7 +169,16 @@ pub(super) fn measure(mode: Mode, load: Load) -> Run {
     std::thread::sleep(MEASURE);
     let b = snapshot();
     generator.assert_running();
+    let tuples = flows.flows().tuples();
+    if flows == FlowLoad::New && b.sent.value > tuples {
+        eprintln!(
+            "warning: {} frames sent, more than the {tuples} distinct 5-tuples: some repeated",
+            b.sent.value
+        );
+    }
     drop(generator);
+    let conntrack_entries = netfilter_sysctl(&topo.gateway, "nf_conntrack_count");
+    let conntrack_max = netfilter_sysctl(&topo.gateway, "nf_conntrack_max");
     let sent = (b.sent.value - a.sent.value) as f64;
     let delivered = (b.delivered.value - a.delivered.value) as f64;
     let sent_pps = rate(a.sent, b.sent);
@@ -130,10 +188,21 @@ pub(super) fn measure(mode: Mode, load: Load) -> Run {
         sent_pps,
         delivered_pps,
         loss: (1.0 - delivered_pps / sent_pps).max(0.0),
-        gateway_ns_per_packet: gateway_busy * 1e9 / delivered_pps,
+        // None delivered: no figure (NaN, left out of the statistics).
+        gateway_ns_per_packet: if delivered > 0.0 {
+            gateway_busy * 1e9 / delivered_pps
+        } else {
+            f64::NAN
+        },
         gateway_busy,
-        backend_ns_per_packet: (b.backends_ns - a.backends_ns) as f64 / delivered,
+        backend_ns_per_packet: if delivered > 0.0 {
+            (b.backends_ns - a.backends_ns) as f64 / delivered
+        } else {
+            f64::NAN
+        },
         ingress_drop: (b.ingress_drops - a.ingress_drops) as f64 / sent,
         backend_drop: (b.backend_drops - a.backend_drops) as f64 / sent,
+        conntrack_entries,
+        conntrack_max,
     }
 }

@@ -20,11 +20,13 @@ pub(super) fn median(mut v: Vec<f64>) -> f64 {
 }
 
 impl Row {
+    /// Median, minimum and maximum of `f` over the runs where it is a number (a run
+    /// that delivered nothing has no CPU per packet).
     pub(super) fn stat(&self, f: impl Fn(&Run) -> f64) -> Option<Stat> {
-        if self.runs.is_empty() {
+        let v: Vec<f64> = self.runs.iter().map(f).filter(|v| v.is_finite()).collect();
+        if v.is_empty() {
             return None;
         }
-        let v: Vec<f64> = self.runs.iter().map(f).collect();
         let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         Some((median(v), lo, hi))
@@ -36,9 +38,11 @@ impl Row {
         self.stat(|r| r.gateway_ns_per_packet).map(|s| s.0)
     }
     /// (delivered pps ratio, gateway CPU ratio) against `reference`: both > 1 when this
-    /// mode is better (more packets, fewer ns per packet).
-    pub(super) fn ratio(&self, reference: &Row) -> Option<(f64, f64)> {
-        Some((self.pps()? / reference.pps()?, reference.ns()? / self.ns()?))
+    /// mode is better (more packets, fewer ns per packet); no CPU ratio where either
+    /// delivered nothing.
+    pub(super) fn ratio(&self, reference: &Row) -> Option<(f64, Option<f64>)> {
+        let cpu = reference.ns().zip(self.ns()).map(|(r, s)| r / s);
+        Some((self.pps()? / reference.pps()?, cpu))
     }
 }
 
@@ -74,7 +78,10 @@ pub(super) fn table(rows: &[Row]) -> String {
                 .iter()
                 .find(|r| r.mode == reference)
                 .and_then(|r| row.ratio(r))
-                .map(|(p, c)| format!("pps {p:.2}x cpu {c:.2}x"))
+                .map(|(p, c)| match c {
+                    Some(c) => format!("pps {p:.2}x cpu {c:.2}x"),
+                    None => format!("pps {p:.2}x cpu -"),
+                })
                 .unwrap_or_else(|| "-".into());
             let _ = write!(t, "  {cell:>19}");
         }
@@ -83,9 +90,44 @@ pub(super) fn table(rows: &[Row]) -> String {
     t
 }
 
-pub(super) fn json_line(rows: &[Row], load: Load, chart: &Path) -> Value {
-    let modes: Vec<Value> = rows
+/// One row per mode, delivered pps and gateway CPU per load side by side.
+pub(super) fn summary(sections: &[Section]) -> String {
+    let mut t = format!("{:<16}", "mode");
+    for s in sections {
+        let _ = write!(
+            t,
+            " {:>14} {:>14}",
+            format!("{} dlv kpps", s.flows.name()),
+            format!("{} gw ns/pkt", s.flows.name())
+        );
+    }
+    t.push('\n');
+    for (i, row) in sections[0].rows.iter().enumerate() {
+        let _ = write!(t, "{:<16}", row.mode.name());
+        for s in sections {
+            let r = &s.rows[i];
+            let pps = r.pps().map_or("-".into(), |v| format!("{:.1}", v / 1e3));
+            let ns = r.ns().map_or("-".into(), |v| format!("{v:.0}"));
+            let _ = write!(t, " {pps:>14} {ns:>14}");
+        }
+        t.push('\n');
+    }
+    t
+}
+
+/// `nf_conntrack_max` as the netfilter modes' gateways had it.
+pub(super) fn conntrack_max(sections: &[Section]) -> Option<u64> {
+    sections
         .iter()
+        .flat_map(|s| &s.rows)
+        .filter(|r| r.mode.netfilter())
+        .flat_map(|r| &r.runs)
+        .filter_map(|r| r.conntrack_max)
+        .max()
+}
+
+fn modes_json(rows: &[Row]) -> Vec<Value> {
+    rows.iter()
         .map(|row| {
             let Some((pps, pps_lo, pps_hi)) = row.stat(|r| r.delivered_pps) else {
                 return json!({
@@ -103,9 +145,19 @@ pub(super) fn json_line(rows: &[Row], load: Load, chart: &Path) -> Value {
                     .and_then(|r| row.ratio(r))
                 {
                     ratios.insert(format!("pps_vs_{}", reference.name()), json!(round(p, 3)));
-                    ratios.insert(format!("cpu_vs_{}", reference.name()), json!(round(c, 3)));
+                    if let Some(c) = c {
+                        ratios.insert(format!("cpu_vs_{}", reference.name()), json!(round(c, 3)));
+                    }
                 }
             }
+            let conntrack: Vec<f64> = row
+                .runs
+                .iter()
+                .filter_map(|r| r.conntrack_entries)
+                .map(|n| n as f64)
+                .collect();
+            let conntrack =
+                (row.mode.netfilter() && !conntrack.is_empty()).then(|| median(conntrack).round());
             json!({
                 "mode": row.mode.name(),
                 "available": true,
@@ -120,15 +172,33 @@ pub(super) fn json_line(rows: &[Row], load: Load, chart: &Path) -> Value {
                 "backend_ns_per_packet": round(med(|r| r.backend_ns_per_packet), 1),
                 "dropped_at_gateway_ring": round(med(|r| r.ingress_drop), 4),
                 "dropped_at_backend_rings": round(med(|r| r.backend_drop), 4),
+                "nf_conntrack_entries_at_end": conntrack,
                 "runs": row.runs.len(),
                 "ratios": ratios,
             })
+        })
+        .collect()
+}
+
+pub(super) fn json_line(sections: &[Section], load: Load, chart: &Path) -> Value {
+    let loads: serde_json::Map<String, Value> = sections
+        .iter()
+        .map(|s| {
+            let f = s.flows.flows();
+            let value = json!({
+                "what": s.flows.what(),
+                "first_source_port": s.flows.first_port(),
+                "source_ports": f.ports,
+                "source_addresses": f.addresses,
+                "tuples": f.tuples(),
+                "modes": modes_json(&s.rows),
+            });
+            (s.flows.name().to_string(), value)
         })
         .collect();
     json!({
         "bench": "e2e",
         "load": load.name(),
-        "flows": FLOWS,
         "frame_bytes": 64,
         "backends": BACKENDS,
         "warmup_s": WARMUP.as_secs_f64(),
@@ -137,7 +207,8 @@ pub(super) fn json_line(rows: &[Row], load: Load, chart: &Path) -> Value {
         "statistic": "median",
         "gateway_cpu_accounting": ACCOUNTING,
         "ratios_mean": "pps_vs_X = delivered pps / X's; cpu_vs_X = X's gateway ns per packet / this mode's",
-        "modes": modes,
+        "nf_conntrack_max": conntrack_max(sections),
+        "loads": loads,
         "chart": chart.display().to_string(),
     })
 }

@@ -71,10 +71,16 @@ pub(super) enum Generator {
 }
 
 impl Generator {
-    pub(super) fn start(load: Load, topo: &Topology, dsts: &[SocketAddrV4]) -> Self {
+    pub(super) fn start(
+        load: Load,
+        flows: FlowLoad,
+        topo: &Topology,
+        dsts: &[SocketAddrV4],
+    ) -> Self {
         match load {
             Load::Frames => {
-                let template = Packet::udp(SocketAddrV4::new(CLIENT, FIRST_SOURCE_PORT), dsts[0])
+                let source = SocketAddrV4::new(flows.source(), flows.first_port());
+                let template = Packet::udp(source, dsts[0])
                     .macs(mac(&topo.client, "eth0"), mac(&topo.gateway, "c0"))
                     .payload(&[0x42; PAYLOAD])
                     .no_udp_checksum();
@@ -82,12 +88,13 @@ impl Generator {
                     &topo.client,
                     "eth0",
                     &template,
-                    FLOWS,
+                    flows.flows(),
                     dsts,
                     GEN_CPU,
                 ))
             }
             Load::Sendmmsg => {
+                assert!(flows == FlowLoad::Long, "sendmmsg sends long flows only");
                 let secs = (WARMUP + MEASURE + Duration::from_secs(20)).as_secs_f64();
                 let child = topo
                     .client
