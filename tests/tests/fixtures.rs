@@ -986,6 +986,7 @@ fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
     );
 }
 
-#[path = "fixtures/snat.rs"]
+#[path = "fixtures/entries.rs"]
 mod entries;
+#[path = "fixtures/snat.rs"]
 mod snat;
