@@ -78,7 +78,7 @@ impl Conntrack {
     fn counted(
         before: Option<&Conntrack>,
         counters: &BTreeMap<&'static str, u64>,
-        entries: u64,
+        (entries, deleted): (u64, u64),
         capacity: u64,
     ) -> Conntrack {
         use gateway_common::Counter;
@@ -89,15 +89,17 @@ impl Conntrack {
             capacity,
             created,
             untracked,
-            evictions: evictions_estimate(created, entries).max(before.map_or(0, |b| b.evictions)),
+            // Entries the daemon deleted itself (idle SNAT flows) were not evicted.
+            evictions: evictions_estimate(created, entries + deleted)
+                .max(before.map_or(0, |b| b.evictions)),
             flooding: before.is_some_and(|b| untracked > b.untracked),
         }
     }
 }
 
 /// Entries the conntrack's LRU evicted, estimated: the kernel counts no evictions, so
-/// this is the entries created (`ct_created`) less those still in the table (the
-/// daemon deletes none itself), 0 when fewer were counted as created (counters
+/// this is the entries created (`ct_created`) less those still in the table or deleted
+/// by the daemon (idle SNAT flows), 0 when fewer were counted as created (counters
 /// replaced by an upgrade).
 pub fn evictions_estimate(created: u64, entries: u64) -> u64 {
     created.saturating_sub(entries)
@@ -200,7 +202,12 @@ fn read_traffic(p: &mut Published, dp: &Datapath) {
     if let Some(scan) = &active {
         p.active_at = Some(now);
         let capacity = u64::from(dp.conntrack_capacity());
-        let counted = Conntrack::counted(p.conntrack.as_ref(), &p.counters, scan.entries, capacity);
+        let counted = Conntrack::counted(
+            p.conntrack.as_ref(),
+            &p.counters,
+            (scan.entries, dp.conntrack_deleted()),
+            capacity,
+        );
         log_conntrack(p.conntrack.as_ref(), &counted);
         p.conntrack = Some(counted);
     }
@@ -398,19 +405,22 @@ mod tests {
         assert_eq!(evictions_estimate(100, 100), 0);
         // Counters replaced (an upgrade) while the table kept its entries.
         assert_eq!(evictions_estimate(10, 1024), 0);
-        let first = Conntrack::counted(None, &counters(5000, 0), 1024, 1024);
+        let first = Conntrack::counted(None, &counters(5000, 0), (1024, 0), 1024);
         assert_eq!(first.evictions, 3976);
-        let later = Conntrack::counted(Some(&first), &counters(10, 0), 1024, 1024);
+        let later = Conntrack::counted(Some(&first), &counters(10, 0), (1024, 0), 1024);
         assert_eq!(later.evictions, 3976, "a counter never goes back");
-        let more = Conntrack::counted(Some(&later), &counters(9000, 0), 1000, 1024);
+        let more = Conntrack::counted(Some(&later), &counters(9000, 0), (1000, 0), 1024);
         assert_eq!(more.evictions, 8000);
+        // Entries the daemon deleted (idle SNAT flows) were not evicted.
+        let deleted = Conntrack::counted(Some(&more), &counters(9500, 0), (1000, 500), 1024);
+        assert_eq!((deleted.evictions, deleted.entries), (8000, 1000));
     }
 
     #[test]
     fn nearly_full_and_flooding_are_reported_once_per_change() {
         use ConntrackChange::{Flooding, NearlyFull};
         let count = |before: Option<&Conntrack>, untracked, entries| {
-            Conntrack::counted(before, &counters(0, untracked), entries, 1000)
+            Conntrack::counted(before, &counters(0, untracked), (entries, 0), 1000)
         };
         let quiet = count(None, 0, 100);
         assert_eq!(conntrack_changes(None, &quiet), vec![]);

@@ -10,13 +10,21 @@ use std::{
 };
 
 use aya::maps::{Array, MapData};
-use gateway_common::{map_names, SNAT_PORT_SLOTS};
+use gateway_common::{map_names, proto, Flow, FlowKey, NAT_DST, NAT_SRC, SNAT_PORT_SLOTS};
 
 use super::{map_err, Datapath, Result};
 
 /// How often the daemon asks again for the node's address toward every SNAT backend
 /// (routes and addresses may have changed): a connect per backend, no packet sent.
 pub const SNAT_SOURCE_REFRESH: Duration = Duration::from_secs(5);
+
+/// A UDP SNAT flow idle both ways this long gives its node port back (netfilter's UDP
+/// timeout). The kernel's LRU frees an entry only when the table is full, so without
+/// this a backend's ports ran out for good after as many flows as ports (measured: every
+/// new SNAT flow dropped after ~56k flows under a DNS-style load).
+pub const SNAT_IDLE_UDP: Duration = Duration::from_secs(30);
+/// The same for TCP: 10 minutes (Berth does not follow TCP's state).
+pub const SNAT_IDLE_TCP: Duration = Duration::from_secs(600);
 
 /// Finds the node's address toward a backend.
 pub type SourceResolver = Box<dyn Fn(Ipv4Addr) -> Option<Ipv4Addr> + Send + Sync>;
@@ -34,6 +42,8 @@ pub(super) struct Snat {
     refreshed_at: Option<Instant>,
     /// The SNAT backends without a node address last logged.
     unresolved: BTreeSet<SocketAddrV4>,
+    /// Conntrack entries this process deleted (idle SNAT flows).
+    pub(super) deleted: u64,
 }
 
 impl Snat {
@@ -46,6 +56,7 @@ impl Snat {
             resolve: Box::new(node_source),
             refreshed_at: None,
             unresolved: BTreeSet::new(),
+            deleted: 0,
         }
     }
 
@@ -115,6 +126,73 @@ impl Datapath {
         Ok(changed)
     }
 
+    /// Deletes the entries of SNAT flows idle both ways for `SNAT_IDLE_UDP` /
+    /// `SNAT_IDLE_TCP` (forward packets by `Flow::seen`, replies by the reply entry's
+    /// next-hop time), so their node ports are free again; returns how many flows. The
+    /// flow's next packet, if one comes, is a new flow with a port of its own. Scans the
+    /// conntrack only while some service is in SNAT mode.
+    pub fn expire_idle_snat_flows(&mut self) -> Result<usize> {
+        if !self.installed.values().any(|svc| svc.snat) {
+            return Ok(0);
+        }
+        let units = |d: Duration| u32::try_from(d.as_nanos() >> 20).unwrap_or(u32::MAX);
+        let now = (crate::sys::clock::monotonic_coarse_ns() >> 20) as u32;
+        let mut forward_seen: HashMap<FlowKey, u32> = HashMap::new();
+        let mut replies: Vec<(FlowKey, Flow)> = Vec::new();
+        self.each_flow(|k, f| {
+            if f.is_snat() && f.kind == NAT_DST {
+                forward_seen.insert(*k, f.seen);
+            } else if f.is_snat() && f.kind == NAT_SRC {
+                replies.push((*k, *f));
+            }
+        })?;
+        let mut expired = 0;
+        for (reply_key, r) in replies {
+            let idle = units(if reply_key.proto == proto::UDP {
+                SNAT_IDLE_UDP
+            } else {
+                SNAT_IDLE_TCP
+            });
+            let quiet = |t: u32| t == 0 || now.wrapping_sub(t) > idle;
+            let key = |src: (u32, u16), dst: (u32, u16)| FlowKey {
+                src: src.0,
+                dst: dst.0,
+                sport: src.1,
+                dport: dst.1,
+                proto: reply_key.proto,
+                pad: [0; 3],
+            };
+            let (client, gateway) = ((r.peer_addr, r.peer_port), (r.nat_addr, r.nat_port));
+            let backend = (reply_key.src, reply_key.sport);
+            let forward = key(client, gateway);
+            if !quiet(r.next_hop.checked_at)
+                || forward_seen.get(&forward).is_some_and(|&seen| !quiet(seen))
+            {
+                continue;
+            }
+            // The reply entry holds the port: it goes first. Then the forward entry and
+            // the kernel-path entries (client → backend, backend → client), if any.
+            for k in [
+                reply_key,
+                forward,
+                key(client, backend),
+                key(backend, client),
+            ] {
+                if self.conntrack.remove(&k).is_ok() {
+                    self.snat.deleted += 1;
+                }
+            }
+            expired += 1;
+        }
+        Ok(expired)
+    }
+
+    /// Conntrack entries this process deleted (idle SNAT flows), for the eviction
+    /// estimate.
+    pub fn conntrack_deleted(&self) -> u64 {
+        self.snat.deleted
+    }
+
     /// Between plans and after each: when `SNAT_SOURCE_REFRESH` has passed, asks again
     /// for every SNAT backend's source (a route or address may have changed) and logs
     /// the SNAT backends without a node address, once each time that set changes (their
@@ -128,6 +206,11 @@ impl Datapath {
             return;
         }
         self.snat.refreshed_at = Some(Instant::now());
+        match self.expire_idle_snat_flows() {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(flows = n, "idle SNAT flows gave their node ports back"),
+            Err(e) => tracing::warn!(error = %e, "expiring idle SNAT flows"),
+        }
         match self.refresh_snat_sources() {
             Ok(0) => {}
             Ok(n) => tracing::info!(
