@@ -352,6 +352,41 @@ pub struct Flow {
 pub const FLOW_REPLY_ENTRY: u8 = 1;
 
 impl Flow {
+    /// An entry of `kind` that writes `nat` (address, port; network order) for a flow
+    /// of `backend` and `service`: no flags, no SNAT peer, no next hop cached yet.
+    #[inline(always)]
+    pub const fn entry(kind: u8, nat: (u32, u16), backend: u32, service: ServiceId) -> Flow {
+        Flow {
+            nat_addr: nat.0,
+            nat_port: nat.1,
+            kind,
+            flags: 0,
+            backend,
+            service,
+            next_hop: NextHop {
+                ifindex: 0,
+                checked_at: 0,
+                fit_len: 0,
+                dmac: [0; 6],
+                smac: [0; 6],
+                pad: 0,
+            },
+            peer_addr: 0,
+            peer_port: 0,
+            pad2: 0,
+            seen: 0,
+            pad3: 0,
+        }
+    }
+
+    /// The same with a SNAT peer (`peer_addr`, `peer_port`).
+    #[inline(always)]
+    pub const fn with_peer(mut self, peer: (u32, u16)) -> Flow {
+        self.peer_addr = peer.0;
+        self.peer_port = peer.1;
+        self
+    }
+
     /// Whether the flow is in SNAT mode (both ends translated).
     #[inline(always)]
     pub const fn is_snat(&self) -> bool {
@@ -503,6 +538,10 @@ counters! {
     /// balanced by Maglev and forwarded without a conntrack entry: its packets keep going
     /// to the same backend while the backends do not change.
     FloodUntracked = "flood_untracked",
+    /// A packet from a backend endpoint of a service (one the reply index lists) matched
+    /// no flow and passed untranslated: its flow was evicted, its backend removed, or
+    /// it is not a reply through the gateway.
+    ReplyUntracked = "reply_untracked",
     /// A conntrack entry was created (forward, reply or kernel-path entry). Created minus
     /// live entries is what the LRU evicted (the kernel does not count evictions).
     CtCreated = "ct_created",

@@ -4,10 +4,10 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::generated::bpf_ktime_get_coarse_ns};
 use gateway_common::{
-    config, flow_hash, snat_port_slot, Backend, Counter, Flow, FlowKey, NextHop, Service,
-    ServiceId, ServiceKey, ADDR_BACKEND, ADDR_GATEWAY, BACKEND_LIVE, FLOW_REPLY_ENTRY, MAGLEV_SIZE,
-    NAT_DST, NAT_MASQ, NAT_SRC, NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT,
-    SERVICE_REPLY_ENTRY, SERVICE_SNAT, SNAT_PORT_TRIES,
+    config, flow_hash, snat_port_slot, Backend, Counter, Flow, FlowKey, Service, ServiceId,
+    ServiceKey, ADDR_BACKEND, ADDR_GATEWAY, BACKEND_LIVE, FLOW_REPLY_ENTRY, MAGLEV_SIZE, NAT_DST,
+    NAT_MASQ, NAT_SRC, NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT, SERVICE_REPLY_ENTRY,
+    SERVICE_SNAT, SNAT_PORT_TRIES,
 };
 
 use crate::maps::{
@@ -219,6 +219,9 @@ fn reply_of(t: &FlowKey, own: bool, slot: &mut MaybeUninit<Flow>) -> Option<Look
         }
     }
     if !flood_recent() {
+        if own {
+            count(Counter::ReplyUntracked);
+        }
         return None;
     }
     for i in 0..REPLY_CANDIDATES as usize {
@@ -239,6 +242,9 @@ fn reply_of(t: &FlowKey, own: bool, slot: &mut MaybeUninit<Flow>) -> Option<Look
             }
         }
     }
+    if own {
+        count(Counter::ReplyUntracked);
+    }
     None
 }
 
@@ -255,20 +261,7 @@ fn tracked(t: &FlowKey) -> Option<Lookup> {
 /// service's address and port.
 #[inline(always)]
 fn reply_flow(svc: ServiceKey, backend: u32, service: ServiceId) -> Flow {
-    Flow {
-        nat_addr: svc.addr,
-        nat_port: svc.port,
-        kind: NAT_SRC,
-        flags: 0,
-        backend,
-        service,
-        next_hop: NextHop::default(),
-        peer_addr: 0,
-        peer_port: 0,
-        pad2: 0,
-        seen: 0,
-        pad3: 0,
-    }
+    Flow::entry(NAT_SRC, (svc.addr, svc.port), backend, service)
 }
 
 /// The translation the conntrack holds for tuple `key` (a copy), for the paths that
@@ -289,9 +282,7 @@ pub fn find(key: &FlowKey) -> Option<Flow> {
 /// Notes that a forward entry forwarded a packet now (`Flow::seen`, rewritten about once
 /// a second: the daemon counts active flows by it).
 #[inline(always)]
-pub fn seen(flow: &mut Flow) {
-    // SAFETY: a helper without arguments.
-    let now = (unsafe { bpf_ktime_get_coarse_ns() } >> 20) as u32;
+pub fn seen(flow: &mut Flow, now: u32) {
     if now.wrapping_sub(flow.seen) > NEXT_HOP_REFRESH {
         flow.seen = now;
     }
@@ -426,24 +417,15 @@ fn balance(t: &FlowKey, service: &Service) -> Result<Flow, Counter> {
     if backend.flags & BACKEND_LIVE == 0 {
         return Err(Counter::DropNoBackend);
     }
-    let mut flow = Flow {
-        nat_addr: backend.addr,
-        nat_port: backend.port,
-        kind: NAT_DST,
-        flags: if service.flags & SERVICE_REPLY_ENTRY != 0 {
-            FLOW_REPLY_ENTRY
-        } else {
-            0
-        },
-        backend: backend_id,
-        service: service.id,
-        next_hop: NextHop::default(),
-        peer_addr: 0,
-        peer_port: 0,
-        pad2: 0,
-        seen: 0,
-        pad3: 0,
-    };
+    let mut flow = Flow::entry(
+        NAT_DST,
+        (backend.addr, backend.port),
+        backend_id,
+        service.id,
+    );
+    if service.flags & SERVICE_REPLY_ENTRY != 0 {
+        flow.flags = FLOW_REPLY_ENTRY;
+    }
     if service.flags & SERVICE_SNAT != 0 {
         let (addr, port) = claim_source(t, &flow, backend, hash)?;
         flow.peer_addr = addr;
@@ -471,20 +453,8 @@ fn claim_source(
         Some(&n) if n != 0 => n,
         _ => return Err(Counter::DropSnatPortsExhausted),
     };
-    let reply = Flow {
-        nat_addr: t.dst,
-        nat_port: t.dport,
-        kind: NAT_SRC,
-        flags: 0,
-        backend: flow.backend,
-        service: flow.service,
-        next_hop: NextHop::default(),
-        peer_addr: t.src,
-        peer_port: t.sport,
-        pad2: 0,
-        seen: 0,
-        pad3: 0,
-    };
+    let reply = Flow::entry(NAT_SRC, (t.dst, t.dport), flow.backend, flow.service)
+        .with_peer((t.src, t.sport));
     for attempt in 0..SNAT_PORT_TRIES {
         // Hidden from LLVM for the same reason as the Maglev slot in `balance`.
         let slot = core::hint::black_box(snat_port_slot(hash, attempt, ports));
@@ -522,20 +492,7 @@ pub fn record(key: &FlowKey, flow: &Flow) {
             (key.src, key.sport),
             key.proto,
         );
-        let reply = Flow {
-            nat_addr: key.dst,
-            nat_port: key.dport,
-            kind: NAT_SRC,
-            flags: 0,
-            backend: flow.backend,
-            service: flow.service,
-            next_hop: NextHop::default(),
-            peer_addr: 0,
-            peer_port: 0,
-            pad2: 0,
-            seen: 0,
-            pad3: 0,
-        };
+        let reply = Flow::entry(NAT_SRC, (key.dst, key.dport), flow.backend, flow.service);
         // The reply entry goes first so that a reply can never arrive before it exists.
         // Inserting into an LRU map only fails on allocation failure; the packet is
         // still forwarded and the next one retries.
@@ -582,19 +539,9 @@ pub fn add_kernel_path_entries(key: &FlowKey, flow: &Flow) {
             (key.dst, key.dport),
         )
     };
-    let entry = |kind, nat_addr, nat_port, peer_addr, peer_port| Flow {
-        nat_addr,
-        nat_port,
-        kind,
-        flags: 0,
-        backend: flow.backend,
-        service: flow.service,
-        next_hop: NextHop::default(),
-        peer_addr,
-        peer_port,
-        pad2: 0,
-        seen: 0,
-        pad3: 0,
+    let entry = |kind, nat_addr, nat_port, peer_addr, peer_port| {
+        Flow::entry(kind, (nat_addr, nat_port), flow.backend, flow.service)
+            .with_peer((peer_addr, peer_port))
     };
     let masq = tuple((client, client_port), (backend, backend_port), key.proto);
     insert_absent(

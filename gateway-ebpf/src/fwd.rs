@@ -41,15 +41,16 @@ pub enum Path {
 /// again when the cache is empty, about a second old, or the packet is longer than any
 /// the FIB has accepted (the FIB checks the MTU).
 ///
+/// `now` is `coarse_now()`, read once per packet.
+///
 /// # Safety
 /// `ip` must point into the packet, bounds-checked.
 #[inline(always)]
-pub unsafe fn path(ctx: &XdpContext, ip: *mut Ipv4, hop: &mut NextHop) -> Path {
+pub unsafe fn path(ctx: &XdpContext, ip: *mut Ipv4, hop: &mut NextHop, now: u32) -> Path {
     if (*ip).ttl <= 1 {
         return Path::Kernel(Counter::KernelTtl);
     }
     let len = u16::from_be((*ip).tot_len);
-    let now = (bpf_ktime_get_coarse_ns() >> 20) as u32;
     if hop.ifindex == 0 || len > hop.fit_len || now.wrapping_sub(hop.checked_at) > NEXT_HOP_REFRESH
     {
         let found = match fib(ctx, ip) {
@@ -81,6 +82,13 @@ pub unsafe fn path(ctx: &XdpContext, ip: *mut Ipv4, hop: &mut NextHop) -> Path {
         Some(&XMIT_OK) => Path::Redirect,
         _ => Path::Kernel(Counter::KernelNoXdpEgress),
     }
+}
+
+/// The coarse clock in the units of `NextHop::checked_at` (2^20 ns).
+#[inline(always)]
+pub fn coarse_now() -> u32 {
+    // SAFETY: a helper without arguments.
+    (unsafe { bpf_ktime_get_coarse_ns() } >> 20) as u32
 }
 
 /// Sends the packet out of `hop.ifindex`: TTL decremented, MACs rewritten, redirected

@@ -8,7 +8,7 @@ use gateway_common::{proto, Counter, FlowKey, NextHop, NAT_MASQ};
 use crate::{
     conntrack::{add_kernel_path_entries, applies, find},
     csum::{replace2, replace4},
-    fwd::{path, send, Path},
+    fwd::{coarse_now, path, send, Path},
     maps::count,
     nat::{halves, Endpoint, Side},
     packet::{ptr_at, Eth, Icmp, Ipv4, Ports, IPV4_MIN_LEN},
@@ -84,7 +84,7 @@ pub unsafe fn handle(
         translate(ip, icmp, inner, ports, Side::Dst, dst);
     }
     let mut hop = NextHop::default();
-    match path(ctx, ip, &mut hop) {
+    match path(ctx, ip, &mut hop, coarse_now()) {
         Path::Redirect => {
             if let Some(src) = src {
                 translate(ip, icmp, inner, ports, Side::Src, src);

@@ -325,8 +325,9 @@ unsafe fn translate(
             (flow, &raw mut (*flow).next_hop, true)
         }
     };
+    let now = fwd::coarse_now();
     let hop = if (*flow).kind == NAT_DST {
-        conntrack::seen(&mut *flow);
+        conntrack::seen(&mut *flow, now);
         maps::backend_hop((*flow).backend).unwrap_or(reply_hop)
     } else {
         reply_hop
@@ -339,7 +340,7 @@ unsafe fn translate(
     if forward {
         account(service, Direction::Forward, pkt.len as u64, is_new);
     }
-    let verdict = match fwd::path(ctx, pkt.ip, &mut *hop) {
+    let verdict = match fwd::path(ctx, pkt.ip, &mut *hop, now) {
         Path::Redirect => {
             if let Some(src) = src {
                 rewrite(pkt.ip, pkt.l4, Side::Src, src);

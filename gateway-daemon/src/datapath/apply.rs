@@ -124,18 +124,22 @@ impl Datapath {
                     .collect()
             }
         };
+        // The roles follow the services: recomputed (over every installed service) only
+        // when some service may change, its mode did, or they were never written.
+        let roles_due = !changes.is_empty() || snat_changed || !self.roles.is_written();
         // The roles of what is installed and what is wanted, before either changes.
-        let union = Roles::of(
-            self.role_views()
-                .chain(changes.iter().filter_map(|(key, want)| {
+        if roles_due {
+            let union = Roles::of(self.role_views().chain(changes.iter().filter_map(
+                |(key, want)| {
                     Some(ServiceView {
                         key: *key,
                         snat: snat.contains(key),
                         endpoints: Box::new(want.as_ref()?.keys().copied()),
                     })
-                })),
-        );
-        self.roles.write(union, true)?;
+                },
+            )));
+            self.roles.write(union, true)?;
+        }
         for (key, want) in &changes {
             match (want, self.installed.get(key)) {
                 (None, None) => {}
@@ -161,9 +165,11 @@ impl Datapath {
             report.changed += switched;
             report.unchanged = report.unchanged.saturating_sub(switched);
         }
-        let exact = Roles::of(self.role_views());
-        for key in self.roles.write(exact, false)? {
-            self.write_flags(&key)?;
+        if roles_due {
+            let exact = Roles::of(self.role_views());
+            for key in self.roles.write(exact, false)? {
+                self.write_flags(&key)?;
+            }
         }
         if report.added + report.removed > 0 {
             self.sync_addresses()?;

@@ -103,6 +103,11 @@ impl RoleMaps {
         }
     }
 
+    /// Whether this process has read or written the maps.
+    pub fn is_written(&self) -> bool {
+        self.written.is_some()
+    }
+
     /// The router-mode services whose flows record a reply entry, as last written.
     pub fn reply_entry(&self, key: &ServiceKey) -> bool {
         self.written
