@@ -5,14 +5,14 @@ use core::mem::MaybeUninit;
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::generated::bpf_ktime_get_coarse_ns};
 use gateway_common::{
     config, flow_hash, snat_port_slot, Backend, Counter, Flow, FlowKey, Service, ServiceId,
-    ServiceKey, ADDR_BACKEND, ADDR_GATEWAY, BACKEND_LIVE, FLOW_REPLY_ENTRY, MAGLEV_SIZE, NAT_DST,
-    NAT_MASQ, NAT_SRC, NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT, SERVICE_REPLY_ENTRY,
-    SERVICE_SNAT, SNAT_PORT_TRIES,
+    ServiceKey, BACKEND_LIVE, FLOW_REPLY_ENTRY, MAGLEV_SIZE, NAT_DST, NAT_MASQ, NAT_SRC,
+    NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT, SERVICE_REPLY_ENTRY, SERVICE_SNAT,
+    SNAT_PORT_TRIES,
 };
 
 use crate::maps::{
-    addr_roles, count, BACKENDS, CONFIG, CONNTRACK, FLOOD, MAGLEV, REPLY_INDEX, SERVICES,
-    SNAT_PORTS, SNAT_SOURCES,
+    count, Roles, BACKENDS, CONFIG, CONNTRACK, FLOOD, MAGLEV, REPLY_INDEX, SERVICES, SNAT_PORTS,
+    SNAT_SOURCES,
 };
 
 /// What the conntrack says about a packet.
@@ -74,22 +74,22 @@ enum Direct {
 /// to `new`, left untouched otherwise) when it is the first packet to a service (or
 /// the first since its entry stopped applying, see `applies`).
 ///
-/// Two array lookups first (`addr_roles`): a packet neither to a gateway address nor
-/// from a backend address is a miss without any hash lookup. A TCP SYN (`syn`) to a
-/// router-mode service is a new flow by definition and skips the conntrack lookup (a
-/// retransmitted SYN gets the same backend from Maglev); a SNAT flow's SYN is looked up,
-/// so that a retransmission keeps the node port its flow claimed.
+/// The packet's `roles` say which lookups can find something (a packet with neither
+/// role is passed before it gets here). A TCP SYN (`syn`) to a router-mode service is a
+/// new flow by definition and skips the conntrack lookup (a retransmitted SYN gets the
+/// same backend from Maglev); a SNAT flow's SYN is looked up, so that a retransmission
+/// keeps the node port its flow claimed.
 #[inline(always)]
 pub fn lookup_or_balance(
     t: &FlowKey,
+    roles: Roles,
     syn: bool,
     new: &mut MaybeUninit<Flow>,
 ) -> Result<Lookup, Counter> {
-    let to_gateway = addr_roles(t.dst) & ADDR_GATEWAY != 0;
-    let from_backend = addr_roles(t.src) & ADDR_BACKEND != 0;
-    if !to_gateway && !from_backend {
-        return Ok(Lookup::only(Found::Miss));
-    }
+    let Roles {
+        to_gateway,
+        from_backend,
+    } = roles;
     // The service of a forward entry that no longer applies.
     let mut stale = None;
     let mut looked = false;
@@ -271,7 +271,7 @@ fn reply_flow(svc: ServiceKey, backend: u32, service: ServiceId) -> Flow {
 #[inline(always)]
 pub fn find(key: &FlowKey) -> Option<Flow> {
     let mut slot = MaybeUninit::uninit();
-    if addr_roles(key.src) & ADDR_BACKEND != 0 && reply_of(key, false, &mut slot).is_some() {
+    if Roles::of(key.src, key.dst).from_backend && reply_of(key, false, &mut slot).is_some() {
         // SAFETY: `reply_of` wrote the slot when it returned an answer.
         return Some(unsafe { slot.assume_init() });
     }

@@ -9,7 +9,7 @@ use gateway_common::{Counter, FlowKey, FragKey, FragPorts};
 
 use crate::{
     conntrack::{lookup_or_balance, Found},
-    maps::{count, is_gateway_address, scratch_flow, FRAGMENTS},
+    maps::{count, is_gateway_address, scratch_flow, Roles, FRAGMENTS},
     packet::{Eth, Ipv4},
     translate, Packet, PASS,
 };
@@ -22,11 +22,12 @@ pub fn later(
     ctx: &XdpContext,
     eth: *mut Eth,
     ip: *mut Ipv4,
-    src: u32,
-    dst: u32,
+    roles: Roles,
     ip_proto: u8,
     len: usize,
 ) -> Result<u32, Counter> {
+    // SAFETY: `ip` points at a bounds-checked IPv4 header.
+    let (src, dst) = unsafe { ((*ip).src, (*ip).dst) };
     let key = key(ip, src, dst, ip_proto);
     // SAFETY: the value is copied out at once, before the map can change it.
     let Some(ports) = (unsafe { FRAGMENTS.get(key) }).copied() else {
@@ -47,7 +48,7 @@ pub fn later(
     let Some(new) = scratch_flow() else {
         return PASS;
     };
-    let found = lookup_or_balance(&t, false, new)?;
+    let found = lookup_or_balance(&t, roles, false, new)?;
     if found.found == Found::Miss {
         return PASS;
     }

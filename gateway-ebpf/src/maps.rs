@@ -10,8 +10,8 @@ use aya_ebpf::{
 };
 use gateway_common::{
     config, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragPorts, MaglevTable, NextHop,
-    ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats, ADDR_FILTER_SLOTS, SNAT_PORT_SLOTS,
-    XMIT_SLOTS,
+    ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats, ADDR_BACKEND, ADDR_FILTER_SLOTS,
+    ADDR_GATEWAY, SNAT_PORT_SLOTS, XMIT_SLOTS,
 };
 
 const SERVICES_MAX: u32 = 1024;
@@ -60,11 +60,39 @@ pub static ADDR_FILTER: Array<u32> = Array::with_max_entries(ADDR_FILTER_SLOTS, 
 
 /// The `ADDR_*` roles some address hashing to `addr`'s slot has (0: none).
 #[inline(always)]
-pub fn addr_roles(addr: u32) -> u32 {
+fn addr_roles(addr: u32) -> u32 {
     ADDR_FILTER
         .get(gateway_common::addr_slot(addr))
         .copied()
         .unwrap_or(0)
+}
+
+/// What a packet's addresses may be, from two array lookups (`berth_addr_filter`): a
+/// packet with neither role is none of the program's business, known without any hash
+/// lookup. Either role may be a false positive (another address sharing the slot).
+#[derive(Clone, Copy)]
+pub struct Roles {
+    /// The destination may be a gateway address.
+    pub to_gateway: bool,
+    /// The source may be a backend address.
+    pub from_backend: bool,
+}
+
+impl Roles {
+    /// The roles of a packet from `src` to `dst` (network order).
+    #[inline(always)]
+    pub fn of(src: u32, dst: u32) -> Self {
+        Roles {
+            to_gateway: addr_roles(dst) & ADDR_GATEWAY != 0,
+            from_backend: addr_roles(src) & ADDR_BACKEND != 0,
+        }
+    }
+
+    /// Neither role: the packet passes untouched.
+    #[inline(always)]
+    pub fn none(self) -> bool {
+        !self.to_gateway && !self.from_backend
+    }
 }
 
 /// Backend id → the next hop toward it, shared by the forward packets of all its flows

@@ -144,6 +144,15 @@ fn measure(dp: &mut Datapath, case: &Case, repeat: u32, runs: usize) -> u64 {
     median(round_medians)
 }
 
+/// Whether case `key` is measured: all by default; `BERTH_BENCH_CASES` (comma-separated
+/// keys, for profiling one path) picks some; the floor is always measured.
+fn selected(key: &str) -> bool {
+    match std::env::var("BERTH_BENCH_CASES") {
+        Ok(keys) => key == "floor_ns" || keys.split(',').any(|k| k == key),
+        Err(_) => true,
+    }
+}
+
 fn main() {
     // Two new-flow cases, each with hot and cold samples, two entries per flow.
     let flows = 6 * (COLD_RUNS * ROUNDS) as u32;
@@ -435,6 +444,9 @@ fn main() {
         cases
             .iter()
             .map(|c| {
+                if !selected(c.key) {
+                    return (0, 0);
+                }
                 // Only the flood case runs over the new-flow limit (1 per second).
                 let limit = u32::from(c.key == "flood_new_flow_ns");
                 t.dp.set_new_flow_limit(limit).expect("new-flow limit");
@@ -453,6 +465,9 @@ fn main() {
     );
     let mut headline = Vec::new();
     for (case, (hot, cold)) in cases.iter().zip(&results) {
+        if !selected(case.key) {
+            continue;
+        }
         let (hot_over, cold_over) = (*hot as i64 - hot_floor, *cold as i64 - cold_floor);
         println!(
             "{:<52} {hot:>6} {hot_over:>+7} {cold:>6} {cold_over:>+7}",
