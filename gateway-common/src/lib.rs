@@ -123,7 +123,7 @@ pub mod config {
     /// in the conntrack and balances them by Maglev alone (`Counter::FloodUntracked`),
     /// so that a flood of new 5-tuples cannot evict every established flow. 0: no limit.
     pub const NEW_FLOW_LIMIT: u32 = 0;
-    /// Written by the program: the last window (coarse ns >> 30) in which some CPU went
+    /// Written by the program: the last window (see `FloodWindow::window`) in which some CPU went
     /// over `NEW_FLOW_LIMIT`. While it is recent, replies whose flow has no entry are
     /// matched by Maglev instead (the flows the guard did not record).
     pub const FLOOD_SEEN: u32 = 1;
@@ -136,7 +136,8 @@ pub mod config {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FloodWindow {
-    /// The window: coarse time in ns >> 30, host order.
+    /// The window: the coarse time in 2^20 ns units, as 32 bits, >> 10 (2^30 ns;
+    /// wraps after about 52 days), host order.
     pub window: u32,
     /// New flows seen in it, host order.
     pub new_flows: u32,

@@ -2,7 +2,7 @@
 
 use core::mem::MaybeUninit;
 
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers::generated::bpf_ktime_get_coarse_ns};
+use aya_ebpf::bindings::BPF_NOEXIST;
 use gateway_common::{
     config, flow_hash, snat_port_slot, Backend, Counter, Flow, FlowKey, Service, ServiceId,
     ServiceKey, BACKEND_LIVE, FLOW_REPLY_ENTRY, MAGLEV_SIZE, NAT_DST, NAT_MASQ, NAT_SRC,
@@ -10,9 +10,12 @@ use gateway_common::{
     SNAT_PORT_TRIES,
 };
 
-use crate::maps::{
-    count, Roles, BACKENDS, CONFIG, CONNTRACK, FLOOD, MAGLEV, REPLY_INDEX, SERVICES, SNAT_PORTS,
-    SNAT_SOURCES,
+use crate::{
+    fwd::coarse_now,
+    maps::{
+        count, Roles, BACKENDS, CONFIG, CONNTRACK, FLOOD, MAGLEV, REPLY_INDEX, SERVICES,
+        SNAT_PORTS, SNAT_SOURCES,
+    },
 };
 
 /// What the conntrack says about a packet.
@@ -292,23 +295,23 @@ pub fn seen(flow: &mut Flow, now: u32) {
 #[inline(always)]
 fn flood_recent() -> bool {
     match CONFIG.get(config::FLOOD_SEEN) {
-        Some(&seen) if seen != 0 => now_window().wrapping_sub(seen) <= 1,
+        Some(&seen) if seen != 0 => window_of(coarse_now()).wrapping_sub(seen) <= 1,
         _ => false,
     }
 }
 
-/// The flood guard's window: coarse time in units of 2^30 ns (about a second).
+/// The flood guard's window of coarse time `now` (`fwd::coarse_now`, 2^20 ns): units
+/// of 2^30 ns, about a second.
 #[inline(always)]
-fn now_window() -> u32 {
-    // SAFETY: a helper without arguments.
-    (unsafe { bpf_ktime_get_coarse_ns() } >> 30) as u32
+fn window_of(now: u32) -> u32 {
+    now >> 10
 }
 
 /// Whether this CPU may record one more new flow in this window
 /// (`config::NEW_FLOW_LIMIT`). Over the limit, marks the window as a flood
 /// (`config::FLOOD_SEEN`) for the replies of the flows it does not record.
 #[inline(always)]
-fn flood_allows() -> bool {
+fn flood_allows(now: u32) -> bool {
     let limit = match CONFIG.get(config::NEW_FLOW_LIMIT) {
         Some(&limit) if limit != 0 => limit,
         _ => return true,
@@ -317,8 +320,7 @@ fn flood_allows() -> bool {
         return true;
     };
     // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
-    let window = unsafe { &mut *window };
-    let now = now_window();
+    let (window, now) = (unsafe { &mut *window }, window_of(now));
     if window.window != now {
         window.window = now;
         window.new_flows = 0;
@@ -479,10 +481,11 @@ fn claim_source(
 /// reply index cannot find its replies (`FLOW_REPLY_ENTRY`; a SNAT flow's reply entry
 /// was recorded when its port was claimed). Over the flood guard's limit a router-mode
 /// flow is not recorded (`flood_untracked`): Maglev keeps its packets on their backend.
+/// `now` is the coarse clock the packet was forwarded at (`fwd::coarse_now`).
 #[inline(always)]
-pub fn record(key: &FlowKey, flow: &Flow) {
+pub fn record(key: &FlowKey, flow: &Flow, now: u32) {
     count(Counter::NewFlow);
-    if !flow.is_snat() && !flood_allows() {
+    if !flow.is_snat() && !flood_allows(now) {
         count(Counter::FloodUntracked);
         return;
     }

@@ -374,7 +374,7 @@ unsafe fn translate(
         }
     };
     if is_new {
-        conntrack::record(key, &*flow);
+        conntrack::record(key, &*flow, now);
     }
     verdict
 }
