@@ -82,13 +82,13 @@ pub mod map_names {
 /// tries the forward entry (client → each service) in turn.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct ReplyIndex {
+pub struct ReplyIndex<A: Addr = u32> {
     /// How many of `services` are set, host order.
     pub count: u16,
     /// `REPLY_INDEX_*` bits, host order.
     pub flags: u16,
     /// The services' keys (gateway address, port, protocol).
-    pub services: [ServiceKey; REPLY_CANDIDATES as usize],
+    pub services: [ServiceKey<A>; REPLY_CANDIDATES as usize],
 }
 
 /// `ReplyIndex::flags` bit: a SNAT-mode service uses the endpoint, so its replies are
@@ -113,8 +113,51 @@ pub const ADDR_BACKEND: u32 = 2;
 /// addresses of one subnet up to a /16 never share a slot, and it costs one byte swap
 /// (a sharing address only costs its packets the hash lookups).
 #[inline(always)]
-pub fn addr_slot(addr: u32) -> u32 {
-    u32::from_be(addr) & (ADDR_FILTER_SLOTS - 1)
+pub fn addr_slot<A: Addr>(addr: A) -> u32 {
+    addr.low_word() & (ADDR_FILTER_SLOTS - 1)
+}
+
+/// An address of one family as map keys and values hold it, network order: `u32`
+/// (IPv4) or `[u32; 4]` (IPv6, the 16 bytes as four words). Keys and values generic
+/// over it (`FlowKey<A>`, ...) default to IPv4, the layout pinned maps already have.
+pub trait Addr: Copy + Eq + Default + core::fmt::Debug {
+    /// The address's last 32 bits, host order (the address filter's slot is their low
+    /// bits).
+    fn low_word(self) -> u32;
+    /// The address folded to 32 bits for `flow_hash` (an IPv4 address is itself).
+    fn fold(self) -> u32;
+    /// Whether every bit is zero ("none" in `Flow::peer_addr`).
+    fn is_zero(self) -> bool;
+}
+
+impl Addr for u32 {
+    #[inline(always)]
+    fn low_word(self) -> u32 {
+        u32::from_be(self)
+    }
+    #[inline(always)]
+    fn fold(self) -> u32 {
+        self
+    }
+    #[inline(always)]
+    fn is_zero(self) -> bool {
+        self == 0
+    }
+}
+
+impl Addr for [u32; 4] {
+    #[inline(always)]
+    fn low_word(self) -> u32 {
+        u32::from_be(self[3])
+    }
+    #[inline(always)]
+    fn fold(self) -> u32 {
+        mix(self[0] ^ mix(self[1] ^ mix(self[2] ^ mix(self[3]))))
+    }
+    #[inline(always)]
+    fn is_zero(self) -> bool {
+        self[0] | self[1] | self[2] | self[3] == 0
+    }
 }
 
 /// Slots of the `map_names::CONFIG` array (values host order).
@@ -164,9 +207,9 @@ pub mod proto {
 /// Key of the service map: a gateway address, protocol and port.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceKey {
-    /// Gateway IPv4 address, network order.
-    pub addr: u32,
+pub struct ServiceKey<A: Addr = u32> {
+    /// Gateway address, network order.
+    pub addr: A,
     /// Gateway port, network order.
     pub port: u16,
     /// IP protocol (`proto::TCP` or `proto::UDP`).
@@ -264,11 +307,11 @@ pub struct Backend {
 /// Key of the conntrack map: a packet's 5-tuple exactly as seen on the wire.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FlowKey {
+pub struct FlowKey<A: Addr = u32> {
     /// Source address, network order.
-    pub src: u32,
+    pub src: A,
     /// Destination address, network order.
-    pub dst: u32,
+    pub dst: A,
     /// Source port, network order.
     pub sport: u16,
     /// Destination port, network order.
@@ -316,9 +359,9 @@ pub const NEXT_HOP_REFRESH: u32 = 1024;
 /// Value of the conntrack map: how to rewrite packets of this tuple.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Flow {
+pub struct Flow<A: Addr = u32> {
     /// Address written into the packet, network order.
-    pub nat_addr: u32,
+    pub nat_addr: A,
     /// Port written into the packet, network order.
     pub nat_port: u16,
     /// `NAT_DST`, `NAT_SRC` or `NAT_MASQ`.
@@ -339,7 +382,7 @@ pub struct Flow {
     /// source (the node's address and the flow's allocated port), a reply entry's new
     /// destination (the client). 0: none (router mode). A `NAT_MASQ` entry holds the
     /// gateway address and port here.
-    pub peer_addr: u32,
+    pub peer_addr: A,
     /// Port of `peer_addr`, network order.
     pub peer_port: u16,
     /// Always zero.
@@ -354,11 +397,11 @@ pub struct Flow {
 /// `Flow::flags` bit: the flow records a reply entry too (`SERVICE_REPLY_ENTRY`).
 pub const FLOW_REPLY_ENTRY: u8 = 1;
 
-impl Flow {
+impl<A: Addr> Flow<A> {
     /// An entry of `kind` that writes `nat` (address, port; network order) for a flow
     /// of `backend` and `service`: no flags, no SNAT peer, no next hop cached yet.
     #[inline(always)]
-    pub const fn entry(kind: u8, nat: (u32, u16), backend: u32, service: ServiceId) -> Flow {
+    pub fn entry(kind: u8, nat: (A, u16), backend: u32, service: ServiceId) -> Self {
         Flow {
             nat_addr: nat.0,
             nat_port: nat.1,
@@ -374,7 +417,7 @@ impl Flow {
                 smac: [0; 6],
                 pad: 0,
             },
-            peer_addr: 0,
+            peer_addr: A::default(),
             peer_port: 0,
             pad2: 0,
             seen: 0,
@@ -384,7 +427,7 @@ impl Flow {
 
     /// The same with a SNAT peer (`peer_addr`, `peer_port`).
     #[inline(always)]
-    pub const fn with_peer(mut self, peer: (u32, u16)) -> Flow {
+    pub fn with_peer(mut self, peer: (A, u16)) -> Self {
         self.peer_addr = peer.0;
         self.peer_port = peer.1;
         self
@@ -392,8 +435,8 @@ impl Flow {
 
     /// Whether the flow is in SNAT mode (both ends translated).
     #[inline(always)]
-    pub const fn is_snat(&self) -> bool {
-        self.peer_addr != 0
+    pub fn is_snat(&self) -> bool {
+        !self.peer_addr.is_zero()
     }
 }
 
@@ -562,10 +605,10 @@ impl Counter {
 ///
 /// Inputs are the raw (network order) values as read from the packet.
 #[inline(always)]
-pub fn flow_hash(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> u32 {
+pub fn flow_hash<A: Addr>(src: A, dst: A, sport: u16, dport: u16, proto: u8) -> u32 {
     let ports = ((sport as u32) << 16) | dport as u32;
-    let mut h = mix(src ^ 0x9e37_79b9);
-    h = mix(h ^ dst);
+    let mut h = mix(src.fold() ^ 0x9e37_79b9);
+    h = mix(h ^ dst.fold());
     h = mix(h ^ ports);
     mix(h ^ proto as u32)
 }
@@ -595,6 +638,10 @@ const _: () = {
     assert!(core::mem::size_of::<Service>() == 16);
     assert!(core::mem::size_of::<Backend>() == 16);
     assert!(core::mem::size_of::<FlowKey>() == 16);
+    assert!(core::mem::size_of::<FlowKey<[u32; 4]>>() == 40);
+    assert!(core::mem::size_of::<Flow<[u32; 4]>>() == 80);
+    assert!(core::mem::size_of::<ServiceKey<[u32; 4]>>() == 20);
+    assert!(core::mem::size_of::<ReplyIndex<[u32; 4]>>() == 84);
     assert!(core::mem::size_of::<NextHop>() == 24);
     assert!(core::mem::size_of::<Flow>() == 56);
     assert!(core::mem::size_of::<ReplyIndex>() == 36);
@@ -616,17 +663,23 @@ mod pod {
         )*};
     }
 
+    // The same for the types generic over the address (both instances' sizes are
+    // pinned above).
+    macro_rules! pod_addr {
+        ($($t:ident),*) => {$(
+            // SAFETY: as for `pod!`, for either address type.
+            unsafe impl<A: Addr + aya::Pod> aya::Pod for $t<A> {}
+        )*};
+    }
+
+    pod_addr!(ServiceKey, FlowKey, Flow, ReplyIndex);
     pod!(
-        ServiceKey,
         Service,
         Backend,
-        FlowKey,
-        Flow,
         NextHop,
         FragKey,
         FragPorts,
         ServiceStats,
-        FloodWindow,
-        ReplyIndex
+        FloodWindow
     );
 }

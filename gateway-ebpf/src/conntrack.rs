@@ -4,18 +4,16 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::bindings::BPF_NOEXIST;
 use gateway_common::{
-    config, flow_hash, snat_port_slot, Backend, Counter, Flow, FlowKey, Service, ServiceId,
+    config, flow_hash, snat_port_slot, Addr, Backend, Counter, Flow, FlowKey, Service, ServiceId,
     ServiceKey, BACKEND_LIVE, FLOW_REPLY_ENTRY, MAGLEV_SIZE, NAT_DST, NAT_MASQ, NAT_SRC,
     NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT, SERVICE_REPLY_ENTRY, SERVICE_SNAT,
     SNAT_PORT_TRIES,
 };
 
 use crate::{
+    family::Family,
     fwd::coarse_now,
-    maps::{
-        count, Roles, BACKENDS, CONFIG, CONNTRACK, FLOOD, MAGLEV, REPLY_INDEX, SERVICES,
-        SNAT_PORTS, SNAT_SOURCES,
-    },
+    maps::{count, Roles, BACKENDS, CONFIG, FLOOD, MAGLEV, SNAT_PORTS},
 };
 
 /// What the conntrack says about a packet.
@@ -45,14 +43,14 @@ pub enum Found {
 
 /// A lookup's answer: what was found and, for `Tracked` and `Reply`, the entry (null
 /// otherwise).
-pub struct Lookup {
+pub struct Lookup<A: Addr = u32> {
     pub found: Found,
-    pub entry: *mut Flow,
+    pub entry: *mut Flow<A>,
 }
 
-impl Lookup {
+impl<A: Addr> Lookup<A> {
     #[inline(always)]
-    fn of(found: Found, entry: *mut Flow) -> Self {
+    fn of(found: Found, entry: *mut Flow<A>) -> Self {
         Lookup { found, entry }
     }
 
@@ -66,9 +64,9 @@ impl Lookup {
 }
 
 /// What the packet's own tuple finds in the conntrack.
-enum Direct {
+enum Direct<A: Addr> {
     None,
-    Hit(*mut Flow),
+    Hit(*mut Flow<A>),
     /// A forward entry whose backend is gone: the flow's service, to be balanced again.
     Stale(ServiceId),
 }
@@ -83,12 +81,12 @@ enum Direct {
 /// same backend from Maglev); a SNAT flow's SYN is looked up, so that a retransmission
 /// keeps the node port its flow claimed.
 #[inline(always)]
-pub fn lookup_or_balance(
-    t: &FlowKey,
+pub fn lookup_or_balance<A: Family>(
+    t: &FlowKey<A>,
     roles: Roles,
     syn: bool,
-    new: &mut MaybeUninit<Flow>,
-) -> Result<Lookup, Counter> {
+    new: &mut MaybeUninit<Flow<A>>,
+) -> Result<Lookup<A>, Counter> {
     let Roles {
         to_gateway,
         from_backend,
@@ -120,7 +118,7 @@ pub fn lookup_or_balance(
         pad: 0,
     };
     // SAFETY: the value is copied out at once.
-    let service = (unsafe { SERVICES.get(key) }).copied();
+    let service = (unsafe { A::services().get(key) }).copied();
     let Some(service) = service else {
         if stale.is_some() {
             count(Counter::CtStaleService);
@@ -149,8 +147,8 @@ pub fn lookup_or_balance(
 
 /// The entry under the packet's own tuple, if it applies.
 #[inline(always)]
-fn direct(t: &FlowKey) -> Direct {
-    let Some(flow) = CONNTRACK.get_ptr_mut(t) else {
+fn direct<A: Family>(t: &FlowKey<A>) -> Direct<A> {
+    let Some(flow) = A::conntrack().get_ptr_mut(t) else {
         return Direct::None;
     };
     // SAFETY: a valid map value pointer for the duration of this program run.
@@ -178,7 +176,11 @@ fn direct(t: &FlowKey) -> Direct {
 /// Without either, while the flood guard is (recently) active, a reply whose tuple
 /// Maglev maps to this backend is translated without an entry (`Found::Untracked`).
 #[inline(always)]
-fn reply_of(t: &FlowKey, own: bool, slot: &mut MaybeUninit<Flow>) -> Option<Lookup> {
+fn reply_of<A: Family>(
+    t: &FlowKey<A>,
+    own: bool,
+    slot: &mut MaybeUninit<Flow<A>>,
+) -> Option<Lookup<A>> {
     let endpoint = ServiceKey {
         addr: t.src,
         port: t.sport,
@@ -186,7 +188,7 @@ fn reply_of(t: &FlowKey, own: bool, slot: &mut MaybeUninit<Flow>) -> Option<Look
         pad: 0,
     };
     // SAFETY: the value is only read during this run.
-    let Some(index) = (unsafe { REPLY_INDEX.get(endpoint) }) else {
+    let Some(index) = (unsafe { A::reply_index().get(endpoint) }) else {
         return if own { tracked(t) } else { None };
     };
     let snat = index.flags & REPLY_INDEX_SNAT != 0;
@@ -201,7 +203,7 @@ fn reply_of(t: &FlowKey, own: bool, slot: &mut MaybeUninit<Flow>) -> Option<Look
         }
         let svc = index.services[i];
         let fwd = tuple((t.dst, t.dport), (svc.addr, svc.port), t.proto);
-        let Some(flow) = CONNTRACK.get_ptr_mut(fwd) else {
+        let Some(flow) = A::conntrack().get_ptr_mut(fwd) else {
             continue;
         };
         // SAFETY: a valid map value pointer for the duration of this program run.
@@ -233,7 +235,7 @@ fn reply_of(t: &FlowKey, own: bool, slot: &mut MaybeUninit<Flow>) -> Option<Look
         }
         let svc = index.services[i];
         // SAFETY: the value is copied out at once.
-        let service = match unsafe { SERVICES.get(svc) } {
+        let service = match unsafe { A::services().get(svc) } {
             Some(service) if service.flags & SERVICE_SNAT == 0 => *service,
             _ => continue,
         };
@@ -253,7 +255,7 @@ fn reply_of(t: &FlowKey, own: bool, slot: &mut MaybeUninit<Flow>) -> Option<Look
 
 /// The entry under the packet's own tuple, as a lookup answer, if it applies.
 #[inline(always)]
-fn tracked(t: &FlowKey) -> Option<Lookup> {
+fn tracked<A: Family>(t: &FlowKey<A>) -> Option<Lookup<A>> {
     match direct(t) {
         Direct::Hit(flow) => Some(Lookup::of(Found::Tracked, flow)),
         _ => None,
@@ -263,7 +265,7 @@ fn tracked(t: &FlowKey) -> Option<Lookup> {
 /// The translation of a router-mode reply of service `svc`: its source becomes the
 /// service's address and port.
 #[inline(always)]
-fn reply_flow(svc: ServiceKey, backend: u32, service: ServiceId) -> Flow {
+fn reply_flow<A: Addr>(svc: ServiceKey<A>, backend: u32, service: ServiceId) -> Flow<A> {
     Flow::entry(NAT_SRC, (svc.addr, svc.port), backend, service)
 }
 
@@ -272,20 +274,20 @@ fn reply_flow(svc: ServiceKey, backend: u32, service: ServiceId) -> Flow {
 /// its flow's forward entry, or the entry under the tuple itself. Whether it still
 /// applies is the caller's to check (`applies`).
 #[inline(always)]
-pub fn find(key: &FlowKey) -> Option<Flow> {
+pub fn find<A: Family>(key: &FlowKey<A>) -> Option<Flow<A>> {
     let mut slot = MaybeUninit::uninit();
     if Roles::of(key.src, key.dst).from_backend && reply_of(key, false, &mut slot).is_some() {
         // SAFETY: `reply_of` wrote the slot when it returned an answer.
         return Some(unsafe { slot.assume_init() });
     }
     // SAFETY: the value is copied out at once.
-    (unsafe { CONNTRACK.get(key) }).copied()
+    (unsafe { A::conntrack().get(key) }).copied()
 }
 
 /// Notes that a forward entry forwarded a packet now (`Flow::seen`, rewritten about once
 /// a second: the daemon counts active flows by it).
 #[inline(always)]
-pub fn seen(flow: &mut Flow, now: u32) {
+pub fn seen<A: Addr>(flow: &mut Flow<A>, now: u32) {
     if now.wrapping_sub(flow.seen) > NEXT_HOP_REFRESH {
         flow.seen = now;
     }
@@ -355,7 +357,7 @@ fn flood_allows(now: u32) -> bool {
 /// backend just removed is still translated; forward packets of such a flow are
 /// balanced again by `lookup_or_balance` instead).
 #[inline(always)]
-pub fn applies(key: &FlowKey, flow: &Flow) -> bool {
+pub fn applies<A: Family>(key: &FlowKey<A>, flow: &Flow<A>) -> bool {
     backend_serves(key, flow) || service_unchanged(key, flow)
 }
 
@@ -363,13 +365,13 @@ pub fn applies(key: &FlowKey, flow: &Flow) -> bool {
 /// one its replies come from), live and configured for the entry's service (weight 0
 /// included).
 #[inline(always)]
-fn backend_serves(key: &FlowKey, flow: &Flow) -> bool {
+fn backend_serves<A: Family>(key: &FlowKey<A>, flow: &Flow<A>) -> bool {
     let ((addr, port), _) = ends(key, flow);
     match BACKENDS.get(flow.backend) {
         Some(b) => {
             b.flags & BACKEND_LIVE != 0
                 && b.service == flow.service
-                && b.addr == addr
+                && A::backend_addr(b) == addr
                 && b.port == port
         }
         None => false,
@@ -378,7 +380,7 @@ fn backend_serves(key: &FlowKey, flow: &Flow) -> bool {
 
 /// The service the entry was balanced by is installed under the same id.
 #[inline(always)]
-fn service_unchanged(key: &FlowKey, flow: &Flow) -> bool {
+fn service_unchanged<A: Family>(key: &FlowKey<A>, flow: &Flow<A>) -> bool {
     let (_, (addr, port)) = ends(key, flow);
     let service = ServiceKey {
         addr,
@@ -387,7 +389,7 @@ fn service_unchanged(key: &FlowKey, flow: &Flow) -> bool {
         pad: 0,
     };
     // SAFETY: the value is only compared.
-    unsafe { SERVICES.get(service) }.is_some_and(|s| s.id == flow.service)
+    unsafe { A::services().get(service) }.is_some_and(|s| s.id == flow.service)
 }
 
 /// The backend's and the service's (address, port) of an entry found under `key`, both
@@ -395,7 +397,7 @@ fn service_unchanged(key: &FlowKey, flow: &Flow) -> bool {
 /// rewrites to the backend, a reply entry the other way round; a `NAT_MASQ` entry is
 /// keyed by the backend and holds the service address as its peer.
 #[inline(always)]
-fn ends(key: &FlowKey, flow: &Flow) -> ((u32, u16), (u32, u16)) {
+fn ends<A: Addr>(key: &FlowKey<A>, flow: &Flow<A>) -> ((A, u16), (A, u16)) {
     match flow.kind {
         NAT_DST => ((flow.nat_addr, flow.nat_port), (key.dst, key.dport)),
         NAT_MASQ => ((key.dst, key.dport), (flow.peer_addr, flow.peer_port)),
@@ -405,7 +407,7 @@ fn ends(key: &FlowKey, flow: &Flow) -> ((u32, u16), (u32, u16)) {
 
 /// Picks a backend with the service's Maglev table.
 #[inline(always)]
-fn balance(t: &FlowKey, service: &Service) -> Result<Flow, Counter> {
+fn balance<A: Family>(t: &FlowKey<A>, service: &Service) -> Result<Flow<A>, Counter> {
     if service.active == 0 {
         return Err(Counter::DropNoBackend);
     }
@@ -421,7 +423,7 @@ fn balance(t: &FlowKey, service: &Service) -> Result<Flow, Counter> {
     }
     let mut flow = Flow::entry(
         NAT_DST,
-        (backend.addr, backend.port),
+        (A::backend_addr(backend), backend.port),
         backend_id,
         service.id,
     );
@@ -441,15 +443,14 @@ fn balance(t: &FlowKey, service: &Service) -> Result<Flow, Counter> {
 /// makes the port the flow's own). Tries `SNAT_PORT_TRIES` ports, each chosen by the
 /// flow's hash from the daemon's port list.
 #[inline(always)]
-fn claim_source(
-    t: &FlowKey,
-    flow: &Flow,
+fn claim_source<A: Family>(
+    t: &FlowKey<A>,
+    flow: &Flow<A>,
     backend: &Backend,
     hash: u32,
-) -> Result<(u32, u16), Counter> {
-    let node = match SNAT_SOURCES.get(flow.backend) {
-        Some(&addr) if addr != 0 => addr,
-        _ => return Err(Counter::DropSnatNoSource),
+) -> Result<(A, u16), Counter> {
+    let Some(node) = A::snat_source(flow.backend) else {
+        return Err(Counter::DropSnatNoSource);
     };
     let ports = match SNAT_PORTS.get(0) {
         Some(&n) if n != 0 => n,
@@ -463,8 +464,12 @@ fn claim_source(
         let Some(&port) = SNAT_PORTS.get(slot) else {
             break;
         };
-        let reply_key = tuple((backend.addr, backend.port), (node, port as u16), t.proto);
-        if CONNTRACK
+        let reply_key = tuple(
+            (A::backend_addr(backend), backend.port),
+            (node, port as u16),
+            t.proto,
+        );
+        if A::conntrack()
             .insert(reply_key, reply, BPF_NOEXIST as u64)
             .is_ok()
         {
@@ -483,7 +488,7 @@ fn claim_source(
 /// flow is not recorded (`flood_untracked`): Maglev keeps its packets on their backend.
 /// `now` is the coarse clock the packet was forwarded at (`fwd::coarse_now`).
 #[inline(always)]
-pub fn record(key: &FlowKey, flow: &Flow, now: u32) {
+pub fn record<A: Family>(key: &FlowKey<A>, flow: &Flow<A>, now: u32) {
     count(Counter::NewFlow);
     if !flow.is_snat() && !flood_allows(now) {
         count(Counter::FloodUntracked);
@@ -506,8 +511,8 @@ pub fn record(key: &FlowKey, flow: &Flow, now: u32) {
 
 /// Inserts (or replaces) an entry, counting it as created.
 #[inline(always)]
-fn insert(key: &FlowKey, flow: &Flow) {
-    if CONNTRACK.insert(key, flow, 0).is_ok() {
+fn insert<A: Family>(key: &FlowKey<A>, flow: &Flow<A>) {
+    if A::conntrack().insert(key, flow, 0).is_ok() {
         count(Counter::CtCreated);
     }
 }
@@ -521,7 +526,7 @@ fn insert(key: &FlowKey, flow: &Flow) {
 /// errors the kernel sends about forward packets), found by `entry` (`flow` found under
 /// `key`, forward or reply).
 #[inline(always)]
-pub fn add_kernel_path_entries(key: &FlowKey, flow: &Flow) {
+pub fn add_kernel_path_entries<A: Family>(key: &FlowKey<A>, flow: &Flow<A>) {
     let (
         (client, client_port),
         (gateway, gateway_port),
@@ -552,12 +557,15 @@ pub fn add_kernel_path_entries(key: &FlowKey, flow: &Flow) {
         &entry(NAT_MASQ, node, node_port, gateway, gateway_port),
     );
     let reply = tuple((backend, backend_port), (client, client_port), key.proto);
-    insert_absent(&reply, &entry(NAT_SRC, gateway, gateway_port, 0, 0));
+    insert_absent(
+        &reply,
+        &entry(NAT_SRC, gateway, gateway_port, A::default(), 0),
+    );
 }
 
 /// The tuple of a packet from `src` to `dst` (addresses and ports network order).
 #[inline(always)]
-fn tuple(src: (u32, u16), dst: (u32, u16), proto: u8) -> FlowKey {
+fn tuple<A: Addr>(src: (A, u16), dst: (A, u16), proto: u8) -> FlowKey<A> {
     FlowKey {
         src: src.0,
         dst: dst.0,
@@ -571,8 +579,8 @@ fn tuple(src: (u32, u16), dst: (u32, u16), proto: u8) -> FlowKey {
 /// Inserts an entry unless its key is tracked already. Looked up first: an LRU insert
 /// takes a free element (maybe evicting one) before it finds the key present.
 #[inline(always)]
-fn insert_absent(key: &FlowKey, flow: &Flow) {
-    if CONNTRACK.get_ptr(key).is_none() {
+fn insert_absent<A: Family>(key: &FlowKey<A>, flow: &Flow<A>) {
+    if A::conntrack().get_ptr(key).is_none() {
         insert(key, flow);
     }
 }

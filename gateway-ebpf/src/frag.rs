@@ -9,7 +9,8 @@ use gateway_common::{Counter, FlowKey, FragKey, FragPorts};
 
 use crate::{
     conntrack::{lookup_or_balance, Found},
-    maps::{count, is_gateway_address, scratch_flow, Roles, FRAGMENTS},
+    family::Family,
+    maps::{count, is_gateway_address, Roles, FRAGMENTS},
     packet::{Eth, Ipv4},
     translate, Packet, PASS,
 };
@@ -45,7 +46,7 @@ pub fn later(
         proto: ip_proto,
         pad: [0; 3],
     };
-    let Some(new) = scratch_flow() else {
+    let Some(new) = Family::scratch() else {
         return PASS;
     };
     let found = lookup_or_balance(&t, roles, false, new)?;

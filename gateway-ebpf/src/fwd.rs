@@ -19,12 +19,10 @@ use aya_ebpf::{
 use gateway_common::{Counter, NextHop, NEXT_HOP_REFRESH, XMIT_OK, XMIT_SLOTS};
 
 use crate::{
-    csum::replace2,
+    family::Family,
     maps::{count, XMIT},
-    packet::{Eth, Ipv4},
+    packet::Eth,
 };
-
-const AF_INET: u8 = 2;
 
 /// How a packet leaves the gateway.
 #[derive(Clone, Copy)]
@@ -36,7 +34,7 @@ pub enum Path {
     Kernel(Counter),
 }
 
-/// Chooses the path of the packet whose IPv4 header is `ip`, as it will be sent (its
+/// Chooses the path of the packet whose network header is `ip`, as it will be sent (its
 /// destination already final). `hop` caches the FIB's answer for the flow; it is asked
 /// again when the cache is empty, about a second old, or the packet is longer than any
 /// the FIB has accepted (the FIB checks the MTU).
@@ -46,14 +44,19 @@ pub enum Path {
 /// # Safety
 /// `ip` must point into the packet, bounds-checked.
 #[inline(always)]
-pub unsafe fn path(ctx: &XdpContext, ip: *mut Ipv4, hop: &mut NextHop, now: u32) -> Path {
-    if (*ip).ttl <= 1 {
+pub unsafe fn path<A: Family>(
+    ctx: &XdpContext,
+    ip: *mut A::Hdr,
+    hop: &mut NextHop,
+    now: u32,
+) -> Path {
+    if A::hops(ip) <= 1 {
         return Path::Kernel(Counter::KernelTtl);
     }
-    let len = u16::from_be((*ip).tot_len);
+    let len = A::ip_len(ip);
     if hop.ifindex == 0 || len > hop.fit_len || now.wrapping_sub(hop.checked_at) > NEXT_HOP_REFRESH
     {
-        let found = match fib(ctx, ip) {
+        let found = match fib::<A>(ctx, ip) {
             Ok(found) => found,
             Err(reason) => {
                 // Asked and not answered: ask again on the next packet. The time still
@@ -91,7 +94,7 @@ pub fn coarse_now() -> u32 {
     (unsafe { bpf_ktime_get_coarse_ns() } >> 20) as u32
 }
 
-/// Sends the packet out of `hop.ifindex`: TTL decremented, MACs rewritten, redirected
+/// Sends the packet out of `hop.ifindex`: TTL (hop limit) decremented, MACs rewritten, redirected
 /// (to the receiving interface too: `XDP_TX` on a veth whose peer runs no XDP program
 /// leaves frames queued until something else wakes the peer, a redirect flushes them).
 ///
@@ -99,12 +102,13 @@ pub fn coarse_now() -> u32 {
 /// `eth` and `ip` must point into the packet, bounds-checked; `hop` must be the one
 /// `path` returned `Path::Redirect` for.
 #[inline(always)]
-pub unsafe fn send(ctx: &XdpContext, eth: *mut Eth, ip: *mut Ipv4, hop: &NextHop) -> u32 {
-    // The TTL shares a 16-bit checksum word with the protocol field.
-    let word = (ip as *mut u8).add(8) as *mut u16;
-    let old = *word;
-    (*ip).ttl -= 1;
-    (*ip).check = replace2((*ip).check, old, *word);
+pub unsafe fn send<A: Family>(
+    ctx: &XdpContext,
+    eth: *mut Eth,
+    ip: *mut A::Hdr,
+    hop: &NextHop,
+) -> u32 {
+    A::decrement_hops(ip);
     (*eth).dst = hop.dmac;
     (*eth).src = hop.smac;
     count(if hop.ifindex == ctx.ingress_ifindex() as u32 {
@@ -124,7 +128,7 @@ struct Found {
 /// Asks the kernel's FIB (routes and neighbours, MTU checked) where `ip` goes; a
 /// failure says why, as the counter of the kernel path it leads to.
 #[inline(always)]
-unsafe fn fib(ctx: &XdpContext, ip: *mut Ipv4) -> Result<Found, Counter> {
+unsafe fn fib<A: Family>(ctx: &XdpContext, ip: *mut A::Hdr) -> Result<Found, Counter> {
     // All 64 bytes must be initialised for the helper. Zeroed word by word with volatile
     // stores: a plain zeroed() becomes a call to a BPF memset subprogram, which costs
     // more than the rest of the fast path together.
@@ -135,13 +139,8 @@ unsafe fn fib(ctx: &XdpContext, ip: *mut Ipv4) -> Result<Found, Counter> {
     }
     // SAFETY: every byte was just written; all-zero is a valid bpf_fib_lookup.
     let mut params = params.assume_init();
-    params.family = AF_INET;
-    params.l4_protocol = (*ip).proto;
-    params.__bindgen_anon_1.tot_len = u16::from_be((*ip).tot_len);
+    A::fib_params(ip, &mut params);
     params.ifindex = ctx.ingress_ifindex() as u32;
-    params.__bindgen_anon_2.tos = (*ip).tos;
-    params.__bindgen_anon_3.ipv4_src = (*ip).src;
-    params.__bindgen_anon_4.ipv4_dst = (*ip).dst;
     let rc = fib_lookup(
         ctx.ctx.cast(),
         &mut params,

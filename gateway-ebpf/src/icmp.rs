@@ -84,13 +84,13 @@ pub unsafe fn handle(
         translate(ip, icmp, inner, ports, Side::Dst, dst);
     }
     let mut hop = NextHop::default();
-    match path(ctx, ip, &mut hop, coarse_now()) {
+    match path::<u32>(ctx, ip, &mut hop, coarse_now()) {
         Path::Redirect => {
             if let Some(src) = src {
                 translate(ip, icmp, inner, ports, Side::Src, src);
             }
             count(Counter::IcmpTranslated);
-            send(ctx, eth, ip, &hop)
+            send::<u32>(ctx, eth, ip, &hop)
         }
         Path::Kernel(reason) => {
             if dst.is_some() {

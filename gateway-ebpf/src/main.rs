@@ -95,6 +95,7 @@
 
 mod conntrack;
 mod csum;
+mod family;
 mod frag;
 mod fwd;
 mod icmp;
@@ -114,8 +115,9 @@ use gateway_common::{proto, Counter, Flow, FlowKey, NextHop, NAT_DST};
 
 use crate::{
     conntrack::{lookup_or_balance, Found, Lookup},
+    family::Family,
     fwd::Path,
-    maps::{account, account_kernel, count, is_gateway_address, scratch_flow, Direction, Roles},
+    maps::{account, account_kernel, count, is_gateway_address, Direction, Roles},
     nat::{halves, rewrite, Side, L4},
     packet::{
         ptr_at, Eth, Ipv4, Ports, ETH_LEN, ETH_P_IP, IPV4_MIN_LEN, IP_MF, IP_OFFSET, TCP_ACK,
@@ -256,7 +258,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     };
     // First fragment of a datagram for us: remember its ports for the later ones.
     let first_fragment = frag & IP_MF != 0;
-    let Some(new) = scratch_flow() else {
+    let Some(new) = Family::scratch() else {
         return PASS;
     };
     let found = lookup_or_balance(&t, roles, syn, new)?;
@@ -287,14 +289,14 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
 }
 
 /// A bounds-checked packet of a tracked or new flow.
-pub struct Packet<'a> {
+pub struct Packet<'a, A: Family> {
     /// Ethernet header.
     pub eth: *mut Eth,
-    /// IPv4 header.
-    pub ip: *mut Ipv4,
+    /// Network header.
+    pub ip: *mut A::Hdr,
     /// Transport header (absent in later fragments).
     pub l4: Option<&'a L4>,
-    /// IP total length.
+    /// IP packet length (header included).
     pub len: usize,
 }
 
@@ -311,18 +313,18 @@ pub struct Packet<'a> {
 /// The pointers in `pkt` must point into the packet, bounds-checked; a `Tracked`
 /// pointer must come from this run.
 #[inline(always)]
-unsafe fn translate(
+unsafe fn translate<A: Family>(
     ctx: &XdpContext,
-    pkt: &Packet,
-    key: &FlowKey,
-    found: Lookup,
-    new: &mut MaybeUninit<Flow>,
+    pkt: &Packet<A>,
+    key: &FlowKey<A>,
+    found: Lookup<A>,
+    new: &mut MaybeUninit<Flow<A>>,
 ) -> u32 {
     // The flow the packet belongs to (its translation) and where its next hop is cached:
     // a forward packet's with its backend (shared by all the backend's flows), a reply's
     // in the entry it found (`Reply`: its flow's forward entry). A translation made in
     // the slot for a flow without an entry caches nothing: its hop is the slot's own.
-    let (flow, reply_hop, is_new): (*mut Flow, *mut NextHop, bool) = match found.found {
+    let (flow, reply_hop, is_new): (*mut Flow<A>, *mut NextHop, bool) = match found.found {
         Found::Tracked => (found.entry, &raw mut (*found.entry).next_hop, false),
         // For the three below `lookup_or_balance` wrote the slot.
         Found::Reply => (new.as_mut_ptr(), &raw mut (*found.entry).next_hop, false),
@@ -345,20 +347,20 @@ unsafe fn translate(
     let (forward, service, snat) = ((*flow).kind == NAT_DST, (*flow).service, (*flow).is_snat());
     let (dst, src) = halves(&*flow);
     if let Some(dst) = dst {
-        rewrite(pkt.ip, pkt.l4, Side::Dst, dst);
+        rewrite::<A>(pkt.ip, pkt.l4, Side::Dst, dst);
     }
     if forward {
         account(service, Direction::Forward, pkt.len as u64, is_new);
     }
-    let verdict = match fwd::path(ctx, pkt.ip, &mut *hop, now) {
+    let verdict = match fwd::path::<A>(ctx, pkt.ip, &mut *hop, now) {
         Path::Redirect => {
             if let Some(src) = src {
-                rewrite(pkt.ip, pkt.l4, Side::Src, src);
+                rewrite::<A>(pkt.ip, pkt.l4, Side::Src, src);
             }
             if !forward {
                 account(service, Direction::Reply, pkt.len as u64, false);
             }
-            fwd::send(ctx, pkt.eth, pkt.ip, &*hop)
+            fwd::send::<A>(ctx, pkt.eth, pkt.ip, &*hop)
         }
         // The source half is left to the TC program on egress. A reply is counted
         // again (and accounted to the service) there.

@@ -2,16 +2,14 @@
 //! `gateway_common::map_names` for what each holds). The daemon writes every map
 //! except the conntrack, the fragments and the counters, which only the programs write.
 
-use core::mem::MaybeUninit;
-
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use gateway_common::{
-    config, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragPorts, MaglevTable, NextHop,
-    ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats, ADDR_BACKEND, ADDR_FILTER_SLOTS,
-    ADDR_GATEWAY, SNAT_PORT_SLOTS, XMIT_SLOTS,
+    config, Addr, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragPorts, MaglevTable,
+    NextHop, ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats, ADDR_BACKEND,
+    ADDR_FILTER_SLOTS, ADDR_GATEWAY, SNAT_PORT_SLOTS, XMIT_SLOTS,
 };
 
 const SERVICES_MAX: u32 = 1024;
@@ -60,7 +58,7 @@ pub static ADDR_FILTER: Array<u32> = Array::with_max_entries(ADDR_FILTER_SLOTS, 
 
 /// The `ADDR_*` roles some address hashing to `addr`'s slot has (0: none).
 #[inline(always)]
-fn addr_roles(addr: u32) -> u32 {
+fn addr_roles<A: Addr>(addr: A) -> u32 {
     ADDR_FILTER
         .get(gateway_common::addr_slot(addr))
         .copied()
@@ -81,7 +79,7 @@ pub struct Roles {
 impl Roles {
     /// The roles of a packet from `src` to `dst` (network order).
     #[inline(always)]
-    pub fn of(src: u32, dst: u32) -> Self {
+    pub fn of<A: Addr>(src: A, dst: A) -> Self {
         Roles {
             to_gateway: addr_roles(dst) & ADDR_GATEWAY != 0,
             from_backend: addr_roles(src) & ADDR_BACKEND != 0,
@@ -112,15 +110,6 @@ pub fn backend_hop(id: u32) -> Option<*mut NextHop> {
 /// rest. Written and read by the XDP program within one run.
 #[map(name = "berth_scratch")]
 pub static SCRATCH: PerCpuArray<Flow> = PerCpuArray::with_max_entries(1, 0);
-
-/// This CPU's scratch flow slot, uninitialised as far as the caller is concerned.
-#[inline(always)]
-pub fn scratch_flow() -> Option<&'static mut MaybeUninit<Flow>> {
-    let slot = SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: per-CPU slot, used only by this CPU while the program runs; MaybeUninit
-    // has the layout of Flow.
-    Some(unsafe { &mut *(slot as *mut MaybeUninit<Flow>) })
-}
 
 /// `config::*` slot → value. Written by the daemon at start.
 #[map(name = "berth_config")]

@@ -7,12 +7,9 @@
 //! packet itself, because the kernel drops a received packet whose source is one of its
 //! own addresses (a martian) — on the kernel's path the TC program applies it on egress.
 
-use gateway_common::{Flow, NAT_DST};
+use gateway_common::{Addr, Flow, NAT_DST};
 
-use crate::{
-    csum::{replace2, replace4},
-    packet::{Ipv4, Ports},
-};
+use crate::{csum::replace2, family::Family, packet::Ports};
 
 /// The transport header of a packet, when it is present (not in later fragments).
 pub struct L4 {
@@ -31,14 +28,14 @@ pub enum Side {
 
 /// An address and port to write (network order).
 #[derive(Clone, Copy)]
-pub struct Endpoint {
-    pub addr: u32,
+pub struct Endpoint<A: Addr = u32> {
+    pub addr: A,
     pub port: u16,
 }
 
 /// The destination and source halves of a flow's translation (see the module doc).
 #[inline(always)]
-pub fn halves(flow: &Flow) -> (Option<Endpoint>, Option<Endpoint>) {
+pub fn halves<A: Addr>(flow: &Flow<A>) -> (Option<Endpoint<A>>, Option<Endpoint<A>>) {
     let nat = Endpoint {
         addr: flow.nat_addr,
         port: flow.nat_port,
@@ -59,15 +56,8 @@ pub fn halves(flow: &Flow) -> (Option<Endpoint>, Option<Endpoint>) {
 /// # Safety
 /// `ip` and the pointers in `l4` must point into the packet, bounds-checked.
 #[inline(always)]
-pub unsafe fn rewrite(ip: *mut Ipv4, l4: Option<&L4>, side: Side, to: Endpoint) {
-    let addr = if side == Side::Dst {
-        &mut (*ip).dst
-    } else {
-        &mut (*ip).src
-    };
-    let old_addr = *addr;
-    *addr = to.addr;
-    (*ip).check = replace4((*ip).check, old_addr, to.addr);
+pub unsafe fn rewrite<A: Family>(ip: *mut A::Hdr, l4: Option<&L4>, side: Side, to: Endpoint<A>) {
+    let old_addr = A::set_addr(ip, side, to.addr);
 
     let Some(l4) = l4 else {
         return;
@@ -83,7 +73,7 @@ pub unsafe fn rewrite(ip: *mut Ipv4, l4: Option<&L4>, side: Side, to: Endpoint) 
     if l4.udp && check == 0 {
         return;
     }
-    let mut check = replace2(replace4(check, old_addr, to.addr), old_port, to.port);
+    let mut check = replace2(A::csum_addr(check, old_addr, to.addr), old_port, to.port);
     if l4.udp && check == 0 {
         check = 0xffff;
     }

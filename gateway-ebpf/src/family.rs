@@ -1,0 +1,168 @@
+//! The address family a program instance serves. The flow logic (`conntrack.rs`,
+//! `nat.rs`, `fwd.rs`, `translate`) is written once, generic over `Family`, which the
+//! address type itself implements (so the family follows from the keys a function is
+//! given): each family brings its maps and how its network header is read and
+//! rewritten. Only IPv4 (`u32`) is implemented so far (see docs/ipv6.md).
+
+use core::mem::MaybeUninit;
+
+use aya_ebpf::{
+    bindings::bpf_fib_lookup,
+    maps::{HashMap, LruHashMap},
+};
+use gateway_common::{Addr, Backend, Flow, FlowKey, ReplyIndex, Service, ServiceKey};
+
+use crate::{
+    csum::{replace2, replace4},
+    maps::{CONNTRACK, REPLY_INDEX, SCRATCH, SERVICES, SNAT_SOURCES},
+    nat::Side,
+    packet::Ipv4,
+};
+
+/// One address family, implemented by its address type (as keys and values hold it):
+/// its maps and network header.
+pub trait Family: Addr + 'static {
+    /// The network header.
+    type Hdr;
+
+    /// (gateway address, protocol, port) → service.
+    fn services() -> &'static HashMap<ServiceKey<Self>, Service>;
+    /// The conntrack.
+    fn conntrack() -> &'static LruHashMap<FlowKey<Self>, Flow<Self>>;
+    /// Backend endpoint → the router-mode services it serves.
+    fn reply_index() -> &'static HashMap<ServiceKey<Self>, ReplyIndex<Self>>;
+    /// This CPU's scratch flow slot (see `maps::SCRATCH`).
+    fn scratch() -> Option<&'static mut MaybeUninit<Flow<Self>>>;
+    /// A backend's address, if it is of this family.
+    fn backend_addr(backend: &Backend) -> Self;
+    /// The node's address toward backend `id` (SNAT mode), if one is known.
+    fn snat_source(id: u32) -> Option<Self>;
+
+    /// The header's source and destination.
+    ///
+    /// # Safety
+    /// `ip` must point into the packet, bounds-checked.
+    unsafe fn addrs(ip: *const Self::Hdr) -> (Self, Self);
+    /// Writes `side`'s address, keeping the header's own checksum (if any) right;
+    /// returns the old address.
+    ///
+    /// # Safety
+    /// `ip` must point into the packet, bounds-checked.
+    unsafe fn set_addr(ip: *mut Self::Hdr, side: Side, to: Self) -> Self;
+    /// A transport checksum after an address of its pseudo-header changed.
+    fn csum_addr(check: u16, old: Self, new: Self) -> u16;
+    /// TTL or hop limit.
+    ///
+    /// # Safety
+    /// `ip` must point into the packet, bounds-checked.
+    unsafe fn hops(ip: *const Self::Hdr) -> u8;
+    /// Decrements the TTL or hop limit (one forwarding hop).
+    ///
+    /// # Safety
+    /// `ip` must point into the packet, bounds-checked.
+    unsafe fn decrement_hops(ip: *mut Self::Hdr);
+    /// The length of the IP packet (header included), host order.
+    ///
+    /// # Safety
+    /// `ip` must point into the packet, bounds-checked.
+    unsafe fn ip_len(ip: *const Self::Hdr) -> u16;
+    /// Fills the family, addresses, protocol, length and class of a FIB lookup.
+    ///
+    /// # Safety
+    /// `ip` must point into the packet, bounds-checked.
+    unsafe fn fib_params(ip: *const Self::Hdr, params: &mut bpf_fib_lookup);
+}
+
+const AF_INET: u8 = 2;
+
+/// IPv4.
+impl Family for u32 {
+    type Hdr = Ipv4;
+
+    #[inline(always)]
+    fn services() -> &'static HashMap<ServiceKey, Service> {
+        &SERVICES
+    }
+
+    #[inline(always)]
+    fn conntrack() -> &'static LruHashMap<FlowKey, Flow> {
+        &CONNTRACK
+    }
+
+    #[inline(always)]
+    fn reply_index() -> &'static HashMap<ServiceKey, ReplyIndex> {
+        &REPLY_INDEX
+    }
+
+    #[inline(always)]
+    fn scratch() -> Option<&'static mut MaybeUninit<Flow>> {
+        let slot = SCRATCH.get_ptr_mut(0)?;
+        // SAFETY: per-CPU slot, used only by this CPU while the program runs;
+        // MaybeUninit has the layout of Flow.
+        Some(unsafe { &mut *(slot as *mut MaybeUninit<Flow>) })
+    }
+
+    #[inline(always)]
+    fn backend_addr(backend: &Backend) -> u32 {
+        backend.addr
+    }
+
+    #[inline(always)]
+    fn snat_source(id: u32) -> Option<u32> {
+        match SNAT_SOURCES.get(id) {
+            Some(&addr) if addr != 0 => Some(addr),
+            _ => None,
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn addrs(ip: *const Ipv4) -> (u32, u32) {
+        ((*ip).src, (*ip).dst)
+    }
+
+    #[inline(always)]
+    unsafe fn set_addr(ip: *mut Ipv4, side: Side, to: u32) -> u32 {
+        let addr = match side {
+            Side::Dst => &mut (*ip).dst,
+            Side::Src => &mut (*ip).src,
+        };
+        let old = *addr;
+        *addr = to;
+        (*ip).check = replace4((*ip).check, old, to);
+        old
+    }
+
+    #[inline(always)]
+    fn csum_addr(check: u16, old: u32, new: u32) -> u16 {
+        replace4(check, old, new)
+    }
+
+    #[inline(always)]
+    unsafe fn hops(ip: *const Ipv4) -> u8 {
+        (*ip).ttl
+    }
+
+    #[inline(always)]
+    unsafe fn decrement_hops(ip: *mut Ipv4) {
+        // The TTL shares a 16-bit checksum word with the protocol field.
+        let word = (ip as *mut u8).add(8) as *mut u16;
+        let old = *word;
+        (*ip).ttl -= 1;
+        (*ip).check = replace2((*ip).check, old, *word);
+    }
+
+    #[inline(always)]
+    unsafe fn ip_len(ip: *const Ipv4) -> u16 {
+        u16::from_be((*ip).tot_len)
+    }
+
+    #[inline(always)]
+    unsafe fn fib_params(ip: *const Ipv4, params: &mut bpf_fib_lookup) {
+        params.family = AF_INET;
+        params.l4_protocol = (*ip).proto;
+        params.__bindgen_anon_1.tot_len = u16::from_be((*ip).tot_len);
+        params.__bindgen_anon_2.tos = (*ip).tos;
+        params.__bindgen_anon_3.ipv4_src = (*ip).src;
+        params.__bindgen_anon_4.ipv4_dst = (*ip).dst;
+    }
+}
