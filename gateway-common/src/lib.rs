@@ -54,9 +54,13 @@ pub mod map_names {
     pub const ADDR_FILTER: &str = "berth_addr_filter";
     /// Backend id → `NextHop` toward that backend (the forward packets of all its flows).
     pub const BACKEND_HOPS: &str = "berth_backend_hops";
+    /// Slot → program entered by tail call: slot 0 is the IPv6 gateway program. Pinned,
+    /// so that IPv6 keeps being served while the daemon restarts (a program array
+    /// forgets its programs when no file refers to it).
+    pub const PROGRAMS: &str = "berth_progs";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 18] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -74,6 +78,7 @@ pub mod map_names {
         REPLY_INDEX,
         ADDR_FILTER,
         BACKEND_HOPS,
+        PROGRAMS,
     ];
 }
 
@@ -202,6 +207,21 @@ pub mod proto {
     pub const TCP: u8 = 6;
     /// UDP.
     pub const UDP: u8 = 17;
+    /// ICMPv6.
+    pub const ICMPV6: u8 = 58;
+    /// IPv6 extension headers the datapath walks past.
+    pub mod ipv6_ext {
+        /// Hop-by-hop options.
+        pub const HOP_BY_HOP: u8 = 0;
+        /// Routing.
+        pub const ROUTING: u8 = 43;
+        /// Fragment.
+        pub const FRAGMENT: u8 = 44;
+        /// Authentication header.
+        pub const AUTH: u8 = 51;
+        /// Destination options.
+        pub const DEST_OPTS: u8 = 60;
+    }
 }
 
 /// Key of the service map: a gateway address, protocol and port.
@@ -591,6 +611,9 @@ counters! {
     /// A conntrack entry was created (forward, reply or kernel-path entry). Created minus
     /// live entries is what the LRU evicted (the kernel does not count evictions).
     CtCreated = "ct_created",
+    /// An IPv6 packet passed untouched because the IPv6 program could not be entered
+    /// (its tail-call slot was empty: a loader that did not fill it).
+    Ipv6NoProgram = "ipv6_no_program",
 }
 
 impl Counter {

@@ -141,7 +141,7 @@ pub fn lookup_or_balance<A: Family>(
             Counter::CtStaleService
         });
     }
-    new.write(balance(t, &service)?);
+    balance(t, &service, new)?;
     Ok(Lookup::only(Found::New))
 }
 
@@ -240,9 +240,12 @@ fn reply_of<A: Family>(
             _ => continue,
         };
         let fwd = tuple((t.dst, t.dport), (svc.addr, svc.port), t.proto);
-        if let Ok(flow) = balance(&fwd, &service) {
+        if balance(&fwd, &service, slot).is_ok() {
+            // SAFETY: `balance` wrote the slot.
+            let flow = unsafe { slot.assume_init_ref() };
             if flow.nat_addr == t.src && flow.nat_port == t.sport && !flow.is_snat() {
-                slot.write(reply_flow(svc, flow.backend, flow.service));
+                let (backend, service) = (flow.backend, flow.service);
+                slot.write(reply_flow(svc, backend, service));
                 return Some(Lookup::only(Found::Untracked));
             }
         }
@@ -371,7 +374,7 @@ fn backend_serves<A: Family>(key: &FlowKey<A>, flow: &Flow<A>) -> bool {
         Some(b) => {
             b.flags & BACKEND_LIVE != 0
                 && b.service == flow.service
-                && A::backend_addr(b) == addr
+                && A::backend_addr(flow.backend, b) == addr
                 && b.port == port
         }
         None => false,
@@ -405,9 +408,14 @@ fn ends<A: Addr>(key: &FlowKey<A>, flow: &Flow<A>) -> ((A, u16), (A, u16)) {
     }
 }
 
-/// Picks a backend with the service's Maglev table.
+/// Picks a backend with the service's Maglev table; the new flow is written to `out`
+/// (in place: an IPv6 flow is too large to pass around on the stack).
 #[inline(always)]
-fn balance<A: Family>(t: &FlowKey<A>, service: &Service) -> Result<Flow<A>, Counter> {
+fn balance<A: Family>(
+    t: &FlowKey<A>,
+    service: &Service,
+    out: &mut MaybeUninit<Flow<A>>,
+) -> Result<(), Counter> {
     if service.active == 0 {
         return Err(Counter::DropNoBackend);
     }
@@ -421,21 +429,21 @@ fn balance<A: Family>(t: &FlowKey<A>, service: &Service) -> Result<Flow<A>, Coun
     if backend.flags & BACKEND_LIVE == 0 {
         return Err(Counter::DropNoBackend);
     }
-    let mut flow = Flow::entry(
+    let flow = out.write(Flow::entry(
         NAT_DST,
-        (A::backend_addr(backend), backend.port),
+        (A::backend_addr(backend_id, backend), backend.port),
         backend_id,
         service.id,
-    );
+    ));
     if service.flags & SERVICE_REPLY_ENTRY != 0 {
         flow.flags = FLOW_REPLY_ENTRY;
     }
     if service.flags & SERVICE_SNAT != 0 {
-        let (addr, port) = claim_source(t, &flow, backend, hash)?;
+        let (addr, port) = claim_source(t, flow, backend, hash)?;
         flow.peer_addr = addr;
         flow.peer_port = port;
     }
-    Ok(flow)
+    Ok(())
 }
 
 /// SNAT mode: picks the node's address toward the backend and a source port for the
@@ -456,7 +464,11 @@ fn claim_source<A: Family>(
         Some(&n) if n != 0 => n,
         _ => return Err(Counter::DropSnatPortsExhausted),
     };
-    let reply = Flow::entry(NAT_SRC, (t.dst, t.dport), flow.backend, flow.service)
+    // The reply entry is built in the pending slot; each try changes its key.
+    let Some(reply) = A::pending() else {
+        return Err(Counter::DropSnatPortsExhausted);
+    };
+    reply.flow = Flow::entry(NAT_SRC, (t.dst, t.dport), flow.backend, flow.service)
         .with_peer((t.src, t.sport));
     for attempt in 0..SNAT_PORT_TRIES {
         // Hidden from LLVM for the same reason as the Maglev slot in `balance`.
@@ -464,16 +476,12 @@ fn claim_source<A: Family>(
         let Some(&port) = SNAT_PORTS.get(slot) else {
             break;
         };
-        let reply_key = tuple(
-            (A::backend_addr(backend), backend.port),
+        reply.key = tuple(
+            (A::backend_addr(flow.backend, backend), backend.port),
             (node, port as u16),
             t.proto,
         );
-        if A::conntrack()
-            .insert(reply_key, reply, BPF_NOEXIST as u64)
-            .is_ok()
-        {
-            count(Counter::CtCreated);
+        if insert(&reply.key, &reply.flow, BPF_NOEXIST as u64) {
             count(Counter::SnatNewFlow);
             return Ok((node, port as u16));
         }
@@ -495,26 +503,52 @@ pub fn record<A: Family>(key: &FlowKey<A>, flow: &Flow<A>, now: u32) {
         return;
     }
     if flow.flags & FLOW_REPLY_ENTRY != 0 {
-        let reply_key = tuple(
-            (flow.nat_addr, flow.nat_port),
-            (key.src, key.sport),
-            key.proto,
-        );
-        let reply = Flow::entry(NAT_SRC, (key.dst, key.dport), flow.backend, flow.service);
         // The reply entry goes first so that a reply can never arrive before it exists.
         // Inserting into an LRU map only fails on allocation failure; the packet is
         // still forwarded and the next one retries.
-        insert(&reply_key, &reply);
+        insert_staged(
+            tuple(
+                (flow.nat_addr, flow.nat_port),
+                (key.src, key.sport),
+                key.proto,
+            ),
+            Flow::entry(NAT_SRC, (key.dst, key.dport), flow.backend, flow.service),
+            false,
+        );
     }
-    insert(key, flow);
+    insert(key, flow, 0);
 }
 
-/// Inserts (or replaces) an entry, counting it as created.
+/// Inserts an entry (`flags`: `BPF_NOEXIST` or 0 to replace), counting it as created;
+/// whether it was.
 #[inline(always)]
-fn insert<A: Family>(key: &FlowKey<A>, flow: &Flow<A>) {
-    if A::conntrack().insert(key, flow, 0).is_ok() {
+fn insert<A: Family>(key: &FlowKey<A>, flow: &Flow<A>, flags: u64) -> bool {
+    let created = A::conntrack().insert(key, flow, flags).is_ok();
+    if created {
         count(Counter::CtCreated);
     }
+    created
+}
+
+/// Inserts entry `flow` under `key`, both built in this CPU's pending slot rather than
+/// on the stack (an IPv6 entry and key are 120 bytes); with `absent`, only if the key
+/// is not tracked yet. Looked up first: an LRU insert takes a free element (maybe
+/// evicting one) before it finds the key present.
+#[inline(always)]
+fn insert_staged<A: Family>(key: FlowKey<A>, flow: Flow<A>, absent: bool) {
+    let Some(slot) = A::pending() else {
+        return;
+    };
+    slot.key = key;
+    #[allow(
+        clippy::needless_borrows_for_generic_args,
+        reason = "by value, the key would be copied to the stack"
+    )]
+    if absent && A::conntrack().get_ptr(&slot.key).is_some() {
+        return;
+    }
+    slot.flow = flow;
+    insert(&slot.key, &slot.flow, 0);
 }
 
 /// A SNAT flow's packet goes through the kernel: the kernel forwards it with only its
@@ -551,15 +585,15 @@ pub fn add_kernel_path_entries<A: Family>(key: &FlowKey<A>, flow: &Flow<A>) {
         Flow::entry(kind, (nat_addr, nat_port), flow.backend, flow.service)
             .with_peer((peer_addr, peer_port))
     };
-    let masq = tuple((client, client_port), (backend, backend_port), key.proto);
-    insert_absent(
-        &masq,
-        &entry(NAT_MASQ, node, node_port, gateway, gateway_port),
+    insert_staged(
+        tuple((client, client_port), (backend, backend_port), key.proto),
+        entry(NAT_MASQ, node, node_port, gateway, gateway_port),
+        true,
     );
-    let reply = tuple((backend, backend_port), (client, client_port), key.proto);
-    insert_absent(
-        &reply,
-        &entry(NAT_SRC, gateway, gateway_port, A::default(), 0),
+    insert_staged(
+        tuple((backend, backend_port), (client, client_port), key.proto),
+        entry(NAT_SRC, gateway, gateway_port, A::default(), 0),
+        true,
     );
 }
 
@@ -573,14 +607,5 @@ fn tuple<A: Addr>(src: (A, u16), dst: (A, u16), proto: u8) -> FlowKey<A> {
         dport: dst.1,
         proto,
         pad: [0; 3],
-    }
-}
-
-/// Inserts an entry unless its key is tracked already. Looked up first: an LRU insert
-/// takes a free element (maybe evicting one) before it finds the key present.
-#[inline(always)]
-fn insert_absent<A: Family>(key: &FlowKey<A>, flow: &Flow<A>) {
-    if A::conntrack().get_ptr(key).is_none() {
-        insert(key, flow);
     }
 }

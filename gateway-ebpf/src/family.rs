@@ -2,7 +2,7 @@
 //! `nat.rs`, `fwd.rs`, `translate`) is written once, generic over `Family`, which the
 //! address type itself implements (so the family follows from the keys a function is
 //! given): each family brings its maps and how its network header is read and
-//! rewritten. Only IPv4 (`u32`) is implemented so far (see docs/ipv6.md).
+//! rewritten. IPv4 is `u32`, IPv6 `[u32; 4]` (see docs/ipv6.md).
 
 use core::mem::MaybeUninit;
 
@@ -14,9 +14,13 @@ use gateway_common::{Addr, Backend, Flow, FlowKey, ReplyIndex, Service, ServiceK
 
 use crate::{
     csum::{replace2, replace4},
-    maps::{CONNTRACK, REPLY_INDEX, SCRATCH, SERVICES, SNAT_SOURCES},
+    maps::{
+        Addr6, Pending, ADDRESSES, ADDRESSES6, BACKENDS6, CONNTRACK, CONNTRACK6, PENDING, PENDING6,
+        REPLY_INDEX, REPLY_INDEX6, SCRATCH, SCRATCH6, SERVICES, SERVICES6, SNAT_SOURCES,
+        SNAT_SOURCES6,
+    },
     nat::Side,
-    packet::Ipv4,
+    packet::{Ipv4, Ipv6, IPV6_LEN},
 };
 
 /// One address family, implemented by its address type (as keys and values hold it):
@@ -27,14 +31,18 @@ pub trait Family: Addr + 'static {
 
     /// (gateway address, protocol, port) → service.
     fn services() -> &'static HashMap<ServiceKey<Self>, Service>;
+    /// Gateway address → number of services on it.
+    fn addresses() -> &'static HashMap<Self, u32>;
     /// The conntrack.
     fn conntrack() -> &'static LruHashMap<FlowKey<Self>, Flow<Self>>;
     /// Backend endpoint → the router-mode services it serves.
     fn reply_index() -> &'static HashMap<ServiceKey<Self>, ReplyIndex<Self>>;
     /// This CPU's scratch flow slot (see `maps::SCRATCH`).
     fn scratch() -> Option<&'static mut MaybeUninit<Flow<Self>>>;
-    /// A backend's address, if it is of this family.
-    fn backend_addr(backend: &Backend) -> Self;
+    /// This CPU's pending entry (see `maps::Pending`).
+    fn pending() -> Option<&'static mut Pending<Self>>;
+    /// The address of backend `id` (whose `BACKENDS` entry is `backend`).
+    fn backend_addr(id: u32, backend: &Backend) -> Self;
     /// The node's address toward backend `id` (SNAT mode), if one is known.
     fn snat_source(id: u32) -> Option<Self>;
 
@@ -74,6 +82,7 @@ pub trait Family: Addr + 'static {
 }
 
 const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
 
 /// IPv4.
 impl Family for u32 {
@@ -82,6 +91,11 @@ impl Family for u32 {
     #[inline(always)]
     fn services() -> &'static HashMap<ServiceKey, Service> {
         &SERVICES
+    }
+
+    #[inline(always)]
+    fn addresses() -> &'static HashMap<u32, u32> {
+        &ADDRESSES
     }
 
     #[inline(always)]
@@ -103,7 +117,13 @@ impl Family for u32 {
     }
 
     #[inline(always)]
-    fn backend_addr(backend: &Backend) -> u32 {
+    fn pending() -> Option<&'static mut Pending<u32>> {
+        // SAFETY: per-CPU slot, used only by this CPU while the program runs.
+        PENDING.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+    }
+
+    #[inline(always)]
+    fn backend_addr(_id: u32, backend: &Backend) -> u32 {
         backend.addr
     }
 
@@ -164,5 +184,108 @@ impl Family for u32 {
         params.__bindgen_anon_2.tos = (*ip).tos;
         params.__bindgen_anon_3.ipv4_src = (*ip).src;
         params.__bindgen_anon_4.ipv4_dst = (*ip).dst;
+    }
+}
+
+/// IPv6.
+impl Family for Addr6 {
+    type Hdr = Ipv6;
+
+    #[inline(always)]
+    fn services() -> &'static HashMap<ServiceKey<Addr6>, Service> {
+        &SERVICES6
+    }
+
+    #[inline(always)]
+    fn addresses() -> &'static HashMap<Addr6, u32> {
+        &ADDRESSES6
+    }
+
+    #[inline(always)]
+    fn conntrack() -> &'static LruHashMap<FlowKey<Addr6>, Flow<Addr6>> {
+        &CONNTRACK6
+    }
+
+    #[inline(always)]
+    fn reply_index() -> &'static HashMap<ServiceKey<Addr6>, ReplyIndex<Addr6>> {
+        &REPLY_INDEX6
+    }
+
+    #[inline(always)]
+    fn scratch() -> Option<&'static mut MaybeUninit<Flow<Addr6>>> {
+        let slot = SCRATCH6.get_ptr_mut(0)?;
+        // SAFETY: as for IPv4.
+        Some(unsafe { &mut *(slot as *mut MaybeUninit<Flow<Addr6>>) })
+    }
+
+    #[inline(always)]
+    fn pending() -> Option<&'static mut Pending<Addr6>> {
+        // SAFETY: as for IPv4.
+        PENDING6.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+    }
+
+    #[inline(always)]
+    fn backend_addr(id: u32, _backend: &Backend) -> Addr6 {
+        BACKENDS6.get(id).copied().unwrap_or_default()
+    }
+
+    #[inline(always)]
+    fn snat_source(id: u32) -> Option<Addr6> {
+        match SNAT_SOURCES6.get(id) {
+            Some(addr) if !addr.is_zero() => Some(*addr),
+            _ => None,
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn addrs(ip: *const Ipv6) -> (Addr6, Addr6) {
+        ((*ip).src, (*ip).dst)
+    }
+
+    #[inline(always)]
+    unsafe fn set_addr(ip: *mut Ipv6, side: Side, to: Addr6) -> Addr6 {
+        let addr = match side {
+            Side::Dst => &mut (*ip).dst,
+            Side::Src => &mut (*ip).src,
+        };
+        let old = *addr;
+        *addr = to;
+        old
+    }
+
+    #[inline(always)]
+    fn csum_addr(check: u16, old: Addr6, new: Addr6) -> u16 {
+        let mut check = check;
+        for i in 0..4 {
+            check = replace4(check, old[i], new[i]);
+        }
+        check
+    }
+
+    #[inline(always)]
+    unsafe fn hops(ip: *const Ipv6) -> u8 {
+        (*ip).hop_limit
+    }
+
+    #[inline(always)]
+    unsafe fn decrement_hops(ip: *mut Ipv6) {
+        (*ip).hop_limit -= 1;
+    }
+
+    #[inline(always)]
+    unsafe fn ip_len(ip: *const Ipv6) -> u16 {
+        u16::from_be((*ip).payload_len).wrapping_add(IPV6_LEN as u16)
+    }
+
+    #[inline(always)]
+    unsafe fn fib_params(ip: *const Ipv6, params: &mut bpf_fib_lookup) {
+        params.family = AF_INET6;
+        params.l4_protocol = (*ip).next_hdr;
+        params.__bindgen_anon_1.tot_len = Self::ip_len(ip);
+        // Traffic class and flow label (the version masked off), network order, as the
+        // kernel's own XDP forwarding example passes them.
+        params.__bindgen_anon_2.flowinfo = (*ip).vtc_flow & 0xffff_ff0fu32;
+        params.__bindgen_anon_3.ipv6_src = (*ip).src;
+        params.__bindgen_anon_4.ipv6_dst = (*ip).dst;
     }
 }

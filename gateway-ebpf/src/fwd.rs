@@ -20,7 +20,7 @@ use gateway_common::{Counter, NextHop, NEXT_HOP_REFRESH, XMIT_OK, XMIT_SLOTS};
 
 use crate::{
     family::Family,
-    maps::{count, XMIT},
+    maps::{count, FIB_PARAMS, XMIT},
     packet::Eth,
 };
 
@@ -129,21 +129,25 @@ struct Found {
 /// failure says why, as the counter of the kernel path it leads to.
 #[inline(always)]
 unsafe fn fib<A: Family>(ctx: &XdpContext, ip: *mut A::Hdr) -> Result<Found, Counter> {
-    // All 64 bytes must be initialised for the helper. Zeroed word by word with volatile
-    // stores: a plain zeroed() becomes a call to a BPF memset subprogram, which costs
-    // more than the rest of the fast path together.
-    let mut params = core::mem::MaybeUninit::<bpf_fib_lookup>::uninit();
-    let words = params.as_mut_ptr() as *mut u64;
+    // The parameters live in a per-CPU slot (64 bytes the stack cannot spare). All of
+    // them must be set for the helper: zeroed word by word with volatile stores (a
+    // plain zeroed() becomes a call to a BPF memset subprogram, which costs more than
+    // the rest of the fast path together).
+    let Some(params) = FIB_PARAMS.get_ptr_mut(0) else {
+        return Err(Counter::KernelNoRoute);
+    };
+    let words = params as *mut u64;
     for i in 0..core::mem::size_of::<bpf_fib_lookup>() / 8 {
         core::ptr::write_volatile(words.add(i), 0);
     }
-    // SAFETY: every byte was just written; all-zero is a valid bpf_fib_lookup.
-    let mut params = params.assume_init();
-    A::fib_params(ip, &mut params);
+    // SAFETY: per-CPU slot, used only by this CPU while the program runs; all-zero is
+    // a valid bpf_fib_lookup.
+    let params = &mut *params;
+    A::fib_params(ip, params);
     params.ifindex = ctx.ingress_ifindex() as u32;
     let rc = fib_lookup(
         ctx.ctx.cast(),
-        &mut params,
+        params,
         core::mem::size_of::<bpf_fib_lookup>() as i32,
         0,
     );

@@ -99,6 +99,7 @@ mod family;
 mod frag;
 mod fwd;
 mod icmp;
+mod ipv6;
 mod maps;
 mod nat;
 mod packet;
@@ -117,12 +118,11 @@ use crate::{
     conntrack::{lookup_or_balance, Found, Lookup},
     family::Family,
     fwd::Path,
-    maps::{account, account_kernel, count, is_gateway_address, Direction, Roles},
-    nat::{halves, rewrite, Side, L4},
-    packet::{
-        ptr_at, Eth, Ipv4, Ports, ETH_LEN, ETH_P_IP, IPV4_MIN_LEN, IP_MF, IP_OFFSET, TCP_ACK,
-        TCP_CHECK_OFF, TCP_SYN, UDP_CHECK_OFF,
+    maps::{
+        account, account_kernel, count, is_gateway_address, Direction, Roles, PROGRAMS, PROG_V6,
     },
+    nat::{halves, rewrite, Side, L4},
+    packet::{ptr_at, Eth, Ipv4, ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_MIN_LEN, IP_MF, IP_OFFSET},
 };
 
 /// The gateway program, attached to every `--interface`. (Inlined into the entry point
@@ -130,7 +130,21 @@ use crate::{
 #[xdp]
 #[inline(always)]
 pub fn berth(ctx: XdpContext) -> u32 {
-    match try_berth(&ctx) {
+    verdict(try_berth(&ctx))
+}
+
+/// The IPv6 half of the gateway program, entered by tail call from `berth`
+/// (`maps::PROG_V6`): a stack of its own, the same flow logic (`ipv6.rs`).
+#[xdp]
+#[inline(always)]
+pub fn berth_v6(ctx: XdpContext) -> u32 {
+    verdict(ipv6::try_berth(&ctx))
+}
+
+/// An XDP verdict: a dropped packet's reason is counted.
+#[inline(always)]
+fn verdict(result: Result<u32, Counter>) -> u32 {
+    match result {
         Ok(action) => action,
         Err(reason) => {
             count(reason);
@@ -177,7 +191,13 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     // Every header pointer below comes from `ptr_at`, which checked that the whole
     // header lies inside the packet.
     // SAFETY: `eth` is such a pointer.
-    if unsafe { (*eth).ether_type } != ETH_P_IP {
+    let ether_type = unsafe { (*eth).ether_type };
+    if ether_type != ETH_P_IP {
+        if ether_type == ETH_P_IPV6 {
+            // SAFETY: a tail call into the IPv6 program; returns only if it failed.
+            unsafe { PROGRAMS.tail_call(ctx, PROG_V6) };
+            count(Counter::Ipv6NoProgram);
+        }
         return PASS;
     }
     let Some(ip) = ptr_at::<Ipv4>(ctx, ETH_LEN) else {
@@ -224,30 +244,10 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         return frag::later(ctx, eth, ip, roles, ip_proto, tot_len);
     }
 
-    let (ports, check_off, hdr_len) = if udp {
-        (
-            ptr_at::<[u8; 8]>(ctx, l4_off).map(|p| p as *mut Ports),
-            UDP_CHECK_OFF,
-            8,
-        )
-    } else {
-        (
-            ptr_at::<[u8; 20]>(ctx, l4_off).map(|p| p as *mut Ports),
-            TCP_CHECK_OFF,
-            20,
-        )
-    };
-    let Some(ports) = ports else {
+    let Some(l4) = L4::at(ctx, l4_off, ETH_LEN + tot_len, udp) else {
         return malformed(dst);
     };
-    if l4_off + hdr_len > ETH_LEN + tot_len {
-        return malformed(dst);
-    }
-    // SAFETY: `ports` comes from `ptr_at` (8 or 20 bytes, more than the two ports).
-    let (sport, dport) = unsafe { ((*ports).src, (*ports).dst) };
-    // A TCP SYN without ACK opens a flow (byte 13 of the TCP header: the flags).
-    // SAFETY: inside the 20 bytes `ptr_at` checked for TCP.
-    let syn = !udp && unsafe { *(ports as *const u8).add(13) } & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    let (sport, dport, _, syn) = l4.fields();
     let t = FlowKey {
         src,
         dst,
@@ -271,13 +271,6 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     if first_fragment {
         frag::remember(ip, &t);
     }
-    let l4 = L4 {
-        ports,
-        // SAFETY: the checksum lies inside the header `ptr_at` checked (UDP 6..8 of 8,
-        // TCP 16..18 of 20).
-        check: unsafe { (ports as *mut u8).add(check_off) as *mut u16 },
-        udp,
-    };
     let pkt = Packet {
         eth,
         ip,

@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use gateway_common::{
     config, Addr, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragPorts, MaglevTable,
@@ -144,9 +144,9 @@ pub fn count(counter: Counter) {
 
 /// Whether `addr` (network order) is a gateway address of some service.
 #[inline(always)]
-pub fn is_gateway_address(addr: u32) -> bool {
+pub fn is_gateway_address<A: crate::family::Family>(addr: A) -> bool {
     // SAFETY: the value is only tested for presence.
-    unsafe { ADDRESSES.get(addr).is_some() }
+    unsafe { A::addresses().get(addr).is_some() }
 }
 
 /// Direction of a NATed packet, for statistics.
@@ -209,3 +209,76 @@ pub fn is_gateway_program(id: u32) -> bool {
         .get(0)
         .is_some_and(|&ours| ours != 0 && ours == id)
 }
+
+/// A conntrack entry being inserted, with its key: built here rather than on the
+/// stack (see `conntrack::insert_staged`).
+#[repr(C)]
+pub struct Pending<A: Addr> {
+    pub key: FlowKey<A>,
+    pub flow: Flow<A>,
+}
+
+/// This CPU's pending entry (IPv4). Written and read by the program within one run.
+#[map(name = "berth_pending")]
+pub static PENDING: PerCpuArray<Pending<u32>> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's pending entry (IPv6).
+#[map(name = "berth_pending6")]
+pub static PENDING6: PerCpuArray<Pending<Addr6>> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's `bpf_fib_lookup` parameters (see `fwd::fib`). Written and read by the
+/// programs within one run.
+#[map(name = "berth_fib")]
+pub static FIB_PARAMS: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> =
+    PerCpuArray::with_max_entries(1, 0);
+
+/// A per-CPU word a value goes through so that the verifier forgets its bounds (see
+/// `ipv6::opaque`).
+#[map(name = "berth_opaque")]
+pub static OPAQUE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// An IPv6 address as the IPv6 maps hold it (16 bytes, network order).
+pub type Addr6 = [u32; 4];
+
+/// IPv6: (gateway address, protocol, port) → service. Written by the daemon.
+#[map(name = "berth_services6")]
+pub static SERVICES6: HashMap<ServiceKey<Addr6>, Service> =
+    HashMap::with_max_entries(SERVICES_MAX, 0);
+
+/// IPv6 gateway address → number of services on it. Written by the daemon.
+#[map(name = "berth_addrs6")]
+pub static ADDRESSES6: HashMap<Addr6, u32> = HashMap::with_max_entries(256, 0);
+
+/// IPv6 conntrack: 5-tuple → translation. Written by the XDP program (new flows).
+/// (The IPv6 maps are not pinned or sized by the daemon yet: it installs no IPv6
+/// service so far, docs/ipv6.md; they are small until then.)
+#[map(name = "berth_ct6")]
+pub static CONNTRACK6: LruHashMap<FlowKey<Addr6>, Flow<Addr6>> =
+    LruHashMap::with_max_entries(1024, 0);
+
+/// IPv6 backend endpoint → the router-mode services it serves. Written by the daemon.
+#[map(name = "berth_reply_index6")]
+pub static REPLY_INDEX6: HashMap<ServiceKey<Addr6>, ReplyIndex<Addr6>> =
+    HashMap::with_max_entries(16384, 0);
+
+/// Backend id → its IPv6 address (for the backends of IPv6 services; `Backend::addr`
+/// holds IPv4 ones). Written by the daemon.
+#[map(name = "berth_backends6")]
+pub static BACKENDS6: Array<Addr6> = Array::with_max_entries(16384, 0);
+
+/// Backend id → the node's IPv6 address toward it (SNAT mode; zero: none known).
+/// Written by the daemon.
+#[map(name = "berth_snat_src6")]
+pub static SNAT_SOURCES6: Array<Addr6> = Array::with_max_entries(16384, 0);
+
+/// The IPv6 program's per-CPU flow slot (see `SCRATCH`).
+#[map(name = "berth_scratch6")]
+pub static SCRATCH6: PerCpuArray<Flow<Addr6>> = PerCpuArray::with_max_entries(1, 0);
+
+/// Programs entered by tail call, filled by the loader: slot `PROG_V6` is `berth_v6`,
+/// which the gateway program enters for IPv6 frames (its own 512-byte stack).
+#[map(name = "berth_progs")]
+pub static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// `berth_progs` slot of the IPv6 gateway program.
+pub const PROG_V6: u32 = 0;

@@ -9,7 +9,13 @@
 
 use gateway_common::{Addr, Flow, NAT_DST};
 
-use crate::{csum::replace2, family::Family, packet::Ports};
+use aya_ebpf::programs::XdpContext;
+
+use crate::{
+    csum::replace2,
+    family::Family,
+    packet::{ptr_at, Ports, TCP_ACK, TCP_CHECK_OFF, TCP_SYN, UDP_CHECK_OFF},
+};
 
 /// The transport header of a packet, when it is present (not in later fragments).
 pub struct L4 {
@@ -17,6 +23,50 @@ pub struct L4 {
     pub check: *mut u16,
     /// UDP: a zero checksum means "none" and stays zero.
     pub udp: bool,
+}
+
+impl L4 {
+    /// The TCP (20 bytes) or UDP (8 bytes) header at `off` of a packet whose IP packet
+    /// ends at `end` (both from the start of the frame), if it is all there.
+    #[inline(always)]
+    pub fn at(ctx: &XdpContext, off: usize, end: usize, udp: bool) -> Option<L4> {
+        let (ports, check_off, len) = if udp {
+            (
+                ptr_at::<[u8; 8]>(ctx, off).map(|p| p as *mut Ports),
+                UDP_CHECK_OFF,
+                8,
+            )
+        } else {
+            (
+                ptr_at::<[u8; 20]>(ctx, off).map(|p| p as *mut Ports),
+                TCP_CHECK_OFF,
+                20,
+            )
+        };
+        let ports = ports?;
+        if off + len > end {
+            return None;
+        }
+        Some(L4 {
+            ports,
+            // SAFETY: the checksum lies inside the header `ptr_at` checked (UDP 6..8 of
+            // 8, TCP 16..18 of 20).
+            check: unsafe { (ports as *mut u8).add(check_off) as *mut u16 },
+            udp,
+        })
+    }
+
+    /// Source port, destination port (network order), checksum, and whether the
+    /// packet opens a TCP flow (SYN without ACK, byte 13 of the TCP header).
+    #[inline(always)]
+    pub fn fields(&self) -> (u16, u16, u16, bool) {
+        // SAFETY: `at` checked the whole header.
+        unsafe {
+            let syn =
+                !self.udp && *(self.ports as *const u8).add(13) & (TCP_SYN | TCP_ACK) == TCP_SYN;
+            ((*self.ports).src, (*self.ports).dst, *self.check, syn)
+        }
+    }
 }
 
 /// Which address and port of a packet a rewrite changes.

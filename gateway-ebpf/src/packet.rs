@@ -7,6 +7,8 @@ use aya_ebpf::programs::XdpContext;
 pub const ETH_LEN: usize = 14;
 /// EtherType IPv4 as read natively from the wire.
 pub const ETH_P_IP: u16 = 0x0800u16.to_be();
+/// EtherType IPv6 as read natively from the wire.
+pub const ETH_P_IPV6: u16 = 0x86ddu16.to_be();
 pub const IPV4_MIN_LEN: usize = 20;
 /// "More fragments" flag in `Ipv4::frag`, host order.
 pub const IP_MF: u16 = 0x2000;
@@ -32,6 +34,37 @@ pub struct Ipv4 {
     pub check: u16,
     pub src: u32,
     pub dst: u32,
+}
+
+pub const IPV6_LEN: usize = 40;
+
+#[repr(C)]
+pub struct Ipv6 {
+    /// Version, traffic class, flow label.
+    pub vtc_flow: u32,
+    pub payload_len: u16,
+    pub next_hdr: u8,
+    pub hop_limit: u8,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+}
+
+/// The first two bytes of an IPv6 extension header.
+#[repr(C)]
+pub struct ExtHdr {
+    pub next_hdr: u8,
+    /// Length in 8-byte units after the first 8 (AH: 4-byte units after the first 8).
+    pub len: u8,
+}
+
+/// The IPv6 fragment header (8 bytes).
+#[repr(C)]
+pub struct FragHdr {
+    pub next_hdr: u8,
+    pub reserved: u8,
+    /// Offset (13 bits, 8-byte units), 2 reserved bits, more-fragments; network order.
+    pub frag: u16,
+    pub id: u32,
 }
 
 /// The first eight bytes of TCP and UDP headers share the port layout.

@@ -990,5 +990,7 @@ fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
 
 #[path = "fixtures/entries.rs"]
 mod entries;
+#[path = "fixtures/ipv6.rs"]
+mod ipv6;
 #[path = "fixtures/snat.rs"]
 mod snat;

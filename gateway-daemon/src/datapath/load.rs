@@ -21,7 +21,7 @@ use gateway_common::{
 
 use super::{
     links, map_err, xdp, Config, Datapath, DatapathError, IdPool, Installed, Limits, Result,
-    ServiceIds, FLOOR_PROGRAM, PROGRAM, REDIRECT_ERR_PROGRAM, TC_PROGRAM,
+    ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_PROGRAM,
 };
 use crate::sys;
 
@@ -37,7 +37,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 17] {
+    fn shapes(&self) -> [Shape; 18] {
         use std::mem::size_of;
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
@@ -53,6 +53,7 @@ impl Limits {
                 map_names::REPLY_INDEX,
                 map_names::ADDR_FILTER,
                 map_names::BACKEND_HOPS,
+                map_names::PROGRAMS,
             ]
             .contains(&name),
         };
@@ -119,6 +120,7 @@ impl Limits {
                 size_of::<gateway_common::NextHop>(),
                 self.backends,
             ),
+            shape(map_names::PROGRAMS, 4, 4, 1),
         ]
     }
 }
@@ -229,11 +231,12 @@ impl Datapath {
             loader.map_pin_path(shape.name, path.as_path());
         }
         let mut ebpf = loader.load(OBJECT).map_err(DatapathError::Load)?;
-        for name in [PROGRAM, FLOOR_PROGRAM] {
+        for name in [PROGRAM, PROGRAM_V6, FLOOR_PROGRAM] {
             xdp(&mut ebpf, name)?
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
         }
+        enter_v6(&mut ebpf)?;
         let tc = links::tc_program(&mut ebpf)?;
         tc.load().map_err(|source| DatapathError::Program {
             name: TC_PROGRAM,
@@ -378,6 +381,37 @@ impl Datapath {
             );
         }
     }
+}
+
+/// Puts the IPv6 program in its tail-call slot (`map_names::PROGRAMS`), where the
+/// gateway program enters it for IPv6 frames (an empty slot passes them, counted
+/// `ipv6_no_program`). A pinned array's slot is overwritten: from now on this build's
+/// program runs.
+fn enter_v6(ebpf: &mut Ebpf) -> Result<()> {
+    let fd = xdp(ebpf, PROGRAM_V6)?
+        .fd()
+        .map_err(|source| DatapathError::Program {
+            name: PROGRAM_V6,
+            source,
+        })?
+        .try_clone()
+        .map_err(|e| DatapathError::Program {
+            name: PROGRAM_V6,
+            source: ProgramError::IOError(e),
+        })?;
+    let map = ebpf
+        .map_mut(map_names::PROGRAMS)
+        .ok_or(DatapathError::Map {
+            name: map_names::PROGRAMS,
+            source: MapError::InvalidName {
+                name: map_names::PROGRAMS.to_string(),
+            },
+        })?;
+    let mut programs: aya::maps::ProgramArray<&mut MapData> =
+        aya::maps::ProgramArray::try_from(map).map_err(map_err(map_names::PROGRAMS))?;
+    programs
+        .set(0, &fd, 0)
+        .map_err(map_err(map_names::PROGRAMS))
 }
 
 /// Ports of the services in the maps pinned in `pin_dir` (none if nothing is pinned).

@@ -52,6 +52,8 @@ pub use xmit::{follow as follow_xmit, FollowError, XmitChange, XmitMap};
 
 /// Name of the gateway program in the object.
 pub const PROGRAM: &str = "berth";
+/// Name of the IPv6 gateway program, entered by tail call from `PROGRAM`.
+pub const PROGRAM_V6: &str = "berth_v6";
 /// Name of the program counting the kernel's refused redirects (tracepoint).
 pub const REDIRECT_ERR_PROGRAM: &str = "berth_redirect_err";
 /// Name of the reverse-NAT program attached to the interfaces' egress (tcx).

@@ -1,0 +1,176 @@
+//! The IPv6 packet walk, run by `berth_v6` (entered by tail call from the gateway
+//! program, so it has a stack of its own). After the header and the extension headers
+//! it is the IPv4 walk: roles, conntrack, NAT and forwarding are the same generic code
+//! (`family.rs`).
+//!
+//! Not yet translated (docs/ipv6.md): ICMPv6 errors about a flow pass untouched, and
+//! fragments to a gateway address are dropped (`drop_fragment`).
+
+use aya_ebpf::programs::XdpContext;
+use gateway_common::{
+    proto::{self, ipv6_ext},
+    Counter, FlowKey,
+};
+
+use crate::{
+    conntrack::{lookup_or_balance, Found},
+    family::Family,
+    maps::{is_gateway_address, Addr6, Roles, OPAQUE},
+    nat::L4,
+    packet::{ptr_at, Eth, ExtHdr, FragHdr, Ipv6, ETH_LEN, IPV6_LEN},
+    translate, Packet, PASS,
+};
+
+/// Extension headers walked before the transport header; a longer chain is not parsed.
+const MAX_EXT_HEADERS: usize = 6;
+
+/// Every offset the walk reaches is below this (6 headers of at most 2048 bytes after
+/// 54): masking with it changes no value.
+const OFF_MASK: usize = 0x3fff;
+
+/// Handles one IPv6 frame.
+#[inline(always)]
+pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
+    let Some(eth) = ptr_at::<Eth>(ctx, 0) else {
+        return PASS;
+    };
+    let Some(ip) = ptr_at::<Ipv6>(ctx, ETH_LEN) else {
+        return PASS;
+    };
+    // SAFETY: `ip` comes from `ptr_at`.
+    let (vtc, payload_len, first, src, dst) = unsafe {
+        (
+            (*ip).vtc_flow,
+            u16::from_be((*ip).payload_len) as usize,
+            (*ip).next_hdr,
+            (*ip).src,
+            (*ip).dst,
+        )
+    };
+    let roles = Roles::of(src, dst);
+    if roles.none() {
+        return PASS;
+    }
+    // The version is the high nibble of the first byte (the low byte of the word as
+    // read). A payload length of 0 (a jumbogram) or past the frame is not parsed.
+    let end = ETH_LEN + IPV6_LEN + payload_len;
+    if vtc & 0xf0 != 0x60 || payload_len == 0 || end > ctx.data_end() - ctx.data() {
+        return malformed(dst);
+    }
+
+    let mut next = first;
+    let mut off = ETH_LEN + IPV6_LEN;
+    let mut fragment = false;
+    for _ in 0..MAX_EXT_HEADERS {
+        match next {
+            ipv6_ext::HOP_BY_HOP | ipv6_ext::ROUTING | ipv6_ext::DEST_OPTS | ipv6_ext::AUTH => {
+                let Some(h) = ptr_at::<ExtHdr>(ctx, off) else {
+                    return malformed(dst);
+                };
+                // SAFETY: `h` comes from `ptr_at`.
+                let (n, len) = unsafe { ((*h).next_hdr, (*h).len as usize) };
+                // AH counts 4-byte units after the first 8, the others 8-byte units.
+                let size = if next == ipv6_ext::AUTH {
+                    (len + 2) * 4
+                } else {
+                    (len + 1) * 8
+                };
+                off = (off + size) & OFF_MASK;
+                next = n;
+            }
+            ipv6_ext::FRAGMENT => {
+                let Some(f) = ptr_at::<FragHdr>(ctx, off) else {
+                    return malformed(dst);
+                };
+                // SAFETY: `f` comes from `ptr_at`.
+                let (n, frag) = unsafe { ((*f).next_hdr, u16::from_be((*f).frag)) };
+                next = n;
+                off = (off + core::mem::size_of::<FragHdr>()) & OFF_MASK;
+                // An atomic fragment (offset 0, no more fragments) is a whole packet.
+                fragment = frag & 0xfff9 != 0;
+            }
+            _ => break,
+        }
+    }
+    // Every chain of extension headers ends here with other bounds on `off`; the
+    // verifier would check the rest of the program once per chain (past its limit).
+    // Through a map slot the offset is only known to be below `OFF_MASK`, the same for
+    // every chain, so the rest is checked once.
+    let off = opaque(off) & OFF_MASK;
+    let udp = match next {
+        proto::TCP => false,
+        proto::UDP => true,
+        ipv6_ext::HOP_BY_HOP
+        | ipv6_ext::ROUTING
+        | ipv6_ext::DEST_OPTS
+        | ipv6_ext::AUTH
+        | ipv6_ext::FRAGMENT => return malformed(dst),
+        _ => return PASS,
+    };
+    if off > end {
+        return malformed(dst);
+    }
+    if fragment {
+        return if is_gateway_address(dst) {
+            Err(Counter::DropFragment)
+        } else {
+            PASS
+        };
+    }
+    let Some(l4) = L4::at(ctx, off, end, udp) else {
+        return malformed(dst);
+    };
+    let (sport, dport, check, syn) = l4.fields();
+    // A zero UDP checksum is invalid in IPv6 (RFC 8200 8.1): never forwarded.
+    if udp && check == 0 {
+        return malformed(dst);
+    }
+    let t = FlowKey {
+        src,
+        dst,
+        sport,
+        dport,
+        proto: next,
+        pad: [0; 3],
+    };
+    let Some(new) = Family::scratch() else {
+        return PASS;
+    };
+    let found = lookup_or_balance(&t, roles, syn, new)?;
+    if found.found == Found::Miss {
+        return PASS;
+    }
+    let pkt: Packet<Addr6> = Packet {
+        eth,
+        ip,
+        l4: Some(&l4),
+        len: end - ETH_LEN,
+    };
+    // SAFETY: every pointer in `pkt` comes from `ptr_at`; `found` is this run's.
+    Ok(unsafe { translate(ctx, &pkt, &t, found, new) })
+}
+
+/// `value`, stored to and loaded from this CPU's scratch word: the verifier forgets
+/// what it knew of it.
+#[inline(always)]
+fn opaque(value: usize) -> usize {
+    let Some(slot) = OPAQUE.get_ptr_mut(0) else {
+        return value;
+    };
+    // SAFETY: per-CPU slot, used only by this CPU while the program runs.
+    unsafe {
+        core::ptr::write_volatile(slot, value as u64);
+        core::ptr::read_volatile(slot) as usize
+    }
+}
+
+/// A packet whose headers cannot be parsed: dropped if it was sent to a gateway
+/// address, otherwise passed.
+#[inline(always)]
+fn malformed(dst: Addr6) -> Result<u32, Counter> {
+    if is_gateway_address(dst) {
+        Err(Counter::DropMalformed)
+    } else {
+        PASS
+    }
+}
