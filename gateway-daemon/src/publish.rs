@@ -172,8 +172,9 @@ pub type Shared = Arc<Mutex<Arc<Published>>>;
 /// A tracked flow counts as active if it forwarded a packet within this time.
 pub const ACTIVE_FLOW_WINDOW: Duration = Duration::from_secs(60);
 
-/// How often active flows are counted: that reads the whole conntrack table (measured:
-/// 66 ms with all 262,144 entries in use), so not with every traffic refresh.
+/// How often active flows are counted (and, in SNAT mode, idle SNAT flows expired, in
+/// the same pass): that reads the whole conntrack table (measured: 66 ms with all
+/// 262,144 entries in use), so not with every traffic refresh.
 pub const ACTIVE_FLOW_REFRESH: Duration = Duration::from_secs(10);
 
 /// How often per-service traffic is read from the kernel (the statistics and conntrack
@@ -190,14 +191,14 @@ fn traffic_due(prev: &Published, every: Duration) -> bool {
 
 /// Reads the datapath's counters and per-route traffic into `p` (which holds what was
 /// read before); active flows only every `ACTIVE_FLOW_REFRESH`, else kept.
-fn read_traffic(p: &mut Published, dp: &Datapath) {
+fn read_traffic(p: &mut Published, dp: &mut Datapath) {
     let started = std::time::Instant::now();
     p.counters = dp.counters().unwrap_or_default();
     let stats = dp.service_stats().unwrap_or_default();
     let active = p
         .active_at
         .is_none_or(|t| t.elapsed() >= ACTIVE_FLOW_REFRESH)
-        .then(|| dp.active_flows(ACTIVE_FLOW_WINDOW).unwrap_or_default());
+        .then(|| dp.scan_flows(ACTIVE_FLOW_WINDOW).unwrap_or_default());
     let now = std::time::Instant::now();
     if let Some(scan) = &active {
         p.active_at = Some(now);

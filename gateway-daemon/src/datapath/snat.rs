@@ -26,6 +26,26 @@ pub const SNAT_IDLE_UDP: Duration = Duration::from_secs(30);
 /// The same for TCP: 10 minutes (Berth does not follow TCP's state).
 pub const SNAT_IDLE_TCP: Duration = Duration::from_secs(600);
 
+/// The SNAT entries one conntrack scan saw, for `expire_idle_snat_flows`.
+#[derive(Default)]
+pub(super) struct SnatFlows {
+    /// Forward entries → when they last forwarded a packet.
+    forward_seen: HashMap<FlowKey, u32>,
+    /// Reply entries (they hold the node ports).
+    replies: Vec<(FlowKey, Flow)>,
+}
+
+impl SnatFlows {
+    /// Notes entry `f` under `k` if it is a SNAT flow's forward or reply entry.
+    pub(super) fn see(&mut self, k: &FlowKey, f: &Flow) {
+        if f.is_snat() && f.kind == NAT_DST {
+            self.forward_seen.insert(*k, f.seen);
+        } else if f.is_snat() && f.kind == NAT_SRC {
+            self.replies.push((*k, *f));
+        }
+    }
+}
+
 /// Finds the node's address toward a backend.
 pub type SourceResolver = Box<dyn Fn(Ipv4Addr) -> Option<Ipv4Addr> + Send + Sync>;
 
@@ -126,28 +146,16 @@ impl Datapath {
         Ok(changed)
     }
 
-    /// Deletes the entries of SNAT flows idle both ways for `SNAT_IDLE_UDP` /
-    /// `SNAT_IDLE_TCP` (forward packets by `Flow::seen`, replies by the reply entry's
-    /// next-hop time), so their node ports are free again; returns how many flows. The
-    /// flow's next packet, if one comes, is a new flow with a port of its own. Scans the
-    /// conntrack only while some service is in SNAT mode.
-    pub fn expire_idle_snat_flows(&mut self) -> Result<usize> {
-        if !self.installed.values().any(|svc| svc.snat) {
-            return Ok(0);
-        }
+    /// Deletes the entries of the SNAT flows `seen` (by the conntrack scan) idle both
+    /// ways for `SNAT_IDLE_UDP` / `SNAT_IDLE_TCP` (forward packets by `Flow::seen`,
+    /// replies by the reply entry's next-hop time), so their node ports are free again;
+    /// returns how many flows. The flow's next packet, if one comes, is a new flow with
+    /// a port of its own.
+    pub(super) fn expire_idle_snat_flows(&mut self, seen: SnatFlows) -> usize {
         let units = |d: Duration| u32::try_from(d.as_nanos() >> 20).unwrap_or(u32::MAX);
         let now = (crate::sys::clock::monotonic_coarse_ns() >> 20) as u32;
-        let mut forward_seen: HashMap<FlowKey, u32> = HashMap::new();
-        let mut replies: Vec<(FlowKey, Flow)> = Vec::new();
-        self.each_flow(|k, f| {
-            if f.is_snat() && f.kind == NAT_DST {
-                forward_seen.insert(*k, f.seen);
-            } else if f.is_snat() && f.kind == NAT_SRC {
-                replies.push((*k, *f));
-            }
-        })?;
         let mut expired = 0;
-        for (reply_key, r) in replies {
+        for (reply_key, r) in seen.replies {
             let idle = units(if reply_key.proto == proto::UDP {
                 SNAT_IDLE_UDP
             } else {
@@ -166,7 +174,10 @@ impl Datapath {
             let backend = (reply_key.src, reply_key.sport);
             let forward = key(client, gateway);
             if !quiet(r.next_hop.checked_at)
-                || forward_seen.get(&forward).is_some_and(|&seen| !quiet(seen))
+                || seen
+                    .forward_seen
+                    .get(&forward)
+                    .is_some_and(|&seen| !quiet(seen))
             {
                 continue;
             }
@@ -184,7 +195,7 @@ impl Datapath {
             }
             expired += 1;
         }
-        Ok(expired)
+        expired
     }
 
     /// Conntrack entries this process deleted (idle SNAT flows), for the eviction
@@ -206,11 +217,6 @@ impl Datapath {
             return;
         }
         self.snat.refreshed_at = Some(Instant::now());
-        match self.expire_idle_snat_flows() {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(flows = n, "idle SNAT flows gave their node ports back"),
-            Err(e) => tracing::warn!(error = %e, "expiring idle SNAT flows"),
-        }
         match self.refresh_snat_sources() {
             Ok(0) => {}
             Ok(n) => tracing::info!(

@@ -27,6 +27,8 @@ pub struct FlowScan {
     pub active: BTreeMap<ServiceAddr, ActiveFlows>,
     /// Entries in the table (every kind, active or not).
     pub entries: u64,
+    /// Idle SNAT flows whose entries the scan deleted.
+    pub snat_expired: usize,
 }
 
 /// What the datapath counted for one service.
@@ -174,29 +176,49 @@ impl Datapath {
         Ok(out)
     }
 
-    /// Per service, the tracked flows (client → gateway) that forwarded a packet within
-    /// about `window` (`Flow::seen`, rewritten about every second while its packets
-    /// flow), and how many of them are SNAT flows; and the entries in the table,
-    /// counted by the same pass over it.
-    pub fn active_flows(&self, window: std::time::Duration) -> Result<FlowScan> {
+    /// One pass over the conntrack: per service, the tracked flows (client → gateway)
+    /// that forwarded a packet within about `window` (`Flow::seen`, rewritten about
+    /// every second while its packets flow), and how many of them are SNAT flows; the
+    /// entries in the table; and, while some service is in SNAT mode, the idle SNAT
+    /// flows it deleted (`expire_idle_snat_flows`: their node ports are free again).
+    pub fn scan_flows(&mut self, window: std::time::Duration) -> Result<FlowScan> {
         let now = coarse_clock_units();
         let window = u32::try_from(window.as_nanos() >> 20).unwrap_or(u32::MAX);
         let mut per_id: StdHashMap<ServiceId, ActiveFlows> = StdHashMap::new();
         let mut entries = 0;
-        self.each_flow(|_, f| {
+        let mut snat = self
+            .installed
+            .values()
+            .any(|svc| svc.snat)
+            .then(super::snat::SnatFlows::default);
+        self.each_flow(|k, f| {
             entries += 1;
             if f.kind == gateway_common::NAT_DST && now.wrapping_sub(f.seen) <= window {
                 let counted = per_id.entry(f.service).or_default();
                 counted.all += 1;
                 counted.snat += u64::from(f.is_snat());
             }
+            if let Some(snat) = &mut snat {
+                snat.see(k, f);
+            }
         })?;
+        let snat_expired = snat.map_or(0, |seen| self.expire_idle_snat_flows(seen));
+        if snat_expired > 0 {
+            tracing::debug!(
+                flows = snat_expired,
+                "idle SNAT flows gave their node ports back"
+            );
+        }
         let active = self
             .installed
             .iter()
             .filter_map(|(key, svc)| Some((ServiceAddr::from_key(key)?, *per_id.get(&svc.id)?)))
             .collect();
-        Ok(FlowScan { active, entries })
+        Ok(FlowScan {
+            active,
+            entries,
+            snat_expired,
+        })
     }
 
     /// Entries the conntrack can hold (its `max_entries`, checked at load against a
