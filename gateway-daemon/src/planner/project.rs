@@ -27,9 +27,6 @@ pub(super) struct Context<'p, 'a> {
     /// The attachments to each fixed listener, by (Gateway, listener), oldest first.
     pub fixed_attached: &'p BTreeMap<(usize, usize), Vec<usize>>,
     pub claims: &'p [Option<Arc<PortClaim>>],
-    /// Claims kept as they are because their route is out of scope, by index: they
-    /// serve routes not planned here.
-    pub outside: &'p [bool],
     /// What the memo remembers of each route, by route index.
     pub known: &'p [Option<&'a Remembered>],
     pub index: &'p Index<'a>,
@@ -122,7 +119,7 @@ fn claimed(cx: &Context, serving: &mut Vec<Serving>) {
         let Some(claim) = claim else {
             continue;
         };
-        if claim.is_released() || (holder[ci].is_none() && cx.outside.get(ci) == Some(&true)) {
+        if claim.is_released() {
             continue;
         }
         let (gi, route) = match holder[ci].map(|ai| &attachments[ai]) {
