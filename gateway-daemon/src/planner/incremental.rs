@@ -397,8 +397,8 @@ fn changed_claims<'a>(
 }
 
 /// `old` (sorted by `less`) without the items at `gone`, with `fresh` (sorted) merged in.
-fn merge_sorted<T: Clone>(
-    old: &[T],
+fn merge_sorted<T>(
+    old: Vec<T>,
     mut gone: Vec<usize>,
     fresh: Vec<T>,
     less: impl Fn(&T, &T) -> bool,
@@ -413,12 +413,12 @@ fn merge_sorted<T: Clone>(
         fresh.into_iter().zip(cuts).peekable(),
         gone.into_iter().peekable(),
     );
-    for (i, e) in old.iter().enumerate() {
+    for (i, e) in old.into_iter().enumerate() {
         while let Some((f, _)) = fresh.next_if(|&(_, at)| at <= i) {
             out.push(f);
         }
         if gone.next_if_eq(&i).is_none() {
-            out.push(e.clone());
+            out.push(e);
         }
     }
     out.extend(fresh.map(|(f, _)| f));
@@ -443,7 +443,7 @@ fn replace_claims(
             Arc::ptr_eq(&all[at], c).then_some(at)
         })
         .collect::<Option<Vec<usize>>>()?;
-    Some(merge_sorted(all, gone, fresh, |a, b| {
+    Some(merge_sorted(all.to_vec(), gone, fresh, |a, b| {
         claim_key(a) < claim_key(b)
     }))
 }
@@ -498,14 +498,22 @@ fn splice(
         })
         .collect();
     let fresh = std::mem::take(&mut part.routes);
-    part.routes = merge_sorted(&old, gone, fresh, |a, b| entry_key(a) < entry_key(b));
+    part.routes = merge_sorted(old, gone, fresh, |a, b| entry_key(a) < entry_key(b));
 
     // Datapath services: the last plan's served to routes outside the scope, and the
     // scope's as planned now.
     let (mut services, mut source_nat) = (last.datapath.services, last.datapath.source_nat);
     let mut owners = last.owners;
+    // A port of a listener is never a SNAT port: while only such ports are served or
+    // no longer served, the SNAT ports are as they were.
+    let on_listener = |p: u16| {
+        let mut listeners = gateways.views.iter().flat_map(|gw| &gw.listeners);
+        listeners.any(|l| project::ports_of(l).contains(&p))
+    };
+    let mut snat_same = true;
     for key in &scope.routes {
         for service in served.remove(key.as_str()).unwrap_or_default() {
+            snat_same &= on_listener(service.port);
             services.remove(&service);
             owners.remove(&service);
             source_nat.remove(&service);
@@ -515,18 +523,23 @@ fn splice(
         if owners.contains_key(&service) {
             return None;
         }
+        snat_same &= on_listener(service.port);
         services.insert(service, backends);
     }
     for (key, list) in self::served(&part.owners) {
         served.insert(key, list);
     }
-    owners.append(&mut part.owners);
-    source_nat.append(&mut part.datapath.source_nat);
-    part.datapath.snat_ports = project::snat_ports(
-        &gateways.views,
-        services.keys().map(|s| s.port),
-        &input.snat_ports,
-    );
+    // One by one: `append` rebuilds the whole map.
+    owners.extend(std::mem::take(&mut part.owners));
+    source_nat.extend(std::mem::take(&mut part.datapath.source_nat));
+    part.datapath.snat_ports = match snat_same {
+        true => last.datapath.snat_ports,
+        false => project::snat_ports(
+            &gateways.views,
+            services.keys().map(|s| s.port),
+            &input.snat_ports,
+        ),
+    };
     part.datapath.services = services;
     part.datapath.source_nat = source_nat;
     part.owners = owners;

@@ -245,12 +245,21 @@ impl<'g> Ledger<'g> {
         let key = (gi, protocol, first);
         let start = self.floor.get(&key).copied().unwrap_or(first);
         let l = &self.gateways[gi].listeners[li];
-        let taken = |p: u16| {
-            let key = (gi, protocol, p);
-            self.by_port.contains_key(&key)
-                || self.others.is_some_and(|o| o.by_port.contains_key(&key))
+        // The next port from `p` no claim of the routes not planned holds.
+        let next = |p: u16| match self.others {
+            Some(o) => o.free_from(gi, protocol, p, last),
+            None => (p <= last).then_some(p),
         };
-        let found = (start..=last).find(|&p| !taken(p) && l.yielded_at(p).is_none());
+        let mut from = Some(start);
+        let found = loop {
+            let Some(p) = from.and_then(next) else {
+                break None;
+            };
+            if !self.by_port.contains_key(&(gi, protocol, p)) && l.yielded_at(p).is_none() {
+                break Some(p);
+            }
+            from = p.checked_add(1);
+        };
         self.floor.insert(key, found.unwrap_or(last));
         found
     }
@@ -264,8 +273,9 @@ impl<'g> Ledger<'g> {
 pub(super) struct ClaimIndex {
     /// By route (`Kind/namespace/name`), sorted by namespace, then name.
     by_route: HashMap<String, Vec<Arc<PortClaim>>>,
-    /// (gateway, protocol, port) → claim, bound or cooling down.
-    by_port: HashMap<(usize, Protocol, u16), Arc<PortClaim>>,
+    /// (gateway, protocol, port) → claim, bound or cooling down (ordered: the free
+    /// ports are the gaps).
+    by_port: BTreeMap<(usize, Protocol, u16), Arc<PortClaim>>,
     /// (gateway, listener) → route namespace → bound claims, on listeners with a quota.
     bound: HashMap<(usize, usize), HashMap<String, u32>>,
     /// (gateway, listener) → (bound, released) claims.
@@ -278,7 +288,6 @@ impl ClaimIndex {
     /// Indexes `claims` against `gateways`.
     pub fn new(claims: &[Arc<PortClaim>], gateways: &Gateways) -> Self {
         let mut index = ClaimIndex::default();
-        index.by_port.reserve(claims.len());
         index.by_route.reserve(claims.len());
         for c in claims {
             index.add(c, gateways);
@@ -375,6 +384,25 @@ impl ClaimIndex {
         }
         out.sort_by(|a, b| claim_key(a).cmp(&claim_key(b)));
         out
+    }
+
+    /// The lowest port of `from..=last` of Gateway `gi` that no claim holds.
+    fn free_from(&self, gi: usize, protocol: Protocol, from: u16, last: u16) -> Option<u16> {
+        if from > last {
+            return None;
+        }
+        let mut free = from;
+        for &(_, _, port) in self
+            .by_port
+            .range((gi, protocol, from)..=(gi, protocol, last))
+            .map(|(k, _)| k)
+        {
+            if port != free {
+                break;
+            }
+            free = free.checked_add(1)?;
+        }
+        (free <= last).then_some(free)
     }
 
     /// Bound claims of a namespace on listener `li` (with a quota) of Gateway `gi`.
