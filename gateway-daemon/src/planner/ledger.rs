@@ -354,8 +354,13 @@ impl ClaimIndex {
             true => *n += 1,
             false => *n = n.saturating_sub(1),
         };
-        let (bound, released) = self.counts.entry((gi, li)).or_default();
-        step(if c.is_bound() { bound } else { released });
+        // Counted on every listener of its name, as the statuses count (the quota's
+        // count is the ledger's: on the first).
+        let listeners = gateways.views[gi].listeners.iter().enumerate();
+        for (at, _) in listeners.filter(|(_, l)| l.spec.name == c.spec.listener) {
+            let (bound, released) = self.counts.entry((gi, at)).or_default();
+            step(if c.is_bound() { bound } else { released });
+        }
         if c.is_bound() && gateways.views[gi].listeners[li].quota.is_some() {
             let namespaces = self.bound.entry((gi, li)).or_default();
             match namespaces.get_mut(r.namespace.as_str()) {
