@@ -14,8 +14,7 @@ use super::{
     attach::{holds, Attach, Attachment, Attachments},
     format_time,
     gateways::{GatewayView, Gateways},
-    incremental::Scope,
-    ledger::Ledger,
+    ledger::{claim_key, ClaimIndex, Ledger},
     overlaps, parse_time, Input, DEFAULT_RELEASE_COOLDOWN,
 };
 
@@ -24,25 +23,19 @@ pub(super) struct Bound {
     pub claims: Vec<Option<Arc<PortClaim>>>,
     /// Bound claims released although their route still attaches, and why.
     pub released: Vec<String>,
-    /// The claims kept as they are because their route is out of scope (by index;
-    /// those made by the plan are not).
-    pub outside: Vec<bool>,
 }
 
 /// Binds the stored claims to `attachments` and allocates the ports still missing.
-/// With a `scope`, the claims of routes out of it are kept as they are.
+/// With `others` (a plan of some routes only: `input` holds their claims), the claims
+/// of every other route, held as they are.
 pub(super) fn bind(
     input: &Input,
     gateways: &Gateways,
     attachments: &mut Attachments,
-    scope: Option<&mut Scope>,
+    others: Option<&ClaimIndex>,
 ) -> Bound {
-    let Kept {
-        kept,
-        released,
-        outside,
-    } = keep_claims(input, gateways, attachments, scope);
-    let mut ledger = Ledger::new(kept, &gateways.views, &gateways.at);
+    let Kept { kept, released } = keep_claims(input, gateways, attachments);
+    let mut ledger = Ledger::new(kept, &gateways.views, &gateways.at, others);
     for ai in pending(&attachments.list) {
         let a = &mut attachments.list[ai];
         if !input.allocate {
@@ -60,7 +53,6 @@ pub(super) fn bind(
     Bound {
         claims: ledger.claims,
         released,
-        outside,
     }
 }
 
@@ -69,34 +61,16 @@ struct Kept {
     kept: Vec<Option<Arc<PortClaim>>>,
     /// Bound claims released although their route still attaches, and why.
     released: Vec<String>,
-    /// Whether each claim was kept as it is because its route is out of scope.
-    outside: Vec<bool>,
 }
 
 /// The stored claims, sorted, each kept as it is, released, or forgotten; a bound
 /// claim still held by an attachment is bound to it.
-fn keep_claims(
-    input: &Input,
-    gateways: &Gateways,
-    attachments: &mut Attachments,
-    mut scope: Option<&mut Scope>,
-) -> Kept {
+fn keep_claims(input: &Input, gateways: &Gateways, attachments: &mut Attachments) -> Kept {
     let mut claims: Vec<Arc<PortClaim>> = input.claims.to_vec();
     sort_claims(&mut claims);
     let mut kept = Vec::with_capacity(claims.len());
     let mut released = Vec::new();
-    let mut outside = Vec::new();
     for mut claim in claims {
-        if let Some(scope) = scope.as_deref_mut() {
-            let r = &claim.spec.route;
-            if !scope.holds(&r.kind, &r.namespace, &r.name) {
-                // Out of scope: as the last plan left it (see `incremental`).
-                outside.resize(kept.len(), false);
-                outside.push(true);
-                kept.push(Some(claim));
-                continue;
-            }
-        }
         let Some(gi) = gateways.index(claim.metadata.ns(), claim.spec.gateway.as_str()) else {
             // The Gateway is gone (or no longer ours): release its claims, and forget
             // them after the default cool-down (its GatewayConfig may be gone too).
@@ -135,11 +109,7 @@ fn keep_claims(
             kept.push(Some(claim));
         }
     }
-    Kept {
-        kept,
-        released,
-        outside,
-    }
+    Kept { kept, released }
 }
 
 /// The first attachment without a claim that may keep bound `claim` of Gateway `gi`.
@@ -250,11 +220,8 @@ fn claim_label(c: &PortClaim) -> String {
 }
 /// Sorts claims by namespace, then name (they mostly come sorted: checked first).
 pub(super) fn sort_claims(claims: &mut [Arc<PortClaim>]) {
-    fn key(c: &PortClaim) -> (&str, &str) {
-        (c.metadata.ns(), c.metadata.name.as_str())
-    }
-    if !claims.is_sorted_by(|a, b| key(a) <= key(b)) {
-        claims.sort_by(|a, b| key(a).cmp(&key(b)));
+    if !claims.is_sorted_by(|a, b| claim_key(a) <= claim_key(b)) {
+        claims.sort_by(|a, b| claim_key(a).cmp(&claim_key(b)));
     }
 }
 
@@ -268,14 +235,15 @@ fn release(claim: &mut Arc<PortClaim>, now: SystemTime) {
     });
 }
 
-pub(super) fn cooled_down(claim: &PortClaim, cooldown: Duration, now: SystemTime) -> bool {
-    let released = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.released_at.as_deref())
-        .and_then(parse_time);
+fn cooled_down(claim: &PortClaim, cooldown: Duration, now: SystemTime) -> bool {
     // A released claim without a readable time cools down from now on: never lose a port early.
-    released.is_some_and(|t| t + cooldown <= now)
+    cooldown_end(claim, cooldown).is_some_and(|end| end <= now)
+}
+
+/// When the cool-down of released `claim` ends, if its release time is readable.
+pub(super) fn cooldown_end(claim: &PortClaim, cooldown: Duration) -> Option<SystemTime> {
+    let released = claim.status.as_ref()?.released_at.as_deref();
+    Some(parse_time(released?)? + cooldown)
 }
 
 /// Finds or makes the claim for a range attachment.

@@ -10,6 +10,7 @@ use super::{
     attach::{Attach, Attachments},
     condition,
     gateways::{GatewayView, Gateways, ListenerView},
+    ledger::ClaimIndex,
     overlaps,
     status::*,
     GatewayEntry, Input, ListenerUsage, EPHEMERAL_PORT_OVERLAP,
@@ -23,6 +24,8 @@ pub(super) struct Context<'p, 'a> {
     /// The attachments to each fixed listener, by (Gateway, listener), oldest first.
     pub fixed_attached: &'p std::collections::BTreeMap<(usize, usize), Vec<usize>>,
     pub claims: &'p [Option<Arc<PortClaim>>],
+    /// The claims of the routes not planned, when only some are.
+    pub others: Option<&'p ClaimIndex>,
     pub now_text: &'p str,
 }
 
@@ -93,17 +96,19 @@ impl Context<'_, '_> {
     ) -> ListenerStatus {
         let generation = gw.spec.metadata.generation;
         let attached = match l.range {
-            Some(_) => self
-                .claims
-                .iter()
-                .flatten()
-                .filter(|c| {
-                    c.metadata.ns() == gw.spec.metadata.ns()
-                        && c.spec.gateway == gw.spec.metadata.name
-                        && c.spec.listener == l.spec.name
-                        && c.is_bound()
-                })
-                .count(),
+            Some(_) => {
+                self.claims
+                    .iter()
+                    .flatten()
+                    .filter(|c| {
+                        c.metadata.ns() == gw.spec.metadata.ns()
+                            && c.spec.gateway == gw.spec.metadata.name
+                            && c.spec.listener == l.spec.name
+                            && c.is_bound()
+                    })
+                    .count()
+                    + self.others.map_or(0, |o| o.counts(gi, li).0 as usize)
+            }
             None => self.accepted_on(gi, li),
         };
         let ephemeral = self
@@ -372,23 +377,28 @@ pub(super) fn serves(gw: &GatewayView, fixed: &[usize], port: bool) -> bool {
     port || fixed.iter().any(|&li| gw.listeners[li].yielded.is_empty())
 }
 
+/// How full each range listener is with `claims`, and `others` (the claims of the
+/// routes not planned, when only some are).
 pub(super) fn listener_usage(
     gateways: &[GatewayView],
     claims: &[Arc<PortClaim>],
+    others: Option<&ClaimIndex>,
 ) -> Vec<ListenerUsage> {
     let mut out = Vec::new();
-    for gw in gateways {
+    for (gi, gw) in gateways.iter().enumerate() {
         let (namespace, gateway) = gw.key();
-        for l in &gw.listeners {
+        for (li, l) in gw.listeners.iter().enumerate() {
             let Some((first, last)) = l.range else {
                 continue;
             };
+            let (bound, cooling) = others.map_or((0, 0), |o| o.counts(gi, li));
             let mut u = ListenerUsage {
                 namespace: namespace.clone(),
                 gateway: gateway.clone(),
                 listener: l.spec.name.clone(),
                 size: u32::from(last - first) + 1,
-                ..ListenerUsage::default()
+                bound,
+                cooling,
             };
             for c in claims.iter().filter(|c| {
                 c.metadata.ns() == namespace

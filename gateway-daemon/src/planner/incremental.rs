@@ -28,10 +28,10 @@ use crate::{datapath::ServiceAddr, model::*};
 
 use super::{
     attach::{self, Attach, Attachments},
-    bind::cooled_down,
     changes::claim_pairs,
     gateways::Gateways,
-    project, FastMap, Input, Memo, Plan, RouteEntry, RouteId, DEFAULT_RELEASE_COOLDOWN,
+    ledger::{claim_key, ClaimIndex},
+    project, FastMap, Input, Memo, Plan, RouteEntry, RouteId,
 };
 
 /// A listener in the plan's numbering: (Gateway index, listener index).
@@ -86,6 +86,8 @@ pub(super) struct Last {
     snat_ports: RangeInclusive<u16>,
     allocate: bool,
     plan: Plan,
+    /// The plan's claims, indexed.
+    held: ClaimIndex,
     on: OnListeners,
     served: Served,
     /// Whether two routes contended for a datapath service (only a full plan settles
@@ -100,6 +102,7 @@ impl Last {
         plan: &Plan,
         on: OnListeners,
         served: Served,
+        held: ClaimIndex,
         contested: bool,
     ) -> Self {
         Last {
@@ -111,6 +114,7 @@ impl Last {
             snat_ports: input.snat_ports.clone(),
             allocate: input.allocate,
             plan: plan.clone(),
+            held,
             on,
             served,
             contested,
@@ -226,12 +230,28 @@ fn scope_limit(routes: usize) -> usize {
 /// The plan of `input` made from the last plan in `memo`, or `None` when the change
 /// since is not small and local (then `memo` holds no last plan).
 pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
-    let last = memo.last.take().filter(|_| memo.incremental)?;
+    let mut last = memo.last.take().filter(|_| memo.incremental)?;
     if last.contested || !last.same_world(input) {
         return None;
     }
     let snap = input.snapshot;
     let gateways = super::gateways::ours(input);
+    // The last plan's claims, indexed, made the input's: the claims between the
+    // longest common head and tail changed.
+    let mut held = std::mem::take(&mut last.held);
+    let (was, is) = (&last.plan.claims, input.claims);
+    let (head, tail) = common_ends(was, is, Arc::ptr_eq);
+    let window = &is[head.saturating_sub(1)..(is.len() - tail + 1).min(is.len())];
+    if !window.is_sorted_by(|a, b| claim_key(a) <= claim_key(b)) {
+        // The plan's claims are sorted: these are not, and a full plan sorts them.
+        return None;
+    }
+    for c in &was[head..was.len() - tail] {
+        held.remove(c, &gateways);
+    }
+    for c in &is[head..is.len() - tail] {
+        held.add(c, &gateways);
+    }
     let mut scope = Scope::default();
     // Routes that changed: those between the longest common head and tail.
     let (old, new) = (&last.snapshot.routes, &snap.routes);
@@ -257,13 +277,8 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
         }
     }
     // Released claims whose cool-down ended since the last plan.
-    for c in input.claims.iter().filter(|c| c.is_released()) {
-        let cooldown = gateways
-            .index(c.metadata.ns(), &c.spec.gateway)
-            .map_or(DEFAULT_RELEASE_COOLDOWN, |gi| gateways.views[gi].cooldown);
-        if cooled_down(c, cooldown, last.now) != cooled_down(c, cooldown, input.now) {
-            scope.add_claim(c, &gateways);
-        }
+    for c in held.cooled_between(last.now, input.now) {
+        scope.add_claim(c, &gateways);
     }
     add_backend_changes(&mut scope, &last.snapshot, snap);
 
@@ -307,19 +322,26 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
         namespaces: snap.namespaces.clone(),
         gateway_configs: snap.gateway_configs.clone(),
     };
+    // The routes in scope are planned with their claims, and every other claim held.
+    let claims = held.take(scope.keys(), &gateways);
     let part_input = Input {
         snapshot: &part,
-        claims: input.claims,
+        claims: &claims,
         now: input.now,
         default_address: input.default_address,
         ephemeral_ports: input.ephemeral_ports.clone(),
         allocate: input.allocate,
         snat_ports: input.snat_ports.clone(),
     };
-    let planned = super::run(&part_input, memo, Some(&mut scope));
+    let mut planned = super::run(&part_input, memo, Some(&mut scope), Some(&held));
     if planned.contested {
         return None;
     }
+    for c in &planned.plan.claims {
+        held.add(c, &gateways);
+    }
+    let fresh = std::mem::take(&mut planned.plan.claims);
+    planned.plan.claims = replace_claims(input.claims, &claims, fresh)?;
     let Last {
         plan: last_plan,
         mut on,
@@ -347,7 +369,7 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
             };
         }
     }
-    memo.last = Some(Last::of(input, &plan, on, served, false));
+    memo.last = Some(Last::of(input, &plan, on, served, held, false));
     Some(plan)
 }
 
@@ -372,6 +394,58 @@ fn changed_claims<'a>(
 ) -> Vec<super::changes::ClaimPair<'a, 'a>> {
     let (head, tail) = common_ends(a, b, Arc::ptr_eq);
     claim_pairs(&a[head..a.len() - tail], &b[head..b.len() - tail])
+}
+
+/// `old` (sorted by `less`) without the items at `gone`, with `fresh` (sorted) merged in.
+fn merge_sorted<T>(
+    old: Vec<T>,
+    mut gone: Vec<usize>,
+    fresh: Vec<T>,
+    less: impl Fn(&T, &T) -> bool,
+) -> Vec<T> {
+    gone.sort_unstable();
+    let cuts: Vec<usize> = fresh
+        .iter()
+        .map(|f| old.partition_point(|o| less(o, f)))
+        .collect();
+    let mut out = Vec::with_capacity(old.len() + fresh.len());
+    let (mut fresh, mut gone) = (
+        fresh.into_iter().zip(cuts).peekable(),
+        gone.into_iter().peekable(),
+    );
+    for (i, e) in old.into_iter().enumerate() {
+        while let Some((f, _)) = fresh.next_if(|&(_, at)| at <= i) {
+            out.push(f);
+        }
+        if gone.next_if_eq(&i).is_none() {
+            out.push(e);
+        }
+    }
+    out.extend(fresh.map(|(f, _)| f));
+    out
+}
+
+/// The claims of a plan: `all` (the input's, sorted) without `taken` (sorted, each
+/// one of `all`: those of the routes planned) and with `fresh` (sorted: what the
+/// plan made of them). `None` when a claim of `taken` is not found in `all` (then
+/// `all` is not sorted: a full plan sorts it).
+fn replace_claims(
+    all: &[Arc<PortClaim>],
+    taken: &[Arc<PortClaim>],
+    fresh: Vec<Arc<PortClaim>>,
+) -> Option<Vec<Arc<PortClaim>>> {
+    let gone = taken
+        .iter()
+        .map(|c| {
+            let at = all
+                .binary_search_by(|x| claim_key(x).cmp(&claim_key(c)))
+                .ok()?;
+            Arc::ptr_eq(&all[at], c).then_some(at)
+        })
+        .collect::<Option<Vec<usize>>>()?;
+    Some(merge_sorted(all.to_vec(), gone, fresh, |a, b| {
+        claim_key(a) < claim_key(b)
+    }))
 }
 
 /// The key routes are sorted by in a plan.
@@ -414,7 +488,7 @@ fn splice(
     // Route entries: the last plan's outside the scope, and the scope's as planned now,
     // merged by key (both are sorted).
     let old = last.routes;
-    let mut gone: Vec<usize> = scope
+    let gone: Vec<usize> = scope
         .routes
         .iter()
         .filter_map(|k| {
@@ -423,34 +497,23 @@ fn splice(
             old.binary_search_by(|e| entry_key(e).cmp(&key)).ok()
         })
         .collect();
-    gone.sort_unstable();
     let fresh = std::mem::take(&mut part.routes);
-    let cuts: Vec<usize> = fresh
-        .iter()
-        .map(|e| old.partition_point(|o| entry_key(o) < entry_key(e)))
-        .collect();
-    let mut routes = Vec::with_capacity(old.len() + fresh.len());
-    let (mut fresh, mut gone) = (
-        fresh.into_iter().zip(cuts).peekable(),
-        gone.into_iter().peekable(),
-    );
-    for (i, e) in old.into_iter().enumerate() {
-        while let Some((f, _)) = fresh.next_if(|&(_, at)| at <= i) {
-            routes.push(f);
-        }
-        if gone.next_if_eq(&i).is_none() {
-            routes.push(e);
-        }
-    }
-    routes.extend(fresh.map(|(f, _)| f));
-    part.routes = routes;
+    part.routes = merge_sorted(old, gone, fresh, |a, b| entry_key(a) < entry_key(b));
 
     // Datapath services: the last plan's served to routes outside the scope, and the
     // scope's as planned now.
     let (mut services, mut source_nat) = (last.datapath.services, last.datapath.source_nat);
     let mut owners = last.owners;
+    // A port of a listener is never a SNAT port: while only such ports are served or
+    // no longer served, the SNAT ports are as they were.
+    let on_listener = |p: u16| {
+        let mut listeners = gateways.views.iter().flat_map(|gw| &gw.listeners);
+        listeners.any(|l| project::ports_of(l).contains(&p))
+    };
+    let mut snat_same = true;
     for key in &scope.routes {
         for service in served.remove(key.as_str()).unwrap_or_default() {
+            snat_same &= on_listener(service.port);
             services.remove(&service);
             owners.remove(&service);
             source_nat.remove(&service);
@@ -460,18 +523,23 @@ fn splice(
         if owners.contains_key(&service) {
             return None;
         }
+        snat_same &= on_listener(service.port);
         services.insert(service, backends);
     }
     for (key, list) in self::served(&part.owners) {
         served.insert(key, list);
     }
-    owners.append(&mut part.owners);
-    source_nat.append(&mut part.datapath.source_nat);
-    part.datapath.snat_ports = project::snat_ports(
-        &gateways.views,
-        services.keys().map(|s| s.port),
-        &input.snat_ports,
-    );
+    // One by one: `append` rebuilds the whole map.
+    owners.extend(std::mem::take(&mut part.owners));
+    source_nat.extend(std::mem::take(&mut part.datapath.source_nat));
+    part.datapath.snat_ports = match snat_same {
+        true => last.datapath.snat_ports,
+        false => project::snat_ports(
+            &gateways.views,
+            services.keys().map(|s| s.port),
+            &input.snat_ports,
+        ),
+    };
     part.datapath.services = services;
     part.datapath.source_nat = source_nat;
     part.owners = owners;

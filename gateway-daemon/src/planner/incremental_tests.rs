@@ -1,6 +1,8 @@
 //! Incremental plans equal full ones: random histories of route, endpoint, claim,
 //! time and (now and then) Gateway and Namespace changes, each planned with a memo that
-//! plans incrementally, with one that always plans in full, and without a memo.
+//! plans incrementally, with one that always plans in full, and without a memo. Claims
+//! also change behind the planner's back (released, lost, or added for a route that is
+//! not there, as another writer would): the memo's claim index must follow.
 
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
@@ -34,6 +36,11 @@ enum Op {
     Stale,
     /// The store lost claim `i` (of those the last plan wants).
     LoseClaim(usize),
+    /// Claim `i` (of those the last plan wants) was released in the store.
+    ReleaseClaim(usize),
+    /// The store gained a bound claim of port `p` of the shared range listener for a
+    /// route that does not exist (in namespace `b`).
+    ForeignClaim(u16),
     /// The shared Gateway's range ends lower or higher (a Gateway change).
     Resize,
     /// Namespace `a` is labelled so that the second Gateway refuses its routes.
@@ -61,6 +68,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (1..90u64).prop_map(Op::Advance),
         1 => Just(Op::Stale),
         1 => (0..ROUTES).prop_map(Op::LoseClaim),
+        1 => (0..ROUTES).prop_map(Op::ReleaseClaim),
+        1 => (30000..=30008u16).prop_map(Op::ForeignClaim),
         1 => Just(Op::Resize),
         1 => Just(Op::Relabel),
         1 => Just(Op::Allocate),
@@ -225,6 +234,32 @@ proptest! {
                     if *i < c.len() {
                         c.remove(*i);
                     }
+                    next_claims = Some(c);
+                }
+                Op::ReleaseClaim(i) => {
+                    let mut c = claims.clone();
+                    if let Some(claim) = c.get_mut(*i) {
+                        Arc::make_mut(claim).status = Some(PortClaimStatus {
+                            phase: ClaimPhase::Released,
+                            released_at: Some(format_time(time(1000 + world.now))),
+                        });
+                    }
+                    next_claims = Some(c);
+                }
+                Op::ForeignClaim(port) => {
+                    let mut c = claims.clone();
+                    let spec = PortClaimSpec {
+                        gateway: "gw".into(),
+                        listener: "pool".into(),
+                        protocol: "TCP".into(),
+                        port: *port,
+                        route: ClaimRoute::new("TCPRoute", "b", "gone", None),
+                    };
+                    let foreign = Arc::new(PortClaim::bound("infra", spec));
+                    if !c.iter().any(|x| x.metadata.name == foreign.metadata.name) {
+                        c.push(foreign);
+                    }
+                    bind::sort_claims(&mut c);
                     next_claims = Some(c);
                 }
                 Op::Resize => world.small = !world.small,

@@ -3,16 +3,54 @@
 //! Claims are indexed by the plan's own numbering: the gateway's index among the
 //! plan's Gateways and the listener's index in that Gateway, so that indexing a claim
 //! hashes one name (its route's namespace) instead of copying or hashing all of them.
+//!
+//! A plan of a few routes (see `incremental`) indexes only their claims: the other
+//! routes' claims are in the memo's `ClaimIndex`, which the `Ledger` consults too and
+//! which changes claim by claim from one plan to the next.
 
-use std::sync::Arc;
+use std::{
+    collections::BTreeMap,
+    ops::Bound::{Excluded, Included},
+    sync::Arc,
+    time::SystemTime,
+};
 
-use super::{gateways::GatewayView, FastMap as HashMap};
+use super::{
+    bind::cooldown_end,
+    gateways::{GatewayView, Gateways},
+    FastMap as HashMap, DEFAULT_RELEASE_COOLDOWN,
+};
 
-use crate::model::{ClaimPhase, ClaimRoute, PortClaim, PortClaimStatus, Protocol};
+use crate::model::{route_key, ClaimPhase, ClaimRoute, PortClaim, PortClaimStatus, Protocol};
 
 /// Where a claim lies: its Gateway's index, its listener's (if the Gateway has it),
 /// its protocol.
 type Location = (usize, Option<usize>, Protocol);
+
+/// The gateway and listener indexes of claim `c` among `gateways` (found by
+/// `gateway_at`), and its protocol.
+fn locate(
+    gateways: &[GatewayView],
+    gateway_at: &HashMap<(&str, &str), usize>,
+    c: &PortClaim,
+) -> Option<Location> {
+    let (gi, li) = place(gateways, gateway_at, c)?;
+    Some((gi, li, Protocol::parse(&c.spec.protocol)?))
+}
+
+/// The gateway and listener indexes of claim `c`, whatever its protocol.
+fn place(
+    gateways: &[GatewayView],
+    gateway_at: &HashMap<(&str, &str), usize>,
+    c: &PortClaim,
+) -> Option<(usize, Option<usize>)> {
+    let gi = *gateway_at.get(&(c.metadata.ns(), c.spec.gateway.as_str()))?;
+    let li = gateways[gi]
+        .listeners
+        .iter()
+        .position(|l| l.spec.name == c.spec.listener);
+    Some((gi, li))
+}
 
 /// Claims (a removed claim is `None`, so indexes stay valid) and their indexes.
 pub struct Ledger<'g> {
@@ -36,15 +74,19 @@ pub struct Ledger<'g> {
     /// The last claim located, and where: claims come sorted, mostly many in a row
     /// on one listener.
     located: Option<(Arc<PortClaim>, Option<Location>)>,
+    /// The claims of the routes not planned (when only some are), held as they are.
+    others: Option<&'g ClaimIndex>,
 }
 
 impl<'g> Ledger<'g> {
     /// Indexes `claims` against the plan's `gateways`. A claim of a Gateway that is not
     /// among them is kept but not indexed: no listener of the plan can collide with it.
+    /// `others`: the claims of the routes not planned, when only some are.
     pub fn new(
         claims: Vec<Option<Arc<PortClaim>>>,
         gateways: &'g [GatewayView<'g>],
         gateway_at: &'g HashMap<(&'g str, &'g str), usize>,
+        others: Option<&'g ClaimIndex>,
     ) -> Self {
         let mut ledger = Ledger {
             // Room for the claims of this plan too.
@@ -57,6 +99,7 @@ impl<'g> Ledger<'g> {
             released: HashMap::default(),
             floor: HashMap::default(),
             located: None,
+            others,
         };
         ledger.by_port.reserve(claims.len());
         for c in claims {
@@ -98,15 +141,7 @@ impl<'g> Ledger<'g> {
 
     /// `locate` without the last claim to go by.
     fn locate_anew(&self, c: &PortClaim) -> Option<Location> {
-        let gi = *self
-            .gateway_at
-            .get(&(c.metadata.ns(), c.spec.gateway.as_str()))?;
-        let protocol = Protocol::parse(&c.spec.protocol)?;
-        let li = self.gateways[gi]
-            .listeners
-            .iter()
-            .position(|l| l.spec.name == c.spec.listener);
-        Some((gi, li, protocol))
+        locate(self.gateways, self.gateway_at, c)
     }
 
     fn push_slot(&mut self, claim: Option<Arc<PortClaim>>) -> usize {
@@ -142,14 +177,23 @@ impl<'g> Ledger<'g> {
 
     /// The claim holding a port of Gateway `gi`, bound or cooling down.
     pub fn holder(&self, gi: usize, protocol: Protocol, port: u16) -> Option<&PortClaim> {
-        self.claims[*self.by_port.get(&(gi, protocol, port))?].as_deref()
+        match self.by_port.get(&(gi, protocol, port)) {
+            Some(&ci) => self.claims[ci].as_deref(),
+            None => self
+                .others?
+                .by_port
+                .get(&(gi, protocol, port))
+                .map(|c| &**c),
+        }
     }
 
     /// Bound claims of a namespace on listener `li` of Gateway `gi`.
     pub fn bound_in(&self, gi: usize, li: usize, namespace: &str) -> u32 {
-        self.id(namespace)
+        let own = self
+            .id(namespace)
             .and_then(|ns| self.bound.get(&(gi, li, ns)).copied())
-            .unwrap_or(0)
+            .unwrap_or(0);
+        own + self.others.map_or(0, |o| o.bound_in(gi, li, namespace))
     }
 
     /// Binds again a route's own released claim on listener `li` of Gateway `gi` (and
@@ -201,9 +245,199 @@ impl<'g> Ledger<'g> {
         let key = (gi, protocol, first);
         let start = self.floor.get(&key).copied().unwrap_or(first);
         let l = &self.gateways[gi].listeners[li];
-        let found = (start..=last)
-            .find(|&p| !self.by_port.contains_key(&(gi, protocol, p)) && l.yielded_at(p).is_none());
+        // The next port from `p` no claim of the routes not planned holds.
+        let next = |p: u16| match self.others {
+            Some(o) => o.free_from(gi, protocol, p, last),
+            None => (p <= last).then_some(p),
+        };
+        let mut from = Some(start);
+        let found = loop {
+            let Some(p) = from.and_then(next) else {
+                break None;
+            };
+            if !self.by_port.contains_key(&(gi, protocol, p)) && l.yielded_at(p).is_none() {
+                break Some(p);
+            }
+            from = p.checked_add(1);
+        };
         self.floor.insert(key, found.unwrap_or(last));
         found
     }
+}
+
+/// The claims of the last plan as a `Ledger` indexes them, kept by the memo and changed
+/// claim by claim: a plan of a few routes takes their claims out, and indexes only
+/// those, looking up every other claim here (valid while the Gateways are unchanged:
+/// it numbers them as the plan does).
+#[derive(Debug, Default)]
+pub(super) struct ClaimIndex {
+    /// By route (`Kind/namespace/name`), sorted by namespace, then name.
+    by_route: HashMap<String, Vec<Arc<PortClaim>>>,
+    /// (gateway, protocol, port) → claim, bound or cooling down (ordered: the free
+    /// ports are the gaps).
+    by_port: BTreeMap<(usize, Protocol, u16), Arc<PortClaim>>,
+    /// (gateway, listener) → route namespace → bound claims, on listeners with a quota.
+    bound: HashMap<(usize, usize), HashMap<String, u32>>,
+    /// (gateway, listener) → (bound, released) claims.
+    counts: HashMap<(usize, usize), (u32, u32)>,
+    /// When its cool-down ends → released claims.
+    cooling: BTreeMap<SystemTime, Vec<Arc<PortClaim>>>,
+}
+
+impl ClaimIndex {
+    /// Indexes `claims` against `gateways`.
+    pub fn new(claims: &[Arc<PortClaim>], gateways: &Gateways) -> Self {
+        let mut index = ClaimIndex::default();
+        index.by_route.reserve(claims.len());
+        for c in claims {
+            index.add(c, gateways);
+        }
+        index
+    }
+
+    /// Adds claim `c` (claims are added in order, or after `take` of their route).
+    pub fn add(&mut self, c: &Arc<PortClaim>, gateways: &Gateways) {
+        self.update(c, gateways, true);
+    }
+
+    /// Removes claim `c` (this very allocation).
+    pub fn remove(&mut self, c: &Arc<PortClaim>, gateways: &Gateways) {
+        self.update(c, gateways, false);
+    }
+
+    /// Adds (`add`) or removes claim `c` from every index.
+    fn update(&mut self, c: &Arc<PortClaim>, gateways: &Gateways, add: bool) {
+        let r = &c.spec.route;
+        let mut key = String::new();
+        route_key(&mut key, &r.kind, &r.namespace, &r.name);
+        if add {
+            let list = self.by_route.entry(key).or_default();
+            let at = list.partition_point(|x| claim_key(x) <= claim_key(c));
+            list.insert(at, Arc::clone(c));
+        } else if let Some(list) = self.by_route.get_mut(key.as_str()) {
+            list.retain(|x| !Arc::ptr_eq(x, c));
+            if list.is_empty() {
+                self.by_route.remove(key.as_str());
+            }
+        }
+        if c.is_released() {
+            let gi = gateways.index(c.metadata.ns(), &c.spec.gateway);
+            let cooldown = gi.map_or(DEFAULT_RELEASE_COOLDOWN, |gi| gateways.views[gi].cooldown);
+            if let Some(end) = cooldown_end(c, cooldown) {
+                let list = self.cooling.entry(end).or_default();
+                match add {
+                    true => list.push(Arc::clone(c)),
+                    false => {
+                        list.retain(|x| !Arc::ptr_eq(x, c));
+                        if list.is_empty() {
+                            self.cooling.remove(&end);
+                        }
+                    }
+                }
+            }
+        }
+        let Some((gi, li)) = place(&gateways.views, &gateways.at, c) else {
+            return;
+        };
+        if let Some(protocol) = Protocol::parse(&c.spec.protocol) {
+            let at = (gi, protocol, c.spec.port);
+            if add {
+                self.by_port.insert(at, Arc::clone(c));
+            } else if self.by_port.get(&at).is_some_and(|x| Arc::ptr_eq(x, c)) {
+                self.by_port.remove(&at);
+            }
+        }
+        let Some(li) = li else {
+            return;
+        };
+        let step = |n: &mut u32| match add {
+            true => *n += 1,
+            false => *n = n.saturating_sub(1),
+        };
+        // Counted on every listener of its name, as the statuses count (the quota's
+        // count is the ledger's: on the first).
+        let listeners = gateways.views[gi].listeners.iter().enumerate();
+        for (at, _) in listeners.filter(|(_, l)| l.spec.name == c.spec.listener) {
+            let (bound, released) = self.counts.entry((gi, at)).or_default();
+            step(if c.is_bound() { bound } else { released });
+        }
+        if c.is_bound() && gateways.views[gi].listeners[li].quota.is_some() {
+            let namespaces = self.bound.entry((gi, li)).or_default();
+            match namespaces.get_mut(r.namespace.as_str()) {
+                Some(n) => step(n),
+                None => {
+                    namespaces.insert(r.namespace.clone(), u32::from(add));
+                }
+            }
+        }
+    }
+
+    /// Takes out the claims of the routes `keys` (`Kind/namespace/name`), sorted by
+    /// namespace, then name.
+    pub fn take<'k>(
+        &mut self,
+        keys: impl Iterator<Item = &'k String>,
+        gateways: &Gateways,
+    ) -> Vec<Arc<PortClaim>> {
+        let mut out: Vec<Arc<PortClaim>> = keys
+            .filter_map(|k| self.by_route.get(k.as_str()))
+            .flatten()
+            .cloned()
+            .collect();
+        for c in &out {
+            self.remove(c, gateways);
+        }
+        out.sort_by(|a, b| claim_key(a).cmp(&claim_key(b)));
+        out
+    }
+
+    /// The lowest port of `from..=last` of Gateway `gi` that no claim holds.
+    fn free_from(&self, gi: usize, protocol: Protocol, from: u16, last: u16) -> Option<u16> {
+        if from > last {
+            return None;
+        }
+        let mut free = from;
+        for &(_, _, port) in self
+            .by_port
+            .range((gi, protocol, from)..=(gi, protocol, last))
+            .map(|(k, _)| k)
+        {
+            if port != free {
+                break;
+            }
+            free = free.checked_add(1)?;
+        }
+        (free <= last).then_some(free)
+    }
+
+    /// Bound claims of a namespace on listener `li` (with a quota) of Gateway `gi`.
+    fn bound_in(&self, gi: usize, li: usize, namespace: &str) -> u32 {
+        self.bound
+            .get(&(gi, li))
+            .and_then(|n| n.get(namespace).copied())
+            .unwrap_or(0)
+    }
+
+    /// Bound and released claims on listener `li` of Gateway `gi`.
+    pub fn counts(&self, gi: usize, li: usize) -> (u32, u32) {
+        self.counts.get(&(gi, li)).copied().unwrap_or_default()
+    }
+
+    /// The released claims whose cool-down ends after `a` and by `b`, or after `b` and
+    /// by `a`: those cooled down at one time and not at the other.
+    pub fn cooled_between(
+        &self,
+        a: SystemTime,
+        b: SystemTime,
+    ) -> impl Iterator<Item = &Arc<PortClaim>> {
+        let (from, to) = if a <= b { (a, b) } else { (b, a) };
+        self.cooling
+            .range((Excluded(from), Included(to)))
+            .flat_map(|(_, list)| list)
+    }
+}
+
+/// The key claims are sorted by: namespace, then name.
+pub(super) fn claim_key(c: &PortClaim) -> (&str, &str) {
+    (c.metadata.ns(), c.metadata.name.as_str())
 }

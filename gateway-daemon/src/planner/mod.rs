@@ -222,14 +222,16 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         memo.incremental_plans += 1;
         return plan;
     }
-    let run = run(input, memo, None);
+    let run = run(input, memo, None, None);
     if memo.keep {
         let served = incremental::served(&run.plan.owners);
+        let claims = ledger::ClaimIndex::new(&run.plan.claims, &gateways::ours(input));
         memo.last = Some(incremental::Last::of(
             input,
             &run.plan,
             run.on,
             served,
+            claims,
             run.contested,
         ));
     }
@@ -246,19 +248,20 @@ struct Run {
 }
 
 /// Runs every stage on `input`; with a `scope`, for the routes in it only (`input`
-/// holds those routes and every claim).
-fn run(input: &Input, memo: &mut Memo, mut scope: Option<&mut incremental::Scope>) -> Run {
+/// holds those routes and their claims, `others` the claims of every other route).
+fn run(
+    input: &Input,
+    memo: &mut Memo,
+    scope: Option<&mut incremental::Scope>,
+    others: Option<&ledger::ClaimIndex>,
+) -> Run {
     let snap = input.snapshot;
     let now_text = format_time(input.now);
     let gateways = gateways::ours(input);
     let (world_same, pass) = memo.begin(input);
     let known = memo.recall(&snap.routes);
     let mut attachments = attach::attach_routes(snap, &known, world_same, &gateways);
-    let bind::Bound {
-        claims,
-        released,
-        outside,
-    } = bind::bind(input, &gateways, &mut attachments, scope.as_deref_mut());
+    let bind::Bound { claims, released } = bind::bind(input, &gateways, &mut attachments, others);
     let fixed_attached = attachments.fixed_attached();
     let index = Index::new(snap);
     let mut routes = route_status::route_statuses(&route_status::Context {
@@ -281,7 +284,6 @@ fn run(input: &Input, memo: &mut Memo, mut scope: Option<&mut incremental::Scope
             attachments: &attachments,
             fixed_attached: &fixed_attached,
             claims: &claims,
-            outside: &outside,
             known: &known,
             index: &index,
             snat_ports: &input.snat_ports,
@@ -294,11 +296,12 @@ fn run(input: &Input, memo: &mut Memo, mut scope: Option<&mut incremental::Scope
         attachments: &attachments,
         fixed_attached: &fixed_attached,
         claims: &claims,
+        others,
         now_text: &now_text,
     });
     let mut claims: Vec<Arc<PortClaim>> = claims.into_iter().flatten().collect();
     bind::sort_claims(&mut claims);
-    let usage = gateway_status::listener_usage(&gateways.views, &claims);
+    let usage = gateway_status::listener_usage(&gateways.views, &claims, others);
     let on = match memo.keep {
         true => incremental::OnListeners::of(&attachments),
         false => incremental::OnListeners::default(),

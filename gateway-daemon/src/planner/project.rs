@@ -27,9 +27,6 @@ pub(super) struct Context<'p, 'a> {
     /// The attachments to each fixed listener, by (Gateway, listener), oldest first.
     pub fixed_attached: &'p BTreeMap<(usize, usize), Vec<usize>>,
     pub claims: &'p [Option<Arc<PortClaim>>],
-    /// Claims kept as they are because their route is out of scope, by index: they
-    /// serve routes not planned here.
-    pub outside: &'p [bool],
     /// What the memo remembers of each route, by route index.
     pub known: &'p [Option<&'a Remembered>],
     pub index: &'p Index<'a>,
@@ -122,7 +119,7 @@ fn claimed(cx: &Context, serving: &mut Vec<Serving>) {
         let Some(claim) = claim else {
             continue;
         };
-        if claim.is_released() || (holder[ci].is_none() && cx.outside.get(ci) == Some(&true)) {
+        if claim.is_released() {
             continue;
         }
         let (gi, route) = match holder[ci].map(|ai| &attachments[ai]) {
@@ -189,6 +186,12 @@ fn serve(serving: &mut Vec<Serving>, gw: &GatewayView, protocol: Protocol, port:
 /// Gateway (a range listener's whole range, TCP and UDP alike, whatever its address)
 /// and of every service `served` (a claim kept for a Gateway whose ranges are void), as
 /// ascending non-overlapping ranges: a node port never takes a listener's.
+/// The ports listener `l` serves: its range, or its port.
+pub(super) fn ports_of(l: &super::gateways::ListenerView) -> RangeInclusive<u16> {
+    let (first, last) = l.range.unwrap_or((l.spec.port, l.spec.port));
+    first..=last
+}
+
 pub(super) fn snat_ports(
     gateways: &[GatewayView],
     served: impl Iterator<Item = u16>,
@@ -199,8 +202,7 @@ pub(super) fn snat_ports(
     let mut take = |p: u16| taken[usize::from(p >> 6)] |= 1 << (p & 63);
     served.for_each(&mut take);
     for l in gateways.iter().flat_map(|gw| &gw.listeners) {
-        let (first, last) = l.range.unwrap_or((l.spec.port, l.spec.port));
-        (first..=last).for_each(&mut take);
+        ports_of(l).for_each(&mut take);
     }
     let is_taken = |p: u16| taken[usize::from(p >> 6)] & (1 << (p & 63)) != 0;
     let mut free = Vec::new();
