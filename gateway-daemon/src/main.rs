@@ -3,7 +3,7 @@
 #![deny(unsafe_code)]
 
 use std::{
-    net::Ipv4Addr,
+    net::IpAddr,
     path::{Path, PathBuf},
     process::ExitCode,
     time::SystemTime,
@@ -104,9 +104,10 @@ struct RunArgs {
     /// Where claims and first-seen times are kept.
     #[arg(long, default_value = "/var/lib/berth")]
     state_dir: PathBuf,
-    /// Gateway address for Gateways whose spec.addresses has no IPv4 address.
-    #[arg(long)]
-    address: Option<Ipv4Addr>,
+    /// Gateway address (IPv4 or IPv6) for Gateways whose spec.addresses has no
+    /// address Berth serves; give it once per family for dual-stack defaults.
+    #[arg(long = "address")]
+    addresses: Vec<IpAddr>,
     /// Admin endpoint: /healthz, /readyz, /metrics and the state API
     /// (/api/v1/state, /api/v1/routes); keep it on localhost.
     #[arg(long, default_value = DEFAULT_ADMIN)]
@@ -303,7 +304,7 @@ fn check_cmd(dir: &Path, state_dir: Option<PathBuf>, output: Output) -> anyhow::
         snapshot: &snapshot,
         claims: &claims,
         now: SystemTime::now(),
-        default_address: None,
+        default_addresses: planner::DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: planner::DEFAULT_SNAT_PORTS,
         allocate: true,

@@ -14,7 +14,7 @@ use berth_tests::{
 
 fn svc(port: u16) -> ServiceAddr {
     ServiceAddr {
-        addr: Ipv4Addr::new(10, 252, 0, 1),
+        addr: Ipv4Addr::new(10, 252, 0, 1).into(),
         protocol: Protocol::Udp,
         port,
     }
@@ -23,7 +23,7 @@ fn svc(port: u16) -> ServiceAddr {
 fn backends(n: u8, weight: u16) -> Vec<WeightedBackend> {
     (1..=n)
         .map(|i| WeightedBackend {
-            endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 252, 1, i), 53),
+            endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 252, 1, i), 53).into(),
             weight,
         })
         .collect()
@@ -446,7 +446,7 @@ fn a_redirect_the_kernel_refuses_is_counted_and_the_kernel_path_then_delivers() 
         "permanent",
     ]);
     let service = ServiceAddr {
-        addr: Ipv4Addr::new(10, 253, 0, 100),
+        addr: Ipv4Addr::new(10, 253, 0, 100).into(),
         protocol: Protocol::Udp,
         port: 7,
     };
@@ -454,7 +454,7 @@ fn a_redirect_the_kernel_refuses_is_counted_and_the_kernel_path_then_delivers() 
     t.dp.apply(&DesiredState::default().with_service(
         service,
         vec![WeightedBackend {
-            endpoint: backend_ep,
+            endpoint: backend_ep.into(),
             weight: 1,
         }],
     ))
@@ -471,7 +471,7 @@ fn a_redirect_the_kernel_refuses_is_counted_and_the_kernel_path_then_delivers() 
     let send = || {
         client.enter(|| {
             let s = UdpSocket::bind("0.0.0.0:0").expect("bind client");
-            s.send_to(b"ping", SocketAddrV4::new(service.addr, 7))
+            s.send_to(b"ping", std::net::SocketAddr::new(service.addr, 7))
                 .expect("send");
         })
     };

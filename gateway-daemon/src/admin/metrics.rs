@@ -378,7 +378,7 @@ mod tests {
         // The hand-written text wrote each route's samples of every family in turn,
         // after all six HELP and TYPE lines: a family's samples must be one group.
         let service = |port| ServiceAddr {
-            addr: Ipv4Addr::new(10, 0, 0, 1),
+            addr: Ipv4Addr::new(10, 0, 0, 1).into(),
             protocol: Protocol::Tcp,
             port,
         };

@@ -178,7 +178,7 @@ fn input<'a>(snapshot: &'a Snapshot, claims: &'a [Arc<PortClaim>], w: &World) ->
         snapshot,
         claims,
         now: time(1000 + w.now),
-        default_address: None,
+        default_addresses: DefaultAddresses::default(),
         ephemeral_ports: Some(32768..=60999),
         allocate: !w.no_allocate,
         snat_ports: DEFAULT_SNAT_PORTS,

@@ -66,7 +66,7 @@ fn plan_snat(text: &str, claims: &[Arc<PortClaim>], snat_ports: RangeInclusive<u
         snapshot: &snapshot,
         claims,
         now: humantime::parse_rfc3339("2026-01-01T01:00:00Z").expect("time"),
-        default_address: None,
+        default_addresses: DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports,
         allocate: true,
@@ -104,7 +104,7 @@ fn route_accepted<'a>(plan: &'a Plan, name: &str) -> &'a Condition {
 
 fn owner(plan: &Plan, port: u16) -> Option<&str> {
     let service = ServiceAddr {
-        addr: Ipv4Addr::new(10, 0, 0, 1),
+        addr: Ipv4Addr::new(10, 0, 0, 1).into(),
         protocol: Protocol::Tcp,
         port,
     };
@@ -489,7 +489,7 @@ fn nat_pool(value: &str) -> String {
 
 fn tcp(port: u16) -> ServiceAddr {
     ServiceAddr {
-        addr: Ipv4Addr::new(10, 0, 0, 1),
+        addr: Ipv4Addr::new(10, 0, 0, 1).into(),
         protocol: Protocol::Tcp,
         port,
     }
