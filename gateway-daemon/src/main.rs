@@ -480,6 +480,33 @@ mod tests {
     }
 
     #[test]
+    fn address_takes_either_family_once_per_family() {
+        use berth::planner::DefaultAddresses;
+        let defaults = |extra: &[&str]| {
+            let args = run_args(extra).map_err(|e| e.to_string())?;
+            DefaultAddresses::from_list(&args.addresses).map_err(|e| e.to_string())
+        };
+        assert_eq!(defaults(&[]), Ok(DefaultAddresses::default()));
+        let both = defaults(&["--address", "2001:DB8::1", "--address", "192.0.2.1"])
+            .expect("one address per family");
+        assert_eq!(both.ipv4, Some("192.0.2.1".parse().expect("v4")));
+        assert_eq!(both.ipv6, Some("2001:db8::1".parse().expect("v6")));
+        let v6 = defaults(&["--address", "fd00::1"]).expect("IPv6 alone");
+        assert_eq!(
+            (v6.ipv4, v6.ipv6.map(|a| a.to_string())),
+            (None, Some("fd00::1".into()))
+        );
+        let twice = defaults(&["--address", "192.0.2.1", "--address", "192.0.2.2"])
+            .expect_err("two IPv4 addresses");
+        assert!(
+            twice.contains("--address is given twice for IPv4"),
+            "{twice}"
+        );
+        let bad = defaults(&["--address", "gw.example.com"]).expect_err("not an IP");
+        assert!(bad.contains("--address"), "{bad}");
+    }
+
+    #[test]
     fn snat_ports_are_lo_hi_with_both_above_zero_and_in_order() {
         assert_eq!(parse_port_range("32768-60999"), Ok(32768..=60999));
         assert_eq!(parse_port_range("5000-5000"), Ok(5000..=5000));
