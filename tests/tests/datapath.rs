@@ -77,6 +77,46 @@ fn applying_touches_only_what_changed() {
 }
 
 #[test]
+fn ipv6_services_are_held_back_and_named_and_the_ipv4_ones_programmed() {
+    use berth::datapath::held_back::{HeldBack, Why};
+    let mut t = TestDatapath::load();
+    let v6 = ServiceAddr {
+        addr: "2001:db8::1".parse().expect("ip"),
+        ..svc(1000)
+    };
+    let v6_backends = vec![WeightedBackend {
+        endpoint: "[2001:db8:1::1]:53".parse().expect("endpoint"),
+        weight: 1,
+    }];
+    let dual = state().with_snat_service(v6, v6_backends);
+    assert_eq!(
+        t.dp.apply(&dual).expect("apply"),
+        ApplyReport {
+            added: 3,
+            ..Default::default()
+        },
+        "the IPv6 service is neither added nor an error"
+    );
+    assert_eq!(
+        t.dp.installed(),
+        state(),
+        "only the IPv4 services are in the maps"
+    );
+    assert_eq!(
+        t.dp.held_back(),
+        [HeldBack {
+            service: v6,
+            why: Why::Ipv6
+        }]
+    );
+    // The same state again changes nothing; without the IPv6 service nothing is held.
+    assert_eq!(t.dp.apply(&dual).expect("apply").unchanged, 3);
+    t.dp.apply(&state()).expect("apply");
+    assert!(t.dp.held_back().is_empty());
+    assert_eq!(t.dp.installed(), state());
+}
+
+#[test]
 fn after_a_failed_apply_the_next_one_compares_everything() {
     let mut t = TestDatapath::load();
     t.dp.apply(&state()).expect("apply");
