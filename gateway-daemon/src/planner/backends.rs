@@ -45,11 +45,11 @@ impl Resolved {
         Families::of_iter(self.families.iter().flat_map(|(_, f)| f.iter()))
     }
 
-    /// The ResolvedRefs condition for a parent, Gateway `gateway` (`namespace/name`)
+    /// The ResolvedRefs condition for a parent, Gateway `gateway` (namespace, name)
     /// that serves `served`: (ok, reason, message). Endpoints of no family the Gateway
     /// serves are refused (`IPFamilyMismatch`); a family served without endpoints is
     /// named in the message.
-    pub fn status(&self, gateway: &str, served: Families) -> (bool, Reason, String) {
+    pub fn status(&self, gateway: (&str, &str), served: Families) -> (bool, Reason, String) {
         let endpoints = self.endpoint_families();
         let mut errors: Vec<(Reason, String)> = Vec::new();
         let mut notes: Vec<String> = Vec::new();
@@ -66,7 +66,9 @@ impl Resolved {
                 errors.push((
                     Reason::IPFamilyMismatch,
                     format!(
-                        "Gateway {gateway} serves {served} only; {} (there is no NAT64)",
+                        "Gateway {}/{} serves {served} only; {} (there is no NAT64)",
+                        gateway.0,
+                        gateway.1,
                         services(&|_| true, &|f| format!("only {f} endpoints"))
                     ),
                 ));

@@ -142,8 +142,8 @@ impl Context<'_, '_> {
             .map(|(ai, d)| {
                 let a = &self.attachments.list[ai];
                 let gw = &self.gateways[a.gw];
-                let (ns, name) = (gw.spec.metadata.ns(), &gw.spec.metadata.name);
-                let refs = resolved.status(&format!("{ns}/{name}"), gw.addresses.families());
+                let name = (gw.spec.metadata.ns(), gw.spec.metadata.name.as_str());
+                let refs = resolved.status(name, gw.addresses.families());
                 parent_status(a, self.gateways, d, refs, self.now_text)
             })
             .collect();
