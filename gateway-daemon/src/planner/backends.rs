@@ -252,7 +252,11 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
                 }
             }
             let families = Families::of_iter(endpoints.iter().map(|(e, _)| Family::of(&e.ip())));
-            if !families.is_empty() {
+            // A Service named by two backendRefs (or rules) is listed once.
+            let listed = |s: &String| {
+                s.strip_prefix(ns).and_then(|n| n.strip_prefix('/')) == Some(b.name.as_str())
+            };
+            if !families.is_empty() && !out.families.iter().any(|(s, _)| listed(s)) {
                 out.families.push((format!("{ns}/{}", b.name), families));
             }
             for family in families.iter() {

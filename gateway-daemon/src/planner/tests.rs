@@ -757,3 +757,20 @@ fn an_ipv6_endpoint_slice_is_read_and_its_weights_split_over_its_endpoints() {
     );
     assert_eq!(service.to_string(), "TCP/[2001:db8::1]:30000");
 }
+
+#[test]
+fn a_service_named_twice_is_named_once_in_a_family_mismatch() {
+    let text = families_world(&["2001:db8::1"], &[], &[("IPv4", "10.1.0.53")]).replace(
+        "backendRefs: [{name: dns, port: 53}]",
+        "backendRefs: [{name: dns, port: 53}, {name: dns, port: 53, weight: 2}]",
+    );
+    let plan = plan_of(&text, &[]);
+    let dns = resolved_refs(&plan, "dns");
+    assert_eq!(dns.reason, "IPFamilyMismatch");
+    assert_eq!(
+        dns.message.matches("Service team/dns").count(),
+        1,
+        "{}",
+        dns.message
+    );
+}
