@@ -471,7 +471,12 @@ fn log_held_back(held: &[held_back::HeldBack]) {
         tracing::info!("every service is programmed: none is held back any more");
         return;
     }
-    let list: Vec<String> = held.iter().map(ToString::to_string).collect();
+    // The first ones by name: a line, not a page, with thousands of services.
+    const NAMED: usize = 20;
+    let mut list: Vec<String> = held.iter().take(NAMED).map(ToString::to_string).collect();
+    if held.len() > NAMED {
+        list.push(format!("and {} more", held.len() - NAMED));
+    }
     tracing::warn!(
         services = held.len(),
         held_back = %list.join(", "),
