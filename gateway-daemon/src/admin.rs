@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     datapath::{Protocol, ServiceAddr},
     model::claim_name,
-    planner::{status::RouteParentStatus, RouteEntry},
+    planner::{status::RouteParentStatus, Family, RouteEntry},
     publish::Published,
     state_document::StateDocument,
 };
@@ -256,10 +256,17 @@ fn row(
         })
         .unwrap_or_default();
     let accepted = parent.conditions.iter().find(|c| c.kind == "Accepted");
-    let backends = services
-        .first()
-        .and_then(|s| p.datapath.services.get(s))
-        .map_or(0, |b| b.len());
+    // The endpoints of each family (those of its first address: every address of a
+    // family has the same).
+    let of_family = |family: Family| {
+        services
+            .iter()
+            .find(|s| Family::of(&s.addr) == family)
+            .map(|s| (s, p.datapath.services.get(s).map_or(0, |b| b.len())))
+    };
+    let by_family: Vec<(&ServiceAddr, usize)> =
+        Family::ALL.into_iter().filter_map(of_family).collect();
+    let backends = by_family.iter().map(|(_, n)| n).sum();
     let snat = services.iter().any(|s| p.datapath.source_nat.contains(s));
     let traffic = services
         .iter()
@@ -288,8 +295,34 @@ fn row(
         reply_packets: traffic.stats.reply_packets,
         kernel_packets: traffic.stats.kernel_packets,
         path: traffic.path().unwrap_or_else(|| "-".into()),
-        warning: unanswered(&traffic),
+        warning: warnings(p, &services, &by_family, &traffic),
     }
+}
+
+/// What the operator should look at about a route's services, if anything: those the
+/// datapath holds back, a family served without endpoints beside one with, packets
+/// unanswered.
+fn warnings(
+    p: &Published,
+    services: &[ServiceAddr],
+    by_family: &[(&ServiceAddr, usize)],
+    traffic: &crate::datapath::Traffic,
+) -> Option<String> {
+    let mut out: Vec<String> = services
+        .iter()
+        .filter_map(|s| {
+            let i = p.held_back.binary_search_by(|h| h.service.cmp(s)).ok()?;
+            Some(format!("{s} is held back: {}", p.held_back[i].why))
+        })
+        .collect();
+    if by_family.iter().any(|&(_, n)| n > 0) {
+        out.extend(by_family.iter().filter(|&&(_, n)| n == 0).map(|(s, _)| {
+            let family = Family::of(&s.addr);
+            format!("no {family} endpoints: {family} clients of {s} get no backend")
+        }));
+    }
+    out.extend(unanswered(traffic));
+    (!out.is_empty()).then(|| out.join("; "))
 }
 
 /// How long [`get`] waits for a whole answer: connecting, asking, reading to the end.
@@ -348,4 +381,89 @@ fn fetch(addr: &str, path: &str, deadline: Instant) -> std::io::Result<(String, 
     let text = String::from_utf8(text).map_err(std::io::Error::other)?;
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text.as_str(), ""));
     Ok((head.to_string(), body.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::{datapath::held_back, manifests, planner};
+
+    /// What a daemon publishes for the golden case `name` (its plan, with the
+    /// services a datapath holds back).
+    fn published(name: &str) -> Published {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+        let path = dir.join(format!("{name}.in.yaml"));
+        let text = std::fs::read_to_string(&path).expect("golden input");
+        let parsed = manifests::parse_file(&path, &text);
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let snapshot = manifests::snapshot([&parsed]);
+        let plan = planner::plan(&planner::Input {
+            snapshot: &snapshot,
+            claims: &[],
+            now: humantime::parse_rfc3339("2026-01-01T00:00:00Z").expect("time"),
+            default_addresses: planner::DefaultAddresses::default(),
+            ephemeral_ports: None,
+            allocate: true,
+            snat_ports: planner::DEFAULT_SNAT_PORTS,
+        });
+        let (_, held) = held_back::kernel_state(&plan.datapath);
+        let mut p = crate::publish::effects(plan, None, &Published::default()).expect("effects");
+        p.held_back = held;
+        p
+    }
+
+    #[test]
+    fn a_route_of_a_dual_stack_gateway_names_its_held_back_and_endpointless_family() {
+        let p = published(
+            "a-dual-stack-gateway-serves-a-route-with-only-ipv4-endpoints-on-ipv4-and-says-so",
+        );
+        let rows = route_rows(&p, None);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].backends, 1);
+        assert_eq!(
+            rows[0].warning.as_deref(),
+            Some(
+                "TCP/[2001:db8::1]:30000 is held back: IPv6 is not served by the kernel \
+                 program yet; no IPv6 endpoints: IPv6 clients of TCP/[2001:db8::1]:30000 get \
+                 no backend"
+            )
+        );
+        let table = crate::output::route_table(&rows);
+        assert!(
+            table.contains("  ↳ warning: TCP/[2001:db8::1]:30000 is held back"),
+            "{table}"
+        );
+        let metrics = metrics::encode(&p);
+        for want in [
+            "berth_services_held_back{family=\"ipv4\"} 0",
+            "berth_services_held_back{family=\"ipv6\"} 1",
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == want),
+                "no {want:?} in:\n{metrics}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_route_of_a_dual_stack_gateway_with_both_families_counts_the_endpoints_of_each() {
+        let mut p = published("a-dual-stack-gateway-serves-both-families-on-the-same-port");
+        let rows = route_rows(&p, None);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].port, Some(30000));
+        assert_eq!(rows[0].backends, 3, "two IPv4 endpoints and one IPv6");
+        assert!(
+            rows[0]
+                .warning
+                .as_deref()
+                .is_some_and(|w| w.contains("[2001:db8::1]:30000 is held back")
+                    && !w.contains("no IPv6 endpoints")),
+            "{rows:?}"
+        );
+        // Once the kernel program serves IPv6, nothing is left to say.
+        p.held_back.clear();
+        assert_eq!(route_rows(&p, None)[0].warning, None);
+    }
 }

@@ -3,7 +3,7 @@
 #![deny(unsafe_code)]
 
 use std::{
-    net::Ipv4Addr,
+    net::IpAddr,
     path::{Path, PathBuf},
     process::ExitCode,
     time::SystemTime,
@@ -104,9 +104,10 @@ struct RunArgs {
     /// Where claims and first-seen times are kept.
     #[arg(long, default_value = "/var/lib/berth")]
     state_dir: PathBuf,
-    /// Gateway address for Gateways whose spec.addresses has no IPv4 address.
-    #[arg(long)]
-    address: Option<Ipv4Addr>,
+    /// Gateway address (IPv4 or IPv6) for Gateways whose spec.addresses has no
+    /// address Berth serves; give it once per family for dual-stack defaults.
+    #[arg(long = "address")]
+    addresses: Vec<IpAddr>,
     /// Admin endpoint: /healthz, /readyz, /metrics and the state API
     /// (/api/v1/state, /api/v1/routes); keep it on localhost.
     #[arg(long, default_value = DEFAULT_ADMIN)]
@@ -303,7 +304,7 @@ fn check_cmd(dir: &Path, state_dir: Option<PathBuf>, output: Output) -> anyhow::
         snapshot: &snapshot,
         claims: &claims,
         now: SystemTime::now(),
-        default_address: None,
+        default_addresses: planner::DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: planner::DEFAULT_SNAT_PORTS,
         allocate: true,
@@ -476,6 +477,33 @@ mod tests {
             .expect("0 is refused");
         assert!(err.to_string().contains("--conntrack-size"), "{err}");
         assert!(run_args(&["--new-flow-limit", "-5"]).is_err());
+    }
+
+    #[test]
+    fn address_takes_either_family_once_per_family() {
+        use berth::planner::DefaultAddresses;
+        let defaults = |extra: &[&str]| {
+            let args = run_args(extra).map_err(|e| e.to_string())?;
+            DefaultAddresses::from_list(&args.addresses).map_err(|e| e.to_string())
+        };
+        assert_eq!(defaults(&[]), Ok(DefaultAddresses::default()));
+        let both = defaults(&["--address", "2001:DB8::1", "--address", "192.0.2.1"])
+            .expect("one address per family");
+        assert_eq!(both.ipv4, Some("192.0.2.1".parse().expect("v4")));
+        assert_eq!(both.ipv6, Some("2001:db8::1".parse().expect("v6")));
+        let v6 = defaults(&["--address", "fd00::1"]).expect("IPv6 alone");
+        assert_eq!(
+            (v6.ipv4, v6.ipv6.map(|a| a.to_string())),
+            (None, Some("fd00::1".into()))
+        );
+        let twice = defaults(&["--address", "192.0.2.1", "--address", "192.0.2.2"])
+            .expect_err("two IPv4 addresses");
+        assert!(
+            twice.contains("--address is given twice for IPv4"),
+            "{twice}"
+        );
+        let bad = defaults(&["--address", "gw.example.com"]).expect_err("not an IP");
+        assert!(bad.contains("--address"), "{bad}");
     }
 
     #[test]

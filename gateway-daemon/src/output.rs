@@ -13,8 +13,8 @@ use crate::{
 pub fn state_tables(doc: &StateDocument) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<16} {:<24} {:<9} {:<10} {}\n",
-        "NAMESPACE", "GATEWAY", "ACCEPTED", "PROGRAMMED", "LISTENERS"
+        "{:<16} {:<24} {:<9} {:<10} {:<24} {}\n",
+        "NAMESPACE", "GATEWAY", "ACCEPTED", "PROGRAMMED", "ADDRESSES", "LISTENERS"
     ));
     for g in &doc.gateways {
         let cond = |t: &str| {
@@ -31,12 +31,23 @@ pub fn state_tables(doc: &StateDocument) -> String {
             .iter()
             .map(|l| format!("{}({})", l.name, l.attached_routes))
             .collect();
+        let addresses: Vec<&str> = g
+            .status
+            .addresses
+            .iter()
+            .map(|a| a.value.as_str())
+            .collect();
         out.push_str(&format!(
-            "{:<16} {:<24} {:<9} {:<10} {}\n",
+            "{:<16} {:<24} {:<9} {:<10} {:<24} {}\n",
             g.namespace,
             g.name,
             cond("Accepted"),
             cond("Programmed"),
+            if addresses.is_empty() {
+                "-".to_string()
+            } else {
+                addresses.join(",")
+            },
             listeners.join(",")
         ));
     }
@@ -174,5 +185,44 @@ fn age(created: Option<&str>) -> String {
         s if s < 7200 => format!("{}m", s / 60),
         s if s < 172_800 => format!("{}h", s / 3600),
         s => format!("{}d", s / 86400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        planner::{status::*, GatewayEntry},
+        state_document::StateDocument,
+    };
+
+    #[test]
+    fn the_gateways_table_shows_ipv4_and_ipv6_addresses_as_written_in_the_status() {
+        let address = |value: &str| GatewayStatusAddress {
+            kind: "IPAddress".into(),
+            value: value.into(),
+        };
+        let gateway = |name: &str, addresses| GatewayEntry {
+            namespace: "infra".into(),
+            name: name.into(),
+            status: GatewayStatus {
+                addresses,
+                conditions: Vec::new(),
+                listeners: Vec::new(),
+            },
+        };
+        let doc = StateDocument {
+            gateways: vec![
+                gateway("dual", vec![address("10.0.0.1"), address("2001:db8::1")]),
+                gateway("none", vec![]),
+            ],
+            routes: Vec::new(),
+            claims: Vec::new(),
+        };
+        let table = state_tables(&doc);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].contains(" ADDRESSES "), "{table}");
+        assert!(lines[1].contains(" 10.0.0.1,2001:db8::1 "), "{table}");
+        assert!(lines[2].contains(" - "), "{table}");
     }
 }

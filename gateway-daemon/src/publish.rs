@@ -48,6 +48,9 @@ pub struct Published {
     pub cooling: bool,
     /// The conntrack's occupancy when active flows were last counted (with a datapath).
     pub conntrack: Option<Conntrack>,
+    /// Services of the plan the datapath holds back (IPv6, until the kernel program
+    /// serves it), in service order.
+    pub held_back: Vec<crate::datapath::held_back::HeldBack>,
 }
 
 /// The conntrack's occupancy, read with the active flows (`ACTIVE_FLOW_REFRESH`).
@@ -341,8 +344,10 @@ pub fn effects(
         conntrack: prev.conntrack,
         ..Published::default()
     };
+    let mut held_back = Vec::new();
     if let Some(dp) = datapath {
         dp.apply(&plan.datapath)?;
+        held_back = dp.held_back().to_vec();
         dp.keep_snat_sources_current();
         // Between plans counters are read every `TRAFFIC_REFRESH`; a plan reads them
         // (several milliseconds with 10k routes) only if changes have kept coming for
@@ -387,6 +392,7 @@ pub fn effects(
         active_at,
         cooling: claims.iter().any(|c| c.is_released()),
         conntrack,
+        held_back,
     })
 }
 

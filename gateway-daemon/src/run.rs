@@ -30,7 +30,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         kubernetes,
         interfaces,
         state_dir,
-        address,
+        addresses,
         admin_addr,
         metrics_addr,
         xdp_mode,
@@ -46,6 +46,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         new_flow_limit,
     } = args;
     init_logging(log_format);
+    let default_addresses = berth::planner::DefaultAddresses::from_list(&addresses)?;
     let mut dp = DatapathOptions {
         interfaces,
         xdp_mode,
@@ -69,7 +70,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         let options = berth::kubernetes::Options {
             identity,
             lease_namespace,
-            default_address: address,
+            default_addresses,
             snat_ports,
         };
         return run_kubernetes(options, &dp, &admin_addr, metrics_addr.as_deref());
@@ -82,7 +83,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
     let source = ManifestSource::new(&dir, manifest_settle);
     let admin = (admin_addr.as_str(), metrics_addr);
     let settings = berth::planner::Settings {
-        default_address: address,
+        default_addresses,
         snat_ports,
     };
     run_standalone(source, &dir, &state_dir, &settings, admin, &dp)

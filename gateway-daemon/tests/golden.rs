@@ -1,7 +1,8 @@
 //! Golden files for the planner: `golden/NAME.in.yaml` (objects, existing PortClaims,
 //! and optionally a `PlannerClock` document with `now`) → `golden/NAME.out.yaml`
 //! (statuses, claims and the datapath plan). The `PlannerClock` document may also give
-//! `ephemeralPorts: FIRST-LAST`, the host's ephemeral ports (none by default).
+//! `ephemeralPorts: FIRST-LAST`, the host's ephemeral ports (none by default), and
+//! `defaultAddresses: [IP, ...]`, the `--address` defaults (none by default).
 //! `BLESS=1 cargo test --test golden`
 //! rewrites the outputs; review the diff.
 
@@ -38,6 +39,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
     let mut claims = Vec::new();
     let mut now = DEFAULT_NOW.to_string();
     let mut ephemeral_ports = None;
+    let mut default_addresses = berth::planner::DefaultAddresses::default();
     let mut manifest_docs = Vec::new();
     for de in serde_yaml::Deserializer::from_str(&text) {
         let value: serde_yaml::Value = serde::Deserialize::deserialize(de).expect("yaml");
@@ -51,6 +53,14 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
                     let (first, last) = r.split_once('-').expect("ephemeralPorts: FIRST-LAST");
                     first.parse::<u16>().expect("first")..=last.parse::<u16>().expect("last")
                 });
+                if let Some(list) = value["defaultAddresses"].as_sequence() {
+                    let ips: Vec<std::net::IpAddr> = list
+                        .iter()
+                        .map(|a| a.as_str().expect("an address").parse().expect("an IP"))
+                        .collect();
+                    default_addresses = berth::planner::DefaultAddresses::from_list(&ips)
+                        .expect("at most one default address per family");
+                }
             }
             _ => manifest_docs.push(serde_yaml::to_string(&value).expect("yaml")),
         }
@@ -68,7 +78,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
         snapshot: &snapshot,
         claims: &claims,
         now,
-        default_address: None,
+        default_addresses,
         ephemeral_ports: ephemeral_ports.clone(),
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
@@ -77,7 +87,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
         snapshot: &snapshot,
         claims: &claims,
         now,
-        default_address: None,
+        default_addresses,
         ephemeral_ports: ephemeral_ports.clone(),
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
@@ -108,7 +118,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
                 snapshot: &snapshot,
                 claims: &claims,
                 now,
-                default_address: None,
+                default_addresses,
                 ephemeral_ports: ephemeral_ports.clone(),
                 snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
                 allocate: true,

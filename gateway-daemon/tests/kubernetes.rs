@@ -319,7 +319,13 @@ fn spawn_leader_cycle(
 ) -> tokio::task::JoinHandle<Result<berth::planner::Plan, berth::kubernetes::CycleError>> {
     tokio::spawn(async move {
         let leader = Leadership::always();
-        let mut c = Controller::new(client, Versions::default(), leader, "node-a", None);
+        let mut c = Controller::new(
+            client,
+            Versions::default(),
+            leader,
+            "node-a",
+            Default::default(),
+        );
         c.reconcile(&view, SystemTime::now()).await
     })
 }
@@ -337,7 +343,7 @@ async fn a_cooled_down_claim_is_deleted_only_at_the_version_read() {
         snapshot: &view.snapshot,
         claims: &view.held.list(),
         now: SystemTime::now(),
-        default_address: None,
+        default_addresses: berth::planner::DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
@@ -689,7 +695,7 @@ async fn gateway_status_is_server_side_applied_with_our_field_manager() {
         snapshot: &view.snapshot,
         claims: &[],
         now: SystemTime::now(),
-        default_address: None,
+        default_addresses: berth::planner::DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
@@ -931,7 +937,7 @@ async fn a_follower_writes_nothing_and_programs_only_stored_claims() {
         Versions::default(),
         Leadership::default(),
         "node-b",
-        None,
+        Default::default(),
     );
     let plan = c
         .reconcile(&view, SystemTime::now())
@@ -1190,7 +1196,7 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
     let options = berth::kubernetes::Options {
         identity: "node-a".into(),
         lease_namespace: "berth-system".into(),
-        default_address: None,
+        default_addresses: berth::planner::DefaultAddresses::default(),
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
     };
     let (shut_down, shutdown) = tokio::sync::oneshot::channel::<()>();

@@ -117,7 +117,7 @@ fn input<'a>(
         snapshot,
         claims,
         now: time(now),
-        default_address: None,
+        default_addresses: berth::planner::DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
@@ -284,7 +284,8 @@ proptest! {
     }
 }
 
-/// Up to three Gateways, each on 10.0.0.1, 10.0.0.2 or both, with a TCP range, maybe
+/// Up to three Gateways, each on some of 10.0.0.1, 10.0.0.2 and 2001:db8::1 (IPv4,
+/// IPv6 or dual-stack), with a TCP range, maybe
 /// a UDP range over the same ports and maybe a fixed TCP listener, all drawn from a
 /// few ports so that they overlap; they come, go, change and swap ages while TCP and
 /// UDP routes come and go.
@@ -292,7 +293,7 @@ mod shared_address {
     use super::*;
 
     pub const GATEWAYS: usize = 3;
-    pub const ADDRESSES: [&str; 2] = ["10.0.0.1", "10.0.0.2"];
+    pub const ADDRESSES: [&str; 3] = ["10.0.0.1", "10.0.0.2", "2001:db8::1"];
     /// Ports the listeners are drawn from.
     pub const LOW: u16 = 30000;
     pub const HIGH: u16 = 30015;
@@ -336,7 +337,7 @@ mod shared_address {
         prop_oneof![
             2 => (
                 0..GATEWAYS,
-                1..=3u8,
+                1..=7u8,
                 LOW..=HIGH - 4,
                 0..6u16,
                 any::<bool>(),
@@ -519,11 +520,11 @@ proptest! {
             prop_assert_eq!(&plan.gateways, &remembered.gateways);
             prop_assert!(plan.owners.keys().eq(plan.datapath.services.keys()));
 
-            let addresses = |gateway: &str| -> Vec<std::net::Ipv4Addr> {
+            let addresses = |gateway: &str| -> Vec<std::net::IpAddr> {
                 plan.gateways
                     .iter()
                     .find(|g| g.name == gateway)
-                    .map(|g| g.status.addresses.iter().map(|a| a.value.parse().expect("ipv4")).collect())
+                    .map(|g| g.status.addresses.iter().map(|a| a.value.parse().expect("an IP address")).collect())
                     .unwrap_or_default()
             };
             let protocol_of = |p: &str| if p == "UDP" { Protocol::Udp } else { Protocol::Tcp };

@@ -112,6 +112,16 @@ impl Dirs {
         d
     }
 
+    /// Replaces `from` with `to` in the manifest `file`; panics if `from` is not in it.
+    pub fn edit_manifest(&self, file: &str, from: &str, to: &str) {
+        let path = self.manifests.join(file);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        assert!(text.contains(from), "{file} has no {from:?} to replace");
+        std::fs::write(&path, text.replace(from, to))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    }
+
     /// `berth run` in `gateway` on these directories, not started; add the
     /// `--interface`s and other arguments.
     pub fn berth_run(&self, gateway: &Netns) -> Command {

@@ -259,7 +259,7 @@ fn state(table: Table) -> DesiredState {
         let backends = backends
             .iter()
             .map(|&(ip, port, weight)| WeightedBackend {
-                endpoint: sa(ip, port),
+                endpoint: sa(ip, port).into(),
                 weight,
             })
             .collect();
@@ -268,9 +268,14 @@ fn state(table: Table) -> DesiredState {
     state
 }
 
+/// A service's address and port (the fuzz model is IPv4 only).
+fn service_addr(s: &ServiceAddr) -> SocketAddrV4 {
+    v4(std::net::SocketAddr::new(s.addr, s.port))
+}
+
 fn svc(addr: Ipv4Addr, protocol: Protocol, port: u16) -> ServiceAddr {
     ServiceAddr {
-        addr,
+        addr: addr.into(),
         protocol,
         port,
     }
@@ -304,7 +309,7 @@ impl Model {
         let states = [first, second];
         let all = || states.iter().flat_map(|s| s.services.iter());
         let backends = all()
-            .flat_map(|(_, b)| b.iter().map(|b| *b.endpoint.ip()))
+            .flat_map(|(_, b)| b.iter().map(|b| *v4(b.endpoint).ip()))
             .collect();
         Model { backends, states }
     }
@@ -471,7 +476,7 @@ impl<'m> Generator<'m> {
         let (s, _) = self.service();
         let client = self.client();
         let udp = s.protocol == Protocol::Udp;
-        self.l4(client, sa(s.addr, s.port), udp)
+        self.l4(client, service_addr(&s), udp)
             .macs(CLIENT_MAC, FX0_MAC)
             .frame()
     }
@@ -482,7 +487,7 @@ impl<'m> Generator<'m> {
             Some(f) if self.rng.chance(85) => (f.backend, f.client, f.udp),
             _ => {
                 let (s, b) = self.service();
-                let b = b[self.rng.below(b.len())].endpoint;
+                let b = v4(b[self.rng.below(b.len())].endpoint);
                 (b, self.client(), s.protocol == Protocol::Udp)
             }
         };
@@ -564,7 +569,7 @@ impl<'m> Generator<'m> {
                 let client = self.client();
                 (
                     Side::Client,
-                    self.l4(client, sa(s.addr, s.port), udp)
+                    self.l4(client, service_addr(&s), udp)
                         .macs(CLIENT_MAC, FX0_MAC),
                 )
             }
@@ -631,7 +636,7 @@ impl<'m> Generator<'m> {
             _ => {
                 // From a backend address to a client, of no flow.
                 let (s, b) = self.service();
-                let b = b[self.rng.below(b.len())].endpoint;
+                let b = v4(b[self.rng.below(b.len())].endpoint);
                 let to_client = sa(*client.ip(), 20000 + self.rng.below(1000) as u16);
                 self.l4(b, to_client, s.protocol == Protocol::Udp).frame()
             }
@@ -884,7 +889,7 @@ impl Facts {
                     .flat_map(|s| s.services.keys())
                     .filter(|svc| svc.protocol.number() == k.proto)
                     .find_map(|svc| {
-                        let key = svc.key();
+                        let key = svc.key().expect("the fuzz model is IPv4");
                         let fwd = FlowKey {
                             src: k.dst,
                             dst: key.addr,
@@ -931,17 +936,16 @@ impl Facts {
                     .backends_of(state, ip.dst, ip.proto, dport)
                     .unwrap_or_default()
                     .iter()
-                    .map(|b| b.endpoint)
+                    .map(|b| v4(b.endpoint))
                     .collect();
                 for s in &model.states {
                     for (service, backends) in &s.services {
                         if service.protocol.number() == ip.proto
-                            && backends.iter().any(|b| b.endpoint == sa(ip.src, sport))
+                            && backends
+                                .iter()
+                                .any(|b| b.endpoint == sa(ip.src, sport).into())
                         {
-                            facts
-                                .model
-                                .services_of_source
-                                .insert(sa(service.addr, service.port));
+                            facts.model.services_of_source.insert(service_addr(service));
                         }
                     }
                 }
@@ -952,7 +956,7 @@ impl Facts {
                 facts
                     .model
                     .backend_addrs
-                    .extend(backends.iter().map(|b| *b.endpoint.ip()));
+                    .extend(backends.iter().map(|b| *v4(b.endpoint).ip()));
             }
         }
         if ip.proto == proto::ICMP

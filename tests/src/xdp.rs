@@ -209,6 +209,15 @@ pub mod net {
     pub fn sa(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
         SocketAddrV4::new(ip, port)
     }
+
+    /// The IPv4 endpoint `e`: the fixtures are IPv4 (the kernel program serves IPv4
+    /// only yet).
+    pub fn v4(e: std::net::SocketAddr) -> SocketAddrV4 {
+        match e {
+            std::net::SocketAddr::V4(e) => e,
+            std::net::SocketAddr::V6(e) => panic!("the fixtures are IPv4 only, not {e}"),
+        }
+    }
 }
 
 /// A namespace with two veth pairs standing for the client side (fx0) and the backend

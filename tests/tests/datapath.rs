@@ -14,7 +14,7 @@ use berth_tests::{
 
 fn svc(port: u16) -> ServiceAddr {
     ServiceAddr {
-        addr: Ipv4Addr::new(10, 252, 0, 1),
+        addr: Ipv4Addr::new(10, 252, 0, 1).into(),
         protocol: Protocol::Udp,
         port,
     }
@@ -23,7 +23,7 @@ fn svc(port: u16) -> ServiceAddr {
 fn backends(n: u8, weight: u16) -> Vec<WeightedBackend> {
     (1..=n)
         .map(|i| WeightedBackend {
-            endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 252, 1, i), 53),
+            endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 252, 1, i), 53).into(),
             weight,
         })
         .collect()
@@ -74,6 +74,46 @@ fn applying_touches_only_what_changed() {
         next,
         "the maps hold exactly the desired state"
     );
+}
+
+#[test]
+fn ipv6_services_are_held_back_and_named_and_the_ipv4_ones_programmed() {
+    use berth::datapath::held_back::{HeldBack, Why};
+    let mut t = TestDatapath::load();
+    let v6 = ServiceAddr {
+        addr: "2001:db8::1".parse().expect("ip"),
+        ..svc(1000)
+    };
+    let v6_backends = vec![WeightedBackend {
+        endpoint: "[2001:db8:1::1]:53".parse().expect("endpoint"),
+        weight: 1,
+    }];
+    let dual = state().with_snat_service(v6, v6_backends);
+    assert_eq!(
+        t.dp.apply(&dual).expect("apply"),
+        ApplyReport {
+            added: 3,
+            ..Default::default()
+        },
+        "the IPv6 service is neither added nor an error"
+    );
+    assert_eq!(
+        t.dp.installed(),
+        state(),
+        "only the IPv4 services are in the maps"
+    );
+    assert_eq!(
+        t.dp.held_back(),
+        [HeldBack {
+            service: v6,
+            why: Why::Ipv6
+        }]
+    );
+    // The same state again changes nothing; without the IPv6 service nothing is held.
+    assert_eq!(t.dp.apply(&dual).expect("apply").unchanged, 3);
+    t.dp.apply(&state()).expect("apply");
+    assert!(t.dp.held_back().is_empty());
+    assert_eq!(t.dp.installed(), state());
 }
 
 #[test]
@@ -446,7 +486,7 @@ fn a_redirect_the_kernel_refuses_is_counted_and_the_kernel_path_then_delivers() 
         "permanent",
     ]);
     let service = ServiceAddr {
-        addr: Ipv4Addr::new(10, 253, 0, 100),
+        addr: Ipv4Addr::new(10, 253, 0, 100).into(),
         protocol: Protocol::Udp,
         port: 7,
     };
@@ -454,7 +494,7 @@ fn a_redirect_the_kernel_refuses_is_counted_and_the_kernel_path_then_delivers() 
     t.dp.apply(&DesiredState::default().with_service(
         service,
         vec![WeightedBackend {
-            endpoint: backend_ep,
+            endpoint: backend_ep.into(),
             weight: 1,
         }],
     ))
@@ -471,7 +511,7 @@ fn a_redirect_the_kernel_refuses_is_counted_and_the_kernel_path_then_delivers() 
     let send = || {
         client.enter(|| {
             let s = UdpSocket::bind("0.0.0.0:0").expect("bind client");
-            s.send_to(b"ping", SocketAddrV4::new(service.addr, 7))
+            s.send_to(b"ping", std::net::SocketAddr::new(service.addr, 7))
                 .expect("send");
         })
     };

@@ -120,14 +120,7 @@ fn web_route(ns: &str, port: Option<u16>, service: &str) -> String {
 }
 
 fn curl(topo: &Topology, port: u16) -> String {
-    let out = topo.client.try_exec(&[
-        "curl",
-        "-sS",
-        "--max-time",
-        "3",
-        &format!("http://10.251.0.100:{port}/"),
-    ]);
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    curl_url(topo, &format!("http://10.251.0.100:{port}/"))
 }
 
 fn row<'a>(rows: &'a [berth::admin::RouteRow], ns: &str) -> &'a berth::admin::RouteRow {
@@ -538,30 +531,32 @@ fn a_full_range_and_a_quota_say_why_and_a_freed_port_goes_to_the_oldest_waiting_
     );
 }
 
+/// What the client's `curl URL` prints (trimmed; empty when it fails).
+fn curl_url(topo: &Topology, url: &str) -> String {
+    let out = topo
+        .client
+        .try_exec(&["curl", "-sS", "--max-time", "3", url]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The examples, with `second` as the example Gateway's second address.
+fn with_second_address(second: &str) -> Dirs {
+    let dirs = Dirs::with_examples();
+    dirs.edit_manifest(
+        "gateway.yaml",
+        "    value: 10.251.0.100\n",
+        &format!("    value: 10.251.0.100\n  - type: IPAddress\n    value: {second}\n"),
+    );
+    dirs
+}
+
 #[test]
 fn a_gateway_with_two_addresses_serves_each_route_on_both_and_counts_them_together() {
     let topo = Topology::new(3);
     let _servers = topo.start_servers();
-    let dirs = Dirs::with_examples();
-    let gateway = dirs.manifests.join("gateway.yaml");
-    let text = std::fs::read_to_string(&gateway).expect("gateway.yaml");
-    let two = text.replace(
-        "    value: 10.251.0.100\n",
-        "    value: 10.251.0.100\n  - type: IPAddress\n    value: 10.251.0.101\n",
-    );
-    assert_ne!(text, two, "the example gateway has the address to extend");
-    std::fs::write(&gateway, two).expect("write gateway.yaml");
+    let dirs = with_second_address("10.251.0.101");
     let daemon = Daemon::start(&topo, &dirs);
-    let get = |addr: &str| {
-        let out = topo.client.try_exec(&[
-            "curl",
-            "-sS",
-            "--max-time",
-            "3",
-            &format!("http://{addr}:30000/"),
-        ]);
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
+    let get = |addr: &str| curl_url(&topo, &format!("http://{addr}:30000/"));
     for addr in ["10.251.0.100", "10.251.0.101"] {
         wait_until(
             &format!("team A's web servers on {addr}"),
@@ -588,5 +583,40 @@ fn a_gateway_with_two_addresses_serves_each_route_on_both_and_counts_them_togeth
             let second = sample(&m, &reply_series("10.251.0.101")).unwrap_or(0);
             first > 0 && second > 0 && row_replies == first + second
         },
+    );
+}
+
+#[test]
+fn a_dual_stack_gateway_serves_ipv4_as_before_and_says_its_ipv6_services_are_held_back() {
+    let topo = Topology::new(2);
+    let _servers = topo.start_servers();
+    let dirs = with_second_address("2001:db8:251::100");
+    let daemon = Daemon::start(&topo, &dirs);
+    // IPv4 is served exactly as on an IPv4-only Gateway.
+    wait_until(
+        "team A's web servers on IPv4",
+        Duration::from_secs(10),
+        || curl(&topo, 30000).starts_with("backend-"),
+    );
+    // The IPv6 services are planned, held back from the kernel program and said so:
+    // on the route's row (with the missing IPv6 endpoints) and on /metrics.
+    let web = row(&daemon.routes(&topo.gateway), "team-a").clone();
+    let warning = web.warning.clone().unwrap_or_default();
+    for want in [
+        "TCP/[2001:db8:251::100]:30000 is held back: IPv6 is not served by the kernel program yet",
+        "no IPv6 endpoints: IPv6 clients of TCP/[2001:db8:251::100]:30000 get no backend",
+    ] {
+        assert!(warning.contains(want), "no {want:?} in {web:?}");
+    }
+    assert_eq!(web.backends, 2, "the two IPv4 endpoints: {web:?}");
+    let m = metrics(&topo.gateway);
+    assert_eq!(
+        sample(&m, "berth_services_held_back{family=\"ipv6\"}"),
+        Some(2),
+        "team A's TCP and team B's UDP service on the IPv6 address:\n{m}"
+    );
+    assert_eq!(
+        sample(&m, "berth_services_held_back{family=\"ipv4\"}"),
+        Some(0)
     );
 }

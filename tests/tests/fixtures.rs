@@ -61,7 +61,7 @@ fn case(
 
 fn svc(protocol: Protocol, port: u16) -> ServiceAddr {
     ServiceAddr {
-        addr: GW,
+        addr: GW.into(),
         protocol,
         port,
     }
@@ -69,7 +69,7 @@ fn svc(protocol: Protocol, port: u16) -> ServiceAddr {
 
 fn wb(ip: Ipv4Addr, port: u16, weight: u16) -> WeightedBackend {
     WeightedBackend {
-        endpoint: sa(ip, port),
+        endpoint: sa(ip, port).into(),
         weight,
     }
 }
@@ -132,7 +132,7 @@ fn predict(
     let mut candidates: Vec<maglev::Candidate> = backends
         .iter()
         .map(|b| maglev::Candidate {
-            endpoint: b.endpoint,
+            endpoint: v4(b.endpoint),
             weight: b.weight,
         })
         .collect();
@@ -534,8 +534,11 @@ fn steps() -> Vec<Step> {
         XDP_REDIRECT,
         Some(forwarded(&p, x).frame()),
     ));
-    let remaining: Vec<WeightedBackend> =
-        grown.iter().filter(|b| b.endpoint != x).copied().collect();
+    let remaining: Vec<WeightedBackend> = grown
+        .iter()
+        .filter(|b| v4(b.endpoint) != x)
+        .copied()
+        .collect();
     s.push(Step::Apply(
         "remove the flow's backend",
         base_state().with_service(svc(Protocol::Tcp, 82), remaining.clone()),

@@ -45,7 +45,7 @@ const SNAT_PORTS: RangeInclusive<u16> = 40000..=60999;
 
 fn svc(protocol: Protocol, port: u16) -> ServiceAddr {
     ServiceAddr {
-        addr: GW,
+        addr: GW.into(),
         protocol,
         port,
     }
@@ -61,7 +61,7 @@ fn backends(topo: &Topology, port: u16, weights: &[u16]) -> Vec<WeightedBackend>
         .iter()
         .enumerate()
         .map(|(i, &a)| WeightedBackend {
-            endpoint: SocketAddrV4::new(a, port),
+            endpoint: SocketAddrV4::new(a, port).into(),
             weight: weights.get(i).copied().unwrap_or(1),
         })
         .collect()

@@ -17,14 +17,11 @@ const WEB_PORT: u16 = 30000;
 /// The example Gateway and team A's web route (backends 1 and 2), in SNAT mode.
 fn snat_manifests() -> Dirs {
     let dirs = Dirs::with_example_files(&["gateway.yaml", "team-a.yaml"]);
-    let path = dirs.manifests.join("gateway.yaml");
-    let text = std::fs::read_to_string(&path).expect("read gateway.yaml");
-    let snat = text.replace(
+    dirs.edit_manifest(
+        "gateway.yaml",
         "  releaseCooldown: 300s\n",
         "  releaseCooldown: 300s\n  sourceNAT: true\n",
     );
-    assert_ne!(snat, text, "the example GatewayConfig sets releaseCooldown");
-    std::fs::write(&path, snat).expect("write gateway.yaml");
     dirs
 }
 

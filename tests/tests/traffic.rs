@@ -22,7 +22,7 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 
 fn tcp_service() -> ServiceAddr {
     ServiceAddr {
-        addr: GW,
+        addr: GW.into(),
         protocol: Protocol::Tcp,
         port: 80,
     }
@@ -30,7 +30,7 @@ fn tcp_service() -> ServiceAddr {
 
 fn udp_service() -> ServiceAddr {
     ServiceAddr {
-        addr: GW,
+        addr: GW.into(),
         protocol: Protocol::Udp,
         port: 53,
     }
@@ -43,7 +43,7 @@ fn state(weights: &[u16]) -> DesiredState {
             .iter()
             .enumerate()
             .map(|(i, &weight)| WeightedBackend {
-                endpoint: SocketAddrV4::new(backend_addr(i + 1), port),
+                endpoint: SocketAddrV4::new(backend_addr(i + 1), port).into(),
                 weight,
             })
             .collect()

@@ -149,6 +149,17 @@ fn families(p: &Published) -> Families {
     if !p.traffic.is_empty() {
         out.extend(route_families(p));
     }
+    let mut held = Family::new(
+        "berth_services_held_back",
+        "Services (address, protocol, port) of the plan the datapath does not program, \
+         by the gateway address's family: IPv6 ones until the kernel program serves IPv6 \
+         (each change is logged; `berth get routes` names them).",
+        Gauge,
+    );
+    for (family, n) in crate::datapath::held_back::count_by_family(&p.held_back) {
+        held = held.with(vec![("family", family.to_string())], n);
+    }
+    out.push(held);
     if let Some(ct) = &p.conntrack {
         out.extend([
             Family::new(
@@ -378,7 +389,7 @@ mod tests {
         // The hand-written text wrote each route's samples of every family in turn,
         // after all six HELP and TYPE lines: a family's samples must be one group.
         let service = |port| ServiceAddr {
-            addr: Ipv4Addr::new(10, 0, 0, 1),
+            addr: Ipv4Addr::new(10, 0, 0, 1).into(),
             protocol: Protocol::Tcp,
             port,
         };

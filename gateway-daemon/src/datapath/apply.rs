@@ -12,7 +12,7 @@ use gateway_common::{
 
 use super::{
     desired::BackendSet,
-    maglev, map_err, nr_cpus,
+    held_back, maglev, map_err, nr_cpus,
     roles::{Roles, ServiceView},
     ApplyReport, Datapath, DatapathError, DesiredState, Installed, Result, ServiceAddr,
     WeightedBackend,
@@ -39,6 +39,11 @@ impl Datapath {
         }
     }
 
+    /// The services of the state last applied that the kernel program does not serve.
+    pub fn held_back(&self) -> &[held_back::HeldBack] {
+        &self.held_back
+    }
+
     /// The services currently installed, with their backends.
     pub fn installed(&self) -> DesiredState {
         let services = self
@@ -48,7 +53,10 @@ impl Datapath {
                 let backends = svc
                     .backends
                     .iter()
-                    .map(|(&endpoint, &(_, weight))| WeightedBackend { endpoint, weight })
+                    .map(|(&endpoint, &(_, weight))| WeightedBackend {
+                        endpoint: endpoint.into(),
+                        weight,
+                    })
                     .collect::<Vec<_>>();
                 Some((ServiceAddr::from_key(key)?, backends.into()))
             })
@@ -68,8 +76,14 @@ impl Datapath {
 
     /// Makes the maps hold `desired`, touching only what differs. Flows of unchanged
     /// backends are never disturbed; a changed service switches tables atomically.
+    /// Services the kernel program does not serve are held back (`held_back`).
     pub fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
-        let result = self.apply_diff(desired);
+        let (desired, held) = held_back::kernel_state(desired);
+        if held != self.held_back {
+            log_held_back(&held);
+            self.held_back = held;
+        }
+        let result = self.apply_diff(&desired);
         if result.is_err() {
             // Ids handed out to what was not installed in the end are free again.
             self.rebuild_pools();
@@ -85,8 +99,11 @@ impl Datapath {
             });
         }
         let mut report = ApplyReport::default();
-        let snat: std::collections::HashSet<ServiceKey> =
-            desired.source_nat.iter().map(ServiceAddr::key).collect();
+        let snat: std::collections::HashSet<ServiceKey> = desired
+            .source_nat
+            .iter()
+            .filter_map(ServiceAddr::key)
+            .collect();
         let snat_changed = self
             .applied
             .as_ref()
@@ -445,6 +462,26 @@ impl Datapath {
             }
         }
     }
+}
+
+/// Says which services are held back and why (or that none is any more): once per
+/// change, as `apply` calls it.
+fn log_held_back(held: &[held_back::HeldBack]) {
+    if held.is_empty() {
+        tracing::info!("every service is programmed: none is held back any more");
+        return;
+    }
+    // The first ones by name: a line, not a page, with thousands of services.
+    const NAMED: usize = 20;
+    let mut list: Vec<String> = held.iter().take(NAMED).map(ToString::to_string).collect();
+    if held.len() > NAMED {
+        list.push(format!("and {} more", held.len() - NAMED));
+    }
+    tracing::warn!(
+        services = held.len(),
+        held_back = %list.join(", "),
+        "services held back from the datapath (berth_services_held_back)"
+    );
 }
 
 /// `Service::flags` for a service in SNAT mode or not, recording reply entries or not.

@@ -3,7 +3,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr, SocketAddrV4},
 };
 
 use gateway_common::ServiceKey;
@@ -14,8 +14,8 @@ pub use crate::model::Protocol;
 /// A gateway address, protocol and port: what clients connect to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ServiceAddr {
-    /// Gateway address.
-    pub addr: Ipv4Addr,
+    /// Gateway address (IPv4 or IPv6).
+    pub addr: IpAddr,
     /// Protocol.
     pub protocol: Protocol,
     /// Gateway port.
@@ -23,20 +23,24 @@ pub struct ServiceAddr {
 }
 
 impl ServiceAddr {
-    /// The map key for this service.
-    pub fn key(&self) -> ServiceKey {
-        ServiceKey {
-            addr: u32::from(self.addr).to_be(),
+    /// The map key for this service; `None` for an IPv6 service, which the kernel
+    /// program's maps cannot hold yet (see `kernel_family`).
+    pub fn key(&self) -> Option<ServiceKey> {
+        let IpAddr::V4(addr) = self.addr else {
+            return None;
+        };
+        Some(ServiceKey {
+            addr: u32::from(addr).to_be(),
             port: self.port.to_be(),
             proto: self.protocol.number(),
             pad: 0,
-        }
+        })
     }
 
     /// The service a map key names, if it names a supported protocol.
     pub fn from_key(key: &ServiceKey) -> Option<Self> {
         Some(ServiceAddr {
-            addr: Ipv4Addr::from(u32::from_be(key.addr)),
+            addr: IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(key.addr))),
             protocol: Protocol::from_number(key.proto)?,
             port: u16::from_be(key.port),
         })
@@ -45,15 +49,21 @@ impl ServiceAddr {
 
 impl fmt::Display for ServiceAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}:{}", self.protocol, self.addr, self.port)
+        // `[2001:db8::1]:80` for IPv6, as `SocketAddr` writes it.
+        write!(
+            f,
+            "{}/{}",
+            self.protocol,
+            SocketAddr::new(self.addr, self.port)
+        )
     }
 }
 
 /// A backend endpoint with its weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WeightedBackend {
-    /// Backend address and port.
-    pub endpoint: SocketAddrV4,
+    /// Backend address and port (of the service's family).
+    pub endpoint: SocketAddr,
     /// Relative share of new flows; 0 keeps existing flows but takes no new ones.
     pub weight: u16,
 }
@@ -144,16 +154,19 @@ impl DesiredState {
         self
     }
 
+    /// Services by map key, with their backends. Of a state the kernel program serves
+    /// (`held_back::kernel_state`): every service and backend is IPv4.
     pub(crate) fn normalized(&self) -> BTreeMap<ServiceKey, BackendSet> {
         self.services
             .iter()
-            .map(|(service, backends)| (service.key(), backend_set(backends)))
+            .filter_map(|(service, backends)| Some((service.key()?, backend_set(backends))))
             .collect()
     }
 
     /// What differs from `last`: each service added or changed with its backends,
     /// each removed with `None`; and how many are the same. One merge of the two maps;
-    /// backends shared with `last` are the same without comparing them.
+    /// backends shared with `last` are the same without comparing them. Of states the
+    /// kernel program serves (`held_back::kernel_state`): every key is IPv4.
     pub(crate) fn changes_since(
         &self,
         last: &DesiredState,
@@ -172,13 +185,13 @@ impl DesiredState {
             };
             match order {
                 std::cmp::Ordering::Less => {
-                    if let Some((service, _)) = old.next() {
-                        changes.push((service.key(), None));
+                    if let Some(key) = old.next().and_then(|(service, _)| service.key()) {
+                        changes.push((key, None));
                     }
                 }
                 std::cmp::Ordering::Greater => {
                     if let Some((service, backends)) = new.next() {
-                        changes.push((service.key(), Some(backend_set(backends))));
+                        changes.extend(service.key().map(|k| (k, Some(backend_set(backends)))));
                     }
                 }
                 std::cmp::Ordering::Equal => {
@@ -186,7 +199,7 @@ impl DesiredState {
                         if std::sync::Arc::ptr_eq(was, backends) || was == backends {
                             same += 1;
                         } else {
-                            changes.push((service.key(), Some(backend_set(backends))));
+                            changes.extend(service.key().map(|k| (k, Some(backend_set(backends)))));
                         }
                     }
                 }
@@ -195,11 +208,15 @@ impl DesiredState {
     }
 }
 
-/// Backends by endpoint, duplicates merged by adding their weights.
+/// Backends by endpoint, duplicates merged by adding their weights. Of a service the
+/// kernel program serves (`held_back::kernel_state`): every endpoint is IPv4.
 fn backend_set(backends: &[WeightedBackend]) -> BackendSet {
     let mut set = BackendSet::new();
     for b in backends {
-        let w = set.entry(b.endpoint).or_default();
+        let SocketAddr::V4(endpoint) = b.endpoint else {
+            continue;
+        };
+        let w = set.entry(endpoint).or_default();
         *w = w.saturating_add(b.weight);
     }
     set
@@ -212,7 +229,7 @@ mod tests {
     #[test]
     fn reserved_ports_are_the_ports_of_every_service_whatever_the_address_or_protocol() {
         let service = |addr: [u8; 4], protocol, port| ServiceAddr {
-            addr: Ipv4Addr::from(addr),
+            addr: IpAddr::from(addr),
             protocol,
             port,
         };

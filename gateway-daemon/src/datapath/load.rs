@@ -277,6 +277,7 @@ impl Datapath {
             limits: *limits,
             installed: BTreeMap::new(),
             applied: None,
+            held_back: Vec::new(),
             address_interface: None,
             reserved: Default::default(),
             links: BTreeMap::new(),

@@ -10,13 +10,15 @@
 //! `traffic.rs` reads counters, service statistics and flows; `links.rs` attaches the
 //! programs; `addresses.rs` keeps the gateway addresses on the dummy interface;
 //! `xmit.rs` follows which interfaces take XDP frames; `desired.rs` is the desired
-//! state; `maglev.rs` builds the tables.
+//! state; `held_back.rs` holds back what the kernel program does not serve (IPv6);
+//! `maglev.rs` builds the tables.
 
 pub mod maglev;
 
 mod addresses;
 mod apply;
 mod desired;
+pub mod held_back;
 mod ids;
 mod links;
 mod load;
@@ -335,6 +337,8 @@ pub struct Datapath {
     /// The state last applied in full: what is installed, unless the maps were changed
     /// behind the daemon's back (only by the daemon itself, which forgets this first).
     applied: Option<DesiredState>,
+    /// The services of the state last applied that the kernel program does not serve.
+    held_back: Vec<held_back::HeldBack>,
     /// The dummy interface that holds the gateway addresses, if the daemon owns one.
     address_interface: Option<String>,
     /// Ports this process reserved from the host's ephemeral ports (at start: those of

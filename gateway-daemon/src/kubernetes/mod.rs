@@ -39,7 +39,6 @@ pub mod status;
 
 use std::{
     collections::BTreeSet,
-    net::Ipv4Addr,
     sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
@@ -138,7 +137,7 @@ pub struct Controller {
     leadership: Leadership,
     recent: Recent,
     recorder: Recorder,
-    default_address: Option<Ipv4Addr>,
+    default_addresses: planner::DefaultAddresses,
     /// The last plan's statuses, reused where their inputs did not change.
     memo: planner::Memo,
     /// The source ports SNAT flows may be given.
@@ -152,7 +151,7 @@ impl Controller {
         versions: Versions,
         leadership: Leadership,
         identity: &str,
-        default_address: Option<Ipv4Addr>,
+        default_addresses: planner::DefaultAddresses,
     ) -> Self {
         Controller {
             recorder: events::recorder(client.clone(), identity),
@@ -160,7 +159,7 @@ impl Controller {
             versions,
             leadership,
             recent: Recent::default(),
-            default_address,
+            default_addresses,
             memo: planner::Memo::default(),
             snat_ports: planner::DEFAULT_SNAT_PORTS,
         }
@@ -197,7 +196,7 @@ impl Controller {
                     snapshot: &view.snapshot,
                     claims: &input,
                     now,
-                    default_address: self.default_address,
+                    default_addresses: self.default_addresses,
                     ephemeral_ports: None,
                     snat_ports: self.snat_ports.clone(),
                     allocate: leader,
@@ -364,8 +363,8 @@ pub struct Options {
     pub identity: String,
     /// Namespace of the election's Lease (the daemon's own).
     pub lease_namespace: String,
-    /// Address of Gateways whose `spec.addresses` has no IPv4 address.
-    pub default_address: Option<Ipv4Addr>,
+    /// Addresses of Gateways whose `spec.addresses` has no address Berth serves.
+    pub default_addresses: planner::DefaultAddresses,
     /// The source ports SNAT flows may be given (`--snat-ports`).
     pub snat_ports: std::ops::RangeInclusive<u16>,
 }
@@ -418,7 +417,7 @@ pub async fn run(
         versions,
         leadership,
         &options.identity,
-        options.default_address,
+        options.default_addresses,
     )
     .with_snat_ports(options.snat_ports.clone());
     tokio::select! {

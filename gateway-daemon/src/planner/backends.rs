@@ -1,11 +1,13 @@
-//! Turning a route's backendRefs into weighted endpoints.
+//! Turning a route's backendRefs into weighted endpoints, one list per IP family: a
+//! service of a family gets the endpoints of that family only (there is no NAT64).
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 
+use super::addresses::{Families, Family};
 use super::FastMap;
 use super::Reason;
 use crate::{
-    datapath::WeightedBackend,
+    datapath::{Backends, WeightedBackend},
     model::{EndpointSlice, Protocol, Route, Service, Snapshot, GATEWAY_GROUP},
 };
 
@@ -15,21 +17,82 @@ const WEIGHT_SCALE: u32 = 1000;
 /// A route's resolved backends and what could not be resolved.
 #[derive(Clone, Debug, Default)]
 pub struct Resolved {
-    /// Endpoints with weights (terminating endpoints have weight 0).
-    pub backends: crate::datapath::Backends,
+    /// IPv4 endpoints with weights (terminating endpoints have weight 0).
+    pub ipv4: Backends,
+    /// IPv6 endpoints with weights (terminating endpoints have weight 0).
+    pub ipv6: Backends,
     /// (reason, message) per backendRef that failed.
     pub errors: Vec<(Reason, String)>,
+    /// Each Service referenced that has endpoints (`namespace/name`), with their
+    /// families: a Gateway's families are checked against them.
+    pub families: Vec<(String, Families)>,
+    /// What was left out and why (EndpointSlices of type FQDN, addresses that are not
+    /// of their slice's type): said in the ResolvedRefs message.
+    pub notes: Vec<String>,
 }
 
 impl Resolved {
-    /// The ResolvedRefs condition: (ok, reason, message).
-    pub fn status(&self) -> (bool, Reason, String) {
-        if self.errors.is_empty() {
-            return (
-                true,
-                Reason::ResolvedRefs,
-                "all backend references resolved".to_string(),
-            );
+    /// The endpoints of `family`.
+    pub fn backends(&self, family: Family) -> &Backends {
+        match family {
+            Family::Ipv4 => &self.ipv4,
+            Family::Ipv6 => &self.ipv6,
+        }
+    }
+
+    /// The families of all endpoints.
+    fn endpoint_families(&self) -> Families {
+        Families::of_iter(self.families.iter().flat_map(|(_, f)| f.iter()))
+    }
+
+    /// The ResolvedRefs condition for a parent, Gateway `gateway` (namespace, name)
+    /// that serves `served`: (ok, reason, message). Endpoints of no family the Gateway
+    /// serves are refused (`IPFamilyMismatch`); a family served without endpoints is
+    /// named in the message.
+    pub fn status(&self, gateway: (&str, &str), served: Families) -> (bool, Reason, String) {
+        let endpoints = self.endpoint_families();
+        let mut errors: Vec<(Reason, String)> = Vec::new();
+        let mut notes: Vec<String> = Vec::new();
+        if !served.is_empty() && !endpoints.is_empty() {
+            let services = |pick: &dyn Fn(Families) -> bool, what: &dyn Fn(Families) -> String| {
+                self.families
+                    .iter()
+                    .filter(|(_, f)| pick(*f))
+                    .map(|(name, f)| format!("Service {name} has {}", what(*f)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            if !served.meets(endpoints) {
+                errors.push((
+                    Reason::IPFamilyMismatch,
+                    format!(
+                        "Gateway {}/{} serves {served} only; {} (there is no NAT64)",
+                        gateway.0,
+                        gateway.1,
+                        services(&|_| true, &|f| format!("only {f} endpoints"))
+                    ),
+                ));
+            } else {
+                for family in served.iter().filter(|f| !endpoints.contains(*f)) {
+                    notes.push(format!(
+                        "served on {} only: {} ({family} clients get no backend)",
+                        Families::of_iter(served.iter().filter(|f| *f != family)),
+                        services(&|f| !f.contains(family), &|_| format!(
+                            "no {family} endpoints"
+                        ))
+                    ));
+                }
+            }
+        }
+        notes.extend(self.notes.iter().cloned());
+        let errors: Vec<&(Reason, String)> = self.errors.iter().chain(&errors).collect();
+        if errors.is_empty() {
+            let mut message = "all backend references resolved".to_string();
+            for n in &notes {
+                message.push_str("; ");
+                message.push_str(n);
+            }
+            return (true, Reason::ResolvedRefs, message);
         }
         // Report the most serious reason; list every problem.
         let rank = |r: Reason| match r {
@@ -37,16 +100,15 @@ impl Resolved {
             Reason::InvalidKind => 1,
             _ => 2,
         };
-        let reason = self
-            .errors
+        let reason = errors
             .iter()
             .map(|(r, _)| *r)
             .min_by_key(|&r| rank(r))
             .unwrap_or(Reason::BackendNotFound);
-        let message = self
-            .errors
+        let message = errors
             .iter()
-            .map(|(_, m)| m.clone())
+            .map(|(_, m)| m.as_str())
+            .chain(notes.iter().map(String::as_str))
             .collect::<Vec<_>>()
             .join("; ");
         (false, reason, message)
@@ -83,7 +145,7 @@ impl<'a> Index<'a> {
 /// Resolves the backends of every rule of `route`.
 pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolved {
     let mut out = Resolved::default();
-    let mut backends = Vec::new();
+    let (mut ipv4, mut ipv6) = (Vec::new(), Vec::new());
     let route_ns = route.metadata.ns();
     for (ri, rule) in route.spec.rules.iter().enumerate() {
         for (bi, b) in rule.backend_refs.iter().enumerate() {
@@ -135,13 +197,22 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
             if weight == 0 {
                 continue;
             }
-            let mut endpoints: Vec<(SocketAddrV4, bool)> = Vec::new();
+            let mut endpoints: Vec<(SocketAddr, bool)> = Vec::new();
             let slices = index
                 .slices
                 .get(&(ns, b.name.as_str()))
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            for slice in slices.iter().filter(|s| s.address_type == "IPv4") {
+            for slice in slices {
+                let slice_name = &slice.metadata.name;
+                let Some(family) = Family::of_address_type(&slice.address_type) else {
+                    out.notes.push(format!(
+                        "EndpointSlice {ns}/{slice_name} has addressType {:?}, which Berth \
+                         does not serve (left out)",
+                        slice.address_type
+                    ));
+                    continue;
+                };
                 let Some(target) = slice
                     .ports
                     .iter()
@@ -154,6 +225,7 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
                 else {
                     continue;
                 };
+                let mut wrong: Vec<&str> = Vec::new();
                 for e in &slice.endpoints {
                     let c = &e.conditions;
                     let ready = c.ready != Some(false);
@@ -163,24 +235,52 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
                         continue;
                     }
                     for a in &e.addresses {
-                        if let Ok(ip) = a.parse::<Ipv4Addr>() {
-                            endpoints.push((SocketAddrV4::new(ip, target), ready));
+                        match a.parse::<IpAddr>() {
+                            Ok(ip) if Family::of(&ip) == family => {
+                                endpoints.push((SocketAddr::new(ip, target), ready));
+                            }
+                            _ => wrong.push(a),
                         }
                     }
                 }
+                if let Some(first) = wrong.first() {
+                    out.notes.push(format!(
+                        "EndpointSlice {ns}/{slice_name}: {} address(es) that are not {family} \
+                         addresses left out (first: {first:?})",
+                        wrong.len()
+                    ));
+                }
             }
-            let live = endpoints.iter().filter(|(_, r)| *r).count().max(1) as u32;
-            let share =
-                (weight.saturating_mul(WEIGHT_SCALE) / live).clamp(1, u32::from(u16::MAX)) as u16;
-            for (endpoint, ready) in endpoints {
-                backends.push(WeightedBackend {
+            let families = Families::of_iter(endpoints.iter().map(|(e, _)| Family::of(&e.ip())));
+            // A Service named by two backendRefs (or rules) is listed once.
+            let listed = |s: &String| {
+                s.strip_prefix(ns).and_then(|n| n.strip_prefix('/')) == Some(b.name.as_str())
+            };
+            if !families.is_empty() && !out.families.iter().any(|(s, _)| listed(s)) {
+                out.families.push((format!("{ns}/{}", b.name), families));
+            }
+            for family in families.iter() {
+                let of_family = || {
+                    endpoints
+                        .iter()
+                        .filter(|(e, _)| Family::of(&e.ip()) == family)
+                };
+                let live = of_family().filter(|(_, r)| *r).count().max(1) as u32;
+                let share = (weight.saturating_mul(WEIGHT_SCALE) / live)
+                    .clamp(1, u32::from(u16::MAX)) as u16;
+                let list = match family {
+                    Family::Ipv4 => &mut ipv4,
+                    Family::Ipv6 => &mut ipv6,
+                };
+                list.extend(of_family().map(|&(endpoint, ready)| WeightedBackend {
                     endpoint,
                     weight: if ready { share } else { 0 },
-                });
+                }));
             }
         }
     }
-    out.backends = backends.into();
+    out.ipv4 = ipv4.into();
+    out.ipv6 = ipv6.into();
     out
 }
 

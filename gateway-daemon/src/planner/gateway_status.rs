@@ -164,7 +164,7 @@ fn programmed(gw: &GatewayView, accepted: bool, now: &str, generation: Option<i6
         );
     }
     if a.served.is_empty() && a.unserved.is_empty() {
-        let message = "spec.addresses has no IPv4 address";
+        let message = "spec.addresses has no IP address, and --address gives no default";
         return condition(
             "Programmed",
             false,
@@ -176,7 +176,7 @@ fn programmed(gw: &GatewayView, accepted: bool, now: &str, generation: Option<i6
     }
     if a.served.is_empty() {
         let message = format!(
-            "no address of spec.addresses can be served: {}; give the Gateway an IPv4 address (type IPAddress)",
+            "no address of spec.addresses can be served: {}; give the Gateway an IP address (type IPAddress)",
             a.unserved_list()
         );
         return condition(

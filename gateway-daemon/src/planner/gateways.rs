@@ -4,14 +4,16 @@
 
 use std::{
     collections::BTreeSet,
-    net::Ipv4Addr,
     sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use crate::model::*;
 
-use super::{addresses::Addresses, overlaps, parse_time, FastMap, Input, DEFAULT_RELEASE_COOLDOWN};
+use super::{
+    addresses::{Addresses, DefaultAddresses},
+    overlaps, parse_time, FastMap, Input, DEFAULT_RELEASE_COOLDOWN,
+};
 
 /// A listener as the planner sees it.
 pub(super) struct ListenerView<'a> {
@@ -78,7 +80,7 @@ pub(super) fn ours<'a>(input: &Input<'a>) -> Gateways<'a> {
         .filter(|(_, g)| classes.contains(g.spec.gateway_class_name.as_str()))
         .map(|(i, g)| {
             (
-                gateway_view(g, &snap.gateway_configs, input.default_address),
+                gateway_view(g, &snap.gateway_configs, input.default_addresses),
                 i,
             )
         })
@@ -111,7 +113,7 @@ pub(super) fn ours<'a>(input: &Input<'a>) -> Gateways<'a> {
 fn gateway_view<'a>(
     gw: &'a Gateway,
     configs: &'a [Arc<GatewayConfig>],
-    default_address: Option<Ipv4Addr>,
+    default_addresses: DefaultAddresses,
 ) -> GatewayView<'a> {
     let mut listeners: Vec<ListenerView<'a>> = gw
         .spec
@@ -131,7 +133,7 @@ fn gateway_view<'a>(
         params_error: None,
         cooldown: DEFAULT_RELEASE_COOLDOWN,
         source_nat: false,
-        addresses: Addresses::of(&gw.spec.addresses, default_address),
+        addresses: Addresses::of(&gw.spec.addresses, default_addresses),
         age: 0,
     };
     let Some(pref) = gw

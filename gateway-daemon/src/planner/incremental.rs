@@ -18,7 +18,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
     ops::RangeInclusive,
     sync::Arc,
     time::SystemTime,
@@ -81,7 +80,7 @@ pub(super) struct Last {
     snapshot: Snapshot,
     claims: Vec<Arc<PortClaim>>,
     now: SystemTime,
-    default_address: Option<Ipv4Addr>,
+    default_addresses: super::DefaultAddresses,
     ephemeral_ports: Option<RangeInclusive<u16>>,
     snat_ports: RangeInclusive<u16>,
     allocate: bool,
@@ -109,7 +108,7 @@ impl Last {
             snapshot: input.snapshot.clone(),
             claims: input.claims.to_vec(),
             now: input.now,
-            default_address: input.default_address,
+            default_addresses: input.default_addresses,
             ephemeral_ports: input.ephemeral_ports.clone(),
             snat_ports: input.snat_ports.clone(),
             allocate: input.allocate,
@@ -130,7 +129,7 @@ impl Last {
             && a.gateway_configs == b.gateway_configs
             && a.namespaces == b.namespaces
             && a.reference_grants == b.reference_grants
-            && self.default_address == input.default_address
+            && self.default_addresses == input.default_addresses
             && self.ephemeral_ports == input.ephemeral_ports
             && self.snat_ports == input.snat_ports
             && self.allocate == input.allocate
@@ -328,7 +327,7 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
         snapshot: &part,
         claims: &claims,
         now: input.now,
-        default_address: input.default_address,
+        default_addresses: input.default_addresses,
         ephemeral_ports: input.ephemeral_ports.clone(),
         allocate: input.allocate,
         snat_ports: input.snat_ports.clone(),

@@ -31,6 +31,10 @@ enum Op {
     Delete(usize),
     /// Service `s`'s endpoint address ends in this.
     Endpoint(usize, u8),
+    /// Service `s`'s endpoints are IPv4 (0), IPv6 (1) or both (2).
+    Families(usize, u8),
+    /// The second Gateway is on an IPv4 address (0), an IPv6 one (1) or both (2).
+    OtherFamilies(u8),
     Advance(u64),
     /// The next plan reads the claims the last plan read (its writes are not stored).
     Stale,
@@ -65,6 +69,8 @@ fn op() -> impl Strategy<Value = Op> {
         8 => (0..ROUTES, route_state()).prop_map(|(i, r)| Op::SetRoute(i, r)),
         3 => (0..ROUTES).prop_map(Op::Delete),
         2 => (0..3usize, 1..4u8).prop_map(|(s, a)| Op::Endpoint(s, a)),
+        2 => (0..3usize, 0..3u8).prop_map(|(s, f)| Op::Families(s, f)),
+        1 => (0..3u8).prop_map(Op::OtherFamilies),
         2 => (1..90u64).prop_map(Op::Advance),
         1 => Just(Op::Stale),
         1 => (0..ROUTES).prop_map(Op::LoseClaim),
@@ -80,6 +86,10 @@ fn op() -> impl Strategy<Value = Op> {
 struct World {
     routes: BTreeMap<usize, RouteState>,
     endpoints: [u8; 3],
+    /// Per Service: IPv4 (0), IPv6 (1) or both (2).
+    families: [u8; 3],
+    /// The second Gateway's addresses: IPv4 (0), IPv6 (1) or both (2).
+    other_families: u8,
     now: u64,
     small: bool,
     labelled: bool,
@@ -90,6 +100,11 @@ impl World {
     fn text(&self) -> String {
         let end = if self.small { 30005 } else { 30007 };
         let all = "allowedRoutes: {namespaces: {from: All}}";
+        let other = match self.other_families {
+            0 => "{value: 10.0.0.2}",
+            1 => "{value: \"2001:db8::2\"}",
+            _ => "{value: 10.0.0.2}, {value: \"2001:db8::2\"}",
+        };
         let selected = "allowedRoutes: {namespaces: {from: Selector, selector: \
              {matchExpressions: [{key: closed, operator: DoesNotExist}]}}}";
         let mut s = format!(
@@ -105,7 +120,7 @@ impl World {
              spec:\n  releaseCooldown: 60s\n  listeners: [{{name: pool, endPort: {end}, maxPortsPerNamespace: 3}}]\n---\n\
              apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
              metadata: {{name: other, namespace: infra, creationTimestamp: \"2026-01-01T00:00:01Z\"}}\n\
-             spec:\n  gatewayClassName: berth\n  addresses: [{{value: 10.0.0.2}}]\n  infrastructure:\n    \
+             spec:\n  gatewayClassName: berth\n  addresses: [{other}]\n  infrastructure:\n    \
              parametersRef: {{group: berth.dev, kind: GatewayConfig, name: other}}\n  listeners:\n  \
              - {{name: pool, protocol: TCP, port: 30000, {selected}}}\n---\n\
              apiVersion: berth.dev/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: other, namespace: infra}}\n\
@@ -120,12 +135,21 @@ impl World {
             for (svc, last) in self.endpoints.iter().enumerate() {
                 s.push_str(&format!(
                     "---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{svc}, namespace: {ns}}}\n\
-                     spec: {{ports: [{{name: p, port: 80}}]}}\n---\n\
-                     apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-                     metadata: {{name: s{svc}-1, namespace: {ns}, labels: {{kubernetes.io/service-name: s{svc}}}}}\n\
-                     addressType: IPv4\nendpoints: [{{addresses: [10.1.{svc}.{last}]}}]\n\
-                     ports: [{{name: p, port: 8080}}]\n"
+                     spec: {{ports: [{{name: p, port: 80}}]}}\n"
                 ));
+                let families = self.families[svc];
+                let slices = [
+                    (families != 1).then(|| ("1", "IPv4", format!("10.1.{svc}.{last}"))),
+                    (families != 0).then(|| ("6", "IPv6", format!("\"2001:db8:1:{svc}::{last}\""))),
+                ];
+                for (suffix, kind, address) in slices.into_iter().flatten() {
+                    s.push_str(&format!(
+                        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                         metadata: {{name: s{svc}-{suffix}, namespace: {ns}, labels: {{kubernetes.io/service-name: s{svc}}}}}\n\
+                         addressType: {kind}\nendpoints: [{{addresses: [{address}]}}]\n\
+                         ports: [{{name: p, port: 8080}}]\n"
+                    ));
+                }
             }
         }
         for (i, r) in &self.routes {
@@ -187,7 +211,7 @@ fn input<'a>(snapshot: &'a Snapshot, claims: &'a [Arc<PortClaim>], w: &World) ->
         snapshot,
         claims,
         now: time(1000 + w.now),
-        default_address: None,
+        default_addresses: DefaultAddresses::default(),
         ephemeral_ports: Some(32768..=60999),
         allocate: !w.no_allocate,
         snat_ports: DEFAULT_SNAT_PORTS,
@@ -227,6 +251,8 @@ proptest! {
                     world.routes.remove(i);
                 }
                 Op::Endpoint(s, a) => world.endpoints[*s] = *a,
+                Op::Families(s, f) => world.families[*s] = *f,
+                Op::OtherFamilies(f) => world.other_families = *f,
                 Op::Advance(s) => world.now += s,
                 Op::Stale => next_claims = Some(read.clone()),
                 Op::LoseClaim(i) => {

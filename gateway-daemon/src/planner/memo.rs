@@ -2,7 +2,6 @@
 //! decisions and statuses, so that the next plan rebuilds only what changed.
 
 use std::{
-    net::Ipv4Addr,
     sync::{atomic::Ordering::Relaxed, Arc},
     time::SystemTime,
 };
@@ -28,7 +27,7 @@ struct World {
     endpoint_slices: Vec<Arc<EndpointSlice>>,
     namespaces: Vec<Arc<Namespace>>,
     gateway_configs: Vec<Arc<GatewayConfig>>,
-    default_address: Option<Ipv4Addr>,
+    default_addresses: super::DefaultAddresses,
 }
 
 impl World {
@@ -41,7 +40,7 @@ impl World {
             endpoint_slices: s.endpoint_slices.clone(),
             namespaces: s.namespaces.clone(),
             gateway_configs: s.gateway_configs.clone(),
-            default_address: input.default_address,
+            default_addresses: input.default_addresses,
         }
     }
 
@@ -53,7 +52,7 @@ impl World {
             && self.endpoint_slices == s.endpoint_slices
             && self.namespaces == s.namespaces
             && self.gateway_configs == s.gateway_configs
-            && self.default_address == input.default_address
+            && self.default_addresses == input.default_addresses
     }
 }
 

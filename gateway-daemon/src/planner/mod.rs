@@ -27,7 +27,6 @@ pub mod status;
 use std::{
     borrow::Cow,
     collections::BTreeMap,
-    net::Ipv4Addr,
     ops::RangeInclusive,
     sync::Arc,
     time::{Duration, SystemTime},
@@ -42,6 +41,7 @@ use crate::{
 use backends::Index;
 use status::*;
 
+pub use addresses::{DefaultAddresses, Families, Family, TwiceForOneFamily};
 pub use memo::Memo;
 pub use reason::Reason;
 pub use route_status::carry_parent_times;
@@ -60,8 +60,8 @@ pub const DEFAULT_SNAT_PORTS: RangeInclusive<u16> = 32768..=60999;
 /// What the daemon's options say about planning (`--address`, `--snat-ports`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
-    /// The address of Gateways whose `spec.addresses` has no IPv4 address.
-    pub default_address: Option<Ipv4Addr>,
+    /// The addresses of Gateways whose `spec.addresses` has no address Berth serves.
+    pub default_addresses: DefaultAddresses,
     /// The source ports SNAT flows may be given.
     pub snat_ports: RangeInclusive<u16>,
 }
@@ -69,7 +69,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            default_address: None,
+            default_addresses: DefaultAddresses::default(),
             snat_ports: DEFAULT_SNAT_PORTS,
         }
     }
@@ -84,8 +84,9 @@ pub struct Input<'a> {
     pub claims: &'a [Arc<PortClaim>],
     /// The current time.
     pub now: SystemTime,
-    /// The address of Gateways whose `spec.addresses` has no IPv4 address (`--address`).
-    pub default_address: Option<Ipv4Addr>,
+    /// The addresses of Gateways whose `spec.addresses` has no address Berth serves
+    /// (`--address`, once per family at most).
+    pub default_addresses: DefaultAddresses,
     /// The host's ephemeral ports (`net.ipv4.ip_local_port_range`), when known: a
     /// listener overlapping them says so in its status. `None` in `berth check`.
     pub ephemeral_ports: Option<RangeInclusive<u16>>,

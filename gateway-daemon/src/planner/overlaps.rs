@@ -6,7 +6,7 @@
 //! route the port a route of the first already held; both routes said Accepted and the
 //! datapath entry went to whichever was planned last.
 
-use std::{net::Ipv4Addr, ops::RangeInclusive, time::SystemTime};
+use std::{net::IpAddr, ops::RangeInclusive, time::SystemTime};
 
 use crate::model::Protocol;
 
@@ -18,7 +18,7 @@ pub struct Yielded {
     /// The ports, a sub-span of the listener's.
     pub ports: RangeInclusive<u16>,
     /// The first address both Gateways serve.
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     /// The older Gateway, `namespace/name`.
     pub gateway: String,
     /// Its listener.
@@ -263,7 +263,7 @@ mod tests {
     fn yielded(ports: RangeInclusive<u16>) -> Yielded {
         Yielded {
             ports,
-            addr: Ipv4Addr::new(10, 0, 0, 1),
+            addr: IpAddr::from([10, 0, 0, 1]),
             gateway: "infra/old".to_string(),
             listener: "pool".to_string(),
         }

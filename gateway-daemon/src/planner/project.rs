@@ -11,6 +11,7 @@ use crate::{
 };
 
 use super::{
+    addresses::Family,
     attach::{holds, Attachments},
     backends::{resolve_backends, Index, Resolved},
     gateways::{GatewayView, Gateways},
@@ -90,7 +91,9 @@ pub(super) fn project(cx: &Context, backends: &mut [Option<Arc<Resolved>>]) -> P
             let resolved = backends[ri].get_or_insert_with(|| {
                 Arc::new(resolve_backends(&snap.routes[ri], snap, cx.index))
             });
-            (service, resolved.backends.clone())
+            // A service of a family is served by the endpoints of that family only.
+            let family = Family::of(&service.addr);
+            (service, resolved.backends(family).clone())
         })
         .collect();
     Projected {

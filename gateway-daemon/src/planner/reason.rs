@@ -42,6 +42,9 @@ pub enum Reason {
     InvalidKind,
     /// A backend Service (or its port) does not exist.
     BackendNotFound,
+    /// Berth's own: the route's endpoints are of no IP family its Gateway serves (no
+    /// NAT64).
+    IPFamilyMismatch,
     /// The namespace holds its quota of ports in the range.
     QuotaExceeded,
     /// Every port of the range is held or cooling down.
@@ -72,6 +75,7 @@ impl Reason {
             Reason::RefNotPermitted => "RefNotPermitted",
             Reason::InvalidKind => "InvalidKind",
             Reason::BackendNotFound => "BackendNotFound",
+            Reason::IPFamilyMismatch => "IPFamilyMismatch",
             Reason::QuotaExceeded => "QuotaExceeded",
             Reason::PortRangeExhausted => "PortRangeExhausted",
             Reason::OverlapsEphemeralPorts => "OverlapsEphemeralPorts",

@@ -140,13 +140,11 @@ impl Context<'_, '_> {
             .clone()
             .zip(&decisions)
             .map(|(ai, d)| {
-                parent_status(
-                    &self.attachments.list[ai],
-                    self.gateways,
-                    d,
-                    resolved.status(),
-                    self.now_text,
-                )
+                let a = &self.attachments.list[ai];
+                let gw = &self.gateways[a.gw];
+                let name = (gw.spec.metadata.ns(), gw.spec.metadata.name.as_str());
+                let refs = resolved.status(name, gw.addresses.families());
+                parent_status(a, self.gateways, d, refs, self.now_text)
             })
             .collect();
         // The same route as planned last time, or an earlier version of it.

@@ -60,7 +60,7 @@ pub fn cycle(
                 snapshot,
                 claims: &stored,
                 now,
-                default_address: settings.default_address,
+                default_addresses: settings.default_addresses,
                 ephemeral_ports: crate::host::ephemeral_ports(),
                 snat_ports: settings.snat_ports.clone(),
                 allocate: true,

@@ -61,7 +61,7 @@ pub(super) fn example_errors(d: &Deploy) -> Vec<String> {
         snapshot: &snapshot,
         claims: &[],
         now: SystemTime::now(),
-        default_address: None,
+        default_addresses: berth::planner::DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,

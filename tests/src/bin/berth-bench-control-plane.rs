@@ -182,11 +182,12 @@ fn main() {
         };
         to_api.push(t.elapsed().as_secs_f64() * 1e3);
         let key = ServiceAddr {
-            addr: GW,
+            addr: GW.into(),
             protocol: Protocol::Tcp,
             port,
         }
-        .key();
+        .key()
+        .expect("the benchmark's gateway address is IPv4");
         while services.get(&key, 0).is_err() {
             assert!(
                 t.elapsed() < Duration::from_secs(30),

@@ -180,14 +180,14 @@ fn main() {
     ]);
     let gw = |port| sa(GW, port);
     let identity = vec![WeightedBackend {
-        endpoint: gw(53),
+        endpoint: gw(53).into(),
         weight: 1,
     }];
     let backends: Vec<WeightedBackend> = [B1, B2, B3]
         .iter()
         .flat_map(|&b| {
             (0..3).map(move |i| WeightedBackend {
-                endpoint: sa(b, 8080 + i),
+                endpoint: sa(b, 8080 + i).into(),
                 weight: 1 + i,
             })
         })
@@ -195,7 +195,7 @@ fn main() {
     let state = DesiredState::default()
         .with_service(
             ServiceAddr {
-                addr: GW,
+                addr: GW.into(),
                 protocol: Protocol::Udp,
                 port: 53,
             },
@@ -203,7 +203,7 @@ fn main() {
         )
         .with_service(
             ServiceAddr {
-                addr: GW,
+                addr: GW.into(),
                 protocol: Protocol::Udp,
                 port: 54,
             },
@@ -211,7 +211,7 @@ fn main() {
         )
         .with_service(
             ServiceAddr {
-                addr: GW,
+                addr: GW.into(),
                 protocol: Protocol::Tcp,
                 port: 56,
             },
@@ -219,7 +219,7 @@ fn main() {
         );
     // The new-flow ring: service RING_BASE + i balances to RING_BASE + (i + 1) % RING.
     let udp_gw = |port| ServiceAddr {
-        addr: GW,
+        addr: GW.into(),
         protocol: Protocol::Udp,
         port,
     };
@@ -228,7 +228,7 @@ fn main() {
         state.with_service(
             udp_gw(RING_BASE + i),
             vec![WeightedBackend {
-                endpoint: gw(next),
+                endpoint: gw(next).into(),
                 weight: 1,
             }],
         )
@@ -238,12 +238,12 @@ fn main() {
         let next = RING_BASE + (i + 1) % RING as u16;
         state.with_service(
             ServiceAddr {
-                addr: GW,
+                addr: GW.into(),
                 protocol: Protocol::Tcp,
                 port: RING_BASE + i,
             },
             vec![WeightedBackend {
-                endpoint: gw(next),
+                endpoint: gw(next).into(),
                 weight: 1,
             }],
         )
@@ -254,7 +254,7 @@ fn main() {
         .with_snat_service(
             udp_gw(snat_svc),
             vec![WeightedBackend {
-                endpoint: gw(snat_svc),
+                endpoint: gw(snat_svc).into(),
                 weight: 1,
             }],
         )
@@ -264,7 +264,7 @@ fn main() {
                 .iter()
                 .flat_map(|&b| {
                     (0..SNAT_BACKENDS / 3).map(move |i| WeightedBackend {
-                        endpoint: sa(b, 9000 + i),
+                        endpoint: sa(b, 9000 + i).into(),
                         weight: 1,
                     })
                 })
@@ -276,7 +276,7 @@ fn main() {
         state.with_snat_service(
             udp_gw(SNAT_RING_BASE + i),
             vec![WeightedBackend {
-                endpoint: gw(next),
+                endpoint: gw(next).into(),
                 weight: 1,
             }],
         )

@@ -63,13 +63,13 @@ pub(super) fn configure(mode: Mode, topo: &Topology) -> Option<Running> {
         }
         Mode::BerthSnat => {
             let service = ServiceAddr {
-                addr: GW,
+                addr: GW.into(),
                 protocol: Protocol::Udp,
                 port: GW_PORT,
             };
             let backends = (1..=BACKENDS)
                 .map(|i| WeightedBackend {
-                    endpoint: SocketAddrV4::new(backend_addr(i), BACKEND_PORT),
+                    endpoint: SocketAddrV4::new(backend_addr(i), BACKEND_PORT).into(),
                     weight: 1,
                 })
                 .collect();

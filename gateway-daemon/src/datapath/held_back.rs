@@ -1,0 +1,140 @@
+//! What the kernel program serves of a desired state: IPv4 services only, for now. The
+//! control plane plans IPv6 and dual-stack Gateways; their IPv6 services are held back
+//! here, in one place, logged once per change and counted (`berth get routes`,
+//! `berth_services_held_back` on /metrics), never dropped silently. When the kernel
+//! program serves IPv6, this split is what goes.
+
+use std::{borrow::Cow, fmt, net::IpAddr};
+
+use super::{DesiredState, ServiceAddr};
+
+/// Why the kernel program does not serve IPv6 services.
+pub const IPV6_NOT_SERVED: &str = "IPv6 is not served by the kernel program yet";
+
+/// A service of the desired state the datapath does not program, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HeldBack {
+    /// The service.
+    pub service: ServiceAddr,
+    /// Why it is held back.
+    pub why: Why,
+}
+
+/// Why a service is held back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Why {
+    /// An IPv6 service: [`IPV6_NOT_SERVED`].
+    Ipv6,
+    /// An IPv4 service with a backend of the other family (the planner never plans one:
+    /// there is no NAT64).
+    MixedFamilies,
+}
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Why::Ipv6 => IPV6_NOT_SERVED,
+            Why::MixedFamilies => "an IPv4 service with IPv6 backends (there is no NAT64)",
+        })
+    }
+}
+
+impl fmt::Display for HeldBack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.service, self.why)
+    }
+}
+
+/// Splits `desired` into the state the kernel program serves (`desired` itself when
+/// all of it is served) and the services held back, in service order.
+pub fn kernel_state(desired: &DesiredState) -> (Cow<'_, DesiredState>, Vec<HeldBack>) {
+    let held: Vec<HeldBack> = desired
+        .services
+        .iter()
+        .filter_map(|(service, backends)| {
+            let why = match service.addr {
+                IpAddr::V6(_) => Why::Ipv6,
+                IpAddr::V4(_) if backends.iter().any(|b| !b.endpoint.is_ipv4()) => {
+                    Why::MixedFamilies
+                }
+                IpAddr::V4(_) => return None,
+            };
+            Some(HeldBack {
+                service: *service,
+                why,
+            })
+        })
+        .collect();
+    if held.is_empty() {
+        return (Cow::Borrowed(desired), held);
+    }
+    let mut served = desired.clone();
+    for h in &held {
+        served.services.remove(&h.service);
+        served.source_nat.remove(&h.service);
+    }
+    (Cow::Owned(served), held)
+}
+
+/// The services held back of each family, as `(family label, count)`: `ipv4`, `ipv6`.
+pub fn count_by_family(held: &[HeldBack]) -> [(&'static str, u64); 2] {
+    let v6 = held.iter().filter(|h| h.service.addr.is_ipv6()).count() as u64;
+    [("ipv4", held.len() as u64 - v6), ("ipv6", v6)]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+    use crate::datapath::{Protocol, WeightedBackend};
+
+    fn service(addr: &str, port: u16) -> ServiceAddr {
+        ServiceAddr {
+            addr: addr.parse().expect("ip"),
+            protocol: Protocol::Tcp,
+            port,
+        }
+    }
+
+    fn backend(endpoint: &str) -> WeightedBackend {
+        WeightedBackend {
+            endpoint: endpoint.parse::<SocketAddr>().expect("endpoint"),
+            weight: 1,
+        }
+    }
+
+    #[test]
+    fn an_ipv4_only_state_is_served_as_it_is() {
+        let desired = DesiredState::default()
+            .with_snat_service(service("10.0.0.1", 80), vec![backend("10.1.0.1:8080")]);
+        let (served, held) = kernel_state(&desired);
+        assert!(matches!(served, Cow::Borrowed(_)));
+        assert_eq!(*served, desired);
+        assert!(held.is_empty());
+    }
+
+    #[test]
+    fn ipv6_services_are_held_back_and_named_with_the_reason() {
+        let v6 = service("2001:db8::1", 80);
+        let mixed = service("10.0.0.1", 81);
+        let desired = DesiredState::default()
+            .with_service(service("10.0.0.1", 80), vec![backend("10.1.0.1:8080")])
+            .with_snat_service(v6, vec![backend("[2001:db8:1::1]:8080")])
+            .with_service(mixed, vec![backend("[2001:db8:1::1]:8080")]);
+        let (served, held) = kernel_state(&desired);
+        assert_eq!(
+            *served,
+            DesiredState::default()
+                .with_service(service("10.0.0.1", 80), vec![backend("10.1.0.1:8080")])
+        );
+        assert_eq!(
+            held.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "TCP/10.0.0.1:81 (an IPv4 service with IPv6 backends (there is no NAT64))",
+                "TCP/[2001:db8::1]:80 (IPv6 is not served by the kernel program yet)",
+            ]
+        );
+        assert_eq!(count_by_family(&held), [("ipv4", 1), ("ipv6", 1)]);
+    }
+}
