@@ -142,8 +142,9 @@ impl Datapath {
             }
         };
         // The roles follow the services: recomputed (over every installed service) only
-        // when some service may change, its mode did, or they were never written.
-        let roles_due = !changes.is_empty() || snat_changed || !self.roles.is_written();
+        // when some service may change, its mode did, or they were never written exactly
+        // (a start writes the adopted services' kept with what was there).
+        let roles_due = !changes.is_empty() || snat_changed || !self.roles.is_exact();
         // The roles of what is installed and what is wanted, before either changes.
         if roles_due {
             let union = Roles::of(self.role_views().chain(changes.iter().filter_map(
@@ -392,6 +393,19 @@ impl Datapath {
             self.services
                 .insert(key, value, 0)
                 .map_err(map_err(map_names::SERVICES))?;
+        }
+        Ok(())
+    }
+
+    /// At load, before the programs are attached: adds the roles of the adopted services
+    /// to the pinned maps (kept with what is there: the program still attached may read
+    /// them), so that this build's program finds every role in its own slots from its
+    /// first packet, even if an earlier build put them elsewhere. The first apply then
+    /// writes exactly what is installed.
+    pub(super) fn write_adopted_roles(&mut self) -> Result<()> {
+        let adopted = Roles::of(self.role_views());
+        for key in self.roles.write(adopted, true)? {
+            self.write_flags(&key)?;
         }
         Ok(())
     }

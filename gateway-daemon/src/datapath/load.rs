@@ -343,7 +343,7 @@ impl Datapath {
         for id in seen {
             self.service_ids.saw(id);
         }
-        Ok(())
+        self.write_adopted_roles()
     }
 
     /// Attaches the tracepoint that counts redirects the kernel refused (`redirect_error`)

@@ -89,6 +89,8 @@ pub(super) struct RoleMaps {
     filter: Array<MapData, u32>,
     /// What the maps hold, once read or written by this process.
     written: Option<Roles>,
+    /// The last write was exact (not a union kept with what was there).
+    exact: bool,
 }
 
 impl RoleMaps {
@@ -100,12 +102,14 @@ impl RoleMaps {
             index,
             filter,
             written: None,
+            exact: false,
         }
     }
 
-    /// Whether this process has read or written the maps.
-    pub fn is_written(&self) -> bool {
-        self.written.is_some()
+    /// Whether the maps hold exactly what this process last wanted (its last write was
+    /// not a union).
+    pub fn is_exact(&self) -> bool {
+        self.written.is_some() && self.exact
     }
 
     /// The router-mode services whose flows record a reply entry, as last written.
@@ -163,6 +167,7 @@ impl RoleMaps {
             .copied()
             .collect();
         self.written = Some(want);
+        self.exact = !keep;
         Ok(changed)
     }
 
