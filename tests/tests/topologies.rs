@@ -886,3 +886,62 @@ fn a_restart_on_other_interfaces_moves_the_program_and_uninstall_leaves_no_trace
         "berth0 left: {links:?}"
     );
 }
+
+/// IPv6 beside IPv4 on default veths: the gateway program enters its IPv6 half
+/// (`berth_v6`) by tail call for every IPv6 frame. Berth serves no IPv6 service yet
+/// (docs/ipv6.md), so IPv6 that is not Berth's — neighbour discovery, and a TCP
+/// connection routed through the gateway — must pass untouched, with none of it
+/// counted as lost to an empty tail-call slot.
+#[test]
+fn ipv6_through_the_gateway_and_neighbour_discovery_pass_untouched() {
+    use std::io::{Read, Write};
+    let topo = Topology::new(1);
+    // Addresses usable at once (no duplicate address detection to wait for).
+    for (ns, iface, addr) in [
+        (&topo.client, "eth0", "fd00:251:1::2/64"),
+        (&topo.gateway, "c0", "fd00:251:1::1/64"),
+        (&topo.gateway, "b1", "fd00:251:11::1/64"),
+        (&topo.backends[0], "eth0", "fd00:251:11::2/64"),
+    ] {
+        ns.ip(&["addr", "add", addr, "dev", iface, "nodad"]);
+    }
+    topo.client
+        .ip(&["-6", "route", "add", "default", "via", "fd00:251:1::1"]);
+    topo.backends[0].ip(&["-6", "route", "add", "default", "via", "fd00:251:11::1"]);
+    topo.gateway.sysctl("net.ipv6.conf.all.forwarding", "1");
+    let ifaces = topo.gateway_ifaces.clone();
+    let ifaces: Vec<&str> = ifaces.iter().map(String::as_str).collect();
+    let lab = Lab::start(topo, &ifaces, Dirs::with_examples(), GW);
+    // A TCP echo on the backend's IPv6 address, reached from the client through the
+    // gateway (neighbour discovery on both links first).
+    let listener = lab.topo.backends[0]
+        .enter(|| std::net::TcpListener::bind("[fd00:251:11::2]:7000"))
+        .expect("listen on the backend's IPv6 address");
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).expect("read");
+        s.write_all(&buf[..n]).expect("write");
+    });
+    let answer = lab.topo.client.enter(|| {
+        let addr: std::net::SocketAddr = "[fd00:251:11::2]:7000".parse().expect("address");
+        let mut s = TcpStream::connect_timeout(&addr, TIMEOUT).expect("connect over IPv6");
+        s.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+        s.write_all(b"over ipv6").expect("send");
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).expect("echo");
+        buf[..n].to_vec()
+    });
+    echo.join().expect("echo thread");
+    assert_eq!(answer, b"over ipv6", "the echo came back unchanged");
+    let m = metrics(&lab.topo.gateway);
+    assert_eq!(
+        sample(
+            &m,
+            "berth_datapath_packets_total{reason=\"ipv6_no_program\"}"
+        )
+        .unwrap_or(0),
+        0,
+        "every IPv6 frame entered the IPv6 program"
+    );
+}
