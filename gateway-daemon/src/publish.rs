@@ -201,7 +201,17 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath) {
     let active = p
         .active_at
         .is_none_or(|t| t.elapsed() >= ACTIVE_FLOW_REFRESH)
-        .then(|| dp.scan_flows(ACTIVE_FLOW_WINDOW).unwrap_or_default());
+        .then(|| {
+            // Every `ACTIVE_FLOW_REFRESH` at most: a failed scan also leaves idle SNAT
+            // flows holding their ports, so it is said.
+            dp.scan_flows(ACTIVE_FLOW_WINDOW).unwrap_or_else(|e| {
+                tracing::warn!(
+                    error = %crate::error_chain(&e),
+                    "reading the conntrack (active flows, idle SNAT flows) failed"
+                );
+                Default::default()
+            })
+        });
     let now = std::time::Instant::now();
     if let Some(scan) = &active {
         p.active_at = Some(now);
