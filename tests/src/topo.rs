@@ -5,14 +5,17 @@
 //!  client (10.251.1.2) ──c0── gateway ──b1── backend 1 (10.251.11.2)
 //!                                     ──b2── backend 2 (10.251.12.2)  ...
 //! ```
-//! The gateway address 10.251.0.100 is on no interface of this network: the XDP program
-//! answers it (`berth run` also puts it on a dummy interface of its own, `berth0`).
+//! Every link also carries IPv6, in the subnet that mirrors its IPv4 one (10.251.11.0/24
+//! beside fd00:251:11::/64, see `mirror6`), with routes as for IPv4. The gateway
+//! addresses 10.251.0.100 and fd00:251::100 are on no interface of this network: the
+//! XDP program answers them (`berth run` also puts them on a dummy interface of its
+//! own, `berth0`); the client's routes send them to the gateway.
 //! `Topology::new` leaves the veths as the kernel makes them (GRO off);
 //! `Topology::with_gro` turns GRO on, which lets the program redirect into them.
 
 use std::{
     io::{Read, Write},
-    net::{Ipv4Addr, SocketAddrV4, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
     path::PathBuf,
     time::Duration,
 };
@@ -21,8 +24,12 @@ use crate::netns::{wait_until, Netns, Proc};
 
 /// The shared gateway address.
 pub const GW: Ipv4Addr = Ipv4Addr::new(10, 251, 0, 100);
+/// The shared gateway's IPv6 address (`mirror6(GW)`).
+pub const GW6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x251, 0, 0, 0, 0, 0, 0x100);
 /// The client's address.
 pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 251, 1, 2);
+/// The client's IPv6 address (`mirror6(CLIENT)`).
+pub const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x251, 1, 0, 0, 0, 0, 2);
 /// nginx's port on every backend.
 pub const HTTP_PORT: u16 = 8080;
 /// dnsmasq's port on every backend.
@@ -37,9 +44,28 @@ pub fn backend_addr(n: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 251, 10 + n as u8, 2)
 }
 
+/// IPv6 address of backend `n` (1-based): `mirror6(backend_addr(n))`.
+pub fn backend_addr6(n: usize) -> Ipv6Addr {
+    mirror6(backend_addr(n))
+}
+
+/// The IPv6 address that mirrors a 10.251.x.y address of this network: fd00:251:x::y,
+/// written with the same digits (10.251.11.2 is fd00:251:11::2).
+pub fn mirror6(v4: Ipv4Addr) -> Ipv6Addr {
+    let [_, _, x, y] = v4.octets();
+    format!("fd00:251:{x}::{y}")
+        .parse()
+        .unwrap_or_else(|e| panic!("no IPv6 mirror of {v4}: {e}"))
+}
+
 /// The A record backend `n`'s dnsmasq gives for `WHOAMI`.
 pub fn marker(n: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 99, 0, n as u8)
+}
+
+/// The AAAA record backend `n`'s dnsmasq gives for `WHOAMI`.
+pub fn marker6(n: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, n as u16)
 }
 
 /// The namespaces and links; everything is removed on drop.
@@ -54,6 +80,8 @@ pub struct Topology {
     pub gateway_ifaces: Vec<String>,
     /// The address backend `n` serves on is `backend_addrs[n - 1]`.
     pub backend_addrs: Vec<Ipv4Addr>,
+    /// Its IPv6 address, `backend_addrs6[n - 1]` (empty for a network without IPv6).
+    pub backend_addrs6: Vec<Ipv6Addr>,
     /// Namespaces in between (routers, switches).
     pub others: Vec<Netns>,
 }
@@ -102,7 +130,8 @@ impl Veth {
 }
 
 /// A veth pair `a_name` in `a` ↔ `b_name` in `b`, both up, with the given addresses
-/// (CIDR; none for a bridge port).
+/// (CIDR; none for a bridge port). IPv6 addresses are added `nodad`: usable at once,
+/// with no duplicate address detection to wait for.
 pub fn veth(
     a: &Netns,
     a_name: &str,
@@ -122,7 +151,7 @@ pub fn veth(
         (b, b_name, b_addrs, how.b_no_offload),
     ] {
         for addr in addrs {
-            ns.ip(&["addr", "add", addr, "dev", dev]);
+            add_addr(ns, dev, addr);
         }
         if let Some(mtu) = how.mtu {
             ns.ip(&["link", "set", dev, "mtu", &mtu.to_string()]);
@@ -141,9 +170,42 @@ pub fn veth(
 pub fn bridge(ns: &Netns, name: &str, addrs: &[&str]) {
     ns.ip(&["link", "add", name, "type", "bridge"]);
     for addr in addrs {
-        ns.ip(&["addr", "add", addr, "dev", name]);
+        add_addr(ns, name, addr);
     }
     ns.ip(&["link", "set", name, "up"]);
+}
+
+/// Adds `addr` (CIDR) to `dev` in `ns`; an IPv6 address `nodad`.
+fn add_addr(ns: &Netns, dev: &str, addr: &str) {
+    if addr.contains(':') {
+        ns.ip(&["addr", "add", addr, "dev", dev, "nodad"]);
+    } else {
+        ns.ip(&["addr", "add", addr, "dev", dev]);
+    }
+}
+
+/// `v4/len` and its IPv6 mirror `mirror6(v4)/64`, as CIDR strings for `veth`.
+pub fn dual_stack(v4: Ipv4Addr, len: u8) -> [String; 2] {
+    [format!("{v4}/{len}"), format!("{}/64", mirror6(v4))]
+}
+
+/// Default routes of both families in `ns`: via `hop` and via its IPv6 mirror.
+pub fn default_routes(ns: &Netns, hop: Ipv4Addr) {
+    ns.ip(&["route", "add", "default", "via", &hop.to_string()]);
+    ns.ip(&[
+        "-6",
+        "route",
+        "add",
+        "default",
+        "via",
+        &mirror6(hop).to_string(),
+    ]);
+}
+
+/// Turns on forwarding of both families in `ns`.
+pub fn forward_both(ns: &Netns) {
+    ns.sysctl("net.ipv4.ip_forward", "1");
+    ns.sysctl("net.ipv6.conf.all.forwarding", "1");
 }
 
 /// Makes `port` (in `ns`) a port of `bridge`.
@@ -167,47 +229,46 @@ impl Topology {
     fn build(n: usize, how: Veth) -> Self {
         let client = Netns::new("cl");
         let gateway = Netns::new("gw");
+        let hop = Ipv4Addr::new(10, 251, 1, 1);
         veth(
             &gateway,
             "c0",
-            &["10.251.1.1/24"],
+            &dual_stack(hop, 24).each_ref().map(String::as_str),
             &client,
             "eth0",
-            &["10.251.1.2/24"],
+            &dual_stack(CLIENT, 24).each_ref().map(String::as_str),
             how,
         );
-        client.ip(&["route", "add", "default", "via", "10.251.1.1"]);
+        default_routes(&client, hop);
         let mut backends = Vec::new();
         let mut gateway_ifaces = vec!["c0".to_string()];
         for i in 1..=n {
             let b = Netns::new("be");
             let gw_if = format!("b{i}");
+            let hop = Ipv4Addr::new(10, 251, 10 + i as u8, 1);
             veth(
                 &gateway,
                 &gw_if,
-                &[&format!("10.251.{}.1/24", 10 + i)],
+                &dual_stack(hop, 24).each_ref().map(String::as_str),
                 &b,
                 "eth0",
-                &[&format!("{}/24", backend_addr(i))],
+                &dual_stack(backend_addr(i), 24)
+                    .each_ref()
+                    .map(String::as_str),
                 how,
             );
-            b.ip(&[
-                "route",
-                "add",
-                "default",
-                "via",
-                &format!("10.251.{}.1", 10 + i),
-            ]);
+            default_routes(&b, hop);
             gateway_ifaces.push(gw_if);
             backends.push(b);
         }
-        gateway.sysctl("net.ipv4.ip_forward", "1");
+        forward_both(&gateway);
         Topology {
             client,
             gateway,
             backends,
             gateway_ifaces,
             backend_addrs: (1..=n).map(backend_addr).collect(),
+            backend_addrs6: (1..=n).map(backend_addr6).collect(),
             others: Vec::new(),
         }
     }
@@ -222,7 +283,8 @@ impl Topology {
             let prefix = dir.join(format!("b{n}"));
             std::fs::create_dir_all(&prefix).expect("nginx prefix");
             let conf = prefix.join("nginx.conf");
-            std::fs::write(&conf, nginx_conf(&prefix, n, self.backend_addrs[i]))
+            let v6 = self.backend_addrs6.get(i).is_some();
+            std::fs::write(&conf, nginx_conf(&prefix, n, self.backend_addrs[i], v6))
                 .expect("nginx.conf");
             let www = prefix.join("www");
             std::fs::create_dir_all(&www).expect("nginx root");
@@ -237,43 +299,60 @@ impl Topology {
                 "-c",
                 conf.to_str().unwrap_or_default(),
             ]));
-            let listen = self.backend_addrs[i].to_string();
-            procs.push(ns.spawn(&[
+            // On its IPv4 address and, if it has one, its IPv6 address; an A and an
+            // AAAA record name the backend.
+            let mut dnsmasq: Vec<String> = [
                 "dnsmasq",
                 "--keep-in-foreground",
                 "--conf-file=/dev/null",
                 "--no-resolv",
                 "--no-hosts",
                 "--bind-interfaces",
-                &format!("--listen-address={listen}"),
-                &format!("--port={DNS_PORT}"),
-                &format!("--address=/{WHOAMI}/{}", marker(n)),
                 "--pid-file",
                 "--user=root",
                 "--log-facility=-",
-            ]));
+            ]
+            .map(String::from)
+            .to_vec();
+            dnsmasq.push(format!("--port={DNS_PORT}"));
+            dnsmasq.push(format!("--address=/{WHOAMI}/{}", marker(n)));
+            dnsmasq.push(format!("--address=/{WHOAMI}/{}", marker6(n)));
+            for addr in self.backend_serving_addrs(i) {
+                dnsmasq.push(format!("--listen-address={addr}"));
+            }
+            let dnsmasq: Vec<&str> = dnsmasq.iter().map(String::as_str).collect();
+            procs.push(ns.spawn(&dnsmasq));
         }
         for (i, ns) in self.backends.iter().enumerate() {
             let n = i + 1;
-            let target = SocketAddrV4::new(self.backend_addrs[i], DNS_PORT);
-            let http = SocketAddrV4::new(self.backend_addrs[i], HTTP_PORT);
-            ns.enter(|| {
-                wait_until(
-                    &format!("dnsmasq on backend {n}"),
-                    Duration::from_secs(10),
-                    || dns_whoami_from(target, Duration::from_millis(200)).is_some(),
-                );
-                wait_until(
-                    &format!("nginx on backend {n}"),
-                    Duration::from_secs(10),
-                    || http_get(http).is_ok(),
-                );
-            });
+            for addr in self.backend_serving_addrs(i) {
+                let dns = SocketAddr::new(addr, DNS_PORT);
+                let http = SocketAddr::new(addr, HTTP_PORT);
+                ns.enter(|| {
+                    wait_until(
+                        &format!("dnsmasq on backend {n} at {dns}"),
+                        Duration::from_secs(10),
+                        || dns_whoami_from(dns, Duration::from_millis(200)).is_some(),
+                    );
+                    wait_until(
+                        &format!("nginx on backend {n} at {http}"),
+                        Duration::from_secs(10),
+                        || http_get(http).is_ok(),
+                    );
+                });
+            }
         }
         for p in &mut procs {
             p.assert_running();
         }
         Servers { _procs: procs, dir }
+    }
+
+    /// The addresses backend `i + 1` serves on: IPv4, and IPv6 if it has it.
+    fn backend_serving_addrs(&self, i: usize) -> Vec<IpAddr> {
+        std::iter::once(IpAddr::V4(self.backend_addrs[i]))
+            .chain(self.backend_addrs6.get(i).copied().map(IpAddr::V6))
+            .collect()
     }
 }
 
@@ -297,8 +376,14 @@ impl Drop for Servers {
     }
 }
 
-fn nginx_conf(prefix: &std::path::Path, n: usize, addr: Ipv4Addr) -> String {
+/// nginx serving on `addr` and, with `v6`, on `[::]` (IPv6 only) too.
+fn nginx_conf(prefix: &std::path::Path, n: usize, addr: Ipv4Addr, v6: bool) -> String {
     let p = prefix.display();
+    let listen6 = if v6 {
+        format!("listen [::]:{HTTP_PORT};\n    ")
+    } else {
+        String::new()
+    };
     // `/big` is a static file of `BIG_FILE` bytes; `PUT /upload/NAME` stores a body of
     // up to 20 MB and answers only once it has all of it.
     format!(
@@ -307,7 +392,7 @@ fn nginx_conf(prefix: &std::path::Path, n: usize, addr: Ipv4Addr) -> String {
          http {{\n  access_log off;\n  client_body_temp_path {p}/body;\n  proxy_temp_path {p}/proxy;\n  \
          fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n  \
          keepalive_timeout 300s;\n  keepalive_requests 100000;\n  \
-         server {{\n    listen {addr}:{HTTP_PORT};\n    root {p}/www;\n    \
+         server {{\n    listen {addr}:{HTTP_PORT};\n    {listen6}root {p}/www;\n    \
          location / {{ return 200 \"backend-{n}\\n\"; }}\n    \
          location = /big {{ }}\n    \
          location /upload/ {{ dav_methods PUT; create_full_put_path on; client_max_body_size 20m; }}\n  }}\n}}\n"
@@ -337,35 +422,52 @@ fn dns_answer(id: u16, buf: &[u8]) -> Option<Ipv4Addr> {
     Some(Ipv4Addr::new(a[0], a[1], a[2], a[3]))
 }
 
-/// Asks `server` for `WHOAMI` from a fresh socket (a new flow). Returns the marker
-/// address, if an answer came back from `server` itself.
-pub fn dns_whoami_from(server: SocketAddrV4, timeout: Duration) -> Option<Ipv4Addr> {
-    let sock = UdpSocket::bind("0.0.0.0:0").ok()?;
+/// Asks `server` (either family) for `WHOAMI` from a fresh socket (a new flow).
+/// Returns the marker address, if an answer came back from `server` itself.
+pub fn dns_whoami_from(server: impl Into<SocketAddr>, timeout: Duration) -> Option<Ipv4Addr> {
+    let server = server.into();
+    let sock = UdpSocket::bind(any_port(&server)).ok()?;
     Flow::from_socket(sock, server, timeout).ask()
+}
+
+/// The unspecified address of `server`'s family, port 0.
+fn any_port(server: &SocketAddr) -> SocketAddr {
+    let any = match server {
+        SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    SocketAddr::new(any, 0)
 }
 
 /// One UDP flow (a bound socket) asking `server` again and again.
 pub struct Flow {
     sock: UdpSocket,
-    server: SocketAddrV4,
+    server: SocketAddr,
     next_id: u16,
 }
 
 impl Flow {
-    /// A new flow; must be created on a thread inside the client's namespace.
-    pub fn new(server: SocketAddrV4, timeout: Duration) -> Self {
-        let sock = UdpSocket::bind("0.0.0.0:0").expect("bind udp");
+    /// A new flow to `server` (either family); must be created on a thread inside the
+    /// client's namespace.
+    pub fn new(server: impl Into<SocketAddr>, timeout: Duration) -> Self {
+        let server = server.into();
+        let sock = UdpSocket::bind(any_port(&server)).expect("bind udp");
         Self::from_socket(sock, server, timeout)
     }
 
     /// A new flow from the local address `local` (e.g. one source port per flow, for
     /// as many distinct flows as ports); must be created inside the client's namespace.
-    pub fn bound(local: SocketAddrV4, server: SocketAddrV4, timeout: Duration) -> Self {
+    pub fn bound(
+        local: impl Into<SocketAddr>,
+        server: impl Into<SocketAddr>,
+        timeout: Duration,
+    ) -> Self {
+        let local = local.into();
         let sock = UdpSocket::bind(local).unwrap_or_else(|e| panic!("bind udp {local}: {e}"));
-        Self::from_socket(sock, server, timeout)
+        Self::from_socket(sock, server.into(), timeout)
     }
 
-    fn from_socket(sock: UdpSocket, server: SocketAddrV4, timeout: Duration) -> Self {
+    fn from_socket(sock: UdpSocket, server: SocketAddr, timeout: Duration) -> Self {
         sock.set_read_timeout(Some(timeout)).expect("timeout");
         Flow {
             sock,
@@ -383,7 +485,7 @@ impl Flow {
         let mut buf = [0u8; 512];
         loop {
             let (n, from) = self.sock.recv_from(&mut buf).ok()?;
-            if from == std::net::SocketAddr::V4(self.server) {
+            if from == self.server {
                 if let Some(a) = dns_answer(id, &buf[..n]) {
                     return Some(a);
                 }
@@ -402,8 +504,8 @@ pub fn backend_of_marker(m: Ipv4Addr) -> usize {
     usize::from(m.octets()[3])
 }
 
-/// One HTTP/1.1 GET on a new connection; returns the body.
-pub fn http_get(addr: SocketAddrV4) -> std::io::Result<String> {
+/// One HTTP/1.1 GET on a new connection to `addr` (either family); returns the body.
+pub fn http_get(addr: impl Into<SocketAddr>) -> std::io::Result<String> {
     let mut s = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     http_request(&mut s)
@@ -439,4 +541,15 @@ pub fn http_request(s: &mut TcpStream) -> std::io::Result<String> {
             }
         }
     }
+}
+
+/// The peer addresses (`ss` style: `10.251.11.1:40000`, `[fd00:251:11::1]:40000`) of
+/// the TCP connections established to local port `port` in `ns`.
+pub fn tcp_peers(ns: &Netns, port: u16) -> Vec<String> {
+    let filter = format!("( sport = :{port} )");
+    let out = ns.exec(&["ss", "-Htn", "state", "established", &filter]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().last().map(str::to_string))
+        .collect()
 }

@@ -166,6 +166,7 @@ fn routed_around(n: usize) -> Topology {
         backends,
         gateway_ifaces: vec!["c0".into(), "b0".into()],
         backend_addrs,
+        backend_addrs6: Vec::new(),
         others: vec![switch, router],
     }
 }
@@ -509,6 +510,7 @@ fn cluster(pods_per_node: u8) -> Topology {
         backends,
         gateway_ifaces: vec!["eth0".into(), "cni0".into()],
         backend_addrs,
+        backend_addrs6: Vec::new(),
         others: vec![switch, node2],
     }
 }

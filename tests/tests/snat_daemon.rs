@@ -8,7 +8,7 @@ use std::{net::SocketAddrV4, net::TcpStream, time::Duration};
 use berth_tests::{
     daemon::{metrics, sample, Daemon, Dirs},
     netns::poll,
-    topo::{http_get, http_request, Topology, GW},
+    topo::{http_get, http_request, tcp_peers, Topology, GW, HTTP_PORT},
 };
 
 /// Team A's TCPRoute gets the first port of the example's TCP range.
@@ -25,13 +25,9 @@ fn snat_manifests() -> Dirs {
     dirs
 }
 
-/// The peer addresses of the connections established to nginx (port 8080) in `ns`.
+/// The peer addresses of the connections established to nginx in `ns`.
 fn nginx_peers(ns: &berth_tests::netns::Netns) -> Vec<String> {
-    let out = ns.exec(&["ss", "-Htn", "state", "established", "( sport = :8080 )"]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().last().map(str::to_string))
-        .collect()
+    tcp_peers(ns, HTTP_PORT)
 }
 
 #[test]
