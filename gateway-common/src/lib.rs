@@ -58,9 +58,21 @@ pub mod map_names {
     /// so that IPv6 keeps being served while the daemon restarts (a program array
     /// forgets its programs when no file refers to it).
     pub const PROGRAMS: &str = "berth_progs";
+    /// IPv6: `ServiceKey<[u32; 4]>` → `Service`.
+    pub const SERVICES6: &str = "berth_services6";
+    /// IPv6 gateway address → number of services on it.
+    pub const ADDRESSES6: &str = "berth_addrs6";
+    /// IPv6: `FlowKey<[u32; 4]>` → `Flow<[u32; 4]>`, shared across CPUs (LRU).
+    pub const CONNTRACK6: &str = "berth_ct6";
+    /// IPv6 backend endpoint → `ReplyIndex<[u32; 4]>`.
+    pub const REPLY_INDEX6: &str = "berth_reply_index6";
+    /// Backend id → the IPv6 address of an IPv6 backend (`Backend::addr` is 0 for it).
+    pub const BACKENDS6: &str = "berth_backends6";
+    /// Backend id → the node's IPv6 address toward that backend (zero: none known).
+    pub const SNAT_SOURCES6: &str = "berth_snat_src6";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 24] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -79,6 +91,12 @@ pub mod map_names {
         ADDR_FILTER,
         BACKEND_HOPS,
         PROGRAMS,
+        SERVICES6,
+        ADDRESSES6,
+        CONNTRACK6,
+        REPLY_INDEX6,
+        BACKENDS6,
+        SNAT_SOURCES6,
     ];
 }
 
@@ -312,7 +330,8 @@ pub const BACKEND_LIVE: u32 = 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Backend {
-    /// Backend IPv4 address, network order.
+    /// Backend IPv4 address, network order; 0 for an IPv6 backend, whose address is in
+    /// `map_names::BACKENDS6` under the same id.
     pub addr: u32,
     /// Backend port, network order.
     pub port: u16,

@@ -249,9 +249,8 @@ pub static SERVICES6: HashMap<ServiceKey<Addr6>, Service> =
 #[map(name = "berth_addrs6")]
 pub static ADDRESSES6: HashMap<Addr6, u32> = HashMap::with_max_entries(256, 0);
 
-/// IPv6 conntrack: 5-tuple → translation. Written by the XDP program (new flows).
-/// (The IPv6 maps are not pinned or sized by the daemon yet: it installs no IPv6
-/// service so far, docs/ipv6.md; they are small until then.)
+/// IPv6 conntrack: 5-tuple → translation. Written by the XDP program (new flows);
+/// sized by the daemon as the IPv4 one (`--conntrack-size`).
 #[map(name = "berth_ct6")]
 pub static CONNTRACK6: LruHashMap<FlowKey<Addr6>, Flow<Addr6>> =
     LruHashMap::with_max_entries(1024, 0);
