@@ -17,11 +17,12 @@ use std::{
 
 use aya::programs::{tc::TcAttachType, SchedClassifier};
 use berth_tests::{
-    daemon::{metrics, sample, uninstall, Daemon, Dirs},
+    daemon::{berth_binary, metrics, sample, uninstall, Daemon, Dirs},
     netns::{poll, unique, wait_until, Netns},
     topo::{
-        backend_addr, backend_addr6, bridge, enslave, http_get, http_request, marker, veth, Flow,
-        Servers, Topology, Veth, BIG_FILE, GW, WHOAMI,
+        backend_addr, backend_addr6, bridge, enslave, http_get, http_request, marker, marker6,
+        mirror6, tcp_peers, veth, Flow, Servers, Topology, Veth, BIG_FILE, GW, GW6, HTTP_PORT,
+        WHOAMI,
     },
 };
 
@@ -283,70 +284,57 @@ fn counters_grow(lab: &Lab, a: &Counters, b: &Counters) {
     }
 }
 
-/// Polls until both routes show packets the kernel forwarded; returns their counters.
-fn kernel_path_shows(lab: &Lab) -> Vec<Counters> {
-    ["team-a", "team-b"]
-        .iter()
-        .map(|ns| {
-            poll(
-                &format!("{ns}'s row to show the kernel path"),
-                Duration::from_secs(20),
-                || {
-                    let c = lab.counters(ns);
-                    match c.kernel_packets {
-                        Some(k) if k > 0 => Ok(c),
-                        _ => Err(format!("{c:?}")),
-                    }
-                },
-            )
-        })
-        .collect()
-}
-
-#[test]
-fn veths_with_the_kernels_defaults_are_served_through_the_kernel_and_the_rows_say_so() {
-    let topo = Topology::new(3);
-    let ifaces = topo.gateway_ifaces.clone();
-    let ifaces: Vec<&str> = ifaces.iter().map(String::as_str).collect();
-    let mut lab = Lab::start(topo, &ifaces, Dirs::with_examples(), GW);
-    serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
-    for c in kernel_path_shows(&lab) {
-        eprintln!("default veths: {c:?}");
+/// Polls until both routes show packets the kernel forwarded, and checks that their
+/// rows name the kernel path and why: a veth without XDP or GRO takes no redirected
+/// frames.
+fn rows_name_the_kernel_path(lab: &Lab) {
+    for ns in ["team-a", "team-b"] {
+        let c = poll(
+            &format!("{ns}'s row to show the kernel path"),
+            Duration::from_secs(20),
+            || {
+                let c = lab.counters(ns);
+                match c.kernel_packets {
+                    Some(k) if k > 0 => Ok(c),
+                    _ => Err(format!("{c:?}")),
+                }
+            },
+        );
+        eprintln!("default veths through {}: {c:?}", lab.gw);
         assert_eq!(
             c.path.as_deref(),
             Some("kernel: egress takes no XDP frames"),
-            "a veth without XDP or GRO takes no redirected frames, so the row names the kernel path and why: {c:?}"
+            "the row names the kernel path and why: {c:?}"
         );
     }
 }
 
 #[test]
-fn veths_with_gro_are_served_by_xdp_redirects() {
-    let topo = Topology::with_gro(3);
-    let ifaces = topo.gateway_ifaces.clone();
-    let ifaces: Vec<&str> = ifaces.iter().map(String::as_str).collect();
-    let mut lab = Lab::start(topo, &ifaces, Dirs::with_examples(), GW);
-    let redirects = |lab: &Lab| {
-        sample(
-            &metrics(&lab.topo.gateway),
-            "berth_datapath_packets_total{reason=\"redirect\"}",
-        )
-        .unwrap_or(0)
-    };
-    let before = redirects(&lab);
+fn veths_with_the_kernels_defaults_are_served_through_the_kernel_and_the_rows_say_so() {
+    let topo = Topology::new(3);
+    let mut lab = lab_on(topo, Dirs::with_examples(), GW);
     serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
-    poll(
-        "the redirect counter to grow",
-        Duration::from_secs(20),
-        || match redirects(&lab) {
-            n if n > before => Ok(()),
-            n => Err(format!(
-                "redirect {before} → {n}; team A {:?}, team B {:?}",
-                lab.counters("team-a"),
-                lab.counters("team-b")
-            )),
-        },
-    );
+    rows_name_the_kernel_path(&lab);
+}
+
+#[test]
+fn veths_with_gro_are_served_by_xdp_redirects() {
+    served_by_xdp_redirects(Dirs::with_examples(), GW);
+}
+
+#[test]
+fn ipv6_on_veths_with_gro_is_served_by_xdp_redirects() {
+    served_by_xdp_redirects(ipv6_manifests(), GW6);
+}
+
+/// On veths with GRO (they take frames XDP redirects into them), the checks pass
+/// through `gw` of the manifests `dirs`, the redirect counter grows, and team B's
+/// stream rides XDP.
+fn served_by_xdp_redirects(dirs: Dirs, gw: impl Into<IpAddr>) {
+    let mut lab = lab_on(Topology::with_gro(3), dirs, gw);
+    let before = datapath_counter(&lab, "redirect");
+    serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
+    counter_grows(&lab, "redirect", before);
     // Team B's stream is hundreds of packets on one flow: only a flow's first packets
     // (before the neighbour is known) may take the kernel's path.
     let b = lab.counters("team-b");
@@ -356,9 +344,11 @@ fn veths_with_gro_are_served_by_xdp_redirects() {
     );
     assert_eq!(b.path.as_deref(), Some("xdp"), "and the row says so: {b:?}");
     eprintln!(
-        "with GRO: team A {:?}, team B {b:?}",
+        "with GRO through {}: team A {:?}, team B {b:?}",
+        lab.gw,
         lab.counters("team-a")
     );
+    nothing_lost(&lab);
 }
 
 /// The example endpoints moved to one subnet, 10.251.10.0/24 (backend n at .1n).
@@ -586,9 +576,7 @@ fn a_gateway_address_in_the_clients_subnet_is_found_by_arp_and_closed_ports_refu
     let topo = Topology::new(3);
     topo.client.ip(&["route", "del", "default"]);
     let dirs = manifests(&[("10.251.0.100", "10.251.1.100")]);
-    let ifaces = topo.gateway_ifaces.clone();
-    let ifaces: Vec<&str> = ifaces.iter().map(String::as_str).collect();
-    let mut lab = Lab::start(topo, &ifaces, dirs, gw);
+    let mut lab = lab_on(topo, dirs, gw);
     http_answers(&lab);
     let neigh = lab
         .topo
@@ -919,9 +907,7 @@ fn a_restart_on_other_interfaces_moves_the_program_and_uninstall_leaves_no_trace
 fn ipv6_through_the_gateway_and_neighbour_discovery_pass_untouched() {
     use std::io::{Read, Write};
     let topo = Topology::new(1);
-    let ifaces = topo.gateway_ifaces.clone();
-    let ifaces: Vec<&str> = ifaces.iter().map(String::as_str).collect();
-    let lab = Lab::start(topo, &ifaces, Dirs::with_examples(), GW);
+    let lab = lab_on(topo, Dirs::with_examples(), GW);
     // A TCP echo on the backend's IPv6 address, reached from the client through the
     // gateway (neighbour discovery on both links first).
     let backend = SocketAddr::new(backend_addr6(1).into(), 7000);
@@ -953,4 +939,320 @@ fn ipv6_through_the_gateway_and_neighbour_discovery_pass_untouched() {
         Some(0),
         "every IPv6 frame entered the IPv6 program (as of the last counter refresh)"
     );
+}
+
+/// The example manifests' addresses of this network (the gateway's and the
+/// endpoints') replaced by their IPv6 mirrors, and the EndpointSlices made IPv6.
+fn ipv6_rewrites() -> Vec<(String, String)> {
+    std::iter::once(GW)
+        .chain((1..=3).map(backend_addr))
+        .map(|a| (a.to_string(), mirror6(a).to_string()))
+        .chain([("addressType: IPv4".into(), "addressType: IPv6".into())])
+        .collect()
+}
+
+/// The example manifests with an IPv6 Gateway address and IPv6 endpoints only.
+fn ipv6_manifests() -> Dirs {
+    manifests(&ipv6_rewrites())
+}
+
+/// The example manifests made dual-stack: the Gateway has the IPv4 address and its
+/// IPv6 mirror, and each team's EndpointSlice has an IPv6 twin (`v6-<name>`).
+fn dual_stack_manifests() -> Dirs {
+    let dirs = Dirs::with_examples();
+    let v4 = format!("    value: {GW}\n");
+    dirs.edit_manifest(
+        "gateway.yaml",
+        &v4,
+        &format!("{v4}  - type: IPAddress\n    value: {GW6}\n"),
+    );
+    for f in ["team-a.yaml", "team-b.yaml"] {
+        let path = dirs.manifests.join(f);
+        let text = std::fs::read_to_string(&path).expect("read manifest");
+        let slice = text
+            .split("\n---\n")
+            .find(|doc| doc.contains("kind: EndpointSlice"))
+            .unwrap_or_else(|| panic!("{f} has no EndpointSlice"));
+        let twin =
+            rewrite(slice.to_string(), &ipv6_rewrites()).replacen("  name: ", "  name: v6-", 1);
+        let text = format!("{}\n---\n{}\n", text.trim_end(), twin.trim_end());
+        std::fs::write(&path, text).expect("write manifest");
+    }
+    dirs
+}
+
+/// `topo` with `berth run` on every gateway interface, the manifests `dirs`, checked
+/// through `gw`.
+fn lab_on(topo: Topology, dirs: Dirs, gw: impl Into<IpAddr>) -> Lab {
+    let ifaces = topo.gateway_ifaces.clone();
+    let ifaces: Vec<&str> = ifaces.iter().map(String::as_str).collect();
+    Lab::start(topo, &ifaces, dirs, gw)
+}
+
+/// The value of the datapath counter `reason` on the gateway's /metrics (0 if absent).
+fn datapath_counter(lab: &Lab, reason: &str) -> u64 {
+    let series = format!("berth_datapath_packets_total{{reason=\"{reason}\"}}");
+    sample(&metrics(&lab.topo.gateway), &series).unwrap_or(0)
+}
+
+/// Polls until the datapath counter `reason` is above `before`.
+fn counter_grows(lab: &Lab, reason: &str, before: u64) {
+    poll(
+        &format!("{reason} to grow from {before}"),
+        Duration::from_secs(20),
+        || match datapath_counter(lab, reason) {
+            n if n > before => Ok(()),
+            n => Err(format!("{reason} is {n}")),
+        },
+    );
+}
+
+/// Every datapath counter of a packet lost (dropped, left untranslated, refused by the
+/// kernel after a redirect, or passed for want of the IPv6 program) is 0.
+fn nothing_lost(lab: &Lab) {
+    let m = metrics(&lab.topo.gateway);
+    let prefix = "berth_datapath_packets_total{reason=\"";
+    let lost = |reason: &str| {
+        reason.starts_with("drop_")
+            || ["tc_untranslated", "redirect_error", "ipv6_no_program"].contains(&reason)
+    };
+    let samples: Vec<(&str, &str)> = m
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix)?.split_once("\"} "))
+        .filter(|(reason, _)| lost(reason))
+        .collect();
+    assert!(
+        samples.iter().any(|(r, _)| *r == "drop_malformed"),
+        "no drop counters in /metrics to check: {m}"
+    );
+    let nonzero: Vec<_> = samples.iter().filter(|(_, v)| v.trim() != "0").collect();
+    assert!(nonzero.is_empty(), "packets counted as lost: {nonzero:?}");
+}
+
+/// `dig` on the client (`family` is `-4` or `-6`) for `WHOAMI` of type `qtype` at
+/// `server`'s DNS port: the short answer.
+fn dig(lab: &Lab, family: &str, server: IpAddr, qtype: &str) -> Result<String, String> {
+    lab.try_client(&[
+        "dig",
+        family,
+        "+short",
+        "+time=1",
+        "+tries=1",
+        "-p",
+        &DNS_PORT.to_string(),
+        &format!("@{server}"),
+        WHOAMI,
+        qtype,
+    ])
+    .and_then(|a| {
+        if a.is_empty() || a.starts_with(';') {
+            Err(format!("no answer: {a:?}"))
+        } else {
+            Ok(a)
+        }
+    })
+}
+
+/// `curl` on the client (`family` is `-4` or `-6`) of the web port at `gw`: the body.
+fn curl_web(lab: &Lab, family: &str, gw: IpAddr) -> String {
+    let url = format!("http://{}/", SocketAddr::new(gw, WEB_PORT));
+    poll(
+        &format!("curl {family} {url}"),
+        Duration::from_secs(10),
+        || lab.try_curl(&[family, "--max-time", "2", &url]),
+    )
+}
+
+/// `curl` (`family` is `-4` or `-6`) of the web port at `gw` gets team A's page, and
+/// `dig` of the DNS port gets backend 3's A and AAAA records.
+fn curl_and_dig_answer(lab: &Lab, family: &str, gw: IpAddr) {
+    let body = curl_web(lab, family, gw);
+    assert!(
+        body == "backend-1" || body == "backend-2",
+        "curl {family} through {gw} got {body:?}"
+    );
+    for (qtype, marker) in [
+        ("A", IpAddr::from(marker(DNS_BACKEND))),
+        ("AAAA", marker6(DNS_BACKEND).into()),
+    ] {
+        assert_eq!(
+            dig_answers(lab, family, gw, qtype),
+            marker.to_string(),
+            "dig {family} {qtype} through {gw} reaches backend 3"
+        );
+    }
+}
+
+/// Polls `dig` until it answers; the answer.
+fn dig_answers(lab: &Lab, family: &str, server: IpAddr, qtype: &str) -> String {
+    poll(
+        &format!("dig {family} @{server} {WHOAMI} {qtype}"),
+        Duration::from_secs(10),
+        || dig(lab, family, server, qtype),
+    )
+}
+
+#[test]
+fn ipv6_in_router_mode_on_default_veths_is_served_and_tc_translates_the_replies() {
+    let lab = lab_on(Topology::new(3), ipv6_manifests(), GW6);
+    let before = (lab.counters("team-a"), lab.counters("team-b"));
+    let tc_before = datapath_counter(&lab, "tc_reply_translated");
+    curl_and_dig_answer(&lab, "-6", GW6.into());
+    http_answers(&lab);
+    dns_answers(&lab);
+    counters_grow(&lab, &before.0, &before.1);
+    // Default veths take no XDP frames: the kernel forwards every reply, and the TC
+    // program gives it the gateway's address and port.
+    counter_grows(&lab, "tc_reply_translated", tc_before);
+    rows_name_the_kernel_path(&lab);
+    nothing_lost(&lab);
+}
+
+#[test]
+fn an_ipv6_tcp_connection_and_udp_stream_survive_kill_9_and_restart() {
+    let mut lab = lab_on(Topology::new(3), ipv6_manifests(), GW6);
+    connections_survive_kill_9_and_restart(&mut lab);
+    nothing_lost(&lab);
+}
+
+#[test]
+fn ipv6_in_snat_mode_reaches_backends_without_a_route_back_from_the_gateways_address() {
+    let topo = Topology::new(3);
+    // The backends reach only their own IPv6 subnet: replies to the client's address
+    // have nowhere to go, replies to the gateway's address on their link do.
+    for b in &topo.backends {
+        b.ip(&["-6", "route", "del", "default"]);
+    }
+    let dirs = ipv6_manifests();
+    dirs.edit_manifest(
+        "gateway.yaml",
+        "  releaseCooldown: 300s\n",
+        "  releaseCooldown: 300s\n  sourceNAT: true\n",
+    );
+    let lab = lab_on(topo, dirs, GW6);
+    poll(
+        "team A's route in SNAT mode",
+        Duration::from_secs(10),
+        || match lab.counters_row("team-a") {
+            row if row["mode"] == "snat" => Ok(()),
+            row => Err(format!("{row}")),
+        },
+    );
+    let masq_before = datapath_counter(&lab, "tc_masq_translated");
+    curl_and_dig_answer(&lab, "-6", GW6.into());
+    // A kept-open connection: its backend sees the gateway's IPv6 address on its link.
+    let web = lab.web();
+    let conn = lab.topo.client.enter(|| {
+        let mut s = TcpStream::connect_timeout(&web, TIMEOUT).expect("connect to the web port");
+        s.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+        let body = http_request(&mut s).expect("GET on a kept-alive connection");
+        (s, body)
+    });
+    let n: usize = conn
+        .1
+        .trim()
+        .trim_start_matches("backend-")
+        .parse()
+        .unwrap_or_else(|_| panic!("answered {:?}", conn.1));
+    let node = mirror6(Ipv4Addr::new(10, 251, 10 + n as u8, 1));
+    let peers = tcp_peers(&lab.topo.backends[n - 1], HTTP_PORT);
+    assert!(
+        !peers.is_empty(),
+        "no connection established at backend {n}"
+    );
+    for p in &peers {
+        assert!(
+            p.starts_with(&format!("[{node}]:")),
+            "backend {n} sees {p}, not the gateway's address on its link ({node})"
+        );
+    }
+    drop(conn);
+    counter_grows(&lab, "snat_new_flow", 0);
+    // These veths take no XDP frames: the kernel forwards, TC gives the source.
+    counter_grows(&lab, "tc_masq_translated", masq_before);
+    nothing_lost(&lab);
+}
+
+#[test]
+fn a_dual_stack_gateway_serves_both_families_on_the_same_ports_at_once() {
+    let mut lab = lab_on(Topology::new(3), dual_stack_manifests(), GW);
+    // Both families, one kept-alive connection each, open at the same time on the
+    // same port, asked in turn.
+    let (web4, web6) = (
+        SocketAddr::new(GW.into(), WEB_PORT),
+        SocketAddr::new(GW6.into(), WEB_PORT),
+    );
+    let connect = |web: SocketAddr| {
+        poll(
+            &format!("a connection to {web}"),
+            Duration::from_secs(10),
+            || {
+                lab.topo.client.enter(|| {
+                    let mut s =
+                        TcpStream::connect_timeout(&web, TIMEOUT).map_err(|e| e.to_string())?;
+                    s.set_read_timeout(Some(TIMEOUT))
+                        .map_err(|e| e.to_string())?;
+                    let body = http_request(&mut s).map_err(|e| e.to_string())?;
+                    Ok((s, body))
+                })
+            },
+        )
+    };
+    let (mut c4, body4) = connect(web4);
+    let (mut c6, body6) = connect(web6);
+    for _ in 0..3 {
+        assert_eq!(http_request(&mut c4).expect("IPv4 request"), body4);
+        assert_eq!(http_request(&mut c6).expect("IPv6 request"), body6);
+    }
+    drop((c4, c6));
+    for (family, gw) in [("-4", IpAddr::from(GW)), ("-6", IpAddr::from(GW6))] {
+        curl_and_dig_answer(&lab, family, gw);
+    }
+    for gw in [IpAddr::from(GW), IpAddr::from(GW6)] {
+        lab.gw = gw;
+        http_answers(&lab);
+        dns_answers(&lab);
+    }
+    // The Gateway is served on both addresses, and each route on the endpoints of both
+    // families: 2 + 2 for team A, 1 + 1 for team B.
+    let out = lab
+        .topo
+        .gateway
+        .command(&berth_binary())
+        .args(["get", "gateways"])
+        .output()
+        .expect("berth get gateways");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("{GW},{GW6}")),
+        "berth get gateways shows both addresses: {text}"
+    );
+    // Each address counted its own replies on the same port.
+    for gw in [IpAddr::from(GW), IpAddr::from(GW6)] {
+        let series = format!(
+            "berth_route_packets_total{{kind=\"TCPRoute\",namespace=\"team-a\",name=\"web\",\
+             address=\"{gw}\",port=\"{WEB_PORT}\",direction=\"reply\"}}"
+        );
+        poll(
+            &format!("replies counted on {gw}"),
+            Duration::from_secs(20),
+            || match sample(&metrics(&lab.topo.gateway), &series) {
+                Some(n) if n > 0 => Ok(()),
+                other => Err(format!("{series} is {other:?}")),
+            },
+        );
+    }
+    for (ns, backends) in [("team-a", 4), ("team-b", 2)] {
+        let row = lab.counters_row(ns);
+        assert_eq!(
+            row["port"],
+            if ns == "team-a" { WEB_PORT } else { DNS_PORT },
+            "{row}"
+        );
+        assert_eq!(
+            row["backends"], backends,
+            "{ns}'s endpoints of both families: {row}"
+        );
+    }
+    nothing_lost(&lab);
 }
