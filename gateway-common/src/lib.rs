@@ -70,9 +70,11 @@ pub mod map_names {
     pub const BACKENDS6: &str = "berth_backends6";
     /// Backend id → the node's IPv6 address toward that backend (zero: none known).
     pub const SNAT_SOURCES6: &str = "berth_snat_src6";
+    /// `FragKey6` → `FragPorts`: ports of fragmented IPv6 datagrams.
+    pub const FRAGMENTS6: &str = "berth_frags6";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 24] = [
+    pub const ALL: [&str; 25] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -97,6 +99,7 @@ pub mod map_names {
         REPLY_INDEX6,
         BACKENDS6,
         SNAT_SOURCES6,
+        FRAGMENTS6,
     ];
 }
 
@@ -495,6 +498,22 @@ pub struct FragKey {
     pub pad: u8,
 }
 
+/// Key of the IPv6 fragment map: identifies one fragmented IPv6 datagram.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FragKey6 {
+    /// Source address, network order.
+    pub src: [u32; 4],
+    /// Destination address, network order.
+    pub dst: [u32; 4],
+    /// The fragment header's identification, network order.
+    pub id: u32,
+    /// The upper-layer protocol (the fragment header's next header).
+    pub proto: u8,
+    /// Always zero.
+    pub pad: [u8; 3],
+}
+
 /// Value of the fragment map: the L4 ports of the datagram, as its first fragment had them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -685,6 +704,7 @@ const _: () = {
     assert!(core::mem::size_of::<ServiceKey<[u32; 4]>>() == 20);
     assert!(core::mem::size_of::<ReplyIndex<[u32; 4]>>() == 84);
     assert!(core::mem::size_of::<NextHop>() == 24);
+    assert!(core::mem::size_of::<FragKey6>() == 40);
     assert!(core::mem::size_of::<Flow>() == 56);
     assert!(core::mem::size_of::<ReplyIndex>() == 36);
     assert!(core::mem::size_of::<FragKey>() == 12);
@@ -720,6 +740,7 @@ mod pod {
         Backend,
         NextHop,
         FragKey,
+        FragKey6,
         FragPorts,
         ServiceStats,
         FloodWindow

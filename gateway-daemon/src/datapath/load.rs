@@ -37,7 +37,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 24] {
+    fn shapes(&self) -> [Shape; 25] {
         use std::mem::size_of;
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
@@ -143,6 +143,12 @@ impl Limits {
             ),
             shape(map_names::BACKENDS6, 4, 16, self.backends),
             shape(map_names::SNAT_SOURCES6, 4, 16, self.backends),
+            shape(
+                map_names::FRAGMENTS6,
+                size_of::<gateway_common::FragKey6>(),
+                size_of::<FragPorts>(),
+                self.fragments,
+            ),
         ]
     }
 }
