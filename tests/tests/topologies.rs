@@ -573,9 +573,28 @@ fn a_gateway_address_in_the_clients_subnet_is_found_by_arp_and_closed_ports_refu
     // connected route: it must ask ARP for the gateway address, which only the
     // gateway host's own copy of it (on berth0) can answer.
     let gw = Ipv4Addr::new(10, 251, 1, 100);
-    let topo = Topology::new(3);
-    topo.client.ip(&["route", "del", "default"]);
     let dirs = manifests(&[("10.251.0.100", "10.251.1.100")]);
+    found_on_the_clients_link_and_closed_ports_refuse(gw.into(), dirs);
+}
+
+#[test]
+fn an_ipv6_gateway_address_in_the_clients_subnet_is_found_by_neighbour_discovery() {
+    // The same over IPv6: the client has only its connected route to fd00:251:1::/64
+    // and must ask neighbour discovery for fd00:251:1::100.
+    let gw = mirror6(Ipv4Addr::new(10, 251, 1, 100));
+    let rewrites: Vec<(String, String)> = std::iter::once((GW.to_string(), gw.to_string()))
+        .chain(ipv6_rewrites())
+        .collect();
+    found_on_the_clients_link_and_closed_ports_refuse(gw.into(), manifests(&rewrites));
+}
+
+/// The gateway address `gw` of `dirs` is in the client's subnet and the client has no
+/// default route of its family: the client finds it as a neighbour (the gateway host
+/// answers for its copy on berth0), a port no route holds refuses, and the checks pass.
+fn found_on_the_clients_link_and_closed_ports_refuse(gw: IpAddr, dirs: Dirs) {
+    let topo = Topology::new(3);
+    let family = if gw.is_ipv4() { "-4" } else { "-6" };
+    topo.client.ip(&[family, "route", "del", "default"]);
     let mut lab = lab_on(topo, dirs, gw);
     http_answers(&lab);
     let neigh = lab
@@ -584,14 +603,14 @@ fn a_gateway_address_in_the_clients_subnet_is_found_by_arp_and_closed_ports_refu
         .ip(&["neigh", "show", &gw.to_string(), "dev", "eth0"]);
     assert!(
         String::from_utf8_lossy(&neigh.stdout).contains("lladdr"),
-        "the client learned the gateway address by ARP: {}",
+        "the client learned the gateway address {gw} as a neighbour: {}",
         String::from_utf8_lossy(&neigh.stdout)
     );
-    let closed = SocketAddrV4::new(gw, 31999);
+    let closed = SocketAddr::new(gw, 31999);
     let err = lab
         .topo
         .client
-        .enter(|| TcpStream::connect_timeout(&closed.into(), TIMEOUT))
+        .enter(|| TcpStream::connect_timeout(&closed, TIMEOUT))
         .expect_err("no route holds port 31999: the connect must fail");
     assert_eq!(
         err.kind(),
