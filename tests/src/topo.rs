@@ -184,9 +184,40 @@ fn add_addr(ns: &Netns, dev: &str, addr: &str) {
     }
 }
 
-/// `v4/len` and its IPv6 mirror `mirror6(v4)/64`, as CIDR strings for `veth`.
-pub fn dual_stack(v4: Ipv4Addr, len: u8) -> [String; 2] {
-    [format!("{v4}/{len}"), format!("{}/64", mirror6(v4))]
+/// A veth pair between two (namespace, interface, IPv4 address) ends, as `veth`, each
+/// end with its address in a /24 and its IPv6 mirror in the /64 beside it.
+pub fn dual_veth(a: (&Netns, &str, Ipv4Addr), b: (&Netns, &str, Ipv4Addr), how: Veth) {
+    let cidrs = |v4: Ipv4Addr| [format!("{v4}/24"), format!("{}/64", mirror6(v4))];
+    let (a_cidrs, b_cidrs) = (cidrs(a.2), cidrs(b.2));
+    veth(
+        a.0,
+        a.1,
+        &a_cidrs.each_ref().map(String::as_str),
+        b.0,
+        b.1,
+        &b_cidrs.each_ref().map(String::as_str),
+        how,
+    );
+}
+
+/// Routes of both families in `ns` to the /24 of `subnet` and its IPv6 mirror's /64,
+/// via `hop` and its mirror.
+pub fn routes_via(ns: &Netns, subnet: Ipv4Addr, hop: Ipv4Addr) {
+    ns.ip(&[
+        "route",
+        "add",
+        &format!("{subnet}/24"),
+        "via",
+        &hop.to_string(),
+    ]);
+    ns.ip(&[
+        "-6",
+        "route",
+        "add",
+        &format!("{}/64", mirror6(subnet)),
+        "via",
+        &mirror6(hop).to_string(),
+    ]);
 }
 
 /// Default routes of both families in `ns`: via `hop` and via its IPv6 mirror.
@@ -230,15 +261,7 @@ impl Topology {
         let client = Netns::new("cl");
         let gateway = Netns::new("gw");
         let hop = Ipv4Addr::new(10, 251, 1, 1);
-        veth(
-            &gateway,
-            "c0",
-            &dual_stack(hop, 24).each_ref().map(String::as_str),
-            &client,
-            "eth0",
-            &dual_stack(CLIENT, 24).each_ref().map(String::as_str),
-            how,
-        );
+        dual_veth((&gateway, "c0", hop), (&client, "eth0", CLIENT), how);
         default_routes(&client, hop);
         let mut backends = Vec::new();
         let mut gateway_ifaces = vec!["c0".to_string()];
@@ -246,17 +269,7 @@ impl Topology {
             let b = Netns::new("be");
             let gw_if = format!("b{i}");
             let hop = Ipv4Addr::new(10, 251, 10 + i as u8, 1);
-            veth(
-                &gateway,
-                &gw_if,
-                &dual_stack(hop, 24).each_ref().map(String::as_str),
-                &b,
-                "eth0",
-                &dual_stack(backend_addr(i), 24)
-                    .each_ref()
-                    .map(String::as_str),
-                how,
-            );
+            dual_veth((&gateway, &gw_if, hop), (&b, "eth0", backend_addr(i)), how);
             default_routes(&b, hop);
             gateway_ifaces.push(gw_if);
             backends.push(b);

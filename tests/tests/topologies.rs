@@ -8,7 +8,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
     os::fd::AsRawFd,
     path::PathBuf,
     sync::atomic::{AtomicBool, AtomicU64, Ordering},
@@ -20,9 +20,9 @@ use berth_tests::{
     daemon::{berth_binary, metrics, sample, uninstall, Daemon, Dirs},
     netns::{poll, unique, wait_until, Netns},
     topo::{
-        backend_addr, backend_addr6, bridge, enslave, http_get, http_request, marker, marker6,
-        mirror6, tcp_peers, veth, Flow, Servers, Topology, Veth, BIG_FILE, GW, GW6, HTTP_PORT,
-        WHOAMI,
+        backend_addr, backend_addr6, bridge, default_routes, dual_veth, enslave, forward_both,
+        http_get, http_request, marker, marker6, mirror6, routes_via, tcp_peers, veth, Flow,
+        Servers, Topology, Veth, BIG_FILE, CLIENT, GW, GW6, HTTP_PORT, WHOAMI,
     },
 };
 
@@ -505,65 +505,48 @@ fn routed(mtu: u32) -> Topology {
     let client = Netns::new("cl");
     let gateway = Netns::new("gw");
     let router = Netns::new("rt");
-    veth(
-        &gateway,
-        "c0",
-        &["10.251.1.1/24"],
-        &client,
-        "eth0",
-        &["10.251.1.2/24"],
+    let addr = |c: u8, d: u8| Ipv4Addr::new(10, 251, c, d);
+    dual_veth(
+        (&gateway, "c0", addr(1, 1)),
+        (&client, "eth0", CLIENT),
         Veth::HOST_B,
     );
-    client.ip(&["route", "add", "default", "via", "10.251.1.1"]);
-    veth(
-        &gateway,
-        "r0",
-        &["10.251.2.1/24"],
-        &router,
-        "eth0",
-        &["10.251.2.2/24"],
+    default_routes(&client, addr(1, 1));
+    dual_veth(
+        (&gateway, "r0", addr(2, 1)),
+        (&router, "eth0", addr(2, 2)),
         Veth::default().mtu(mtu),
     );
-    router.ip(&["route", "add", "default", "via", "10.251.2.1"]);
+    default_routes(&router, addr(2, 1));
     let mut backends = Vec::new();
     for i in 1..=3 {
         let b = Netns::new("be");
-        let subnet = format!("10.251.{}", 10 + i);
-        veth(
-            &router,
-            &format!("b{i}"),
-            &[&format!("{subnet}.1/24")],
-            &b,
-            "eth0",
-            &[&format!("{}/24", backend_addr(i))],
+        let subnet = 10 + i as u8;
+        dual_veth(
+            (&router, &format!("b{i}"), addr(subnet, 1)),
+            (&b, "eth0", backend_addr(i)),
             Veth::HOST_B,
         );
-        b.ip(&["route", "add", "default", "via", &format!("{subnet}.1")]);
-        gateway.ip(&[
-            "route",
-            "add",
-            &format!("{subnet}.0/24"),
-            "via",
-            "10.251.2.2",
-        ]);
+        default_routes(&b, addr(subnet, 1));
+        routes_via(&gateway, addr(subnet, 0), addr(2, 2));
         backends.push(b);
     }
-    gateway.sysctl("net.ipv4.ip_forward", "1");
-    router.sysctl("net.ipv4.ip_forward", "1");
+    forward_both(&gateway);
+    forward_both(&router);
     Topology {
         client,
         gateway,
         backends,
         gateway_ifaces: vec!["c0".into(), "r0".into()],
         backend_addrs: (1..=3).map(backend_addr).collect(),
-        backend_addrs6: Vec::new(),
+        backend_addrs6: (1..=3).map(backend_addr6).collect(),
         others: vec![router],
     }
 }
 
 #[test]
 fn backends_two_routed_hops_away_are_served() {
-    let mut lab = Lab::start(routed(1500), &["c0", "r0"], Dirs::with_examples(), GW);
+    let mut lab = lab_on(routed(1500), Dirs::with_examples(), GW);
     serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
 }
 
@@ -660,29 +643,45 @@ enum BigDatagram {
     PathMtu(u32),
 }
 
-/// Sends 1400-byte DNS queries with DF from a socket connected to `server` until one
-/// is answered or the socket knows a path MTU of at most 1280.
-fn big_datagram_with_df(server: SocketAddrV4) -> BigDatagram {
-    let sock = UdpSocket::bind("0.0.0.0:0").expect("bind");
+/// Sends 1400-byte DNS queries with DF (IPv4) or without local fragmentation (IPv6)
+/// from a socket connected to `server` until one is answered or the socket knows a
+/// path MTU of at most 1280.
+fn big_datagram_with_df(server: SocketAddr) -> BigDatagram {
+    let (bind, level, discover, discover_do, mtu_opt) = match server {
+        SocketAddr::V4(_) => (
+            "0.0.0.0:0",
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+            libc::IP_MTU,
+        ),
+        SocketAddr::V6(_) => (
+            "[::]:0",
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_DO,
+            libc::IPV6_MTU,
+        ),
+    };
+    let sock = UdpSocket::bind(bind).expect("bind");
     sock.connect(server).expect("connect");
     sock.set_read_timeout(Some(Duration::from_millis(50)))
         .expect("timeout");
     let fd = sock.as_raw_fd();
-    let set = libc::IP_PMTUDISC_DO;
     // SAFETY: a valid socket, an int option and its size.
     let rc = unsafe {
         libc::setsockopt(
             fd,
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
-            std::ptr::from_ref(&set).cast(),
-            std::mem::size_of_val(&set) as libc::socklen_t,
+            level,
+            discover,
+            std::ptr::from_ref(&discover_do).cast(),
+            std::mem::size_of_val(&discover_do) as libc::socklen_t,
         )
     };
     assert_eq!(
         rc,
         0,
-        "IP_MTU_DISCOVER: {}",
+        "path MTU discovery on: {}",
         std::io::Error::last_os_error()
     );
     let path_mtu = || {
@@ -692,13 +691,13 @@ fn big_datagram_with_df(server: SocketAddrV4) -> BigDatagram {
         let rc = unsafe {
             libc::getsockopt(
                 fd,
-                libc::IPPROTO_IP,
-                libc::IP_MTU,
+                level,
+                mtu_opt,
                 std::ptr::from_mut(&mut mtu).cast(),
                 &mut len,
             )
         };
-        assert_eq!(rc, 0, "IP_MTU: {}", std::io::Error::last_os_error());
+        assert_eq!(rc, 0, "path MTU: {}", std::io::Error::last_os_error());
         mtu as u32
     };
     let too_big = |e: &std::io::Error| e.raw_os_error() == Some(libc::EMSGSIZE);
@@ -731,7 +730,20 @@ fn big_datagram_with_df(server: SocketAddrV4) -> BigDatagram {
 
 #[test]
 fn a_1280_byte_mtu_link_before_the_backends_carries_big_transfers_and_path_mtu_discovery() {
-    let mut lab = Lab::start(routed(1280), &["c0", "r0"], Dirs::with_examples(), GW);
+    small_mtu_carries_big_transfers_and_path_mtu_discovery(Dirs::with_examples(), GW.into());
+}
+
+#[test]
+fn over_ipv6_a_1280_byte_mtu_link_carries_big_transfers_and_packet_too_big() {
+    small_mtu_carries_big_transfers_and_path_mtu_discovery(ipv6_manifests(), GW6.into());
+}
+
+/// Through `gw` of `dirs`, with a 1280-byte MTU link between the gateway and the
+/// backends' router: a 10 MB upload and download, and a 1400-byte datagram that cannot
+/// be fragmented on the way, all learn the path MTU from the gateway's or the router's
+/// ICMP (Packet Too Big over IPv6); then the usual checks.
+fn small_mtu_carries_big_transfers_and_path_mtu_discovery(dirs: Dirs, gw: IpAddr) {
+    let mut lab = lab_on(routed(1280), dirs, gw);
     let url = |path: &str| format!("http://{}{path}", lab.web());
 
     // Upload: the client's full-sized segments need the gateway's ICMP "fragmentation
@@ -770,7 +782,7 @@ fn a_1280_byte_mtu_link_before_the_backends_carries_big_transfers_and_path_mtu_d
 
     // UDP with DF: only the gateway's translated ICMP can tell the socket.
     forget_path_mtus(&lab.topo);
-    let dns = SocketAddrV4::new(GW, DNS_PORT);
+    let dns = lab.dns();
     let outcome = lab.topo.client.enter(|| big_datagram_with_df(dns));
     if let BigDatagram::PathMtu(m) = outcome {
         assert!(m <= 1280, "path MTU {m}");
@@ -798,7 +810,8 @@ fn a_1280_byte_mtu_link_before_the_backends_carries_big_transfers_and_path_mtu_d
 /// they learned.
 fn forget_path_mtus(topo: &Topology) {
     for ns in std::iter::once(&topo.client).chain(&topo.backends) {
-        ns.ip(&["route", "flush", "cache"]);
+        ns.ip(&["-4", "route", "flush", "cache"]);
+        ns.ip(&["-6", "route", "flush", "cache"]);
     }
 }
 
