@@ -58,9 +58,13 @@ pub mod map_names {
     /// so that IPv6 keeps being served while the daemon restarts (a program array
     /// forgets its programs when no file refers to it).
     pub const PROGRAMS: &str = "berth_progs";
+    /// Slot → program the TC egress program enters by tail call: slot 0 is its IPv6
+    /// half (a TC program cannot enter `PROGRAMS`, an array of XDP programs). Pinned,
+    /// as `PROGRAMS`.
+    pub const TC_PROGRAMS: &str = "berth_tc_progs";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 19] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -79,6 +83,7 @@ pub mod map_names {
         ADDR_FILTER,
         BACKEND_HOPS,
         PROGRAMS,
+        TC_PROGRAMS,
     ];
 }
 

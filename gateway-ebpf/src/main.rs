@@ -161,6 +161,13 @@ pub fn berth_tc(ctx: TcContext) -> i32 {
     TC_ACT_UNSPEC
 }
 
+/// The IPv6 half of `berth_tc`, entered by tail call (`maps::TC_PROGRAMS`).
+#[classifier]
+pub fn berth_tc_v6(ctx: TcContext) -> i32 {
+    let _ = tc::egress6(&ctx);
+    TC_ACT_UNSPEC
+}
+
 /// On `xdp:xdp_redirect_err`: counts a redirect of the gateway program that the kernel
 /// refused after the program returned (the frame is lost). With `berth_xmit` this
 /// should not happen; if it does, the operator sees `redirect_error` grow.
@@ -230,7 +237,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
             // An ICMP error about a flow is addressed to its client or backend, which
             // have no role: ICMP is not filtered by roles.
             // SAFETY: `eth` and `ip` come from `ptr_at`.
-            return Ok(unsafe { icmp::handle(ctx, eth, ip, l4_off, ETH_LEN + tot_len) });
+            return Ok(unsafe { icmp::handle::<u32>(ctx, eth, ip, l4_off, ETH_LEN + tot_len) });
         }
         _ => return PASS,
     };

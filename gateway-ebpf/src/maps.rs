@@ -282,3 +282,9 @@ pub static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// `berth_progs` slot of the IPv6 gateway program.
 pub const PROG_V6: u32 = 0;
+
+/// The TC program's tail-call slots, filled by the loader: slot `PROG_V6` is
+/// `berth_tc_v6`, which `berth_tc` enters for IPv6 frames (a TC program cannot enter
+/// the XDP programs' array).
+#[map(name = "berth_tc_progs")]
+pub static TC_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);

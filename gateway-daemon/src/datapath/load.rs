@@ -22,6 +22,7 @@ use gateway_common::{
 use super::{
     links, map_err, xdp, Config, Datapath, DatapathError, IdPool, Installed, Limits, Result,
     ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_PROGRAM,
+    TC_PROGRAM_V6,
 };
 use crate::sys;
 
@@ -37,7 +38,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 18] {
+    fn shapes(&self) -> [Shape; 19] {
         use std::mem::size_of;
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
@@ -54,6 +55,7 @@ impl Limits {
                 map_names::ADDR_FILTER,
                 map_names::BACKEND_HOPS,
                 map_names::PROGRAMS,
+                map_names::TC_PROGRAMS,
             ]
             .contains(&name),
         };
@@ -121,6 +123,7 @@ impl Limits {
                 self.backends,
             ),
             shape(map_names::PROGRAMS, 4, 4, 1),
+            shape(map_names::TC_PROGRAMS, 4, 4, 1),
         ]
     }
 }
@@ -236,6 +239,11 @@ impl Datapath {
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
         }
+        let tc_v6 = links::classifier(&mut ebpf, TC_PROGRAM_V6)?;
+        tc_v6.load().map_err(|source| DatapathError::Program {
+            name: TC_PROGRAM_V6,
+            source,
+        })?;
         enter_v6(&mut ebpf)?;
         let tc = links::tc_program(&mut ebpf)?;
         tc.load().map_err(|source| DatapathError::Program {
@@ -384,35 +392,43 @@ impl Datapath {
     }
 }
 
-/// Puts the IPv6 program in its tail-call slot (`map_names::PROGRAMS`), where the
-/// gateway program enters it for IPv6 frames (an empty slot passes them, counted
-/// `ipv6_no_program`). A pinned array's slot is overwritten: from now on this build's
-/// program runs.
+/// Puts the IPv6 programs in their tail-call slots (`map_names::PROGRAMS` for the XDP
+/// program, `map_names::TC_PROGRAMS` for the TC one), where the IPv4 programs enter
+/// them for IPv6 frames (an empty slot passes them, counted `ipv6_no_program`). A
+/// pinned array's slot is overwritten: from now on this build's programs run.
 fn enter_v6(ebpf: &mut Ebpf) -> Result<()> {
-    let fd = xdp(ebpf, PROGRAM_V6)?
+    let xdp_fd = xdp(ebpf, PROGRAM_V6)?
         .fd()
-        .map_err(|source| DatapathError::Program {
-            name: PROGRAM_V6,
-            source,
-        })?
+        .map_err(program_err(PROGRAM_V6))?;
+    let xdp_fd = xdp_fd
         .try_clone()
-        .map_err(|e| DatapathError::Program {
-            name: PROGRAM_V6,
-            source: ProgramError::IOError(e),
-        })?;
-    let map = ebpf
-        .map_mut(map_names::PROGRAMS)
-        .ok_or(DatapathError::Map {
-            name: map_names::PROGRAMS,
+        .map_err(|e| program_err(PROGRAM_V6)(ProgramError::IOError(e)))?;
+    let tc_fd = links::classifier(ebpf, TC_PROGRAM_V6)?
+        .fd()
+        .map_err(program_err(TC_PROGRAM_V6))?;
+    let tc_fd = tc_fd
+        .try_clone()
+        .map_err(|e| program_err(TC_PROGRAM_V6)(ProgramError::IOError(e)))?;
+    for (name, fd) in [
+        (map_names::PROGRAMS, &xdp_fd),
+        (map_names::TC_PROGRAMS, &tc_fd),
+    ] {
+        let map = ebpf.map_mut(name).ok_or(DatapathError::Map {
+            name,
             source: MapError::InvalidName {
-                name: map_names::PROGRAMS.to_string(),
+                name: name.to_string(),
             },
         })?;
-    let mut programs: aya::maps::ProgramArray<&mut MapData> =
-        aya::maps::ProgramArray::try_from(map).map_err(map_err(map_names::PROGRAMS))?;
-    programs
-        .set(0, &fd, 0)
-        .map_err(map_err(map_names::PROGRAMS))
+        let mut programs: aya::maps::ProgramArray<&mut MapData> =
+            aya::maps::ProgramArray::try_from(map).map_err(map_err(name))?;
+        programs.set(0, fd, 0).map_err(map_err(name))?;
+    }
+    Ok(())
+}
+
+/// A program error of program `name`.
+fn program_err(name: &'static str) -> impl Fn(ProgramError) -> DatapathError {
+    move |source| DatapathError::Program { name, source }
 }
 
 /// Ports of the services in the maps pinned in `pin_dir` (none if nothing is pinned).
