@@ -54,9 +54,9 @@ pub mod map_names {
     pub const ADDR_FILTER: &str = "berth_addr_filter";
     /// Backend id → `NextHop` toward that backend (the forward packets of all its flows).
     pub const BACKEND_HOPS: &str = "berth_backend_hops";
-    /// Slot → program entered by tail call: slot 0 is the IPv6 gateway program. Pinned,
-    /// so that IPv6 keeps being served while the daemon restarts (a program array
-    /// forgets its programs when no file refers to it).
+    /// Slot → program entered by tail call: slot 0 is the IPv6 gateway program, slot 1
+    /// its ICMPv6 part. Pinned, so that IPv6 keeps being served while the daemon
+    /// restarts (a program array forgets its programs when no file refers to it).
     pub const PROGRAMS: &str = "berth_progs";
     /// Slot → program the TC egress program enters by tail call: slot 0 is its IPv6
     /// half (a TC program cannot enter `PROGRAMS`, an array of XDP programs). Pinned,

@@ -141,6 +141,14 @@ pub fn berth_v6(ctx: XdpContext) -> u32 {
     verdict(ipv6::try_berth(&ctx))
 }
 
+/// The ICMPv6 part of the gateway program, entered by tail call from `berth_v6`
+/// (`maps::PROG_ICMP6`): ICMPv6 errors about a flow are translated (`icmp.rs`).
+#[xdp]
+#[inline(always)]
+pub fn berth_icmp6(ctx: XdpContext) -> u32 {
+    verdict(ipv6::try_icmp(&ctx))
+}
+
 /// An XDP verdict: a dropped packet's reason is counted.
 #[inline(always)]
 fn verdict(result: Result<u32, Counter>) -> u32 {

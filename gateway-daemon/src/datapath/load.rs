@@ -21,8 +21,8 @@ use gateway_common::{
 
 use super::{
     links, map_err, xdp, Config, Datapath, DatapathError, IdPool, Installed, Limits, Result,
-    ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_PROGRAM,
-    TC_PROGRAM_V6,
+    ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM,
+    TC_PROGRAM, TC_PROGRAM_V6,
 };
 use crate::sys;
 
@@ -122,7 +122,7 @@ impl Limits {
                 size_of::<gateway_common::NextHop>(),
                 self.backends,
             ),
-            shape(map_names::PROGRAMS, 4, 4, 1),
+            shape(map_names::PROGRAMS, 4, 4, 2),
             shape(map_names::TC_PROGRAMS, 4, 4, 1),
         ]
     }
@@ -234,7 +234,7 @@ impl Datapath {
             loader.map_pin_path(shape.name, path.as_path());
         }
         let mut ebpf = loader.load(OBJECT).map_err(DatapathError::Load)?;
-        for name in [PROGRAM, PROGRAM_V6, FLOOR_PROGRAM] {
+        for name in [PROGRAM, PROGRAM_V6, PROGRAM_ICMP6, FLOOR_PROGRAM] {
             xdp(&mut ebpf, name)?
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
@@ -392,26 +392,23 @@ impl Datapath {
     }
 }
 
-/// Puts the IPv6 programs in their tail-call slots (`map_names::PROGRAMS` for the XDP
-/// program, `map_names::TC_PROGRAMS` for the TC one), where the IPv4 programs enter
-/// them for IPv6 frames (an empty slot passes them, counted `ipv6_no_program`). A
-/// pinned array's slot is overwritten: from now on this build's programs run.
+/// Puts the IPv6 programs in their tail-call slots: `berth_v6` (slot 0) and
+/// `berth_icmp6` (slot 1) of `map_names::PROGRAMS`, the TC program's IPv6 half in slot 0
+/// of `map_names::TC_PROGRAMS`; the IPv4 programs enter them for IPv6 frames (an empty
+/// slot passes them, counted `ipv6_no_program`). A pinned array's slots are
+/// overwritten: from now on this build's programs run.
 fn enter_v6(ebpf: &mut Ebpf) -> Result<()> {
-    let xdp_fd = xdp(ebpf, PROGRAM_V6)?
-        .fd()
-        .map_err(program_err(PROGRAM_V6))?;
-    let xdp_fd = xdp_fd
-        .try_clone()
-        .map_err(|e| program_err(PROGRAM_V6)(ProgramError::IOError(e)))?;
-    let tc_fd = links::classifier(ebpf, TC_PROGRAM_V6)?
-        .fd()
-        .map_err(program_err(TC_PROGRAM_V6))?;
-    let tc_fd = tc_fd
-        .try_clone()
-        .map_err(|e| program_err(TC_PROGRAM_V6)(ProgramError::IOError(e)))?;
-    for (name, fd) in [
-        (map_names::PROGRAMS, &xdp_fd),
-        (map_names::TC_PROGRAMS, &tc_fd),
+    let clone = |name, fd: std::result::Result<&aya::programs::ProgramFd, ProgramError>| {
+        fd.and_then(|fd| fd.try_clone().map_err(ProgramError::IOError))
+            .map_err(program_err(name))
+    };
+    let v6 = clone(PROGRAM_V6, xdp(ebpf, PROGRAM_V6)?.fd())?;
+    let icmp6 = clone(PROGRAM_ICMP6, xdp(ebpf, PROGRAM_ICMP6)?.fd())?;
+    let tc_v6 = clone(TC_PROGRAM_V6, links::classifier(ebpf, TC_PROGRAM_V6)?.fd())?;
+    for (name, slot, fd) in [
+        (map_names::PROGRAMS, 0, &v6),
+        (map_names::PROGRAMS, 1, &icmp6),
+        (map_names::TC_PROGRAMS, 0, &tc_v6),
     ] {
         let map = ebpf.map_mut(name).ok_or(DatapathError::Map {
             name,
@@ -421,7 +418,7 @@ fn enter_v6(ebpf: &mut Ebpf) -> Result<()> {
         })?;
         let mut programs: aya::maps::ProgramArray<&mut MapData> =
             aya::maps::ProgramArray::try_from(map).map_err(map_err(name))?;
-        programs.set(0, fd, 0).map_err(map_err(name))?;
+        programs.set(slot, fd, 0).map_err(map_err(name))?;
     }
     Ok(())
 }
