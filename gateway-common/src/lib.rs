@@ -62,9 +62,23 @@ pub mod map_names {
     /// half (a TC program cannot enter `PROGRAMS`, an array of XDP programs). Pinned,
     /// as `PROGRAMS`.
     pub const TC_PROGRAMS: &str = "berth_tc_progs";
+    /// IPv6: `ServiceKey<[u32; 4]>` → `Service`.
+    pub const SERVICES6: &str = "berth_services6";
+    /// IPv6 gateway address → number of services on it.
+    pub const ADDRESSES6: &str = "berth_addrs6";
+    /// IPv6: `FlowKey<[u32; 4]>` → `Flow<[u32; 4]>`, shared across CPUs (LRU).
+    pub const CONNTRACK6: &str = "berth_ct6";
+    /// IPv6 backend endpoint → `ReplyIndex<[u32; 4]>`.
+    pub const REPLY_INDEX6: &str = "berth_reply_index6";
+    /// Backend id → the IPv6 address of an IPv6 backend (`Backend::addr` is 0 for it).
+    pub const BACKENDS6: &str = "berth_backends6";
+    /// Backend id → the node's IPv6 address toward that backend (zero: none known).
+    pub const SNAT_SOURCES6: &str = "berth_snat_src6";
+    /// `FragKey6` → `FragPorts`: ports of fragmented IPv6 datagrams.
+    pub const FRAGMENTS6: &str = "berth_frags6";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 19] = [
+    pub const ALL: [&str; 26] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -84,6 +98,13 @@ pub mod map_names {
         BACKEND_HOPS,
         PROGRAMS,
         TC_PROGRAMS,
+        SERVICES6,
+        ADDRESSES6,
+        CONNTRACK6,
+        REPLY_INDEX6,
+        BACKENDS6,
+        SNAT_SOURCES6,
+        FRAGMENTS6,
     ];
 }
 
@@ -317,7 +338,8 @@ pub const BACKEND_LIVE: u32 = 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Backend {
-    /// Backend IPv4 address, network order.
+    /// Backend IPv4 address, network order; 0 for an IPv6 backend, whose address is in
+    /// `map_names::BACKENDS6` under the same id.
     pub addr: u32,
     /// Backend port, network order.
     pub port: u16,
@@ -479,6 +501,22 @@ pub struct FragKey {
     pub proto: u8,
     /// Always zero.
     pub pad: u8,
+}
+
+/// Key of the IPv6 fragment map: identifies one fragmented IPv6 datagram.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FragKey6 {
+    /// Source address, network order.
+    pub src: [u32; 4],
+    /// Destination address, network order.
+    pub dst: [u32; 4],
+    /// The fragment header's identification, network order.
+    pub id: u32,
+    /// The upper-layer protocol (the fragment header's next header).
+    pub proto: u8,
+    /// Always zero.
+    pub pad: [u8; 3],
 }
 
 /// Value of the fragment map: the L4 ports of the datagram, as its first fragment had them.
@@ -671,6 +709,7 @@ const _: () = {
     assert!(core::mem::size_of::<ServiceKey<[u32; 4]>>() == 20);
     assert!(core::mem::size_of::<ReplyIndex<[u32; 4]>>() == 84);
     assert!(core::mem::size_of::<NextHop>() == 24);
+    assert!(core::mem::size_of::<FragKey6>() == 40);
     assert!(core::mem::size_of::<Flow>() == 56);
     assert!(core::mem::size_of::<ReplyIndex>() == 36);
     assert!(core::mem::size_of::<FragKey>() == 12);
@@ -706,6 +745,7 @@ mod pod {
         Backend,
         NextHop,
         FragKey,
+        FragKey6,
         FragPorts,
         ServiceStats,
         FloodWindow

@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::Ipv4Addr,
+    net::IpAddr,
     os::fd::AsRawFd,
     process::Command,
     sync::atomic::{AtomicUsize, Ordering},
@@ -193,17 +193,17 @@ fn a_dummy_interface_is_created_once_holds_32_addresses_loses_them_and_is_delete
         assert!(ns.is_up("berth0"), "not set up again");
         assert_eq!(index_of("berth0"), index);
 
-        let (a, b) = (Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 2));
+        let (a, b) = (IpAddr::from([192, 0, 2, 1]), IpAddr::from([192, 0, 2, 2]));
         for addr in [a, b, a] {
-            netlink::add_ipv4_address(index, addr).expect("add");
+            netlink::add_address(index, addr).expect("add");
         }
         let expected = BTreeSet::from([a, b]);
-        assert_eq!(netlink::ipv4_addresses(index).expect("addresses"), expected);
+        assert_eq!(netlink::addresses(index).expect("addresses"), expected);
 
-        netlink::remove_ipv4_address(index, a).expect("remove");
-        netlink::remove_ipv4_address(index, a).expect("remove again");
+        netlink::remove_address(index, a).expect("remove");
+        netlink::remove_address(index, a).expect("remove again");
         assert_eq!(
-            netlink::ipv4_addresses(index).expect("addresses"),
+            netlink::addresses(index).expect("addresses"),
             BTreeSet::from([b])
         );
 
@@ -220,23 +220,52 @@ fn addresses_are_added_once_listed_per_link_and_removed() {
     ns.ip(&["addr", "add", "198.51.100.7/24", "dev", "vb"]);
     ns.enter(|| {
         let va = index_of("va");
-        let (a, b) = (Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 2));
+        let (a, b) = (IpAddr::from([192, 0, 2, 1]), IpAddr::from([192, 0, 2, 2]));
         for addr in [a, b, a] {
-            netlink::add_ipv4_address(va, addr).expect("add");
+            netlink::add_address(va, addr).expect("add");
         }
         assert_eq!(
-            netlink::ipv4_addresses(va).expect("addresses"),
+            netlink::addresses(va).expect("addresses"),
             BTreeSet::from([a, b])
         );
         assert_eq!(
-            netlink::ipv4_addresses(index_of("vb")).expect("addresses"),
-            BTreeSet::from([Ipv4Addr::new(198, 51, 100, 7)])
+            netlink::addresses(index_of("vb")).expect("addresses"),
+            BTreeSet::from([IpAddr::from([198, 51, 100, 7])])
         );
 
-        netlink::remove_ipv4_address(va, a).expect("remove");
-        netlink::remove_ipv4_address(va, a).expect("remove again");
+        netlink::remove_address(va, a).expect("remove");
+        netlink::remove_address(va, a).expect("remove again");
         assert_eq!(
-            netlink::ipv4_addresses(va).expect("addresses"),
+            netlink::addresses(va).expect("addresses"),
+            BTreeSet::from([b])
+        );
+
+        // IPv6: a /128 without duplicate address detection; the link's own link-local
+        // address (fe80::/10) is never listed, so never removed.
+        ns.ip(&["link", "set", "va", "up"]);
+        let v6: IpAddr = "2001:db8::7".parse().expect("ip");
+        netlink::add_address(va, v6).expect("add IPv6");
+        netlink::add_address(va, v6).expect("add IPv6 again");
+        assert_eq!(
+            netlink::addresses(va).expect("addresses"),
+            BTreeSet::from([b, v6])
+        );
+        let shown = std::process::Command::new("ip")
+            .args(["-n", ns.name.as_str(), "-6", "addr", "show", "dev", "va"])
+            .output()
+            .expect("ip addr show");
+        let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+        let line = shown
+            .lines()
+            .find(|l| l.contains("2001:db8::7/128"))
+            .unwrap_or_else(|| panic!("no 2001:db8::7/128 in {shown}"));
+        assert!(
+            line.contains("nodad") && !line.contains("tentative"),
+            "no DAD: {line}"
+        );
+        netlink::remove_address(va, v6).expect("remove IPv6");
+        assert_eq!(
+            netlink::addresses(va).expect("addresses"),
             BTreeSet::from([b])
         );
     });
@@ -249,10 +278,10 @@ fn removing_a_32_leaves_the_same_address_with_another_prefix() {
     ns.ip(&["addr", "add", "192.0.2.1/24", "dev", "va"]);
     ns.enter(|| {
         let va = index_of("va");
-        let addr = Ipv4Addr::new(192, 0, 2, 1);
-        netlink::remove_ipv4_address(va, addr).expect("remove");
+        let addr = IpAddr::from([192, 0, 2, 1]);
+        netlink::remove_address(va, addr).expect("remove");
         assert_eq!(
-            netlink::ipv4_addresses(va).expect("addresses"),
+            netlink::addresses(va).expect("addresses"),
             BTreeSet::from([addr])
         );
     });
@@ -293,7 +322,7 @@ fn ensure_dummy_refuses_a_name_held_by_a_non_dummy_link_and_leaves_it_alone() {
         }
 
         assert_eq!(netlink::links().expect("links"), before);
-        netlink::add_ipv4_address(va, Ipv4Addr::new(192, 0, 2, 9)).expect("va still works");
+        netlink::add_address(va, IpAddr::from([192, 0, 2, 9])).expect("va still works");
     });
 }
 

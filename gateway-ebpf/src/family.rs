@@ -10,14 +10,17 @@ use aya_ebpf::{
     bindings::bpf_fib_lookup,
     maps::{HashMap, LruHashMap},
 };
-use gateway_common::{proto, Addr, Backend, Flow, FlowKey, ReplyIndex, Service, ServiceKey};
+use gateway_common::{
+    proto, Addr, Backend, Flow, FlowKey, FragKey, FragKey6, FragPorts, ReplyIndex, Service,
+    ServiceKey,
+};
 
 use crate::{
     csum::{replace2, replace4},
     maps::{
-        Addr6, Pending, ADDRESSES, ADDRESSES6, BACKENDS6, CONNTRACK, CONNTRACK6, PENDING, PENDING6,
-        REPLY_INDEX, REPLY_INDEX6, SCRATCH, SCRATCH6, SERVICES, SERVICES6, SNAT_SOURCES,
-        SNAT_SOURCES6,
+        Addr6, Pending, ADDRESSES, ADDRESSES6, BACKENDS6, CONNTRACK, CONNTRACK6, FRAGMENTS,
+        FRAGMENTS6, PENDING, PENDING6, REPLY_INDEX, REPLY_INDEX6, SCRATCH, SCRATCH6, SERVICES,
+        SERVICES6, SNAT_SOURCES, SNAT_SOURCES6,
     },
     nat::Side,
     packet::{Ipv4, Ipv6, IPV6_LEN},
@@ -45,6 +48,11 @@ pub trait Family: Addr + 'static {
     fn backend_addr(id: u32, backend: &Backend) -> Self;
     /// The node's address toward backend `id` (SNAT mode), if one is known.
     fn snat_source(id: u32) -> Option<Self>;
+    /// The ports the first fragment of datagram `id` (network order; IPv4's 16-bit id
+    /// zero-extended) from `src` to `dst` of protocol `proto` showed, if it was seen.
+    fn fragment_ports(src: Self, dst: Self, id: u32, proto: u8) -> Option<FragPorts>;
+    /// Remembers the ports of a first fragment (see `fragment_ports`).
+    fn remember_fragment(src: Self, dst: Self, id: u32, proto: u8, ports: FragPorts);
 
     /// The header's source and destination.
     ///
@@ -174,6 +182,17 @@ impl Family for u32 {
             Some(&addr) if addr != 0 => Some(addr),
             _ => None,
         }
+    }
+
+    #[inline(always)]
+    fn fragment_ports(src: u32, dst: u32, id: u32, proto: u8) -> Option<FragPorts> {
+        // SAFETY: the value is copied out at once, before the map can change it.
+        unsafe { FRAGMENTS.get(frag_key4(src, dst, id, proto)) }.copied()
+    }
+
+    #[inline(always)]
+    fn remember_fragment(src: u32, dst: u32, id: u32, proto: u8, ports: FragPorts) {
+        let _ = FRAGMENTS.insert(frag_key4(src, dst, id, proto), ports, 0);
     }
 
     #[inline(always)]
@@ -310,6 +329,17 @@ impl Family for Addr6 {
     }
 
     #[inline(always)]
+    fn fragment_ports(src: Addr6, dst: Addr6, id: u32, proto: u8) -> Option<FragPorts> {
+        // SAFETY: the value is copied out at once, before the map can change it.
+        unsafe { FRAGMENTS6.get(frag_key6(src, dst, id, proto)) }.copied()
+    }
+
+    #[inline(always)]
+    fn remember_fragment(src: Addr6, dst: Addr6, id: u32, proto: u8, ports: FragPorts) {
+        let _ = FRAGMENTS6.insert(frag_key6(src, dst, id, proto), ports, 0);
+    }
+
+    #[inline(always)]
     unsafe fn addrs(ip: *const Ipv6) -> (Addr6, Addr6) {
         ((*ip).src, (*ip).dst)
     }
@@ -390,5 +420,29 @@ impl Family for Addr6 {
         params.__bindgen_anon_2.flowinfo = (*ip).vtc_flow & 0xffff_ff0fu32;
         params.__bindgen_anon_3.ipv6_src = (*ip).src;
         params.__bindgen_anon_4.ipv6_dst = (*ip).dst;
+    }
+}
+
+/// The IPv4 fragment map's key (`id`: the header's 16-bit id, network order, widened).
+#[inline(always)]
+fn frag_key4(src: u32, dst: u32, id: u32, proto: u8) -> FragKey {
+    FragKey {
+        src,
+        dst,
+        id: id as u16,
+        proto,
+        pad: 0,
+    }
+}
+
+/// The IPv6 fragment map's key.
+#[inline(always)]
+fn frag_key6(src: Addr6, dst: Addr6, id: u32, proto: u8) -> FragKey6 {
+    FragKey6 {
+        src,
+        dst,
+        id,
+        proto,
+        pad: [0; 3],
     }
 }

@@ -6,8 +6,8 @@
 //! ICMPv6 goes on to `berth_icmp6` by tail call (`try_icmp`): errors (destination
 //! unreachable, packet too big, time exceeded) about a flow are translated by the code
 //! that translates ICMP errors (`icmp.rs`); neighbour discovery and echo pass
-//! untouched. Not yet translated (docs/ipv6.md): fragments to a gateway address are
-//! dropped (`drop_fragment`).
+//! untouched. Fragments follow their first fragment as IPv4's do (`frag.rs`,
+//! `berth_frags6`).
 
 use aya_ebpf::programs::XdpContext;
 use gateway_common::{
@@ -18,7 +18,7 @@ use gateway_common::{
 use crate::{
     conntrack::{lookup_or_balance, Found},
     family::Family,
-    icmp,
+    frag, icmp,
     maps::{count, is_gateway_address, Addr6, Roles, OPAQUE, PROGRAMS, PROG_ICMP6},
     nat::L4,
     packet::{ptr_at, Eth, ExtHdr, FragHdr, Ipv6, ETH_LEN, IPV6_LEN},
@@ -70,7 +70,8 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
 
     let mut next = first;
     let mut off = ETH_LEN + IPV6_LEN;
-    let mut fragment = false;
+    // The fragment header's offset-and-flags word (host order) and identification.
+    let (mut frag, mut frag_id) = (0u16, 0u32);
     for _ in 0..MAX_EXT_HEADERS {
         match next {
             ipv6_ext::HOP_BY_HOP | ipv6_ext::ROUTING | ipv6_ext::DEST_OPTS | ipv6_ext::AUTH => {
@@ -93,20 +94,23 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
                     return malformed(dst);
                 };
                 // SAFETY: `f` comes from `ptr_at`.
-                let (n, frag) = unsafe { ((*f).next_hdr, u16::from_be((*f).frag)) };
+                let (n, word, id) = unsafe { ((*f).next_hdr, u16::from_be((*f).frag), (*f).id) };
                 next = n;
                 off = (off + core::mem::size_of::<FragHdr>()) & OFF_MASK;
-                // An atomic fragment (offset 0, no more fragments) is a whole packet.
-                fragment = frag & 0xfff9 != 0;
+                frag = word;
+                frag_id = id;
             }
             _ => break,
         }
     }
-    // Every chain of extension headers ends here with other bounds on `off`; the
-    // verifier would check the rest of the program once per chain (past its limit).
-    // Through a map slot the offset is only known to be below `OFF_MASK`, the same for
-    // every chain, so the rest is checked once.
-    let off = opaque(off) & OFF_MASK;
+    // Every chain of extension headers ends here with other bounds on `off` (and with
+    // or without a fragment header); the verifier would check the rest of the program
+    // once per chain (past its limit). Through a map slot the values are only known by
+    // their width, the same for every chain, so the rest is checked once.
+    let packed = opaque((off as u64) | (u64::from(frag) << 16) | (u64::from(frag_id) << 32));
+    let off = (packed as usize) & OFF_MASK;
+    let frag = (packed >> 16) as u16;
+    let frag_id = (packed >> 32) as u32;
     let udp = match next {
         proto::TCP => false,
         proto::UDP => true,
@@ -120,21 +124,35 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     if off > end {
         return malformed(dst);
     }
-    if fragment {
-        return if is_gateway_address(dst) {
-            Err(Counter::DropFragment)
-        } else {
-            PASS
-        };
-    }
-    let Some(l4) = L4::at(ctx, off, end, udp) else {
-        return malformed(dst);
+    // Offset (8-byte units) in the high 13 bits, more-fragments in the lowest: an
+    // atomic fragment (offset 0, no more) is a whole packet. A later fragment carries
+    // no transport header: it follows the flow its first fragment took, whose ports
+    // were remembered (one path for both, so `translate` is inlined once).
+    let later = frag & 0xfff8 != 0;
+    let first_fragment = !later && frag & 1 != 0;
+    let l4 = if later {
+        None
+    } else {
+        match L4::at(ctx, off, end, udp) {
+            Some(l4) => Some(l4),
+            None => return malformed(dst),
+        }
     };
-    let (sport, dport, check, syn) = l4.fields();
-    // A zero UDP checksum is invalid in IPv6 (RFC 8200 8.1): never forwarded.
-    if udp && check == 0 {
-        return malformed(dst);
-    }
+    let (sport, dport, syn) = match &l4 {
+        Some(l4) => {
+            let (sport, dport, check, syn) = l4.fields();
+            // A zero UDP checksum is invalid in IPv6 (RFC 8200 8.1): never forwarded.
+            if udp && check == 0 {
+                return malformed(dst);
+            }
+            (sport, dport, syn)
+        }
+        None => match Addr6::fragment_ports(src, dst, frag_id, next) {
+            Some(p) => (p.sport, p.dport, false),
+            None if is_gateway_address(dst) => return Err(Counter::DropFragment),
+            None => return PASS,
+        },
+    };
     let t = FlowKey {
         src,
         dst,
@@ -148,12 +166,21 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     };
     let found = lookup_or_balance(&t, roles, syn, new)?;
     if found.found == Found::Miss {
+        if first_fragment && is_gateway_address(dst) {
+            frag::remember(&t, frag_id);
+        }
         return PASS;
+    }
+    if first_fragment {
+        frag::remember(&t, frag_id);
+    }
+    if later {
+        count(Counter::FragmentTranslated);
     }
     let pkt: Packet<Addr6> = Packet {
         eth,
         ip,
-        l4: Some(&l4),
+        l4: l4.as_ref(),
         len: end - ETH_LEN,
     };
     // SAFETY: every pointer in `pkt` comes from `ptr_at`; `found` is this run's.
@@ -188,14 +215,14 @@ fn end(ctx: &XdpContext, vtc: u32, payload_len: usize) -> Option<usize> {
 /// `value`, stored to and loaded from this CPU's scratch word: the verifier forgets
 /// what it knew of it.
 #[inline(always)]
-fn opaque(value: usize) -> usize {
+fn opaque(value: u64) -> u64 {
     let Some(slot) = OPAQUE.get_ptr_mut(0) else {
         return value;
     };
     // SAFETY: per-CPU slot, used only by this CPU while the program runs.
     unsafe {
-        core::ptr::write_volatile(slot, value as u64);
-        core::ptr::read_volatile(slot) as usize
+        core::ptr::write_volatile(slot, value);
+        core::ptr::read_volatile(slot)
     }
 }
 

@@ -254,9 +254,11 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         return PASS;
     }
 
+    // SAFETY: `ip` comes from `ptr_at`.
+    let id = u32::from(unsafe { (*ip).id });
     if frag & IP_OFFSET != 0 {
         // A later fragment carries no ports: follow the flow its first fragment took.
-        return frag::later(ctx, eth, ip, roles, ip_proto, tot_len);
+        return frag::later::<u32>(ctx, eth, ip, roles, id, ip_proto, tot_len);
     }
 
     let Some(l4) = L4::at(ctx, l4_off, ETH_LEN + tot_len, udp) else {
@@ -279,12 +281,12 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let found = lookup_or_balance(&t, roles, syn, new)?;
     if found.found == Found::Miss {
         if first_fragment && is_gateway_address(dst) {
-            frag::remember(ip, &t);
+            frag::remember(&t, id);
         }
         return PASS;
     }
     if first_fragment {
-        frag::remember(ip, &t);
+        frag::remember(&t, id);
     }
     let pkt = Packet {
         eth,

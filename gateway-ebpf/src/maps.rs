@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use gateway_common::{
-    config, Addr, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragPorts, MaglevTable,
-    NextHop, ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats, ADDR_BACKEND,
+    config, Addr, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragKey6, FragPorts,
+    MaglevTable, NextHop, ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats, ADDR_BACKEND,
     ADDR_FILTER_SLOTS, ADDR_GATEWAY, SNAT_PORT_SLOTS, XMIT_SLOTS,
 };
 
@@ -249,9 +249,8 @@ pub static SERVICES6: HashMap<ServiceKey<Addr6>, Service> =
 #[map(name = "berth_addrs6")]
 pub static ADDRESSES6: HashMap<Addr6, u32> = HashMap::with_max_entries(256, 0);
 
-/// IPv6 conntrack: 5-tuple → translation. Written by the XDP program (new flows).
-/// (The IPv6 maps are not pinned or sized by the daemon yet: it installs no IPv6
-/// service so far, docs/ipv6.md; they are small until then.)
+/// IPv6 conntrack: 5-tuple → translation. Written by the XDP program (new flows);
+/// sized by the daemon as the IPv4 one (`--conntrack-size`).
 #[map(name = "berth_ct6")]
 pub static CONNTRACK6: LruHashMap<FlowKey<Addr6>, Flow<Addr6>> =
     LruHashMap::with_max_entries(1024, 0);
@@ -270,6 +269,10 @@ pub static BACKENDS6: Array<Addr6> = Array::with_max_entries(16384, 0);
 /// Written by the daemon.
 #[map(name = "berth_snat_src6")]
 pub static SNAT_SOURCES6: Array<Addr6> = Array::with_max_entries(16384, 0);
+
+/// Fragmented IPv6 datagrams → their ports. Written by the programs.
+#[map(name = "berth_frags6")]
+pub static FRAGMENTS6: LruHashMap<FragKey6, FragPorts> = LruHashMap::with_max_entries(8192, 0);
 
 /// The IPv6 program's per-CPU flow slot (see `SCRATCH`).
 #[map(name = "berth_scratch6")]

@@ -77,43 +77,65 @@ fn applying_touches_only_what_changed() {
 }
 
 #[test]
-fn ipv6_services_are_held_back_and_named_and_the_ipv4_ones_programmed() {
+fn ipv6_services_are_programmed_beside_ipv4_ones_and_adopted_after_a_restart() {
     use berth::datapath::held_back::{HeldBack, Why};
     let mut t = TestDatapath::load();
     let v6 = ServiceAddr {
         addr: "2001:db8::1".parse().expect("ip"),
         ..svc(1000)
     };
-    let v6_backends = vec![WeightedBackend {
-        endpoint: "[2001:db8:1::1]:53".parse().expect("endpoint"),
-        weight: 1,
-    }];
+    let v6_backends: Vec<WeightedBackend> = ["[2001:db8:1::1]:53", "[2001:db8:1::2]:53"]
+        .iter()
+        .zip([1, 2])
+        .map(|(e, weight)| WeightedBackend {
+            endpoint: e.parse().expect("endpoint"),
+            weight,
+        })
+        .collect();
     let dual = state().with_snat_service(v6, v6_backends);
     assert_eq!(
         t.dp.apply(&dual).expect("apply"),
         ApplyReport {
-            added: 3,
+            added: 4,
             ..Default::default()
-        },
-        "the IPv6 service is neither added nor an error"
+        }
     );
-    assert_eq!(
-        t.dp.installed(),
-        state(),
-        "only the IPv4 services are in the maps"
+    assert_eq!(t.dp.installed(), dual, "both families are in the maps");
+    assert!(t.dp.held_back().is_empty());
+    // A restart reads both families back (an IPv6 backend's address from
+    // berth_backends6) and finds nothing to change.
+    t.restart();
+    assert_eq!(t.dp.installed(), dual, "adopted after a restart");
+    assert_eq!(t.dp.apply(&dual).expect("apply").unchanged, 4);
+    // A service with a backend of the other family (the planner never plans one) is
+    // held back, named, and disturbs nothing else.
+    let mixed = svc(1005);
+    let with_mixed = dual.clone().with_service(
+        mixed,
+        vec![WeightedBackend {
+            endpoint: "[2001:db8:1::1]:53".parse().expect("endpoint"),
+            weight: 1,
+        }],
     );
+    assert_eq!(t.dp.apply(&with_mixed).expect("apply").unchanged, 4);
+    assert_eq!(t.dp.installed(), dual);
     assert_eq!(
         t.dp.held_back(),
         [HeldBack {
-            service: v6,
-            why: Why::Ipv6
+            service: mixed,
+            why: Why::MixedFamilies
         }]
     );
-    // The same state again changes nothing; without the IPv6 service nothing is held.
-    assert_eq!(t.dp.apply(&dual).expect("apply").unchanged, 3);
+    // Without the IPv6 service, its maps are emptied.
     t.dp.apply(&state()).expect("apply");
     assert!(t.dp.held_back().is_empty());
     assert_eq!(t.dp.installed(), state());
+    t.restart();
+    assert_eq!(
+        t.dp.installed(),
+        state(),
+        "nothing of IPv6 is left to adopt"
+    );
 }
 
 #[test]

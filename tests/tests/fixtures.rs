@@ -132,7 +132,7 @@ fn predict(
     let mut candidates: Vec<maglev::Candidate> = backends
         .iter()
         .map(|b| maglev::Candidate {
-            endpoint: v4(b.endpoint),
+            endpoint: b.endpoint,
             weight: b.weight,
         })
         .collect();
@@ -145,7 +145,7 @@ fn predict(
         dst.port().to_be(),
         proto,
     );
-    candidates[table[(h % MAGLEV_SIZE) as usize] as usize].endpoint
+    v4(candidates[table[(h % MAGLEV_SIZE) as usize] as usize].endpoint)
 }
 
 fn with_ip_header(mut frame: Vec<u8>, edit: impl FnOnce(&mut [u8])) -> Vec<u8> {

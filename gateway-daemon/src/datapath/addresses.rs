@@ -4,7 +4,7 @@
 //! the local stack's answer (TCP RST, ICMP port unreachable) instead of vanishing. Only
 //! the dummy interface is touched: addresses no longer programmed are removed from it.
 
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use super::{Datapath, DatapathError, Result};
 
@@ -31,18 +31,14 @@ impl Datapath {
         };
         // Created again if someone deleted it.
         let index = crate::netlink::ensure_dummy(&name).map_err(err)?;
-        let want: BTreeSet<Ipv4Addr> = self
-            .installed
-            .keys()
-            .map(|k| Ipv4Addr::from(u32::from_be(k.addr)))
-            .collect();
-        let have = crate::netlink::ipv4_addresses(index).map_err(err)?;
+        let want: BTreeSet<IpAddr> = self.installed.keys().map(|s| s.addr).collect();
+        let have = crate::netlink::addresses(index).map_err(err)?;
         for a in have.difference(&want) {
-            crate::netlink::remove_ipv4_address(index, *a).map_err(err)?;
+            crate::netlink::remove_address(index, *a).map_err(err)?;
             tracing::info!(iface = name, address = %a, "gateway address removed");
         }
         for a in want.difference(&have) {
-            crate::netlink::add_ipv4_address(index, *a).map_err(err)?;
+            crate::netlink::add_address(index, *a).map_err(err)?;
             tracing::info!(iface = name, address = %a, "gateway address added");
         }
         Ok(())

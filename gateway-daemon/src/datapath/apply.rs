@@ -2,9 +2,12 @@
 //! (a new Maglev table, switched to atomically) or removed, and the gateway addresses
 //! and reserved ports that follow from them.
 
-use std::{collections::BTreeMap, net::SocketAddrV4};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+};
 
-use aya::maps::{MapError, PerCpuValues};
+use aya::maps::{HashMap, MapData, MapError, PerCpuValues};
 use gateway_common::{
     map_names, Backend, MaglevTable, NextHop, Service, ServiceId, ServiceKey, ServiceStats,
     BACKEND_LIVE, MAGLEV_SIZE,
@@ -12,19 +15,61 @@ use gateway_common::{
 
 use super::{
     desired::BackendSet,
+    family::{Addr6, ByFamily, MapAddr},
     held_back, maglev, map_err, nr_cpus,
     roles::{Roles, ServiceView},
     ApplyReport, Datapath, DatapathError, DesiredState, Installed, Result, ServiceAddr,
     WeightedBackend,
 };
 
+/// The service map of one family.
+pub(super) type ServiceMap<A> = HashMap<MapData, ServiceKey<A>, Service>;
+
+/// The service maps of both families, keyed by `ServiceAddr`.
+impl ByFamily<ServiceMap<u32>, ServiceMap<Addr6>> {
+    fn insert(&mut self, s: &ServiceAddr, value: Service) -> Result<()> {
+        match (s.key::<u32>(), s.key::<Addr6>()) {
+            (Some(k), _) => self.v4.insert(k, value, 0),
+            (_, Some(k)) => self.v6.insert(k, value, 0),
+            (None, None) => Ok(()),
+        }
+        .map_err(map_err(services_map(s)))
+    }
+
+    fn remove(&mut self, s: &ServiceAddr) -> Result<()> {
+        let removed = match (s.key::<u32>(), s.key::<Addr6>()) {
+            (Some(k), _) => self.v4.remove(&k),
+            (_, Some(k)) => self.v6.remove(&k),
+            (None, None) => Ok(()),
+        };
+        match removed {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err(services_map(s))(e)),
+        }
+    }
+
+    fn get(&self, s: &ServiceAddr) -> Result<Service> {
+        match (s.key::<u32>(), s.key::<Addr6>()) {
+            (Some(k), _) => self.v4.get(&k, 0),
+            (_, Some(k)) => self.v6.get(&k, 0),
+            (None, None) => Err(MapError::KeyNotFound),
+        }
+        .map_err(map_err(services_map(s)))
+    }
+}
+
+/// The name of the service map `s` is in.
+fn services_map(s: &ServiceAddr) -> &'static str {
+    match s.addr {
+        IpAddr::V4(_) => map_names::SERVICES,
+        IpAddr::V6(_) => map_names::SERVICES6,
+    }
+}
+
 impl Datapath {
     /// Ports of the installed services.
     pub(super) fn installed_ports(&self) -> std::collections::BTreeSet<u16> {
-        self.installed
-            .keys()
-            .map(|k| u16::from_be(k.port))
-            .collect()
+        self.installed.keys().map(|s| s.port).collect()
     }
 
     /// Reserves the installed services' ports from the host's ephemeral ports (and
@@ -49,23 +94,20 @@ impl Datapath {
         let services = self
             .installed
             .iter()
-            .filter_map(|(key, svc)| {
+            .map(|(service, svc)| {
                 let backends = svc
                     .backends
                     .iter()
-                    .map(|(&endpoint, &(_, weight))| WeightedBackend {
-                        endpoint: endpoint.into(),
-                        weight,
-                    })
+                    .map(|(&endpoint, &(_, weight))| WeightedBackend { endpoint, weight })
                     .collect::<Vec<_>>();
-                Some((ServiceAddr::from_key(key)?, backends.into()))
+                (*service, backends.into())
             })
             .collect();
         let source_nat = self
             .installed
             .iter()
             .filter(|(_, svc)| svc.snat)
-            .filter_map(|(key, _)| ServiceAddr::from_key(key))
+            .map(|(service, _)| *service)
             .collect();
         DesiredState {
             services,
@@ -99,11 +141,7 @@ impl Datapath {
             });
         }
         let mut report = ApplyReport::default();
-        let snat: std::collections::HashSet<ServiceKey> = desired
-            .source_nat
-            .iter()
-            .filter_map(ServiceAddr::key)
-            .collect();
+        let snat = &desired.source_nat;
         let snat_changed = self
             .applied
             .as_ref()
@@ -122,7 +160,7 @@ impl Datapath {
         }
         // The services that may differ from what is installed: those that changed since
         // the state last applied in full, or (after a failure, and at first) all.
-        let changes: Vec<(ServiceKey, Option<BackendSet>)> = match self.applied.take() {
+        let changes: Vec<(ServiceAddr, Option<BackendSet>)> = match self.applied.take() {
             Some(last) => {
                 let (changes, same) = desired.changes_since(&last);
                 report.unchanged = same;
@@ -130,7 +168,7 @@ impl Datapath {
             }
             None => {
                 let want = desired.normalized();
-                let gone: Vec<(ServiceKey, Option<BackendSet>)> = self
+                let gone: Vec<(ServiceAddr, Option<BackendSet>)> = self
                     .installed
                     .keys()
                     .filter(|k| !want.contains_key(k))
@@ -150,7 +188,7 @@ impl Datapath {
             let union = Roles::of(self.role_views().chain(changes.iter().filter_map(
                 |(key, want)| {
                     Some(ServiceView {
-                        key: *key,
+                        service: *key,
                         snat: snat.contains(key),
                         endpoints: Box::new(want.as_ref()?.keys().copied()),
                     })
@@ -179,7 +217,7 @@ impl Datapath {
         if snat_changed {
             // Only services whose backends are the same switch here (the others were
             // written with their mode above): counted as unchanged so far.
-            let switched = self.sync_snat_flags(&snat)?;
+            let switched = self.sync_snat_flags(snat)?;
             report.changed += switched;
             report.unchanged = report.unchanged.saturating_sub(switched);
         }
@@ -198,7 +236,7 @@ impl Datapath {
         Ok(report)
     }
 
-    fn add_service(&mut self, key: &ServiceKey, want: &BackendSet, snat: bool) -> Result<()> {
+    fn add_service(&mut self, key: &ServiceAddr, want: &BackendSet, snat: bool) -> Result<()> {
         let id = self.service_ids.alloc()?;
         let table = self.tables.alloc()?;
         let mut svc = Installed {
@@ -223,23 +261,20 @@ impl Datapath {
         self.service_stats
             .set(id.slot(), zero, 0)
             .map_err(map_err(map_names::SERVICE_STATS))?;
-        self.services
-            .insert(
-                key,
-                Service {
-                    id,
-                    table,
-                    active,
-                    flags: service_flags(snat, self.roles.reply_entry(key)),
-                },
-                0,
-            )
-            .map_err(map_err(map_names::SERVICES))?;
+        self.services.insert(
+            key,
+            Service {
+                id,
+                table,
+                active,
+                flags: service_flags(snat, self.roles.reply_entry(key)),
+            },
+        )?;
         self.installed.insert(*key, svc);
         Ok(())
     }
 
-    fn update_service(&mut self, key: &ServiceKey, want: &BackendSet, snat: bool) -> Result<()> {
+    fn update_service(&mut self, key: &ServiceAddr, want: &BackendSet, snat: bool) -> Result<()> {
         let Some(old) = self.installed.get(key).cloned() else {
             return self.add_service(key, want, snat);
         };
@@ -266,18 +301,15 @@ impl Datapath {
             svc.backends.insert(endpoint, (bid, weight));
         }
         let active = self.write_table(&svc)?;
-        self.services
-            .insert(
-                key,
-                Service {
-                    id: svc.id,
-                    table: svc.table,
-                    active,
-                    flags: service_flags(snat, self.roles.reply_entry(key)),
-                },
-                0,
-            )
-            .map_err(map_err(map_names::SERVICES))?;
+        self.services.insert(
+            key,
+            Service {
+                id: svc.id,
+                table: svc.table,
+                active,
+                flags: service_flags(snat, self.roles.reply_entry(key)),
+            },
+        )?;
         // Only now that no table names them: retire removed backends. Their flows are
         // balanced again by the kernel program on their next packet.
         for (endpoint, &(bid, _)) in &old.backends {
@@ -290,14 +322,11 @@ impl Datapath {
         Ok(())
     }
 
-    fn remove_service(&mut self, key: &ServiceKey) -> Result<()> {
+    fn remove_service(&mut self, key: &ServiceAddr) -> Result<()> {
         let Some(svc) = self.installed.remove(key) else {
             return Ok(());
         };
-        match self.services.remove(key) {
-            Ok(()) | Err(MapError::KeyNotFound) => {}
-            Err(e) => return Err(map_err(map_names::SERVICES)(e)),
-        }
+        self.services.remove(key)?;
         for &(bid, _) in svc.backends.values() {
             self.clear_backend(bid)?;
         }
@@ -328,20 +357,25 @@ impl Datapath {
     }
 
     /// Writes a backend; in SNAT mode its source first (its flows need it from the
-    /// first packet).
+    /// first packet); an IPv6 backend's address before the entry that makes it live.
     fn write_backend(
         &mut self,
         bid: u32,
         service: ServiceId,
-        e: SocketAddrV4,
+        e: SocketAddr,
         weight: u16,
         snat: bool,
     ) -> Result<()> {
         if snat {
             self.write_snat_source(bid, e)?;
         }
+        if let Some(addr) = Addr6::of(e.ip()) {
+            self.backends6
+                .set(bid, addr, 0)
+                .map_err(map_err(map_names::BACKENDS6))?;
+        }
         let value = Backend {
-            addr: u32::from(*e.ip()).to_be(),
+            addr: u32::of(e.ip()).unwrap_or(0),
             port: e.port().to_be(),
             weight,
             service,
@@ -355,8 +389,8 @@ impl Datapath {
     /// Switches installed services in or out of SNAT mode as `snat` says (sources
     /// written before the flag that makes new flows use them); returns how many changed.
     /// Established flows keep the translation they started with.
-    fn sync_snat_flags(&mut self, snat: &std::collections::HashSet<ServiceKey>) -> Result<usize> {
-        let switch: Vec<ServiceKey> = self
+    fn sync_snat_flags(&mut self, snat: &BTreeSet<ServiceAddr>) -> Result<usize> {
+        let switch: Vec<ServiceAddr> = self
             .installed
             .iter()
             .filter(|(key, svc)| svc.snat != snat.contains(key))
@@ -379,20 +413,15 @@ impl Datapath {
     }
 
     /// Rewrites an installed service's `Service::flags` from its mode and role.
-    fn write_flags(&mut self, key: &ServiceKey) -> Result<()> {
+    fn write_flags(&mut self, key: &ServiceAddr) -> Result<()> {
         let Some(svc) = self.installed.get(key) else {
             return Ok(());
         };
         let flags = service_flags(svc.snat, self.roles.reply_entry(key));
-        let mut value = self
-            .services
-            .get(key, 0)
-            .map_err(map_err(map_names::SERVICES))?;
+        let mut value = self.services.get(key)?;
         if value.flags != flags {
             value.flags = flags;
-            self.services
-                .insert(key, value, 0)
-                .map_err(map_err(map_names::SERVICES))?;
+            self.services.insert(key, value)?;
         }
         Ok(())
     }
@@ -413,7 +442,7 @@ impl Datapath {
     /// The installed services as the roles see them.
     fn role_views(&self) -> impl Iterator<Item = ServiceView<'_>> {
         self.installed.iter().map(|(key, svc)| ServiceView {
-            key: *key,
+            service: *key,
             snat: svc.snat,
             endpoints: Box::new(svc.backends.keys().copied()),
         })
@@ -431,36 +460,24 @@ impl Datapath {
         Ok(())
     }
 
-    /// Keeps the gateway-address map equal to the addresses of installed services.
+    /// Keeps the gateway-address maps equal to the addresses of installed services.
     fn sync_addresses(&mut self) -> Result<()> {
-        let mut want: BTreeMap<u32, u32> = BTreeMap::new();
-        for key in self.installed.keys() {
-            *want.entry(key.addr).or_default() += 1;
-        }
-        if want.len() as u32 > self.limits.addresses {
-            return Err(DatapathError::Capacity {
-                what: "addresses",
-                limit: self.limits.addresses,
-            });
-        }
-        let have: Vec<(u32, u32)> = self
-            .addresses
-            .iter()
-            .collect::<Result<_, _>>()
-            .map_err(map_err(map_names::ADDRESSES))?;
-        for (addr, _) in have.iter().filter(|(a, _)| !want.contains_key(a)) {
-            self.addresses
-                .remove(addr)
-                .map_err(map_err(map_names::ADDRESSES))?;
-        }
-        for (addr, count) in want {
-            if !have.contains(&(addr, count)) {
-                self.addresses
-                    .insert(addr, count, 0)
-                    .map_err(map_err(map_names::ADDRESSES))?;
+        let mut want = ByFamily::<BTreeMap<u32, u32>, BTreeMap<Addr6, u32>>::default();
+        for service in self.installed.keys() {
+            if let Some(a) = u32::of(service.addr) {
+                *want.v4.entry(a).or_default() += 1;
+            } else if let Some(a) = Addr6::of(service.addr) {
+                *want.v6.entry(a).or_default() += 1;
             }
         }
-        Ok(())
+        let limit = self.limits.addresses;
+        sync_counts(&mut self.addresses.v4, want.v4, limit, map_names::ADDRESSES)?;
+        sync_counts(
+            &mut self.addresses.v6,
+            want.v6,
+            limit,
+            map_names::ADDRESSES6,
+        )
     }
 
     /// Marks exactly the ids of installed services as used.
@@ -476,6 +493,34 @@ impl Datapath {
             }
         }
     }
+}
+
+/// Makes an address map (address → services on it) hold `want`.
+fn sync_counts<A: MapAddr>(
+    map: &mut HashMap<MapData, A, u32>,
+    want: BTreeMap<A, u32>,
+    limit: u32,
+    name: &'static str,
+) -> Result<()> {
+    if want.len() as u32 > limit {
+        return Err(DatapathError::Capacity {
+            what: "addresses",
+            limit,
+        });
+    }
+    let have: Vec<(A, u32)> = map
+        .iter()
+        .collect::<Result<_, _>>()
+        .map_err(map_err(name))?;
+    for (addr, _) in have.iter().filter(|(a, _)| !want.contains_key(a)) {
+        map.remove(addr).map_err(map_err(name))?;
+    }
+    for (addr, count) in want {
+        if !have.contains(&(addr, count)) {
+            map.insert(addr, count, 0).map_err(map_err(name))?;
+        }
+    }
+    Ok(())
 }
 
 /// Says which services are held back and why (or that none is any more): once per

@@ -3,10 +3,9 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
-    net::{IpAddr, SocketAddr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
 };
 
-use gateway_common::ServiceKey;
 use serde::{Deserialize, Serialize};
 
 pub use crate::model::Protocol;
@@ -20,31 +19,6 @@ pub struct ServiceAddr {
     pub protocol: Protocol,
     /// Gateway port.
     pub port: u16,
-}
-
-impl ServiceAddr {
-    /// The map key for this service; `None` for an IPv6 service, which the kernel
-    /// program's maps cannot hold yet (see `kernel_family`).
-    pub fn key(&self) -> Option<ServiceKey> {
-        let IpAddr::V4(addr) = self.addr else {
-            return None;
-        };
-        Some(ServiceKey {
-            addr: u32::from(addr).to_be(),
-            port: self.port.to_be(),
-            proto: self.protocol.number(),
-            pad: 0,
-        })
-    }
-
-    /// The service a map key names, if it names a supported protocol.
-    pub fn from_key(key: &ServiceKey) -> Option<Self> {
-        Some(ServiceAddr {
-            addr: IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(key.addr))),
-            protocol: Protocol::from_number(key.proto)?,
-            port: u16::from_be(key.port),
-        })
-    }
 }
 
 impl fmt::Display for ServiceAddr {
@@ -129,7 +103,7 @@ pub fn reserved_ports(state: &DesiredState) -> BTreeSet<u16> {
 }
 
 /// Backends of one service keyed by endpoint (duplicates merged by adding weights).
-pub(crate) type BackendSet = BTreeMap<SocketAddrV4, u16>;
+pub(crate) type BackendSet = BTreeMap<SocketAddr, u16>;
 
 impl DesiredState {
     /// Adds a service, replacing any previous backends of the same address.
@@ -154,23 +128,21 @@ impl DesiredState {
         self
     }
 
-    /// Services by map key, with their backends. Of a state the kernel program serves
-    /// (`held_back::kernel_state`): every service and backend is IPv4.
-    pub(crate) fn normalized(&self) -> BTreeMap<ServiceKey, BackendSet> {
+    /// Services with their backends merged by endpoint.
+    pub(crate) fn normalized(&self) -> BTreeMap<ServiceAddr, BackendSet> {
         self.services
             .iter()
-            .filter_map(|(service, backends)| Some((service.key()?, backend_set(backends))))
+            .map(|(service, backends)| (*service, backend_set(backends)))
             .collect()
     }
 
     /// What differs from `last`: each service added or changed with its backends,
     /// each removed with `None`; and how many are the same. One merge of the two maps;
-    /// backends shared with `last` are the same without comparing them. Of states the
-    /// kernel program serves (`held_back::kernel_state`): every key is IPv4.
+    /// backends shared with `last` are the same without comparing them.
     pub(crate) fn changes_since(
         &self,
         last: &DesiredState,
-    ) -> (Vec<(ServiceKey, Option<BackendSet>)>, usize) {
+    ) -> (Vec<(ServiceAddr, Option<BackendSet>)>, usize) {
         let (mut old, mut new) = (
             last.services.iter().peekable(),
             self.services.iter().peekable(),
@@ -185,13 +157,13 @@ impl DesiredState {
             };
             match order {
                 std::cmp::Ordering::Less => {
-                    if let Some(key) = old.next().and_then(|(service, _)| service.key()) {
-                        changes.push((key, None));
+                    if let Some((service, _)) = old.next() {
+                        changes.push((*service, None));
                     }
                 }
                 std::cmp::Ordering::Greater => {
                     if let Some((service, backends)) = new.next() {
-                        changes.extend(service.key().map(|k| (k, Some(backend_set(backends)))));
+                        changes.push((*service, Some(backend_set(backends))));
                     }
                 }
                 std::cmp::Ordering::Equal => {
@@ -199,7 +171,7 @@ impl DesiredState {
                         if std::sync::Arc::ptr_eq(was, backends) || was == backends {
                             same += 1;
                         } else {
-                            changes.extend(service.key().map(|k| (k, Some(backend_set(backends)))));
+                            changes.push((*service, Some(backend_set(backends))));
                         }
                     }
                 }
@@ -208,15 +180,11 @@ impl DesiredState {
     }
 }
 
-/// Backends by endpoint, duplicates merged by adding their weights. Of a service the
-/// kernel program serves (`held_back::kernel_state`): every endpoint is IPv4.
+/// Backends by endpoint, duplicates merged by adding their weights.
 fn backend_set(backends: &[WeightedBackend]) -> BackendSet {
     let mut set = BackendSet::new();
     for b in backends {
-        let SocketAddr::V4(endpoint) = b.endpoint else {
-            continue;
-        };
-        let w = set.entry(endpoint).or_default();
+        let w = set.entry(b.endpoint).or_default();
         *w = w.saturating_add(b.weight);
     }
     set

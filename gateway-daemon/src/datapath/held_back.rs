@@ -1,15 +1,13 @@
-//! What the kernel program serves of a desired state: IPv4 services only, for now. The
-//! control plane plans IPv6 and dual-stack Gateways; their IPv6 services are held back
-//! here, in one place, logged once per change and counted (`berth get routes`,
-//! `berth_services_held_back` on /metrics), never dropped silently. When the kernel
-//! program serves IPv6, this split is what goes.
+//! What the kernel program serves of a desired state: every service whose backends are
+//! of its own family. The planner never plans a service with backends of the other
+//! family (there is no NAT64: it refuses the route with `IPFamilyMismatch`); a state
+//! built otherwise (a test, a future planner bug) has such services held back here, in
+//! one place, logged once per change and counted (`berth get routes`,
+//! `berth_services_held_back` on /metrics), never dropped silently.
 
-use std::{borrow::Cow, fmt, net::IpAddr};
+use std::{borrow::Cow, fmt};
 
 use super::{DesiredState, ServiceAddr};
-
-/// Why the kernel program does not serve IPv6 services.
-pub const IPV6_NOT_SERVED: &str = "IPv6 is not served by the kernel program yet";
 
 /// A service of the desired state the datapath does not program, and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -23,9 +21,7 @@ pub struct HeldBack {
 /// Why a service is held back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Why {
-    /// An IPv6 service: [`IPV6_NOT_SERVED`].
-    Ipv6,
-    /// An IPv4 service with a backend of the other family (the planner never plans one:
+    /// A service with a backend of the other family (the planner never plans one:
     /// there is no NAT64).
     MixedFamilies,
 }
@@ -33,8 +29,7 @@ pub enum Why {
 impl fmt::Display for Why {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Why::Ipv6 => IPV6_NOT_SERVED,
-            Why::MixedFamilies => "an IPv4 service with IPv6 backends (there is no NAT64)",
+            Why::MixedFamilies => "a backend of the other IP family (there is no NAT64)",
         })
     }
 }
@@ -51,18 +46,14 @@ pub fn kernel_state(desired: &DesiredState) -> (Cow<'_, DesiredState>, Vec<HeldB
     let held: Vec<HeldBack> = desired
         .services
         .iter()
-        .filter_map(|(service, backends)| {
-            let why = match service.addr {
-                IpAddr::V6(_) => Why::Ipv6,
-                IpAddr::V4(_) if backends.iter().any(|b| !b.endpoint.is_ipv4()) => {
-                    Why::MixedFamilies
-                }
-                IpAddr::V4(_) => return None,
-            };
-            Some(HeldBack {
-                service: *service,
-                why,
-            })
+        .filter(|(service, backends)| {
+            backends
+                .iter()
+                .any(|b| b.endpoint.is_ipv4() != service.addr.is_ipv4())
+        })
+        .map(|(service, _)| HeldBack {
+            service: *service,
+            why: Why::MixedFamilies,
         })
         .collect();
     if held.is_empty() {
@@ -115,24 +106,25 @@ mod tests {
     }
 
     #[test]
-    fn ipv6_services_are_held_back_and_named_with_the_reason() {
+    fn services_with_backends_of_the_other_family_are_held_back_and_named() {
         let v6 = service("2001:db8::1", 80);
-        let mixed = service("10.0.0.1", 81);
-        let desired = DesiredState::default()
+        let served_state = DesiredState::default()
             .with_service(service("10.0.0.1", 80), vec![backend("10.1.0.1:8080")])
-            .with_snat_service(v6, vec![backend("[2001:db8:1::1]:8080")])
-            .with_service(mixed, vec![backend("[2001:db8:1::1]:8080")]);
+            .with_snat_service(v6, vec![backend("[2001:db8:1::1]:8080")]);
+        let desired = served_state
+            .clone()
+            .with_service(
+                service("10.0.0.1", 81),
+                vec![backend("[2001:db8:1::1]:8080")],
+            )
+            .with_snat_service(service("2001:db8::1", 81), vec![backend("10.1.0.1:8080")]);
         let (served, held) = kernel_state(&desired);
-        assert_eq!(
-            *served,
-            DesiredState::default()
-                .with_service(service("10.0.0.1", 80), vec![backend("10.1.0.1:8080")])
-        );
+        assert_eq!(*served, served_state, "both families are served");
         assert_eq!(
             held.iter().map(ToString::to_string).collect::<Vec<_>>(),
             [
-                "TCP/10.0.0.1:81 (an IPv4 service with IPv6 backends (there is no NAT64))",
-                "TCP/[2001:db8::1]:80 (IPv6 is not served by the kernel program yet)",
+                "TCP/10.0.0.1:81 (a backend of the other IP family (there is no NAT64))",
+                "TCP/[2001:db8::1]:81 (a backend of the other IP family (there is no NAT64))",
             ]
         );
         assert_eq!(count_by_family(&held), [("ipv4", 1), ("ipv6", 1)]);

@@ -5,7 +5,6 @@
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap},
     fs, io,
-    net::{Ipv4Addr, SocketAddrV4},
     path::{Path, PathBuf},
 };
 
@@ -15,14 +14,15 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use gateway_common::{
-    map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, Service,
-    ServiceId, ServiceKey, ServiceStats, BACKEND_LIVE,
+    map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, ReplyIndex,
+    Service, ServiceId, ServiceKey, ServiceStats, BACKEND_LIVE,
 };
 
 use super::{
+    family::{endpoint_of, service_of, Addr6, ByFamily, MapAddr},
     links, map_err, xdp, Config, Datapath, DatapathError, IdPool, Installed, Limits, Result,
-    ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM,
-    TC_PROGRAM, TC_PROGRAM_V6,
+    ServiceAddr, ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6,
+    REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_V6,
 };
 use crate::sys;
 
@@ -38,7 +38,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 19] {
+    fn shapes(&self) -> [Shape; 26] {
         use std::mem::size_of;
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
@@ -56,6 +56,7 @@ impl Limits {
                 map_names::BACKEND_HOPS,
                 map_names::PROGRAMS,
                 map_names::TC_PROGRAMS,
+                map_names::REPLY_INDEX6,
             ]
             .contains(&name),
         };
@@ -124,6 +125,33 @@ impl Limits {
             ),
             shape(map_names::PROGRAMS, 4, 4, 2),
             shape(map_names::TC_PROGRAMS, 4, 4, 1),
+            shape(
+                map_names::SERVICES6,
+                size_of::<ServiceKey<Addr6>>(),
+                size_of::<Service>(),
+                self.services,
+            ),
+            shape(map_names::ADDRESSES6, 16, 4, self.addresses),
+            shape(
+                map_names::CONNTRACK6,
+                size_of::<FlowKey<Addr6>>(),
+                size_of::<Flow<Addr6>>(),
+                self.flows,
+            ),
+            shape(
+                map_names::REPLY_INDEX6,
+                size_of::<ServiceKey<Addr6>>(),
+                size_of::<ReplyIndex<Addr6>>(),
+                self.backends,
+            ),
+            shape(map_names::BACKENDS6, 4, 16, self.backends),
+            shape(map_names::SNAT_SOURCES6, 4, 16, self.backends),
+            shape(
+                map_names::FRAGMENTS6,
+                size_of::<gateway_common::FragKey6>(),
+                size_of::<FragPorts>(),
+                self.fragments,
+            ),
         ]
     }
 }
@@ -195,7 +223,7 @@ impl Datapath {
             // Maglev (to the same backend while the backends are unchanged) on their
             // next forward packet. Another size is refused: a restart with the same
             // size keeps the flows, resizing (losing them) is the operator's decision.
-            if shape.name == map_names::CONNTRACK {
+            if [map_names::CONNTRACK, map_names::CONNTRACK6].contains(&shape.name) {
                 if let Err(Ok(DatapathError::Incompatible {
                     what,
                     found,
@@ -264,20 +292,36 @@ impl Datapath {
             T::try_from(map).map_err(map_err(name))
         }
         let mut dp = Datapath {
-            services: take(&mut ebpf, map_names::SERVICES)?,
-            addresses: take(&mut ebpf, map_names::ADDRESSES)?,
+            services: ByFamily {
+                v4: take(&mut ebpf, map_names::SERVICES)?,
+                v6: take(&mut ebpf, map_names::SERVICES6)?,
+            },
+            addresses: ByFamily {
+                v4: take(&mut ebpf, map_names::ADDRESSES)?,
+                v6: take(&mut ebpf, map_names::ADDRESSES6)?,
+            },
             maglev: take(&mut ebpf, map_names::MAGLEV)?,
             backends: take(&mut ebpf, map_names::BACKENDS)?,
+            backends6: take(&mut ebpf, map_names::BACKENDS6)?,
             backend_hops: take(&mut ebpf, map_names::BACKEND_HOPS)?,
-            conntrack: take(&mut ebpf, map_names::CONNTRACK)?,
+            conntrack: ByFamily {
+                v4: take(&mut ebpf, map_names::CONNTRACK)?,
+                v6: take(&mut ebpf, map_names::CONNTRACK6)?,
+            },
             counters: take(&mut ebpf, map_names::COUNTERS)?,
             service_stats: take(&mut ebpf, map_names::SERVICE_STATS)?,
             snat: super::snat::Snat::new(
-                take(&mut ebpf, map_names::SNAT_SOURCES)?,
+                ByFamily {
+                    v4: take(&mut ebpf, map_names::SNAT_SOURCES)?,
+                    v6: take(&mut ebpf, map_names::SNAT_SOURCES6)?,
+                },
                 take(&mut ebpf, map_names::SNAT_PORTS)?,
             ),
             roles: super::roles::RoleMaps::new(
-                take(&mut ebpf, map_names::REPLY_INDEX)?,
+                ByFamily {
+                    v4: take(&mut ebpf, map_names::REPLY_INDEX)?,
+                    v6: take(&mut ebpf, map_names::REPLY_INDEX6)?,
+                },
                 take(&mut ebpf, map_names::ADDR_FILTER)?,
             ),
             ebpf,
@@ -302,8 +346,10 @@ impl Datapath {
     /// Rebuilds the userspace view of installed services from the (possibly adopted) maps.
     fn adopt(&mut self) -> Result<()> {
         let mut by_id = StdHashMap::new();
-        for item in self.services.iter() {
-            let (key, svc) = item.map_err(map_err(map_names::SERVICES))?;
+        let services = adopt_services(&self.services.v4, map_names::SERVICES)?
+            .into_iter()
+            .chain(adopt_services(&self.services.v6, map_names::SERVICES6)?);
+        for (key, svc) in services {
             by_id.insert(svc.id, key);
             self.installed.insert(
                 key,
@@ -326,11 +372,19 @@ impl Datapath {
             let id = id as u32;
             match by_id
                 .get(&b.service)
-                .and_then(|key| self.installed.get_mut(key))
+                .and_then(|key| Some((*key, self.installed.get_mut(key)?)))
             {
-                Some(svc) => {
-                    svc.backends
-                        .insert(endpoint(b.addr, b.port), (id, b.weight));
+                Some((key, svc)) => {
+                    let endpoint = match key.addr {
+                        std::net::IpAddr::V4(_) => endpoint_of(b.addr, b.port),
+                        std::net::IpAddr::V6(_) => endpoint_of(
+                            self.backends6
+                                .get(&id, 0)
+                                .map_err(map_err(map_names::BACKENDS6))?,
+                            b.port,
+                        ),
+                    };
+                    svc.backends.insert(endpoint, (id, b.weight));
                     self.backend_ids.mark(id);
                 }
                 // A backend left behind by a run that died mid-update.
@@ -346,6 +400,9 @@ impl Datapath {
         // ids handed out from now on must differ from theirs.
         let mut seen = std::collections::HashSet::new();
         self.each_flow(|_, f| {
+            seen.insert(f.service);
+        })?;
+        super::traffic::each_flow_in(&self.conntrack.v6, |_, f| {
             seen.insert(f.service);
         })?;
         for id in seen {
@@ -430,17 +487,41 @@ fn program_err(name: &'static str) -> impl Fn(ProgramError) -> DatapathError {
 
 /// Ports of the services in the maps pinned in `pin_dir` (none if nothing is pinned).
 pub fn pinned_service_ports(pin_dir: &Path) -> Result<std::collections::BTreeSet<u16>> {
-    let name = map_names::SERVICES;
+    let mut ports = pinned_ports::<u32>(pin_dir, map_names::SERVICES)?;
+    ports.extend(pinned_ports::<Addr6>(pin_dir, map_names::SERVICES6)?);
+    Ok(ports)
+}
+
+/// Ports of the services in one family's pinned service map.
+fn pinned_ports<A: MapAddr>(
+    pin_dir: &Path,
+    name: &'static str,
+) -> Result<std::collections::BTreeSet<u16>> {
     let path = pin_dir.join(name);
     if !path.exists() {
         return Ok(Default::default());
     }
     let data = MapData::from_pin(&path).map_err(map_err(name))?;
-    let map: HashMap<MapData, ServiceKey, Service> =
+    let map: HashMap<MapData, ServiceKey<A>, Service> =
         HashMap::try_from(aya::maps::Map::HashMap(data)).map_err(map_err(name))?;
     map.keys()
         .map(|k| k.map(|k| u16::from_be(k.port)).map_err(map_err(name)))
         .collect()
+}
+
+/// The services of one family's service map, by `ServiceAddr`.
+fn adopt_services<A: MapAddr>(
+    map: &HashMap<MapData, ServiceKey<A>, Service>,
+    name: &'static str,
+) -> Result<Vec<(ServiceAddr, Service)>> {
+    let mut out = Vec::new();
+    for item in map.iter() {
+        let (key, svc) = item.map_err(map_err(name))?;
+        if let Some(service) = service_of(&key) {
+            out.push((service, svc));
+        }
+    }
+    Ok(out)
 }
 
 /// Removes every pin of a datapath (maps and links). Attached programs whose link is
@@ -479,10 +560,6 @@ fn check_pinned(
         }
     }
     Ok(())
-}
-
-fn endpoint(addr: u32, port: u16) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::from(u32::from_be(addr)), u16::from_be(port))
 }
 
 /// Mounts tracefs on `/sys/kernel/tracing` if it is not there: attaching to a

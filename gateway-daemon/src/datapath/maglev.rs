@@ -5,13 +5,13 @@
 //! their order) and changing one backend moves few entries. Weights are honoured by
 //! giving a backend of weight `w` a turn in `w` out of every `max weight` rounds.
 
-use std::net::SocketAddrV4;
+use std::net::{IpAddr, SocketAddr};
 
 /// One candidate backend of a table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Candidate {
-    /// The backend's address; it seeds the permutation.
-    pub endpoint: SocketAddrV4,
+    /// The backend's address (of either family); it seeds the permutation.
+    pub endpoint: SocketAddr,
     /// Share of the table; 0 takes no entries.
     pub weight: u16,
 }
@@ -44,8 +44,8 @@ pub fn table(candidates: &[Candidate], size: u32) -> Option<Vec<u32>> {
             Walker {
                 index: index as u32,
                 weight: u64::from(c.weight),
-                offset: fnv1a(seed, 0x5bd1_e995) % size,
-                skip: fnv1a(seed, 0x1b87_3593) % (size - 1) + 1,
+                offset: fnv1a(&seed, 0x5bd1_e995) % size,
+                skip: fnv1a(&seed, 0x1b87_3593) % (size - 1) + 1,
                 next: 0,
                 credit: 0,
             }
@@ -76,17 +76,21 @@ pub fn table(candidates: &[Candidate], size: u32) -> Option<Vec<u32>> {
     }
 }
 
-fn endpoint_key(endpoint: &SocketAddrV4) -> [u8; 6] {
-    let mut key = [0u8; 6];
-    key[..4].copy_from_slice(&endpoint.ip().octets());
-    key[4..].copy_from_slice(&endpoint.port().to_be_bytes());
+/// The bytes a backend's permutation is derived from: its address (4 or 16 bytes) and
+/// port, network order (an IPv4 backend's seed, and so its tables, as before IPv6).
+fn endpoint_key(endpoint: &SocketAddr) -> Vec<u8> {
+    let mut key = match endpoint.ip() {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    key.extend_from_slice(&endpoint.port().to_be_bytes());
     key
 }
 
 /// FNV-1a over `bytes`, seeded; stable across releases (unlike `std`'s hasher).
-fn fnv1a(bytes: [u8; 6], seed: u64) -> u64 {
+fn fnv1a(bytes: &[u8], seed: u64) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
-    for b in bytes {
+    for &b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
@@ -104,7 +108,7 @@ mod tests {
 
     fn backend(last: u8, weight: u16) -> Candidate {
         Candidate {
-            endpoint: SocketAddrV4::new([10, 0, 0, last].into(), 80),
+            endpoint: SocketAddr::new([10, 0, 0, last].into(), 80),
             weight,
         }
     }
@@ -156,6 +160,20 @@ mod tests {
             .map(|&i| b[i as usize].endpoint)
             .collect();
         assert_eq!(ta, tb);
+    }
+
+    #[test]
+    fn ipv6_backends_share_a_table_as_ipv4_ones_do() {
+        let c: Vec<_> = (1..=4u16)
+            .map(|i| Candidate {
+                endpoint: SocketAddr::new(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, i]), 80),
+                weight: 1,
+            })
+            .collect();
+        let t = table(&c, M).unwrap();
+        for share in shares(&t, 4) {
+            assert!(share.abs_diff(M as usize / 4) <= 1, "share {share}");
+        }
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! `traffic.rs` reads counters, service statistics and flows; `links.rs` attaches the
 //! programs; `addresses.rs` keeps the gateway addresses on the dummy interface;
 //! `xmit.rs` follows which interfaces take XDP frames; `desired.rs` is the desired
-//! state; `held_back.rs` holds back what the kernel program does not serve (IPv6);
+//! state; `held_back.rs` holds back what the kernel program cannot serve (a service
+//! with backends of the other family); `family.rs` is how each family's addresses are
+//! held in the maps (IPv4 and IPv6 have maps of their own where keys hold addresses);
 //! `maglev.rs` builds the tables.
 
 pub mod maglev;
@@ -18,6 +20,7 @@ pub mod maglev;
 mod addresses;
 mod apply;
 mod desired;
+mod family;
 pub mod held_back;
 mod ids;
 mod links;
@@ -30,7 +33,7 @@ mod xmit;
 use std::{
     collections::BTreeMap,
     fs, io,
-    net::SocketAddrV4,
+    net::SocketAddr,
     path::{Path, PathBuf},
 };
 
@@ -42,9 +45,9 @@ use aya::{
 };
 use desired::BackendSet;
 pub use desired::{reserved_ports, Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
+use family::{Addr6, ByFamily};
 use gateway_common::{
-    config, map_names, Backend, Flow, FlowKey, MaglevTable, Service, ServiceId, ServiceKey,
-    ServiceStats,
+    config, map_names, Backend, Flow, FlowKey, MaglevTable, ServiceId, ServiceStats,
 };
 use ids::{IdPool, ServiceIds};
 pub use links::{LinkChange, LinkKind};
@@ -212,6 +215,9 @@ pub enum DatapathError {
 
 type Result<T, E = DatapathError> = std::result::Result<T, E>;
 
+/// The conntrack of one family.
+type Conntrack<A> = HashMap<MapData, FlowKey<A>, Flow<A>>;
+
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DatapathError {
     move |source| DatapathError::Map { name, source }
 }
@@ -279,7 +285,7 @@ struct Installed {
     /// SNAT mode (`Service::flags`).
     snat: bool,
     /// Endpoint → (backend id, weight).
-    backends: BTreeMap<SocketAddrV4, (u32, u16)>,
+    backends: BTreeMap<SocketAddr, (u32, u16)>,
 }
 
 impl Installed {
@@ -329,15 +335,17 @@ pub struct Datapath {
     ebpf: Ebpf,
     pin_dir: PathBuf,
     limits: Limits,
-    services: HashMap<MapData, ServiceKey, Service>,
-    addresses: HashMap<MapData, u32, u32>,
+    services: ByFamily<apply::ServiceMap<u32>, apply::ServiceMap<Addr6>>,
+    addresses: ByFamily<HashMap<MapData, u32, u32>, HashMap<MapData, Addr6, u32>>,
     maglev: Array<MapData, MaglevTable>,
     backends: Array<MapData, Backend>,
+    /// The addresses of IPv6 backends (by backend id, as `backends`).
+    backends6: Array<MapData, Addr6>,
     backend_hops: Array<MapData, gateway_common::NextHop>,
-    conntrack: HashMap<MapData, FlowKey, Flow>,
+    conntrack: ByFamily<Conntrack<u32>, Conntrack<Addr6>>,
     counters: PerCpuArray<MapData, u64>,
     service_stats: PerCpuArray<MapData, ServiceStats>,
-    installed: BTreeMap<ServiceKey, Installed>,
+    installed: BTreeMap<ServiceAddr, Installed>,
     /// The state last applied in full: what is installed, unless the maps were changed
     /// behind the daemon's back (only by the daemon itself, which forgets this first).
     applied: Option<DesiredState>,

@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     ops::RangeInclusive,
     time::{Duration, Instant},
 };
@@ -12,7 +12,10 @@ use std::{
 use aya::maps::{Array, MapData};
 use gateway_common::{map_names, proto, Flow, FlowKey, NAT_DST, NAT_SRC, SNAT_PORT_SLOTS};
 
-use super::{map_err, Datapath, Result};
+use super::{
+    family::{Addr6, ByFamily, MapAddr},
+    map_err, Conntrack, Datapath, Result,
+};
 
 /// How often the daemon asks again for the node's address toward every SNAT backend
 /// (routes and addresses may have changed): a connect per backend, no packet sent.
@@ -26,18 +29,26 @@ pub const SNAT_IDLE_UDP: Duration = Duration::from_secs(30);
 /// The same for TCP: 10 minutes (Berth does not follow TCP's state).
 pub const SNAT_IDLE_TCP: Duration = Duration::from_secs(600);
 
-/// The SNAT entries one conntrack scan saw, for `expire_idle_snat_flows`.
-#[derive(Default)]
-pub(super) struct SnatFlows {
+/// The SNAT entries one scan of a family's conntrack saw, for `expire_idle`.
+pub(super) struct SnatFlows<A: MapAddr> {
     /// Forward entries → when they last forwarded a packet.
-    forward_seen: HashMap<FlowKey, u32>,
+    forward_seen: HashMap<FlowKey<A>, u32>,
     /// Reply entries (they hold the node ports).
-    replies: Vec<(FlowKey, Flow)>,
+    replies: Vec<(FlowKey<A>, Flow<A>)>,
 }
 
-impl SnatFlows {
+impl<A: MapAddr> Default for SnatFlows<A> {
+    fn default() -> Self {
+        SnatFlows {
+            forward_seen: HashMap::new(),
+            replies: Vec::new(),
+        }
+    }
+}
+
+impl<A: MapAddr> SnatFlows<A> {
     /// Notes entry `f` under `k` if it is a SNAT flow's forward or reply entry.
-    pub(super) fn see(&mut self, k: &FlowKey, f: &Flow) {
+    pub(super) fn see(&mut self, k: &FlowKey<A>, f: &Flow<A>) {
         if f.is_snat() && f.kind == NAT_DST {
             self.forward_seen.insert(*k, f.seen);
         } else if f.is_snat() && f.kind == NAT_SRC {
@@ -46,28 +57,31 @@ impl SnatFlows {
     }
 }
 
-/// Finds the node's address toward a backend.
-pub type SourceResolver = Box<dyn Fn(Ipv4Addr) -> Option<Ipv4Addr> + Send + Sync>;
+/// Finds the node's address toward a backend (of the backend's family).
+pub type SourceResolver = Box<dyn Fn(IpAddr) -> Option<IpAddr> + Send + Sync>;
 
 /// The SNAT maps and what this process wrote into them.
 pub(super) struct Snat {
-    sources: Array<MapData, u32>,
+    sources: ByFamily<Array<MapData, u32>, Array<MapData, Addr6>>,
     ports: Array<MapData, u32>,
-    /// Backend id → source address written (network order).
-    written: HashMap<u32, u32>,
+    /// Backend id → source address written (`None`: none known, zero in the map).
+    written: HashMap<u32, Option<IpAddr>>,
     /// The port ranges the port map holds, once this process wrote them.
     ports_written: Option<Vec<RangeInclusive<u16>>>,
     resolve: SourceResolver,
     /// When `keep_snat_sources_current` last asked for every source.
     refreshed_at: Option<Instant>,
     /// The SNAT backends without a node address last logged.
-    unresolved: BTreeSet<SocketAddrV4>,
+    unresolved: BTreeSet<SocketAddr>,
     /// Conntrack entries this process deleted (idle SNAT flows).
     pub(super) deleted: u64,
 }
 
 impl Snat {
-    pub(super) fn new(sources: Array<MapData, u32>, ports: Array<MapData, u32>) -> Self {
+    pub(super) fn new(
+        sources: ByFamily<Array<MapData, u32>, Array<MapData, Addr6>>,
+        ports: Array<MapData, u32>,
+    ) -> Self {
         Snat {
             sources,
             ports,
@@ -86,15 +100,18 @@ impl Snat {
 }
 
 /// The address the kernel gives a connection to `backend` as its source: the preferred
-/// source of the route toward it, else the outgoing interface's primary address. Asked
-/// by connecting a UDP socket, which sends nothing.
-pub fn node_source(backend: Ipv4Addr) -> Option<Ipv4Addr> {
-    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+/// source of the route toward it, else the outgoing interface's primary address (for
+/// IPv6, the kernel's source address selection). Asked by connecting a UDP socket,
+/// which sends nothing.
+pub fn node_source(backend: IpAddr) -> Option<IpAddr> {
+    let any: IpAddr = match backend {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let socket = UdpSocket::bind((any, 0)).ok()?;
     socket.connect((backend, 9)).ok()?;
-    match socket.local_addr().ok()? {
-        SocketAddr::V4(local) if !local.ip().is_unspecified() => Some(*local.ip()),
-        _ => None,
-    }
+    let local = socket.local_addr().ok()?.ip();
+    (!local.is_unspecified()).then_some(local)
 }
 
 impl Datapath {
@@ -108,19 +125,29 @@ impl Datapath {
     /// Writes backend `bid`'s SNAT source if it differs from what was written. A
     /// backend with no route gets 0: its new flows are dropped and counted
     /// (`drop_snat_no_source`) until a route appears and `refresh_snat_sources` runs.
-    pub(super) fn write_snat_source(&mut self, bid: u32, endpoint: SocketAddrV4) -> Result<bool> {
-        let want = (self.snat.resolve)(*endpoint.ip()).map_or(0, |a| u32::from(a).to_be());
-        self.set_snat_source(bid, want)
+    pub(super) fn write_snat_source(&mut self, bid: u32, endpoint: SocketAddr) -> Result<bool> {
+        let want = (self.snat.resolve)(endpoint.ip());
+        self.set_snat_source(bid, endpoint.ip(), want)
     }
 
-    fn set_snat_source(&mut self, bid: u32, want: u32) -> Result<bool> {
+    /// Writes `want` as the source toward backend `bid` at `backend` (an address of
+    /// another family than the backend's counts as none).
+    fn set_snat_source(&mut self, bid: u32, backend: IpAddr, want: Option<IpAddr>) -> Result<bool> {
+        let want = want.filter(|a| a.is_ipv4() == backend.is_ipv4());
         if self.snat.written.get(&bid) == Some(&want) {
             return Ok(false);
         }
-        self.snat
-            .sources
-            .set(bid, want, 0)
-            .map_err(map_err(map_names::SNAT_SOURCES))?;
+        let sources = &mut self.snat.sources;
+        match backend {
+            IpAddr::V4(_) => sources
+                .v4
+                .set(bid, want.and_then(u32::of).unwrap_or(0), 0)
+                .map_err(map_err(map_names::SNAT_SOURCES))?,
+            IpAddr::V6(_) => sources
+                .v6
+                .set(bid, want.and_then(Addr6::of).unwrap_or_default(), 0)
+                .map_err(map_err(map_names::SNAT_SOURCES6))?,
+        }
         self.snat.written.insert(bid, want);
         Ok(true)
     }
@@ -129,73 +156,20 @@ impl Datapath {
     /// addresses changed) and writes those that changed; returns how many did. Each
     /// backend address is asked once, however many services and ports it serves.
     pub fn refresh_snat_sources(&mut self) -> Result<usize> {
-        let backends: Vec<(u32, SocketAddrV4)> = self
+        let backends: Vec<(u32, SocketAddr)> = self
             .installed
             .values()
             .filter(|svc| svc.snat)
             .flat_map(|svc| svc.backends.iter().map(|(&e, &(bid, _))| (bid, e)))
             .collect();
-        let mut asked: HashMap<Ipv4Addr, u32> = HashMap::new();
+        let mut asked: HashMap<IpAddr, Option<IpAddr>> = HashMap::new();
         let mut changed = 0;
         for (bid, endpoint) in backends {
-            let want = *asked.entry(*endpoint.ip()).or_insert_with(|| {
-                (self.snat.resolve)(*endpoint.ip()).map_or(0, |a| u32::from(a).to_be())
-            });
-            changed += usize::from(self.set_snat_source(bid, want)?);
+            let ip = endpoint.ip();
+            let want = *asked.entry(ip).or_insert_with(|| (self.snat.resolve)(ip));
+            changed += usize::from(self.set_snat_source(bid, ip, want)?);
         }
         Ok(changed)
-    }
-
-    /// Deletes the entries of the SNAT flows `seen` (by the conntrack scan) idle both
-    /// ways for `SNAT_IDLE_UDP` / `SNAT_IDLE_TCP` (forward packets by `Flow::seen`,
-    /// replies by the reply entry's next-hop time), so their node ports are free again;
-    /// returns how many flows. The flow's next packet, if one comes, is a new flow with
-    /// a port of its own.
-    pub(super) fn expire_idle_snat_flows(&mut self, seen: SnatFlows) -> usize {
-        let units = |d: Duration| u32::try_from(d.as_nanos() >> 20).unwrap_or(u32::MAX);
-        let now = (crate::sys::clock::monotonic_coarse_ns() >> 20) as u32;
-        let mut expired = 0;
-        for (reply_key, r) in seen.replies {
-            let idle = units(if reply_key.proto == proto::UDP {
-                SNAT_IDLE_UDP
-            } else {
-                SNAT_IDLE_TCP
-            });
-            let quiet = |t: u32| t == 0 || now.wrapping_sub(t) > idle;
-            let key = |src: (u32, u16), dst: (u32, u16)| FlowKey {
-                src: src.0,
-                dst: dst.0,
-                sport: src.1,
-                dport: dst.1,
-                proto: reply_key.proto,
-                pad: [0; 3],
-            };
-            let (client, gateway) = ((r.peer_addr, r.peer_port), (r.nat_addr, r.nat_port));
-            let backend = (reply_key.src, reply_key.sport);
-            let forward = key(client, gateway);
-            if !quiet(r.next_hop.checked_at)
-                || seen
-                    .forward_seen
-                    .get(&forward)
-                    .is_some_and(|&seen| !quiet(seen))
-            {
-                continue;
-            }
-            // The reply entry holds the port: it goes first. Then the forward entry and
-            // the kernel-path entries (client → backend, backend → client), if any.
-            for k in [
-                reply_key,
-                forward,
-                key(client, backend),
-                key(backend, client),
-            ] {
-                if self.conntrack.remove(&k).is_ok() {
-                    self.snat.deleted += 1;
-                }
-            }
-            expired += 1;
-        }
-        expired
     }
 
     /// Conntrack entries this process deleted (idle SNAT flows), for the eviction
@@ -225,12 +199,12 @@ impl Datapath {
             ),
             Err(e) => tracing::warn!(error = %e, "refreshing the SNAT source addresses"),
         }
-        let unresolved: BTreeSet<SocketAddrV4> = self
+        let unresolved: BTreeSet<SocketAddr> = self
             .installed
             .values()
             .filter(|svc| svc.snat)
             .flat_map(|svc| svc.backends.iter())
-            .filter(|(_, (bid, _))| self.snat.written.get(bid) == Some(&0))
+            .filter(|(_, (bid, _))| self.snat.written.get(bid) == Some(&None))
             .map(|(&endpoint, _)| endpoint)
             .collect();
         if unresolved != self.snat.unresolved {
@@ -282,4 +256,59 @@ impl Datapath {
         self.snat.ports_written = Some(want.to_vec());
         Ok(true)
     }
+}
+
+/// Deletes from `conntrack` the entries of the SNAT flows `seen` (by the conntrack
+/// scan) idle both ways for `SNAT_IDLE_UDP` / `SNAT_IDLE_TCP` (forward packets by
+/// `Flow::seen`, replies by the reply entry's next-hop time), so their node ports are
+/// free again; returns how many flows, and how many entries were deleted. The flow's
+/// next packet, if one comes, is a new flow with a port of its own.
+pub(super) fn expire_idle<A: MapAddr>(
+    conntrack: &mut Conntrack<A>,
+    seen: SnatFlows<A>,
+) -> (usize, u64) {
+    let units = |d: Duration| u32::try_from(d.as_nanos() >> 20).unwrap_or(u32::MAX);
+    let now = (crate::sys::clock::monotonic_coarse_ns() >> 20) as u32;
+    let (mut expired, mut deleted) = (0, 0);
+    for (reply_key, r) in seen.replies {
+        let idle = units(if reply_key.proto == proto::UDP {
+            SNAT_IDLE_UDP
+        } else {
+            SNAT_IDLE_TCP
+        });
+        let quiet = |t: u32| t == 0 || now.wrapping_sub(t) > idle;
+        let key = |src: (A, u16), dst: (A, u16)| FlowKey {
+            src: src.0,
+            dst: dst.0,
+            sport: src.1,
+            dport: dst.1,
+            proto: reply_key.proto,
+            pad: [0; 3],
+        };
+        let (client, gateway) = ((r.peer_addr, r.peer_port), (r.nat_addr, r.nat_port));
+        let backend = (reply_key.src, reply_key.sport);
+        let forward = key(client, gateway);
+        if !quiet(r.next_hop.checked_at)
+            || seen
+                .forward_seen
+                .get(&forward)
+                .is_some_and(|&seen| !quiet(seen))
+        {
+            continue;
+        }
+        // The reply entry holds the port: it goes first. Then the forward entry and
+        // the kernel-path entries (client → backend, backend → client), if any.
+        for k in [
+            reply_key,
+            forward,
+            key(client, backend),
+            key(backend, client),
+        ] {
+            if conntrack.remove(&k).is_ok() {
+                deleted += 1;
+            }
+        }
+        expired += 1;
+    }
+    (expired, deleted)
 }

@@ -7,7 +7,12 @@ use std::io;
 use aya::maps::MapError;
 use gateway_common::{map_names, Counter, Flow, FlowKey, ServiceId, ServiceStats};
 
-use super::{map_err, nr_cpus, Datapath, DatapathError, Result, ServiceAddr};
+use super::{
+    family::{Addr6, MapAddr},
+    map_err, nr_cpus,
+    snat::{expire_idle, SnatFlows},
+    Conntrack, Datapath, DatapathError, Result, ServiceAddr,
+};
 use crate::sys::bpf::{lookup_batch, read_pod};
 
 /// A service's recently active flows.
@@ -156,16 +161,11 @@ impl Datapath {
         Ok(self
             .installed
             .iter()
-            .filter_map(|(key, svc)| {
-                Some((
-                    ServiceAddr::from_key(key)?,
-                    by_slot.get(&svc.id.slot()).copied()?,
-                ))
-            })
+            .filter_map(|(service, svc)| Some((*service, by_slot.get(&svc.id.slot()).copied()?)))
             .collect())
     }
 
-    /// Tracked flows, client → gateway direction only: (flow tuple, backend endpoint, service).
+    /// Tracked IPv4 flows, client → gateway direction only.
     pub fn flows(&self) -> Result<Vec<(FlowKey, Flow)>> {
         let mut out = Vec::new();
         self.each_flow(|k, f| {
@@ -185,24 +185,17 @@ impl Datapath {
         let now = coarse_clock_units();
         let window = u32::try_from(window.as_nanos() >> 20).unwrap_or(u32::MAX);
         let mut per_id: StdHashMap<ServiceId, ActiveFlows> = StdHashMap::new();
-        let mut entries = 0;
-        let mut snat = self
-            .installed
-            .values()
-            .any(|svc| svc.snat)
-            .then(super::snat::SnatFlows::default);
-        self.each_flow(|k, f| {
-            entries += 1;
-            if f.kind == gateway_common::NAT_DST && now.wrapping_sub(f.seen) <= window {
-                let counted = per_id.entry(f.service).or_default();
-                counted.all += 1;
-                counted.snat += u64::from(f.is_snat());
-            }
-            if let Some(snat) = &mut snat {
-                snat.see(k, f);
-            }
-        })?;
-        let snat_expired = snat.map_or(0, |seen| self.expire_idle_snat_flows(seen));
+        let snat = self.installed.values().any(|svc| svc.snat);
+        let (mut snat4, mut snat6) = (
+            snat.then(SnatFlows::<u32>::default),
+            snat.then(SnatFlows::<Addr6>::default),
+        );
+        let entries = scan(&self.conntrack.v4, now, window, &mut per_id, snat4.as_mut())?
+            + scan(&self.conntrack.v6, now, window, &mut per_id, snat6.as_mut())?;
+        let (e4, d4) = snat4.map_or((0, 0), |seen| expire_idle(&mut self.conntrack.v4, seen));
+        let (e6, d6) = snat6.map_or((0, 0), |seen| expire_idle(&mut self.conntrack.v6, seen));
+        self.snat.deleted += d4 + d6;
+        let snat_expired = e4 + e6;
         if snat_expired > 0 {
             tracing::debug!(
                 flows = snat_expired,
@@ -212,7 +205,7 @@ impl Datapath {
         let active = self
             .installed
             .iter()
-            .filter_map(|(key, svc)| Some((ServiceAddr::from_key(key)?, *per_id.get(&svc.id)?)))
+            .filter_map(|(service, svc)| Some((*service, *per_id.get(&svc.id)?)))
             .collect();
         Ok(FlowScan {
             active,
@@ -227,19 +220,54 @@ impl Datapath {
         self.limits.flows
     }
 
-    /// Calls `f` on every conntrack entry, reading them in batches (a few syscalls for
-    /// the whole table, not two per entry).
-    pub(super) fn each_flow(&self, mut f: impl FnMut(&FlowKey, &Flow)) -> Result<()> {
-        use aya::maps::IterableMap as _;
-        let fd = std::os::fd::AsFd::as_fd(self.conntrack.map().fd());
-        let (key_size, value_size) = (std::mem::size_of::<FlowKey>(), std::mem::size_of::<Flow>());
-        lookup_batch(fd, key_size, value_size, |k, v| {
-            // The map's key and value are a FlowKey and a Flow (sizes checked at load).
-            let (k, v): (FlowKey, Flow) = (read_pod(k), read_pod(v));
-            f(&k, &v)
-        })
-        .map_err(batch_err(map_names::CONNTRACK))
+    /// Calls `f` on every IPv4 conntrack entry (see `each_flow_in`).
+    pub(super) fn each_flow(&self, f: impl FnMut(&FlowKey, &Flow)) -> Result<()> {
+        each_flow_in(&self.conntrack.v4, f)
     }
+}
+
+/// One family's part of `Datapath::scan_flows`: counts each service's recently active
+/// flows into `per_id`, notes SNAT entries into `snat`; returns the entries seen.
+fn scan<A: MapAddr>(
+    conntrack: &Conntrack<A>,
+    now: u32,
+    window: u32,
+    per_id: &mut StdHashMap<ServiceId, ActiveFlows>,
+    mut snat: Option<&mut SnatFlows<A>>,
+) -> Result<u64> {
+    let mut entries = 0;
+    each_flow_in(conntrack, |k, f| {
+        entries += 1;
+        if f.kind == gateway_common::NAT_DST && now.wrapping_sub(f.seen) <= window {
+            let counted = per_id.entry(f.service).or_default();
+            counted.all += 1;
+            counted.snat += u64::from(f.is_snat());
+        }
+        if let Some(snat) = snat.as_deref_mut() {
+            snat.see(k, f);
+        }
+    })?;
+    Ok(entries)
+}
+
+/// Calls `f` on every entry of a conntrack, reading them in batches (a few syscalls for
+/// the whole table, not two per entry).
+pub(super) fn each_flow_in<A: MapAddr>(
+    conntrack: &Conntrack<A>,
+    mut f: impl FnMut(&FlowKey<A>, &Flow<A>),
+) -> Result<()> {
+    use aya::maps::IterableMap as _;
+    let fd = std::os::fd::AsFd::as_fd(conntrack.map().fd());
+    let (key_size, value_size) = (
+        std::mem::size_of::<FlowKey<A>>(),
+        std::mem::size_of::<Flow<A>>(),
+    );
+    lookup_batch(fd, key_size, value_size, |k, v| {
+        // The map's key and value are a FlowKey and a Flow (sizes checked at load).
+        let (k, v): (FlowKey<A>, Flow<A>) = (read_pod(k), read_pod(v));
+        f(&k, &v)
+    })
+    .map_err(batch_err(map_names::CONNTRACK))
 }
 
 /// `bpf_ktime_get_coarse_ns() >> 20` as the program computes it (CLOCK_MONOTONIC_COARSE).

@@ -8,7 +8,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     io,
-    net::Ipv4Addr,
+    net::IpAddr,
     os::fd::{AsFd, BorrowedFd, OwnedFd},
     time::{Duration, Instant},
 };
@@ -274,11 +274,12 @@ pub fn delete_dummy(name: &str) -> Result<bool, NetlinkError> {
     }
 }
 
-/// IPv4 addresses on interface `ifindex` (RTM_GETADDR dump, filtered).
-pub fn ipv4_addresses(ifindex: u32) -> Result<BTreeSet<Ipv4Addr>, NetlinkError> {
-    const WHAT: &str = "dumping IPv4 addresses";
+/// The addresses on interface `ifindex`, of both families (RTM_GETADDR dump, filtered),
+/// except IPv6 link-local ones (the kernel's own, fe80::/10).
+pub fn addresses(ifindex: u32) -> Result<BTreeSet<IpAddr>, NetlinkError> {
+    const WHAT: &str = "dumping addresses";
     let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
-    let request = Request::new(RTM_GETADDR, NLM_F_DUMP).fixed(&ifaddrmsg(0, 0));
+    let request = Request::new(RTM_GETADDR, NLM_F_DUMP).fixed(&ifaddrmsg(0, 0, 0, 0));
     let mut out = BTreeSet::new();
     for reply in sock.dump(WHAT, &request)? {
         if reply.ty != RTM_NEWADDR {
@@ -291,7 +292,7 @@ pub fn ipv4_addresses(ifindex: u32) -> Result<BTreeSet<Ipv4Addr>, NetlinkError> 
             local: Some(local),
         }) = addr
         {
-            if index == ifindex {
+            if index == ifindex && !is_link_local(local) {
                 out.insert(local);
             }
         }
@@ -299,29 +300,50 @@ pub fn ipv4_addresses(ifindex: u32) -> Result<BTreeSet<Ipv4Addr>, NetlinkError> 
     Ok(out)
 }
 
-/// Adds `addr`/32 to `ifindex` (EEXIST is success).
-pub fn add_ipv4_address(ifindex: u32, addr: Ipv4Addr) -> Result<(), NetlinkError> {
+fn is_link_local(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80)
+}
+
+/// The ifaddrmsg of a single-address prefix of `addr` (/32, /128) on `ifindex`; an IPv6
+/// one without duplicate address detection (a dummy interface has no neighbours).
+fn host_prefix(ifindex: u32, addr: IpAddr) -> [u8; IFADDRMSG_LEN] {
+    const IFA_F_NODAD: u8 = 0x02;
+    match addr {
+        IpAddr::V4(_) => ifaddrmsg(libc::AF_INET, ifindex, 32, 0),
+        IpAddr::V6(_) => ifaddrmsg(libc::AF_INET6, ifindex, 128, IFA_F_NODAD),
+    }
+}
+
+fn octets(addr: &IpAddr) -> Vec<u8> {
+    match addr {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// Adds `addr` as a single-address prefix (/32, /128) to `ifindex` (EEXIST is success).
+pub fn add_address(ifindex: u32, addr: IpAddr) -> Result<(), NetlinkError> {
     let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
     let request = Request::new(RTM_NEWADDR, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
-        .fixed(&ifaddrmsg(ifindex, 32))
-        .attr(IFA_LOCAL, &addr.octets())
-        .attr(IFA_ADDRESS, &addr.octets());
-    match sock.request("adding an IPv4 address", &request) {
+        .fixed(&host_prefix(ifindex, addr))
+        .attr(IFA_LOCAL, &octets(&addr))
+        .attr(IFA_ADDRESS, &octets(&addr));
+    match sock.request("adding an address", &request) {
         Err(e) if e.errno() != Some(libc::EEXIST) => Err(e),
         _ => Ok(()),
     }
 }
 
-/// Removes `addr`/32 from `ifindex` (EADDRNOTAVAIL/ENOENT: success).
-pub fn remove_ipv4_address(ifindex: u32, addr: Ipv4Addr) -> Result<(), NetlinkError> {
+/// Removes `addr`'s single-address prefix from `ifindex` (EADDRNOTAVAIL/ENOENT: success).
+pub fn remove_address(ifindex: u32, addr: IpAddr) -> Result<(), NetlinkError> {
     let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
-    // IFA_ADDRESS with prefix length 32 makes the kernel match only the /32, never the
-    // same address with another prefix.
+    // IFA_ADDRESS with the single-address prefix length makes the kernel match only
+    // that prefix, never the same address with another prefix.
     let request = Request::new(RTM_DELADDR, NLM_F_ACK)
-        .fixed(&ifaddrmsg(ifindex, 32))
-        .attr(IFA_LOCAL, &addr.octets())
-        .attr(IFA_ADDRESS, &addr.octets());
-    match sock.request("removing an IPv4 address", &request) {
+        .fixed(&host_prefix(ifindex, addr))
+        .attr(IFA_LOCAL, &octets(&addr))
+        .attr(IFA_ADDRESS, &octets(&addr));
+    match sock.request("removing an address", &request) {
         Err(e) if !matches!(e.errno(), Some(libc::EADDRNOTAVAIL | libc::ENOENT)) => Err(e),
         _ => Ok(()),
     }

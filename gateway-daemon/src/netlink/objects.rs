@@ -67,27 +67,35 @@ impl Link {
     }
 }
 
-/// An address as RTM_NEWADDR describes it (IPv4 only).
+/// An address as RTM_NEWADDR describes it.
 pub(super) struct Address {
     pub(super) index: u32,
-    pub(super) local: Option<Ipv4Addr>,
+    pub(super) local: Option<IpAddr>,
 }
 
 impl Address {
-    /// Parses an ifaddrmsg and its attributes; `None` for other families.
+    /// Parses an ifaddrmsg and its attributes; `None` for families other than IPv4 and
+    /// IPv6.
     pub(super) fn parse(body: &[u8]) -> Result<Option<Self>, &'static str> {
         let (header, attrs) = split_fixed(body, IFADDRMSG_LEN).ok_or("short ifaddrmsg")?;
-        if i32::from(header[0]) != libc::AF_INET {
+        let family = i32::from(header[0]);
+        if family != libc::AF_INET && family != libc::AF_INET6 {
             return Ok(None);
         }
         let index = ne_u32(&header[4..8]).ok_or("short ifaddrmsg")?;
         let (mut local, mut address) = (None, None);
         for attr in Attrs::new(attrs) {
             let attr = attr?;
-            let ip = || {
-                <[u8; 4]>::try_from(attr.value)
-                    .map(Ipv4Addr::from)
-                    .map_err(|_| "IPv4 address attribute not 4 bytes long")
+            let ip = || -> Result<IpAddr, &'static str> {
+                if family == libc::AF_INET {
+                    <[u8; 4]>::try_from(attr.value)
+                        .map(IpAddr::from)
+                        .map_err(|_| "IPv4 address attribute not 4 bytes long")
+                } else {
+                    <[u8; 16]>::try_from(attr.value)
+                        .map(IpAddr::from)
+                        .map_err(|_| "IPv6 address attribute not 16 bytes long")
+                }
             };
             match attr.ty {
                 IFA_LOCAL => local = Some(ip()?),
@@ -96,7 +104,7 @@ impl Address {
             }
         }
         // IFA_LOCAL is the interface's own address; IFA_ADDRESS differs from it only on
-        // point-to-point links, where it is the peer's.
+        // point-to-point links, where it is the peer's (IPv6 sends IFA_ADDRESS alone).
         Ok(Some(Address {
             index,
             local: local.or(address),

@@ -71,10 +71,13 @@ pub(super) fn ifinfomsg(index: u32, flags: u32, change: u32) -> [u8; IFINFOMSG_L
     m
 }
 
-pub(super) fn ifaddrmsg(index: u32, prefix_len: u8) -> [u8; IFADDRMSG_LEN] {
+/// An ifaddrmsg of `family` (`AF_INET`, `AF_INET6`; 0 for a dump of both), with
+/// `IFA_F_*` `flags`.
+pub(super) fn ifaddrmsg(family: i32, index: u32, prefix_len: u8, flags: u8) -> [u8; IFADDRMSG_LEN] {
     let mut m = [0; IFADDRMSG_LEN];
-    m[0] = libc::AF_INET as u8;
+    m[0] = family as u8;
     m[1] = prefix_len;
+    m[2] = flags;
     m[3] = RT_SCOPE_UNIVERSE;
     m[4..8].copy_from_slice(&index.to_ne_bytes());
     m

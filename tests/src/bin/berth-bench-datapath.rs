@@ -281,7 +281,7 @@ fn main() {
             }],
         )
     });
-    t.dp.set_source_resolver(Box::new(|_| Some(CLIENT)));
+    t.dp.set_source_resolver(Box::new(|_| Some(CLIENT.into())));
     t.dp.apply(&state).expect("apply");
     // Both sides take XDP frames (what the daemon learns from the kernel's xdp-features):
     // forwarded packets take the redirect path.
