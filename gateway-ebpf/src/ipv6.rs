@@ -119,7 +119,11 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         | ipv6_ext::DEST_OPTS
         | ipv6_ext::AUTH
         | ipv6_ext::FRAGMENT => return malformed(dst),
-        _ => return PASS,
+        // ICMPv6 after extension headers is the kernel's (echo, neighbour discovery).
+        proto::ICMPV6 => return PASS,
+        // No transport header the program can find (ESP, no next header, another
+        // protocol): not for a service (docs/ipv6.md).
+        _ => return malformed(dst),
     };
     if off > end {
         return malformed(dst);
