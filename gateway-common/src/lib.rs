@@ -654,8 +654,9 @@ counters! {
     /// A conntrack entry was created (forward, reply or kernel-path entry). Created minus
     /// live entries is what the LRU evicted (the kernel does not count evictions).
     CtCreated = "ct_created",
-    /// An IPv6 packet passed untouched because the IPv6 program could not be entered
-    /// (its tail-call slot was empty: a loader that did not fill it).
+    /// An IPv6 packet passed untouched because an IPv6 program (`berth_v6`,
+    /// `berth_icmp6`, `berth_tc_v6`) could not be entered (its tail-call slot was empty:
+    /// a loader that did not fill it).
     Ipv6NoProgram = "ipv6_no_program",
 }
 
