@@ -49,6 +49,32 @@ pub fn disable_icmp_redirects(ifaces: &[String]) -> io::Result<Vec<String>> {
     Ok(changed)
 }
 
+/// Turns `proxy_ndp` on for `ifaces`, so that the proxy neighbour entries of the IPv6
+/// gateway addresses are answered there (as the host answers ARP for the IPv4 ones on
+/// the dummy interface). Returns the settings it changed.
+pub fn enable_proxy_ndp(ifaces: &[String]) -> io::Result<Vec<String>> {
+    let mut changed = Vec::new();
+    for name in ifaces {
+        let path = format!("/proc/sys/net/ipv6/conf/{name}/proxy_ndp");
+        match fs::read_to_string(&path) {
+            Ok(v) if v.trim() == "1" => {}
+            Ok(_) => {
+                fs::write(&path, "1\n")?;
+                changed.push(format!("net.ipv6.conf.{name}.proxy_ndp"));
+            }
+            // IPv6 disabled on the interface (or in the kernel): nothing to answer.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(changed)
+}
+
+/// Whether the kernel forwards IPv6 on interface `iface` (`all` for the default).
+pub fn ipv6_forwarding(iface: &str) -> io::Result<bool> {
+    Ok(fs::read_to_string(format!("/proc/sys/net/ipv6/conf/{iface}/forwarding"))?.trim() == "1")
+}
+
 /// Parses the kernel's list format: `1,2,10-20` (empty: none). Bad items are skipped.
 fn parse_ports(text: &str) -> BTreeSet<u16> {
     let mut out = BTreeSet::new();

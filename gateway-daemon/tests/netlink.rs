@@ -337,3 +337,68 @@ fn deleting_an_absent_dummy_reports_false() {
         ));
     });
 }
+
+/// `ip -n NS ARGS`, its standard output.
+fn ip_output(ns: &Netns, args: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args([&["-n", ns.name.as_str()], args].concat())
+        .output()
+        .expect("running ip");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_proxy_neighbour_entry_answers_solicitations_from_the_segment_until_removed() {
+    let (gw, client) = (Netns::new(), Netns::new());
+    gw.ip(&[
+        "link",
+        "add",
+        "va",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "vb",
+        "netns",
+        &client.name,
+    ]);
+    gw.ip(&["link", "set", "va", "up"]);
+    client.ip(&["link", "set", "vb", "up"]);
+    gw.ip(&["addr", "add", "2001:db8::1/64", "dev", "va", "nodad"]);
+    client.ip(&["addr", "add", "2001:db8::2/64", "dev", "vb", "nodad"]);
+    gw.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+    let target: std::net::Ipv6Addr = "2001:db8::100".parse().expect("ip");
+    gw.enter(|| {
+        let va = index_of("va");
+        netlink::add_proxy_neighbour(va, target).expect("add");
+        netlink::add_proxy_neighbour(va, target).expect("add again");
+        let changed = berth::host::enable_proxy_ndp(&["va".to_string()]).expect("proxy_ndp");
+        assert_eq!(changed, ["net.ipv6.conf.va.proxy_ndp"]);
+    });
+    let link = ip_output(&gw, &["-o", "link", "show", "va"]);
+    let va_mac = link
+        .split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no MAC in {link}"))
+        .to_string();
+    assert!(
+        ip_output(&gw, &["-6", "neigh", "show", "proxy"]).contains("2001:db8::100 dev va"),
+        "the proxy entry is listed"
+    );
+    // A datagram to the target makes the client solicit it; the gateway answers.
+    client.enter(|| {
+        let socket = std::net::UdpSocket::bind("[::]:0").expect("bind");
+        eventually("the client learns the target's link address", || {
+            let _ = socket.send_to(b"x", (target, 9));
+            ip_output(&client, &["-6", "neigh", "show", "2001:db8::100"])
+                .contains(&format!("lladdr {va_mac}"))
+        });
+    });
+    gw.enter(|| {
+        let va = index_of("va");
+        netlink::remove_proxy_neighbour(va, target).expect("remove");
+        netlink::remove_proxy_neighbour(va, target).expect("remove again");
+    });
+    assert_eq!(ip_output(&gw, &["-6", "neigh", "show", "proxy"]).trim(), "");
+}

@@ -342,6 +342,20 @@ fn resolve(iface: &str) -> Result<u32> {
     })
 }
 
+impl Datapath {
+    /// The interfaces the gateway program is attached to (by pinned link), as
+    /// (index, name) of those that exist.
+    pub(super) fn attached_interfaces(&self) -> Vec<(u32, String)> {
+        let mut out: Vec<(u32, String)> = pins(&self.links_dir())
+            .into_iter()
+            .filter(|p| p.kind == LinkKind::Xdp)
+            .filter_map(|p| Some((p.ifindex, ifname(p.ifindex)?)))
+            .collect();
+        out.dedup();
+        out
+    }
+}
+
 /// The name of interface `ifindex`, if it exists.
 fn ifname(ifindex: u32) -> Option<String> {
     crate::sys::iface::index_to_name(ifindex)

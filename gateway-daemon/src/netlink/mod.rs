@@ -37,6 +37,7 @@ const NLM_F_DUMP_INTR: u16 = 0x10;
 const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
+const NLM_F_REPLACE: u16 = 0x100;
 /// In an NLMSG_ERROR: the request is not echoed back, only its header.
 const NLM_F_CAPPED: u16 = 0x100;
 /// In an NLMSG_ERROR or NLMSG_DONE: extended-ack attributes follow.
@@ -53,6 +54,13 @@ const RTM_GETLINK: u16 = 18;
 const RTM_NEWADDR: u16 = 20;
 const RTM_DELADDR: u16 = 21;
 const RTM_GETADDR: u16 = 22;
+const RTM_NEWNEIGH: u16 = 28;
+const RTM_DELNEIGH: u16 = 29;
+/// `ndmsg.ndm_flags`: a proxy entry (the host answers neighbour solicitations for it).
+const NTF_PROXY: u8 = 0x08;
+const NUD_PERMANENT: u16 = 0x80;
+const NDA_DST: u16 = 1;
+const NDMSG_LEN: usize = 12;
 const RTNLGRP_LINK: u32 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
@@ -345,6 +353,41 @@ pub fn remove_address(ifindex: u32, addr: IpAddr) -> Result<(), NetlinkError> {
         .attr(IFA_ADDRESS, &octets(&addr));
     match sock.request("removing an address", &request) {
         Err(e) if !matches!(e.errno(), Some(libc::EADDRNOTAVAIL | libc::ENOENT)) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// An ndmsg for a proxy entry of an IPv6 address on `ifindex`.
+fn proxy_ndmsg(ifindex: u32) -> [u8; NDMSG_LEN] {
+    let mut m = [0; NDMSG_LEN];
+    m[0] = libc::AF_INET6 as u8;
+    m[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+    m[8..10].copy_from_slice(&NUD_PERMANENT.to_ne_bytes());
+    m[10] = NTF_PROXY;
+    m
+}
+
+/// Adds a proxy neighbour entry: the host answers neighbour solicitations for `addr`
+/// arriving on `ifindex` (`ip -6 neigh add proxy ADDR dev IFACE`; present: success).
+/// The kernel answers them only while the interface forwards IPv6 and has `proxy_ndp`
+/// on (see `host::enable_proxy_ndp`).
+pub fn add_proxy_neighbour(ifindex: u32, addr: std::net::Ipv6Addr) -> Result<(), NetlinkError> {
+    let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
+    let request = Request::new(RTM_NEWNEIGH, NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE)
+        .fixed(&proxy_ndmsg(ifindex))
+        .attr(NDA_DST, &addr.octets());
+    sock.request("adding a proxy neighbour entry", &request)
+        .map(|_| ())
+}
+
+/// Removes the proxy neighbour entry of `addr` on `ifindex` (absent: success).
+pub fn remove_proxy_neighbour(ifindex: u32, addr: std::net::Ipv6Addr) -> Result<(), NetlinkError> {
+    let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
+    let request = Request::new(RTM_DELNEIGH, NLM_F_ACK)
+        .fixed(&proxy_ndmsg(ifindex))
+        .attr(NDA_DST, &addr.octets());
+    match sock.request("removing a proxy neighbour entry", &request) {
+        Err(e) if !matches!(e.errno(), Some(libc::ENOENT | libc::ENODEV)) => Err(e),
         _ => Ok(()),
     }
 }
