@@ -11,6 +11,11 @@
 //! only the pseudo-header part of the checksum field may change. Replies XDP translated
 //! itself never come here: XDP sends them by redirect, which bypasses egress TC, and
 //! their tuple (gateway → client) has no `NAT_SRC` entry anyway.
+//!
+//! Both families run one generic body (`Family`); IPv6 in `berth_tc_v6`, entered by
+//! tail call (its own stack). An IPv6 address is given to the checksum helpers a
+//! 32-bit word at a time; ICMP errors are translated by `icmp::translate` on copies of
+//! their headers, written back whole (ICMP is never checksum-offloaded).
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
