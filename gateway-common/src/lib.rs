@@ -54,10 +54,14 @@ pub mod map_names {
     pub const ADDR_FILTER: &str = "berth_addr_filter";
     /// Backend id → `NextHop` toward that backend (the forward packets of all its flows).
     pub const BACKEND_HOPS: &str = "berth_backend_hops";
-    /// Slot → program entered by tail call: slot 0 is the IPv6 gateway program. Pinned,
-    /// so that IPv6 keeps being served while the daemon restarts (a program array
-    /// forgets its programs when no file refers to it).
+    /// Slot → program entered by tail call: slot 0 is the IPv6 gateway program, slot 1
+    /// its ICMPv6 part. Pinned, so that IPv6 keeps being served while the daemon
+    /// restarts (a program array forgets its programs when no file refers to it).
     pub const PROGRAMS: &str = "berth_progs";
+    /// Slot → program the TC egress program enters by tail call: slot 0 is its IPv6
+    /// half (a TC program cannot enter `PROGRAMS`, an array of XDP programs). Pinned,
+    /// as `PROGRAMS`.
+    pub const TC_PROGRAMS: &str = "berth_tc_progs";
     /// IPv6: `ServiceKey<[u32; 4]>` → `Service`.
     pub const SERVICES6: &str = "berth_services6";
     /// IPv6 gateway address → number of services on it.
@@ -74,7 +78,7 @@ pub mod map_names {
     pub const FRAGMENTS6: &str = "berth_frags6";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 25] = [
+    pub const ALL: [&str; 26] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -93,6 +97,7 @@ pub mod map_names {
         ADDR_FILTER,
         BACKEND_HOPS,
         PROGRAMS,
+        TC_PROGRAMS,
         SERVICES6,
         ADDRESSES6,
         CONNTRACK6,
@@ -649,8 +654,9 @@ counters! {
     /// A conntrack entry was created (forward, reply or kernel-path entry). Created minus
     /// live entries is what the LRU evicted (the kernel does not count evictions).
     CtCreated = "ct_created",
-    /// An IPv6 packet passed untouched because the IPv6 program could not be entered
-    /// (its tail-call slot was empty: a loader that did not fill it).
+    /// An IPv6 packet passed untouched because an IPv6 program (`berth_v6`,
+    /// `berth_icmp6`, `berth_tc_v6`) could not be entered (its tail-call slot was empty:
+    /// a loader that did not fill it).
     Ipv6NoProgram = "ipv6_no_program",
 }
 

@@ -56,9 +56,11 @@ pub struct Published {
 /// The conntrack's occupancy, read with the active flows (`ACTIVE_FLOW_REFRESH`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Conntrack {
-    /// Entries in the table.
+    /// Entries in the tables (IPv4 and IPv6 together).
     pub entries: u64,
-    /// Entries it can hold (`berth run --conntrack-size`).
+    /// Entries in the fuller of the two.
+    pub fullest: u64,
+    /// Entries each family's table can hold (`berth run --conntrack-size`).
     pub capacity: u64,
     /// The `ct_created` counter (entries the kernel created) read with `entries`.
     pub created: u64,
@@ -72,16 +74,16 @@ pub struct Conntrack {
 }
 
 impl Conntrack {
-    /// The table is nearly full (90 % or more): new flows evict established ones.
+    /// A table is nearly full (90 % or more): new flows evict established ones.
     pub fn nearly_full(&self) -> bool {
-        self.capacity > 0 && self.entries * 10 >= self.capacity * 9
+        self.capacity > 0 && self.fullest * 10 >= self.capacity * 9
     }
 
     /// The occupancy counted now, following `before` (the count before, if any).
     fn counted(
         before: Option<&Conntrack>,
         counters: &BTreeMap<&'static str, u64>,
-        (entries, deleted): (u64, u64),
+        (entries, fullest, deleted): (u64, u64, u64),
         capacity: u64,
     ) -> Conntrack {
         use gateway_common::Counter;
@@ -89,6 +91,7 @@ impl Conntrack {
         let (created, untracked) = (count(Counter::CtCreated), count(Counter::FloodUntracked));
         Conntrack {
             entries,
+            fullest,
             capacity,
             created,
             untracked,
@@ -219,7 +222,7 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath) {
         let counted = Conntrack::counted(
             p.conntrack.as_ref(),
             &p.counters,
-            (scan.entries, dp.conntrack_deleted()),
+            (scan.entries, scan.fullest, dp.conntrack_deleted()),
             capacity,
         );
         log_conntrack(p.conntrack.as_ref(), &counted);
@@ -422,14 +425,14 @@ mod tests {
         assert_eq!(evictions_estimate(100, 100), 0);
         // Counters replaced (an upgrade) while the table kept its entries.
         assert_eq!(evictions_estimate(10, 1024), 0);
-        let first = Conntrack::counted(None, &counters(5000, 0), (1024, 0), 1024);
+        let first = Conntrack::counted(None, &counters(5000, 0), (1024, 1024, 0), 1024);
         assert_eq!(first.evictions, 3976);
-        let later = Conntrack::counted(Some(&first), &counters(10, 0), (1024, 0), 1024);
+        let later = Conntrack::counted(Some(&first), &counters(10, 0), (1024, 1024, 0), 1024);
         assert_eq!(later.evictions, 3976, "a counter never goes back");
-        let more = Conntrack::counted(Some(&later), &counters(9000, 0), (1000, 0), 1024);
+        let more = Conntrack::counted(Some(&later), &counters(9000, 0), (1000, 1000, 0), 1024);
         assert_eq!(more.evictions, 8000);
         // Entries the daemon deleted (idle SNAT flows) were not evicted.
-        let deleted = Conntrack::counted(Some(&more), &counters(9500, 0), (1000, 500), 1024);
+        let deleted = Conntrack::counted(Some(&more), &counters(9500, 0), (1000, 1000, 500), 1024);
         assert_eq!((deleted.evictions, deleted.entries), (8000, 1000));
     }
 
@@ -437,7 +440,7 @@ mod tests {
     fn nearly_full_and_flooding_are_reported_once_per_change() {
         use ConntrackChange::{Flooding, NearlyFull};
         let count = |before: Option<&Conntrack>, untracked, entries| {
-            Conntrack::counted(before, &counters(0, untracked), (entries, 0), 1000)
+            Conntrack::counted(before, &counters(0, untracked), (entries, entries, 0), 1000)
         };
         let quiet = count(None, 0, 100);
         assert_eq!(conntrack_changes(None, &quiet), vec![]);

@@ -599,7 +599,7 @@ pub fn add_kernel_path_entries<A: Family>(key: &FlowKey<A>, flow: &Flow<A>) {
 
 /// The tuple of a packet from `src` to `dst` (addresses and ports network order).
 #[inline(always)]
-fn tuple<A: Addr>(src: (A, u16), dst: (A, u16), proto: u8) -> FlowKey<A> {
+pub fn tuple<A: Addr>(src: (A, u16), dst: (A, u16), proto: u8) -> FlowKey<A> {
     FlowKey {
         src: src.0,
         dst: dst.0,

@@ -11,7 +11,8 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap},
 };
 use gateway_common::{
-    Addr, Backend, Flow, FlowKey, FragKey, FragKey6, FragPorts, ReplyIndex, Service, ServiceKey,
+    proto, Addr, Backend, Flow, FlowKey, FragKey, FragKey6, FragPorts, ReplyIndex, Service,
+    ServiceKey,
 };
 
 use crate::{
@@ -86,7 +87,48 @@ pub trait Family: Addr + 'static {
     /// # Safety
     /// `ip` must point into the packet, bounds-checked.
     unsafe fn fib_params(ip: *const Self::Hdr, params: &mut bpf_fib_lookup);
+
+    /// 32-bit words in an address (for the skb checksum helpers, which take 4 bytes at
+    /// a time).
+    const WORDS: usize;
+    /// Word `i` (< `WORDS`) of the address, network order.
+    fn word(self, i: usize) -> u32;
+    /// Offset of the source address in the network header.
+    const SRC_OFF: usize;
+    /// Offset of the network header's own checksum, if it has one (IPv4).
+    const HDR_CHECK_OFF: Option<usize>;
+
+    /// ICMP's protocol number in this family.
+    const ICMP: u8;
+    /// Whether ICMP type `kind` is an error about a packet that is translated like the
+    /// packet it quotes.
+    fn icmp_error(kind: u8) -> bool;
+    /// Whether the ICMP checksum covers the pseudo-header (ICMPv6): an outer address
+    /// change changes it too.
+    const ICMP_PSEUDO: bool;
+    /// Whether a quoted transport checksum is kept right when the quote is translated
+    /// (IPv6; IPv4 leaves it, receivers do not verify it).
+    const QUOTE_L4_CHECK: bool;
+    /// The transport protocol of a quoted packet whose TCP or UDP header follows the
+    /// fixed header (`size_of::<Hdr>()` bytes) at once; otherwise none.
+    ///
+    /// # Safety
+    /// `ip` must point to a whole header, bounds-checked.
+    unsafe fn quoted_proto(ip: *const Self::Hdr) -> Option<u8>;
+    /// The header's own checksum (0 without one).
+    ///
+    /// # Safety
+    /// `ip` must point to a whole header, bounds-checked.
+    unsafe fn hdr_check(ip: *const Self::Hdr) -> u16;
 }
+
+/// ICMP type "destination unreachable" (fragmentation needed is its code 4).
+const ICMP_DEST_UNREACH: u8 = 3;
+/// ICMP type "time exceeded".
+const ICMP_TIME_EXCEEDED: u8 = 11;
+/// ICMPv6 types "destination unreachable" (1), "packet too big" (2) and "time
+/// exceeded" (3).
+const ICMPV6_ERRORS: core::ops::RangeInclusive<u8> = 1..=3;
 
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
@@ -192,6 +234,37 @@ impl Family for u32 {
     #[inline(always)]
     unsafe fn ip_len(ip: *const Ipv4) -> u16 {
         u16::from_be((*ip).tot_len)
+    }
+
+    const WORDS: usize = 1;
+
+    #[inline(always)]
+    fn word(self, _i: usize) -> u32 {
+        self
+    }
+
+    const SRC_OFF: usize = 12;
+    const HDR_CHECK_OFF: Option<usize> = Some(10);
+    const ICMP: u8 = proto::ICMP;
+
+    #[inline(always)]
+    fn icmp_error(kind: u8) -> bool {
+        kind == ICMP_DEST_UNREACH || kind == ICMP_TIME_EXCEEDED
+    }
+
+    const ICMP_PSEUDO: bool = false;
+    const QUOTE_L4_CHECK: bool = false;
+
+    #[inline(always)]
+    unsafe fn quoted_proto(ip: *const Ipv4) -> Option<u8> {
+        // Quoted packets with IP options are rare enough to leave to the kernel.
+        let p = (*ip).proto;
+        ((*ip).vihl == 0x45 && (p == proto::TCP || p == proto::UDP)).then_some(p)
+    }
+
+    #[inline(always)]
+    unsafe fn hdr_check(ip: *const Ipv4) -> u16 {
+        (*ip).check
     }
 
     #[inline(always)]
@@ -304,6 +377,37 @@ impl Family for Addr6 {
     #[inline(always)]
     unsafe fn ip_len(ip: *const Ipv6) -> u16 {
         u16::from_be((*ip).payload_len).wrapping_add(IPV6_LEN as u16)
+    }
+
+    const WORDS: usize = 4;
+
+    #[inline(always)]
+    fn word(self, i: usize) -> u32 {
+        self[i]
+    }
+
+    const SRC_OFF: usize = 8;
+    const HDR_CHECK_OFF: Option<usize> = None;
+    const ICMP: u8 = proto::ICMPV6;
+
+    #[inline(always)]
+    fn icmp_error(kind: u8) -> bool {
+        ICMPV6_ERRORS.contains(&kind)
+    }
+
+    const ICMP_PSEUDO: bool = true;
+    const QUOTE_L4_CHECK: bool = true;
+
+    #[inline(always)]
+    unsafe fn quoted_proto(ip: *const Ipv6) -> Option<u8> {
+        // A quote with extension headers is left to the kernel.
+        let p = (*ip).next_hdr;
+        ((*ip).vtc_flow & 0xf0 == 0x60 && (p == proto::TCP || p == proto::UDP)).then_some(p)
+    }
+
+    #[inline(always)]
+    unsafe fn hdr_check(_ip: *const Ipv6) -> u16 {
+        0
     }
 
     #[inline(always)]

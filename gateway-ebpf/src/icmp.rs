@@ -1,34 +1,33 @@
-//! ICMP errors about NATed flows (destination unreachable, including "fragmentation
-//! needed" for PMTU discovery, and time exceeded) are translated like the packet they
-//! quote, so the sender of the quoted packet recognises it.
+//! ICMP and ICMPv6 errors about NATed flows (destination unreachable, including
+//! "fragmentation needed" and IPv6's "packet too big" for PMTU discovery, and time
+//! exceeded) are translated like the packet they quote, so the sender of the quoted
+//! packet recognises it. One generic body serves both families (`Family`): IPv4 keeps
+//! the quoted header's checksum right; IPv6 keeps the quoted transport checksum right
+//! and the ICMPv6 checksum, which also covers the outer addresses.
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
-use gateway_common::{proto, Counter, FlowKey, NextHop, NAT_MASQ};
+use gateway_common::{proto, Counter, NextHop, NAT_MASQ};
 
 use crate::{
-    conntrack::{add_kernel_path_entries, applies, find},
-    csum::{replace2, replace4},
+    conntrack::{add_kernel_path_entries, applies, find, tuple},
+    csum::replace2,
+    family::Family,
     fwd::{coarse_now, path, send, Path},
     maps::count,
     nat::{halves, Endpoint, Side},
-    packet::{ptr_at, Eth, Icmp, Ipv4, Ports, IPV4_MIN_LEN},
+    packet::{ptr_at, Eth, Icmp, Ports, TCP_CHECK_OFF, UDP_CHECK_OFF},
 };
 
-/// ICMP type "destination unreachable" (fragmentation needed is its code 4).
-pub const DEST_UNREACH: u8 = 3;
-/// ICMP type "time exceeded".
-pub const TIME_EXCEEDED: u8 = 11;
-
-/// Handles an unfragmented ICMP packet whose ICMP header starts at `l4_off` and whose
-/// IP packet ends at `end` (both from the start of the frame).
+/// Handles an unfragmented ICMP (ICMPv6) packet whose ICMP header starts at `l4_off`
+/// and whose IP packet ends at `end` (both from the start of the frame).
 ///
 /// # Safety
 /// `eth` and `ip` must point into the packet, bounds-checked.
 #[inline(always)]
-pub unsafe fn handle(
+pub unsafe fn handle<A: Family>(
     ctx: &XdpContext,
     eth: *mut Eth,
-    ip: *mut Ipv4,
+    ip: *mut A::Hdr,
     l4_off: usize,
     end: usize,
 ) -> u32 {
@@ -36,38 +35,46 @@ pub unsafe fn handle(
     let Some(icmp) = ptr_at::<Icmp>(ctx, l4_off) else {
         return pass;
     };
-    if (*icmp).kind != DEST_UNREACH && (*icmp).kind != TIME_EXCEEDED {
+    if !A::icmp_error((*icmp).kind) {
         return pass;
     }
     let inner_off = l4_off + core::mem::size_of::<Icmp>();
-    let Some(inner) = ptr_at::<Ipv4>(ctx, inner_off) else {
+    let Some(inner) = ptr_at::<A::Hdr>(ctx, inner_off) else {
         return pass;
     };
-    // Quoted packets with IP options are rare enough to leave to the kernel.
-    if (*inner).vihl != 0x45 || ((*inner).proto != proto::TCP && (*inner).proto != proto::UDP) {
+    let Some(inner_proto) = A::quoted_proto(inner) else {
         return pass;
-    }
-    let Some(ports) = ptr_at::<Ports>(ctx, inner_off + IPV4_MIN_LEN) else {
+    };
+    let ports_off = inner_off + core::mem::size_of::<A::Hdr>();
+    let Some(ports) = ptr_at::<Ports>(ctx, ports_off) else {
         return pass;
     };
     // A quote past the IP total length (in the frame's padding) is not part of the
     // message, and the ICMP checksum does not cover it.
-    if inner_off + IPV4_MIN_LEN + core::mem::size_of::<Ports>() > end {
+    if ports_off + core::mem::size_of::<Ports>() > end {
         return pass;
     }
+    let l4_check = if A::QUOTE_L4_CHECK {
+        let off = ports_off + quoted_check_off(inner_proto);
+        match ptr_at::<u16>(ctx, off) {
+            Some(check) if off + 2 <= end => Some(check),
+            _ => None,
+        }
+    } else {
+        None
+    };
     // The quoted packet travelled opposite to this error: its reversed tuple is the
     // tuple of this error's direction.
-    let key = FlowKey {
-        src: (*inner).dst,
-        dst: (*inner).src,
-        sport: (*ports).dst,
-        dport: (*ports).src,
-        proto: (*inner).proto,
-        pad: [0; 3],
-    };
+    let (inner_src, inner_dst) = A::addrs(inner);
+    let key = tuple(
+        (inner_dst, (*ports).dst),
+        (inner_src, (*ports).src),
+        inner_proto,
+    );
     let Some(flow) = find(&key) else {
         return pass;
     };
+
     // A `NAT_MASQ` entry is the TC program's.
     if flow.kind == NAT_MASQ {
         return pass;
@@ -76,21 +83,28 @@ pub unsafe fn handle(
         count(Counter::CtStaleService);
         return pass;
     }
+    let quote = Quote {
+        ip,
+        icmp,
+        inner,
+        ports,
+        l4_check,
+    };
     // Errors are rare: they use their own next-hop lookup, not the flow's cache. As for
     // any packet of the flow (`translate` in main.rs), the destination half is applied
     // whichever way the error leaves, the source half only if XDP sends it itself.
     let (dst, src) = halves(&flow);
     if let Some(dst) = dst {
-        translate(ip, icmp, inner, ports, Side::Dst, dst);
+        translate(&quote, Side::Dst, dst);
     }
     let mut hop = NextHop::default();
-    match path::<u32>(ctx, ip, &mut hop, coarse_now()) {
+    match path::<A>(ctx, ip, &mut hop, coarse_now()) {
         Path::Redirect => {
             if let Some(src) = src {
-                translate(ip, icmp, inner, ports, Side::Src, src);
+                translate(&quote, Side::Src, src);
             }
             count(Counter::IcmpTranslated);
-            send::<u32>(ctx, eth, ip, &hop)
+            send::<A>(ctx, eth, ip, &hop)
         }
         Path::Kernel(reason) => {
             if dst.is_some() {
@@ -105,42 +119,74 @@ pub unsafe fn handle(
     }
 }
 
+/// The offset of the transport checksum in a quoted TCP or UDP header.
+#[inline(always)]
+pub fn quoted_check_off(proto: u8) -> usize {
+    if proto == proto::UDP {
+        UDP_CHECK_OFF
+    } else {
+        TCP_CHECK_OFF
+    }
+}
+
+/// The parts of an ICMP error a translation rewrites: in the packet (XDP) or copies
+/// of it (TC).
+pub struct Quote<A: Family> {
+    /// The outer network header.
+    pub ip: *mut A::Hdr,
+    /// The ICMP header.
+    pub icmp: *mut Icmp,
+    /// The quoted network header.
+    pub inner: *mut A::Hdr,
+    /// The quoted ports.
+    pub ports: *mut Ports,
+    /// The quoted transport checksum, where it is kept right (`Family::QUOTE_L4_CHECK`)
+    /// and quoted.
+    pub l4_check: Option<*mut u16>,
+}
+
 /// Applies one half of a flow's translation (`side` of packets in the error's
 /// direction) to an ICMP error: the quoted packet travelled the other way, so the half
 /// that rewrites the error's destination rewrites the quote's source, and the other way
 /// round; the outer address is rewritten too where it names the quoted endpoint.
 ///
 /// # Safety
-/// All pointers must point into the packet, bounds-checked.
+/// All pointers in `q` must point to whole, valid values (bounds-checked, if in the
+/// packet).
 #[inline(always)]
-unsafe fn translate(
-    ip: *mut Ipv4,
-    icmp: *mut Icmp,
-    inner: *mut Ipv4,
-    ports: *mut Ports,
-    side: Side,
-    to: Endpoint,
-) {
-    let (inner_addr, inner_port, outer_addr) = if side == Side::Dst {
-        (&mut (*inner).src, &mut (*ports).src, &mut (*ip).dst)
+pub unsafe fn translate<A: Family>(q: &Quote<A>, side: Side, to: Endpoint<A>) {
+    let (inner_side, port) = if side == Side::Dst {
+        (Side::Src, &mut (*q.ports).src)
     } else {
-        (&mut (*inner).dst, &mut (*ports).dst, &mut (*ip).src)
+        (Side::Dst, &mut (*q.ports).dst)
     };
-    let old_addr = *inner_addr;
-    let old_port = *inner_port;
-    let old_inner_check = (*inner).check;
-    *inner_addr = to.addr;
-    *inner_port = to.port;
-    (*inner).check = replace4(old_inner_check, old_addr, to.addr);
+    let old_hdr_check = A::hdr_check(q.inner);
+    let old_addr = A::set_addr(q.inner, inner_side, to.addr);
+    let old_port = *port;
+    *port = to.port;
 
-    // The ICMP checksum covers the quoted bytes (no pseudo-header). Quoted L4
-    // checksums are left alone: receivers do not verify them.
-    let mut check = replace4((*icmp).check, old_addr, to.addr);
+    // The ICMP checksum covers the quoted bytes (ICMPv6's the pseudo-header too).
+    let mut check = A::csum_addr((*q.icmp).check, old_addr, to.addr);
     check = replace2(check, old_port, to.port);
-    (*icmp).check = replace2(check, old_inner_check, (*inner).check);
-
-    if *outer_addr == old_addr {
-        *outer_addr = to.addr;
-        (*ip).check = replace4((*ip).check, old_addr, to.addr);
+    check = replace2(check, old_hdr_check, A::hdr_check(q.inner));
+    if let Some(l4_check) = q.l4_check {
+        let old = *l4_check;
+        let new = replace2(A::csum_addr(old, old_addr, to.addr), old_port, to.port);
+        *l4_check = new;
+        check = replace2(check, old, new);
     }
+
+    let (outer_src, outer_dst) = A::addrs(q.ip);
+    let outer = if side == Side::Dst {
+        outer_dst
+    } else {
+        outer_src
+    };
+    if outer == old_addr {
+        A::set_addr(q.ip, side, to.addr);
+        if A::ICMP_PSEUDO {
+            check = A::csum_addr(check, old_addr, to.addr);
+        }
+    }
+    (*q.icmp).check = check;
 }

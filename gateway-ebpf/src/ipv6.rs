@@ -3,7 +3,11 @@
 //! it is the IPv4 walk: roles, conntrack, NAT and forwarding are the same generic code
 //! (`family.rs`).
 //!
-//! Fragments follow their first fragment as IPv4's do (`frag.rs`, `berth_frags6`).
+//! ICMPv6 goes on to `berth_icmp6` by tail call (`try_icmp`): errors (destination
+//! unreachable, packet too big, time exceeded) about a flow are translated by the code
+//! that translates ICMP errors (`icmp.rs`); neighbour discovery and echo pass
+//! untouched. Fragments follow their first fragment as IPv4's do (`frag.rs`,
+//! `berth_frags6`).
 
 use aya_ebpf::programs::XdpContext;
 use gateway_common::{
@@ -14,8 +18,8 @@ use gateway_common::{
 use crate::{
     conntrack::{lookup_or_balance, Found},
     family::Family,
-    frag,
-    maps::{count, is_gateway_address, Addr6, Roles, OPAQUE},
+    frag, icmp,
+    maps::{count, is_gateway_address, Addr6, Roles, OPAQUE, PROGRAMS, PROG_ICMP6},
     nat::L4,
     packet::{ptr_at, Eth, ExtHdr, FragHdr, Ipv6, ETH_LEN, IPV6_LEN},
     translate, Packet, PASS,
@@ -47,16 +51,22 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
             (*ip).dst,
         )
     };
+    if first == proto::ICMPV6 {
+        // An ICMPv6 error about a flow is addressed to its client or backend, which have
+        // no role: ICMPv6 is not filtered by roles (as ICMP in `try_berth`). One after
+        // extension headers is left to the kernel.
+        // SAFETY: a tail call into the ICMPv6 program; returns only if it failed.
+        unsafe { PROGRAMS.tail_call(ctx, PROG_ICMP6) };
+        count(Counter::Ipv6NoProgram);
+        return PASS;
+    }
     let roles = Roles::of(src, dst);
     if roles.none() {
         return PASS;
     }
-    // The version is the high nibble of the first byte (the low byte of the word as
-    // read). A payload length of 0 (a jumbogram) or past the frame is not parsed.
-    let end = ETH_LEN + IPV6_LEN + payload_len;
-    if vtc & 0xf0 != 0x60 || payload_len == 0 || end > ctx.data_end() - ctx.data() {
+    let Some(end) = end(ctx, vtc, payload_len) else {
         return malformed(dst);
-    }
+    };
 
     let mut next = first;
     let mut off = ETH_LEN + IPV6_LEN;
@@ -109,7 +119,11 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         | ipv6_ext::DEST_OPTS
         | ipv6_ext::AUTH
         | ipv6_ext::FRAGMENT => return malformed(dst),
-        _ => return PASS,
+        // ICMPv6 after extension headers is the kernel's (echo, neighbour discovery).
+        proto::ICMPV6 => return PASS,
+        // No transport header the program can find (ESP, no next header, another
+        // protocol): not for a service (docs/ipv6.md).
+        _ => return malformed(dst),
     };
     if off > end {
         return malformed(dst);
@@ -175,6 +189,31 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     };
     // SAFETY: every pointer in `pkt` comes from `ptr_at`; `found` is this run's.
     Ok(unsafe { translate(ctx, &pkt, &t, found, new) })
+}
+
+/// Handles an ICMPv6 frame (`berth_icmp6`): an error about a flow is translated like
+/// the packet it quotes; everything else (neighbour discovery, echo) passes untouched.
+#[inline(always)]
+pub fn try_icmp(ctx: &XdpContext) -> Result<u32, Counter> {
+    let (Some(eth), Some(ip)) = (ptr_at::<Eth>(ctx, 0), ptr_at::<Ipv6>(ctx, ETH_LEN)) else {
+        return PASS;
+    };
+    // SAFETY: `ip` comes from `ptr_at`.
+    let (vtc, payload_len) = unsafe { ((*ip).vtc_flow, u16::from_be((*ip).payload_len) as usize) };
+    let Some(end) = end(ctx, vtc, payload_len) else {
+        return PASS;
+    };
+    // SAFETY: `eth` and `ip` come from `ptr_at`.
+    Ok(unsafe { icmp::handle::<Addr6>(ctx, eth, ip, ETH_LEN + IPV6_LEN, end) })
+}
+
+/// Where the IPv6 packet ends (from the start of the frame), if its header can be
+/// parsed: the version is the high nibble of the first byte (the low byte of the word
+/// as read); a payload length of 0 (a jumbogram) or past the frame is not parsed.
+#[inline(always)]
+fn end(ctx: &XdpContext, vtc: u32, payload_len: usize) -> Option<usize> {
+    let end = ETH_LEN + IPV6_LEN + payload_len;
+    (vtc & 0xf0 == 0x60 && payload_len != 0 && end <= ctx.data_end() - ctx.data()).then_some(end)
 }
 
 /// `value`, stored to and loaded from this CPU's scratch word: the verifier forgets

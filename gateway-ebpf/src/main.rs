@@ -141,6 +141,14 @@ pub fn berth_v6(ctx: XdpContext) -> u32 {
     verdict(ipv6::try_berth(&ctx))
 }
 
+/// The ICMPv6 part of the gateway program, entered by tail call from `berth_v6`
+/// (`maps::PROG_ICMP6`): ICMPv6 errors about a flow are translated (`icmp.rs`).
+#[xdp]
+#[inline(always)]
+pub fn berth_icmp6(ctx: XdpContext) -> u32 {
+    verdict(ipv6::try_icmp(&ctx))
+}
+
 /// An XDP verdict: a dropped packet's reason is counted.
 #[inline(always)]
 fn verdict(result: Result<u32, Counter>) -> u32 {
@@ -158,6 +166,13 @@ fn verdict(result: Result<u32, Counter>) -> u32 {
 #[classifier]
 pub fn berth_tc(ctx: TcContext) -> i32 {
     let _ = tc::egress(&ctx);
+    TC_ACT_UNSPEC
+}
+
+/// The IPv6 half of `berth_tc`, entered by tail call (`maps::TC_PROGRAMS`).
+#[classifier]
+pub fn berth_tc_v6(ctx: TcContext) -> i32 {
+    let _ = tc::egress6(&ctx);
     TC_ACT_UNSPEC
 }
 
@@ -230,7 +245,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
             // An ICMP error about a flow is addressed to its client or backend, which
             // have no role: ICMP is not filtered by roles.
             // SAFETY: `eth` and `ip` come from `ptr_at`.
-            return Ok(unsafe { icmp::handle(ctx, eth, ip, l4_off, ETH_LEN + tot_len) });
+            return Ok(unsafe { icmp::handle::<u32>(ctx, eth, ip, l4_off, ETH_LEN + tot_len) });
         }
         _ => return PASS,
     };

@@ -279,9 +279,19 @@ pub static FRAGMENTS6: LruHashMap<FragKey6, FragPorts> = LruHashMap::with_max_en
 pub static SCRATCH6: PerCpuArray<Flow<Addr6>> = PerCpuArray::with_max_entries(1, 0);
 
 /// Programs entered by tail call, filled by the loader: slot `PROG_V6` is `berth_v6`,
-/// which the gateway program enters for IPv6 frames (its own 512-byte stack).
+/// which the gateway program enters for IPv6 frames (its own 512-byte stack), slot
+/// `PROG_ICMP6` is `berth_icmp6`, which `berth_v6` enters for ICMPv6 (the error
+/// translation does not fit beside the rest of `berth_v6` in one stack).
 #[map(name = "berth_progs")]
-pub static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+pub static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(2, 0);
 
 /// `berth_progs` slot of the IPv6 gateway program.
 pub const PROG_V6: u32 = 0;
+/// `berth_progs` slot of the ICMPv6 program.
+pub const PROG_ICMP6: u32 = 1;
+
+/// The TC program's tail-call slots, filled by the loader: slot `PROG_V6` is
+/// `berth_tc_v6`, which `berth_tc` enters for IPv6 frames (a TC program cannot enter
+/// the XDP programs' array).
+#[map(name = "berth_tc_progs")]
+pub static TC_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);

@@ -11,6 +11,11 @@
 //! only the pseudo-header part of the checksum field may change. Replies XDP translated
 //! itself never come here: XDP sends them by redirect, which bypasses egress TC, and
 //! their tuple (gateway → client) has no `NAT_SRC` entry anyway.
+//!
+//! Both families run one generic body (`Family`); IPv6 in `berth_tc_v6`, entered by
+//! tail call (its own stack). An IPv6 address is given to the checksum helpers a
+//! 32-bit word at a time; ICMP errors are translated by `icmp::translate` on copies of
+//! their headers, written back whole (ICMP is never checksum-offloaded).
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
@@ -19,29 +24,32 @@ use aya_ebpf::{
 use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NAT_MASQ, NAT_SRC};
 
 use crate::{
-    conntrack::{applies, find},
-    csum::{replace2, replace4},
-    icmp::{DEST_UNREACH, TIME_EXCEEDED},
-    maps::{account, account_kernel, count, Direction, FRAGMENTS},
+    conntrack::{applies, find, tuple},
+    family::Family,
+    icmp::{quoted_check_off, translate, Quote},
+    maps::{account, account_kernel, count, Addr6, Direction, FRAGMENTS, PROG_V6, TC_PROGRAMS},
+    nat::{Endpoint, Side},
     packet::{
-        Icmp, Ipv4, Ports, ETH_LEN, ETH_P_IP, IPV4_MIN_LEN, IP_MF, IP_OFFSET, TCP_CHECK_OFF,
-        UDP_CHECK_OFF,
+        Icmp, Ipv4, Ipv6, Ports, ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_MIN_LEN, IPV6_LEN, IP_MF,
+        IP_OFFSET, TCP_CHECK_OFF, UDP_CHECK_OFF,
     },
 };
-
-/// Offsets of IPv4 header fields from the start of the frame.
-const IP_CHECK: usize = ETH_LEN + 10;
-const IP_SRC: usize = ETH_LEN + 12;
 
 /// A helper failed or the packet is too short: leave it as it is.
 pub struct Untouched;
 
 /// Translates the packet if it is a reply of a tracked flow, or an ICMP error quoting a
-/// translated forward packet.
+/// translated forward packet. IPv6 frames go on to `berth_tc_v6` by tail call
+/// (`maps::TC_PROGRAMS`): its own stack, as the XDP program's IPv6 half.
 #[inline(always)]
 pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
     let ether_type: u16 = ctx.load(12).map_err(|_| Untouched)?;
     if ether_type != ETH_P_IP {
+        if ether_type == ETH_P_IPV6 {
+            // SAFETY: a tail call into the IPv6 program; returns only if it failed.
+            unsafe { TC_PROGRAMS.tail_call(ctx, PROG_V6) };
+            count(Counter::Ipv6NoProgram);
+        }
         return Ok(());
     }
     let ip: Ipv4 = ctx.load(ETH_LEN).map_err(|_| Untouched)?;
@@ -50,9 +58,12 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
     }
     let l4_off = ETH_LEN + ((ip.vihl & 0x0f) as usize) * 4;
     let frag = u16::from_be(ip.frag);
+    let len = u16::from_be(ip.tot_len);
     match ip.proto {
         proto::TCP | proto::UDP => {}
-        proto::ICMP if frag & (IP_MF | IP_OFFSET) == 0 => return icmp_error(ctx, &ip, l4_off),
+        proto::ICMP if frag & (IP_MF | IP_OFFSET) == 0 => {
+            return icmp_error::<u32>(ctx, l4_off, ETH_LEN + len as usize)
+        }
         _ => return Ok(()),
     }
     let frag_key = FragKey {
@@ -76,24 +87,10 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
     } else {
         ctx.load::<Ports>(l4_off).map_err(|_| Untouched)?
     };
-    let key = FlowKey {
-        src: ip.src,
-        dst: ip.dst,
-        sport: ports.src,
-        dport: ports.dst,
-        proto: ip.proto,
-        pad: [0; 3],
-    };
-    let Some(flow) = find(&key) else {
+    let key = tuple((ip.src, ports.src), (ip.dst, ports.dst), ip.proto);
+    let Some(flow) = flow_of(&key) else {
         return Ok(());
     };
-    if !rewrites_source_on_egress(&flow) {
-        return Ok(());
-    }
-    if !applies(&key, &flow) {
-        count(Counter::CtStaleService);
-        return Ok(());
-    }
     if frag & IP_MF != 0 && !later {
         let ports = FragPorts {
             sport: ports.src,
@@ -101,18 +98,68 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
         };
         let _ = FRAGMENTS.insert(frag_key, ports, 0);
     }
-    let check = if ip.proto == proto::UDP {
-        UDP_CHECK_OFF
-    } else {
-        TCP_CHECK_OFF
+    translate_source(ctx, &key, &flow, l4_off, !later, len)
+}
+
+/// The IPv6 half of `egress` (run by `berth_tc_v6`): the same translations. A packet
+/// with extension headers (a fragment among them) passes untouched.
+#[inline(always)]
+pub fn egress6(ctx: &TcContext) -> Result<(), Untouched> {
+    let ip: Ipv6 = ctx.load(ETH_LEN).map_err(|_| Untouched)?;
+    if ip.vtc_flow & 0xf0 != 0x60 {
+        return Ok(());
+    }
+    let l4_off = ETH_LEN + IPV6_LEN;
+    let len = u16::from_be(ip.payload_len).wrapping_add(IPV6_LEN as u16);
+    match ip.next_hdr {
+        proto::TCP | proto::UDP => {}
+        proto::ICMPV6 => return icmp_error::<Addr6>(ctx, l4_off, ETH_LEN + len as usize),
+        _ => return Ok(()),
+    }
+    let ports: Ports = ctx.load(l4_off).map_err(|_| Untouched)?;
+    let key = tuple((ip.src, ports.src), (ip.dst, ports.dst), ip.next_hdr);
+    let Some(flow) = flow_of(&key) else {
+        return Ok(());
     };
+    translate_source(ctx, &key, &flow, l4_off, true, len)
+}
+
+/// The flow whose source half this program applies to a packet with tuple `key`, if
+/// it still applies.
+#[inline(always)]
+fn flow_of<A: Family>(key: &FlowKey<A>) -> Option<Flow<A>> {
+    let flow = find(key)?;
+    if !rewrites_source_on_egress(&flow) {
+        return None;
+    }
+    if !applies(key, &flow) {
+        count(Counter::CtStaleService);
+        return None;
+    }
+    Some(flow)
+}
+
+/// Applies `flow`'s source half to a packet with tuple `key` whose transport header
+/// (`with_l4`: present, not a later fragment) is at `l4_off` and whose IP length is
+/// `len`, and counts it.
+#[inline(always)]
+fn translate_source<A: Family>(
+    ctx: &TcContext,
+    key: &FlowKey<A>,
+    flow: &Flow<A>,
+    l4_off: usize,
+    with_l4: bool,
+    len: u16,
+) -> Result<(), Untouched> {
+    let udp = key.proto == proto::UDP;
+    let check = if udp { UDP_CHECK_OFF } else { TCP_CHECK_OFF };
     snat(
         ctx,
-        &ip,
-        (!later).then_some(l4_off + check),
+        key.src,
+        with_l4.then_some(l4_off + check),
         l4_off,
-        &flow,
-        ip.proto == proto::UDP,
+        flow,
+        udp,
     )
     .inspect_err(|_| count(Counter::TcUntranslated))?;
     if flow.kind == NAT_MASQ {
@@ -120,12 +167,7 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
         count(Counter::TcMasq);
         return Ok(());
     }
-    account(
-        flow.service,
-        Direction::Reply,
-        u16::from_be(ip.tot_len) as u64,
-        false,
-    );
+    account(flow.service, Direction::Reply, len as u64, false);
     account_kernel(flow.service, Counter::TcReply);
     count(Counter::TcReply);
     Ok(())
@@ -136,19 +178,19 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
 /// the node). Both rewrite the source to `nat_*`. A SNAT flow's reply entry (keyed by
 /// the node's address, which the kernel delivers locally) is XDP's only.
 #[inline(always)]
-fn rewrites_source_on_egress(flow: &Flow) -> bool {
+fn rewrites_source_on_egress<A: Family>(flow: &Flow<A>) -> bool {
     (flow.kind == NAT_SRC && !flow.is_snat()) || flow.kind == NAT_MASQ
 }
 
-/// Rewrites the source address (and, with a transport header whose checksum is at
-/// `check_off`, the source port) to the flow's.
+/// Rewrites the source address `old` (and, with a transport header whose checksum is
+/// at `check_off`, the source port) to the flow's.
 #[inline(always)]
-fn snat(
+fn snat<A: Family>(
     ctx: &TcContext,
-    ip: &Ipv4,
+    old: A,
     check_off: Option<usize>,
     l4_off: usize,
-    flow: &Flow,
+    flow: &Flow<A>,
     udp: bool,
 ) -> Result<(), Untouched> {
     let e = |_| Untouched;
@@ -157,21 +199,24 @@ fn snat(
     if let Some(check_off) = check_off {
         ctx.load::<u16>(check_off).map_err(e)?;
     }
-    ctx.store(IP_SRC, &flow.nat_addr, 0).map_err(e)?;
-    ctx.l3_csum_replace(IP_CHECK, ip.src as u64, flow.nat_addr as u64, 4)
+    ctx.store(ETH_LEN + A::SRC_OFF, &flow.nat_addr, 0)
         .map_err(e)?;
+    // UDP: a zero checksum means "none" and stays zero; a computed zero is sent as 0xffff.
+    let mangled = if udp { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
+    for i in 0..A::WORDS {
+        let (from, to) = (old.word(i) as u64, flow.nat_addr.word(i) as u64);
+        if let Some(hdr_check) = A::HDR_CHECK_OFF {
+            ctx.l3_csum_replace(ETH_LEN + hdr_check, from, to, 4)
+                .map_err(e)?;
+        }
+        if let Some(check_off) = check_off {
+            ctx.l4_csum_replace(check_off, from, to, BPF_F_PSEUDO_HDR as u64 | mangled | 4)
+                .map_err(e)?;
+        }
+    }
     let Some(check_off) = check_off else {
         return Ok(());
     };
-    // UDP: a zero checksum means "none" and stays zero; a computed zero is sent as 0xffff.
-    let mangled = if udp { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
-    ctx.l4_csum_replace(
-        check_off,
-        ip.src as u64,
-        flow.nat_addr as u64,
-        BPF_F_PSEUDO_HDR as u64 | mangled | 4,
-    )
-    .map_err(e)?;
     let old_port: u16 = ctx.load(l4_off).map_err(e)?;
     ctx.store(l4_off, &flow.nat_port, 0).map_err(e)?;
     ctx.l4_csum_replace(
@@ -183,62 +228,64 @@ fn snat(
     .map_err(e)
 }
 
-/// An ICMP error (destination unreachable, time exceeded) quoting a packet as the
-/// kernel forwarded it: a forward packet as translated (client → backend), whose
-/// quoted destination becomes the gateway address and port again; or in SNAT mode a
-/// reply with its destination translated (backend → client), whose quoted destination
-/// becomes the node's address and port. The outer source too, if the quoted
-/// destination itself sent the error.
+/// An ICMP (ICMPv6) error quoting a packet as the kernel forwarded it: a forward packet
+/// as translated (client → backend), whose quoted destination becomes the gateway
+/// address and port again; or in SNAT mode a reply with its destination translated
+/// (backend → client), whose quoted destination becomes the node's address and port.
+/// The outer source too, if the quoted destination itself sent the error. Its ICMP
+/// header starts at `l4_off`, its IP packet ends at `end` (from the start of the
+/// frame).
 #[inline(always)]
-fn icmp_error(ctx: &TcContext, ip: &Ipv4, l4_off: usize) -> Result<(), Untouched> {
+fn icmp_error<A: Family>(ctx: &TcContext, l4_off: usize, end: usize) -> Result<(), Untouched> {
     let e = |_| Untouched;
-    let icmp: Icmp = ctx.load(l4_off).map_err(e)?;
-    if icmp.kind != DEST_UNREACH && icmp.kind != TIME_EXCEEDED {
+    let mut icmp: Icmp = ctx.load(l4_off).map_err(e)?;
+    if !A::icmp_error(icmp.kind) {
         return Ok(());
     }
     let inner_off = l4_off + core::mem::size_of::<Icmp>();
-    let inner: Ipv4 = ctx.load(inner_off).map_err(e)?;
-    if inner.vihl != 0x45 || (inner.proto != proto::TCP && inner.proto != proto::UDP) {
+    let mut inner: A::Hdr = ctx.load(inner_off).map_err(e)?;
+    // SAFETY: a whole header, on the stack.
+    let Some(inner_proto) = (unsafe { A::quoted_proto(&inner) }) else {
         return Ok(());
-    }
-    let ports: Ports = ctx.load(inner_off + IPV4_MIN_LEN).map_err(e)?;
+    };
+    let ports_off = inner_off + core::mem::size_of::<A::Hdr>();
+    let mut ports: Ports = ctx.load(ports_off).map_err(e)?;
+    // SAFETY: as above.
+    let (inner_src, inner_dst) = unsafe { A::addrs(&inner) };
     // The quoted packet travelled opposite to this error.
-    let key = FlowKey {
-        src: inner.dst,
-        dst: inner.src,
-        sport: ports.dst,
-        dport: ports.src,
-        proto: inner.proto,
-        pad: [0; 3],
-    };
-    let Some(flow) = find(&key) else {
+    let key = tuple((inner_dst, ports.dst), (inner_src, ports.src), inner_proto);
+    let Some(flow) = flow_of(&key) else {
         return Ok(());
     };
-    if !rewrites_source_on_egress(&flow) {
-        return Ok(());
-    }
-    if !applies(&key, &flow) {
-        count(Counter::CtStaleService);
-        return Ok(());
-    }
-    // After the flow was found, a failed write leaves a packet of ours untranslated.
+    let mut ip: A::Hdr = ctx.load(ETH_LEN).map_err(e)?;
+    let check_off = ports_off + quoted_check_off(inner_proto);
+    let mut l4_check: u16 = 0;
+    let quoted_check = A::QUOTE_L4_CHECK
+        && check_off + 2 <= end
+        && ctx.load(check_off).map(|c| l4_check = c).is_ok();
+    // The translation is computed on copies and written back whole (ICMP is never
+    // checksum-offloaded); after the flow was found, a failed write leaves a packet of
+    // ours untranslated.
+    let quote = Quote {
+        ip: &mut ip,
+        icmp: &mut icmp,
+        inner: &mut inner,
+        ports: &mut ports,
+        l4_check: quoted_check.then_some(&raw mut l4_check),
+    };
+    let to = Endpoint {
+        addr: flow.nat_addr,
+        port: flow.nat_port,
+    };
+    // SAFETY: every pointer in `quote` is to a local.
+    unsafe { translate(&quote, Side::Src, to) };
     let written = (|| -> Result<(), Untouched> {
-        let e = |_| Untouched;
-        // The ICMP checksum covers the quoted bytes and no pseudo-header: computed here
-        // and written whole (ICMP is never checksum-offloaded).
-        let inner_check = replace4(inner.check, inner.dst, flow.nat_addr);
-        let mut check = replace4(icmp.check, inner.dst, flow.nat_addr);
-        check = replace2(check, ports.dst, flow.nat_port);
-        check = replace2(check, inner.check, inner_check);
-        ctx.store(inner_off + 16, &flow.nat_addr, 0).map_err(e)?;
-        ctx.store(inner_off + 10, &inner_check, 0).map_err(e)?;
-        ctx.store(inner_off + IPV4_MIN_LEN + 2, &flow.nat_port, 0)
-            .map_err(e)?;
-        ctx.store(l4_off + 2, &check, 0).map_err(e)?;
-        if ip.src == inner.dst {
-            ctx.store(IP_SRC, &flow.nat_addr, 0).map_err(e)?;
-            ctx.l3_csum_replace(IP_CHECK, ip.src as u64, flow.nat_addr as u64, 4)
-                .map_err(e)?;
+        ctx.store(ETH_LEN, &ip, 0).map_err(e)?;
+        ctx.store(l4_off, &icmp, 0).map_err(e)?;
+        ctx.store(inner_off, &inner, 0).map_err(e)?;
+        ctx.store(ports_off, &ports, 0).map_err(e)?;
+        if quoted_check {
+            ctx.store(check_off, &l4_check, 0).map_err(e)?;
         }
         Ok(())
     })();

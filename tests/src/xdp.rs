@@ -174,7 +174,7 @@ pub fn run_gateway(dp: &mut Datapath, ingress_ifindex: u32, input: &[u8]) -> (u3
 
 /// Addresses of the fixture network (all inside the fixture namespace).
 pub mod net {
-    use std::net::{Ipv4Addr, SocketAddrV4};
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 
     /// The gateway address the services listen on.
     pub const GW: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 100);
@@ -205,6 +205,42 @@ pub mod net {
         [2, 0, 0, 0, o[2], o[3]]
     }
 
+    /// The IPv6 gateway address the IPv6 services listen on.
+    pub const GW6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 0, 0, 0, 0, 0, 0x64);
+    /// fx0's IPv6 address (client side).
+    pub const FX0_6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 1);
+    /// fx1's IPv6 address (backend side): the node's address toward the backends.
+    pub const FX1_6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 2, 0, 0, 0, 0, 1);
+    /// The IPv6 client, on fx0's subnet (neighbour MAC `CLIENT_MAC`).
+    pub const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 10);
+    /// IPv6 backends with static neighbour entries on fx1 (the MACs of `B1`, `B2`,
+    /// `B3`: `mac_of6`).
+    pub const B1_6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 2, 0, 0, 0, 0, 10);
+    /// Second IPv6 backend.
+    pub const B2_6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 2, 0, 0, 0, 0, 11);
+    /// Third IPv6 backend.
+    pub const B3_6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 2, 0, 0, 0, 0, 12);
+
+    /// The MAC of the neighbour entry the fixture gives an IPv6 backend address: its
+    /// IPv4 twin's (fd00:250:2::10 is 10.250.2.10's).
+    pub fn mac_of6(backend: Ipv6Addr) -> [u8; 6] {
+        let s = backend.segments();
+        [2, 0, 0, 0, s[2] as u8, s[7] as u8]
+    }
+
+    /// Shorthand for `SocketAddrV6::new(ip, port, 0, 0)`.
+    pub fn sa6(ip: Ipv6Addr, port: u16) -> SocketAddrV6 {
+        SocketAddrV6::new(ip, port, 0, 0)
+    }
+
+    /// The IPv6 endpoint `e`.
+    pub fn v6(e: std::net::SocketAddr) -> SocketAddrV6 {
+        match e {
+            std::net::SocketAddr::V6(e) => e,
+            std::net::SocketAddr::V4(e) => panic!("an IPv6 endpoint expected, not {e}"),
+        }
+    }
+
     /// Shorthand for `SocketAddrV4::new(ip, port)`.
     pub fn sa(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
         SocketAddrV4::new(ip, port)
@@ -221,7 +257,8 @@ pub mod net {
 }
 
 /// A namespace with two veth pairs standing for the client side (fx0) and the backend
-/// side (fx1) of a gateway, static neighbours and forwarding on.
+/// side (fx1) of a gateway, IPv4 and IPv6 addresses, static neighbours of both families
+/// and forwarding on.
 pub struct FixtureNet {
     /// The namespace holding both veth pairs.
     pub ns: Netns,
@@ -242,9 +279,9 @@ impl FixtureNet {
                 .collect::<Vec<_>>()
                 .join(":")
         };
-        for (dev, peer, m, addr) in [
-            ("fx0", "fx0p", FX0_MAC, "10.250.1.1/24"),
-            ("fx1", "fx1p", FX1_MAC, "10.250.2.1/24"),
+        for (dev, peer, m, addr, addr6) in [
+            ("fx0", "fx0p", FX0_MAC, "10.250.1.1/24", FX0_6),
+            ("fx1", "fx1p", FX1_MAC, "10.250.2.1/24", FX1_6),
         ] {
             ns.ip(&[
                 "link",
@@ -259,10 +296,12 @@ impl FixtureNet {
                 peer,
             ]);
             ns.ip(&["addr", "add", addr, "dev", dev]);
+            // No duplicate address detection: usable at once.
+            ns.ip(&["addr", "add", &format!("{addr6}/64"), "dev", dev, "nodad"]);
             ns.ip(&["link", "set", dev, "up"]);
             ns.ip(&["link", "set", peer, "up"]);
         }
-        let neigh = |ip: std::net::Ipv4Addr, m: [u8; 6], dev: &str| {
+        let neigh = |ip: std::net::IpAddr, m: [u8; 6], dev: &str| {
             ns.ip(&[
                 "neigh",
                 "replace",
@@ -275,12 +314,17 @@ impl FixtureNet {
                 "permanent",
             ]);
         };
-        neigh(CLIENT, CLIENT_MAC, "fx0");
-        neigh(B_SAME_SIDE, B_SAME_SIDE_MAC, "fx0");
+        neigh(CLIENT.into(), CLIENT_MAC, "fx0");
+        neigh(B_SAME_SIDE.into(), B_SAME_SIDE_MAC, "fx0");
         for b in [B1, B2, B3] {
-            neigh(b, mac_of(b), "fx1");
+            neigh(b.into(), mac_of(b), "fx1");
+        }
+        neigh(CLIENT6.into(), CLIENT_MAC, "fx0");
+        for b in [B1_6, B2_6, B3_6] {
+            neigh(b.into(), mac_of6(b), "fx1");
         }
         ns.sysctl("net.ipv4.ip_forward", "1");
+        ns.sysctl("net.ipv6.conf.all.forwarding", "1");
         let fx0 = ns.ifindex("fx0");
         let fx1 = ns.ifindex("fx1");
         FixtureNet { ns, fx0, fx1 }

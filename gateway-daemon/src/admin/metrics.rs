@@ -164,13 +164,15 @@ fn families(p: &Published) -> Families {
         out.extend([
             Family::new(
                 "berth_conntrack_entries",
-                "Entries in the conntrack (every flow direction), counted every 10 s.",
+                "Entries in the conntrack (every flow direction, IPv4 and IPv6), counted \
+                 every 10 s.",
                 Gauge,
             )
             .with(vec![], ct.entries),
             Family::new(
                 "berth_conntrack_capacity",
-                "Entries the conntrack can hold (berth run --conntrack-size).",
+                "Entries the conntrack of each family (IPv4, IPv6) can hold (berth run \
+                 --conntrack-size).",
                 Gauge,
             )
             .with(vec![], ct.capacity),

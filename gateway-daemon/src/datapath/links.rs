@@ -318,16 +318,21 @@ impl Datapath {
 
 /// The loaded TC program.
 pub(super) fn tc_program(ebpf: &mut aya::Ebpf) -> Result<&mut SchedClassifier> {
-    ebpf.program_mut(TC_PROGRAM)
+    classifier(ebpf, TC_PROGRAM)
+}
+
+/// The TC program `name` of the object.
+pub(super) fn classifier<'a>(
+    ebpf: &'a mut aya::Ebpf,
+    name: &'static str,
+) -> Result<&'a mut SchedClassifier> {
+    ebpf.program_mut(name)
         .ok_or(DatapathError::Program {
-            name: TC_PROGRAM,
+            name,
             source: ProgramError::UnexpectedProgramType,
         })?
         .try_into()
-        .map_err(|source| DatapathError::Program {
-            name: TC_PROGRAM,
-            source,
-        })
+        .map_err(|source| DatapathError::Program { name, source })
 }
 
 /// The index of interface `iface`, or an error naming it.

@@ -21,7 +21,8 @@ use gateway_common::{
 use super::{
     family::{endpoint_of, service_of, Addr6, ByFamily, MapAddr},
     links, map_err, xdp, Config, Datapath, DatapathError, IdPool, Installed, Limits, Result,
-    ServiceAddr, ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_PROGRAM,
+    ServiceAddr, ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6,
+    REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_V6,
 };
 use crate::sys;
 
@@ -37,7 +38,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 25] {
+    fn shapes(&self) -> [Shape; 26] {
         use std::mem::size_of;
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
@@ -54,6 +55,7 @@ impl Limits {
                 map_names::ADDR_FILTER,
                 map_names::BACKEND_HOPS,
                 map_names::PROGRAMS,
+                map_names::TC_PROGRAMS,
                 map_names::REPLY_INDEX6,
             ]
             .contains(&name),
@@ -121,7 +123,8 @@ impl Limits {
                 size_of::<gateway_common::NextHop>(),
                 self.backends,
             ),
-            shape(map_names::PROGRAMS, 4, 4, 1),
+            shape(map_names::PROGRAMS, 4, 4, 2),
+            shape(map_names::TC_PROGRAMS, 4, 4, 1),
             shape(
                 map_names::SERVICES6,
                 size_of::<ServiceKey<Addr6>>(),
@@ -259,11 +262,16 @@ impl Datapath {
             loader.map_pin_path(shape.name, path.as_path());
         }
         let mut ebpf = loader.load(OBJECT).map_err(DatapathError::Load)?;
-        for name in [PROGRAM, PROGRAM_V6, FLOOR_PROGRAM] {
+        for name in [PROGRAM, PROGRAM_V6, PROGRAM_ICMP6, FLOOR_PROGRAM] {
             xdp(&mut ebpf, name)?
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
         }
+        let tc_v6 = links::classifier(&mut ebpf, TC_PROGRAM_V6)?;
+        tc_v6.load().map_err(|source| DatapathError::Program {
+            name: TC_PROGRAM_V6,
+            source,
+        })?;
         enter_v6(&mut ebpf)?;
         let tc = links::tc_program(&mut ebpf)?;
         tc.load().map_err(|source| DatapathError::Program {
@@ -441,35 +449,40 @@ impl Datapath {
     }
 }
 
-/// Puts the IPv6 program in its tail-call slot (`map_names::PROGRAMS`), where the
-/// gateway program enters it for IPv6 frames (an empty slot passes them, counted
-/// `ipv6_no_program`). A pinned array's slot is overwritten: from now on this build's
-/// program runs.
+/// Puts the IPv6 programs in their tail-call slots: `berth_v6` (slot 0) and
+/// `berth_icmp6` (slot 1) of `map_names::PROGRAMS`, the TC program's IPv6 half in slot 0
+/// of `map_names::TC_PROGRAMS`; the IPv4 programs enter them for IPv6 frames (an empty
+/// slot passes them, counted `ipv6_no_program`). A pinned array's slots are
+/// overwritten: from now on this build's programs run.
 fn enter_v6(ebpf: &mut Ebpf) -> Result<()> {
-    let fd = xdp(ebpf, PROGRAM_V6)?
-        .fd()
-        .map_err(|source| DatapathError::Program {
-            name: PROGRAM_V6,
-            source,
-        })?
-        .try_clone()
-        .map_err(|e| DatapathError::Program {
-            name: PROGRAM_V6,
-            source: ProgramError::IOError(e),
-        })?;
-    let map = ebpf
-        .map_mut(map_names::PROGRAMS)
-        .ok_or(DatapathError::Map {
-            name: map_names::PROGRAMS,
+    let clone = |name, fd: std::result::Result<&aya::programs::ProgramFd, ProgramError>| {
+        fd.and_then(|fd| fd.try_clone().map_err(ProgramError::IOError))
+            .map_err(program_err(name))
+    };
+    let v6 = clone(PROGRAM_V6, xdp(ebpf, PROGRAM_V6)?.fd())?;
+    let icmp6 = clone(PROGRAM_ICMP6, xdp(ebpf, PROGRAM_ICMP6)?.fd())?;
+    let tc_v6 = clone(TC_PROGRAM_V6, links::classifier(ebpf, TC_PROGRAM_V6)?.fd())?;
+    for (name, slot, fd) in [
+        (map_names::PROGRAMS, 0, &v6),
+        (map_names::PROGRAMS, 1, &icmp6),
+        (map_names::TC_PROGRAMS, 0, &tc_v6),
+    ] {
+        let map = ebpf.map_mut(name).ok_or(DatapathError::Map {
+            name,
             source: MapError::InvalidName {
-                name: map_names::PROGRAMS.to_string(),
+                name: name.to_string(),
             },
         })?;
-    let mut programs: aya::maps::ProgramArray<&mut MapData> =
-        aya::maps::ProgramArray::try_from(map).map_err(map_err(map_names::PROGRAMS))?;
-    programs
-        .set(0, &fd, 0)
-        .map_err(map_err(map_names::PROGRAMS))
+        let mut programs: aya::maps::ProgramArray<&mut MapData> =
+            aya::maps::ProgramArray::try_from(map).map_err(map_err(name))?;
+        programs.set(slot, fd, 0).map_err(map_err(name))?;
+    }
+    Ok(())
+}
+
+/// A program error of program `name`.
+fn program_err(name: &'static str) -> impl Fn(ProgramError) -> DatapathError {
+    move |source| DatapathError::Program { name, source }
 }
 
 /// Ports of the services in the maps pinned in `pin_dir` (none if nothing is pinned).

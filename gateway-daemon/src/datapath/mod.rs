@@ -59,10 +59,14 @@ pub use xmit::{follow as follow_xmit, FollowError, XmitChange, XmitMap};
 pub const PROGRAM: &str = "berth";
 /// Name of the IPv6 gateway program, entered by tail call from `PROGRAM`.
 pub const PROGRAM_V6: &str = "berth_v6";
+/// Name of the ICMPv6 program, entered by tail call from `PROGRAM_V6`.
+pub const PROGRAM_ICMP6: &str = "berth_icmp6";
 /// Name of the program counting the kernel's refused redirects (tracepoint).
 pub const REDIRECT_ERR_PROGRAM: &str = "berth_redirect_err";
 /// Name of the reverse-NAT program attached to the interfaces' egress (tcx).
 pub const TC_PROGRAM: &str = "berth_tc";
+/// Name of the IPv6 half of `TC_PROGRAM`, entered by tail call from it.
+pub const TC_PROGRAM_V6: &str = "berth_tc_v6";
 /// Name of a program that returns `XDP_PASS` at once (the benchmark's floor).
 pub const FLOOR_PROGRAM: &str = "berth_pass";
 /// Default pin directory.

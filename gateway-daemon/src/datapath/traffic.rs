@@ -30,8 +30,10 @@ pub struct ActiveFlows {
 pub struct FlowScan {
     /// Per service, its recently active flows.
     pub active: BTreeMap<ServiceAddr, ActiveFlows>,
-    /// Entries in the table (every kind, active or not).
+    /// Entries in the tables (every kind, active or not; IPv4 and IPv6 together).
     pub entries: u64,
+    /// Entries in the fuller of the two tables (each holds `conntrack_capacity`).
+    pub fullest: u64,
     /// Idle SNAT flows whose entries the scan deleted.
     pub snat_expired: usize,
 }
@@ -190,8 +192,10 @@ impl Datapath {
             snat.then(SnatFlows::<u32>::default),
             snat.then(SnatFlows::<Addr6>::default),
         );
-        let entries = scan(&self.conntrack.v4, now, window, &mut per_id, snat4.as_mut())?
-            + scan(&self.conntrack.v6, now, window, &mut per_id, snat6.as_mut())?;
+        let entries = [
+            scan(&self.conntrack.v4, now, window, &mut per_id, snat4.as_mut())?,
+            scan(&self.conntrack.v6, now, window, &mut per_id, snat6.as_mut())?,
+        ];
         let (e4, d4) = snat4.map_or((0, 0), |seen| expire_idle(&mut self.conntrack.v4, seen));
         let (e6, d6) = snat6.map_or((0, 0), |seen| expire_idle(&mut self.conntrack.v6, seen));
         self.snat.deleted += d4 + d6;
@@ -209,13 +213,14 @@ impl Datapath {
             .collect();
         Ok(FlowScan {
             active,
-            entries,
+            entries: entries.iter().sum(),
+            fullest: entries.iter().copied().max().unwrap_or(0),
             snat_expired,
         })
     }
 
-    /// Entries the conntrack can hold (its `max_entries`, checked at load against a
-    /// pinned table).
+    /// Entries the conntrack of each family can hold (its `max_entries`, checked at
+    /// load against a pinned table).
     pub fn conntrack_capacity(&self) -> u32 {
         self.limits.flows
     }
