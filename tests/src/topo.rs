@@ -187,17 +187,20 @@ fn add_addr(ns: &Netns, dev: &str, addr: &str) {
 /// A veth pair between two (namespace, interface, IPv4 address) ends, as `veth`, each
 /// end with its address in a /24 and its IPv6 mirror in the /64 beside it.
 pub fn dual_veth(a: (&Netns, &str, Ipv4Addr), b: (&Netns, &str, Ipv4Addr), how: Veth) {
-    let cidrs = |v4: Ipv4Addr| [format!("{v4}/24"), format!("{}/64", mirror6(v4))];
-    let (a_cidrs, b_cidrs) = (cidrs(a.2), cidrs(b.2));
-    veth(
-        a.0,
-        a.1,
-        &a_cidrs.each_ref().map(String::as_str),
-        b.0,
-        b.1,
-        &b_cidrs.each_ref().map(String::as_str),
-        how,
-    );
+    let (a_cidrs, b_cidrs) = (dual_cidrs(&[a.2]), dual_cidrs(&[b.2]));
+    veth(a.0, a.1, &strs(&a_cidrs), b.0, b.1, &strs(&b_cidrs), how);
+}
+
+/// Each of `v4s` in a /24 and its IPv6 mirror in a /64, as CIDR strings.
+pub fn dual_cidrs(v4s: &[Ipv4Addr]) -> Vec<String> {
+    v4s.iter()
+        .flat_map(|a| [format!("{a}/24"), format!("{}/64", mirror6(*a))])
+        .collect()
+}
+
+/// The `&str`s of `strings` (for `veth` and `bridge`).
+pub fn strs(strings: &[String]) -> Vec<&str> {
+    strings.iter().map(String::as_str).collect()
 }
 
 /// Routes of both families in `ns` to the /24 of `subnet` and its IPv6 mirror's /64,

@@ -20,9 +20,10 @@ use berth_tests::{
     daemon::{berth_binary, metrics, sample, uninstall, Daemon, Dirs},
     netns::{poll, unique, wait_until, Netns},
     topo::{
-        backend_addr, backend_addr6, bridge, default_routes, dual_veth, enslave, forward_both,
-        http_get, http_request, marker, marker6, mirror6, routes_via, tcp_peers, veth, Flow,
-        Servers, Topology, Veth, BIG_FILE, CLIENT, GW, GW6, HTTP_PORT, WHOAMI,
+        backend_addr, backend_addr6, bridge, default_routes, dual_cidrs, dual_veth, enslave,
+        forward_both, http_get, http_request, marker, marker6, mirror6, routes_via, strs,
+        tcp_peers, veth, Flow, Servers, Topology, Veth, BIG_FILE, CLIENT, GW, GW6, HTTP_PORT,
+        WHOAMI,
     },
 };
 
@@ -365,44 +366,43 @@ const BRIDGED: [(&str, &str); 3] = [
 fn bridged() -> Topology {
     let client = Netns::new("cl");
     let gateway = Netns::new("gw");
-    veth(
-        &gateway,
-        "c0",
-        &["10.251.1.1/24"],
-        &client,
-        "eth0",
-        &["10.251.1.2/24"],
+    let hop = Ipv4Addr::new(10, 251, 1, 1);
+    dual_veth(
+        (&gateway, "c0", hop),
+        (&client, "eth0", CLIENT),
         Veth::HOST_B,
     );
-    client.ip(&["route", "add", "default", "via", "10.251.1.1"]);
-    bridge(&gateway, "br0", &["10.251.10.1/24"]);
+    default_routes(&client, hop);
+    let br0 = Ipv4Addr::new(10, 251, 10, 1);
+    bridge(&gateway, "br0", &strs(&dual_cidrs(&[br0])));
     let mut backends = Vec::new();
     let mut backend_addrs = Vec::new();
     for (i, (_, addr)) in BRIDGED.iter().enumerate() {
         let b = Netns::new("be");
         let port = format!("b{}", i + 1);
+        let addr: Ipv4Addr = addr.parse().expect("address");
         veth(
             &gateway,
             &port,
             &[],
             &b,
             "eth0",
-            &[&format!("{addr}/24")],
+            &strs(&dual_cidrs(&[addr])),
             Veth::default(),
         );
         enslave(&gateway, &port, "br0");
-        b.ip(&["route", "add", "default", "via", "10.251.10.1"]);
+        default_routes(&b, br0);
         backends.push(b);
-        backend_addrs.push(addr.parse().expect("address"));
+        backend_addrs.push(addr);
     }
-    gateway.sysctl("net.ipv4.ip_forward", "1");
+    forward_both(&gateway);
     Topology {
         client,
         gateway,
         backends,
         gateway_ifaces: vec!["c0".into(), "br0".into()],
+        backend_addrs6: backend_addrs.iter().copied().map(mirror6).collect(),
         backend_addrs,
-        backend_addrs6: Vec::new(),
         others: Vec::new(),
     }
 }
@@ -421,6 +421,16 @@ fn backends_behind_a_bridge_sending_partial_checksums_are_served_with_the_progra
     serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
 }
 
+#[test]
+fn over_ipv6_backends_behind_a_bridge_sending_partial_checksums_are_served() {
+    for interfaces in [&["c0"][..], &["c0", "br0"]] {
+        let dirs = manifests(&ipv6_rewrites_moving(&BRIDGED));
+        let mut lab = Lab::start(bridged(), interfaces, dirs, GW6);
+        serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
+        nothing_lost(&lab);
+    }
+}
+
 /// One arm: client, gateway and backends each with one veth into bridge `sw0` of a
 /// switch namespace. The gateway's one interface holds the client's subnet and each
 /// backend's; the backends route via the gateway, the client routes the gateway
@@ -436,26 +446,30 @@ fn one_arm() -> Topology {
         &[],
         &client,
         "eth0",
-        &["10.251.1.2/24"],
+        &strs(&dual_cidrs(&[CLIENT])),
         Veth::HOST_B,
     );
+    let hop = |subnet: u8| Ipv4Addr::new(10, 251, subnet, 1);
     veth(
         &switch,
         "pg",
         &[],
         &gateway,
         "eth0",
-        &[
-            "10.251.1.1/24",
-            "10.251.11.1/24",
-            "10.251.12.1/24",
-            "10.251.13.1/24",
-        ],
+        &strs(&dual_cidrs(&[hop(1), hop(11), hop(12), hop(13)])),
         Veth::default(),
     );
     enslave(&switch, "p0", "sw0");
     enslave(&switch, "pg", "sw0");
-    client.ip(&["route", "add", &GW.to_string(), "via", "10.251.1.1"]);
+    client.ip(&["route", "add", &GW.to_string(), "via", &hop(1).to_string()]);
+    client.ip(&[
+        "-6",
+        "route",
+        "add",
+        &GW6.to_string(),
+        "via",
+        &mirror6(hop(1)).to_string(),
+    ]);
     let mut backends = Vec::new();
     for i in 1..=3 {
         let b = Netns::new("be");
@@ -466,20 +480,14 @@ fn one_arm() -> Topology {
             &[],
             &b,
             "eth0",
-            &[&format!("{}/24", backend_addr(i))],
+            &strs(&dual_cidrs(&[backend_addr(i)])),
             Veth::HOST_B,
         );
         enslave(&switch, &port, "sw0");
-        b.ip(&[
-            "route",
-            "add",
-            "default",
-            "via",
-            &format!("10.251.{}.1", 10 + i),
-        ]);
+        default_routes(&b, hop(10 + i as u8));
         backends.push(b);
     }
-    gateway.sysctl("net.ipv4.ip_forward", "1");
+    forward_both(&gateway);
     // ICMP redirects stay on (the kernel's default): `berth run` turns them off on its
     // interfaces, or the backends would be told to reach the client around the NAT.
     Topology {
@@ -488,15 +496,39 @@ fn one_arm() -> Topology {
         backends,
         gateway_ifaces: vec!["eth0".into()],
         backend_addrs: (1..=3).map(backend_addr).collect(),
-        backend_addrs6: Vec::new(),
+        backend_addrs6: (1..=3).map(backend_addr6).collect(),
         others: vec![switch],
     }
 }
 
 #[test]
 fn a_one_armed_gateway_on_the_clients_and_backends_segment_serves_them() {
-    let mut lab = Lab::start(one_arm(), &["eth0"], Dirs::with_examples(), GW);
+    one_armed_serves(Dirs::with_examples(), GW.into());
+}
+
+/// The one-armed network through `gw` of `dirs`: after a first request and query, no
+/// backend has taken an ICMP redirect from the gateway (which would send its replies
+/// to the client around the NAT), and the checks pass.
+fn one_armed_serves(dirs: Dirs, gw: IpAddr) {
+    let mut lab = Lab::start(one_arm(), &["eth0"], dirs, gw);
+    http_answers(&lab);
+    dns_answers(&lab);
+    for ns in &lab.topo.backends {
+        let out = ns.exec(&["nstat", "-asz", "IcmpInRedirects", "Icmp6InRedirects"]);
+        let taken: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.split_whitespace().nth(1).is_some_and(|n| n != "0"))
+            .map(str::to_string)
+            .collect();
+        assert!(
+            taken.is_empty(),
+            "{} took ICMP redirects from the gateway, which send replies around the NAT: {taken:?}",
+            ns.name
+        );
+    }
     serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
+    nothing_lost(&lab);
 }
 
 /// Backends two routed hops away: gateway ─r0─ router ─b1..b3─ backends. The link
@@ -976,9 +1008,23 @@ fn ipv6_through_the_gateway_and_neighbour_discovery_pass_untouched() {
 /// The example manifests' addresses of this network (the gateway's and the
 /// endpoints') replaced by their IPv6 mirrors, and the EndpointSlices made IPv6.
 fn ipv6_rewrites() -> Vec<(String, String)> {
+    ipv6_rewrites_moving(&[])
+}
+
+/// `ipv6_rewrites` for endpoints moved to other IPv4 addresses (`moved` as for
+/// `manifests`): an endpoint becomes the IPv6 mirror of its new address.
+fn ipv6_rewrites_moving(moved: &[(&str, &str)]) -> Vec<(String, String)> {
     std::iter::once(GW)
         .chain((1..=3).map(backend_addr))
-        .map(|a| (a.to_string(), mirror6(a).to_string()))
+        .map(|a| {
+            let a = a.to_string();
+            let to = moved
+                .iter()
+                .find(|(from, _)| *from == a)
+                .map_or(&*a, |m| m.1);
+            let to: Ipv4Addr = to.parse().expect("IPv4 address");
+            (a, mirror6(to).to_string())
+        })
         .chain([("addressType: IPv4".into(), "addressType: IPv6".into())])
         .collect()
 }
