@@ -506,6 +506,11 @@ fn a_one_armed_gateway_on_the_clients_and_backends_segment_serves_them() {
     one_armed_serves(Dirs::with_examples(), GW.into());
 }
 
+#[test]
+fn over_ipv6_a_one_armed_gateway_on_the_clients_and_backends_segment_serves_them() {
+    one_armed_serves(ipv6_manifests(), GW6.into());
+}
+
 /// The one-armed network through `gw` of `dirs`: after a first request and query, no
 /// backend has taken an ICMP redirect from the gateway (which would send its replies
 /// to the client around the NAT), and the checks pass.
