@@ -21,17 +21,24 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
-use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NAT_MASQ, NAT_SRC};
+use gateway_common::{
+    proto::{self, ipv6_ext},
+    Counter, Flow, FlowKey, FragKey, FragPorts, NAT_MASQ, NAT_SRC,
+};
 
 use crate::{
     conntrack::{applies, find, tuple},
     family::Family,
+    frag,
     icmp::{quoted_check_off, translate, Quote},
-    maps::{account, account_kernel, count, Addr6, Direction, FRAGMENTS, PROG_V6, TC_PROGRAMS},
+    maps::{
+        account, account_kernel, count, Addr6, Direction, FRAGMENTS, PROG_TC_ICMP6, PROG_V6,
+        TC_PROGRAMS,
+    },
     nat::{Endpoint, Side},
     packet::{
-        Icmp, Ipv4, Ipv6, Ports, ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_MIN_LEN, IPV6_LEN, IP_MF,
-        IP_OFFSET, TCP_CHECK_OFF, UDP_CHECK_OFF,
+        FragHdr, Icmp, Ipv4, Ipv6, Ports, ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_MIN_LEN, IPV6_LEN,
+        IP_MF, IP_OFFSET, TCP_CHECK_OFF, UDP_CHECK_OFF,
     },
 };
 
@@ -101,27 +108,69 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
     translate_source(ctx, &key, &flow, l4_off, !later, len)
 }
 
-/// The IPv6 half of `egress` (run by `berth_tc_v6`): the same translations. A packet
-/// with extension headers (a fragment among them) passes untouched.
+/// The IPv6 half of `egress` (run by `berth_tc_v6`): the same translations, and
+/// fragments as IPv4's (a fragment header right after the IPv6 header, as a host's
+/// stack sends it: the first fragment's ports are remembered in `berth_frags6`, later
+/// fragments follow). A packet with other extension headers passes untouched.
 #[inline(always)]
 pub fn egress6(ctx: &TcContext) -> Result<(), Untouched> {
     let ip: Ipv6 = ctx.load(ETH_LEN).map_err(|_| Untouched)?;
     if ip.vtc_flow & 0xf0 != 0x60 {
         return Ok(());
     }
-    let l4_off = ETH_LEN + IPV6_LEN;
+    let mut l4_off = ETH_LEN + IPV6_LEN;
     let len = u16::from_be(ip.payload_len).wrapping_add(IPV6_LEN as u16);
-    match ip.next_hdr {
+    let mut next = ip.next_hdr;
+    // The fragment header's offset-and-flags word (host order) and identification.
+    let (mut frag, mut id) = (0u16, 0u32);
+    if next == ipv6_ext::FRAGMENT {
+        let f: FragHdr = ctx.load(l4_off).map_err(|_| Untouched)?;
+        (next, frag, id) = (f.next_hdr, u16::from_be(f.frag), f.id);
+        l4_off += core::mem::size_of::<FragHdr>();
+    }
+    match next {
         proto::TCP | proto::UDP => {}
-        proto::ICMPV6 => return icmp_error::<Addr6>(ctx, l4_off, ETH_LEN + len as usize),
+        proto::ICMPV6 if frag == 0 => {
+            // SAFETY: a tail call into the ICMPv6 part; returns only if it failed.
+            unsafe { TC_PROGRAMS.tail_call(ctx, PROG_TC_ICMP6) };
+            count(Counter::Ipv6NoProgram);
+            return Ok(());
+        }
         _ => return Ok(()),
     }
-    let ports: Ports = ctx.load(l4_off).map_err(|_| Untouched)?;
-    let key = tuple((ip.src, ports.src), (ip.dst, ports.dst), ip.next_hdr);
+    // A later fragment carries no ports: its first fragment left them.
+    let later = frag & 0xfff8 != 0;
+    let ports = if later {
+        match Addr6::fragment_ports(ip.src, ip.dst, id, next) {
+            Some(p) => Ports {
+                src: p.sport,
+                dst: p.dport,
+            },
+            None => return Ok(()),
+        }
+    } else {
+        ctx.load::<Ports>(l4_off).map_err(|_| Untouched)?
+    };
+    let key = tuple((ip.src, ports.src), (ip.dst, ports.dst), next);
     let Some(flow) = flow_of(&key) else {
         return Ok(());
     };
-    translate_source(ctx, &key, &flow, l4_off, true, len)
+    if frag & 1 != 0 && !later {
+        frag::remember(&key, id);
+    }
+    translate_source(ctx, &key, &flow, l4_off, !later, len)
+}
+
+/// The ICMPv6 part of `egress6` (run by `berth_tc_icmp6`): an ICMPv6 error right
+/// after the IPv6 header (a fragmented one is not parsed, as for IPv4).
+#[inline(always)]
+pub fn icmp6(ctx: &TcContext) -> Result<(), Untouched> {
+    let ip: Ipv6 = ctx.load(ETH_LEN).map_err(|_| Untouched)?;
+    if ip.next_hdr != proto::ICMPV6 {
+        return Ok(());
+    }
+    let len = usize::from(u16::from_be(ip.payload_len)) + IPV6_LEN;
+    icmp_error::<Addr6>(ctx, ETH_LEN + IPV6_LEN, ETH_LEN + len)
 }
 
 /// The flow whose source half this program applies to a packet with tuple `key`, if
