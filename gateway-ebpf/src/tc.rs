@@ -23,7 +23,7 @@ use aya_ebpf::{
 };
 use gateway_common::{
     proto::{self, ipv6_ext},
-    Counter, Flow, FlowKey, FragKey, FragPorts, NAT_MASQ, NAT_SRC,
+    Counter, Flow, FlowKey, NAT_MASQ, NAT_SRC,
 };
 
 use crate::{
@@ -31,10 +31,7 @@ use crate::{
     family::Family,
     frag,
     icmp::{quoted_check_off, translate, Quote},
-    maps::{
-        account, account_kernel, count, Addr6, Direction, FRAGMENTS, PROG_TC_ICMP6, PROG_V6,
-        TC_PROGRAMS,
-    },
+    maps::{account, account_kernel, count, Addr6, Direction, PROG_TC_ICMP6, PROG_V6, TC_PROGRAMS},
     nat::{Endpoint, Side},
     packet::{
         FragHdr, Icmp, Ipv4, Ipv6, Ports, ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_MIN_LEN, IPV6_LEN,
@@ -73,39 +70,12 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
         }
         _ => return Ok(()),
     }
-    let frag_key = FragKey {
-        src: ip.src,
-        dst: ip.dst,
-        id: ip.id,
-        proto: ip.proto,
-        pad: 0,
-    };
     // A later fragment carries no ports: its first fragment left them.
     let later = frag & IP_OFFSET != 0;
-    let ports = if later {
-        // SAFETY: the value is copied out at once.
-        match unsafe { FRAGMENTS.get(frag_key) } {
-            Some(p) => Ports {
-                src: p.sport,
-                dst: p.dport,
-            },
-            None => return Ok(()),
-        }
-    } else {
-        ctx.load::<Ports>(l4_off).map_err(|_| Untouched)?
-    };
-    let key = tuple((ip.src, ports.src), (ip.dst, ports.dst), ip.proto);
-    let Some(flow) = flow_of(&key) else {
-        return Ok(());
-    };
-    if frag & IP_MF != 0 && !later {
-        let ports = FragPorts {
-            sport: ports.src,
-            dport: ports.dst,
-        };
-        let _ = FRAGMENTS.insert(frag_key, ports, 0);
-    }
-    translate_source(ctx, &key, &flow, l4_off, !later, len)
+    let first_of_more = frag & IP_MF != 0 && !later;
+    let id = u32::from(ip.id);
+    let datagram = (ip.src, ip.dst, ip.proto, id);
+    translate_packet(ctx, datagram, (later, first_of_more), l4_off, len)
 }
 
 /// The IPv6 half of `egress` (run by `berth_tc_v6`): the same translations, and
@@ -140,8 +110,31 @@ pub fn egress6(ctx: &TcContext) -> Result<(), Untouched> {
     }
     // A later fragment carries no ports: its first fragment left them.
     let later = frag & 0xfff8 != 0;
+    let first_of_more = frag & 1 != 0 && !later;
+    translate_packet(
+        ctx,
+        (ip.src, ip.dst, next, id),
+        (later, first_of_more),
+        l4_off,
+        len,
+    )
+}
+
+/// Applies the source half of its flow, if it has one, to a TCP or UDP packet of
+/// datagram (source, destination, protocol, identification) whose transport header
+/// is at `l4_off` (`later`: a later fragment, whose first fragment's ports are looked
+/// up; `first_of_more`: a first fragment, whose ports are remembered) and whose IP
+/// length is `len`.
+#[inline(always)]
+fn translate_packet<A: Family>(
+    ctx: &TcContext,
+    (src, dst, proto, id): (A, A, u8, u32),
+    (later, first_of_more): (bool, bool),
+    l4_off: usize,
+    len: u16,
+) -> Result<(), Untouched> {
     let ports = if later {
-        match Addr6::fragment_ports(ip.src, ip.dst, id, next) {
+        match A::fragment_ports(src, dst, id, proto) {
             Some(p) => Ports {
                 src: p.sport,
                 dst: p.dport,
@@ -151,11 +144,11 @@ pub fn egress6(ctx: &TcContext) -> Result<(), Untouched> {
     } else {
         ctx.load::<Ports>(l4_off).map_err(|_| Untouched)?
     };
-    let key = tuple((ip.src, ports.src), (ip.dst, ports.dst), next);
+    let key = tuple((src, ports.src), (dst, ports.dst), proto);
     let Some(flow) = flow_of(&key) else {
         return Ok(());
     };
-    if frag & 1 != 0 && !later {
+    if first_of_more {
         frag::remember(&key, id);
     }
     translate_source(ctx, &key, &flow, l4_off, !later, len)
