@@ -59,8 +59,8 @@ pub mod map_names {
     /// restarts (a program array forgets its programs when no file refers to it).
     pub const PROGRAMS: &str = "berth_progs";
     /// Slot → program the TC egress program enters by tail call: slot 0 is its IPv6
-    /// half (a TC program cannot enter `PROGRAMS`, an array of XDP programs). Pinned,
-    /// as `PROGRAMS`.
+    /// half, slot 1 that half's ICMPv6 part (a TC program cannot enter `PROGRAMS`, an
+    /// array of XDP programs). Pinned, as `PROGRAMS`.
     pub const TC_PROGRAMS: &str = "berth_tc_progs";
     /// IPv6: `ServiceKey<[u32; 4]>` → `Service`.
     pub const SERVICES6: &str = "berth_services6";

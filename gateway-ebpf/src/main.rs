@@ -176,6 +176,14 @@ pub fn berth_tc_v6(ctx: TcContext) -> i32 {
     TC_ACT_UNSPEC
 }
 
+/// The ICMPv6 part of `berth_tc_v6`, entered by tail call (`maps::PROG_TC_ICMP6`):
+/// ICMPv6 errors about a translated packet (`tc::icmp6`).
+#[classifier]
+pub fn berth_tc_icmp6(ctx: TcContext) -> i32 {
+    let _ = tc::icmp6(&ctx);
+    TC_ACT_UNSPEC
+}
+
 /// On `xdp:xdp_redirect_err`: counts a redirect of the gateway program that the kernel
 /// refused after the program returned (the frame is lost). With `berth_xmit` this
 /// should not happen; if it does, the operator sees `redirect_error` grow.

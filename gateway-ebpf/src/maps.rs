@@ -294,4 +294,8 @@ pub const PROG_ICMP6: u32 = 1;
 /// `berth_tc_v6`, which `berth_tc` enters for IPv6 frames (a TC program cannot enter
 /// the XDP programs' array).
 #[map(name = "berth_tc_progs")]
-pub static TC_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+pub static TC_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(2, 0);
+
+/// `berth_tc_progs` slot of the TC program's ICMPv6 part (`berth_tc_icmp6`), which
+/// `berth_tc_v6` enters for ICMPv6 (its header copies need a stack of their own).
+pub const PROG_TC_ICMP6: u32 = 1;

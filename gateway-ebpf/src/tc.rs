@@ -21,17 +21,21 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
-use gateway_common::{proto, Counter, Flow, FlowKey, FragKey, FragPorts, NAT_MASQ, NAT_SRC};
+use gateway_common::{
+    proto::{self, ipv6_ext},
+    Counter, Flow, FlowKey, NAT_MASQ, NAT_SRC,
+};
 
 use crate::{
     conntrack::{applies, find, tuple},
     family::Family,
+    frag,
     icmp::{quoted_check_off, translate, Quote},
-    maps::{account, account_kernel, count, Addr6, Direction, FRAGMENTS, PROG_V6, TC_PROGRAMS},
+    maps::{account, account_kernel, count, Addr6, Direction, PROG_TC_ICMP6, PROG_V6, TC_PROGRAMS},
     nat::{Endpoint, Side},
     packet::{
-        Icmp, Ipv4, Ipv6, Ports, ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_MIN_LEN, IPV6_LEN, IP_MF,
-        IP_OFFSET, TCP_CHECK_OFF, UDP_CHECK_OFF,
+        FragHdr, Icmp, Ipv4, Ipv6, Ports, ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_MIN_LEN, IPV6_LEN,
+        IP_MF, IP_OFFSET, TCP_CHECK_OFF, UDP_CHECK_OFF,
     },
 };
 
@@ -66,18 +70,71 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
         }
         _ => return Ok(()),
     }
-    let frag_key = FragKey {
-        src: ip.src,
-        dst: ip.dst,
-        id: ip.id,
-        proto: ip.proto,
-        pad: 0,
-    };
     // A later fragment carries no ports: its first fragment left them.
     let later = frag & IP_OFFSET != 0;
+    let first_of_more = frag & IP_MF != 0 && !later;
+    let id = u32::from(ip.id);
+    let datagram = (ip.src, ip.dst, ip.proto, id);
+    translate_packet(ctx, datagram, (later, first_of_more), l4_off, len)
+}
+
+/// The IPv6 half of `egress` (run by `berth_tc_v6`): the same translations, and
+/// fragments as IPv4's (a fragment header right after the IPv6 header, as a host's
+/// stack sends it: the first fragment's ports are remembered in `berth_frags6`, later
+/// fragments follow). A packet with other extension headers passes untouched.
+#[inline(always)]
+pub fn egress6(ctx: &TcContext) -> Result<(), Untouched> {
+    let ip: Ipv6 = ctx.load(ETH_LEN).map_err(|_| Untouched)?;
+    if ip.vtc_flow & 0xf0 != 0x60 {
+        return Ok(());
+    }
+    let mut l4_off = ETH_LEN + IPV6_LEN;
+    let len = u16::from_be(ip.payload_len).wrapping_add(IPV6_LEN as u16);
+    let mut next = ip.next_hdr;
+    // The fragment header's offset-and-flags word (host order) and identification.
+    let (mut frag, mut id) = (0u16, 0u32);
+    if next == ipv6_ext::FRAGMENT {
+        let f: FragHdr = ctx.load(l4_off).map_err(|_| Untouched)?;
+        (next, frag, id) = (f.next_hdr, u16::from_be(f.frag), f.id);
+        l4_off += core::mem::size_of::<FragHdr>();
+    }
+    match next {
+        proto::TCP | proto::UDP => {}
+        proto::ICMPV6 if frag == 0 => {
+            // SAFETY: a tail call into the ICMPv6 part; returns only if it failed.
+            unsafe { TC_PROGRAMS.tail_call(ctx, PROG_TC_ICMP6) };
+            count(Counter::Ipv6NoProgram);
+            return Ok(());
+        }
+        _ => return Ok(()),
+    }
+    // A later fragment carries no ports: its first fragment left them.
+    let later = frag & 0xfff8 != 0;
+    let first_of_more = frag & 1 != 0 && !later;
+    translate_packet(
+        ctx,
+        (ip.src, ip.dst, next, id),
+        (later, first_of_more),
+        l4_off,
+        len,
+    )
+}
+
+/// Applies the source half of its flow, if it has one, to a TCP or UDP packet of
+/// datagram (source, destination, protocol, identification) whose transport header
+/// is at `l4_off` (`later`: a later fragment, whose first fragment's ports are looked
+/// up; `first_of_more`: a first fragment, whose ports are remembered) and whose IP
+/// length is `len`.
+#[inline(always)]
+fn translate_packet<A: Family>(
+    ctx: &TcContext,
+    (src, dst, proto, id): (A, A, u8, u32),
+    (later, first_of_more): (bool, bool),
+    l4_off: usize,
+    len: u16,
+) -> Result<(), Untouched> {
     let ports = if later {
-        // SAFETY: the value is copied out at once.
-        match unsafe { FRAGMENTS.get(frag_key) } {
+        match A::fragment_ports(src, dst, id, proto) {
             Some(p) => Ports {
                 src: p.sport,
                 dst: p.dport,
@@ -87,41 +144,26 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
     } else {
         ctx.load::<Ports>(l4_off).map_err(|_| Untouched)?
     };
-    let key = tuple((ip.src, ports.src), (ip.dst, ports.dst), ip.proto);
+    let key = tuple((src, ports.src), (dst, ports.dst), proto);
     let Some(flow) = flow_of(&key) else {
         return Ok(());
     };
-    if frag & IP_MF != 0 && !later {
-        let ports = FragPorts {
-            sport: ports.src,
-            dport: ports.dst,
-        };
-        let _ = FRAGMENTS.insert(frag_key, ports, 0);
+    if first_of_more {
+        frag::remember(&key, id);
     }
     translate_source(ctx, &key, &flow, l4_off, !later, len)
 }
 
-/// The IPv6 half of `egress` (run by `berth_tc_v6`): the same translations. A packet
-/// with extension headers (a fragment among them) passes untouched.
+/// The ICMPv6 part of `egress6` (run by `berth_tc_icmp6`): an ICMPv6 error right
+/// after the IPv6 header (a fragmented one is not parsed, as for IPv4).
 #[inline(always)]
-pub fn egress6(ctx: &TcContext) -> Result<(), Untouched> {
+pub fn icmp6(ctx: &TcContext) -> Result<(), Untouched> {
     let ip: Ipv6 = ctx.load(ETH_LEN).map_err(|_| Untouched)?;
-    if ip.vtc_flow & 0xf0 != 0x60 {
+    if ip.next_hdr != proto::ICMPV6 {
         return Ok(());
     }
-    let l4_off = ETH_LEN + IPV6_LEN;
-    let len = u16::from_be(ip.payload_len).wrapping_add(IPV6_LEN as u16);
-    match ip.next_hdr {
-        proto::TCP | proto::UDP => {}
-        proto::ICMPV6 => return icmp_error::<Addr6>(ctx, l4_off, ETH_LEN + len as usize),
-        _ => return Ok(()),
-    }
-    let ports: Ports = ctx.load(l4_off).map_err(|_| Untouched)?;
-    let key = tuple((ip.src, ports.src), (ip.dst, ports.dst), ip.next_hdr);
-    let Some(flow) = flow_of(&key) else {
-        return Ok(());
-    };
-    translate_source(ctx, &key, &flow, l4_off, true, len)
+    let len = usize::from(u16::from_be(ip.payload_len)) + IPV6_LEN;
+    icmp_error::<Addr6>(ctx, ETH_LEN + IPV6_LEN, ETH_LEN + len)
 }
 
 /// The flow whose source half this program applies to a packet with tuple `key`, if

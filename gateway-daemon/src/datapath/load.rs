@@ -22,7 +22,7 @@ use super::{
     family::{endpoint_of, service_of, Addr6, ByFamily, MapAddr},
     links, map_err, xdp, Config, Datapath, DatapathError, IdPool, Installed, Limits, Result,
     ServiceAddr, ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6,
-    REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_V6,
+    REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
 };
 use crate::sys;
 
@@ -124,7 +124,7 @@ impl Limits {
                 self.backends,
             ),
             shape(map_names::PROGRAMS, 4, 4, 2),
-            shape(map_names::TC_PROGRAMS, 4, 4, 1),
+            shape(map_names::TC_PROGRAMS, 4, 4, 2),
             shape(
                 map_names::SERVICES6,
                 size_of::<ServiceKey<Addr6>>(),
@@ -267,11 +267,11 @@ impl Datapath {
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
         }
-        let tc_v6 = links::classifier(&mut ebpf, TC_PROGRAM_V6)?;
-        tc_v6.load().map_err(|source| DatapathError::Program {
-            name: TC_PROGRAM_V6,
-            source,
-        })?;
+        for name in [TC_PROGRAM_V6, TC_PROGRAM_ICMP6] {
+            links::classifier(&mut ebpf, name)?
+                .load()
+                .map_err(|source| DatapathError::Program { name, source })?;
+        }
         enter_v6(&mut ebpf)?;
         let tc = links::tc_program(&mut ebpf)?;
         tc.load().map_err(|source| DatapathError::Program {
@@ -450,8 +450,8 @@ impl Datapath {
 }
 
 /// Puts the IPv6 programs in their tail-call slots: `berth_v6` (slot 0) and
-/// `berth_icmp6` (slot 1) of `map_names::PROGRAMS`, the TC program's IPv6 half in slot 0
-/// of `map_names::TC_PROGRAMS`; the IPv4 programs enter them for IPv6 frames (an empty
+/// `berth_icmp6` (slot 1) of `map_names::PROGRAMS`, the TC program's IPv6 half and its
+/// ICMPv6 part in slots 0 and 1 of `map_names::TC_PROGRAMS`; the IPv4 programs enter them for IPv6 frames (an empty
 /// slot passes them, counted `ipv6_no_program`). A pinned array's slots are
 /// overwritten: from now on this build's programs run.
 fn enter_v6(ebpf: &mut Ebpf) -> Result<()> {
@@ -462,10 +462,15 @@ fn enter_v6(ebpf: &mut Ebpf) -> Result<()> {
     let v6 = clone(PROGRAM_V6, xdp(ebpf, PROGRAM_V6)?.fd())?;
     let icmp6 = clone(PROGRAM_ICMP6, xdp(ebpf, PROGRAM_ICMP6)?.fd())?;
     let tc_v6 = clone(TC_PROGRAM_V6, links::classifier(ebpf, TC_PROGRAM_V6)?.fd())?;
+    let tc_icmp6 = clone(
+        TC_PROGRAM_ICMP6,
+        links::classifier(ebpf, TC_PROGRAM_ICMP6)?.fd(),
+    )?;
     for (name, slot, fd) in [
         (map_names::PROGRAMS, 0, &v6),
         (map_names::PROGRAMS, 1, &icmp6),
         (map_names::TC_PROGRAMS, 0, &tc_v6),
+        (map_names::TC_PROGRAMS, 1, &tc_icmp6),
     ] {
         let map = ebpf.map_mut(name).ok_or(DatapathError::Map {
             name,

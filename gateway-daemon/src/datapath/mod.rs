@@ -67,6 +67,8 @@ pub const REDIRECT_ERR_PROGRAM: &str = "berth_redirect_err";
 pub const TC_PROGRAM: &str = "berth_tc";
 /// Name of the IPv6 half of `TC_PROGRAM`, entered by tail call from it.
 pub const TC_PROGRAM_V6: &str = "berth_tc_v6";
+/// Name of the ICMPv6 part of `TC_PROGRAM_V6`, entered by tail call from it.
+pub const TC_PROGRAM_ICMP6: &str = "berth_tc_icmp6";
 /// Name of a program that returns `XDP_PASS` at once (the benchmark's floor).
 pub const FLOOR_PROGRAM: &str = "berth_pass";
 /// Default pin directory.
