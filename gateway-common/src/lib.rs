@@ -658,6 +658,11 @@ counters! {
     /// `berth_icmp6`, `berth_tc_v6`) could not be entered (its tail-call slot was empty:
     /// a loader that did not fill it).
     Ipv6NoProgram = "ipv6_no_program",
+    /// An ICMPv6 redirect the host sent out of an `--interface` was dropped by the TC
+    /// program: it would tell a backend to reach its client directly, around the
+    /// gateway's NAT (a one-armed gateway). IPv4's redirects are turned off
+    /// (`send_redirects`); IPv6 has no such switch.
+    TcRedirectDropped = "tc_icmp6_redirect_dropped",
 }
 
 impl Counter {

@@ -76,6 +76,7 @@
 //! | a later fragment followed its first one | as forwarded | `fragment_translated` |
 //! | a reply of a tracked flow TC could not rewrite (an skb helper failed) | (TC: next) | `tc_untranslated` |
 //! | a redirect the kernel refused after the program returned | (tracepoint) | `redirect_error` |
+//! | an ICMPv6 redirect the host sends out of an `--interface` (IPv6 has no `send_redirects`) | TC: shot | `tc_icmp6_redirect_dropped` |
 //! | a flow whose service ids now belong to another service | balanced afresh or pass | `ct_stale_service` |
 //! | new flow to a service with no backend taking new flows | `XDP_DROP` | `drop_no_backend` |
 //! | new router flow over its CPU's new-flow limit: forwarded, not recorded | as forwarded | `flood_untracked` |
@@ -108,7 +109,7 @@ mod tc;
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
-    bindings::{xdp_action, TC_ACT_UNSPEC},
+    bindings::{xdp_action, TC_ACT_SHOT, TC_ACT_UNSPEC},
     macros::{classifier, tracepoint, xdp},
     programs::{TcContext, TracePointContext, XdpContext},
 };
@@ -162,7 +163,8 @@ fn verdict(result: Result<u32, Counter>) -> u32 {
 }
 
 /// The reverse-NAT program on the `--interface`s' egress (tcx): translates replies the
-/// kernel forwarded. It never drops: it returns "next", so later programs still run.
+/// kernel forwarded. It drops nothing but the host's ICMPv6 redirects (`berth_tc_icmp6`):
+/// it returns "next", so later programs still run.
 #[classifier]
 pub fn berth_tc(ctx: TcContext) -> i32 {
     let _ = tc::egress(&ctx);
@@ -177,9 +179,13 @@ pub fn berth_tc_v6(ctx: TcContext) -> i32 {
 }
 
 /// The ICMPv6 part of `berth_tc_v6`, entered by tail call (`maps::PROG_TC_ICMP6`):
-/// ICMPv6 errors about a translated packet (`tc::icmp6`).
+/// ICMPv6 errors about a translated packet (`tc::icmp6`); the host's ICMPv6 redirects
+/// are dropped (`tc::is_redirect`), the one thing the TC programs drop.
 #[classifier]
 pub fn berth_tc_icmp6(ctx: TcContext) -> i32 {
+    if tc::is_redirect(&ctx) {
+        return TC_ACT_SHOT;
+    }
     let _ = tc::icmp6(&ctx);
     TC_ACT_UNSPEC
 }

@@ -166,6 +166,23 @@ pub fn icmp6(ctx: &TcContext) -> Result<(), Untouched> {
     icmp_error::<Addr6>(ctx, ETH_LEN + IPV6_LEN, ETH_LEN + len)
 }
 
+/// ICMPv6 type "redirect" (RFC 4861 8).
+const ICMPV6_REDIRECT: u8 = 137;
+
+/// Whether the frame is an ICMPv6 redirect, which the host sends when it forwards a
+/// packet back out of the interface it came in on: to a backend of a one-armed gateway
+/// it says "reach the client directly", and the replies would then bypass the NAT.
+/// (Redirects are link-local: every one leaving here is the host's own.) Counted.
+#[inline(always)]
+pub fn is_redirect(ctx: &TcContext) -> bool {
+    let icmp: Result<Icmp, _> = ctx.load(ETH_LEN + IPV6_LEN);
+    let redirect = icmp.is_ok_and(|i| i.kind == ICMPV6_REDIRECT);
+    if redirect {
+        count(Counter::TcRedirectDropped);
+    }
+    redirect
+}
+
 /// The flow whose source half this program applies to a packet with tuple `key`, if
 /// it still applies.
 #[inline(always)]

@@ -513,11 +513,20 @@ fn over_ipv6_a_one_armed_gateway_on_the_clients_and_backends_segment_serves_them
 
 /// The one-armed network through `gw` of `dirs`: after a first request and query, no
 /// backend has taken an ICMP redirect from the gateway (which would send its replies
-/// to the client around the NAT), and the checks pass.
+/// to the client around the NAT), and the checks pass. IPv4's redirects are turned
+/// off (`send_redirects`); IPv6 has no such switch, so the TC program drops the ones
+/// the host sends, and counts them.
 fn one_armed_serves(dirs: Dirs, gw: IpAddr) {
     let mut lab = Lab::start(one_arm(), &["eth0"], dirs, gw);
     http_answers(&lab);
     dns_answers(&lab);
+    if gw.is_ipv6() {
+        wait_until(
+            "the host's ICMPv6 redirects counted as dropped",
+            Duration::from_secs(5),
+            || datapath_counter(&lab, "tc_icmp6_redirect_dropped") > 0,
+        );
+    }
     for ns in &lab.topo.backends {
         let out = ns.exec(&["nstat", "-asz", "IcmpInRedirects", "Icmp6InRedirects"]);
         let taken: Vec<String> = String::from_utf8_lossy(&out.stdout)
