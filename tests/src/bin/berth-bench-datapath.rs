@@ -31,17 +31,22 @@
 //! cold new-flow case spreads its flows over many backend endpoints so the pool stays
 //! nearly empty (a port claim rarely retries).
 //!
+//! IPv6 cases run the same established, reply, miss and new-flow paths through
+//! `berth_v6` (entered from `berth` by tail call), on the IPv6 twins of the IPv4
+//! services: an identity service, a 200-service ring for each of UDP and SYNs, a
+//! service of 9 backends; hop limit 255.
+//!
 //! The program runs in a private namespace with routes and static neighbours, so
 //! forwarded packets take the FIB-hit redirect path. Figures are medians.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 
 use aya::programs::{TestRun, TestRunOptions};
 use berth::datapath::{
     Datapath, DesiredState, Limits, Protocol, ServiceAddr, WeightedBackend, FLOOR_PROGRAM, PROGRAM,
 };
 use berth_tests::{
-    packet::{Packet, SYN},
+    packet::{Packet, Packet6, SYN},
     xdp::{net::*, FixtureNet, TestDatapath, XDP_PASS, XDP_REDIRECT},
 };
 use gateway_common::{flow_hash, proto, snat_port_slot};
@@ -153,12 +158,51 @@ fn selected(key: &str) -> bool {
     }
 }
 
+/// `state` with the IPv6 twins of the router-mode services on `GW6`: the identity
+/// service (UDP 53), the 9-backend services (UDP 54, TCP 56) and the UDP and TCP rings.
+fn ipv6_services(state: DesiredState) -> DesiredState {
+    let gw6 = |port| sa6(GW6, port);
+    let svc6 = |protocol, port| ServiceAddr {
+        addr: IpAddr::V6(GW6),
+        protocol,
+        port,
+    };
+    let one = |e: SocketAddrV6| {
+        vec![WeightedBackend {
+            endpoint: e.into(),
+            weight: 1,
+        }]
+    };
+    let backends: Vec<WeightedBackend> = [B1_6, B2_6, B3_6]
+        .iter()
+        .flat_map(|&b| {
+            (0..3).map(move |i| WeightedBackend {
+                endpoint: sa6(b, 8080 + i).into(),
+                weight: 1 + i,
+            })
+        })
+        .collect();
+    let state = state
+        .with_service(svc6(Protocol::Udp, 53), one(gw6(53)))
+        .with_service(svc6(Protocol::Udp, 54), backends.clone())
+        .with_service(svc6(Protocol::Tcp, 56), backends);
+    [Protocol::Udp, Protocol::Tcp]
+        .into_iter()
+        .flat_map(|p| (0..RING as u16).map(move |i| (p, i)))
+        .fold(state, |state, (p, i)| {
+            let next = RING_BASE + (i + 1) % RING as u16;
+            state.with_service(svc6(p, RING_BASE + i), one(gw6(next)))
+        })
+}
+
 fn main() {
     // Two new-flow cases, each with hot and cold samples, two entries per flow.
     let flows = 6 * (COLD_RUNS * ROUNDS) as u32;
     let limits = Limits {
-        services: 3 * RING + 8,
-        backends: 1024,
+        // Service ids are shared by both families: IPv4's three rings, IPv6's two and
+        // a few more.
+        services: 5 * RING + 16,
+        backends: 2048,
         flows,
         fragments: 64,
         addresses: 8,
@@ -171,6 +215,21 @@ fn main() {
         "neigh",
         "replace",
         "10.250.0.100",
+        "lladdr",
+        "02:00:00:00:00:64",
+        "dev",
+        "fx1",
+        "nud",
+        "permanent",
+    ]);
+    // And the IPv6 gateway address.
+    fx.ns
+        .ip(&["-6", "route", "add", &format!("{GW6}/128"), "dev", "fx1"]);
+    fx.ns.ip(&[
+        "-6",
+        "neigh",
+        "replace",
+        &GW6.to_string(),
         "lladdr",
         "02:00:00:00:00:64",
         "dev",
@@ -281,6 +340,7 @@ fn main() {
             }],
         )
     });
+    let state = ipv6_services(state);
     t.dp.set_source_resolver(Box::new(|_| Some(CLIENT.into())));
     t.dp.apply(&state).expect("apply");
     // Both sides take XDP frames (what the daemon learns from the kernel's xdp-features):
@@ -309,6 +369,34 @@ fn main() {
         sa(
             Ipv4Addr::new(10, 250, 1, 100 + (n / 60000) as u8),
             1024 + (n % 60000) as u16,
+        )
+    };
+    let udp6 = |src, dst| Packet6::udp(src, dst).payload(&[0u8; 18]).hop_limit(255);
+    let syn6 = |src, dst| Packet6::tcp(src, dst).flags(SYN).hop_limit(255);
+    let gw6 = |port| sa6(GW6, port);
+    let established6 = udp6(sa6(CLIENT6, 40000), gw6(53))
+        .macs(CLIENT_MAC, FX0_MAC)
+        .frame();
+    let reply6 = udp6(gw6(53), sa6(CLIENT6, 40000))
+        .macs([2, 0, 0, 0, 0, 0x64], FX1_MAC)
+        .frame();
+    let miss6 = udp6(
+        sa6(CLIENT6, 40000),
+        sa6(Ipv6Addr::new(0xfd00, 0x250, 9, 0, 0, 0, 0, 0x909), 53),
+    )
+    .macs(CLIENT_MAC, FX0_MAC)
+    .frame();
+    let new_client6 = |n: usize| -> SocketAddrV6 {
+        let host = 0x100 + (n / 60000) as u16;
+        sa6(
+            Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, host),
+            1024 + (n % 60000) as u16,
+        )
+    };
+    let ring_client6 = |host: u16, n: usize| {
+        sa6(
+            Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, host),
+            1024 + n as u16,
         )
     };
     let fixed = |f: Vec<u8>| -> Box<dyn Fn(usize) -> Vec<u8> + Send + Sync> {
@@ -419,6 +507,67 @@ fn main() {
                     .frame()
             })),
         },
+        Case {
+            name: "IPv6 established flow (conntrack hit, DNAT, redirect)",
+            key: "v6_established_ns",
+            program: PROGRAM,
+            ingress: fx.fx0,
+            verdict: XDP_REDIRECT,
+            frame: fixed(established6.clone()),
+            hot_frame: None,
+        },
+        Case {
+            name: "IPv6 reply (reverse NAT, redirect)",
+            key: "v6_reply_ns",
+            program: PROGRAM,
+            ingress: fx.fx1,
+            verdict: XDP_REDIRECT,
+            frame: fixed(reply6),
+            hot_frame: None,
+        },
+        Case {
+            name: "IPv6 miss (not a service, passes untouched)",
+            key: "v6_miss_ns",
+            program: PROGRAM,
+            ingress: fx.fx0,
+            verdict: XDP_PASS,
+            frame: fixed(miss6),
+            hot_frame: None,
+        },
+        Case {
+            name: "IPv6 new flow (Maglev, 1 conntrack insert, FIB, DNAT)",
+            key: "v6_new_flow_ns",
+            program: PROGRAM,
+            ingress: fx.fx0,
+            verdict: XDP_REDIRECT,
+            frame: Box::new(move |n| {
+                udp6(new_client6(n), gw6(54))
+                    .macs(CLIENT_MAC, FX0_MAC)
+                    .frame()
+            }),
+            hot_frame: Some(Box::new(move |n| {
+                udp6(ring_client6(0x200, n), gw6(RING_BASE))
+                    .macs(CLIENT_MAC, FX0_MAC)
+                    .frame()
+            })),
+        },
+        Case {
+            name: "IPv6 new TCP flow (SYN: no conntrack lookup, 1 insert)",
+            key: "v6_syn_new_flow_ns",
+            program: PROGRAM,
+            ingress: fx.fx0,
+            verdict: XDP_REDIRECT,
+            frame: Box::new(move |n| {
+                syn6(new_client6(n), gw6(56))
+                    .macs(CLIENT_MAC, FX0_MAC)
+                    .frame()
+            }),
+            hot_frame: Some(Box::new(move |n| {
+                syn6(ring_client6(0x203, n), gw6(RING_BASE))
+                    .macs(CLIENT_MAC, FX0_MAC)
+                    .frame()
+            })),
+        },
     ];
 
     let results: Vec<(u64, u64)> = fx.ns.enter(|| {
@@ -432,6 +581,15 @@ fn main() {
             &mut vec![0u8; 512],
         );
         assert_eq!(v, XDP_REDIRECT, "established flow setup");
+        let (v, _) = run(
+            &mut t.dp,
+            PROGRAM,
+            fx.fx0,
+            &established6,
+            1,
+            &mut vec![0u8; 512],
+        );
+        assert_eq!(v, XDP_REDIRECT, "IPv6 established flow setup");
         let mut out = vec![0u8; 512];
         let (v, _) = run(&mut t.dp, PROGRAM, fx.fx0, &snat_established, 1, &mut out);
         assert_eq!(v, XDP_REDIRECT, "snat established flow setup");
@@ -474,6 +632,26 @@ fn main() {
             case.name
         );
         headline.push(format!("\"{}\":{}", case.key, hot));
+    }
+    // Each IPv6 case beside its IPv4 twin, over the floor, measured in this run.
+    let over = |key: &str| {
+        let i = cases.iter().position(|c| c.key == key)?;
+        let (hot, cold) = results[i];
+        selected(key).then_some((hot as i64 - hot_floor, cold as i64 - cold_floor))
+    };
+    println!("IPv6 beside IPv4, ns over the floor (hot / cold)");
+    for case in cases.iter().filter(|c| c.key.starts_with("v6_")) {
+        let (Some(v6), Some(v4)) = (over(case.key), over(&case.key[3..])) else {
+            continue;
+        };
+        println!(
+            "  {:<22} IPv6 {:>+6} / {:>+6}   IPv4 {:>+6} / {:>+6}",
+            &case.key[3..case.key.len() - 3],
+            v6.0,
+            v6.1,
+            v4.0,
+            v4.1
+        );
     }
     let c = t.dp.counters().expect("counters");
     println!(
