@@ -138,23 +138,25 @@ pub const ADDR_GATEWAY: u32 = 1;
 /// `map_names::ADDR_FILTER` bit: a backend address hashes to this slot.
 pub const ADDR_BACKEND: u32 = 2;
 
-/// The `map_names::ADDR_FILTER` slot of an IPv4 address (network order): a packet none
-/// of whose addresses has a role there is not the program's business, known from two
-/// array lookups (no hash-map lookup). The slot is the address's last 16 bits: the
-/// addresses of one subnet up to a /16 never share a slot, and it costs one byte swap
-/// (a sharing address only costs its packets the hash lookups).
+/// The `map_names::ADDR_FILTER` slot of an address (network order): a packet none of
+/// whose addresses has a role there is not the program's business, known from two
+/// array lookups (no hash-map lookup). A sharing address only costs its packets the
+/// hash lookups. See `Addr::slot_bits` for each family's slot.
 #[inline(always)]
 pub fn addr_slot<A: Addr>(addr: A) -> u32 {
-    addr.low_word() & (ADDR_FILTER_SLOTS - 1)
+    addr.slot_bits() & (ADDR_FILTER_SLOTS - 1)
 }
 
 /// An address of one family as map keys and values hold it, network order: `u32`
 /// (IPv4) or `[u32; 4]` (IPv6, the 16 bytes as four words). Keys and values generic
 /// over it (`FlowKey<A>`, ...) default to IPv4, the layout pinned maps already have.
 pub trait Addr: Copy + Eq + Default + core::fmt::Debug {
-    /// The address's last 32 bits, host order (the address filter's slot is their low
-    /// bits).
-    fn low_word(self) -> u32;
+    /// 32 bits whose low 16 are the address filter's slot (`addr_slot`). IPv4: the
+    /// address, host order, so its last 16 bits: the addresses of one subnet up to a
+    /// /16 never share a slot, for one byte swap. IPv6: `fold`, a hash of all 128 bits,
+    /// because IPv6 hosts of different subnets often end alike (`::1`, `::10`), and
+    /// the last 16 bits made a client `fd00:1::10` share a backend `fd00:2::10`'s slot.
+    fn slot_bits(self) -> u32;
     /// The address folded to 32 bits for `flow_hash` (an IPv4 address is itself).
     fn fold(self) -> u32;
     /// Whether every bit is zero ("none" in `Flow::peer_addr`).
@@ -163,7 +165,7 @@ pub trait Addr: Copy + Eq + Default + core::fmt::Debug {
 
 impl Addr for u32 {
     #[inline(always)]
-    fn low_word(self) -> u32 {
+    fn slot_bits(self) -> u32 {
         u32::from_be(self)
     }
     #[inline(always)]
@@ -178,8 +180,8 @@ impl Addr for u32 {
 
 impl Addr for [u32; 4] {
     #[inline(always)]
-    fn low_word(self) -> u32 {
-        u32::from_be(self[3])
+    fn slot_bits(self) -> u32 {
+        self.fold()
     }
     #[inline(always)]
     fn fold(self) -> u32 {

@@ -3,7 +3,8 @@
 //!
 //! # The packet walk (IPv4, TCP and UDP)
 //!
-//! 1. **Parse** (`try_berth`): not IPv4 → pass. Headers truncated or invalid → drop if
+//! 1. **Parse** (`try_berth`): IPv6 → `berth_v6` by tail call (`ipv6.rs`), unless a
+//!    TCP/UDP frame's addresses have neither role (2.); anything else not IPv4 → pass. Headers truncated or invalid → drop if
 //!    addressed to a gateway address (`drop_malformed`), else pass. ICMP → `icmp.rs`.
 //!    Other protocols pass untouched.
 //! 2. **Roles** (`maps::Roles`): right after the IPv4 header of a TCP or UDP packet, two
@@ -123,7 +124,9 @@ use crate::{
         account, account_kernel, count, is_gateway_address, Direction, Roles, PROGRAMS, PROG_V6,
     },
     nat::{halves, rewrite, Side, L4},
-    packet::{ptr_at, Eth, Ipv4, ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_MIN_LEN, IP_MF, IP_OFFSET},
+    packet::{
+        ptr_at, Eth, Ipv4, Ipv6, ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_MIN_LEN, IP_MF, IP_OFFSET,
+    },
 };
 
 /// The gateway program, attached to every `--interface`. (Inlined into the entry point
@@ -212,6 +215,21 @@ pub fn berth_pass(_ctx: XdpContext) -> u32 {
 
 const PASS: Result<u32, Counter> = Ok(xdp_action::XDP_PASS);
 
+/// Whether an IPv6 frame is none of the program's business before the tail call into
+/// `berth_v6`: a TCP/UDP (or extension-header) packet whose addresses have neither role
+/// passes as `berth_v6` would pass it, without the tail call, which was most of an
+/// IPv6 miss. ICMPv6 is not filtered by roles (errors are addressed to clients and
+/// backends) and goes on.
+#[inline(always)]
+fn ipv6_has_no_role(ctx: &XdpContext) -> bool {
+    let Some(ip) = ptr_at::<Ipv6>(ctx, ETH_LEN) else {
+        return false;
+    };
+    // SAFETY: `ip` comes from `ptr_at`.
+    let (next, src, dst) = unsafe { ((*ip).next_hdr, (*ip).src, (*ip).dst) };
+    next != proto::ICMPV6 && Roles::of(src, dst).none()
+}
+
 #[inline(always)]
 fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let Some(eth) = ptr_at::<Eth>(ctx, 0) else {
@@ -223,6 +241,9 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let ether_type = unsafe { (*eth).ether_type };
     if ether_type != ETH_P_IP {
         if ether_type == ETH_P_IPV6 {
+            if ipv6_has_no_role(ctx) {
+                return PASS;
+            }
             // SAFETY: a tail call into the IPv6 program; returns only if it failed.
             unsafe { PROGRAMS.tail_call(ctx, PROG_V6) };
             count(Counter::Ipv6NoProgram);

@@ -228,6 +228,31 @@ pub mod net {
         [2, 0, 0, 0, s[2] as u8, s[7] as u8]
     }
 
+    /// The address-filter slot of `ip` (`gateway_common::addr_slot`), either family.
+    pub fn filter_slot(ip: std::net::IpAddr) -> u32 {
+        use gateway_common::addr_slot;
+        match ip {
+            std::net::IpAddr::V4(a) => addr_slot(u32::from(a).to_be()),
+            std::net::IpAddr::V6(a) => {
+                let o = a.octets();
+                let word = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+                addr_slot([word(0), word(4), word(8), word(12)])
+            }
+        }
+    }
+
+    /// The first IPv6 address after `base` (counting up its last 32 bits) whose filter
+    /// slot is `ip`'s: its packets are not passed on their roles alone, but walked and
+    /// looked up (IPv6 slots are a hash, so such an address is found by searching).
+    pub fn sharing_slot(base: Ipv6Addr, ip: std::net::IpAddr) -> Ipv6Addr {
+        let want = filter_slot(ip);
+        let base = u128::from(base);
+        (1..=u32::MAX)
+            .map(|n| Ipv6Addr::from(base + u128::from(n)))
+            .find(|&a| a != ip && filter_slot(a.into()) == want)
+            .expect("some address shares the slot")
+    }
+
     /// Shorthand for `SocketAddrV6::new(ip, port, 0, 0)`.
     pub fn sa6(ip: Ipv6Addr, port: u16) -> SocketAddrV6 {
         SocketAddrV6::new(ip, port, 0, 0)

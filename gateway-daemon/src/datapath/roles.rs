@@ -329,6 +329,26 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_hosts_of_different_subnets_ending_alike_get_different_filter_slots() {
+        // The last 16 bits gave a client fd00:250:1::a its backend fd00:250:2::a's
+        // slot: every packet of it took the hash lookups (bench datapath's IPv6 miss).
+        let at = |subnet: u16, host: u16| {
+            slot(std::net::Ipv6Addr::new(0xfd00, 0x250, subnet, 0, 0, 0, 0, host).into())
+        };
+        assert_ne!(at(1, 10), at(2, 10));
+        for host in [1, 2, 10] {
+            let slots: BTreeSet<u32> = (0..256).map(|subnet| at(subnet, host)).collect();
+            assert!(
+                slots.len() >= 250,
+                "::{host} in 256 subnets: {} slots",
+                slots.len()
+            );
+        }
+        // IPv4 keeps its last 16 bits: a subnet up to a /16 never shares a slot.
+        assert_eq!(slot("10.250.2.10".parse().unwrap()), 0x020a);
+    }
+
+    #[test]
     fn ipv6_endpoints_go_to_the_ipv6_index_and_share_the_filter() {
         let v6 = service("2001:db8::100", 53);
         let backend: SocketAddr = "[2001:db8:1::5]:53".parse().unwrap();
@@ -337,8 +357,8 @@ mod tests {
         let entry = roles.index.v6[&key::<Addr6>(backend.ip(), 53, 17).unwrap()];
         assert_eq!(entry.count, 1);
         assert_eq!(entry.services[0], key::<Addr6>(v6.addr, 53, 17).unwrap());
-        // The filter slot is the address's last 16 bits, in either family.
-        assert_eq!(roles.filter[&0x0100], ADDR_GATEWAY);
-        assert_eq!(roles.filter[&0x0005], ADDR_BACKEND);
+        // One filter for both families (an IPv6 address's slot is a hash of it).
+        assert_eq!(roles.filter[&slot(v6.addr)], ADDR_GATEWAY);
+        assert_eq!(roles.filter[&slot(backend.ip())], ADDR_BACKEND);
     }
 }
