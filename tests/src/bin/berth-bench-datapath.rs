@@ -399,175 +399,150 @@ fn main() {
             1024 + n as u16,
         )
     };
-    let fixed = |f: Vec<u8>| -> Box<dyn Fn(usize) -> Vec<u8> + Send + Sync> {
-        Box::new(move |_| f.clone())
+    let (fx0, fx1) = (fx.fx0, fx.fx1);
+    // A packet the same every sample: one flow's, or a miss's.
+    let one = |name, key, ingress, verdict, frame: &Vec<u8>| {
+        let frame = frame.clone();
+        Case {
+            name,
+            key,
+            program: PROGRAM,
+            ingress,
+            verdict,
+            frame: Box::new(move |_| frame.clone()),
+            hot_frame: None,
+        }
     };
+    // A new flow every sample, redirected; hot runs go to the next of a ring's services.
+    fn new_flow(
+        name: &'static str,
+        key: &'static str,
+        ingress: u32,
+        cold: impl Fn(usize) -> Vec<u8> + Send + Sync + 'static,
+        hot: impl Fn(usize) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Case {
+        Case {
+            name,
+            key,
+            program: PROGRAM,
+            ingress,
+            verdict: XDP_REDIRECT,
+            frame: Box::new(cold),
+            hot_frame: Some(Box::new(hot)),
+        }
+    }
+    let ring4 = |host: u8, n: usize| sa(Ipv4Addr::new(10, 250, 1, host), 1024 + n as u16);
+    let to_gw = |p: Packet| p.macs(CLIENT_MAC, FX0_MAC).frame();
+    let to_gw6 = |p: Packet6| p.macs(CLIENT_MAC, FX0_MAC).frame();
     let cases = [
         Case {
-            name: "floor (empty XDP program)",
-            key: "floor_ns",
             program: FLOOR_PROGRAM,
-            ingress: fx.fx0,
-            verdict: XDP_PASS,
-            frame: fixed(established.clone()),
-            hot_frame: None,
+            ..one(
+                "floor (empty XDP program)",
+                "floor_ns",
+                fx0,
+                XDP_PASS,
+                &established,
+            )
         },
-        Case {
-            name: "established flow (conntrack hit, DNAT, redirect)",
-            key: "established_ns",
-            program: PROGRAM,
-            ingress: fx.fx0,
-            verdict: XDP_REDIRECT,
-            frame: fixed(established.clone()),
-            hot_frame: None,
-        },
-        Case {
-            name: "reply (reverse NAT, redirect)",
-            key: "reply_ns",
-            program: PROGRAM,
-            ingress: fx.fx1,
-            verdict: XDP_REDIRECT,
-            frame: fixed(reply),
-            hot_frame: None,
-        },
-        Case {
-            name: "miss (not a service, passes untouched)",
-            key: "miss_ns",
-            program: PROGRAM,
-            ingress: fx.fx0,
-            verdict: XDP_PASS,
-            frame: fixed(miss),
-            hot_frame: None,
-        },
-        Case {
-            name: "new flow (Maglev, 1 conntrack insert, FIB, DNAT)",
-            key: "new_flow_ns",
-            program: PROGRAM,
-            ingress: fx.fx0,
-            verdict: XDP_REDIRECT,
-            frame: Box::new(move |n| udp(new_client(n), gw(54)).macs(CLIENT_MAC, FX0_MAC).frame()),
-            hot_frame: Some(Box::new(move |n| {
-                let src = sa(Ipv4Addr::new(10, 250, 1, 200), 1024 + n as u16);
-                udp(src, gw(RING_BASE)).macs(CLIENT_MAC, FX0_MAC).frame()
-            })),
-        },
-        Case {
-            name: "new TCP flow (SYN: no conntrack lookup, 1 insert)",
-            key: "syn_new_flow_ns",
-            program: PROGRAM,
-            ingress: fx.fx0,
-            verdict: XDP_REDIRECT,
-            frame: Box::new(move |n| syn(new_client(n), gw(56)).macs(CLIENT_MAC, FX0_MAC).frame()),
-            hot_frame: Some(Box::new(move |n| {
-                let src = sa(Ipv4Addr::new(10, 250, 1, 203), 1024 + n as u16);
-                syn(src, gw(RING_BASE)).macs(CLIENT_MAC, FX0_MAC).frame()
-            })),
-        },
-        Case {
-            name: "new flow over the flood guard (not recorded)",
-            key: "flood_new_flow_ns",
-            program: PROGRAM,
-            ingress: fx.fx0,
-            verdict: XDP_REDIRECT,
-            frame: Box::new(move |n| udp(new_client(n), gw(54)).macs(CLIENT_MAC, FX0_MAC).frame()),
-            hot_frame: Some(Box::new(move |n| {
-                let src = sa(Ipv4Addr::new(10, 250, 1, 202), 1024 + n as u16);
-                udp(src, gw(RING_BASE)).macs(CLIENT_MAC, FX0_MAC).frame()
-            })),
-        },
-        Case {
-            name: "SNAT established flow (conntrack hit, DNAT+SNAT)",
-            key: "snat_established_ns",
-            program: PROGRAM,
-            ingress: fx.fx0,
-            verdict: XDP_REDIRECT,
-            frame: fixed(snat_established.clone()),
-            hot_frame: None,
-        },
-        Case {
-            name: "SNAT reply (reverse NAT of both ends, redirect)",
-            key: "snat_reply_ns",
-            program: PROGRAM,
-            ingress: fx.fx1,
-            verdict: XDP_REDIRECT,
-            frame: fixed(snat_reply),
-            hot_frame: None,
-        },
-        Case {
-            name: "SNAT new flow (Maglev, port claim, 2 inserts, FIB)",
-            key: "snat_new_flow_ns",
-            program: PROGRAM,
-            ingress: fx.fx0,
-            verdict: XDP_REDIRECT,
-            frame: Box::new(move |n| udp(new_client(n), gw(55)).macs(CLIENT_MAC, FX0_MAC).frame()),
-            hot_frame: Some(Box::new(move |n| {
-                let src = sa(Ipv4Addr::new(10, 250, 1, 201), 1024 + n as u16);
-                udp(src, gw(SNAT_RING_BASE))
-                    .macs(CLIENT_MAC, FX0_MAC)
-                    .frame()
-            })),
-        },
-        Case {
-            name: "IPv6 established flow (conntrack hit, DNAT, redirect)",
-            key: "v6_established_ns",
-            program: PROGRAM,
-            ingress: fx.fx0,
-            verdict: XDP_REDIRECT,
-            frame: fixed(established6.clone()),
-            hot_frame: None,
-        },
-        Case {
-            name: "IPv6 reply (reverse NAT, redirect)",
-            key: "v6_reply_ns",
-            program: PROGRAM,
-            ingress: fx.fx1,
-            verdict: XDP_REDIRECT,
-            frame: fixed(reply6),
-            hot_frame: None,
-        },
-        Case {
-            name: "IPv6 miss (not a service, passes untouched)",
-            key: "v6_miss_ns",
-            program: PROGRAM,
-            ingress: fx.fx0,
-            verdict: XDP_PASS,
-            frame: fixed(miss6),
-            hot_frame: None,
-        },
-        Case {
-            name: "IPv6 new flow (Maglev, 1 conntrack insert, FIB, DNAT)",
-            key: "v6_new_flow_ns",
-            program: PROGRAM,
-            ingress: fx.fx0,
-            verdict: XDP_REDIRECT,
-            frame: Box::new(move |n| {
-                udp6(new_client6(n), gw6(54))
-                    .macs(CLIENT_MAC, FX0_MAC)
-                    .frame()
-            }),
-            hot_frame: Some(Box::new(move |n| {
-                udp6(ring_client6(0x200, n), gw6(RING_BASE))
-                    .macs(CLIENT_MAC, FX0_MAC)
-                    .frame()
-            })),
-        },
-        Case {
-            name: "IPv6 new TCP flow (SYN: no conntrack lookup, 1 insert)",
-            key: "v6_syn_new_flow_ns",
-            program: PROGRAM,
-            ingress: fx.fx0,
-            verdict: XDP_REDIRECT,
-            frame: Box::new(move |n| {
-                syn6(new_client6(n), gw6(56))
-                    .macs(CLIENT_MAC, FX0_MAC)
-                    .frame()
-            }),
-            hot_frame: Some(Box::new(move |n| {
-                syn6(ring_client6(0x203, n), gw6(RING_BASE))
-                    .macs(CLIENT_MAC, FX0_MAC)
-                    .frame()
-            })),
-        },
+        one(
+            "established flow (conntrack hit, DNAT, redirect)",
+            "established_ns",
+            fx0,
+            XDP_REDIRECT,
+            &established,
+        ),
+        one(
+            "reply (reverse NAT, redirect)",
+            "reply_ns",
+            fx1,
+            XDP_REDIRECT,
+            &reply,
+        ),
+        one(
+            "miss (not a service, passes untouched)",
+            "miss_ns",
+            fx0,
+            XDP_PASS,
+            &miss,
+        ),
+        new_flow(
+            "new flow (Maglev, 1 conntrack insert, FIB, DNAT)",
+            "new_flow_ns",
+            fx0,
+            move |n| to_gw(udp(new_client(n), gw(54))),
+            move |n| to_gw(udp(ring4(200, n), gw(RING_BASE))),
+        ),
+        new_flow(
+            "new TCP flow (SYN: no conntrack lookup, 1 insert)",
+            "syn_new_flow_ns",
+            fx0,
+            move |n| to_gw(syn(new_client(n), gw(56))),
+            move |n| to_gw(syn(ring4(203, n), gw(RING_BASE))),
+        ),
+        new_flow(
+            "new flow over the flood guard (not recorded)",
+            "flood_new_flow_ns",
+            fx0,
+            move |n| to_gw(udp(new_client(n), gw(54))),
+            move |n| to_gw(udp(ring4(202, n), gw(RING_BASE))),
+        ),
+        one(
+            "SNAT established flow (conntrack hit, DNAT+SNAT)",
+            "snat_established_ns",
+            fx0,
+            XDP_REDIRECT,
+            &snat_established,
+        ),
+        one(
+            "SNAT reply (reverse NAT of both ends, redirect)",
+            "snat_reply_ns",
+            fx1,
+            XDP_REDIRECT,
+            &snat_reply,
+        ),
+        new_flow(
+            "SNAT new flow (Maglev, port claim, 2 inserts, FIB)",
+            "snat_new_flow_ns",
+            fx0,
+            move |n| to_gw(udp(new_client(n), gw(55))),
+            move |n| to_gw(udp(ring4(201, n), gw(SNAT_RING_BASE))),
+        ),
+        one(
+            "IPv6 established flow (conntrack hit, DNAT, redirect)",
+            "v6_established_ns",
+            fx0,
+            XDP_REDIRECT,
+            &established6,
+        ),
+        one(
+            "IPv6 reply (reverse NAT, redirect)",
+            "v6_reply_ns",
+            fx1,
+            XDP_REDIRECT,
+            &reply6,
+        ),
+        one(
+            "IPv6 miss (not a service, passes untouched)",
+            "v6_miss_ns",
+            fx0,
+            XDP_PASS,
+            &miss6,
+        ),
+        new_flow(
+            "IPv6 new flow (Maglev, 1 conntrack insert, FIB, DNAT)",
+            "v6_new_flow_ns",
+            fx0,
+            move |n| to_gw6(udp6(new_client6(n), gw6(54))),
+            move |n| to_gw6(udp6(ring_client6(0x200, n), gw6(RING_BASE))),
+        ),
+        new_flow(
+            "IPv6 new TCP flow (SYN: no conntrack lookup, 1 insert)",
+            "v6_syn_new_flow_ns",
+            fx0,
+            move |n| to_gw6(syn6(new_client6(n), gw6(56))),
+            move |n| to_gw6(syn6(ring_client6(0x203, n), gw6(RING_BASE))),
+        ),
     ];
 
     let results: Vec<(u64, u64)> = fx.ns.enter(|| {
