@@ -1,6 +1,7 @@
 //! `cargo xtask demo`: `berth run` on the example manifests, in network namespaces on
 //! this machine, with real servers and clients: two teams share one gateway address,
-//! each reaches its service on the port Berth assigned. Cleans up after itself.
+//! each reaches its service on the port Berth assigned, over IPv4 and then also IPv6
+//! (the Gateway made dual-stack live). Cleans up after itself.
 
 use std::{
     path::{Path, PathBuf},
@@ -161,6 +162,92 @@ fn main() {
         "http://10.251.0.100:30001/",
     ]);
     println!("  curl http://10.251.0.100:30001/ -> {}", text(&out));
+
+    println!(
+        "\nDual stack: the operator adds the IPv6 address fd00:251::100 to the Gateway, teams A and B"
+    );
+    println!("add IPv6 EndpointSlices; the same ports now serve both families:");
+    let gateway = std::fs::read_to_string(manifests.join("gateway.yaml")).expect("read");
+    let v4 = "    value: 10.251.0.100\n";
+    assert!(
+        gateway.contains(v4),
+        "examples/gateway.yaml names 10.251.0.100"
+    );
+    std::fs::write(
+        manifests.join("gateway.yaml"),
+        gateway.replace(
+            v4,
+            &format!("{v4}  - type: IPAddress\n    value: fd00:251::100\n"),
+        ),
+    )
+    .expect("write gateway");
+    for (team, service, port, addrs) in [
+        ("team-a", "web", "http", "[fd00:251:11::2, fd00:251:12::2]"),
+        ("team-b", "dns", "dns", "[fd00:251:13::2]"),
+    ] {
+        let (protocol, number) = if port == "http" {
+            ("TCP", 8080)
+        } else {
+            ("UDP", 5353)
+        };
+        std::fs::write(
+            manifests.join(format!("{team}-ipv6.yaml")),
+            format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  \
+                 name: {service}-v6\n  namespace: {team}\n  labels:\n    \
+                 kubernetes.io/service-name: {service}\naddressType: IPv6\nendpoints:\n\
+                 - addresses: {addrs}\nports:\n- name: {port}\n  port: {number}\n  \
+                 protocol: {protocol}\n"
+            ),
+        )
+        .expect("write IPv6 EndpointSlice");
+    }
+    let curl6 = || {
+        text(&topo.client.try_exec(&[
+            "curl",
+            "-6",
+            "-sS",
+            "--max-time",
+            "3",
+            "http://[fd00:251::100]:30000/",
+        ]))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut answer = curl6();
+    while !answer.starts_with("backend-") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        answer = curl6();
+    }
+    println!("  curl -6 http://[fd00:251::100]:30000/ -> {answer}");
+    for _ in 0..3 {
+        println!("  curl -6 http://[fd00:251::100]:30000/ -> {}", curl6());
+    }
+    println!(
+        "  curl    http://10.251.0.100:30000/    -> {}",
+        text(&topo.client.try_exec(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "3",
+            "http://10.251.0.100:30000/",
+        ]))
+    );
+    let out = topo.client.try_exec(&[
+        "dig",
+        "-6",
+        "+short",
+        "+time=2",
+        "+tries=2",
+        "-p",
+        "30053",
+        "@fd00:251::100",
+        "whoami.berth.test",
+        "AAAA",
+    ]);
+    println!(
+        "  dig -6 @fd00:251::100 -p 30053 whoami.berth.test AAAA -> {} (backend 3 answers fd00:99::3)",
+        text(&out)
+    );
 
     println!(
         "\nWhat the XDP program counted per route (packets read every second, active flows every 10 s):"
