@@ -743,6 +743,121 @@ async fn gateway_status_is_server_side_applied_with_our_field_manager() {
     assert!(status::gateway_class_status(&class, "2026-02-02T00:00:00Z").is_none());
 }
 
+/// The dual-stack objects as the API server serves them: Gateway `infra/gw` with an
+/// IPv4 and an IPv6 address, TCPRoute `team/web` to Service `team/web`, whose endpoints
+/// come in one EndpointSlice per family.
+fn dual_stack_objects() -> Vec<(Kind, Arc<DynamicObject>)> {
+    let mut objects: Vec<_> = gateway_objects(30009)
+        .into_iter()
+        .map(|(kind, o)| {
+            let mut v = serde_json::to_value(&*o).unwrap();
+            if kind == Kind::Gateway {
+                v["spec"]["addresses"] = json!([
+                    {"type": "IPAddress", "value": "192.0.2.10"},
+                    {"type": "IPAddress", "value": "2001:DB8:0:0::10"}
+                ]);
+            }
+            (kind, obj(v))
+        })
+        .collect();
+    objects.push(route("web", "2026-01-01T00:00:00Z", None));
+    objects.push((
+        Kind::Service,
+        obj(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "team", "resourceVersion": "8"},
+            "spec": {"ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack",
+                     "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
+        })),
+    ));
+    for (name, family, address) in [
+        ("web-v4", "IPv4", "10.0.0.5"),
+        ("web-v6", "IPv6", "fd00::5"),
+    ] {
+        objects.push((
+            Kind::EndpointSlice,
+            obj(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": name, "namespace": "team", "resourceVersion": "9",
+                             "labels": {"kubernetes.io/service-name": "web"}},
+                "addressType": family,
+                "endpoints": [{"addresses": [address], "conditions": {"ready": true}}],
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
+            })),
+        ));
+    }
+    objects
+}
+
+#[tokio::test]
+async fn a_dual_stack_gateway_serves_each_family_its_own_slice_and_applies_both_addresses() {
+    let view = View::new(dual_stack_objects());
+    let plan = berth::planner::plan(&berth::planner::Input {
+        snapshot: &view.snapshot,
+        claims: &[],
+        now: SystemTime::now(),
+        default_addresses: berth::planner::DefaultAddresses::default(),
+        ephemeral_ports: None,
+        snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
+        allocate: true,
+    });
+    // One port, served on both addresses, each with its own family's endpoint.
+    let services: Vec<(String, Vec<String>)> = plan
+        .datapath
+        .services
+        .iter()
+        .map(|(s, b)| {
+            let b = b.iter().map(|b| b.endpoint.to_string()).collect();
+            (s.to_string(), b)
+        })
+        .collect();
+    assert_eq!(
+        services,
+        [
+            (
+                "TCP/192.0.2.10:30000".to_string(),
+                vec!["10.0.0.5:8080".to_string()]
+            ),
+            (
+                "TCP/[2001:db8::10]:30000".to_string(),
+                vec!["[fd00::5]:8080".to_string()]
+            ),
+        ],
+        "{:?}",
+        plan.routes
+    );
+    let parent = &plan.routes[0].status.parents[0];
+    assert_eq!(parent.parent_ref.port, Some(30000));
+    let resolved = parent
+        .conditions
+        .iter()
+        .find(|c| c.kind == "ResolvedRefs")
+        .expect("ResolvedRefs");
+    assert_eq!(resolved.status, "True", "{resolved:?}");
+
+    // The Gateway's status names both addresses, IPv6 in its canonical text.
+    let (client, mut handle) = mock();
+    let entry = plan.gateways[0].clone();
+    let current = view.gateways.values().next().cloned();
+    let task = tokio::spawn(async move {
+        status::apply_gateway(&client, &Leadership::always(), &entry, current.as_deref()).await
+    });
+    let log = serve(
+        &mut handle,
+        |s, _| (200, s.body.clone()),
+        |log| log.len() == 1,
+    )
+    .await;
+    assert!(finish(task).await.expect("applied"));
+    assert_eq!(
+        log[0].body["status"]["addresses"],
+        json!([
+            {"type": "IPAddress", "value": "192.0.2.10"},
+            {"type": "IPAddress", "value": "2001:db8::10"}
+        ])
+    );
+}
+
 #[tokio::test]
 async fn losing_the_lease_stops_writes_at_once() {
     let (client, mut handle) = mock();
