@@ -685,13 +685,9 @@ async fn a_resource_version_conflict_is_retried_on_a_fresh_read_keeping_the_newe
     assert_eq!(our_entries(last).len(), 1);
 }
 
-#[tokio::test]
-async fn gateway_status_is_server_side_applied_with_our_field_manager() {
-    let (client, mut handle) = mock();
-    let mut objects = gateway_objects(30009);
-    objects.push(route("web", "2026-01-01T00:00:00Z", None));
-    let view = View::new(objects);
-    let plan = berth::planner::plan(&berth::planner::Input {
+/// The plan of `view` with no claims yet (ports allocated).
+fn plan_of(view: &View) -> berth::planner::Plan {
+    berth::planner::plan(&berth::planner::Input {
         snapshot: &view.snapshot,
         claims: &[],
         now: SystemTime::now(),
@@ -699,20 +695,35 @@ async fn gateway_status_is_server_side_applied_with_our_field_manager() {
         ephemeral_ports: None,
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
         allocate: true,
-    });
+    })
+}
+
+/// Applies the status `plan` gives the first Gateway of `view`; the one request the
+/// server saw.
+async fn apply_gateway_status(plan: &berth::planner::Plan, view: &View) -> Seen {
+    let (client, mut handle) = mock();
     let entry = plan.gateways[0].clone();
     let current = view.gateways.values().next().cloned();
     let task = tokio::spawn(async move {
         status::apply_gateway(&client, &Leadership::always(), &entry, current.as_deref()).await
     });
-    let log = serve(
+    let mut log = serve(
         &mut handle,
         |s, _| (200, s.body.clone()),
         |log| log.len() == 1,
     )
     .await;
     assert!(finish(task).await.expect("applied"));
-    let s = &log[0];
+    log.remove(0)
+}
+
+#[tokio::test]
+async fn gateway_status_is_server_side_applied_with_our_field_manager() {
+    let mut objects = gateway_objects(30009);
+    objects.push(route("web", "2026-01-01T00:00:00Z", None));
+    let view = View::new(objects);
+    let plan = plan_of(&view);
+    let s = &apply_gateway_status(&plan, &view).await;
     assert_eq!(s.method, Method::PATCH);
     assert_eq!(s.path, format!("{GW}/namespaces/infra/gateways/gw/status"));
     assert_eq!(s.content_type, "application/apply-patch+yaml");
@@ -792,15 +803,7 @@ fn dual_stack_objects() -> Vec<(Kind, Arc<DynamicObject>)> {
 #[tokio::test]
 async fn a_dual_stack_gateway_serves_each_family_its_own_slice_and_applies_both_addresses() {
     let view = View::new(dual_stack_objects());
-    let plan = berth::planner::plan(&berth::planner::Input {
-        snapshot: &view.snapshot,
-        claims: &[],
-        now: SystemTime::now(),
-        default_addresses: berth::planner::DefaultAddresses::default(),
-        ephemeral_ports: None,
-        snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
-        allocate: true,
-    });
+    let plan = plan_of(&view);
     // One port, served on both addresses, each with its own family's endpoint.
     let services: Vec<(String, Vec<String>)> = plan
         .datapath
@@ -836,21 +839,9 @@ async fn a_dual_stack_gateway_serves_each_family_its_own_slice_and_applies_both_
     assert_eq!(resolved.status, "True", "{resolved:?}");
 
     // The Gateway's status names both addresses, IPv6 in its canonical text.
-    let (client, mut handle) = mock();
-    let entry = plan.gateways[0].clone();
-    let current = view.gateways.values().next().cloned();
-    let task = tokio::spawn(async move {
-        status::apply_gateway(&client, &Leadership::always(), &entry, current.as_deref()).await
-    });
-    let log = serve(
-        &mut handle,
-        |s, _| (200, s.body.clone()),
-        |log| log.len() == 1,
-    )
-    .await;
-    assert!(finish(task).await.expect("applied"));
+    let applied = apply_gateway_status(&plan, &view).await;
     assert_eq!(
-        log[0].body["status"]["addresses"],
+        applied.body["status"]["addresses"],
         json!([
             {"type": "IPAddress", "value": "192.0.2.10"},
             {"type": "IPAddress", "value": "2001:db8::10"}
