@@ -1793,7 +1793,7 @@ fn check(
     if xdp && verdict == XDP_DROP {
         problems.push("changed a packet it dropped".into());
     }
-    if xdp && facts.to_gateway && facts.udp6_no_checksum {
+    if facts.to_gateway && facts.udp6_no_checksum {
         problems.push("translated an IPv6 UDP datagram with checksum 0 (invalid)".into());
     }
     let Some(ip) = facts.ip else {
