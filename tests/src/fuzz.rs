@@ -624,37 +624,58 @@ impl Pkt {
     }
 
     /// The frame cut in two fragments, the first carrying `first_len` bytes (a
-    /// multiple of 8) of the transport part (IPv6: datagram `id`).
-    fn fragments(&self, first_len: usize, id: u32) -> (Vec<u8>, Vec<u8>) {
+    /// multiple of 8) of the transport part (IPv6: datagram `id`, `options` after the
+    /// fragment header).
+    fn fragments(
+        &self,
+        first_len: usize,
+        id: u32,
+        options: Option<(u8, &[u8])>,
+    ) -> (Vec<u8>, Vec<u8>) {
         match self {
             Pkt::V4(p) => p.fragments(first_len),
-            Pkt::V6(p) => fragments6(p, first_len, id),
+            Pkt::V6(p) => fragments6(p, first_len, id, options),
         }
     }
 }
 
 /// `p` cut in two fragments as `Packet::fragments` cuts an IPv4 packet: a fragment
-/// header of datagram `id` after its extension headers.
-fn fragments6(p: &Packet6, first_len: usize, id: u32) -> (Vec<u8>, Vec<u8>) {
+/// header of datagram `id` after its extension headers, then `options` (an extension
+/// header of the fragmentable part, which only the first fragment carries), the first
+/// fragment carrying them and at least `first_len` bytes of the transport part.
+fn fragments6(
+    p: &Packet6,
+    first_len: usize,
+    id: u32,
+    options: Option<(u8, &[u8])>,
+) -> (Vec<u8>, Vec<u8>) {
     let mut header = vec![0; 4];
     header.extend(id.to_be_bytes());
-    let p = p.clone().ext_raw(FRAGMENT, &header);
+    let mut p = p.clone().ext_raw(FRAGMENT, &header);
+    let mut after = 0;
+    if let Some((kind, h)) = options {
+        p = p.ext_raw(kind, h);
+        after = h.len();
+    }
     let whole = p.frame();
-    let l4 = whole.len() - p.l4_bytes().len();
-    let fragment = |word: usize, data: Range<usize>| {
-        let mut f = whole[..l4].to_vec();
-        f[l4 - 6..l4 - 4].copy_from_slice(&(word as u16).to_be_bytes());
-        f.extend(&whole[data]);
+    // Where the fragmentable part starts, and where the first fragment's part ends.
+    let data = whole.len() - p.l4_bytes().len() - after;
+    let cut = data + (after + first_len).next_multiple_of(8);
+    let fragment = |word: usize, part: Range<usize>| {
+        let mut f = whole[..data].to_vec();
+        f[data - 6..data - 4].copy_from_slice(&(word as u16).to_be_bytes());
+        f.extend(&whole[part]);
         let len = (f.len() - IP - 40) as u16;
         f[IP + 4..IP + 6].copy_from_slice(&len.to_be_bytes());
         f
     };
     // The offset counts 8-byte units in the high 13 bits; more-fragments is bit 0.
     (
-        fragment(1, l4..l4 + first_len),
-        fragment(first_len, l4 + first_len..whole.len()),
+        fragment(1, data..cut),
+        fragment(cut - data, cut..whole.len()),
     )
 }
+
 /// Makes packets; remembers translated flows and first fragments for later ones.
 struct Generator<'m> {
     rng: Rng,
@@ -963,7 +984,13 @@ impl<'m> Generator<'m> {
         let len = 40 + self.rng.below(60);
         let p = p.payload(&self.rng.bytes(len));
         let first_len = (p.l4_header_len() + 8 * self.rng.below(4)).next_multiple_of(8);
-        let (first, later) = p.fragments(first_len, self.rng.next_u64() as u32);
+        // Now and then destination options or AH in the fragmentable part.
+        let options: Option<(u8, &[u8])> = match self.rng.below(8) {
+            0 => Some((DEST_OPTS, &[0, 0, 1, 4, 0, 0, 0, 0])),
+            1 => Some((AUTH, &[0, 2, 0, 0, 1, 2, 3, 4, 0, 0, 0, 1, 9, 9, 9, 9])),
+            _ => None,
+        };
+        let (first, later) = p.fragments(first_len, self.rng.next_u64() as u32, options);
         if self.rng.chance(90) {
             self.later.push((side, later));
             if self.later.len() > 64 {
@@ -1456,16 +1483,13 @@ fn chain6(f: &[u8], end: usize) -> Chain {
         fragment: None,
     };
     while matches!(c.proto, HOP_BY_HOP | ROUTING | DEST_OPTS | AUTH | FRAGMENT) {
-        let at = c.l4;
+        let (at, kind) = (c.l4, c.proto);
         if at + 8 > end {
             c.proto = NO_NEXT;
             return c;
         }
-        let size = match c.proto {
-            FRAGMENT => {
-                c.fragment = Some(at);
-                8
-            }
+        let size = match kind {
+            FRAGMENT => 8,
             // 4-byte units after the first 8.
             AUTH => (usize::from(f[at + 1]) + 2) * 4,
             _ => (usize::from(f[at + 1]) + 1) * 8,
@@ -1474,6 +1498,15 @@ fn chain6(f: &[u8], end: usize) -> Chain {
         c.next_at = at;
         c.proto = f[at];
         c.l4 = at + size;
+        if kind == FRAGMENT {
+            c.fragment = Some(at);
+            // After a later fragment's header comes the datagram's continuation, not
+            // a header: the headers of the fragmentable part are in the first fragment
+            // (RFC 8200 4.5).
+            if port_at(f, at + 2) & 0xfff8 != 0 {
+                break;
+            }
+        }
     }
     if c.l4 > end {
         c.proto = NO_NEXT;
@@ -1653,8 +1686,11 @@ impl Facts {
                 }
             }
         }
+        // (A later IPv6 fragment whose fragment header names an extension header
+        // does not show its transport protocol.)
+        let any_proto = ip.later && !matches!(ip.proto, proto::TCP | proto::UDP);
         for (service, backends) in &model.states[state].services {
-            if service.addr == ip.dst && service.protocol.number() == ip.proto {
+            if service.addr == ip.dst && (any_proto || service.protocol.number() == ip.proto) {
                 facts
                     .model
                     .backend_addrs
@@ -2060,12 +2096,26 @@ mod tests {
     #[test]
     fn ipv6_fragments_carry_the_transport_header_in_the_first_only() {
         let p = Packet6::tcp(sa6(CLIENT6, 40000), sa6(GW6, 80)).payload(&[7; 40]);
-        let (first, later) = fragments6(&p, 32, 9);
+        let (first, later) = fragments6(&p, 32, 9, None);
         let a = Ip::parse(&first).expect("first fragment");
         let b = Ip::parse(&later).expect("later fragment");
         assert!(a.fragment && !a.later, "first fragment");
         assert!(b.fragment && b.later, "later fragment");
         assert_eq!(a.ports(&first), Some((40000, 80)));
         assert_eq!((a.end - a.l4) + (b.end - b.l4), 60, "20 + 40 bytes in all");
+        // With options after the fragment header, only the first fragment has them:
+        // the later one's continuation is not walked as headers.
+        let options: &[u8] = &[0, 0, 1, 4, 0, 0, 0, 0];
+        let (first, later) = fragments6(&p, 32, 9, Some((DEST_OPTS, options)));
+        let a = Ip::parse(&first).expect("first fragment");
+        let b = Ip::parse(&later).expect("later fragment");
+        assert_eq!((a.proto, a.l4), (proto::TCP, IP + 40 + 8 + 8));
+        assert_eq!(
+            (b.proto, b.l4),
+            (DEST_OPTS, IP + 40 + 8),
+            "{}",
+            decode(&later)
+        );
+        assert_eq!((a.end - a.l4) + (b.end - b.l4), 60);
     }
 }
