@@ -99,6 +99,12 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
                 off = (off + core::mem::size_of::<FragHdr>()) & OFF_MASK;
                 frag = word;
                 frag_id = id;
+                // A later fragment: what follows is the datagram's continuation, not
+                // a header. (Walked on, the later fragments of a datagram with options
+                // after its fragment header were read as headers and dropped.)
+                if word & 0xfff8 != 0 {
+                    break;
+                }
             }
             _ => break,
         }
@@ -111,9 +117,14 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let off = (packed as usize) & OFF_MASK;
     let frag = (packed >> 16) as u16;
     let frag_id = (packed >> 32) as u32;
+    let later = frag & 0xfff8 != 0;
     let udp = match next {
         proto::TCP => false,
         proto::UDP => true,
+        // Headers of the fragmentable part (RFC 8200 4.5: destination options,
+        // AH, routing) are in the first fragment only; a later fragment's transport
+        // protocol is its first fragment's (below).
+        ipv6_ext::DEST_OPTS | ipv6_ext::AUTH | ipv6_ext::ROUTING if later => false,
         ipv6_ext::HOP_BY_HOP
         | ipv6_ext::ROUTING
         | ipv6_ext::DEST_OPTS
@@ -132,7 +143,6 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     // atomic fragment (offset 0, no more) is a whole packet. A later fragment carries
     // no transport header: it follows the flow its first fragment took, whose ports
     // were remembered (one path for both, so `translate` is inlined once).
-    let later = frag & 0xfff8 != 0;
     let first_fragment = !later && frag & 1 != 0;
     let l4 = if later {
         None
@@ -142,6 +152,9 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
             None => return malformed(dst),
         }
     };
+    // The transport protocol: a later fragment whose fragment header names an
+    // extension header was remembered under TCP or UDP by its first fragment.
+    let mut proto = next;
     let (sport, dport, syn) = match &l4 {
         Some(l4) => {
             let (sport, dport, check, syn) = l4.fields();
@@ -151,18 +164,32 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
             }
             (sport, dport, syn)
         }
-        None => match Addr6::fragment_ports(src, dst, frag_id, next) {
-            Some(p) => (p.sport, p.dport, false),
-            None if is_gateway_address(dst) => return Err(Counter::DropFragment),
-            None => return PASS,
-        },
+        None => {
+            if proto != proto::UDP {
+                proto = proto::TCP;
+            }
+            // One lookup site, tried at most twice (a second site's key would not fit
+            // on the stack).
+            let ports = loop {
+                match Addr6::fragment_ports(src, dst, frag_id, proto) {
+                    Some(p) => break Some(p),
+                    None if proto == proto::TCP && next != proto::TCP => proto = proto::UDP,
+                    None => break None,
+                }
+            };
+            match ports {
+                Some(p) => (p.sport, p.dport, false),
+                None if is_gateway_address(dst) => return Err(Counter::DropFragment),
+                None => return PASS,
+            }
+        }
     };
     let t = FlowKey {
         src,
         dst,
         sport,
         dport,
-        proto: next,
+        proto,
         pad: [0; 3],
     };
     let Some(new) = Family::scratch() else {

@@ -1,59 +1,86 @@
 //! Packet fuzzing of the gateway's XDP and TC programs through `BPF_PROG_TEST_RUN`.
 //!
-//! A seeded generator makes packets biased toward the programs' deep paths: new and
-//! tracked flows to configured services, replies from their backends, first and later
-//! fragments, ICMP errors quoting service flows and random flows, TCP options; and
-//! mutates a share of them (truncation at every layer, IP total length and IHL too big or too small,
-//! IP options, fragment bits, bad L4 lengths and data offsets, corrupted checksums,
-//! trailing bytes, VLAN tags, flipped bytes), besides packets of no service and random
-//! bytes. Services are configured with `Datapath::apply` (two states taking turns, and
-//! the redirect-capable interfaces changing, every phase). Each packet runs through the
-//! XDP program and, when its IP header is one the kernel would forward, the TC egress
-//! program; invariants are checked on every output, independently of the programs:
+//! A seeded generator makes IPv4 and (about two packets in five) IPv6 packets biased
+//! toward the programs' deep paths: new and tracked flows to configured services,
+//! replies from their backends, first and later fragments (IPv6: a fragment header),
+//! ICMP and ICMPv6 errors quoting service flows both ways and random flows, from
+//! backends, clients and routers, TCP options, IPv6 extension header chains (hop-by-hop,
+//! routing, destination options, AH, fragment; in any order, up to nine, sometimes
+//! ending in ESP, no next header or an unknown protocol), neighbour discovery and echo;
+//! and mutates a share of them (truncation at every layer, IPv4 total length and IHL,
+//! IPv6 payload length (also 0) and extension header lengths too big or too small, IP
+//! options, fragment bits, protocol and next header changed, bad L4 lengths and data
+//! offsets, corrupted checksums, IPv6 UDP checksums set to 0, trailing bytes, VLAN tags,
+//! flipped bytes, the version changed), besides packets of no service and random bytes.
+//! Services of both families (a dual-stack port among them) are configured with
+//! `Datapath::apply` (two states taking turns, and the redirect-capable interfaces
+//! changing, every phase). Each packet runs through the XDP program and, when its IP
+//! header is one the kernel would forward, the TC egress program; invariants are checked
+//! on every output, independently of the programs (the oracle reads both families
+//! through one view, `Ip`, and walks IPv6 extension headers itself):
 //!
-//! - the verdict is one the program returns (XDP: PASS, DROP, REDIRECT; TC: "next");
-//! - a packet neither to a gateway address, nor of a tracked flow, nor an ICMP error
+//! - the verdict is one the program returns (XDP: PASS, DROP, REDIRECT; TC: "next", and
+//!   "shot" only for an ICMPv6 redirect, which the TC program drops);
+//! - a packet neither to a gateway address, nor of a tracked flow, nor an ICMP(v6) error
 //!   quoting a tracked flow leaves byte for byte unchanged with XDP_PASS (TC: only
 //!   replies and ICMP errors of tracked flows change); only packets to a gateway address
 //!   are dropped, and unchanged;
 //! - a translated packet keeps its length, differs only in the fields a NAT rewrites
-//!   (MACs and TTL when redirected, addresses, ports, checksums, the quoted header of
-//!   an ICMP error), and every checksum it carries (IPv4 header; TCP/UDP with the
-//!   pseudo-header, also in first fragments; ICMP; the quoted IPv4 header) sums to what
-//!   the input's did: a valid checksum stays valid, an invalid one is not made valid. A
-//!   UDP checksum of 0 ("none") stays 0;
+//!   (MACs and TTL or hop limit when redirected, addresses, ports, checksums, the quoted
+//!   header of an ICMP error), and every checksum it carries (IPv4 header; TCP/UDP with
+//!   the pseudo-header of its family, also in first fragments; ICMP, ICMPv6 with its
+//!   pseudo-header; the quoted IPv4 header; the quoted TCP/UDP checksum of an ICMPv6
+//!   error, which the program keeps right) sums to what the input's did: a valid
+//!   checksum stays valid, an invalid one is not made valid. A UDP checksum of 0
+//!   ("none") stays 0; an IPv6 UDP datagram with checksum 0 (invalid) to a gateway
+//!   address is never translated;
 //! - a forward translation goes to a backend of the service the packet was addressed
-//!   to; a reply translation comes from the service whose backend sent it.
+//!   to (so of its family); a reply translation comes from the service whose backend
+//!   sent it.
 //!
 //! Run by `tests/tests/fuzz.rs` (10^4 packets) and `cargo xtask fuzz datapath`.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    ops::Range,
     time::{Duration, Instant},
 };
 
-use berth::datapath::{DesiredState, Protocol, ServiceAddr, WeightedBackend};
-use gateway_common::{proto, Flow, FlowKey, NAT_DST, NAT_SRC};
+use berth::datapath::{DesiredState, MapAddr, Protocol, ServiceAddr, WeightedBackend};
+use gateway_common::{proto, FlowKey, NAT_DST, NAT_SRC};
 
 use crate::{
-    packet::{checksum, decode, fix_ip_checksum, Packet, ACK, PSH, SYN},
+    packet::{
+        checksum, decode, fix_ip_checksum, Packet, Packet6, ACK, DEST_OPTS, ESP, FRAGMENT,
+        HOP_BY_HOP, PSH, ROUTING, SYN,
+    },
     xdp::{
         net::*, run_gateway, run_tc, verdict_name, Conntrack, FixtureNet, TestDatapath, TC_NEXT,
         XDP_DROP, XDP_PASS, XDP_REDIRECT,
     },
 };
 
-/// A second gateway address.
+/// A second gateway address of each family.
 const GW2: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 101);
-/// Routers that send ICMP errors, one on each side.
-const ROUTER_CLIENT_SIDE: Ipv4Addr = Ipv4Addr::new(10, 250, 1, 254);
-const ROUTER_BACKEND_SIDE: Ipv4Addr = Ipv4Addr::new(10, 250, 2, 254);
+const GW6_2: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 0, 0, 0, 0, 0, 0x65);
+/// An IPv6 backend on fx1's subnet with no neighbour entry.
+const B_NO_NEIGH6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 2, 0, 0, 0, 0, 0x20);
+/// An IPv6 backend on the client side (fx0; `run` gives it a neighbour entry).
+const B_SAME_SIDE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 0x50);
+/// IPv6 extension header type: authentication header (length in 4-byte units).
+const AUTH: u8 = 51;
+/// IPv6 next header "no next header".
+const NO_NEXT: u8 = 59;
+/// TC verdict "shot" (`TC_ACT_SHOT`).
+const TC_SHOT: u32 = 2;
 /// Packets per phase (a services state and a set of redirect-capable interfaces).
 const PHASE: u64 = 1000;
 /// Violations printed in full.
 const SHOWN: usize = 5;
+/// IPv6 packets in a hundred.
+const IPV6_PERCENT: usize = 40;
 
 /// A small deterministic generator (SplitMix64).
 pub struct Rng(u64);
@@ -109,6 +136,8 @@ pub struct Report {
     pub tc_packets: u64,
     /// Packets the TC program changed.
     pub tc_translated: u64,
+    /// What of it was IPv6.
+    pub ipv6: Ipv6Report,
     /// Packets that broke an invariant, and the first few in full.
     pub violations: u64,
     /// The first violations, each described with its packet.
@@ -117,6 +146,23 @@ pub struct Report {
     pub counters: BTreeMap<&'static str, u64>,
     /// Wall-clock time of the run.
     pub elapsed: Duration,
+}
+
+/// The IPv6 share of a run (the counters are the families' sum).
+#[derive(Default)]
+pub struct Ipv6Report {
+    /// IPv6 frames run through the XDP program.
+    pub packets: u64,
+    /// Those it dropped.
+    pub dropped: u64,
+    /// Those it changed.
+    pub translated: u64,
+    /// IPv6 frames the TC program changed.
+    pub tc_translated: u64,
+    /// ICMPv6 errors either program changed.
+    pub icmp_translated: u64,
+    /// Later fragments (no transport header) either program changed.
+    pub later_fragments_translated: u64,
 }
 
 impl fmt::Display for Report {
@@ -147,6 +193,12 @@ impl fmt::Display for Report {
             self.translated, self.tc_translated, self.tc_packets
         )?;
         writeln!(f, "  counters: {}", counters.join(", "))?;
+        let v6 = &self.ipv6;
+        writeln!(
+            f,
+            "  ipv6: {} packets, {} dropped; translated: xdp {}, tc {}; of them ICMPv6 errors {}, later fragments {}",
+            v6.packets, v6.dropped, v6.translated, v6.tc_translated, v6.icmp_translated, v6.later_fragments_translated
+        )?;
         write!(f, "  violations: {}", self.violations)?;
         for v in &self.shown {
             write!(f, "\n{v}")?;
@@ -159,7 +211,23 @@ impl fmt::Display for Report {
 pub fn run(packets: u64, seed: u64) -> Report {
     let mut t = TestDatapath::load();
     let fx = FixtureNet::new();
-    let ct = t.conntrack();
+    let mac = B_SAME_SIDE_MAC.map(|b| format!("{b:02x}")).join(":");
+    let same_side = B_SAME_SIDE6.to_string();
+    fx.ns.ip(&[
+        "neigh",
+        "replace",
+        &same_side,
+        "lladdr",
+        &mac,
+        "dev",
+        "fx0",
+        "nud",
+        "permanent",
+    ]);
+    let ct = Tracker {
+        v4: t.conntrack(),
+        v6: t.conntrack6(),
+    };
     let model = Model::new();
     let mut gen = Generator::new(seed, &model);
     let mut report = Report {
@@ -180,6 +248,15 @@ pub fn run(packets: u64, seed: u64) -> Report {
             report.packets += 1;
             *report.verdicts.entry(verdict).or_default() += 1;
             report.translated += u64::from(output != input);
+            if facts.v6 {
+                let v6 = &mut report.ipv6;
+                v6.packets += 1;
+                v6.dropped += u64::from(verdict == XDP_DROP);
+                if output != input {
+                    v6.translated += 1;
+                    v6.changed(facts.ip);
+                }
+            }
             let problems = check(Program::Xdp, &facts, &input, verdict, &output);
             let mut shown = show(Program::Xdp, &problems, &input, verdict, &output);
             let mut broken = !problems.is_empty();
@@ -188,6 +265,10 @@ pub fn run(packets: u64, seed: u64) -> Report {
                 let (tc_verdict, tc_output) = run_tc(&mut t.dp, forwarded);
                 report.tc_packets += 1;
                 report.tc_translated += u64::from(tc_output != forwarded);
+                if tc_output != forwarded && tc_facts.v6 {
+                    report.ipv6.tc_translated += 1;
+                    report.ipv6.changed(tc_facts.ip);
+                }
                 let problems = check(Program::Tc, &tc_facts, forwarded, tc_verdict, &tc_output);
                 shown += &show(Program::Tc, &problems, forwarded, tc_verdict, &tc_output);
                 broken |= !problems.is_empty();
@@ -207,6 +288,16 @@ pub fn run(packets: u64, seed: u64) -> Report {
     report.elapsed = start.elapsed();
     report.counters = t.dp.counters().expect("counters");
     report
+}
+
+impl Ipv6Report {
+    /// Counts what kind of IPv6 packet a program changed.
+    fn changed(&mut self, ip: Option<Ip>) {
+        if let Some(ip) = ip {
+            self.icmp_translated += u64::from(ip.proto == proto::ICMPV6);
+            self.later_fragments_translated += u64::from(ip.later);
+        }
+    }
 }
 
 /// The problems `program` had with one packet, with its input and output decoded.
@@ -244,38 +335,123 @@ enum Program {
     Tc,
 }
 
+/// The address family of a generated packet, and the fixture's addresses of it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn of(ip: IpAddr) -> Family {
+        if ip.is_ipv6() {
+            Family::V6
+        } else {
+            Family::V4
+        }
+    }
+
+    /// Client `n`: 0 has a neighbour entry, 1 to 3 are on fx0's subnet without one,
+    /// the others have no route.
+    fn client(self, n: u8) -> IpAddr {
+        match (self, n) {
+            (Family::V4, 0) => CLIENT.into(),
+            (Family::V4, 1..=3) => Ipv4Addr::new(10, 250, 1, 10 + n).into(),
+            (Family::V4, _) => Ipv4Addr::new(192, 0, 2, 1).into(),
+            (Family::V6, 0) => CLIENT6.into(),
+            (Family::V6, 1..=3) => {
+                Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 0x10 + u16::from(n)).into()
+            }
+            (Family::V6, _) => Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1).into(),
+        }
+    }
+
+    /// A router on `side`, sending ICMP errors.
+    fn router(self, side: Side) -> IpAddr {
+        let side = if side == Side::Client { 1 } else { 2 };
+        match self {
+            Family::V4 => Ipv4Addr::new(10, 250, side, 254).into(),
+            Family::V6 => Ipv6Addr::new(0xfd00, 0x250, side.into(), 0, 0, 0, 0, 0xfe).into(),
+        }
+    }
+
+    /// An address of no service and no role.
+    fn elsewhere(self) -> IpAddr {
+        match self {
+            Family::V4 => Ipv4Addr::new(10, 250, 9, 9).into(),
+            Family::V6 => Ipv6Addr::new(0xfd00, 0x250, 9, 0, 0, 0, 0, 9).into(),
+        }
+    }
+
+    /// The gateway addresses of the model.
+    fn gateways(self) -> [IpAddr; 2] {
+        match self {
+            Family::V4 => [GW.into(), GW2.into()],
+            Family::V6 => [GW6.into(), GW6_2.into()],
+        }
+    }
+}
+
+/// The MAC of the neighbour entry the fixture gives `ip`.
+fn mac(ip: IpAddr) -> [u8; 6] {
+    match ip {
+        IpAddr::V4(a) => mac_of(a),
+        IpAddr::V6(a) => mac_of6(a),
+    }
+}
+
 /// The services of the run: two states that take turns.
 struct Model {
     states: [DesiredState; 2],
-    backends: BTreeSet<Ipv4Addr>,
+    backends: BTreeSet<IpAddr>,
+    /// An address that is no gateway address but shares GW6's address-filter slot: its
+    /// packets are walked to their transport header and looked up.
+    not_gw6: Ipv6Addr,
 }
 
 /// Services as (gateway address, protocol, port, backends as (address, port, weight)).
 type Table<'a> = &'a [(Ipv4Addr, Protocol, u16, &'a [(Ipv4Addr, u16, u16)])];
 
-fn state(table: Table) -> DesiredState {
-    let mut state = DesiredState::default();
+/// The IPv6 twin of each IPv4 address of the model: the IPv6 services are the IPv4
+/// ones on the twins (so every port is dual-stack).
+const TWINS: [(Ipv4Addr, Ipv6Addr); 7] = [
+    (GW, GW6),
+    (GW2, GW6_2),
+    (B1, B1_6),
+    (B2, B2_6),
+    (B3, B3_6),
+    (B_NO_NEIGH, B_NO_NEIGH6),
+    (B_SAME_SIDE, B_SAME_SIDE6),
+];
+
+fn twin(a: Ipv4Addr) -> IpAddr {
+    let (_, twin) = TWINS.iter().find(|(v4, _)| *v4 == a).expect("a twin");
+    (*twin).into()
+}
+
+/// `state` with the services of `table`, their addresses mapped by `family`.
+fn with(mut state: DesiredState, table: Table, family: fn(Ipv4Addr) -> IpAddr) -> DesiredState {
     for &(addr, protocol, port, backends) in table {
         let backends = backends
             .iter()
             .map(|&(ip, port, weight)| WeightedBackend {
-                endpoint: sa(ip, port).into(),
+                endpoint: SocketAddr::new(family(ip), port),
                 weight,
             })
             .collect();
-        state = state.with_service(svc(addr, protocol, port), backends);
+        state = state.with_service(svc(family(addr), protocol, port), backends);
     }
     state
 }
 
-/// A service's address and port (the fuzz model is IPv4 only).
-fn service_addr(s: &ServiceAddr) -> SocketAddrV4 {
-    v4(std::net::SocketAddr::new(s.addr, s.port))
+/// A service's address and port.
+fn service_addr(s: &ServiceAddr) -> SocketAddr {
+    SocketAddr::new(s.addr, s.port)
 }
 
-fn svc(addr: Ipv4Addr, protocol: Protocol, port: u16) -> ServiceAddr {
+fn svc(addr: IpAddr, protocol: Protocol, port: u16) -> ServiceAddr {
     ServiceAddr {
-        addr: addr.into(),
+        addr,
         protocol,
         port,
     }
@@ -304,21 +480,32 @@ impl Model {
             (GW, Udp, 56, &[(B_NO_NEIGH, 53, 1)]),
             (GW, Udp, 55, &[(B1, 55, 1)]),
         ];
-        let first = state(&[common, first].concat());
-        let second = state(&[common, second].concat());
-        let states = [first, second];
+        // Both families: the same services on GW, GW2 and on their IPv6 twins.
+        let state = |table: Table| {
+            let v4 = with(DesiredState::default(), table, IpAddr::V4);
+            with(v4, table, twin)
+        };
+        let states = [
+            state(&[common, first].concat()),
+            state(&[common, second].concat()),
+        ];
         let all = || states.iter().flat_map(|s| s.services.iter());
         let backends = all()
-            .flat_map(|(_, b)| b.iter().map(|b| *v4(b.endpoint).ip()))
+            .flat_map(|(_, b)| b.iter().map(|b| b.endpoint.ip()))
             .collect();
-        Model { backends, states }
+        let not_gw6 = sharing_slot(Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 0), GW6.into());
+        Model {
+            backends,
+            states,
+            not_gw6,
+        }
     }
 
     /// Backends of the service at (`addr`, `proto`, `port`) in state `state`.
     fn backends_of(
         &self,
         state: usize,
-        addr: Ipv4Addr,
+        addr: IpAddr,
         proto: u8,
         port: u16,
     ) -> Option<&[WeightedBackend]> {
@@ -333,7 +520,7 @@ impl Model {
             .map(|b| b.as_slice())
     }
 
-    fn is_gateway(&self, state: usize, addr: Ipv4Addr) -> bool {
+    fn is_gateway(&self, state: usize, addr: IpAddr) -> bool {
         self.states[state].services.keys().any(|s| s.addr == addr)
     }
 }
@@ -341,10 +528,152 @@ impl Model {
 /// A flow the generator saw translated: replies and ICMP errors can be made for it.
 #[derive(Clone, Copy)]
 struct Seen {
-    client: SocketAddrV4,
-    service: SocketAddrV4,
-    backend: SocketAddrV4,
+    client: SocketAddr,
+    service: SocketAddr,
+    backend: SocketAddr,
     udp: bool,
+}
+
+/// A packet of either family being built (`Packet`, `Packet6`).
+#[derive(Clone)]
+enum Pkt {
+    V4(Packet),
+    V6(Packet6),
+}
+
+/// `$body` on the packet of either family bound to `$p`, wrapped again.
+macro_rules! each {
+    ($pkt:expr, $p:ident => $body:expr) => {
+        match $pkt {
+            Pkt::V4($p) => Pkt::V4($body),
+            Pkt::V6($p) => Pkt::V6($body),
+        }
+    };
+}
+
+impl Pkt {
+    /// A TCP segment or UDP datagram from `src` to `dst` (one family).
+    fn new(src: SocketAddr, dst: SocketAddr, udp: bool) -> Pkt {
+        match (src, dst) {
+            (SocketAddr::V4(s), SocketAddr::V4(d)) if udp => Pkt::V4(Packet::udp(s, d)),
+            (SocketAddr::V4(s), SocketAddr::V4(d)) => Pkt::V4(Packet::tcp(s, d)),
+            (SocketAddr::V6(s), SocketAddr::V6(d)) if udp => Pkt::V6(Packet6::udp(s, d)),
+            (SocketAddr::V6(s), SocketAddr::V6(d)) => Pkt::V6(Packet6::tcp(s, d)),
+            _ => panic!("{src} and {dst} are of two families"),
+        }
+    }
+
+    /// An ICMP (ICMPv6) message quoting `body`.
+    fn icmp(src: IpAddr, dst: IpAddr, kind: u8, code: u8, rest: u32, body: &[u8]) -> Pkt {
+        match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                Pkt::V4(Packet::icmp_error(s, d, kind, code, rest, body))
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) => Pkt::V6(Packet6::icmp(s, d, kind, code, rest, body)),
+            _ => panic!("{src} and {dst} are of two families"),
+        }
+    }
+
+    fn macs(self, src: [u8; 6], dst: [u8; 6]) -> Pkt {
+        each!(self, p => p.macs(src, dst))
+    }
+
+    fn flags(self, flags: u8) -> Pkt {
+        each!(self, p => p.flags(flags))
+    }
+
+    fn payload(self, payload: &[u8]) -> Pkt {
+        each!(self, p => p.payload(payload))
+    }
+
+    fn no_udp_checksum(self) -> Pkt {
+        each!(self, p => p.no_udp_checksum())
+    }
+
+    /// The same packet with another TTL or hop limit.
+    fn hops(self, hops: u8) -> Pkt {
+        match self {
+            Pkt::V4(p) => Pkt::V4(p.ttl(hops)),
+            Pkt::V6(p) => Pkt::V6(p.hop_limit(hops)),
+        }
+    }
+
+    fn frame(&self) -> Vec<u8> {
+        match self {
+            Pkt::V4(p) => p.frame(),
+            Pkt::V6(p) => p.frame(),
+        }
+    }
+
+    /// What an error quotes: IPv4 the header and 8 bytes (`whole`: all of it, as
+    /// routers may), IPv6 all of it.
+    fn quote(&self, whole: bool) -> Vec<u8> {
+        match self {
+            Pkt::V4(p) if whole => p.ip_bytes(),
+            Pkt::V4(p) => p.quote(),
+            Pkt::V6(p) => p.quote(),
+        }
+    }
+
+    /// The length of the transport header.
+    fn l4_header_len(&self) -> usize {
+        match self {
+            Pkt::V4(p) => p.l4_bytes().len() - p.payload.len(),
+            Pkt::V6(p) => p.l4_bytes().len() - p.payload.len(),
+        }
+    }
+
+    /// The frame cut in two fragments, the first carrying `first_len` bytes (a
+    /// multiple of 8) of the transport part (IPv6: datagram `id`, `options` after the
+    /// fragment header).
+    fn fragments(
+        &self,
+        first_len: usize,
+        id: u32,
+        options: Option<(u8, &[u8])>,
+    ) -> (Vec<u8>, Vec<u8>) {
+        match self {
+            Pkt::V4(p) => p.fragments(first_len),
+            Pkt::V6(p) => fragments6(p, first_len, id, options),
+        }
+    }
+}
+
+/// `p` cut in two fragments as `Packet::fragments` cuts an IPv4 packet: a fragment
+/// header of datagram `id` after its extension headers, then `options` (an extension
+/// header of the fragmentable part, which only the first fragment carries), the first
+/// fragment carrying them and at least `first_len` bytes of the transport part.
+fn fragments6(
+    p: &Packet6,
+    first_len: usize,
+    id: u32,
+    options: Option<(u8, &[u8])>,
+) -> (Vec<u8>, Vec<u8>) {
+    let mut header = vec![0; 4];
+    header.extend(id.to_be_bytes());
+    let mut p = p.clone().ext_raw(FRAGMENT, &header);
+    let mut after = 0;
+    if let Some((kind, h)) = options {
+        p = p.ext_raw(kind, h);
+        after = h.len();
+    }
+    let whole = p.frame();
+    // Where the fragmentable part starts, and where the first fragment's part ends.
+    let data = whole.len() - p.l4_bytes().len() - after;
+    let cut = data + (after + first_len).next_multiple_of(8);
+    let fragment = |word: usize, part: Range<usize>| {
+        let mut f = whole[..data].to_vec();
+        f[data - 6..data - 4].copy_from_slice(&(word as u16).to_be_bytes());
+        f.extend(&whole[part]);
+        let len = (f.len() - IP - 40) as u16;
+        f[IP + 4..IP + 6].copy_from_slice(&len.to_be_bytes());
+        f
+    };
+    // The offset counts 8-byte units in the high 13 bits; more-fragments is bit 0.
+    (
+        fragment(1, data..cut),
+        fragment(cut - data, cut..whole.len()),
+    )
 }
 
 /// Makes packets; remembers translated flows and first fragments for later ones.
@@ -353,7 +682,10 @@ struct Generator<'m> {
     model: &'m Model,
     /// Index of the services state in force.
     state: usize,
-    seen: Vec<Seen>,
+    /// The family of the packet being made.
+    family: Family,
+    /// Flows seen translated, of each family.
+    seen: [Vec<Seen>; 2],
     /// Later fragments of datagrams whose first fragment was sent.
     later: Vec<(Side, Vec<u8>)>,
 }
@@ -366,7 +698,8 @@ impl<'m> Generator<'m> {
             rng: Rng::new(seed),
             model,
             state: 1,
-            seen: Vec::new(),
+            family: Family::V4,
+            seen: [Vec::new(), Vec::new()],
             later: Vec::new(),
         }
     }
@@ -388,6 +721,11 @@ impl<'m> Generator<'m> {
 
     /// One packet and the side it arrives on.
     fn packet(&mut self) -> (Side, Vec<u8>) {
+        self.family = if self.rng.chance(IPV6_PERCENT) {
+            Family::V6
+        } else {
+            Family::V4
+        };
         let r = self.rng.below(100);
         let (side, mut frame) = match r {
             0..=29 => (Side::Client, self.forward()),
@@ -414,59 +752,113 @@ impl<'m> Generator<'m> {
         (side, frame)
     }
 
-    fn client(&mut self) -> SocketAddrV4 {
-        // CLIENT has a neighbour entry; the others are on fx0's subnet without one, or
-        // have no route at all.
-        let ip = match self.rng.below(10) {
-            0..=6 => CLIENT,
-            7 | 8 => Ipv4Addr::new(10, 250, 1, 11 + self.rng.below(3) as u8),
-            _ => Ipv4Addr::new(192, 0, 2, 1),
+    fn client(&mut self) -> SocketAddr {
+        // Mostly the client with a neighbour entry.
+        let n = match self.rng.below(10) {
+            0..=6 => 0,
+            7 | 8 => 1 + self.rng.below(3) as u8,
+            _ => 4,
         };
-        sa(ip, 40000 + self.rng.below(64) as u16)
+        SocketAddr::new(self.family.client(n), 40000 + self.rng.below(64) as u16)
     }
 
-    /// A service of the state in force (now and then of the other state).
+    /// A service of the family and state in force (now and then of the other state).
     fn service(&mut self) -> (ServiceAddr, Vec<WeightedBackend>) {
         let state = if self.rng.chance(10) {
             1 - self.state
         } else {
             self.state
         };
-        let services = &self.model.states[state].services;
-        let (s, b) = services
-            .iter()
-            .nth(self.rng.below(services.len()))
+        let family = self.family;
+        let services = || {
+            self.model.states[state]
+                .services
+                .iter()
+                .filter(move |(s, _)| Family::of(s.addr) == family)
+        };
+        let (s, b) = services()
+            .nth(self.rng.below(services().count()))
             .expect("services");
         (*s, b.to_vec())
     }
 
-    fn l4(&mut self, src: SocketAddrV4, dst: SocketAddrV4, udp: bool) -> Packet {
-        let mut p = if udp {
-            let p = Packet::udp(src, dst);
-            if self.rng.chance(10) {
-                p.no_udp_checksum()
-            } else {
-                p
-            }
-        } else {
-            let flags = self.rng.pick(&[SYN, ACK | PSH, ACK, 0x01 | ACK, 0x04]);
-            Packet::tcp(src, dst).flags(flags)
-        };
+    /// A backend of a service of the family.
+    fn backend(&mut self) -> (SocketAddr, bool) {
+        let (s, b) = self.service();
+        (
+            b[self.rng.below(b.len())].endpoint,
+            s.protocol == Protocol::Udp,
+        )
+    }
+
+    fn l4(&mut self, src: SocketAddr, dst: SocketAddr, udp: bool) -> Pkt {
+        let mut p = Pkt::new(src, dst, udp);
+        if udp && self.rng.chance(10) {
+            p = p.no_udp_checksum();
+        } else if !udp {
+            p = p.flags(self.rng.pick(&[SYN, ACK | PSH, ACK, 0x01 | ACK, 0x04]));
+        }
         let len = match self.rng.below(20) {
             0 => 1400 + self.rng.below(200),
             1..=5 => 0,
             _ => self.rng.below(64),
         };
         p = p.payload(&self.rng.bytes(len));
-        p.id = self.rng.next_u64() as u16;
         if self.rng.chance(5) {
-            p = p.ttl(self.rng.pick(&[0, 1, 2]));
+            p = p.hops(self.rng.pick(&[0, 1, 2]));
         }
-        if self.rng.chance(8) {
-            let words = 1 + self.rng.below(10);
-            let mut options = vec![1u8; words * 4];
-            options[words * 4 - 1] = 0;
-            p = p.options(&options);
+        match p {
+            Pkt::V4(mut p) => {
+                p.id = self.rng.next_u64() as u16;
+                if self.rng.chance(8) {
+                    let words = 1 + self.rng.below(10);
+                    let mut options = vec![1u8; words * 4];
+                    options[words * 4 - 1] = 0;
+                    p = p.options(&options);
+                }
+                Pkt::V4(p)
+            }
+            Pkt::V6(p) => Pkt::V6(self.extension_headers(p)),
+        }
+    }
+
+    /// Mostly none, else a chain of extension headers of random kinds, order and
+    /// lengths (up to nine: longer than the program walks).
+    fn extension_headers(&mut self, mut p: Packet6) -> Packet6 {
+        let n = match self.rng.below(20) {
+            0..=11 => 0,
+            12..=16 => 1 + self.rng.below(2),
+            17 | 18 => 3 + self.rng.below(4),
+            _ => 7 + self.rng.below(3),
+        };
+        for _ in 0..n {
+            let kind = self
+                .rng
+                .pick(&[HOP_BY_HOP, ROUTING, DEST_OPTS, AUTH, FRAGMENT]);
+            let header = match kind {
+                // An atomic fragment (offset 0, no more fragments).
+                FRAGMENT => [&[0u8, 0, 0, 0][..], &self.rng.bytes(4)].concat(),
+                // 4-byte units after the first 8.
+                AUTH => {
+                    let len = 1 + self.rng.below(5);
+                    let mut h = self.rng.bytes((len + 2) * 4);
+                    h[1] = len as u8;
+                    h
+                }
+                _ => {
+                    let len = self.rng.below(4);
+                    let size = (len + 1) * 8;
+                    // One PadN option filling it (routing: type 0, no segments left).
+                    let mut h = vec![0; size];
+                    h[1] = len as u8;
+                    if kind != ROUTING {
+                        h[2] = 1;
+                        h[3] = (size - 4) as u8;
+                    }
+                    h
+                }
+            };
+            p = p.ext_raw(kind, &header);
         }
         p
     }
@@ -486,65 +878,80 @@ impl<'m> Generator<'m> {
         let (backend, client, udp) = match self.seen_flow() {
             Some(f) if self.rng.chance(85) => (f.backend, f.client, f.udp),
             _ => {
-                let (s, b) = self.service();
-                let b = v4(b[self.rng.below(b.len())].endpoint);
-                (b, self.client(), s.protocol == Protocol::Udp)
+                let (b, udp) = self.backend();
+                (b, self.client(), udp)
             }
         };
         self.l4(backend, client, udp)
-            .macs(mac_of(*backend.ip()), FX1_MAC)
+            .macs(mac(backend.ip()), FX1_MAC)
             .frame()
     }
 
     fn seen_flow(&mut self) -> Option<Seen> {
-        (!self.seen.is_empty()).then(|| self.seen[self.rng.below(self.seen.len())])
+        let seen = &self.seen[self.family as usize];
+        (!seen.is_empty()).then(|| seen[self.rng.below(seen.len())])
+    }
+
+    /// An ICMP error type, code and the rest of its header: mostly errors the program
+    /// translates (IPv4: destination unreachable, fragmentation needed among them, time
+    /// exceeded; IPv6: destination unreachable, packet too big, time exceeded), some
+    /// it does not.
+    fn icmp_kind(&mut self) -> (u8, u8, u32) {
+        match (self.family, self.rng.below(10)) {
+            (Family::V4, 0..=3) => (3, 4, 1280),
+            (Family::V4, 4 | 5) => (3, 3, 0),
+            (Family::V4, 6) => (3, 1, 0),
+            (Family::V4, 7 | 8) => (11, 0, 0),
+            (Family::V4, _) => (self.rng.pick(&[0, 5, 8, 12]), 0, 0),
+            (Family::V6, 0..=2) => (2, 0, 1280),
+            (Family::V6, 3..=5) => (1, self.rng.below(5) as u8, 0),
+            (Family::V6, 6 | 7) => (3, self.rng.below(2) as u8, 0),
+            (Family::V6, 8) => (4, self.rng.below(3) as u8, self.rng.below(60) as u32),
+            (Family::V6, _) => (self.rng.pick(&[0, 127, 128, 129, 255]), 0, 0),
+        }
     }
 
     /// An ICMP error: from the backend side quoting a forwarded packet, from the client
     /// side quoting a reply, or quoting a flow of no service.
     fn icmp_error(&mut self) -> (Side, Vec<u8>) {
-        let (kind, code) = match self.rng.below(10) {
-            0..=3 => (3, 4),
-            4 | 5 => (3, 3),
-            6 => (3, 1),
-            7 | 8 => (11, 0),
-            _ => (self.rng.pick(&[0, 5, 8, 12]), 0),
-        };
-        let rest = if code == 4 { 1280 } else { 0 };
+        let (kind, code, rest) = self.icmp_kind();
         let flow = self.seen_flow();
         let (side, src, dst, quoted) = match (self.rng.below(3), flow) {
             (0, Some(f)) => {
-                let from = self.rng.pick(&[*f.backend.ip(), ROUTER_BACKEND_SIDE]);
-                let sent = self.l4(f.client, f.backend, f.udp).ttl(63);
-                (Side::Backend, from, *f.client.ip(), sent)
+                let from = self
+                    .rng
+                    .pick(&[f.backend.ip(), self.family.router(Side::Backend)]);
+                let sent = self.l4(f.client, f.backend, f.udp).hops(63);
+                (Side::Backend, from, f.client.ip(), sent)
             }
             (1, Some(f)) => {
-                let from = self.rng.pick(&[*f.client.ip(), ROUTER_CLIENT_SIDE]);
-                let sent = self.l4(f.service, f.client, f.udp).ttl(63);
-                (Side::Client, from, *f.service.ip(), sent)
+                let from = self
+                    .rng
+                    .pick(&[f.client.ip(), self.family.router(Side::Client)]);
+                let sent = self.l4(f.service, f.client, f.udp).hops(63);
+                (Side::Client, from, f.service.ip(), sent)
             }
             _ => {
                 let a = self.client();
-                let b = sa(Ipv4Addr::new(10, 250, 9, 9), 80);
+                let b = SocketAddr::new(self.family.elsewhere(), 80);
                 let udp = self.rng.chance(50);
                 let side = self.rng.pick(&[Side::Client, Side::Backend]);
-                let to = self.rng.pick(&[*a.ip(), GW]);
-                (side, ROUTER_CLIENT_SIDE, to, self.l4(b, a, udp))
+                let to = self.rng.pick(&[a.ip(), self.family.gateways()[0]]);
+                let from = self.family.router(Side::Client);
+                (side, from, to, self.l4(b, a, udp))
             }
         };
-        let mut quote = quoted.quote();
+        // Routers may quote more than 8 bytes of an IPv4 packet (RFC 1812).
+        let mut quote = quoted.quote(self.rng.chance(20));
         if self.rng.chance(10) {
             quote.truncate(self.rng.below(quote.len()));
-        } else if self.rng.chance(20) {
-            // Routers may quote more than 8 bytes (RFC 1812).
-            quote = quoted.ip_bytes();
         }
         let mac = if side == Side::Client {
             (CLIENT_MAC, FX0_MAC)
         } else {
-            (mac_of(src), FX1_MAC)
+            (mac(src), FX1_MAC)
         };
-        let frame = Packet::icmp_error(src, dst, kind, code, rest, &quote)
+        let frame = Pkt::icmp(src, dst, kind, code, rest, &quote)
             .macs(mac.0, mac.1)
             .frame();
         (side, frame)
@@ -561,7 +968,7 @@ impl<'m> Generator<'m> {
             Some(f) if self.rng.chance(30) => (
                 Side::Backend,
                 self.l4(f.backend, f.client, f.udp)
-                    .macs(mac_of(*f.backend.ip()), FX1_MAC),
+                    .macs(mac(f.backend.ip()), FX1_MAC),
             ),
             _ => {
                 let (s, _) = self.service();
@@ -576,9 +983,14 @@ impl<'m> Generator<'m> {
         };
         let len = 40 + self.rng.below(60);
         let p = p.payload(&self.rng.bytes(len));
-        let header = p.l4_bytes().len() - p.payload.len();
-        let first_len = (header + 8 * self.rng.below(4)).next_multiple_of(8);
-        let (first, later) = p.fragments(first_len);
+        let first_len = (p.l4_header_len() + 8 * self.rng.below(4)).next_multiple_of(8);
+        // Now and then destination options or AH in the fragmentable part.
+        let options: Option<(u8, &[u8])> = match self.rng.below(8) {
+            0 => Some((DEST_OPTS, &[0, 0, 1, 4, 0, 0, 0, 0])),
+            1 => Some((AUTH, &[0, 2, 0, 0, 1, 2, 3, 4, 0, 0, 0, 1, 9, 9, 9, 9])),
+            _ => None,
+        };
+        let (first, later) = p.fragments(first_len, self.rng.next_u64() as u32, options);
         if self.rng.chance(90) {
             self.later.push((side, later));
             if self.later.len() > 64 {
@@ -592,34 +1004,51 @@ impl<'m> Generator<'m> {
     }
 
     /// Packets of no service: other addresses, unknown ports and protocols of a gateway
-    /// address, ARP, IPv6, a service packet behind a VLAN tag.
+    /// address, ARP (IPv6: neighbour discovery and echo), a service packet behind a
+    /// VLAN tag, a backend's packet of no flow.
     fn not_ours(&mut self) -> Vec<u8> {
         let client = self.client();
         let udp = self.rng.chance(50);
-        let to = |ip, port| sa(ip, port);
-        match self.rng.below(7) {
-            0 => self
-                .l4(client, to(Ipv4Addr::new(10, 250, 9, 9), 80), udp)
-                .frame(),
+        let [gw, gw2] = self.family.gateways();
+        let to = |ip, port| SocketAddr::new(ip, port);
+        match self.rng.below(8) {
+            0 => {
+                let elsewhere = match self.family {
+                    Family::V6 if self.rng.chance(50) => self.model.not_gw6.into(),
+                    f => f.elsewhere(),
+                };
+                self.l4(client, to(elsewhere, 80), udp).frame()
+            }
             1 => {
-                let gw = self.rng.pick(&[GW, GW2]);
+                let gw = self.rng.pick(&[gw, gw2]);
                 let port = 9000 + self.rng.below(100) as u16;
                 self.l4(client, to(gw, port), udp).frame()
             }
             2 => {
-                // Another protocol (GRE, SCTP, ICMP echo) to a gateway address.
-                let mut f = self.l4(client, to(GW, 80), false).frame();
-                f[23] = self.rng.pick(&[47, 132, 1]);
-                fix_ip_checksum(&mut f[14..]);
+                // Another protocol to a gateway address: IPv4 GRE, SCTP, ICMP echo;
+                // IPv6 (after any extension headers) ESP, no next header, unknown.
+                let dst = self.rng.pick(&[gw, gw2]);
+                let mut f = self.l4(client, to(dst, 80), false).frame();
+                match self.family {
+                    Family::V4 => {
+                        f[23] = self.rng.pick(&[47, 132, 1]);
+                        fix_ip_checksum(&mut f[14..]);
+                    }
+                    Family::V6 => {
+                        let at = chain6(&f, f.len()).next_at;
+                        f[at] = self.rng.pick(&[ESP, NO_NEXT, 47, 132, 253]);
+                    }
+                }
                 f
             }
-            3 => {
+            3 if self.family == Family::V4 => {
                 let mut arp = vec![0xff; 6];
                 arp.extend(CLIENT_MAC);
                 arp.extend([0x08, 0x06]);
                 arp.extend(self.rng.bytes(28));
                 arp
             }
+            3 | 4 if self.family == Family::V6 => self.neighbour_or_echo(),
             4 => {
                 let mut ipv6 = FX0_MAC.to_vec();
                 ipv6.extend(CLIENT_MAC);
@@ -633,40 +1062,78 @@ impl<'m> Generator<'m> {
                 f.splice(12..12, tag);
                 f
             }
-            _ => {
+            6 => {
                 // From a backend address to a client, of no flow.
-                let (s, b) = self.service();
-                let b = v4(b[self.rng.below(b.len())].endpoint);
-                let to_client = sa(*client.ip(), 20000 + self.rng.below(1000) as u16);
-                self.l4(b, to_client, s.protocol == Protocol::Udp).frame()
+                let (b, udp) = self.backend();
+                let to_client = to(client.ip(), 20000 + self.rng.below(1000) as u16);
+                self.l4(b, to_client, udp).frame()
+            }
+            _ => {
+                // A client's packet to a backend directly.
+                let (b, udp) = self.backend();
+                self.l4(client, b, udp).frame()
             }
         }
     }
 
-    /// Random bytes, mostly with an IPv4 EtherType and version.
+    /// Neighbour discovery (router and neighbour solicitation and advertisement,
+    /// redirect) and echo, to and from gateway addresses and others, sometimes after
+    /// a hop-by-hop header.
+    fn neighbour_or_echo(&mut self) -> Vec<u8> {
+        let kind = self.rng.pick(&[128, 129, 133, 134, 135, 136, 137]);
+        let client = self.client().ip();
+        let [gw, _] = self.family.gateways();
+        let solicited: IpAddr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 1, 0xff00, 0x64).into();
+        let (src, dst) = match self.rng.below(3) {
+            0 => (client, self.rng.pick(&[gw, solicited])),
+            1 => (gw, client),
+            _ => (self.family.router(Side::Client), client),
+        };
+        let len = 8 * self.rng.below(4);
+        let Pkt::V6(mut p) = Pkt::icmp(src, dst, kind, 0, 0, &self.rng.bytes(len)) else {
+            unreachable!("IPv6 addresses make an IPv6 packet")
+        };
+        p = p.hop_limit(255).macs(CLIENT_MAC, FX0_MAC);
+        if self.rng.chance(20) {
+            p = p.ext(HOP_BY_HOP);
+        }
+        p.frame()
+    }
+
+    /// Random bytes, mostly with the family's EtherType and version.
     fn noise(&mut self) -> Vec<u8> {
         let len = 14 + self.rng.below(100);
         let mut f = self.rng.bytes(len);
         if self.rng.chance(70) {
-            f[12..14].copy_from_slice(&[0x08, 0x00]);
+            let (ether_type, version, dst) = match self.family {
+                Family::V4 => ([0x08, 0x00], 0x40, 30..34),
+                Family::V6 => ([0x86, 0xdd], 0x60, 38..54),
+            };
+            f[12..14].copy_from_slice(&ether_type);
             if len > 14 {
-                f[14] = 0x40 | (f[14] & 0x0f);
+                f[14] = version | (f[14] & 0x0f);
             }
-            if len >= 34 && self.rng.chance(50) {
-                f[30..34].copy_from_slice(&GW.octets());
+            if len >= dst.end && self.rng.chance(50) {
+                let gw = self.rng.pick(&self.family.gateways());
+                f[dst].copy_from_slice(&ip_octets(gw));
             }
         }
         f
     }
 
-    /// One mutation of a frame (assumed IPv4; harmless otherwise).
+    /// One mutation of a frame (of either family; harmless to others).
     fn mutate(&mut self, f: &mut Vec<u8>) {
-        let ip = 14;
-        if f.len() < ip + 20 {
+        let ip = IP;
+        let v6 = f.len() >= IP && f[12..14] == [0x86, 0xdd];
+        if f.len() < ip + if v6 { 40 } else { 20 } {
             return;
         }
-        let ihl = usize::from(f[ip] & 0x0f) * 4;
-        let l4 = ip + ihl.max(20);
+        // Where the transport header is (as far as the headers say), and its protocol.
+        let chain = v6.then(|| chain6(f, f.len()));
+        let (l4, proto) = match &chain {
+            Some(c) => (c.l4.min(f.len()), c.proto),
+            None => (ip + (usize::from(f[ip] & 0x0f) * 4).max(20), f[ip + 9]),
+        };
         let fix = self.rng.chance(80);
         match self.rng.below(12) {
             // Cut anywhere, mostly inside the headers.
@@ -679,54 +1146,90 @@ impl<'m> Generator<'m> {
                 let cut = 14 + self.rng.below(end - 14);
                 f.truncate(cut);
             }
-            // Bytes past the IP total length (Ethernet padding).
+            // Bytes past the IP packet's end (Ethernet padding).
             1 => {
                 let n = 1 + self.rng.below(32);
                 f.extend(self.rng.bytes(n));
             }
-            // IP total length too big, too small, or anything.
+            // IPv4 total length, IPv6 payload length too big, too small, 0 or anything.
             2 => {
-                let tot = u16::from_be_bytes([f[ip + 2], f[ip + 3]]) as usize;
-                let new = match self.rng.below(3) {
-                    0 => tot + 1 + self.rng.below(64),
-                    1 => tot.saturating_sub(1 + self.rng.below(tot.max(1))),
+                let at = if v6 { ip + 4 } else { ip + 2 };
+                let len = u16::from_be_bytes([f[at], f[at + 1]]) as usize;
+                let new = match self.rng.below(4) {
+                    0 => len + 1 + self.rng.below(64),
+                    1 => len.saturating_sub(1 + self.rng.below(len.max(1))),
+                    2 => 0,
                     _ => self.rng.below(65536),
                 };
-                f[ip + 2..ip + 4].copy_from_slice(&(new as u16).to_be_bytes());
+                f[at..at + 2].copy_from_slice(&(new as u16).to_be_bytes());
             }
-            // IHL anything; or the version.
-            3 => f[ip] = 0x40 | self.rng.below(16) as u8,
+            // IHL anything; an IPv6 extension header's length anything.
+            3 => match &chain {
+                None => f[ip] = 0x40 | self.rng.below(16) as u8,
+                Some(c) if !c.headers.is_empty() => {
+                    let at = self.rng.pick(&c.headers);
+                    f[at + 1] = self.rng.next_u64() as u8;
+                }
+                Some(_) => {}
+            },
+            // The version.
             4 => f[ip] = (self.rng.below(16) as u8) << 4 | (f[ip] & 0x0f),
-            // Fragment bits: MF, an offset, or both.
+            // Fragment bits: more fragments, an offset, or both.
             5 => {
-                let frag = match self.rng.below(3) {
-                    0 => 0x2000,
-                    1 => 1 + self.rng.below(0x1fff) as u16,
-                    _ => 0x2000 | (1 + self.rng.below(0x1fff) as u16),
+                let offset = 1 + self.rng.below(0x1fff) as u16;
+                let (more, at) = match &chain {
+                    None => (0x2000, ip + 6),
+                    Some(c) => match c.fragment {
+                        Some(at) => (1, at + 2),
+                        None => return,
+                    },
                 };
-                f[ip + 6..ip + 8].copy_from_slice(&frag.to_be_bytes());
+                let offset = if v6 { offset << 3 } else { offset };
+                let word = match self.rng.below(3) {
+                    0 => more,
+                    1 => offset,
+                    _ => more | offset,
+                };
+                f[at..at + 2].copy_from_slice(&word.to_be_bytes());
             }
             // Transport lengths: UDP length, TCP data offset.
             6 if f.len() >= l4 + 14 => {
                 let v = self.rng.next_u64() as u16;
-                if f[ip + 9] == proto::UDP {
+                if proto == proto::UDP {
                     f[l4 + 4..l4 + 6].copy_from_slice(&v.to_be_bytes());
                 } else {
                     f[l4 + 12] = (v as u8) & 0xf0;
                 }
             }
-            // A corrupted transport or IP checksum.
+            // A corrupted transport checksum; an IPv6 UDP checksum 0 (invalid).
             7 if f.len() >= l4 + 18 => {
-                let at = if f[ip + 9] == proto::UDP { 6 } else { 16 };
-                f[l4 + at] ^= 1 + self.rng.below(255) as u8;
+                let at = if proto == proto::UDP { 6 } else { 16 };
+                if v6 && proto == proto::UDP && self.rng.chance(50) {
+                    f[l4 + at..l4 + at + 2].fill(0);
+                } else {
+                    f[l4 + at] ^= 1 + self.rng.below(255) as u8;
+                }
                 return;
             }
-            8 => {
+            // A corrupted IPv4 header checksum.
+            8 if !v6 => {
                 f[ip + 10] ^= 1 + self.rng.below(255) as u8;
                 return;
             }
-            // Another protocol.
-            9 => f[ip + 9] = self.rng.pick(&[0, 1, 6, 17, 47, 255]),
+            // Another protocol; another next header anywhere in the chain.
+            8 | 9 => {
+                let at = match &chain {
+                    None => ip + 9,
+                    Some(c) => {
+                        let mut at = c.headers.clone();
+                        at.push(ip + 6);
+                        self.rng.pick(&at)
+                    }
+                };
+                f[at] = self
+                    .rng
+                    .pick(&[0, 1, 6, 17, 43, 44, 47, 50, 51, 58, 59, 60, 255]);
+            }
             // A few flipped bytes, mostly in the headers.
             10 => {
                 for _ in 0..1 + self.rng.below(4) {
@@ -746,7 +1249,7 @@ impl<'m> Generator<'m> {
                 return;
             }
         }
-        if fix && f.len() >= ip + 20 && f[12..14] == [0x08, 0x00] {
+        if fix && !v6 && f.len() >= ip + 20 && f[12..14] == [0x08, 0x00] {
             fix_ip_checksum(&mut f[ip..]);
         }
     }
@@ -756,111 +1259,336 @@ impl<'m> Generator<'m> {
         let (Some(i), Some(o)) = (Ip::parse(input), Ip::parse(output)) else {
             return;
         };
-        if i.frag != 0 || !matches!(i.proto, proto::TCP | proto::UDP) || i.dst == o.dst {
+        if i.fragment || !matches!(i.proto, proto::TCP | proto::UDP) || i.dst == o.dst {
             return;
         }
         let (Some(ip_ports), Some(op)) = (i.ports(input), o.ports(output)) else {
             return;
         };
         let seen = Seen {
-            client: sa(i.src, ip_ports.0),
-            service: sa(i.dst, ip_ports.1),
-            backend: sa(o.dst, op.1),
+            client: SocketAddr::new(i.src, ip_ports.0),
+            service: SocketAddr::new(i.dst, ip_ports.1),
+            backend: SocketAddr::new(o.dst, op.1),
             udp: i.proto == proto::UDP,
         };
-        if self.seen.len() >= SEEN_MAX {
+        let seen_list = &mut self.seen[Family::of(i.src) as usize];
+        if seen_list.len() >= SEEN_MAX {
             let at = self.rng.below(SEEN_MAX);
-            self.seen[at] = seen;
+            seen_list[at] = seen;
         } else {
-            self.seen.push(seen);
+            seen_list.push(seen);
         }
     }
 }
 
-/// An IPv4 header as the program accepts it: version 4, IHL at least 20, total length
-/// at least the header and within the frame.
+fn ip_octets(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+/// An IP header as the program accepts it, of either family: IPv4 version 4, IHL at
+/// least 20, total length at least the header and within the frame; IPv6 version 6, a
+/// payload length not 0 (a jumbogram) and within the frame. The transport header is
+/// found by walking IPv6's extension headers (`chain6`).
 #[derive(Clone, Copy)]
 struct Ip {
-    ihl: usize,
-    tot_len: usize,
+    v6: bool,
+    /// Where the transport header starts in the frame.
+    l4: usize,
+    /// Where the IP packet ends in the frame.
+    end: usize,
+    /// The transport protocol (`NO_NEXT` when an IPv6 chain hides it).
     proto: u8,
-    /// Fragment offset and MF (flags masked).
-    frag: u16,
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
+    /// A fragment: more fragments follow, or an offset.
+    fragment: bool,
+    /// A fragment with an offset: no transport header.
+    later: bool,
+    src: IpAddr,
+    dst: IpAddr,
 }
 
 const IP: usize = 14;
 
 impl Ip {
     fn parse(f: &[u8]) -> Option<Ip> {
-        if f.len() < IP + 20 || f[12..14] != [0x08, 0x00] || f[IP] >> 4 != 4 {
+        if f.len() < IP + 20 {
             return None;
         }
+        match (f[12..14] == [0x08, 0x00], f[12..14] == [0x86, 0xdd]) {
+            (true, _) => Ip::parse4(f),
+            (_, true) => Ip::parse6(f),
+            _ => None,
+        }
+    }
+
+    fn parse4(f: &[u8]) -> Option<Ip> {
         let ihl = usize::from(f[IP] & 0x0f) * 4;
         let tot_len = usize::from(u16::from_be_bytes([f[IP + 2], f[IP + 3]]));
-        if ihl < 20 || tot_len < ihl || IP + tot_len > f.len() {
+        if f[IP] >> 4 != 4 || ihl < 20 || tot_len < ihl || IP + tot_len > f.len() {
             return None;
         }
+        let frag = u16::from_be_bytes([f[IP + 6], f[IP + 7]]) & 0x3fff;
         Some(Ip {
-            ihl,
-            tot_len,
+            v6: false,
+            l4: IP + ihl,
+            end: IP + tot_len,
             proto: f[IP + 9],
-            frag: u16::from_be_bytes([f[IP + 6], f[IP + 7]]) & 0x3fff,
-            src: addr_at(f, IP + 12),
-            dst: addr_at(f, IP + 16),
+            fragment: frag != 0,
+            later: frag & 0x1fff != 0,
+            src: addr_at(f, IP + 12, false),
+            dst: addr_at(f, IP + 16, false),
         })
     }
 
-    fn l4(&self) -> usize {
-        IP + self.ihl
+    fn parse6(f: &[u8]) -> Option<Ip> {
+        if f.len() < IP + 40 || f[IP] >> 4 != 6 {
+            return None;
+        }
+        let end = IP + 40 + usize::from(u16::from_be_bytes([f[IP + 4], f[IP + 5]]));
+        if end == IP + 40 || end > f.len() {
+            return None;
+        }
+        let chain = chain6(f, end);
+        // With several fragment headers (RFC 8200 allows one), the last one describes
+        // the transport header after it.
+        let frag = chain
+            .fragment
+            .map_or(0, |at| u16::from_be_bytes([f[at + 2], f[at + 3]]));
+        Some(Ip {
+            v6: true,
+            l4: chain.l4,
+            end,
+            proto: chain.proto,
+            fragment: frag & 0xfff9 != 0,
+            later: frag & 0xfff8 != 0,
+            src: addr_at(f, IP + 8, true),
+            dst: addr_at(f, IP + 24, true),
+        })
     }
 
-    fn later_fragment(&self) -> bool {
-        self.frag & 0x1fff != 0
+    /// Where the source and destination addresses are (one after the other).
+    fn addrs(&self) -> Range<usize> {
+        if self.v6 {
+            IP + 8..IP + 40
+        } else {
+            IP + 12..IP + 20
+        }
+    }
+
+    /// Where the TTL or hop limit is.
+    fn hops_at(&self) -> usize {
+        if self.v6 {
+            IP + 7
+        } else {
+            IP + 8
+        }
+    }
+
+    fn icmp_proto(&self) -> u8 {
+        if self.v6 {
+            proto::ICMPV6
+        } else {
+            proto::ICMP
+        }
+    }
+
+    /// Whether ICMP type `kind` is an error quoting the packet it is about.
+    fn icmp_error(&self, kind: u8) -> bool {
+        if self.v6 {
+            (1..=4).contains(&kind)
+        } else {
+            matches!(kind, 3 | 11)
+        }
+    }
+
+    /// The quoted packet's layout, if this is an ICMP message.
+    fn quote(&self) -> Option<Quoted> {
+        if self.proto != self.icmp_proto() || self.fragment {
+            return None;
+        }
+        let at = self.l4 + 8;
+        Some(if self.v6 {
+            Quoted {
+                at,
+                addrs: at + 8..at + 40,
+                proto_at: at + 6,
+                ports: at + 40,
+            }
+        } else {
+            Quoted {
+                at,
+                addrs: at + 12..at + 20,
+                proto_at: at + 9,
+                ports: at + 20,
+            }
+        })
     }
 
     /// Source and destination ports, if the transport header starts in this packet.
     fn ports(&self, f: &[u8]) -> Option<(u16, u16)> {
-        let l4 = self.l4();
-        (!self.later_fragment() && f.len() >= l4 + 4).then(|| (port_at(f, l4), port_at(f, l4 + 2)))
+        let l4 = self.l4;
+        (!self.later && f.len() >= l4 + 4).then(|| (port_at(f, l4), port_at(f, l4 + 2)))
     }
 }
 
-fn addr_at(f: &[u8], at: usize) -> Ipv4Addr {
-    Ipv4Addr::new(f[at], f[at + 1], f[at + 2], f[at + 3])
+/// Where an ICMP error's quoted packet has what a translation rewrites (offsets in
+/// the frame; the quoted IPv4 header has no options).
+struct Quoted {
+    /// The quoted network header.
+    at: usize,
+    /// Its addresses.
+    addrs: Range<usize>,
+    /// Its protocol (IPv6: next header).
+    proto_at: usize,
+    /// The quoted transport header's ports.
+    ports: usize,
+}
+
+impl Quoted {
+    /// Where the quoted TCP/UDP checksum is, if its header is TCP or UDP and the
+    /// checksum within `end`.
+    fn check_at(&self, f: &[u8], end: usize) -> Option<usize> {
+        let at = self.ports
+            + match f.get(self.proto_at) {
+                Some(&proto::UDP) => 6,
+                Some(&proto::TCP) => 16,
+                _ => return None,
+            };
+        (at + 2 <= end.min(f.len())).then_some(at)
+    }
+}
+
+/// An IPv6 packet's extension headers, walked to the transport header.
+struct Chain {
+    /// Where the transport header starts.
+    l4: usize,
+    /// Its protocol, `NO_NEXT` if the chain is cut (by `end`) before it.
+    proto: u8,
+    /// The byte that names it (the last next-header field).
+    next_at: usize,
+    /// Where each extension header starts.
+    headers: Vec<usize>,
+    /// Where the last fragment header starts.
+    fragment: Option<usize>,
+}
+
+/// Walks the extension headers of the IPv6 packet in `f` that ends at `end`.
+fn chain6(f: &[u8], end: usize) -> Chain {
+    let mut c = Chain {
+        l4: IP + 40,
+        proto: f[IP + 6],
+        next_at: IP + 6,
+        headers: Vec::new(),
+        fragment: None,
+    };
+    while matches!(c.proto, HOP_BY_HOP | ROUTING | DEST_OPTS | AUTH | FRAGMENT) {
+        let (at, kind) = (c.l4, c.proto);
+        if at + 8 > end {
+            c.proto = NO_NEXT;
+            return c;
+        }
+        let size = match kind {
+            FRAGMENT => 8,
+            // 4-byte units after the first 8.
+            AUTH => (usize::from(f[at + 1]) + 2) * 4,
+            _ => (usize::from(f[at + 1]) + 1) * 8,
+        };
+        c.headers.push(at);
+        c.next_at = at;
+        c.proto = f[at];
+        c.l4 = at + size;
+        if kind == FRAGMENT {
+            c.fragment = Some(at);
+            // After a later fragment's header comes the datagram's continuation, not
+            // a header: the headers of the fragmentable part are in the first fragment
+            // (RFC 8200 4.5).
+            if port_at(f, at + 2) & 0xfff8 != 0 {
+                break;
+            }
+        }
+    }
+    if c.l4 > end {
+        c.proto = NO_NEXT;
+    }
+    c
+}
+
+fn addr_at(f: &[u8], at: usize, v6: bool) -> IpAddr {
+    if v6 {
+        let o: [u8; 16] = f[at..at + 16].try_into().expect("16 bytes");
+        Ipv6Addr::from(o).into()
+    } else {
+        Ipv4Addr::new(f[at], f[at + 1], f[at + 2], f[at + 3]).into()
+    }
 }
 
 fn port_at(f: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([f[at], f[at + 1]])
 }
 
-/// The conntrack key of a tuple (fields in network order, as the program reads them).
-fn flow_key(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, proto: u8) -> FlowKey {
-    FlowKey {
-        src: u32::from(src).to_be(),
-        dst: u32::from(dst).to_be(),
-        sport: sport.to_be(),
-        dport: dport.to_be(),
+/// The conntrack maps of both families.
+struct Tracker {
+    v4: Conntrack,
+    v6: Conntrack<[u32; 4]>,
+}
+
+/// A conntrack entry as the oracle needs it: its kind and the endpoint it writes.
+#[derive(Clone, Copy)]
+struct Tracked {
+    kind: u8,
+    nat: SocketAddr,
+}
+
+impl Tracker {
+    /// The entry of tuple (`src`, `dst`, `proto`).
+    fn get(&self, src: SocketAddr, dst: SocketAddr, proto: u8) -> Option<Tracked> {
+        match src {
+            SocketAddr::V4(_) => entry(&self.v4, src, dst, proto),
+            SocketAddr::V6(_) => entry(&self.v6, src, dst, proto),
+        }
+    }
+}
+
+fn entry<A: MapAddr>(
+    map: &Conntrack<A>,
+    src: SocketAddr,
+    dst: SocketAddr,
+    proto: u8,
+) -> Option<Tracked> {
+    let key = FlowKey {
+        src: A::of(src.ip())?,
+        dst: A::of(dst.ip())?,
+        sport: src.port().to_be(),
+        dport: dst.port().to_be(),
         proto,
         pad: [0; 3],
-    }
+    };
+    let flow = map.get(&key, 0).ok()?;
+    Some(Tracked {
+        kind: flow.kind,
+        nat: SocketAddr::new(flow.nat_addr.ip(), u16::from_be(flow.nat_port)),
+    })
 }
 
 /// What is known about an input before it runs: what may change it.
 struct Facts {
-    /// The IPv4 header, if the program accepts it.
+    /// An IPv6 frame (by its EtherType).
+    v6: bool,
+    /// The IP header, if the program accepts it.
     ip: Option<Ip>,
     /// Sent to an address that has services (in the state in force).
     to_gateway: bool,
-    /// Its tuple is tracked (its flow entry), or it is a later fragment (whose flow
-    /// only the fragment map knows).
-    tracked: Option<Flow>,
+    /// An IPv6 UDP datagram (not a later fragment) with checksum 0.
+    udp6_no_checksum: bool,
+    /// Its tuple is tracked (its flow entry).
+    tracked: Option<Tracked>,
+    /// A later fragment (whose flow only the fragment map knows).
     later_fragment: bool,
     /// Sent from an address that is a backend in some state.
     from_backend: bool,
-    /// An ICMP error (destination unreachable, time exceeded) quoting a tracked flow.
-    quote_tracked: Option<Flow>,
+    /// An ICMP error quoting a tracked flow.
+    quote_tracked: Option<Tracked>,
     /// What the generator's model says about the translation.
     model: Expect,
 }
@@ -868,51 +1596,51 @@ struct Facts {
 /// Services of the state in force, and every service a backend belonged to.
 struct Expect {
     /// Backends of the service the packet is addressed to (state in force).
-    backends: Vec<SocketAddrV4>,
+    backends: Vec<SocketAddr>,
     /// Backend addresses of any service on the packet's destination (for fragments).
-    backend_addrs: BTreeSet<Ipv4Addr>,
+    backend_addrs: BTreeSet<IpAddr>,
     /// Services (address, port) whose backend the source is, in any state.
-    services_of_source: BTreeSet<SocketAddrV4>,
+    services_of_source: BTreeSet<SocketAddr>,
+}
+
+/// The destination address of a frame of either family, if its header is there.
+fn destination(f: &[u8]) -> Option<IpAddr> {
+    match f.get(12..14)? {
+        [0x08, 0x00] if f.len() >= IP + 20 => Some(addr_at(f, IP + 16, false)),
+        [0x86, 0xdd] if f.len() >= IP + 40 => Some(addr_at(f, IP + 24, true)),
+        _ => None,
+    }
 }
 
 impl Facts {
-    fn of(f: &[u8], ct: &Conntrack, model: &Model, state: usize) -> Facts {
+    fn of(f: &[u8], ct: &Tracker, model: &Model, state: usize) -> Facts {
         let ip = Ip::parse(f);
         // A tuple's entry, or (a router reply, which has none of its own) the forward
         // entry of its flow to some service of either state, found as the program finds
         // it through the reply index; seen as the reply's `NAT_SRC` translation.
-        let lookup = |k: FlowKey| {
-            ct.get(&k, 0).ok().or_else(|| {
+        let lookup = |src: SocketAddr, dst: SocketAddr, proto: u8| {
+            ct.get(src, dst, proto).or_else(|| {
                 model
                     .states
                     .iter()
                     .flat_map(|s| s.services.keys())
-                    .filter(|svc| svc.protocol.number() == k.proto)
+                    .filter(|svc| svc.protocol.number() == proto)
+                    .filter(|svc| svc.addr.is_ipv6() == src.is_ipv6())
                     .find_map(|svc| {
-                        let key = svc.key().expect("the fuzz model is IPv4");
-                        let fwd = FlowKey {
-                            src: k.dst,
-                            dst: key.addr,
-                            sport: k.dport,
-                            dport: key.port,
-                            ..k
-                        };
-                        let f = ct.get(&fwd, 0).ok()?;
-                        (f.kind == NAT_DST && f.nat_addr == k.src && f.nat_port == k.sport)
-                            .then_some(Flow {
-                                kind: NAT_SRC,
-                                nat_addr: key.addr,
-                                nat_port: key.port,
-                                ..f
-                            })
+                        let service = service_addr(svc);
+                        let f = ct.get(dst, service, proto)?;
+                        (f.kind == NAT_DST && f.nat == src).then_some(Tracked {
+                            kind: NAT_SRC,
+                            nat: service,
+                        })
                     })
             })
         };
         let mut facts = Facts {
+            v6: f.get(12..14) == Some(&[0x86, 0xdd]),
             ip,
-            to_gateway: f.len() >= IP + 20
-                && f[12..14] == [0x08, 0x00]
-                && model.is_gateway(state, addr_at(f, IP + 16)),
+            to_gateway: destination(f).is_some_and(|dst| model.is_gateway(state, dst)),
+            udp6_no_checksum: false,
             tracked: None,
             later_fragment: false,
             from_backend: false,
@@ -926,24 +1654,31 @@ impl Facts {
         let Some(ip) = ip else {
             return facts;
         };
-        let l4 = ip.l4();
-        facts.later_fragment = ip.later_fragment();
+        let l4 = ip.l4;
+        facts.later_fragment = ip.later;
         facts.from_backend = model.backends.contains(&ip.src);
+        facts.udp6_no_checksum = ip.v6
+            && ip.proto == proto::UDP
+            && !ip.later
+            && f.len() >= l4 + 8
+            && f[l4 + 6..l4 + 8] == [0, 0];
         if let Some((sport, dport)) = ip.ports(f) {
             if matches!(ip.proto, proto::TCP | proto::UDP) {
-                facts.tracked = lookup(flow_key(ip.src, ip.dst, sport, dport, ip.proto));
+                let (src, dst) = (
+                    SocketAddr::new(ip.src, sport),
+                    SocketAddr::new(ip.dst, dport),
+                );
+                facts.tracked = lookup(src, dst, ip.proto);
                 facts.model.backends = model
                     .backends_of(state, ip.dst, ip.proto, dport)
                     .unwrap_or_default()
                     .iter()
-                    .map(|b| v4(b.endpoint))
+                    .map(|b| b.endpoint)
                     .collect();
                 for s in &model.states {
                     for (service, backends) in &s.services {
                         if service.protocol.number() == ip.proto
-                            && backends
-                                .iter()
-                                .any(|b| b.endpoint == sa(ip.src, sport).into())
+                            && backends.iter().any(|b| b.endpoint == src)
                         {
                             facts.model.services_of_source.insert(service_addr(service));
                         }
@@ -951,36 +1686,37 @@ impl Facts {
                 }
             }
         }
+        // (A later IPv6 fragment whose fragment header names an extension header
+        // does not show its transport protocol.)
+        let any_proto = ip.later && !matches!(ip.proto, proto::TCP | proto::UDP);
         for (service, backends) in &model.states[state].services {
-            if service.addr == ip.dst && service.protocol.number() == ip.proto {
+            if service.addr == ip.dst && (any_proto || service.protocol.number() == ip.proto) {
                 facts
                     .model
                     .backend_addrs
-                    .extend(backends.iter().map(|b| *v4(b.endpoint).ip()));
+                    .extend(backends.iter().map(|b| b.endpoint.ip()));
             }
         }
-        if ip.proto == proto::ICMP
-            && ip.frag == 0
-            && f.len() >= l4 + 8 + 24
-            && matches!(f[l4], 3 | 11)
-        {
-            let inner = l4 + 8;
-            facts.quote_tracked = lookup(flow_key(
-                addr_at(f, inner + 16),
-                addr_at(f, inner + 12),
-                port_at(f, inner + 22),
-                port_at(f, inner + 20),
-                f[inner + 9],
-            ));
+        if let Some(q) = ip.quote() {
+            if f.len() >= q.ports + 4 && ip.icmp_error(f[l4]) {
+                let v6 = ip.v6;
+                let addr = |at: usize| addr_at(f, at, v6);
+                let half = (q.addrs.end - q.addrs.start) / 2;
+                let quoted_src = SocketAddr::new(addr(q.addrs.start), port_at(f, q.ports));
+                let quoted_dst =
+                    SocketAddr::new(addr(q.addrs.start + half), port_at(f, q.ports + 2));
+                facts.quote_tracked = lookup(quoted_dst, quoted_src, f[q.proto_at]);
+            }
         }
         facts
     }
 
-    /// The packet as the kernel would forward it (and TC see it on egress): its IPv4
-    /// header accepted, checksum included, and the frame cut to the IP total length.
+    /// The packet as the kernel would forward it (and TC see it on egress): its IP
+    /// header accepted (an IPv4 header's checksum included), and the frame cut to the
+    /// IP packet's end.
     fn as_forwarded<'f>(&self, f: &'f [u8]) -> Option<&'f [u8]> {
         let ip = self.ip?;
-        (checksum(&f[IP..ip.l4()]) == 0).then(|| &f[..IP + ip.tot_len])
+        (ip.v6 || checksum(&f[IP..ip.l4]) == 0).then(|| &f[..ip.end])
     }
 
     /// Whether `program` may change this packet at all.
@@ -1002,6 +1738,15 @@ impl Facts {
     }
 }
 
+/// Whether the frame is an ICMPv6 redirect (right after the IPv6 header), which the TC
+/// program drops.
+fn icmp6_redirect(f: &[u8]) -> bool {
+    f.len() > IP + 40
+        && f[12..14] == [0x86, 0xdd]
+        && f[IP + 6] == proto::ICMPV6
+        && f[IP + 40] == 137
+}
+
 /// The one's-complement sum of `bytes` (as `checksum` folds it), 0 and 0xffff alike.
 fn sum(bytes: &[u8]) -> u16 {
     match checksum(bytes) {
@@ -1010,19 +1755,21 @@ fn sum(bytes: &[u8]) -> u16 {
     }
 }
 
-/// A TCP/UDP segment (or first fragment) behind its pseudo-header.
-fn with_pseudo_header(f: &[u8], ip: &Ip) -> Vec<u8> {
-    let mut p = Vec::with_capacity(12 + ip.tot_len);
-    p.extend(&f[IP + 12..IP + 20]);
-    p.extend([0, ip.proto]);
-    p.extend(((ip.tot_len - ip.ihl) as u16).to_be_bytes());
-    p.extend(&f[ip.l4()..IP + ip.tot_len]);
+/// A TCP/UDP segment (or first fragment), or an ICMPv6 message (`proto`), behind its
+/// pseudo-header: written as IPv4's, which sums as IPv6's (a 32-bit length and three
+/// zero bytes before the next header: the same 16-bit words, but zeros).
+fn with_pseudo_header(f: &[u8], ip: &Ip, proto: u8) -> Vec<u8> {
+    let mut p = Vec::with_capacity(40 + ip.end - ip.l4);
+    p.extend(&f[ip.addrs()]);
+    p.extend([0, proto]);
+    p.extend(((ip.end - ip.l4) as u16).to_be_bytes());
+    p.extend(&f[ip.l4..ip.end]);
     p
 }
 
 /// The sum of a TCP/UDP segment (or first fragment) with its pseudo-header.
 fn l4_sum(f: &[u8], ip: &Ip) -> u16 {
-    sum(&with_pseudo_header(f, ip))
+    sum(&with_pseudo_header(f, ip, ip.proto))
 }
 
 /// Turns the first 12 payload bytes of a whole TCP segment into options (MSS, SACK
@@ -1031,14 +1778,14 @@ fn tcp_options(f: &mut [u8]) {
     let Some(ip) = Ip::parse(f) else {
         return;
     };
-    let l4 = ip.l4();
-    if ip.proto != proto::TCP || ip.frag != 0 || IP + ip.tot_len < l4 + 32 {
+    let l4 = ip.l4;
+    if ip.proto != proto::TCP || ip.fragment || ip.end < l4 + 32 {
         return;
     }
     f[l4 + 12] = 8 << 4;
     f[l4 + 20..l4 + 32].copy_from_slice(&[2, 4, 5, 180, 4, 2, 1, 1, 3, 3, 7, 0]);
     f[l4 + 16..l4 + 18].fill(0);
-    let c = checksum(&with_pseudo_header(f, &ip));
+    let c = checksum(&with_pseudo_header(f, &ip, ip.proto));
     f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
 }
 
@@ -1054,7 +1801,7 @@ fn check(
     let xdp = program == Program::Xdp;
     let expected = match program {
         Program::Xdp => [XDP_PASS, XDP_DROP, XDP_REDIRECT].contains(&verdict),
-        Program::Tc => verdict == TC_NEXT,
+        Program::Tc => verdict == TC_NEXT || (verdict == TC_SHOT && icmp6_redirect(input)),
     };
     if !expected {
         problems.push(format!(
@@ -1082,6 +1829,9 @@ fn check(
     if xdp && verdict == XDP_DROP {
         problems.push("changed a packet it dropped".into());
     }
+    if facts.to_gateway && facts.udp6_no_checksum {
+        problems.push("translated an IPv6 UDP datagram with checksum 0 (invalid)".into());
+    }
     let Some(ip) = facts.ip else {
         problems.push("changed a packet whose IP header it cannot accept".into());
         return problems;
@@ -1102,8 +1852,9 @@ fn check(
     problems
 }
 
-/// Only the fields a NAT rewrites differ: MACs and TTL when redirected, addresses,
-/// ports, checksums, and the quoted header of an ICMP error.
+/// Only the fields a NAT rewrites differ: MACs and TTL (hop limit) when redirected,
+/// addresses (and the IPv4 header checksum), ports, checksums, and the quoted header of
+/// an ICMP error (IPv6: with the quoted transport checksum).
 fn check_fields(
     ip: &Ip,
     redirected: bool,
@@ -1111,27 +1862,36 @@ fn check_fields(
     output: &[u8],
     problems: &mut Vec<String>,
 ) {
-    let l4 = ip.l4();
+    let l4 = ip.l4;
     let mut allowed = vec![false; input.len()];
-    let mut allow = |from: usize, to: usize| {
-        for a in allowed.iter_mut().take(to).skip(from) {
+    let mut allow = |r: Range<usize>| {
+        for a in allowed.iter_mut().take(r.end).skip(r.start) {
             *a = true;
         }
     };
     if redirected {
-        allow(0, 12);
-        allow(IP + 8, IP + 9);
+        allow(0..12);
+        allow(ip.hops_at()..ip.hops_at() + 1);
     }
-    allow(IP + 10, IP + 20);
-    match ip.proto {
-        proto::TCP | proto::UDP if !ip.later_fragment() => {
-            allow(l4, l4 + 4);
+    if !ip.v6 {
+        allow(IP + 10..IP + 12);
+    }
+    allow(ip.addrs());
+    match (ip.proto, ip.quote()) {
+        (proto::TCP | proto::UDP, _) if !ip.later => {
+            allow(l4..l4 + 4);
             let check = if ip.proto == proto::UDP { 6 } else { 16 };
-            allow(l4 + check, l4 + check + 2);
+            allow(l4 + check..l4 + check + 2);
         }
-        proto::ICMP => {
-            allow(l4 + 2, l4 + 4);
-            allow(l4 + 8 + 10, l4 + 8 + 24);
+        (_, Some(q)) => {
+            allow(l4 + 2..l4 + 4);
+            if !ip.v6 {
+                allow(q.at + 10..q.at + 12);
+            }
+            allow(q.addrs.start..q.ports + 4);
+            if let Some(at) = q.check_at(input, ip.end).filter(|_| ip.v6) {
+                allow(at..at + 2);
+            }
         }
         _ => {}
     }
@@ -1143,22 +1903,22 @@ fn check_fields(
             "bytes a NAT does not rewrite changed at {changed:?}"
         ));
     }
-    if redirected && output[IP + 8] != input[IP + 8].wrapping_sub(1) {
-        problems.push("redirected without decrementing the TTL".into());
+    if redirected && output[ip.hops_at()] != input[ip.hops_at()].wrapping_sub(1) {
+        problems.push("redirected without decrementing the TTL (hop limit)".into());
     }
 }
 
 /// Every checksum sums as the input's did (a valid one stays valid); a UDP checksum of
 /// 0 ("none") stays 0 and no other becomes 0.
 fn check_checksums(ip: &Ip, input: &[u8], output: &[u8], problems: &mut Vec<String>) {
-    let l4 = ip.l4();
-    let end = IP + ip.tot_len;
-    let region = |f: &[u8], from: usize, to: usize| sum(&f[from.min(f.len())..to.min(f.len())]);
-    if region(input, IP, l4) != region(output, IP, l4) {
+    let l4 = ip.l4;
+    let end = ip.end;
+    let region = |f: &[u8], r: Range<usize>| sum(&f[r.start.min(f.len())..r.end.min(f.len())]);
+    if !ip.v6 && region(input, IP..l4) != region(output, IP..l4) {
         problems.push("IPv4 header checksum broken".into());
     }
-    match ip.proto {
-        proto::TCP | proto::UDP if !ip.later_fragment() && end >= l4 + 8 => {
+    match (ip.proto, ip.quote()) {
+        (proto::TCP | proto::UDP, _) if !ip.later && end >= l4 + 8 => {
             let udp = ip.proto == proto::UDP;
             let field = |f: &[u8]| f[l4 + 6..l4 + 8] == [0, 0];
             if udp && field(input) {
@@ -1171,7 +1931,7 @@ fn check_checksums(ip: &Ip, input: &[u8], output: &[u8], problems: &mut Vec<Stri
                 problems.push("UDP checksum became 0 (none)".into());
             }
             if !udp && end < l4 + 18 {
-                problems.push("translated a TCP header cut by the IP total length".into());
+                problems.push("translated a TCP header cut by the IP packet's end".into());
             } else if l4_sum(input, ip) != l4_sum(output, ip) {
                 problems.push(format!(
                     "{} checksum broken (the input's was {})",
@@ -1184,16 +1944,32 @@ fn check_checksums(ip: &Ip, input: &[u8], output: &[u8], problems: &mut Vec<Stri
                 ));
             }
         }
-        proto::ICMP => {
-            if region(input, l4, end) != region(output, l4, end) {
+        (_, Some(q)) => {
+            // ICMPv6's checksum covers the pseudo-header, ICMP's does not.
+            let icmp_sum = |f: &[u8]| {
+                if ip.v6 {
+                    sum(&with_pseudo_header(f, ip, proto::ICMPV6))
+                } else {
+                    region(f, l4..end)
+                }
+            };
+            if icmp_sum(input) != icmp_sum(output) {
                 problems.push(format!(
-                    "ICMP checksum broken (total length {} ends {} bytes into the ICMP message)",
-                    ip.tot_len,
+                    "ICMP checksum broken (the IP packet ends {} bytes into the ICMP message)",
                     end.saturating_sub(l4)
                 ));
             }
-            if region(input, l4 + 8, l4 + 28) != region(output, l4 + 8, l4 + 28) {
+            if !ip.v6 && region(input, q.at..q.at + 20) != region(output, q.at..q.at + 20) {
                 problems.push("quoted IPv4 header checksum broken".into());
+            }
+            // What the quoted transport checksum covers and a translation rewrites
+            // (the quoted addresses and ports) sums with it as before.
+            if let Some(at) = q.check_at(input, end).filter(|_| ip.v6) {
+                let part =
+                    |f: &[u8]| sum(&[&f[q.addrs.start..q.ports + 4], &f[at..at + 2]].concat());
+                if part(input) != part(output) {
+                    problems.push("quoted TCP/UDP checksum broken".into());
+                }
             }
         }
         _ => {}
@@ -1221,10 +1997,15 @@ fn check_nat(
         }
         match (ip.ports(input), out.ports(output)) {
             (Some(_), Some((_, dport))) => {
-                if !facts.model.backends.contains(&sa(out.dst, dport)) {
+                if !facts
+                    .model
+                    .backends
+                    .contains(&SocketAddr::new(out.dst, dport))
+                {
                     problems.push(format!(
-                        "forwarded to {}:{dport}, not a backend of the service addressed (backends {:?})",
-                        out.dst, facts.model.backends
+                        "forwarded to {}, not a backend of the service addressed (backends {:?})",
+                        SocketAddr::new(out.dst, dport),
+                        facts.model.backends
                     ));
                 }
             }
@@ -1243,10 +2024,11 @@ fn check_nat(
             problems.push("a reply translated but handed to the kernel".into());
         }
         if let Some((sport, _)) = out.ports(output) {
-            if !facts.model.services_of_source.contains(&sa(out.src, sport)) {
+            let from = SocketAddr::new(out.src, sport);
+            if !facts.model.services_of_source.contains(&from) {
                 problems.push(format!(
-                    "reply rewritten to come from {}:{sport}, not a service of the backend (services {:?})",
-                    out.src, facts.model.services_of_source
+                    "reply rewritten to come from {from}, not a service of the backend (services {:?})",
+                    facts.model.services_of_source
                 ));
             }
         }
@@ -1270,15 +2052,70 @@ mod tests {
     }
 
     #[test]
-    fn tcp_options_keep_the_segment_valid() {
-        let mut f = Packet::tcp(sa(CLIENT, 40000), sa(GW, 80))
-            .payload(&[0xab; 20])
+    fn tcp_options_keep_the_segment_valid_in_both_families() {
+        let frames = [
+            Packet::tcp(sa(CLIENT, 40000), sa(GW, 80))
+                .payload(&[0xab; 20])
+                .frame(),
+            Packet6::tcp(sa6(CLIENT6, 40000), sa6(GW6, 80))
+                .ext(DEST_OPTS)
+                .payload(&[0xab; 20])
+                .frame(),
+        ];
+        for mut f in frames {
+            let before = f.clone();
+            tcp_options(&mut f);
+            let ip = Ip::parse(&f).expect("an IP packet");
+            assert_eq!(f[ip.l4 + 12], 0x80, "data offset of 8 words");
+            assert_ne!(f, before);
+            assert_eq!(l4_sum(&f, &ip), 0, "TCP checksum valid");
+        }
+    }
+
+    #[test]
+    fn the_oracle_walks_ipv6_extension_headers_to_the_transport_header() {
+        let auth = [0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let f = Packet6::udp(sa6(CLIENT6, 40000), sa6(GW6, 53))
+            .ext(HOP_BY_HOP)
+            .ext_raw(AUTH, &auth)
+            .ext(DEST_OPTS)
             .frame();
-        let before = f.clone();
-        tcp_options(&mut f);
-        let ip = Ip::parse(&f).expect("an IPv4 packet");
-        assert_eq!(f[ip.l4() + 12], 0x80, "data offset of 8 words");
-        assert_ne!(f, before);
-        assert_eq!(l4_sum(&f, &ip), 0, "TCP checksum valid");
+        let ip = Ip::parse(&f).expect("an IPv6 packet");
+        assert_eq!(ip.l4, IP + 40 + 8 + 12 + 8, "AH counts 4-byte units");
+        assert_eq!(ip.proto, proto::UDP);
+        assert_eq!(ip.ports(&f), Some((40000, 53)));
+        assert_eq!(
+            l4_sum(&f, &ip),
+            0,
+            "UDP checksum valid with the IPv6 pseudo-header"
+        );
+        let cut = &f[..IP + 40 + 8 + 4];
+        assert!(Ip::parse(cut).is_none(), "payload length past the frame");
+    }
+
+    #[test]
+    fn ipv6_fragments_carry_the_transport_header_in_the_first_only() {
+        let p = Packet6::tcp(sa6(CLIENT6, 40000), sa6(GW6, 80)).payload(&[7; 40]);
+        let (first, later) = fragments6(&p, 32, 9, None);
+        let a = Ip::parse(&first).expect("first fragment");
+        let b = Ip::parse(&later).expect("later fragment");
+        assert!(a.fragment && !a.later, "first fragment");
+        assert!(b.fragment && b.later, "later fragment");
+        assert_eq!(a.ports(&first), Some((40000, 80)));
+        assert_eq!((a.end - a.l4) + (b.end - b.l4), 60, "20 + 40 bytes in all");
+        // With options after the fragment header, only the first fragment has them:
+        // the later one's continuation is not walked as headers.
+        let options: &[u8] = &[0, 0, 1, 4, 0, 0, 0, 0];
+        let (first, later) = fragments6(&p, 32, 9, Some((DEST_OPTS, options)));
+        let a = Ip::parse(&first).expect("first fragment");
+        let b = Ip::parse(&later).expect("later fragment");
+        assert_eq!((a.proto, a.l4), (proto::TCP, IP + 40 + 8 + 8));
+        assert_eq!(
+            (b.proto, b.l4),
+            (DEST_OPTS, IP + 40 + 8),
+            "{}",
+            decode(&later)
+        );
+        assert_eq!((a.end - a.l4) + (b.end - b.l4), 60);
     }
 }

@@ -99,15 +99,25 @@ impl TestDatapath {
     }
 }
 
-/// The conntrack map of a test datapath, opened from its pin.
-pub type Conntrack =
-    aya::maps::HashMap<aya::maps::MapData, gateway_common::FlowKey, gateway_common::Flow>;
+/// The conntrack map of one family of a test datapath, opened from its pin: IPv4's
+/// (`u32` addresses) by default, IPv6's with `[u32; 4]`.
+pub type Conntrack<A = u32> =
+    aya::maps::HashMap<aya::maps::MapData, gateway_common::FlowKey<A>, gateway_common::Flow<A>>;
 
 impl TestDatapath {
-    /// The conntrack map, to ask whether a tuple is tracked (opened from its pin, so it
-    /// follows the map's key and value types).
+    /// The IPv4 conntrack map, to ask whether a tuple is tracked (opened from its pin, so
+    /// it follows the map's key and value types).
     pub fn conntrack(&self) -> Conntrack {
-        let path = self.pin_dir.join(gateway_common::map_names::CONNTRACK);
+        self.conntrack_of(gateway_common::map_names::CONNTRACK)
+    }
+
+    /// The IPv6 conntrack map (see `conntrack`).
+    pub fn conntrack6(&self) -> Conntrack<[u32; 4]> {
+        self.conntrack_of(gateway_common::map_names::CONNTRACK6)
+    }
+
+    fn conntrack_of<A: gateway_common::Addr + aya::Pod>(&self, name: &str) -> Conntrack<A> {
+        let path = self.pin_dir.join(name);
         let map = aya::maps::MapData::from_pin(&path)
             .and_then(aya::maps::Map::from_map_data)
             .and_then(Conntrack::try_from)

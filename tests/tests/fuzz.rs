@@ -1,5 +1,5 @@
-//! Packet fuzzing through `BPF_PROG_TEST_RUN`: 10^4 random and mutated packets with
-//! services configured, every output checked against the invariants of
+//! Packet fuzzing through `BPF_PROG_TEST_RUN`: 10^4 random and mutated packets of both
+//! IP families with services configured, every output checked against the invariants of
 //! `berth_tests::fuzz` (unchanged XDP_PASS for what is not ours, valid checksums and a
 //! configured backend for what is translated, only expected verdicts). A fixed seed,
 //! and also `BERTH_FUZZ_SEED` when set. `cargo xtask fuzz datapath` runs 10^6. Needs root.
@@ -27,6 +27,7 @@ fn fuzz_one(seed: u64) {
         ("drop_malformed", 10),
         ("drop_fragment", 1),
         ("drop_no_backend", 1),
+        ("tc_icmp6_redirect_dropped", 1),
         ("backend_gone", 1),
         ("tc_reply_translated", 10),
         ("kernel_forward_ttl", 1),
@@ -39,6 +40,29 @@ fn fuzz_one(seed: u64) {
         );
     }
     assert!(report.translated > PACKETS / 10, "{report}");
+    // IPv6 gets the same treatment: a third to a half of the packets, translated both
+    // ways, ICMPv6 errors and later fragments among them.
+    let v6 = &report.ipv6;
+    assert!(
+        (PACKETS / 3..=PACKETS / 2).contains(&v6.packets),
+        "IPv6 packets:\n{report}"
+    );
+    for (what, n, at_least) in [
+        ("translated by XDP", v6.translated, PACKETS / 20),
+        ("translated by TC", v6.tc_translated, 50),
+        ("dropped", v6.dropped, 50),
+        ("ICMPv6 errors translated", v6.icmp_translated, 20),
+        (
+            "later fragments translated",
+            v6.later_fragments_translated,
+            10,
+        ),
+    ] {
+        assert!(
+            n >= at_least,
+            "IPv6 packets {what} below {at_least}:\n{report}"
+        );
+    }
 }
 
 #[test]

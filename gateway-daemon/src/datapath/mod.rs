@@ -45,6 +45,7 @@ use aya::{
 };
 use desired::BackendSet;
 pub use desired::{reserved_ports, Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
+pub use family::MapAddr;
 use family::{Addr6, ByFamily};
 use gateway_common::{
     config, map_names, Backend, Flow, FlowKey, MaglevTable, ServiceId, ServiceStats,
