@@ -126,9 +126,13 @@ pub trait Family: Addr + 'static {
 const ICMP_DEST_UNREACH: u8 = 3;
 /// ICMP type "time exceeded".
 const ICMP_TIME_EXCEEDED: u8 = 11;
-/// ICMPv6 types "destination unreachable" (1), "packet too big" (2) and "time
-/// exceeded" (3).
-const ICMPV6_ERRORS: core::ops::RangeInclusive<u8> = 1..=3;
+/// ICMP type "parameter problem" (its pointer is an offset into the quoted packet,
+/// which the translation does not move).
+const ICMP_PARAMETER_PROBLEM: u8 = 12;
+/// ICMPv6 types "destination unreachable" (1), "packet too big" (2), "time exceeded"
+/// (3) and "parameter problem" (4): every ICMPv6 error (RFC 4443 2.1; 5-127 are
+/// unassigned).
+const ICMPV6_ERRORS: core::ops::RangeInclusive<u8> = 1..=4;
 
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
@@ -249,7 +253,7 @@ impl Family for u32 {
 
     #[inline(always)]
     fn icmp_error(kind: u8) -> bool {
-        kind == ICMP_DEST_UNREACH || kind == ICMP_TIME_EXCEEDED
+        kind == ICMP_DEST_UNREACH || kind == ICMP_TIME_EXCEEDED || kind == ICMP_PARAMETER_PROBLEM
     }
 
     const ICMP_PSEUDO: bool = false;

@@ -1,6 +1,7 @@
 //! ICMP and ICMPv6 errors about NATed flows (destination unreachable, including
-//! "fragmentation needed" and IPv6's "packet too big" for PMTU discovery, and time
-//! exceeded) are translated like the packet they quote, so the sender of the quoted
+//! "fragmentation needed" and IPv6's "packet too big" for PMTU discovery, time
+//! exceeded, and parameter problem, whose pointer into the quote the translation does
+//! not move) are translated like the packet they quote, so the sender of the quoted
 //! packet recognises it. One generic body serves both families (`Family`): IPv4 keeps
 //! the quoted header's checksum right; IPv6 keeps the quoted transport checksum right
 //! and the ICMPv6 checksum, which also covers the outer addresses.

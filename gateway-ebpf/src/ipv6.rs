@@ -4,7 +4,7 @@
 //! (`family.rs`).
 //!
 //! ICMPv6 goes on to `berth_icmp6` by tail call (`try_icmp`): errors (destination
-//! unreachable, packet too big, time exceeded) about a flow are translated by the code
+//! unreachable, packet too big, time exceeded, parameter problem) about a flow are translated by the code
 //! that translates ICMP errors (`icmp.rs`); neighbour discovery and echo pass
 //! untouched. Fragments follow their first fragment as IPv4's do (`frag.rs`,
 //! `berth_frags6`).

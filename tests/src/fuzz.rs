@@ -894,15 +894,18 @@ impl<'m> Generator<'m> {
 
     /// An ICMP error type, code and the rest of its header: mostly errors the program
     /// translates (IPv4: destination unreachable, fragmentation needed among them, time
-    /// exceeded; IPv6: destination unreachable, packet too big, time exceeded), some
-    /// it does not.
+    /// exceeded, parameter problem; IPv6: destination unreachable, packet too big, time
+    /// exceeded, parameter problem), some messages it does not.
     fn icmp_kind(&mut self) -> (u8, u8, u32) {
         match (self.family, self.rng.below(10)) {
             (Family::V4, 0..=3) => (3, 4, 1280),
             (Family::V4, 4 | 5) => (3, 3, 0),
             (Family::V4, 6) => (3, 1, 0),
             (Family::V4, 7 | 8) => (11, 0, 0),
-            (Family::V4, _) => (self.rng.pick(&[0, 5, 8, 12]), 0, 0),
+            (Family::V4, _) => match self.rng.pick(&[0, 5, 8, 12]) {
+                12 => (12, 0, (self.rng.below(60) as u32) << 24),
+                kind => (kind, 0, 0),
+            },
             (Family::V6, 0..=2) => (2, 0, 1280),
             (Family::V6, 3..=5) => (1, self.rng.below(5) as u8, 0),
             (Family::V6, 6 | 7) => (3, self.rng.below(2) as u8, 0),
@@ -1398,7 +1401,7 @@ impl Ip {
         if self.v6 {
             (1..=4).contains(&kind)
         } else {
-            matches!(kind, 3 | 11)
+            matches!(kind, 3 | 11 | 12)
         }
     }
 

@@ -424,21 +424,44 @@ fn steps() -> Vec<Step> {
 
     // --- ICMP errors -----------------------------------------------------------------
     // The backend answers the forwarded datagram of "udp datagram to a service" with
-    // port unreachable; the client must see it come from the gateway, quoting what it sent.
+    // port unreachable (or a parameter problem, its pointer into the quote); the client
+    // must see it come from the gateway, quoting what it sent.
     let sent = forwarded(&udp, sa(B2, 5353));
-    let unreach = from_backend(Packet::icmp_error(B2, CLIENT, 3, 3, 0, &sent.quote()));
     let mut quote = udp.clone().ttl(sent.ttl).quote();
     quote[26..28].copy_from_slice(&sent.quote()[26..28]); // quoted L4 checksums are left alone
-    let unreach_out = Packet::icmp_error(GW, CLIENT, 3, 3, 0, &quote)
-        .ttl(63)
-        .macs(FX0_MAC, CLIENT_MAC);
-    s.push(case(
-        "icmp port unreachable from a backend is translated for the client",
-        Backend,
-        unreach.frame(),
-        XDP_REDIRECT,
-        Some(unreach_out.frame()),
-    ));
+    for (name, kind, code, rest) in [
+        (
+            "icmp port unreachable from a backend is translated for the client",
+            3,
+            3,
+            0,
+        ),
+        (
+            "icmp parameter problem from a backend is translated for the client",
+            12,
+            0,
+            20 << 24,
+        ),
+    ] {
+        let error = from_backend(Packet::icmp_error(
+            B2,
+            CLIENT,
+            kind,
+            code,
+            rest,
+            &sent.quote(),
+        ));
+        let out = Packet::icmp_error(GW, CLIENT, kind, code, rest, &quote)
+            .ttl(63)
+            .macs(FX0_MAC, CLIENT_MAC);
+        s.push(case(
+            name,
+            Backend,
+            error.frame(),
+            XDP_REDIRECT,
+            Some(out.frame()),
+        ));
+    }
     // A router on the client side cannot forward a reply without fragmenting it.
     let router = Ipv4Addr::new(10, 250, 1, 254);
     let reply_sent = replied(&udp_reply, gw(53));
@@ -712,7 +735,7 @@ fn packet_fixtures_give_the_expected_verdict_and_bytes() {
         ("drop_malformed", 3),
         ("drop_fragment", 1),
         ("drop_no_backend", 1),
-        ("icmp_translated", 2),
+        ("icmp_translated", 3),
         ("fragment_translated", 1),
         ("tx", 1),
         ("backend_gone", 1),
