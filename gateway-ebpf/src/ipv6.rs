@@ -18,7 +18,7 @@ use gateway_common::{
 use crate::{
     conntrack::{lookup_or_balance, Found},
     family::Family,
-    frag, icmp,
+    frag, icmp, malformed,
     maps::{count, is_gateway_address, Addr6, Roles, OPAQUE, PROGRAMS, PROG_ICMP6},
     nat::L4,
     packet::{ptr_at, Eth, ExtHdr, FragHdr, Ipv6, ETH_LEN, IPV6_LEN},
@@ -254,16 +254,5 @@ fn opaque(value: u64) -> u64 {
     unsafe {
         core::ptr::write_volatile(slot, value);
         core::ptr::read_volatile(slot)
-    }
-}
-
-/// A packet whose headers cannot be parsed: dropped if it was sent to a gateway
-/// address, otherwise passed.
-#[inline(always)]
-fn malformed(dst: Addr6) -> Result<u32, Counter> {
-    if is_gateway_address(dst) {
-        Err(Counter::DropMalformed)
-    } else {
-        PASS
     }
 }

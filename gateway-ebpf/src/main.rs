@@ -426,10 +426,10 @@ unsafe fn translate<A: Family>(
     verdict
 }
 
-/// A packet whose headers cannot be parsed: ours to drop if it was sent to a gateway
-/// address, otherwise none of our business.
+/// A packet whose headers cannot be parsed (either family): ours to drop if it was sent
+/// to a gateway address, otherwise none of our business.
 #[inline(always)]
-fn malformed(dst: u32) -> Result<u32, Counter> {
+fn malformed<A: Family>(dst: A) -> Result<u32, Counter> {
     if is_gateway_address(dst) {
         Err(Counter::DropMalformed)
     } else {
