@@ -44,12 +44,12 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    ops::Range,
+    ops::{Range, RangeInclusive},
     time::{Duration, Instant},
 };
 
 use berth::datapath::{DesiredState, MapAddr, Protocol, ServiceAddr, WeightedBackend};
-use gateway_common::{proto, FlowKey, NAT_DST, NAT_SRC};
+use gateway_common::{proto, FlowKey, NAT_DST, NAT_MASQ, NAT_SRC};
 
 use crate::{
     packet::{
@@ -69,6 +69,9 @@ const GW6_2: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 0, 0, 0, 0, 0, 0x65);
 const B_NO_NEIGH6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 2, 0, 0, 0, 0, 0x20);
 /// An IPv6 backend on the client side (fx0; `run` gives it a neighbour entry).
 const B_SAME_SIDE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 0x50);
+/// A backend the fixture namespace has no route to (SNAT: no node address toward it).
+const B_UNROUTED: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 7);
+const B_UNROUTED6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7);
 /// IPv6 extension header type: authentication header (length in 4-byte units).
 const AUTH: u8 = 51;
 /// IPv6 next header "no next header".
@@ -260,20 +263,17 @@ pub fn run(packets: u64, seed: u64) -> Report {
             let problems = check(Program::Xdp, &facts, &input, verdict, &output);
             let mut shown = show(Program::Xdp, &problems, &input, verdict, &output);
             let mut broken = !problems.is_empty();
-            if let Some(forwarded) = facts.as_forwarded(&input) {
-                let tc_facts = Facts::of(forwarded, &ct, &model, gen.state);
-                let (tc_verdict, tc_output) = run_tc(&mut t.dp, forwarded);
-                report.tc_packets += 1;
-                report.tc_translated += u64::from(tc_output != forwarded);
-                if tc_output != forwarded && tc_facts.v6 {
-                    report.ipv6.tc_translated += 1;
-                    report.ipv6.changed(tc_facts.ip);
-                }
-                let problems = check(Program::Tc, &tc_facts, forwarded, tc_verdict, &tc_output);
-                shown += &show(Program::Tc, &problems, forwarded, tc_verdict, &tc_output);
-                broken |= !problems.is_empty();
-            }
             gen.learn(&input, &output);
+            // The TC program sees what the kernel forwards: the packet as it came (a
+            // reply XDP left alone, ...) and, handed to the kernel translated, XDP's
+            // output (a SNAT flow's packet with its destination half applied).
+            let passed = verdict == XDP_PASS && output != input;
+            for frame in [Some(&input), passed.then_some(&output)].into_iter().flatten() {
+                if let Some(problems) = egress(&mut t, &ct, &mut gen, &mut report, frame) {
+                    shown += &problems;
+                    broken = true;
+                }
+            }
             if broken {
                 report.violations += 1;
                 if report.shown.len() < SHOWN {
@@ -288,6 +288,29 @@ pub fn run(packets: u64, seed: u64) -> Report {
     report.elapsed = start.elapsed();
     report.counters = t.dp.counters().expect("counters");
     report
+}
+
+/// Runs `frame` through the TC program as the kernel would send it on (if it would),
+/// checks the output and learns from it; the problems, shown, if any.
+fn egress(
+    t: &mut TestDatapath,
+    ct: &Tracker,
+    gen: &mut Generator,
+    report: &mut Report,
+    frame: &[u8],
+) -> Option<String> {
+    let forwarded = as_forwarded(frame)?;
+    let facts = Facts::of(forwarded, ct, gen.model, gen.state);
+    let (verdict, output) = run_tc(&mut t.dp, forwarded);
+    report.tc_packets += 1;
+    report.tc_translated += u64::from(output != forwarded);
+    if output != forwarded && facts.v6 {
+        report.ipv6.tc_translated += 1;
+        report.ipv6.changed(facts.ip);
+    }
+    gen.learn(forwarded, &output);
+    let problems = check(Program::Tc, &facts, forwarded, verdict, &output);
+    (!problems.is_empty()).then(|| show(Program::Tc, &problems, forwarded, verdict, &output))
 }
 
 impl Ipv6Report {
@@ -414,7 +437,7 @@ type Table<'a> = &'a [(Ipv4Addr, Protocol, u16, &'a [(Ipv4Addr, u16, u16)])];
 
 /// The IPv6 twin of each IPv4 address of the model: the IPv6 services are the IPv4
 /// ones on the twins (so every port is dual-stack).
-const TWINS: [(Ipv4Addr, Ipv6Addr); 7] = [
+const TWINS: [(Ipv4Addr, Ipv6Addr); 8] = [
     (GW, GW6),
     (GW2, GW6_2),
     (B1, B1_6),
@@ -422,6 +445,7 @@ const TWINS: [(Ipv4Addr, Ipv6Addr); 7] = [
     (B3, B3_6),
     (B_NO_NEIGH, B_NO_NEIGH6),
     (B_SAME_SIDE, B_SAME_SIDE6),
+    (B_UNROUTED, B_UNROUTED6),
 ];
 
 fn twin(a: Ipv4Addr) -> IpAddr {
@@ -429,8 +453,20 @@ fn twin(a: Ipv4Addr) -> IpAddr {
     (*twin).into()
 }
 
-/// `state` with the services of `table`, their addresses mapped by `family`.
-fn with(mut state: DesiredState, table: Table, family: fn(Ipv4Addr) -> IpAddr) -> DesiredState {
+/// How a service translates: router mode keeps the client's address, SNAT mode gives
+/// the backend the node's address toward it and a claimed port.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Router,
+    Snat,
+}
+
+/// `state` with the services of `table` in `mode`, their addresses mapped by `family`.
+fn with(
+    mut state: DesiredState,
+    (table, mode): (Table, Mode),
+    family: fn(Ipv4Addr) -> IpAddr,
+) -> DesiredState {
     for &(addr, protocol, port, backends) in table {
         let backends = backends
             .iter()
@@ -439,9 +475,25 @@ fn with(mut state: DesiredState, table: Table, family: fn(Ipv4Addr) -> IpAddr) -
                 weight,
             })
             .collect();
-        state = state.with_service(svc(family(addr), protocol, port), backends);
+        let service = svc(family(addr), protocol, port);
+        state = match mode {
+            Mode::Router => state.with_service(service, backends),
+            Mode::Snat => state.with_snat_service(service, backends),
+        };
     }
     state
+}
+
+/// The node's address toward `backend`: the fixture network's address on the subnet
+/// the backend is on (fx0's or fx1's, what the kernel's source address selection
+/// picks there); none for a backend the namespace has no route to.
+fn node_toward(backend: IpAddr) -> Option<IpAddr> {
+    let nodes: [IpAddr; 4] = [FX0_4.into(), FX1_4.into(), FX0_6.into(), FX1_6.into()];
+    nodes.into_iter().find(|node| match (node, backend) {
+        (IpAddr::V4(n), IpAddr::V4(b)) => n.octets()[..3] == b.octets()[..3],
+        (IpAddr::V6(n), IpAddr::V6(b)) => n.segments()[..4] == b.segments()[..4],
+        _ => false,
+    })
 }
 
 /// A service's address and port.
@@ -475,19 +527,41 @@ impl Model {
         // Backends removed and added, a service removed and another one with its
         // backend added, weights changed.
         let second: Table = &[
-            (GW, Tcp, 80, &[(B1, 8080, 1), (B3, 8080, 3)]),
             (GW, Udp, 53, &[(B2, 5353, 1), (B3, 5353, 1)]),
             (GW, Udp, 56, &[(B_NO_NEIGH, 53, 1)]),
             (GW, Udp, 55, &[(B1, 55, 1)]),
         ];
+        // GW:80 switches from router to SNAT mode (and back).
+        let second_snat: Table = &[(GW, Tcp, 80, &[(B1, 8080, 1), (B3, 8080, 3)])];
+        // SNAT services: backend endpoints shared with router services (B1:8080,
+        // B2:5353), a backend on the client side (another node address), one the node
+        // has no route to, and one with no neighbour entry.
+        let snat: Table = &[
+            (GW, Tcp, 90, &[(B1, 8080, 1), (B2, 8080, 1)]),
+            (GW2, Udp, 91, &[(B2, 5353, 1), (B_SAME_SIDE, 53, 1)]),
+            (GW, Udp, 92, &[(B_UNROUTED, 53, 1)]),
+            (GW2, Tcp, 93, &[(B_NO_NEIGH, 80, 1), (B3, 80, 1)]),
+        ];
         // Both families: the same services on GW, GW2 and on their IPv6 twins.
-        let state = |table: Table| {
-            let v4 = with(DesiredState::default(), table, IpAddr::V4);
-            with(v4, table, twin)
+        let state = |tables: &[(Table, Mode)]| {
+            let v4 = tables
+                .iter()
+                .fold(DesiredState::default(), |s, &t| with(s, t, IpAddr::V4));
+            tables.iter().fold(v4, |s, &t| with(s, t, twin))
         };
+        use Mode::*;
+        // Two source port ranges; then a small pool that runs out (claims retry, and
+        // new flows are dropped once every port toward a backend is held).
         let states = [
-            state(&[common, first].concat()),
-            state(&[common, second].concat()),
+            state(&[(common, Router), (first, Router), (snat, Snat)])
+                .with_snat_ports(vec![40000..=40063, 45000..=45015]),
+            state(&[
+                (common, Router),
+                (second, Router),
+                (second_snat, Snat),
+                (snat, Snat),
+            ])
+            .with_snat_ports(vec![41000..=41005]),
         ];
         let all = || states.iter().flat_map(|s| s.services.iter());
         let backends = all()
@@ -523,6 +597,18 @@ impl Model {
     fn is_gateway(&self, state: usize, addr: IpAddr) -> bool {
         self.states[state].services.keys().any(|s| s.addr == addr)
     }
+
+    fn is_gateway_in_any_state(&self, addr: IpAddr) -> bool {
+        (0..self.states.len()).any(|state| self.is_gateway(state, addr))
+    }
+
+    /// Whether the service at (`addr`, `proto`, `port`) is in SNAT mode in `state`.
+    fn is_snat(&self, state: usize, addr: IpAddr, proto: u8, port: u16) -> bool {
+        self.states[state]
+            .source_nat
+            .iter()
+            .any(|s| s.addr == addr && s.protocol.number() == proto && s.port == port)
+    }
 }
 
 /// A flow the generator saw translated: replies and ICMP errors can be made for it.
@@ -531,7 +617,17 @@ struct Seen {
     client: SocketAddr,
     service: SocketAddr,
     backend: SocketAddr,
+    /// A SNAT flow's node address and port, once seen (what the backend sees as the
+    /// client, and replies to).
+    node: Option<SocketAddr>,
     udp: bool,
+}
+
+impl Seen {
+    /// The address and port the backend sends the flow's replies to.
+    fn reply_to(&self) -> SocketAddr {
+        self.node.unwrap_or(self.client)
+    }
 }
 
 /// A packet of either family being built (`Packet`, `Packet6`).
@@ -876,7 +972,7 @@ impl<'m> Generator<'m> {
     /// A reply from a backend: of a flow seen translated, or of none.
     fn reply(&mut self) -> Vec<u8> {
         let (backend, client, udp) = match self.seen_flow() {
-            Some(f) if self.rng.chance(85) => (f.backend, f.client, f.udp),
+            Some(f) if self.rng.chance(85) => (f.backend, f.reply_to(), f.udp),
             _ => {
                 let (b, udp) = self.backend();
                 (b, self.client(), udp)
@@ -921,8 +1017,9 @@ impl<'m> Generator<'m> {
                 let from = self
                     .rng
                     .pick(&[f.backend.ip(), self.family.router(Side::Backend)]);
-                let sent = self.l4(f.client, f.backend, f.udp).hops(63);
-                (Side::Backend, from, f.client.ip(), sent)
+                // As the backend got it: from the node address in SNAT mode.
+                let sent = self.l4(f.reply_to(), f.backend, f.udp).hops(63);
+                (Side::Backend, from, f.reply_to().ip(), sent)
             }
             (1, Some(f)) => {
                 let from = self
@@ -967,7 +1064,7 @@ impl<'m> Generator<'m> {
         let (side, p) = match self.seen_flow() {
             Some(f) if self.rng.chance(30) => (
                 Side::Backend,
-                self.l4(f.backend, f.client, f.udp)
+                self.l4(f.backend, f.reply_to(), f.udp)
                     .macs(mac(f.backend.ip()), FX1_MAC),
             ),
             _ => {
@@ -1011,7 +1108,7 @@ impl<'m> Generator<'m> {
         let udp = self.rng.chance(50);
         let [gw, gw2] = self.family.gateways();
         let to = |ip, port| SocketAddr::new(ip, port);
-        match self.rng.below(8) {
+        match self.rng.below(9) {
             0 => {
                 let elsewhere = match self.family {
                     Family::V6 if self.rng.chance(50) => self.model.not_gw6.into(),
@@ -1067,6 +1164,21 @@ impl<'m> Generator<'m> {
                 let (b, udp) = self.backend();
                 let to_client = to(client.ip(), 20000 + self.rng.below(1000) as u16);
                 self.l4(b, to_client, udp).frame()
+            }
+            7 => {
+                // From a backend to the node's address toward it, mostly to a port of
+                // the SNAT pools that may be no flow's (or of another protocol).
+                let (b, udp) = self.backend();
+                let udp = udp != self.rng.chance(20);
+                let node = node_toward(b.ip()).unwrap_or(self.family.router(Side::Backend));
+                let port = match self.rng.below(4) {
+                    0 => self.rng.next_u64() as u16,
+                    1 => 45000 + self.rng.below(16) as u16,
+                    _ => 40000 + self.rng.below(64) as u16,
+                };
+                self.l4(b, to(node, port), udp)
+                    .macs(mac(b.ip()), FX1_MAC)
+                    .frame()
             }
             _ => {
                 // A client's packet to a backend directly.
@@ -1254,24 +1366,49 @@ impl<'m> Generator<'m> {
         }
     }
 
-    /// Remembers a flow that the program translated forward.
+    /// Remembers a flow that the program translated forward, and the node address and
+    /// port of a SNAT flow once a translation shows them: XDP's (both addresses) when it
+    /// sends the packet itself, TC's (the source, `NAT_MASQ`) after the kernel forwarded
+    /// it with its destination translated.
     fn learn(&mut self, input: &[u8], output: &[u8]) {
         let (Some(i), Some(o)) = (Ip::parse(input), Ip::parse(output)) else {
             return;
         };
-        if i.fragment || !matches!(i.proto, proto::TCP | proto::UDP) || i.dst == o.dst {
+        if i.fragment || !matches!(i.proto, proto::TCP | proto::UDP) {
             return;
         }
         let (Some(ip_ports), Some(op)) = (i.ports(input), o.ports(output)) else {
             return;
         };
+        let (from, to) = (
+            SocketAddr::new(i.src, ip_ports.0),
+            SocketAddr::new(i.dst, ip_ports.1),
+        );
+        let out_from = SocketAddr::new(o.src, op.0);
+        let seen_list = &mut self.seen[Family::of(i.src) as usize];
+        if i.dst == o.dst {
+            // TC: a SNAT forward packet (client → backend) gets its node source.
+            if out_from != from && self.model.backends.contains(&i.dst) {
+                for s in seen_list
+                    .iter_mut()
+                    .filter(|s| s.client == from && s.backend == to)
+                {
+                    s.node = Some(out_from);
+                }
+            }
+            return;
+        }
+        // (A SNAT reply to the node address changes its destination too.)
+        if !self.model.is_gateway_in_any_state(i.dst) {
+            return;
+        }
         let seen = Seen {
-            client: SocketAddr::new(i.src, ip_ports.0),
-            service: SocketAddr::new(i.dst, ip_ports.1),
+            client: from,
+            service: to,
             backend: SocketAddr::new(o.dst, op.1),
+            node: (out_from != from).then_some(out_from),
             udp: i.proto == proto::UDP,
         };
-        let seen_list = &mut self.seen[Family::of(i.src) as usize];
         if seen_list.len() >= SEEN_MAX {
             let at = self.rng.below(SEEN_MAX);
             seen_list[at] = seen;
@@ -1533,11 +1670,27 @@ struct Tracker {
     v6: Conntrack<[u32; 4]>,
 }
 
-/// A conntrack entry as the oracle needs it: its kind and the endpoint it writes.
+/// A conntrack entry as the oracle needs it: its kind, the endpoint it writes, and a
+/// SNAT flow's other end (`Flow::peer_*`: a forward entry's node address and port, a
+/// reply entry's client; a `NAT_MASQ` entry's gateway address and port).
 #[derive(Clone, Copy)]
 struct Tracked {
     kind: u8,
     nat: SocketAddr,
+    peer: Option<SocketAddr>,
+}
+
+impl Tracked {
+    /// Whether the TC program applies this entry: a router reply's (source becomes the
+    /// gateway) or a SNAT forward packet's the kernel forwarded (`NAT_MASQ`).
+    fn on_egress(&self) -> bool {
+        (self.kind == NAT_SRC && self.peer.is_none()) || self.kind == NAT_MASQ
+    }
+
+    /// A SNAT flow's reply entry (under backend → node address and port).
+    fn snat_reply(&self) -> bool {
+        self.kind == NAT_SRC && self.peer.is_some()
+    }
 }
 
 impl Tracker {
@@ -1568,6 +1721,9 @@ fn entry<A: MapAddr>(
     Some(Tracked {
         kind: flow.kind,
         nat: SocketAddr::new(flow.nat_addr.ip(), u16::from_be(flow.nat_port)),
+        peer: flow
+            .is_snat()
+            .then(|| SocketAddr::new(flow.peer_addr.ip(), u16::from_be(flow.peer_port))),
     })
 }
 
@@ -1587,6 +1743,10 @@ struct Facts {
     later_fragment: bool,
     /// Sent from an address that is a backend in some state.
     from_backend: bool,
+    /// Sent to an address that is a backend in some state.
+    to_backend: bool,
+    /// Sent to the node's own address toward some backend (SNAT replies are).
+    to_node: bool,
     /// An ICMP error quoting a tracked flow.
     quote_tracked: Option<Tracked>,
     /// What the generator's model says about the translation.
@@ -1601,6 +1761,12 @@ struct Expect {
     backend_addrs: BTreeSet<IpAddr>,
     /// Services (address, port) whose backend the source is, in any state.
     services_of_source: BTreeSet<SocketAddr>,
+    /// The service addressed is in SNAT mode (state in force).
+    snat: bool,
+    /// The SNAT source ports of the state in force (a new flow's claim).
+    snat_ports: Vec<RangeInclusive<u16>>,
+    /// The SNAT source ports of either state (a flow keeps the port it claimed).
+    any_snat_ports: Vec<RangeInclusive<u16>>,
 }
 
 /// The destination address of a frame of either family, if its header is there.
@@ -1629,9 +1795,11 @@ impl Facts {
                     .find_map(|svc| {
                         let service = service_addr(svc);
                         let f = ct.get(dst, service, proto)?;
-                        (f.kind == NAT_DST && f.nat == src).then_some(Tracked {
+                        // A SNAT flow's replies go to the node address instead.
+                        (f.kind == NAT_DST && f.nat == src && f.peer.is_none()).then_some(Tracked {
                             kind: NAT_SRC,
                             nat: service,
+                            peer: None,
                         })
                     })
             })
@@ -1644,11 +1812,20 @@ impl Facts {
             tracked: None,
             later_fragment: false,
             from_backend: false,
+            to_backend: false,
+            to_node: false,
             quote_tracked: None,
             model: Expect {
                 backends: Vec::new(),
                 backend_addrs: BTreeSet::new(),
                 services_of_source: BTreeSet::new(),
+                snat: false,
+                snat_ports: model.states[state].snat_ports.clone(),
+                any_snat_ports: model
+                    .states
+                    .iter()
+                    .flat_map(|s| s.snat_ports.iter().cloned())
+                    .collect(),
             },
         };
         let Some(ip) = ip else {
@@ -1657,6 +1834,8 @@ impl Facts {
         let l4 = ip.l4;
         facts.later_fragment = ip.later;
         facts.from_backend = model.backends.contains(&ip.src);
+        facts.to_backend = model.backends.contains(&ip.dst);
+        facts.to_node = node_toward(ip.dst) == Some(ip.dst);
         facts.udp6_no_checksum = ip.v6
             && ip.proto == proto::UDP
             && !ip.later
@@ -1669,6 +1848,7 @@ impl Facts {
                     SocketAddr::new(ip.dst, dport),
                 );
                 facts.tracked = lookup(src, dst, ip.proto);
+                facts.model.snat = model.is_snat(state, ip.dst, ip.proto, dport);
                 facts.model.backends = model
                     .backends_of(state, ip.dst, ip.proto, dport)
                     .unwrap_or_default()
@@ -1711,31 +1891,34 @@ impl Facts {
         facts
     }
 
-    /// The packet as the kernel would forward it (and TC see it on egress): its IP
-    /// header accepted (an IPv4 header's checksum included), and the frame cut to the
-    /// IP packet's end.
-    fn as_forwarded<'f>(&self, f: &'f [u8]) -> Option<&'f [u8]> {
-        let ip = self.ip?;
-        (ip.v6 || checksum(&f[IP..ip.l4]) == 0).then(|| &f[..ip.end])
-    }
-
     /// Whether `program` may change this packet at all.
     fn may_change(&self, program: Program) -> bool {
         let from_backend = self.from_backend;
         match program {
+            // A `NAT_MASQ` entry is the TC program's.
             Program::Xdp => {
+                let xdp = |f: Tracked| f.kind != NAT_MASQ;
                 self.to_gateway
-                    || self.tracked.is_some()
-                    || self.quote_tracked.is_some()
+                    || self.tracked.is_some_and(xdp)
+                    || self.quote_tracked.is_some_and(xdp)
                     || (self.later_fragment && from_backend)
             }
             Program::Tc => {
-                self.tracked.is_some_and(|f| f.kind == NAT_SRC)
-                    || self.quote_tracked.is_some_and(|f| f.kind == NAT_SRC)
-                    || (self.later_fragment && from_backend)
+                let tc = |f: Tracked| f.on_egress();
+                self.tracked.is_some_and(tc)
+                    || self.quote_tracked.is_some_and(tc)
+                    || (self.later_fragment && (from_backend || self.to_backend))
             }
         }
     }
+}
+
+/// The packet as the kernel would forward it (and TC see it on egress): its IP header
+/// accepted (an IPv4 header's checksum included), and the frame cut to the IP packet's
+/// end.
+fn as_forwarded(f: &[u8]) -> Option<&[u8]> {
+    let ip = Ip::parse(f)?;
+    (ip.v6 || checksum(&f[IP..ip.l4]) == 0).then(|| &f[..ip.end])
 }
 
 /// Whether the frame is an ICMPv6 redirect (right after the IPv6 header), which the TC
@@ -1976,8 +2159,13 @@ fn check_checksums(ip: &Ip, input: &[u8], output: &[u8], problems: &mut Vec<Stri
     }
 }
 
-/// Forward translations go to a backend of the service addressed (XDP only), replies
-/// come from a service the source is a backend of (XDP only when it redirects them).
+/// One checker for both modes and families. Forward translations (XDP) go to a backend
+/// of the service addressed; a SNAT forward packet (XDP when it sends it itself, else
+/// TC on egress) leaves from the node's address toward that backend and a port its flow
+/// claimed, or a new claim from the SNAT ports in force. Replies come from a service the
+/// source is a backend of; a SNAT reply (to the node's address) goes to its flow's
+/// client, from the flow's gateway address and port. XDP rewrites a source only when it
+/// sends the packet itself, TC never rewrites a destination.
 fn check_nat(
     program: Program,
     redirected: bool,
@@ -1986,53 +2174,175 @@ fn check_nat(
     (out, output): (&Ip, &[u8]),
     problems: &mut Vec<String>,
 ) {
-    let dst_changed = out.dst != ip.dst;
-    let src_changed = out.src != ip.src;
-    if dst_changed && src_changed {
-        problems.push("both addresses rewritten".into());
-    }
+    let (in_ports, out_ports) = (ip.ports(input), out.ports(output));
+    let dst_changed = out.dst != ip.dst || in_ports.map(|p| p.1) != out_ports.map(|p| p.1);
+    let src_changed = out.src != ip.src || in_ports.map(|p| p.0) != out_ports.map(|p| p.0);
+    // A SNAT flow's reply entry, under the input's own tuple.
+    let snat_reply = facts.tracked.filter(|t| facts.to_node && t.snat_reply());
     if dst_changed {
         if program == Program::Tc {
             problems.push("the TC program rewrote a destination".into());
         }
-        match (ip.ports(input), out.ports(output)) {
-            (Some(_), Some((_, dport))) => {
-                if !facts
-                    .model
-                    .backends
-                    .contains(&SocketAddr::new(out.dst, dport))
-                {
-                    problems.push(format!(
-                        "forwarded to {}, not a backend of the service addressed (backends {:?})",
-                        SocketAddr::new(out.dst, dport),
-                        facts.model.backends
-                    ));
-                }
-            }
-            _ => {
-                if !facts.model.backend_addrs.contains(&out.dst) {
-                    problems.push(format!(
-                        "fragment forwarded to {}, no backend of a service on {}",
-                        out.dst, ip.dst
-                    ));
-                }
-            }
+        if facts.to_node {
+            check_snat_reply_destination(snat_reply, out, out_ports, problems);
+        } else {
+            check_forward_destination(facts, ip, out, out_ports, problems);
         }
     }
-    if src_changed {
-        if program == Program::Xdp && !redirected {
-            problems.push("a reply translated but handed to the kernel".into());
+    if !src_changed {
+        return;
+    }
+    if program == Program::Xdp && !redirected {
+        problems.push("a source translated but handed to the kernel".into());
+    }
+    // XDP translates a forward packet's destination with its source; TC sees it with
+    // its destination translated already, to a backend.
+    let forward = match program {
+        Program::Xdp => dst_changed && !facts.to_node,
+        Program::Tc => facts.to_backend,
+    };
+    if forward {
+        check_snat_source(program, facts, out, out_ports, problems);
+        return;
+    }
+    let Some((sport, _)) = out_ports else {
+        if !Family::of(out.src).gateways().contains(&out.src) {
+            problems.push(format!(
+                "reply fragment rewritten to come from {}, no gateway address",
+                out.src
+            ));
         }
-        if let Some((sport, _)) = out.ports(output) {
-            let from = SocketAddr::new(out.src, sport);
-            if !facts.model.services_of_source.contains(&from) {
+        return;
+    };
+    let from = SocketAddr::new(out.src, sport);
+    if let Some(r) = snat_reply.filter(|r| r.nat != from) {
+        problems.push(format!(
+            "SNAT reply rewritten to come from {from}, not its flow's service {}",
+            r.nat
+        ));
+    }
+    if !facts.model.services_of_source.contains(&from) {
+        problems.push(format!(
+            "reply rewritten to come from {from}, not a service of the backend (services {:?})",
+            facts.model.services_of_source
+        ));
+    }
+}
+
+/// A forward packet goes to a backend of the service addressed (a later fragment: of
+/// a service on the address).
+fn check_forward_destination(
+    facts: &Facts,
+    ip: &Ip,
+    out: &Ip,
+    out_ports: Option<(u16, u16)>,
+    problems: &mut Vec<String>,
+) {
+    match out_ports {
+        Some((_, dport)) => {
+            let to = SocketAddr::new(out.dst, dport);
+            if !facts.model.backends.contains(&to) {
                 problems.push(format!(
-                    "reply rewritten to come from {from}, not a service of the backend (services {:?})",
-                    facts.model.services_of_source
+                    "forwarded to {to}, not a backend of the service addressed (backends {:?})",
+                    facts.model.backends
+                ));
+            }
+        }
+        None => {
+            if !facts.model.backend_addrs.contains(&out.dst) {
+                problems.push(format!(
+                    "fragment forwarded to {}, no backend of a service on {}",
+                    out.dst, ip.dst
                 ));
             }
         }
     }
+}
+
+/// A SNAT reply goes to the client of the flow whose reply entry it matched (a later
+/// fragment: to a client).
+fn check_snat_reply_destination(
+    snat_reply: Option<Tracked>,
+    out: &Ip,
+    out_ports: Option<(u16, u16)>,
+    problems: &mut Vec<String>,
+) {
+    match (snat_reply.and_then(|r| r.peer), out_ports) {
+        (Some(client), Some((_, dport))) => {
+            let to = SocketAddr::new(out.dst, dport);
+            if to != client {
+                problems.push(format!(
+                    "SNAT reply sent to {to}, not its flow's client {client}"
+                ));
+            }
+        }
+        (None, Some(_)) => {
+            problems.push("a packet to the node address of no SNAT flow was rewritten".into());
+        }
+        (_, None) => {
+            if !is_client(out.dst) {
+                problems.push(format!(
+                    "SNAT reply fragment sent to {}, no client",
+                    out.dst
+                ));
+            }
+        }
+    }
+}
+
+/// A SNAT forward packet's new source: the node's address toward its backend, and the
+/// port its flow claimed (XDP: a tracked flow's, or a new claim from the ports in force;
+/// TC: its `NAT_MASQ` entry's, from the ports of either state).
+fn check_snat_source(
+    program: Program,
+    facts: &Facts,
+    out: &Ip,
+    out_ports: Option<(u16, u16)>,
+    problems: &mut Vec<String>,
+) {
+    let node = node_toward(out.dst);
+    if node != Some(out.src) {
+        problems.push(format!(
+            "forward packet rewritten to come from {}, not the node's address toward {} ({node:?})",
+            out.src, out.dst
+        ));
+    }
+    let Some((sport, _)) = out_ports else {
+        return;
+    };
+    let from = SocketAddr::new(out.src, sport);
+    let claimed = facts.tracked.and_then(|t| match t.kind {
+        NAT_DST => t.peer,
+        NAT_MASQ => Some(t.nat),
+        _ => None,
+    });
+    let in_ports = |ranges: &[RangeInclusive<u16>]| ranges.iter().any(|r| r.contains(&sport));
+    let ok = match program {
+        Program::Xdp => {
+            claimed == Some(from) || (facts.model.snat && in_ports(&facts.model.snat_ports))
+        }
+        Program::Tc => claimed == Some(from) && in_ports(&facts.model.any_snat_ports),
+    };
+    if ok {
+        return;
+    }
+    problems.push(match program {
+        Program::Xdp => format!(
+            "forward packet rewritten to come from {from}: neither its flow's claim ({claimed:?}) \
+             nor a new claim of a SNAT service (SNAT mode: {}, ports {:?})",
+            facts.model.snat, facts.model.snat_ports
+        ),
+        Program::Tc => format!(
+            "forward packet rewritten on egress to come from {from}: not its NAT_MASQ entry's \
+             claim ({claimed:?}) from the SNAT ports {:?}",
+            facts.model.any_snat_ports
+        ),
+    });
+}
+
+/// Whether `ip` is one of the model's client addresses.
+fn is_client(ip: IpAddr) -> bool {
+    (0..=4).any(|n| Family::of(ip).client(n) == ip)
 }
 
 #[cfg(test)]
