@@ -2,41 +2,56 @@
 //!
 //! A seeded generator makes IPv4 and (about two packets in five) IPv6 packets biased
 //! toward the programs' deep paths: new and tracked flows to configured services,
-//! replies from their backends, first and later fragments (IPv6: a fragment header),
-//! ICMP and ICMPv6 errors quoting service flows both ways and random flows, from
-//! backends, clients and routers, TCP options, IPv6 extension header chains (hop-by-hop,
-//! routing, destination options, AH, fragment; in any order, up to nine, sometimes
-//! ending in ESP, no next header or an unknown protocol), neighbour discovery and echo;
-//! and mutates a share of them (truncation at every layer, IPv4 total length and IHL,
-//! IPv6 payload length (also 0) and extension header lengths too big or too small, IP
-//! options, fragment bits, protocol and next header changed, bad L4 lengths and data
-//! offsets, corrupted checksums, IPv6 UDP checksums set to 0, trailing bytes, VLAN tags,
-//! flipped bytes, the version changed), besides packets of no service and random bytes.
-//! Services of both families (a dual-stack port among them) are configured with
-//! `Datapath::apply` (two states taking turns, and the redirect-capable interfaces
-//! changing, every phase). Each packet runs through the XDP program and, when its IP
-//! header is one the kernel would forward, the TC egress program; invariants are checked
-//! on every output, independently of the programs (the oracle reads both families
-//! through one view, `Ip`, and walks IPv6 extension headers itself):
+//! replies from their backends (in SNAT mode to the node address and port the flow
+//! claimed, learnt from a translated output), first and later fragments (IPv6: a
+//! fragment header), ICMP and ICMPv6 errors quoting service flows both ways (as the
+//! backend or the client got the packet) and random flows, from backends, clients and
+//! routers, backends' packets to node ports of no flow, TCP options, IPv6 extension
+//! header chains (hop-by-hop, routing, destination options, AH, fragment; in any order,
+//! up to nine, sometimes ending in ESP, no next header or an unknown protocol),
+//! neighbour discovery and echo; and mutates a share of them (truncation at every
+//! layer, IPv4 total length and IHL, IPv6 payload length (also 0) and extension header
+//! lengths too big or too small, IP options, fragment bits, protocol and next header
+//! changed, bad L4 lengths and data offsets, corrupted checksums, IPv6 UDP checksums
+//! set to 0, trailing bytes, VLAN tags, flipped bytes, the version changed), besides
+//! packets of no service and random bytes. Services of both families (a dual-stack port
+//! among them) in router and SNAT mode are configured with `Datapath::apply` (two
+//! states taking turns, one service switching modes, a SNAT port pool of two ranges
+//! and one of six ports that runs out, and the redirect-capable interfaces changing,
+//! every phase). Each packet runs through the XDP program and, when its IP header is
+//! one the kernel would forward, the TC egress program; so does XDP's output when XDP
+//! translated it and handed it to the kernel (a SNAT flow's packet with only its
+//! destination half translated). Invariants are checked on every output, independently
+//! of the programs (the oracle reads both families through one view, `Ip`, walks IPv6
+//! extension headers itself, and knows the node's address toward each backend from the
+//! fixture network):
 //!
 //! - the verdict is one the program returns (XDP: PASS, DROP, REDIRECT; TC: "next", and
 //!   "shot" only for an ICMPv6 redirect, which the TC program drops);
 //! - a packet neither to a gateway address, nor of a tracked flow, nor an ICMP(v6) error
-//!   quoting a tracked flow leaves byte for byte unchanged with XDP_PASS (TC: only
-//!   replies and ICMP errors of tracked flows change); only packets to a gateway address
-//!   are dropped, and unchanged;
+//!   quoting a tracked flow leaves byte for byte unchanged with XDP_PASS (so does one
+//!   to the node's address that is no tracked SNAT flow's reply; TC: only replies, SNAT
+//!   forward packets the kernel forwarded and ICMP errors of tracked flows change); only
+//!   packets to a gateway address are dropped, and unchanged;
 //! - a translated packet keeps its length, differs only in the fields a NAT rewrites
 //!   (MACs and TTL or hop limit when redirected, addresses, ports, checksums, the quoted
 //!   header of an ICMP error), and every checksum it carries (IPv4 header; TCP/UDP with
-//!   the pseudo-header of its family, also in first fragments; ICMP, ICMPv6 with its
-//!   pseudo-header; the quoted IPv4 header; the quoted TCP/UDP checksum of an ICMPv6
-//!   error, which the program keeps right) sums to what the input's did: a valid
-//!   checksum stays valid, an invalid one is not made valid. A UDP checksum of 0
-//!   ("none") stays 0; an IPv6 UDP datagram with checksum 0 (invalid) to a gateway
-//!   address is never translated;
-//! - a forward translation goes to a backend of the service the packet was addressed
-//!   to (so of its family); a reply translation comes from the service whose backend
-//!   sent it.
+//!   the pseudo-header of its family, also in first fragments and when both addresses
+//!   and both ports change; ICMP, ICMPv6 with its pseudo-header; the quoted IPv4
+//!   header; the quoted TCP/UDP checksum of an ICMPv6 error, which the program keeps
+//!   right) sums to what the input's did: a valid checksum stays valid, an invalid one
+//!   is not made valid. A UDP checksum of 0 ("none") stays 0; an IPv6 UDP datagram with
+//!   checksum 0 (invalid) to a gateway address is never translated;
+//! - one checker for both modes (`check_nat`): a forward translation goes to a backend
+//!   of the service the packet was addressed to (so of its family); its source changes
+//!   only in SNAT mode (XDP only when it sends the packet itself, else TC on egress),
+//!   to the node's address toward that backend and the port its flow claimed, or a new
+//!   claim from the SNAT ports in force (a new SNAT flow may instead be dropped, counted,
+//!   when no port is free); a reply translation comes from the service whose backend
+//!   sent it, and a SNAT reply (to the node's address) goes to its flow's client, from
+//!   its flow's gateway address and port;
+//! - an ICMP error about a tracked flow has its quote and outer addresses translated as
+//!   the flow's translation makes them (`check_quote`).
 //!
 //! Run by `tests/tests/fuzz.rs` (10^4 packets) and `cargo xtask fuzz datapath`.
 
@@ -141,6 +156,8 @@ pub struct Report {
     pub tc_translated: u64,
     /// What of it was IPv6.
     pub ipv6: Ipv6Report,
+    /// What of it was SNAT flows' (both families).
+    pub snat: SnatReport,
     /// Packets that broke an invariant, and the first few in full.
     pub violations: u64,
     /// The first violations, each described with its packet.
@@ -166,6 +183,46 @@ pub struct Ipv6Report {
     pub icmp_translated: u64,
     /// Later fragments (no transport header) either program changed.
     pub later_fragments_translated: u64,
+}
+
+/// The packets of SNAT flows either program changed.
+#[derive(Default)]
+pub struct SnatReport {
+    /// Forward packets XDP gave the node source (it sent them itself).
+    pub forward: u64,
+    /// Replies to the node address XDP translated (sent or handed to the kernel).
+    pub replies: u64,
+    /// Forward packets the kernel forwarded that TC gave the node source.
+    pub masq: u64,
+    /// ICMP and ICMPv6 errors quoting a SNAT flow either program translated.
+    pub icmp: u64,
+    /// Later fragments among the packets above.
+    pub later_fragments: u64,
+}
+
+impl SnatReport {
+    /// Counts a change `program` made to a packet (`facts`), if of a SNAT flow.
+    fn changed(&mut self, program: Program, facts: &Facts, output: &[u8]) {
+        let (Some(ip), Some(out)) = (facts.ip, Ip::parse(output)) else {
+            return;
+        };
+        let xdp = program == Program::Xdp;
+        let counter = if facts.quote_flows.iter().any(|q| q.peer.is_some()) {
+            &mut self.icmp
+        } else if !matches!(ip.proto, proto::TCP | proto::UDP) || out.src == ip.src && !xdp {
+            return;
+        } else if facts.to_node && xdp {
+            &mut self.replies
+        } else if xdp && out.src != ip.src && out.dst != ip.dst {
+            &mut self.forward
+        } else if !xdp && facts.to_backend {
+            &mut self.masq
+        } else {
+            return;
+        };
+        *counter += 1;
+        self.later_fragments += u64::from(ip.later);
+    }
 }
 
 impl fmt::Display for Report {
@@ -201,6 +258,12 @@ impl fmt::Display for Report {
             f,
             "  ipv6: {} packets, {} dropped; translated: xdp {}, tc {}; of them ICMPv6 errors {}, later fragments {}",
             v6.packets, v6.dropped, v6.translated, v6.tc_translated, v6.icmp_translated, v6.later_fragments_translated
+        )?;
+        let snat = &self.snat;
+        writeln!(
+            f,
+            "  snat: translated: xdp forward {}, replies {}; tc forward {}; ICMP errors {}; of them later fragments {}",
+            snat.forward, snat.replies, snat.masq, snat.icmp, snat.later_fragments
         )?;
         write!(f, "  violations: {}", self.violations)?;
         for v in &self.shown {
@@ -246,7 +309,7 @@ pub fn run(packets: u64, seed: u64) -> Report {
             let (side, input) = gen.packet();
             let ifindex = if side == Side::Client { fx.fx0 } else { fx.fx1 };
             // Tuples are looked up before the run, which may record a new flow.
-            let facts = Facts::of(&input, &ct, &model, gen.state);
+            let facts = Facts::of(&input, &ct, &gen);
             let (verdict, output) = run_gateway(&mut t.dp, ifindex, &input);
             report.packets += 1;
             *report.verdicts.entry(verdict).or_default() += 1;
@@ -259,6 +322,9 @@ pub fn run(packets: u64, seed: u64) -> Report {
                     v6.translated += 1;
                     v6.changed(facts.ip);
                 }
+            }
+            if output != input {
+                report.snat.changed(Program::Xdp, &facts, &output);
             }
             let problems = check(Program::Xdp, &facts, &input, verdict, &output);
             let mut shown = show(Program::Xdp, &problems, &input, verdict, &output);
@@ -300,13 +366,16 @@ fn egress(
     frame: &[u8],
 ) -> Option<String> {
     let forwarded = as_forwarded(frame)?;
-    let facts = Facts::of(forwarded, ct, gen.model, gen.state);
+    let facts = Facts::of(forwarded, ct, gen);
     let (verdict, output) = run_tc(&mut t.dp, forwarded);
     report.tc_packets += 1;
     report.tc_translated += u64::from(output != forwarded);
-    if output != forwarded && facts.v6 {
-        report.ipv6.tc_translated += 1;
-        report.ipv6.changed(facts.ip);
+    if output != forwarded {
+        report.snat.changed(Program::Tc, &facts, &output);
+        if facts.v6 {
+            report.ipv6.tc_translated += 1;
+            report.ipv6.changed(facts.ip);
+        }
     }
     gen.learn(forwarded, &output);
     let problems = check(Program::Tc, &facts, forwarded, verdict, &output);
@@ -784,6 +853,8 @@ struct Generator<'m> {
     seen: [Vec<Seen>; 2],
     /// Later fragments of datagrams whose first fragment was sent.
     later: Vec<(Side, Vec<u8>)>,
+    /// The clients of SNAT flows seen translated.
+    snat_clients: BTreeSet<IpAddr>,
 }
 
 const SEEN_MAX: usize = 512;
@@ -797,6 +868,7 @@ impl<'m> Generator<'m> {
             family: Family::V4,
             seen: [Vec::new(), Vec::new()],
             later: Vec::new(),
+            snat_clients: BTreeSet::new(),
         }
     }
 
@@ -1389,6 +1461,7 @@ impl<'m> Generator<'m> {
         if i.dst == o.dst {
             // TC: a SNAT forward packet (client → backend) gets its node source.
             if out_from != from && self.model.backends.contains(&i.dst) {
+                self.snat_clients.insert(from.ip());
                 for s in seen_list
                     .iter_mut()
                     .filter(|s| s.client == from && s.backend == to)
@@ -1401,6 +1474,9 @@ impl<'m> Generator<'m> {
         // (A SNAT reply to the node address changes its destination too.)
         if !self.model.is_gateway_in_any_state(i.dst) {
             return;
+        }
+        if out_from != from {
+            self.snat_clients.insert(from.ip());
         }
         let seen = Seen {
             client: from,
@@ -1747,8 +1823,9 @@ struct Facts {
     to_backend: bool,
     /// Sent to the node's own address toward some backend (SNAT replies are).
     to_node: bool,
-    /// An ICMP error quoting a tracked flow.
-    quote_tracked: Option<Tracked>,
+    /// An ICMP error's quoted flow: the entries that may translate it (none: not
+    /// quoting a tracked flow).
+    quote_flows: Vec<Tracked>,
     /// What the generator's model says about the translation.
     model: Expect,
 }
@@ -1767,6 +1844,39 @@ struct Expect {
     snat_ports: Vec<RangeInclusive<u16>>,
     /// The SNAT source ports of either state (a flow keeps the port it claimed).
     any_snat_ports: Vec<RangeInclusive<u16>>,
+    /// A later fragment to the node address: the clients of the SNAT flows seen (it
+    /// carries no ports to tell which flow it is of).
+    snat_clients: BTreeSet<IpAddr>,
+}
+
+/// The entries that may translate tuple (`src`, `dst`, `proto`), as the program finds
+/// them: the tuple's own entry, then (a router reply, which has none of its own) the
+/// forward entry of its flow to any service of either state, as the program finds it
+/// through the reply index, seen as the reply's `NAT_SRC` translation. (Two flows may
+/// claim one tuple: one client port to two services sharing a backend endpoint.)
+fn flows<'a>(
+    ct: &'a Tracker,
+    model: &'a Model,
+    src: SocketAddr,
+    dst: SocketAddr,
+    proto: u8,
+) -> impl Iterator<Item = Tracked> + 'a {
+    let replies = model
+        .states
+        .iter()
+        .flat_map(|s| s.services.keys())
+        .filter(move |svc| svc.protocol.number() == proto && svc.addr.is_ipv6() == src.is_ipv6())
+        .filter_map(move |svc| {
+            let service = service_addr(svc);
+            let f = ct.get(dst, service, proto)?;
+            // A SNAT flow's replies go to the node address instead.
+            (f.kind == NAT_DST && f.nat == src && f.peer.is_none()).then_some(Tracked {
+                kind: NAT_SRC,
+                nat: service,
+                peer: None,
+            })
+        });
+    ct.get(src, dst, proto).into_iter().chain(replies)
 }
 
 /// The destination address of a frame of either family, if its header is there.
@@ -1779,31 +1889,10 @@ fn destination(f: &[u8]) -> Option<IpAddr> {
 }
 
 impl Facts {
-    fn of(f: &[u8], ct: &Tracker, model: &Model, state: usize) -> Facts {
+    fn of(f: &[u8], ct: &Tracker, gen: &Generator) -> Facts {
+        let (model, state) = (gen.model, gen.state);
         let ip = Ip::parse(f);
-        // A tuple's entry, or (a router reply, which has none of its own) the forward
-        // entry of its flow to some service of either state, found as the program finds
-        // it through the reply index; seen as the reply's `NAT_SRC` translation.
-        let lookup = |src: SocketAddr, dst: SocketAddr, proto: u8| {
-            ct.get(src, dst, proto).or_else(|| {
-                model
-                    .states
-                    .iter()
-                    .flat_map(|s| s.services.keys())
-                    .filter(|svc| svc.protocol.number() == proto)
-                    .filter(|svc| svc.addr.is_ipv6() == src.is_ipv6())
-                    .find_map(|svc| {
-                        let service = service_addr(svc);
-                        let f = ct.get(dst, service, proto)?;
-                        // A SNAT flow's replies go to the node address instead.
-                        (f.kind == NAT_DST && f.nat == src && f.peer.is_none()).then_some(Tracked {
-                            kind: NAT_SRC,
-                            nat: service,
-                            peer: None,
-                        })
-                    })
-            })
-        };
+        let lookup = |src, dst, proto| flows(ct, model, src, dst, proto).next();
         let mut facts = Facts {
             v6: f.get(12..14) == Some(&[0x86, 0xdd]),
             ip,
@@ -1814,7 +1903,7 @@ impl Facts {
             from_backend: false,
             to_backend: false,
             to_node: false,
-            quote_tracked: None,
+            quote_flows: Vec::new(),
             model: Expect {
                 backends: Vec::new(),
                 backend_addrs: BTreeSet::new(),
@@ -1826,6 +1915,7 @@ impl Facts {
                     .iter()
                     .flat_map(|s| s.snat_ports.iter().cloned())
                     .collect(),
+                snat_clients: BTreeSet::new(),
             },
         };
         let Some(ip) = ip else {
@@ -1836,6 +1926,9 @@ impl Facts {
         facts.from_backend = model.backends.contains(&ip.src);
         facts.to_backend = model.backends.contains(&ip.dst);
         facts.to_node = node_toward(ip.dst) == Some(ip.dst);
+        if ip.later && facts.to_node {
+            facts.model.snat_clients = gen.snat_clients.clone();
+        }
         facts.udp6_no_checksum = ip.v6
             && ip.proto == proto::UDP
             && !ip.later
@@ -1885,7 +1978,8 @@ impl Facts {
                 let quoted_src = SocketAddr::new(addr(q.addrs.start), port_at(f, q.ports));
                 let quoted_dst =
                     SocketAddr::new(addr(q.addrs.start + half), port_at(f, q.ports + 2));
-                facts.quote_tracked = lookup(quoted_dst, quoted_src, f[q.proto_at]);
+                facts.quote_flows =
+                    flows(ct, model, quoted_dst, quoted_src, f[q.proto_at]).collect();
             }
         }
         facts
@@ -1900,13 +1994,13 @@ impl Facts {
                 let xdp = |f: Tracked| f.kind != NAT_MASQ;
                 self.to_gateway
                     || self.tracked.is_some_and(xdp)
-                    || self.quote_tracked.is_some_and(xdp)
+                    || self.quote_flows.iter().copied().any(xdp)
                     || (self.later_fragment && from_backend)
             }
             Program::Tc => {
                 let tc = |f: Tracked| f.on_egress();
                 self.tracked.is_some_and(tc)
-                    || self.quote_tracked.is_some_and(tc)
+                    || self.quote_flows.iter().copied().any(tc)
                     || (self.later_fragment && (from_backend || self.to_backend))
             }
         }
@@ -2022,6 +2116,14 @@ fn check(
     let redirected = xdp && verdict == XDP_REDIRECT;
     check_fields(&ip, redirected, input, output, &mut problems);
     check_checksums(&ip, input, output, &mut problems);
+    check_quote(
+        program,
+        redirected,
+        facts,
+        (&ip, input),
+        output,
+        &mut problems,
+    );
     if let (proto::TCP | proto::UDP, Some(out)) = (ip.proto, Ip::parse(output)) {
         check_nat(
             program,
@@ -2184,7 +2286,7 @@ fn check_nat(
             problems.push("the TC program rewrote a destination".into());
         }
         if facts.to_node {
-            check_snat_reply_destination(snat_reply, out, out_ports, problems);
+            check_snat_reply_destination(facts, snat_reply, out, out_ports, problems);
         } else {
             check_forward_destination(facts, ip, out, out_ports, problems);
         }
@@ -2229,6 +2331,79 @@ fn check_nat(
     }
 }
 
+/// An ICMP error about a tracked flow (either mode) has its quote translated as the
+/// flow's packets the other way are: the half of the translation that rewrites the
+/// error's destination rewrites the quote's source (XDP, however the error leaves), the
+/// half that rewrites the error's source the quote's destination (XDP when it sends the
+/// error itself; TC on egress, the only half it applies); an outer address that names
+/// the quoted endpoint follows it, any other stays.
+fn check_quote(
+    program: Program,
+    redirected: bool,
+    facts: &Facts,
+    (ip, input): (&Ip, &[u8]),
+    output: &[u8],
+    problems: &mut Vec<String>,
+) {
+    let Some(q) = ip.quote().filter(|_| !facts.quote_flows.is_empty()) else {
+        return;
+    };
+    let half = (q.addrs.end - q.addrs.start) / 2;
+    let quoted = |f: &[u8]| {
+        let end = |i: usize| {
+            let addr = addr_at(f, q.addrs.start + i * half, ip.v6);
+            SocketAddr::new(addr, port_at(f, q.ports + 2 * i))
+        };
+        (end(0), end(1))
+    };
+    let outer = |f: &[u8]| {
+        let at = ip.addrs().start;
+        (addr_at(f, at, ip.v6), addr_at(f, at + half, ip.v6))
+    };
+    let (src, dst) = quoted(input);
+    let (outer_src, outer_dst) = outer(input);
+    let follow = |outer: IpAddr, was: SocketAddr, now: SocketAddr| {
+        if outer == was.ip() {
+            now.ip()
+        } else {
+            outer
+        }
+    };
+    // What each entry makes of the error: its quote's ends, and the outer addresses.
+    let translated = |t: &Tracked| {
+        // The halves of the error's direction (the quoted packet travelled the other way).
+        let (to_dst, to_src) = match t.kind {
+            NAT_DST => (Some(t.nat), t.peer),
+            NAT_MASQ => (None, Some(t.nat)),
+            _ => (t.peer, Some(t.nat)),
+        };
+        let quote = match program {
+            Program::Xdp if redirected => (to_dst.unwrap_or(src), to_src.unwrap_or(dst)),
+            Program::Xdp => (to_dst.unwrap_or(src), dst),
+            Program::Tc => (src, to_src.unwrap_or(dst)),
+        };
+        let outer = (
+            follow(outer_src, dst, quote.1),
+            follow(outer_dst, src, quote.0),
+        );
+        (quote, outer)
+    };
+    let got = (quoted(output), outer(output));
+    let wanted: Vec<_> = facts.quote_flows.iter().map(translated).collect();
+    if !wanted.contains(&got) {
+        let ((q_src, q_dst), (o_src, o_dst)) = got;
+        let wanted: Vec<String> = wanted
+            .iter()
+            .map(|((a, b), (c, d))| format!("{c} → {d} quoting {a} → {b}"))
+            .collect();
+        problems.push(format!(
+            "the error became {o_src} → {o_dst} quoting {q_src} → {q_dst}, not as its flow's \
+             translation makes it: {}",
+            wanted.join(" or ")
+        ));
+    }
+}
+
 /// A forward packet goes to a backend of the service addressed (a later fragment: of
 /// a service on the address).
 fn check_forward_destination(
@@ -2260,8 +2435,9 @@ fn check_forward_destination(
 }
 
 /// A SNAT reply goes to the client of the flow whose reply entry it matched (a later
-/// fragment: to a client).
+/// fragment: to a client of a SNAT flow seen).
 fn check_snat_reply_destination(
+    facts: &Facts,
     snat_reply: Option<Tracked>,
     out: &Ip,
     out_ports: Option<(u16, u16)>,
@@ -2280,9 +2456,9 @@ fn check_snat_reply_destination(
             problems.push("a packet to the node address of no SNAT flow was rewritten".into());
         }
         (_, None) => {
-            if !is_client(out.dst) {
+            if !facts.model.snat_clients.contains(&out.dst) {
                 problems.push(format!(
-                    "SNAT reply fragment sent to {}, no client",
+                    "SNAT reply fragment sent to {}, no client of a SNAT flow seen",
                     out.dst
                 ));
             }
@@ -2338,11 +2514,6 @@ fn check_snat_source(
             facts.model.any_snat_ports
         ),
     });
-}
-
-/// Whether `ip` is one of the model's client addresses.
-fn is_client(ip: IpAddr) -> bool {
-    (0..=4).any(|n| Family::of(ip).client(n) == ip)
 }
 
 #[cfg(test)]
