@@ -21,7 +21,8 @@
 //! every phase). Each packet runs through the XDP program and, when its IP header is
 //! one the kernel would forward, the TC egress program; so does XDP's output when XDP
 //! translated it and handed it to the kernel (a SNAT flow's packet with only its
-//! destination half translated). Invariants are checked on every output, independently
+//! destination half translated), and now and then the ICMP error the kernel would send
+//! about that output (time exceeded, fragmentation needed, packet too big). Invariants are checked on every output, independently
 //! of the programs (the oracle reads both families through one view, `Ip`, walks IPv6
 //! extension headers itself, and knows the node's address toward each backend from the
 //! fixture network):
@@ -334,7 +335,9 @@ pub fn run(packets: u64, seed: u64) -> Report {
             // reply XDP left alone, ...) and, handed to the kernel translated, XDP's
             // output (a SNAT flow's packet with its destination half applied).
             let passed = verdict == XDP_PASS && output != input;
-            for frame in [Some(&input), passed.then_some(&output)].into_iter().flatten() {
+            let error = passed.then(|| gen.kernel_error(&output)).flatten();
+            let frames = [Some(&input), passed.then_some(&output), error.as_ref()];
+            for frame in frames.into_iter().flatten() {
                 if let Some(problems) = egress(&mut t, &ct, &mut gen, &mut report, frame) {
                     shown += &problems;
                     broken = true;
@@ -1124,6 +1127,33 @@ impl<'m> Generator<'m> {
             .macs(mac.0, mac.1)
             .frame();
         (side, frame)
+    }
+
+    /// Now and then the ICMP error the gateway's kernel sends about a TCP/UDP packet
+    /// XDP translated and handed to it (time exceeded; fragmentation needed or packet
+    /// too big), from its address toward the packet's source, quoting the packet as it
+    /// got it: what only the TC program sees, on egress.
+    fn kernel_error(&mut self, passed: &[u8]) -> Option<Vec<u8>> {
+        if !self.rng.chance(25) {
+            return None;
+        }
+        let ip = Ip::parse(passed)
+            .filter(|ip| matches!(ip.proto, proto::TCP | proto::UDP) && !ip.fragment)?;
+        let from = node_toward(ip.src)?;
+        let (kind, code, rest) = match (ip.v6, self.rng.chance(50)) {
+            (false, true) => (11, 0, 0),
+            (false, false) => (3, 4, 1280),
+            (true, true) => (3, 0, 0),
+            (true, false) => (2, 0, 1280),
+        };
+        // IPv4 quotes the header and 8 bytes, IPv6 as much as fits in 1280 bytes.
+        let end = if ip.v6 {
+            ip.end.min(IP + 1232)
+        } else {
+            (ip.l4 + 8).min(ip.end)
+        };
+        let error = Pkt::icmp(from, ip.src, kind, code, rest, &passed[IP..end]);
+        Some(error.macs(FX0_MAC, CLIENT_MAC).frame())
     }
 
     /// A first fragment of a datagram to a service or from a backend (its later
