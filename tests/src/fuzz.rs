@@ -327,7 +327,8 @@ pub fn run(packets: u64, seed: u64) -> Report {
             if output != input {
                 report.snat.changed(Program::Xdp, &facts, &output);
             }
-            let problems = check(Program::Xdp, &facts, &input, verdict, &output);
+            let mut problems = check(Program::Xdp, &facts, &input, verdict, &output);
+            problems.extend(check_claim(&ct, Program::Xdp, &facts, &input, &output));
             let mut shown = show(Program::Xdp, &problems, &input, verdict, &output);
             let mut broken = !problems.is_empty();
             gen.learn(&input, &output);
@@ -381,7 +382,8 @@ fn egress(
         }
     }
     gen.learn(forwarded, &output);
-    let problems = check(Program::Tc, &facts, forwarded, verdict, &output);
+    let mut problems = check(Program::Tc, &facts, forwarded, verdict, &output);
+    problems.extend(check_claim(ct, Program::Tc, &facts, forwarded, &output));
     (!problems.is_empty()).then(|| show(Program::Tc, &problems, forwarded, verdict, &output))
 }
 
@@ -2432,6 +2434,43 @@ fn check_quote(
             wanted.join(" or ")
         ));
     }
+}
+
+/// A SNAT forward packet's new source shows the claim its flow holds: the conntrack's
+/// entry under (backend → node address and port), read after the run, must send the
+/// replies back to this packet's client (XDP: from the service it addressed). So a
+/// reply's translation, checked against that entry, goes where the flow came from.
+fn check_claim(
+    ct: &Tracker,
+    program: Program,
+    facts: &Facts,
+    input: &[u8],
+    output: &[u8],
+) -> Option<String> {
+    let (ip, out) = (facts.ip?, Ip::parse(output)?);
+    let forward = match program {
+        Program::Xdp => out.dst != ip.dst && !facts.to_node,
+        Program::Tc => facts.to_backend,
+    };
+    if !forward || out.src == ip.src || !matches!(ip.proto, proto::TCP | proto::UDP) {
+        return None;
+    }
+    let ((sport, dport), (node_port, backend_port)) = (ip.ports(input)?, out.ports(output)?);
+    let client = SocketAddr::new(ip.src, sport);
+    let node = SocketAddr::new(out.src, node_port);
+    let backend = SocketAddr::new(out.dst, backend_port);
+    let service = (program == Program::Xdp).then_some(SocketAddr::new(ip.dst, dport));
+    let reply = ct.get(backend, node, ip.proto);
+    let holds = reply.is_some_and(|r| {
+        r.snat_reply() && r.peer == Some(client) && service.is_none_or(|s| r.nat == s)
+    });
+    (!holds).then(|| {
+        format!(
+            "the SNAT claim {node} toward {backend} is not recorded for client {client} \
+             (service {service:?}): its reply entry is {:?}",
+            reply.map(|r| (r.kind, r.nat, r.peer))
+        )
+    })
 }
 
 /// A forward packet goes to a backend of the service addressed (a later fragment: of
