@@ -52,7 +52,11 @@
 //!   sent it, and a SNAT reply (to the node's address) goes to its flow's client, from
 //!   its flow's gateway address and port;
 //! - an ICMP error about a tracked flow has its quote and outer addresses translated as
-//!   the flow's translation makes them (`check_quote`).
+//!   the flow's translation makes them (`check_quote`);
+//! - a SNAT forward packet's node address and port are its flow's claim: read after the
+//!   run, the reply entry under (backend → node address and port) sends replies to this
+//!   packet's client; once the LRU evicts, it may be gone, but is never another flow's
+//!   (`check_claim`).
 //!
 //! Run by `tests/tests/fuzz.rs` (10^4 packets) and `cargo xtask fuzz datapath`.
 
