@@ -157,6 +157,10 @@ fn direct<A: Family>(t: &FlowKey<A>) -> Direct<A> {
     if f.kind == NAT_MASQ {
         Direct::None
     } else if backend_serves(t, f) {
+        if f.kind == NAT_DST && f.is_snat() && !holds_port(t, f) {
+            // Balanced again: a new flow, with a port of its own.
+            return Direct::None;
+        }
         Direct::Hit(flow)
     } else if f.kind == NAT_DST {
         Direct::Stale(f.service)
@@ -166,6 +170,51 @@ fn direct<A: Family>(t: &FlowKey<A>) -> Direct<A> {
         count(Counter::CtStaleService);
         Direct::None
     }
+}
+
+/// Whether a SNAT flow still holds its node port, by its forward entry `f` found under
+/// tuple `key` (client → gateway), or its `NAT_MASQ` entry (client → backend): its reply
+/// entry (backend → node), which is the port's lock and translates the replies, is
+/// there and is this flow's. The LRU evicts entries one at a time: a flow whose reply
+/// entry went on leaving from a port it no longer held, its replies passed
+/// untranslated, and a new flow could claim the port and get both flows' replies (the
+/// fuzzer found it with a full table). An evicted reply entry is recorded again
+/// (insert-if-absent, as a claim); a port another flow claimed since is lost.
+#[inline(always)]
+pub fn holds_port<A: Family>(key: &FlowKey<A>, f: &Flow<A>) -> bool {
+    let Some(reply) = A::pending() else {
+        return false;
+    };
+    // Fields one at a time: tuples of IPv6 addresses took `berth_v6` past its stack.
+    let masq = f.kind == NAT_MASQ;
+    let k = &mut reply.key;
+    (k.proto, k.pad) = (key.proto, [0; 3]);
+    if masq {
+        (k.src, k.sport, k.dst, k.dport) = (key.dst, key.dport, f.nat_addr, f.nat_port);
+    } else {
+        (k.src, k.sport, k.dst, k.dport) = (f.nat_addr, f.nat_port, f.peer_addr, f.peer_port);
+    }
+    let (gateway, gateway_port) = if masq {
+        (f.peer_addr, f.peer_port)
+    } else {
+        (key.dst, key.dport)
+    };
+    #[allow(
+        clippy::needless_borrows_for_generic_args,
+        reason = "by value, the key would be copied to the stack"
+    )]
+    if let Some(r) = A::conntrack().get_ptr(&reply.key) {
+        // SAFETY: a valid map value pointer for the duration of this program run.
+        let r = unsafe { &*r };
+        return r.kind == NAT_SRC
+            && r.peer_addr == key.src
+            && r.peer_port == key.sport
+            && r.nat_addr == gateway
+            && r.nat_port == gateway_port;
+    }
+    reply.flow = Flow::entry(NAT_SRC, (gateway, gateway_port), f.backend, f.service)
+        .with_peer((key.src, key.sport));
+    insert(&reply.key, &reply.flow, BPF_NOEXIST as u64)
 }
 
 /// A reply (backend → client): the forward entry of its flow, tried for each service
@@ -531,24 +580,42 @@ fn insert<A: Family>(key: &FlowKey<A>, flow: &Flow<A>, flags: u64) -> bool {
 }
 
 /// Inserts entry `flow` under `key`, both built in this CPU's pending slot rather than
-/// on the stack (an IPv6 entry and key are 120 bytes); with `absent`, only if the key
-/// is not tracked yet. Looked up first: an LRU insert takes a free element (maybe
-/// evicting one) before it finds the key present.
+/// on the stack (an IPv6 entry and key are 120 bytes); with `unless_same`, not if the
+/// key holds this translation already. Looked up first: an LRU insert takes a free
+/// element (maybe evicting one) before it finds the key present.
 #[inline(always)]
-fn insert_staged<A: Family>(key: FlowKey<A>, flow: Flow<A>, absent: bool) {
+fn insert_staged<A: Family>(key: FlowKey<A>, flow: Flow<A>, unless_same: bool) {
     let Some(slot) = A::pending() else {
         return;
     };
     slot.key = key;
-    #[allow(
-        clippy::needless_borrows_for_generic_args,
-        reason = "by value, the key would be copied to the stack"
-    )]
-    if absent && A::conntrack().get_ptr(&slot.key).is_some() {
-        return;
-    }
     slot.flow = flow;
+    if unless_same {
+        #[allow(
+            clippy::needless_borrows_for_generic_args,
+            reason = "by value, the key would be copied to the stack"
+        )]
+        if let Some(old) = A::conntrack().get_ptr(&slot.key) {
+            // SAFETY: a valid map value pointer for the duration of this program run.
+            if same_translation(unsafe { &*old }, &slot.flow) {
+                return;
+            }
+        }
+    }
     insert(&slot.key, &slot.flow, 0);
+}
+
+/// Whether two entries translate a packet alike: kind, both endpoints, and the ids
+/// `applies` checks.
+#[inline(always)]
+fn same_translation<A: Addr>(a: &Flow<A>, b: &Flow<A>) -> bool {
+    a.kind == b.kind
+        && a.nat_addr == b.nat_addr
+        && a.nat_port == b.nat_port
+        && a.peer_addr == b.peer_addr
+        && a.peer_port == b.peer_port
+        && a.backend == b.backend
+        && a.service == b.service
 }
 
 /// A SNAT flow's packet goes through the kernel: the kernel forwards it with only its
@@ -558,7 +625,10 @@ fn insert_staged<A: Family>(key: FlowKey<A>, flow: Flow<A>, absent: bool) {
 /// (backend → client) to the gateway (`NAT_SRC`, as in router mode). Both are made the
 /// first time either direction takes the kernel's path (the second also serves ICMP
 /// errors the kernel sends about forward packets), found by `entry` (`flow` found under
-/// `key`, forward or reply).
+/// `key`, forward or reply). An entry of an earlier flow of the same tuple is replaced:
+/// the tuple's flow was balanced again (its entries evicted, or its port lost, see
+/// `holds_port`) maybe while XDP sent its packets itself, and the old `NAT_MASQ` entry
+/// gave them the node port of the old claim, since another flow's (found by the fuzzer).
 #[inline(always)]
 pub fn add_kernel_path_entries<A: Family>(key: &FlowKey<A>, flow: &Flow<A>) {
     let (

@@ -27,7 +27,7 @@ use gateway_common::{
 };
 
 use crate::{
-    conntrack::{applies, find, tuple},
+    conntrack::{applies, find, holds_port, tuple},
     family::Family,
     frag,
     icmp::{quoted_check_off, translate, Quote},
@@ -193,6 +193,12 @@ fn flow_of<A: Family>(key: &FlowKey<A>) -> Option<Flow<A>> {
     }
     if !applies(key, &flow) {
         count(Counter::CtStaleService);
+        return None;
+    }
+    // A `NAT_MASQ` entry left by a flow that lost its node port (or by an earlier flow
+    // of the tuple): the port may be another flow's now (found by the fuzzer).
+    if flow.kind == NAT_MASQ && !holds_port(key, &flow) {
+        count(Counter::TcUntranslated);
         return None;
     }
     Some(flow)

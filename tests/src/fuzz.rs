@@ -2,41 +2,61 @@
 //!
 //! A seeded generator makes IPv4 and (about two packets in five) IPv6 packets biased
 //! toward the programs' deep paths: new and tracked flows to configured services,
-//! replies from their backends, first and later fragments (IPv6: a fragment header),
-//! ICMP and ICMPv6 errors quoting service flows both ways and random flows, from
-//! backends, clients and routers, TCP options, IPv6 extension header chains (hop-by-hop,
-//! routing, destination options, AH, fragment; in any order, up to nine, sometimes
-//! ending in ESP, no next header or an unknown protocol), neighbour discovery and echo;
-//! and mutates a share of them (truncation at every layer, IPv4 total length and IHL,
-//! IPv6 payload length (also 0) and extension header lengths too big or too small, IP
-//! options, fragment bits, protocol and next header changed, bad L4 lengths and data
-//! offsets, corrupted checksums, IPv6 UDP checksums set to 0, trailing bytes, VLAN tags,
-//! flipped bytes, the version changed), besides packets of no service and random bytes.
-//! Services of both families (a dual-stack port among them) are configured with
-//! `Datapath::apply` (two states taking turns, and the redirect-capable interfaces
-//! changing, every phase). Each packet runs through the XDP program and, when its IP
-//! header is one the kernel would forward, the TC egress program; invariants are checked
-//! on every output, independently of the programs (the oracle reads both families
-//! through one view, `Ip`, and walks IPv6 extension headers itself):
+//! replies from their backends (in SNAT mode to the node address and port the flow
+//! claimed, learnt from a translated output), first and later fragments (IPv6: a
+//! fragment header), ICMP and ICMPv6 errors quoting service flows both ways (as the
+//! backend or the client got the packet) and random flows, from backends, clients and
+//! routers, backends' packets to node ports of no flow, TCP options, IPv6 extension
+//! header chains (hop-by-hop, routing, destination options, AH, fragment; in any order,
+//! up to nine, sometimes ending in ESP, no next header or an unknown protocol),
+//! neighbour discovery and echo; and mutates a share of them (truncation at every
+//! layer, IPv4 total length and IHL, IPv6 payload length (also 0) and extension header
+//! lengths too big or too small, IP options, fragment bits, protocol and next header
+//! changed, bad L4 lengths and data offsets, corrupted checksums, IPv6 UDP checksums
+//! set to 0, trailing bytes, VLAN tags, flipped bytes, the version changed), besides
+//! packets of no service and random bytes. Services of both families (a dual-stack port
+//! among them) in router and SNAT mode are configured with `Datapath::apply` (two
+//! states taking turns, one service switching modes, a SNAT port pool of two ranges
+//! and one of six ports that runs out, and the redirect-capable interfaces changing,
+//! every phase). Each packet runs through the XDP program and, when its IP header is
+//! one the kernel would forward, the TC egress program; so does XDP's output when XDP
+//! translated it and handed it to the kernel (a SNAT flow's packet with only its
+//! destination half translated), and now and then the ICMP error the kernel would send
+//! about that output (time exceeded, fragmentation needed, packet too big). Invariants are checked on every output, independently
+//! of the programs (the oracle reads both families through one view, `Ip`, walks IPv6
+//! extension headers itself, and knows the node's address toward each backend from the
+//! fixture network):
 //!
 //! - the verdict is one the program returns (XDP: PASS, DROP, REDIRECT; TC: "next", and
 //!   "shot" only for an ICMPv6 redirect, which the TC program drops);
 //! - a packet neither to a gateway address, nor of a tracked flow, nor an ICMP(v6) error
-//!   quoting a tracked flow leaves byte for byte unchanged with XDP_PASS (TC: only
-//!   replies and ICMP errors of tracked flows change); only packets to a gateway address
-//!   are dropped, and unchanged;
+//!   quoting a tracked flow leaves byte for byte unchanged with XDP_PASS (so does one
+//!   to the node's address that is no tracked SNAT flow's reply; TC: only replies, SNAT
+//!   forward packets the kernel forwarded and ICMP errors of tracked flows change); only
+//!   packets to a gateway address are dropped, and unchanged;
 //! - a translated packet keeps its length, differs only in the fields a NAT rewrites
 //!   (MACs and TTL or hop limit when redirected, addresses, ports, checksums, the quoted
 //!   header of an ICMP error), and every checksum it carries (IPv4 header; TCP/UDP with
-//!   the pseudo-header of its family, also in first fragments; ICMP, ICMPv6 with its
-//!   pseudo-header; the quoted IPv4 header; the quoted TCP/UDP checksum of an ICMPv6
-//!   error, which the program keeps right) sums to what the input's did: a valid
-//!   checksum stays valid, an invalid one is not made valid. A UDP checksum of 0
-//!   ("none") stays 0; an IPv6 UDP datagram with checksum 0 (invalid) to a gateway
-//!   address is never translated;
-//! - a forward translation goes to a backend of the service the packet was addressed
-//!   to (so of its family); a reply translation comes from the service whose backend
-//!   sent it.
+//!   the pseudo-header of its family, also in first fragments and when both addresses
+//!   and both ports change; ICMP, ICMPv6 with its pseudo-header; the quoted IPv4
+//!   header; the quoted TCP/UDP checksum of an ICMPv6 error, which the program keeps
+//!   right) sums to what the input's did: a valid checksum stays valid, an invalid one
+//!   is not made valid. A UDP checksum of 0 ("none") stays 0; an IPv6 UDP datagram with
+//!   checksum 0 (invalid) to a gateway address is never translated;
+//! - one checker for both modes (`check_nat`): a forward translation goes to a backend
+//!   of the service the packet was addressed to (so of its family); its source changes
+//!   only in SNAT mode (XDP only when it sends the packet itself, else TC on egress),
+//!   to the node's address toward that backend and the port its flow claimed, or a new
+//!   claim from the SNAT ports in force (a new SNAT flow may instead be dropped, counted,
+//!   when no port is free); a reply translation comes from the service whose backend
+//!   sent it, and a SNAT reply (to the node's address) goes to its flow's client, from
+//!   its flow's gateway address and port;
+//! - an ICMP error about a tracked flow has its quote and outer addresses translated as
+//!   the flow's translation makes them (`check_quote`);
+//! - a SNAT forward packet's node address and port are its flow's claim: read after the
+//!   run, the reply entry under (backend → node address and port) sends replies to this
+//!   packet's client; once the LRU evicts, it may be gone, but is never another flow's
+//!   (`check_claim`).
 //!
 //! Run by `tests/tests/fuzz.rs` (10^4 packets) and `cargo xtask fuzz datapath`.
 
@@ -44,12 +64,12 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    ops::Range,
+    ops::{Range, RangeInclusive},
     time::{Duration, Instant},
 };
 
 use berth::datapath::{DesiredState, MapAddr, Protocol, ServiceAddr, WeightedBackend};
-use gateway_common::{proto, FlowKey, NAT_DST, NAT_SRC};
+use gateway_common::{proto, FlowKey, NAT_DST, NAT_MASQ, NAT_SRC};
 
 use crate::{
     packet::{
@@ -57,8 +77,8 @@ use crate::{
         HOP_BY_HOP, PSH, ROUTING, SYN,
     },
     xdp::{
-        net::*, run_gateway, run_tc, verdict_name, Conntrack, FixtureNet, TestDatapath, TC_NEXT,
-        XDP_DROP, XDP_PASS, XDP_REDIRECT,
+        net::*, run_gateway, run_tc, test_limits, verdict_name, Conntrack, FixtureNet,
+        TestDatapath, TC_NEXT, XDP_DROP, XDP_PASS, XDP_REDIRECT,
     },
 };
 
@@ -69,6 +89,9 @@ const GW6_2: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 0, 0, 0, 0, 0, 0x65);
 const B_NO_NEIGH6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 2, 0, 0, 0, 0, 0x20);
 /// An IPv6 backend on the client side (fx0; `run` gives it a neighbour entry).
 const B_SAME_SIDE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 0x50);
+/// A backend the fixture namespace has no route to (SNAT: no node address toward it).
+const B_UNROUTED: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 7);
+const B_UNROUTED6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7);
 /// IPv6 extension header type: authentication header (length in 4-byte units).
 const AUTH: u8 = 51;
 /// IPv6 next header "no next header".
@@ -138,6 +161,8 @@ pub struct Report {
     pub tc_translated: u64,
     /// What of it was IPv6.
     pub ipv6: Ipv6Report,
+    /// What of it was SNAT flows' (both families).
+    pub snat: SnatReport,
     /// Packets that broke an invariant, and the first few in full.
     pub violations: u64,
     /// The first violations, each described with its packet.
@@ -163,6 +188,46 @@ pub struct Ipv6Report {
     pub icmp_translated: u64,
     /// Later fragments (no transport header) either program changed.
     pub later_fragments_translated: u64,
+}
+
+/// The packets of SNAT flows either program changed.
+#[derive(Default)]
+pub struct SnatReport {
+    /// Forward packets XDP gave the node source (it sent them itself).
+    pub forward: u64,
+    /// Replies to the node address XDP translated (sent or handed to the kernel).
+    pub replies: u64,
+    /// Forward packets the kernel forwarded that TC gave the node source.
+    pub masq: u64,
+    /// ICMP and ICMPv6 errors quoting a SNAT flow either program translated.
+    pub icmp: u64,
+    /// Later fragments among the packets above.
+    pub later_fragments: u64,
+}
+
+impl SnatReport {
+    /// Counts a change `program` made to a packet (`facts`), if of a SNAT flow.
+    fn changed(&mut self, program: Program, facts: &Facts, output: &[u8]) {
+        let (Some(ip), Some(out)) = (facts.ip, Ip::parse(output)) else {
+            return;
+        };
+        let xdp = program == Program::Xdp;
+        let counter = if facts.quote_flows.iter().any(|q| q.peer.is_some()) {
+            &mut self.icmp
+        } else if !matches!(ip.proto, proto::TCP | proto::UDP) || out.src == ip.src && !xdp {
+            return;
+        } else if facts.to_node && xdp {
+            &mut self.replies
+        } else if xdp && out.src != ip.src && out.dst != ip.dst {
+            &mut self.forward
+        } else if !xdp && facts.to_backend {
+            &mut self.masq
+        } else {
+            return;
+        };
+        *counter += 1;
+        self.later_fragments += u64::from(ip.later);
+    }
 }
 
 impl fmt::Display for Report {
@@ -199,6 +264,12 @@ impl fmt::Display for Report {
             "  ipv6: {} packets, {} dropped; translated: xdp {}, tc {}; of them ICMPv6 errors {}, later fragments {}",
             v6.packets, v6.dropped, v6.translated, v6.tc_translated, v6.icmp_translated, v6.later_fragments_translated
         )?;
+        let snat = &self.snat;
+        writeln!(
+            f,
+            "  snat: translated: xdp forward {}, replies {}; tc forward {}; ICMP errors {}; of them later fragments {}",
+            snat.forward, snat.replies, snat.masq, snat.icmp, snat.later_fragments
+        )?;
         write!(f, "  violations: {}", self.violations)?;
         for v in &self.shown {
             write!(f, "\n{v}")?;
@@ -224,9 +295,10 @@ pub fn run(packets: u64, seed: u64) -> Report {
         "nud",
         "permanent",
     ]);
-    let ct = Tracker {
+    let mut ct = Tracker {
         v4: t.conntrack(),
         v6: t.conntrack6(),
+        evicting: false,
     };
     let model = Model::new();
     let mut gen = Generator::new(seed, &model);
@@ -239,11 +311,13 @@ pub fn run(packets: u64, seed: u64) -> Report {
         for n in 0..packets {
             if n % PHASE == 0 {
                 gen.next_phase(&mut t, &fx);
+                let created = t.dp.counters().expect("counters")["ct_created"];
+                ct.evicting = created >= u64::from(test_limits().flows);
             }
             let (side, input) = gen.packet();
             let ifindex = if side == Side::Client { fx.fx0 } else { fx.fx1 };
             // Tuples are looked up before the run, which may record a new flow.
-            let facts = Facts::of(&input, &ct, &model, gen.state);
+            let facts = Facts::of(&input, &ct, &gen);
             let (verdict, output) = run_gateway(&mut t.dp, ifindex, &input);
             report.packets += 1;
             *report.verdicts.entry(verdict).or_default() += 1;
@@ -257,23 +331,33 @@ pub fn run(packets: u64, seed: u64) -> Report {
                     v6.changed(facts.ip);
                 }
             }
-            let problems = check(Program::Xdp, &facts, &input, verdict, &output);
+            if output != input {
+                report.snat.changed(Program::Xdp, &facts, &output);
+            }
+            let mut problems = check(Program::Xdp, &facts, &input, verdict, &output);
+            problems.extend(check_claim(&ct, Program::Xdp, &facts, &input, &output));
             let mut shown = show(Program::Xdp, &problems, &input, verdict, &output);
             let mut broken = !problems.is_empty();
-            if let Some(forwarded) = facts.as_forwarded(&input) {
-                let tc_facts = Facts::of(forwarded, &ct, &model, gen.state);
-                let (tc_verdict, tc_output) = run_tc(&mut t.dp, forwarded);
-                report.tc_packets += 1;
-                report.tc_translated += u64::from(tc_output != forwarded);
-                if tc_output != forwarded && tc_facts.v6 {
-                    report.ipv6.tc_translated += 1;
-                    report.ipv6.changed(tc_facts.ip);
-                }
-                let problems = check(Program::Tc, &tc_facts, forwarded, tc_verdict, &tc_output);
-                shown += &show(Program::Tc, &problems, forwarded, tc_verdict, &tc_output);
-                broken |= !problems.is_empty();
-            }
             gen.learn(&input, &output);
+            // The TC program sees what the kernel forwards: the packet as it came (a
+            // reply XDP left alone, ...) and, handed to the kernel translated, XDP's
+            // output (a SNAT flow's packet with its destination half applied).
+            let passed = verdict == XDP_PASS && output != input;
+            let error = passed.then(|| gen.kernel_error(&output)).flatten();
+            // (Only XDP's output went through XDP's checks of its flow: the input, to a
+            // backend, may be a client's own packet that only shares the flow's tuple.)
+            let frames = [
+                Some((&input, false)),
+                passed.then_some((&output, true)),
+                error.as_ref().map(|e| (e, false)),
+            ];
+            for (frame, vetted) in frames.into_iter().flatten() {
+                let run = (frame.as_slice(), vetted);
+                if let Some(problems) = egress(&mut t, &ct, &mut gen, &mut report, run) {
+                    shown += &problems;
+                    broken = true;
+                }
+            }
             if broken {
                 report.violations += 1;
                 if report.shown.len() < SHOWN {
@@ -288,6 +372,35 @@ pub fn run(packets: u64, seed: u64) -> Report {
     report.elapsed = start.elapsed();
     report.counters = t.dp.counters().expect("counters");
     report
+}
+
+/// Runs `frame` through the TC program as the kernel would send it on (if it would),
+/// checks the output and learns from it; the problems, shown, if any.
+fn egress(
+    t: &mut TestDatapath,
+    ct: &Tracker,
+    gen: &mut Generator,
+    report: &mut Report,
+    (frame, vetted): (&[u8], bool),
+) -> Option<String> {
+    let forwarded = as_forwarded(frame)?;
+    let facts = Facts::of(forwarded, ct, gen);
+    let (verdict, output) = run_tc(&mut t.dp, forwarded);
+    report.tc_packets += 1;
+    report.tc_translated += u64::from(output != forwarded);
+    if output != forwarded {
+        report.snat.changed(Program::Tc, &facts, &output);
+        if facts.v6 {
+            report.ipv6.tc_translated += 1;
+            report.ipv6.changed(facts.ip);
+        }
+    }
+    gen.learn(forwarded, &output);
+    let mut problems = check(Program::Tc, &facts, forwarded, verdict, &output);
+    if vetted {
+        problems.extend(check_claim(ct, Program::Tc, &facts, forwarded, &output));
+    }
+    (!problems.is_empty()).then(|| show(Program::Tc, &problems, forwarded, verdict, &output))
 }
 
 impl Ipv6Report {
@@ -414,7 +527,7 @@ type Table<'a> = &'a [(Ipv4Addr, Protocol, u16, &'a [(Ipv4Addr, u16, u16)])];
 
 /// The IPv6 twin of each IPv4 address of the model: the IPv6 services are the IPv4
 /// ones on the twins (so every port is dual-stack).
-const TWINS: [(Ipv4Addr, Ipv6Addr); 7] = [
+const TWINS: [(Ipv4Addr, Ipv6Addr); 8] = [
     (GW, GW6),
     (GW2, GW6_2),
     (B1, B1_6),
@@ -422,6 +535,7 @@ const TWINS: [(Ipv4Addr, Ipv6Addr); 7] = [
     (B3, B3_6),
     (B_NO_NEIGH, B_NO_NEIGH6),
     (B_SAME_SIDE, B_SAME_SIDE6),
+    (B_UNROUTED, B_UNROUTED6),
 ];
 
 fn twin(a: Ipv4Addr) -> IpAddr {
@@ -429,8 +543,20 @@ fn twin(a: Ipv4Addr) -> IpAddr {
     (*twin).into()
 }
 
-/// `state` with the services of `table`, their addresses mapped by `family`.
-fn with(mut state: DesiredState, table: Table, family: fn(Ipv4Addr) -> IpAddr) -> DesiredState {
+/// How a service translates: router mode keeps the client's address, SNAT mode gives
+/// the backend the node's address toward it and a claimed port.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Router,
+    Snat,
+}
+
+/// `state` with the services of `table` in `mode`, their addresses mapped by `family`.
+fn with(
+    mut state: DesiredState,
+    (table, mode): (Table, Mode),
+    family: fn(Ipv4Addr) -> IpAddr,
+) -> DesiredState {
     for &(addr, protocol, port, backends) in table {
         let backends = backends
             .iter()
@@ -439,9 +565,25 @@ fn with(mut state: DesiredState, table: Table, family: fn(Ipv4Addr) -> IpAddr) -
                 weight,
             })
             .collect();
-        state = state.with_service(svc(family(addr), protocol, port), backends);
+        let service = svc(family(addr), protocol, port);
+        state = match mode {
+            Mode::Router => state.with_service(service, backends),
+            Mode::Snat => state.with_snat_service(service, backends),
+        };
     }
     state
+}
+
+/// The node's address toward `backend`: the fixture network's address on the subnet
+/// the backend is on (fx0's or fx1's, what the kernel's source address selection
+/// picks there); none for a backend the namespace has no route to.
+fn node_toward(backend: IpAddr) -> Option<IpAddr> {
+    let nodes: [IpAddr; 4] = [FX0_4.into(), FX1_4.into(), FX0_6.into(), FX1_6.into()];
+    nodes.into_iter().find(|node| match (node, backend) {
+        (IpAddr::V4(n), IpAddr::V4(b)) => n.octets()[..3] == b.octets()[..3],
+        (IpAddr::V6(n), IpAddr::V6(b)) => n.segments()[..4] == b.segments()[..4],
+        _ => false,
+    })
 }
 
 /// A service's address and port.
@@ -475,19 +617,41 @@ impl Model {
         // Backends removed and added, a service removed and another one with its
         // backend added, weights changed.
         let second: Table = &[
-            (GW, Tcp, 80, &[(B1, 8080, 1), (B3, 8080, 3)]),
             (GW, Udp, 53, &[(B2, 5353, 1), (B3, 5353, 1)]),
             (GW, Udp, 56, &[(B_NO_NEIGH, 53, 1)]),
             (GW, Udp, 55, &[(B1, 55, 1)]),
         ];
+        // GW:80 switches from router to SNAT mode (and back).
+        let second_snat: Table = &[(GW, Tcp, 80, &[(B1, 8080, 1), (B3, 8080, 3)])];
+        // SNAT services: backend endpoints shared with router services (B1:8080,
+        // B2:5353), a backend on the client side (another node address), one the node
+        // has no route to, and one with no neighbour entry.
+        let snat: Table = &[
+            (GW, Tcp, 90, &[(B1, 8080, 1), (B2, 8080, 1)]),
+            (GW2, Udp, 91, &[(B2, 5353, 1), (B_SAME_SIDE, 53, 1)]),
+            (GW, Udp, 92, &[(B_UNROUTED, 53, 1)]),
+            (GW2, Tcp, 93, &[(B_NO_NEIGH, 80, 1), (B3, 80, 1)]),
+        ];
         // Both families: the same services on GW, GW2 and on their IPv6 twins.
-        let state = |table: Table| {
-            let v4 = with(DesiredState::default(), table, IpAddr::V4);
-            with(v4, table, twin)
+        let state = |tables: &[(Table, Mode)]| {
+            let v4 = tables
+                .iter()
+                .fold(DesiredState::default(), |s, &t| with(s, t, IpAddr::V4));
+            tables.iter().fold(v4, |s, &t| with(s, t, twin))
         };
+        use Mode::*;
+        // Two source port ranges; then a small pool that runs out (claims retry, and
+        // new flows are dropped once every port toward a backend is held).
         let states = [
-            state(&[common, first].concat()),
-            state(&[common, second].concat()),
+            state(&[(common, Router), (first, Router), (snat, Snat)])
+                .with_snat_ports(vec![40000..=40063, 45000..=45015]),
+            state(&[
+                (common, Router),
+                (second, Router),
+                (second_snat, Snat),
+                (snat, Snat),
+            ])
+            .with_snat_ports(vec![41000..=41005]),
         ];
         let all = || states.iter().flat_map(|s| s.services.iter());
         let backends = all()
@@ -523,6 +687,18 @@ impl Model {
     fn is_gateway(&self, state: usize, addr: IpAddr) -> bool {
         self.states[state].services.keys().any(|s| s.addr == addr)
     }
+
+    fn is_gateway_in_any_state(&self, addr: IpAddr) -> bool {
+        (0..self.states.len()).any(|state| self.is_gateway(state, addr))
+    }
+
+    /// Whether the service at (`addr`, `proto`, `port`) is in SNAT mode in `state`.
+    fn is_snat(&self, state: usize, addr: IpAddr, proto: u8, port: u16) -> bool {
+        self.states[state]
+            .source_nat
+            .iter()
+            .any(|s| s.addr == addr && s.protocol.number() == proto && s.port == port)
+    }
 }
 
 /// A flow the generator saw translated: replies and ICMP errors can be made for it.
@@ -531,7 +707,17 @@ struct Seen {
     client: SocketAddr,
     service: SocketAddr,
     backend: SocketAddr,
+    /// A SNAT flow's node address and port, once seen (what the backend sees as the
+    /// client, and replies to).
+    node: Option<SocketAddr>,
     udp: bool,
+}
+
+impl Seen {
+    /// The address and port the backend sends the flow's replies to.
+    fn reply_to(&self) -> SocketAddr {
+        self.node.unwrap_or(self.client)
+    }
 }
 
 /// A packet of either family being built (`Packet`, `Packet6`).
@@ -688,6 +874,8 @@ struct Generator<'m> {
     seen: [Vec<Seen>; 2],
     /// Later fragments of datagrams whose first fragment was sent.
     later: Vec<(Side, Vec<u8>)>,
+    /// The clients of SNAT flows seen translated.
+    snat_clients: BTreeSet<IpAddr>,
 }
 
 const SEEN_MAX: usize = 512;
@@ -701,6 +889,7 @@ impl<'m> Generator<'m> {
             family: Family::V4,
             seen: [Vec::new(), Vec::new()],
             later: Vec::new(),
+            snat_clients: BTreeSet::new(),
         }
     }
 
@@ -876,7 +1065,7 @@ impl<'m> Generator<'m> {
     /// A reply from a backend: of a flow seen translated, or of none.
     fn reply(&mut self) -> Vec<u8> {
         let (backend, client, udp) = match self.seen_flow() {
-            Some(f) if self.rng.chance(85) => (f.backend, f.client, f.udp),
+            Some(f) if self.rng.chance(85) => (f.backend, f.reply_to(), f.udp),
             _ => {
                 let (b, udp) = self.backend();
                 (b, self.client(), udp)
@@ -924,8 +1113,9 @@ impl<'m> Generator<'m> {
                 let from = self
                     .rng
                     .pick(&[f.backend.ip(), self.family.router(Side::Backend)]);
-                let sent = self.l4(f.client, f.backend, f.udp).hops(63);
-                (Side::Backend, from, f.client.ip(), sent)
+                // As the backend got it: from the node address in SNAT mode.
+                let sent = self.l4(f.reply_to(), f.backend, f.udp).hops(63);
+                (Side::Backend, from, f.reply_to().ip(), sent)
             }
             (1, Some(f)) => {
                 let from = self
@@ -960,6 +1150,33 @@ impl<'m> Generator<'m> {
         (side, frame)
     }
 
+    /// Now and then the ICMP error the gateway's kernel sends about a TCP/UDP packet
+    /// XDP translated and handed to it (time exceeded; fragmentation needed or packet
+    /// too big), from its address toward the packet's source, quoting the packet as it
+    /// got it: what only the TC program sees, on egress.
+    fn kernel_error(&mut self, passed: &[u8]) -> Option<Vec<u8>> {
+        if !self.rng.chance(25) {
+            return None;
+        }
+        let ip = Ip::parse(passed)
+            .filter(|ip| matches!(ip.proto, proto::TCP | proto::UDP) && !ip.fragment)?;
+        let from = node_toward(ip.src)?;
+        let (kind, code, rest) = match (ip.v6, self.rng.chance(50)) {
+            (false, true) => (11, 0, 0),
+            (false, false) => (3, 4, 1280),
+            (true, true) => (3, 0, 0),
+            (true, false) => (2, 0, 1280),
+        };
+        // IPv4 quotes the header and 8 bytes, IPv6 as much as fits in 1280 bytes.
+        let end = if ip.v6 {
+            ip.end.min(IP + 1232)
+        } else {
+            (ip.l4 + 8).min(ip.end)
+        };
+        let error = Pkt::icmp(from, ip.src, kind, code, rest, &passed[IP..end]);
+        Some(error.macs(FX0_MAC, CLIENT_MAC).frame())
+    }
+
     /// A first fragment of a datagram to a service or from a backend (its later
     /// fragment kept for later), or a later fragment.
     fn fragment(&mut self) -> (Side, Vec<u8>) {
@@ -970,7 +1187,7 @@ impl<'m> Generator<'m> {
         let (side, p) = match self.seen_flow() {
             Some(f) if self.rng.chance(30) => (
                 Side::Backend,
-                self.l4(f.backend, f.client, f.udp)
+                self.l4(f.backend, f.reply_to(), f.udp)
                     .macs(mac(f.backend.ip()), FX1_MAC),
             ),
             _ => {
@@ -1014,7 +1231,7 @@ impl<'m> Generator<'m> {
         let udp = self.rng.chance(50);
         let [gw, gw2] = self.family.gateways();
         let to = |ip, port| SocketAddr::new(ip, port);
-        match self.rng.below(8) {
+        match self.rng.below(9) {
             0 => {
                 let elsewhere = match self.family {
                     Family::V6 if self.rng.chance(50) => self.model.not_gw6.into(),
@@ -1070,6 +1287,21 @@ impl<'m> Generator<'m> {
                 let (b, udp) = self.backend();
                 let to_client = to(client.ip(), 20000 + self.rng.below(1000) as u16);
                 self.l4(b, to_client, udp).frame()
+            }
+            7 => {
+                // From a backend to the node's address toward it, mostly to a port of
+                // the SNAT pools that may be no flow's (or of another protocol).
+                let (b, udp) = self.backend();
+                let udp = udp != self.rng.chance(20);
+                let node = node_toward(b.ip()).unwrap_or(self.family.router(Side::Backend));
+                let port = match self.rng.below(4) {
+                    0 => self.rng.next_u64() as u16,
+                    1 => 45000 + self.rng.below(16) as u16,
+                    _ => 40000 + self.rng.below(64) as u16,
+                };
+                self.l4(b, to(node, port), udp)
+                    .macs(mac(b.ip()), FX1_MAC)
+                    .frame()
             }
             _ => {
                 // A client's packet to a backend directly.
@@ -1257,24 +1489,53 @@ impl<'m> Generator<'m> {
         }
     }
 
-    /// Remembers a flow that the program translated forward.
+    /// Remembers a flow that the program translated forward, and the node address and
+    /// port of a SNAT flow once a translation shows them: XDP's (both addresses) when it
+    /// sends the packet itself, TC's (the source, `NAT_MASQ`) after the kernel forwarded
+    /// it with its destination translated.
     fn learn(&mut self, input: &[u8], output: &[u8]) {
         let (Some(i), Some(o)) = (Ip::parse(input), Ip::parse(output)) else {
             return;
         };
-        if i.fragment || !matches!(i.proto, proto::TCP | proto::UDP) || i.dst == o.dst {
+        if i.fragment || !matches!(i.proto, proto::TCP | proto::UDP) {
             return;
         }
         let (Some(ip_ports), Some(op)) = (i.ports(input), o.ports(output)) else {
             return;
         };
+        let (from, to) = (
+            SocketAddr::new(i.src, ip_ports.0),
+            SocketAddr::new(i.dst, ip_ports.1),
+        );
+        let out_from = SocketAddr::new(o.src, op.0);
+        let seen_list = &mut self.seen[Family::of(i.src) as usize];
+        if i.dst == o.dst {
+            // TC: a SNAT forward packet (client → backend) gets its node source.
+            if out_from != from && self.model.backends.contains(&i.dst) {
+                self.snat_clients.insert(from.ip());
+                for s in seen_list
+                    .iter_mut()
+                    .filter(|s| s.client == from && s.backend == to)
+                {
+                    s.node = Some(out_from);
+                }
+            }
+            return;
+        }
+        // (A SNAT reply to the node address changes its destination too.)
+        if !self.model.is_gateway_in_any_state(i.dst) {
+            return;
+        }
+        if out_from != from {
+            self.snat_clients.insert(from.ip());
+        }
         let seen = Seen {
-            client: SocketAddr::new(i.src, ip_ports.0),
-            service: SocketAddr::new(i.dst, ip_ports.1),
+            client: from,
+            service: to,
             backend: SocketAddr::new(o.dst, op.1),
+            node: (out_from != from).then_some(out_from),
             udp: i.proto == proto::UDP,
         };
-        let seen_list = &mut self.seen[Family::of(i.src) as usize];
         if seen_list.len() >= SEEN_MAX {
             let at = self.rng.below(SEEN_MAX);
             seen_list[at] = seen;
@@ -1534,13 +1795,32 @@ fn port_at(f: &[u8], at: usize) -> u16 {
 struct Tracker {
     v4: Conntrack,
     v6: Conntrack<[u32; 4]>,
+    /// The programs have created as many entries as a map holds: the LRU may evict any
+    /// entry to make room, even one a packet just recorded.
+    evicting: bool,
 }
 
-/// A conntrack entry as the oracle needs it: its kind and the endpoint it writes.
+/// A conntrack entry as the oracle needs it: its kind, the endpoint it writes, and a
+/// SNAT flow's other end (`Flow::peer_*`: a forward entry's node address and port, a
+/// reply entry's client; a `NAT_MASQ` entry's gateway address and port).
 #[derive(Clone, Copy)]
 struct Tracked {
     kind: u8,
     nat: SocketAddr,
+    peer: Option<SocketAddr>,
+}
+
+impl Tracked {
+    /// Whether the TC program applies this entry: a router reply's (source becomes the
+    /// gateway) or a SNAT forward packet's the kernel forwarded (`NAT_MASQ`).
+    fn on_egress(&self) -> bool {
+        (self.kind == NAT_SRC && self.peer.is_none()) || self.kind == NAT_MASQ
+    }
+
+    /// A SNAT flow's reply entry (under backend → node address and port).
+    fn snat_reply(&self) -> bool {
+        self.kind == NAT_SRC && self.peer.is_some()
+    }
 }
 
 impl Tracker {
@@ -1571,6 +1851,9 @@ fn entry<A: MapAddr>(
     Some(Tracked {
         kind: flow.kind,
         nat: SocketAddr::new(flow.nat_addr.ip(), u16::from_be(flow.nat_port)),
+        peer: flow
+            .is_snat()
+            .then(|| SocketAddr::new(flow.peer_addr.ip(), u16::from_be(flow.peer_port))),
     })
 }
 
@@ -1590,8 +1873,13 @@ struct Facts {
     later_fragment: bool,
     /// Sent from an address that is a backend in some state.
     from_backend: bool,
-    /// An ICMP error quoting a tracked flow.
-    quote_tracked: Option<Tracked>,
+    /// Sent to an address that is a backend in some state.
+    to_backend: bool,
+    /// Sent to the node's own address toward some backend (SNAT replies are).
+    to_node: bool,
+    /// An ICMP error's quoted flow: the entries that may translate it (none: not
+    /// quoting a tracked flow).
+    quote_flows: Vec<Tracked>,
     /// What the generator's model says about the translation.
     model: Expect,
 }
@@ -1604,6 +1892,45 @@ struct Expect {
     backend_addrs: BTreeSet<IpAddr>,
     /// Services (address, port) whose backend the source is, in any state.
     services_of_source: BTreeSet<SocketAddr>,
+    /// The service addressed is in SNAT mode (state in force).
+    snat: bool,
+    /// The SNAT source ports of the state in force (a new flow's claim).
+    snat_ports: Vec<RangeInclusive<u16>>,
+    /// The SNAT source ports of either state (a flow keeps the port it claimed).
+    any_snat_ports: Vec<RangeInclusive<u16>>,
+    /// A later fragment to the node address: the clients of the SNAT flows seen (it
+    /// carries no ports to tell which flow it is of).
+    snat_clients: BTreeSet<IpAddr>,
+}
+
+/// The entries that may translate tuple (`src`, `dst`, `proto`), as the program finds
+/// them: the tuple's own entry, then (a router reply, which has none of its own) the
+/// forward entry of its flow to any service of either state, as the program finds it
+/// through the reply index, seen as the reply's `NAT_SRC` translation. (Two flows may
+/// claim one tuple: one client port to two services sharing a backend endpoint.)
+fn flows<'a>(
+    ct: &'a Tracker,
+    model: &'a Model,
+    src: SocketAddr,
+    dst: SocketAddr,
+    proto: u8,
+) -> impl Iterator<Item = Tracked> + 'a {
+    let replies = model
+        .states
+        .iter()
+        .flat_map(|s| s.services.keys())
+        .filter(move |svc| svc.protocol.number() == proto && svc.addr.is_ipv6() == src.is_ipv6())
+        .filter_map(move |svc| {
+            let service = service_addr(svc);
+            let f = ct.get(dst, service, proto)?;
+            // A SNAT flow's replies go to the node address instead.
+            (f.kind == NAT_DST && f.nat == src && f.peer.is_none()).then_some(Tracked {
+                kind: NAT_SRC,
+                nat: service,
+                peer: None,
+            })
+        });
+    ct.get(src, dst, proto).into_iter().chain(replies)
 }
 
 /// The destination address of a frame of either family, if its header is there.
@@ -1616,29 +1943,10 @@ fn destination(f: &[u8]) -> Option<IpAddr> {
 }
 
 impl Facts {
-    fn of(f: &[u8], ct: &Tracker, model: &Model, state: usize) -> Facts {
+    fn of(f: &[u8], ct: &Tracker, gen: &Generator) -> Facts {
+        let (model, state) = (gen.model, gen.state);
         let ip = Ip::parse(f);
-        // A tuple's entry, or (a router reply, which has none of its own) the forward
-        // entry of its flow to some service of either state, found as the program finds
-        // it through the reply index; seen as the reply's `NAT_SRC` translation.
-        let lookup = |src: SocketAddr, dst: SocketAddr, proto: u8| {
-            ct.get(src, dst, proto).or_else(|| {
-                model
-                    .states
-                    .iter()
-                    .flat_map(|s| s.services.keys())
-                    .filter(|svc| svc.protocol.number() == proto)
-                    .filter(|svc| svc.addr.is_ipv6() == src.is_ipv6())
-                    .find_map(|svc| {
-                        let service = service_addr(svc);
-                        let f = ct.get(dst, service, proto)?;
-                        (f.kind == NAT_DST && f.nat == src).then_some(Tracked {
-                            kind: NAT_SRC,
-                            nat: service,
-                        })
-                    })
-            })
-        };
+        let lookup = |src, dst, proto| flows(ct, model, src, dst, proto).next();
         let mut facts = Facts {
             v6: f.get(12..14) == Some(&[0x86, 0xdd]),
             ip,
@@ -1647,11 +1955,21 @@ impl Facts {
             tracked: None,
             later_fragment: false,
             from_backend: false,
-            quote_tracked: None,
+            to_backend: false,
+            to_node: false,
+            quote_flows: Vec::new(),
             model: Expect {
                 backends: Vec::new(),
                 backend_addrs: BTreeSet::new(),
                 services_of_source: BTreeSet::new(),
+                snat: false,
+                snat_ports: model.states[state].snat_ports.clone(),
+                any_snat_ports: model
+                    .states
+                    .iter()
+                    .flat_map(|s| s.snat_ports.iter().cloned())
+                    .collect(),
+                snat_clients: BTreeSet::new(),
             },
         };
         let Some(ip) = ip else {
@@ -1660,6 +1978,11 @@ impl Facts {
         let l4 = ip.l4;
         facts.later_fragment = ip.later;
         facts.from_backend = model.backends.contains(&ip.src);
+        facts.to_backend = model.backends.contains(&ip.dst);
+        facts.to_node = node_toward(ip.dst) == Some(ip.dst);
+        if ip.later && facts.to_node {
+            facts.model.snat_clients = gen.snat_clients.clone();
+        }
         facts.udp6_no_checksum = ip.v6
             && ip.proto == proto::UDP
             && !ip.later
@@ -1672,6 +1995,7 @@ impl Facts {
                     SocketAddr::new(ip.dst, dport),
                 );
                 facts.tracked = lookup(src, dst, ip.proto);
+                facts.model.snat = model.is_snat(state, ip.dst, ip.proto, dport);
                 facts.model.backends = model
                     .backends_of(state, ip.dst, ip.proto, dport)
                     .unwrap_or_default()
@@ -1708,37 +2032,41 @@ impl Facts {
                 let quoted_src = SocketAddr::new(addr(q.addrs.start), port_at(f, q.ports));
                 let quoted_dst =
                     SocketAddr::new(addr(q.addrs.start + half), port_at(f, q.ports + 2));
-                facts.quote_tracked = lookup(quoted_dst, quoted_src, f[q.proto_at]);
+                facts.quote_flows =
+                    flows(ct, model, quoted_dst, quoted_src, f[q.proto_at]).collect();
             }
         }
         facts
-    }
-
-    /// The packet as the kernel would forward it (and TC see it on egress): its IP
-    /// header accepted (an IPv4 header's checksum included), and the frame cut to the
-    /// IP packet's end.
-    fn as_forwarded<'f>(&self, f: &'f [u8]) -> Option<&'f [u8]> {
-        let ip = self.ip?;
-        (ip.v6 || checksum(&f[IP..ip.l4]) == 0).then(|| &f[..ip.end])
     }
 
     /// Whether `program` may change this packet at all.
     fn may_change(&self, program: Program) -> bool {
         let from_backend = self.from_backend;
         match program {
+            // A `NAT_MASQ` entry is the TC program's.
             Program::Xdp => {
+                let xdp = |f: Tracked| f.kind != NAT_MASQ;
                 self.to_gateway
-                    || self.tracked.is_some()
-                    || self.quote_tracked.is_some()
+                    || self.tracked.is_some_and(xdp)
+                    || self.quote_flows.iter().copied().any(xdp)
                     || (self.later_fragment && from_backend)
             }
             Program::Tc => {
-                self.tracked.is_some_and(|f| f.kind == NAT_SRC)
-                    || self.quote_tracked.is_some_and(|f| f.kind == NAT_SRC)
-                    || (self.later_fragment && from_backend)
+                let tc = |f: Tracked| f.on_egress();
+                self.tracked.is_some_and(tc)
+                    || self.quote_flows.iter().copied().any(tc)
+                    || (self.later_fragment && (from_backend || self.to_backend))
             }
         }
     }
+}
+
+/// The packet as the kernel would forward it (and TC see it on egress): its IP header
+/// accepted (an IPv4 header's checksum included), and the frame cut to the IP packet's
+/// end.
+fn as_forwarded(f: &[u8]) -> Option<&[u8]> {
+    let ip = Ip::parse(f)?;
+    (ip.v6 || checksum(&f[IP..ip.l4]) == 0).then(|| &f[..ip.end])
 }
 
 /// Whether the frame is an ICMPv6 redirect (right after the IPv6 header), which the TC
@@ -1842,6 +2170,14 @@ fn check(
     let redirected = xdp && verdict == XDP_REDIRECT;
     check_fields(&ip, redirected, input, output, &mut problems);
     check_checksums(&ip, input, output, &mut problems);
+    check_quote(
+        program,
+        redirected,
+        facts,
+        (&ip, input),
+        output,
+        &mut problems,
+    );
     if let (proto::TCP | proto::UDP, Some(out)) = (ip.proto, Ip::parse(output)) {
         check_nat(
             program,
@@ -1979,8 +2315,13 @@ fn check_checksums(ip: &Ip, input: &[u8], output: &[u8], problems: &mut Vec<Stri
     }
 }
 
-/// Forward translations go to a backend of the service addressed (XDP only), replies
-/// come from a service the source is a backend of (XDP only when it redirects them).
+/// One checker for both modes and families. Forward translations (XDP) go to a backend
+/// of the service addressed; a SNAT forward packet (XDP when it sends it itself, else
+/// TC on egress) leaves from the node's address toward that backend and a port its flow
+/// claimed, or a new claim from the SNAT ports in force. Replies come from a service the
+/// source is a backend of; a SNAT reply (to the node's address) goes to its flow's
+/// client, from the flow's gateway address and port. XDP rewrites a source only when it
+/// sends the packet itself, TC never rewrites a destination.
 fn check_nat(
     program: Program,
     redirected: bool,
@@ -1989,53 +2330,285 @@ fn check_nat(
     (out, output): (&Ip, &[u8]),
     problems: &mut Vec<String>,
 ) {
-    let dst_changed = out.dst != ip.dst;
-    let src_changed = out.src != ip.src;
-    if dst_changed && src_changed {
-        problems.push("both addresses rewritten".into());
-    }
+    let (in_ports, out_ports) = (ip.ports(input), out.ports(output));
+    let dst_changed = out.dst != ip.dst || in_ports.map(|p| p.1) != out_ports.map(|p| p.1);
+    let src_changed = out.src != ip.src || in_ports.map(|p| p.0) != out_ports.map(|p| p.0);
+    // A SNAT flow's reply entry, under the input's own tuple.
+    let snat_reply = facts.tracked.filter(|t| facts.to_node && t.snat_reply());
     if dst_changed {
         if program == Program::Tc {
             problems.push("the TC program rewrote a destination".into());
         }
-        match (ip.ports(input), out.ports(output)) {
-            (Some(_), Some((_, dport))) => {
-                if !facts
-                    .model
-                    .backends
-                    .contains(&SocketAddr::new(out.dst, dport))
-                {
-                    problems.push(format!(
-                        "forwarded to {}, not a backend of the service addressed (backends {:?})",
-                        SocketAddr::new(out.dst, dport),
-                        facts.model.backends
-                    ));
-                }
-            }
-            _ => {
-                if !facts.model.backend_addrs.contains(&out.dst) {
-                    problems.push(format!(
-                        "fragment forwarded to {}, no backend of a service on {}",
-                        out.dst, ip.dst
-                    ));
-                }
-            }
+        if facts.to_node {
+            check_snat_reply_destination(facts, snat_reply, out, out_ports, problems);
+        } else {
+            check_forward_destination(facts, ip, out, out_ports, problems);
         }
     }
-    if src_changed {
-        if program == Program::Xdp && !redirected {
-            problems.push("a reply translated but handed to the kernel".into());
+    if !src_changed {
+        return;
+    }
+    if program == Program::Xdp && !redirected {
+        problems.push("a source translated but handed to the kernel".into());
+    }
+    // XDP translates a forward packet's destination with its source; TC sees it with
+    // its destination translated already, to a backend.
+    let forward = match program {
+        Program::Xdp => dst_changed && !facts.to_node,
+        Program::Tc => facts.to_backend,
+    };
+    if forward {
+        check_snat_source(program, facts, out, out_ports, problems);
+        return;
+    }
+    let Some((sport, _)) = out_ports else {
+        if !Family::of(out.src).gateways().contains(&out.src) {
+            problems.push(format!(
+                "reply fragment rewritten to come from {}, no gateway address",
+                out.src
+            ));
         }
-        if let Some((sport, _)) = out.ports(output) {
-            let from = SocketAddr::new(out.src, sport);
-            if !facts.model.services_of_source.contains(&from) {
+        return;
+    };
+    let from = SocketAddr::new(out.src, sport);
+    if let Some(r) = snat_reply.filter(|r| r.nat != from) {
+        problems.push(format!(
+            "SNAT reply rewritten to come from {from}, not its flow's service {}",
+            r.nat
+        ));
+    }
+    if !facts.model.services_of_source.contains(&from) {
+        problems.push(format!(
+            "reply rewritten to come from {from}, not a service of the backend (services {:?})",
+            facts.model.services_of_source
+        ));
+    }
+}
+
+/// An ICMP error about a tracked flow (either mode) has its quote translated as the
+/// flow's packets the other way are: the half of the translation that rewrites the
+/// error's destination rewrites the quote's source (XDP, however the error leaves), the
+/// half that rewrites the error's source the quote's destination (XDP when it sends the
+/// error itself; TC on egress, the only half it applies); an outer address that names
+/// the quoted endpoint follows it, any other stays.
+fn check_quote(
+    program: Program,
+    redirected: bool,
+    facts: &Facts,
+    (ip, input): (&Ip, &[u8]),
+    output: &[u8],
+    problems: &mut Vec<String>,
+) {
+    let Some(q) = ip.quote().filter(|_| !facts.quote_flows.is_empty()) else {
+        return;
+    };
+    let half = (q.addrs.end - q.addrs.start) / 2;
+    let quoted = |f: &[u8]| {
+        let end = |i: usize| {
+            let addr = addr_at(f, q.addrs.start + i * half, ip.v6);
+            SocketAddr::new(addr, port_at(f, q.ports + 2 * i))
+        };
+        (end(0), end(1))
+    };
+    let outer = |f: &[u8]| {
+        let at = ip.addrs().start;
+        (addr_at(f, at, ip.v6), addr_at(f, at + half, ip.v6))
+    };
+    let (src, dst) = quoted(input);
+    let (outer_src, outer_dst) = outer(input);
+    let follow = |outer: IpAddr, was: SocketAddr, now: SocketAddr| {
+        if outer == was.ip() {
+            now.ip()
+        } else {
+            outer
+        }
+    };
+    // What each entry makes of the error: its quote's ends, and the outer addresses.
+    let translated = |t: &Tracked| {
+        // The halves of the error's direction (the quoted packet travelled the other way).
+        let (to_dst, to_src) = match t.kind {
+            NAT_DST => (Some(t.nat), t.peer),
+            NAT_MASQ => (None, Some(t.nat)),
+            _ => (t.peer, Some(t.nat)),
+        };
+        let quote = match program {
+            Program::Xdp if redirected => (to_dst.unwrap_or(src), to_src.unwrap_or(dst)),
+            Program::Xdp => (to_dst.unwrap_or(src), dst),
+            Program::Tc => (src, to_src.unwrap_or(dst)),
+        };
+        let outer = (
+            follow(outer_src, dst, quote.1),
+            follow(outer_dst, src, quote.0),
+        );
+        (quote, outer)
+    };
+    let got = (quoted(output), outer(output));
+    let wanted: Vec<_> = facts.quote_flows.iter().map(translated).collect();
+    if !wanted.contains(&got) {
+        let ((q_src, q_dst), (o_src, o_dst)) = got;
+        let wanted: Vec<String> = wanted
+            .iter()
+            .map(|((a, b), (c, d))| format!("{c} → {d} quoting {a} → {b}"))
+            .collect();
+        problems.push(format!(
+            "the error became {o_src} → {o_dst} quoting {q_src} → {q_dst}, not as its flow's \
+             translation makes it: {}",
+            wanted.join(" or ")
+        ));
+    }
+}
+
+/// A SNAT forward packet's new source shows the claim its flow holds: the conntrack's
+/// entry under (backend → node address and port), read after the run, must send the
+/// replies back to this packet's client (XDP: from the service it addressed). So a
+/// reply's translation, checked against that entry, goes where the flow came from.
+/// Once the LRU evicts, the entry may be gone (evicted right after it was recorded:
+/// the kernel's LRU is approximate), but never another flow's: two flows sharing a node
+/// port toward one backend get each other's replies.
+fn check_claim(
+    ct: &Tracker,
+    program: Program,
+    facts: &Facts,
+    input: &[u8],
+    output: &[u8],
+) -> Option<String> {
+    let (ip, out) = (facts.ip?, Ip::parse(output)?);
+    let forward = match program {
+        Program::Xdp => out.dst != ip.dst && !facts.to_node,
+        Program::Tc => facts.to_backend,
+    };
+    if !forward || out.src == ip.src || !matches!(ip.proto, proto::TCP | proto::UDP) {
+        return None;
+    }
+    let ((sport, dport), (node_port, backend_port)) = (ip.ports(input)?, out.ports(output)?);
+    let client = SocketAddr::new(ip.src, sport);
+    let node = SocketAddr::new(out.src, node_port);
+    let backend = SocketAddr::new(out.dst, backend_port);
+    let service = (program == Program::Xdp).then_some(SocketAddr::new(ip.dst, dport));
+    let reply = ct.get(backend, node, ip.proto);
+    let holds = match reply {
+        Some(r) => r.snat_reply() && r.peer == Some(client) && service.is_none_or(|s| r.nat == s),
+        None => ct.evicting,
+    };
+    (!holds).then(|| {
+        format!(
+            "the SNAT claim {node} toward {backend} is not recorded for client {client} \
+             (service {service:?}): its reply entry is {:?}",
+            reply.map(|r| (r.kind, r.nat, r.peer))
+        )
+    })
+}
+
+/// A forward packet goes to a backend of the service addressed (a later fragment: of
+/// a service on the address).
+fn check_forward_destination(
+    facts: &Facts,
+    ip: &Ip,
+    out: &Ip,
+    out_ports: Option<(u16, u16)>,
+    problems: &mut Vec<String>,
+) {
+    match out_ports {
+        Some((_, dport)) => {
+            let to = SocketAddr::new(out.dst, dport);
+            if !facts.model.backends.contains(&to) {
                 problems.push(format!(
-                    "reply rewritten to come from {from}, not a service of the backend (services {:?})",
-                    facts.model.services_of_source
+                    "forwarded to {to}, not a backend of the service addressed (backends {:?})",
+                    facts.model.backends
+                ));
+            }
+        }
+        None => {
+            if !facts.model.backend_addrs.contains(&out.dst) {
+                problems.push(format!(
+                    "fragment forwarded to {}, no backend of a service on {}",
+                    out.dst, ip.dst
                 ));
             }
         }
     }
+}
+
+/// A SNAT reply goes to the client of the flow whose reply entry it matched (a later
+/// fragment: to a client of a SNAT flow seen).
+fn check_snat_reply_destination(
+    facts: &Facts,
+    snat_reply: Option<Tracked>,
+    out: &Ip,
+    out_ports: Option<(u16, u16)>,
+    problems: &mut Vec<String>,
+) {
+    match (snat_reply.and_then(|r| r.peer), out_ports) {
+        (Some(client), Some((_, dport))) => {
+            let to = SocketAddr::new(out.dst, dport);
+            if to != client {
+                problems.push(format!(
+                    "SNAT reply sent to {to}, not its flow's client {client}"
+                ));
+            }
+        }
+        (None, Some(_)) => {
+            problems.push("a packet to the node address of no SNAT flow was rewritten".into());
+        }
+        (_, None) => {
+            if !facts.model.snat_clients.contains(&out.dst) {
+                problems.push(format!(
+                    "SNAT reply fragment sent to {}, no client of a SNAT flow seen",
+                    out.dst
+                ));
+            }
+        }
+    }
+}
+
+/// A SNAT forward packet's new source: the node's address toward its backend, and the
+/// port its flow claimed (XDP: a tracked flow's, or a new claim from the ports in force;
+/// TC: its `NAT_MASQ` entry's, from the ports of either state).
+fn check_snat_source(
+    program: Program,
+    facts: &Facts,
+    out: &Ip,
+    out_ports: Option<(u16, u16)>,
+    problems: &mut Vec<String>,
+) {
+    let node = node_toward(out.dst);
+    if node != Some(out.src) {
+        problems.push(format!(
+            "forward packet rewritten to come from {}, not the node's address toward {} ({node:?})",
+            out.src, out.dst
+        ));
+    }
+    let Some((sport, _)) = out_ports else {
+        return;
+    };
+    let from = SocketAddr::new(out.src, sport);
+    let claimed = facts.tracked.and_then(|t| match t.kind {
+        NAT_DST => t.peer,
+        NAT_MASQ => Some(t.nat),
+        _ => None,
+    });
+    let in_ports = |ranges: &[RangeInclusive<u16>]| ranges.iter().any(|r| r.contains(&sport));
+    let ok = match program {
+        Program::Xdp => {
+            claimed == Some(from) || (facts.model.snat && in_ports(&facts.model.snat_ports))
+        }
+        Program::Tc => claimed == Some(from) && in_ports(&facts.model.any_snat_ports),
+    };
+    if ok {
+        return;
+    }
+    problems.push(match program {
+        Program::Xdp => format!(
+            "forward packet rewritten to come from {from}: neither its flow's claim ({claimed:?}) \
+             nor a new claim of a SNAT service (SNAT mode: {}, ports {:?})",
+            facts.model.snat, facts.model.snat_ports
+        ),
+        Program::Tc => format!(
+            "forward packet rewritten on egress to come from {from}: not its NAT_MASQ entry's \
+             claim ({claimed:?}) from the SNAT ports {:?}",
+            facts.model.any_snat_ports
+        ),
+    });
 }
 
 #[cfg(test)]

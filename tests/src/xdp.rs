@@ -215,6 +215,11 @@ pub mod net {
         [2, 0, 0, 0, o[2], o[3]]
     }
 
+    /// fx0's IPv4 address (client side).
+    pub const FX0_4: Ipv4Addr = Ipv4Addr::new(10, 250, 1, 1);
+    /// fx1's IPv4 address (backend side): the node's address toward the backends.
+    pub const FX1_4: Ipv4Addr = Ipv4Addr::new(10, 250, 2, 1);
+
     /// The IPv6 gateway address the IPv6 services listen on.
     pub const GW6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x250, 0, 0, 0, 0, 0, 0x64);
     /// fx0's IPv6 address (client side).
@@ -315,8 +320,8 @@ impl FixtureNet {
                 .join(":")
         };
         for (dev, peer, m, addr, addr6) in [
-            ("fx0", "fx0p", FX0_MAC, "10.250.1.1/24", FX0_6),
-            ("fx1", "fx1p", FX1_MAC, "10.250.2.1/24", FX1_6),
+            ("fx0", "fx0p", FX0_MAC, FX0_4, FX0_6),
+            ("fx1", "fx1p", FX1_MAC, FX1_4, FX1_6),
         ] {
             ns.ip(&[
                 "link",
@@ -330,7 +335,7 @@ impl FixtureNet {
                 "name",
                 peer,
             ]);
-            ns.ip(&["addr", "add", addr, "dev", dev]);
+            ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", dev]);
             // No duplicate address detection: usable at once.
             ns.ip(&["addr", "add", &format!("{addr6}/64"), "dev", dev, "nodad"]);
             ns.ip(&["link", "set", dev, "up"]);

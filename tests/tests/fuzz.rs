@@ -1,7 +1,8 @@
 //! Packet fuzzing through `BPF_PROG_TEST_RUN`: 10^4 random and mutated packets of both
-//! IP families with services configured, every output checked against the invariants of
-//! `berth_tests::fuzz` (unchanged XDP_PASS for what is not ours, valid checksums and a
-//! configured backend for what is translated, only expected verdicts). A fixed seed,
+//! IP families with router and SNAT services configured, every output checked against
+//! the invariants of `berth_tests::fuzz` (unchanged XDP_PASS for what is not ours, valid
+//! checksums and a configured backend for what is translated, a SNAT flow's node address
+//! and claimed port both ways, only expected verdicts). A fixed seed,
 //! and also `BERTH_FUZZ_SEED` when set. `cargo xtask fuzz datapath` runs 10^6. Needs root.
 
 use berth_tests::fuzz;
@@ -33,6 +34,11 @@ fn fuzz_one(seed: u64) {
         ("kernel_forward_ttl", 1),
         ("kernel_forward_no_neighbour", 1),
         ("kernel_forward_no_xdp_egress", 1),
+        ("snat_new_flow", 100),
+        ("snat_port_retry", 10),
+        ("drop_snat_ports_exhausted", 10),
+        ("drop_snat_no_source", 10),
+        ("tc_masq_translated", 10),
     ] {
         assert!(
             report.counters[counter] >= at_least,
@@ -62,6 +68,22 @@ fn fuzz_one(seed: u64) {
             n >= at_least,
             "IPv6 packets {what} below {at_least}:\n{report}"
         );
+    }
+    // SNAT flows of both families: both ends translated each way, on XDP's path and
+    // the kernel's, and ICMP errors about them.
+    let snat = &report.snat;
+    for (what, n, at_least) in [
+        (
+            "forward packets given the node source by XDP",
+            snat.forward,
+            100,
+        ),
+        ("replies to the node address translated", snat.replies, 100),
+        ("forward packets given the node source by TC", snat.masq, 10),
+        ("ICMP errors translated", snat.icmp, 20),
+        ("later fragments translated", snat.later_fragments, 5),
+    ] {
+        assert!(n >= at_least, "SNAT {what} below {at_least}:\n{report}");
     }
 }
 
