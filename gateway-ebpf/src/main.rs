@@ -49,7 +49,9 @@
 //!    source half only when XDP sends it; on the kernel's path the TC program applies the
 //!    source half on egress, from entries keyed by the tuple the packet leaves with
 //!    (`NAT_MASQ` for forward packets, a router-mode reply entry for replies), made the
-//!    first time the flow takes that path.
+//!    first time the flow takes that path. Every forward packet checks that its flow
+//!    still holds the port (`conntrack::holds_port`): a full conntrack evicts the reply
+//!    entry and the forward entry apart, and a port is never shared by two flows.
 //! 9. **Fragments** (`frag.rs`): the first fragment is handled like any packet and its ports are
 //!    remembered (`berth_frags`, keyed by source, destination, IP id, protocol); later
 //!    fragments follow the same flow. A later fragment to a gateway address whose first
