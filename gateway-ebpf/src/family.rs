@@ -11,8 +11,8 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap},
 };
 use gateway_common::{
-    proto, Addr, Backend, Flow, FlowKey, FragKey, FragKey6, FragPorts, ReplyIndex, Service,
-    ServiceKey,
+    proto::{self, ipv6_ext},
+    Addr, Backend, Flow, FlowKey, FragKey, FragKey6, FragPorts, ReplyIndex, Service, ServiceKey,
 };
 
 use crate::{
@@ -115,6 +115,12 @@ pub trait Family: Addr + 'static {
     /// # Safety
     /// `ip` must point to a whole header, bounds-checked.
     unsafe fn quoted_proto(ip: *const Self::Hdr) -> Option<u8>;
+    /// Whether a quoted header is followed at once by a fragment header (IPv6: the
+    /// quote of a fragment; see `icmp::quoted_transport`).
+    ///
+    /// # Safety
+    /// `ip` must point to a whole header, bounds-checked.
+    unsafe fn quotes_fragment(ip: *const Self::Hdr) -> bool;
     /// The header's own checksum (0 without one).
     ///
     /// # Safety
@@ -267,6 +273,12 @@ impl Family for u32 {
     }
 
     #[inline(always)]
+    unsafe fn quotes_fragment(_ip: *const Ipv4) -> bool {
+        // An IPv4 fragment's ports follow its header as in any packet.
+        false
+    }
+
+    #[inline(always)]
     unsafe fn hdr_check(ip: *const Ipv4) -> u16 {
         (*ip).check
     }
@@ -404,9 +416,15 @@ impl Family for Addr6 {
 
     #[inline(always)]
     unsafe fn quoted_proto(ip: *const Ipv6) -> Option<u8> {
-        // A quote with extension headers is left to the kernel.
+        // A quote with other extension headers than a fragment header
+        // (`quotes_fragment`) is left to the kernel.
         let p = (*ip).next_hdr;
         ((*ip).vtc_flow & 0xf0 == 0x60 && (p == proto::TCP || p == proto::UDP)).then_some(p)
+    }
+
+    #[inline(always)]
+    unsafe fn quotes_fragment(ip: *const Ipv6) -> bool {
+        (*ip).vtc_flow & 0xf0 == 0x60 && (*ip).next_hdr == ipv6_ext::FRAGMENT
     }
 
     #[inline(always)]

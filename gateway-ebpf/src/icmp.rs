@@ -16,7 +16,7 @@ use crate::{
     fwd::{coarse_now, path, send, Path},
     maps::count,
     nat::{halves, Endpoint, Side},
-    packet::{ptr_at, Eth, Icmp, Ports, TCP_CHECK_OFF, UDP_CHECK_OFF},
+    packet::{ptr_at, Eth, FragHdr, Icmp, Ports, TCP_CHECK_OFF, UDP_CHECK_OFF},
 };
 
 /// Handles an unfragmented ICMP (ICMPv6) packet whose ICMP header starts at `l4_off`
@@ -43,10 +43,15 @@ pub unsafe fn handle<A: Family>(
     let Some(inner) = ptr_at::<A::Hdr>(ctx, inner_off) else {
         return pass;
     };
-    let Some(inner_proto) = A::quoted_proto(inner) else {
+    let after = inner_off + core::mem::size_of::<A::Hdr>();
+    let frag_at = |off| ptr_at::<FragHdr>(ctx, off).map(|f| *f);
+    let Some((inner_proto, ports_off)) = quoted_transport::<A>(inner, after, frag_at) else {
         return pass;
     };
-    let ports_off = inner_off + core::mem::size_of::<A::Hdr>();
+    // Two offsets are possible; LLVM would specialise the bounds checks below per offset
+    // and merge them, which the verifier cannot follow. Hidden, the offset is one value
+    // whose every use is checked.
+    let ports_off = core::hint::black_box(ports_off);
     let Some(ports) = ptr_at::<Ports>(ctx, ports_off) else {
         return pass;
     };
@@ -118,6 +123,35 @@ pub unsafe fn handle<A: Family>(
             xdp_action::XDP_PASS
         }
     }
+}
+
+/// The transport protocol of the packet an ICMP error quotes, and the offset of its TCP
+/// or UDP header: right after the quoted network header, which ends at `after`; or
+/// (IPv6) after a fragment header, if the quote is of a first fragment. A router that
+/// cannot forward a fragment of a large datagram (a DNS answer over IPv6) quotes it so,
+/// and the fragment's sender must get the packet too big to send smaller fragments.
+/// `frag_at(off)` reads a fragment header at `off`, bounds-checked.
+///
+/// # Safety
+/// `inner` must point to a whole header, bounds-checked.
+#[inline(always)]
+pub unsafe fn quoted_transport<A: Family>(
+    inner: *const A::Hdr,
+    after: usize,
+    frag_at: impl FnOnce(usize) -> Option<FragHdr>,
+) -> Option<(u8, usize)> {
+    if let Some(p) = A::quoted_proto(inner) {
+        return Some((p, after));
+    }
+    if !A::quotes_fragment(inner) {
+        return None;
+    }
+    let f = frag_at(after)?;
+    // Offset 0 (more fragments or not): the transport header is in this fragment.
+    let first = u16::from_be(f.frag) & 0xfff8 == 0;
+    let p = f.next_hdr;
+    (first && (p == proto::TCP || p == proto::UDP))
+        .then_some((p, after + core::mem::size_of::<FragHdr>()))
 }
 
 /// The offset of the transport checksum in a quoted TCP or UDP header.

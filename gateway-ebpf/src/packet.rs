@@ -59,6 +59,7 @@ pub struct ExtHdr {
 
 /// The IPv6 fragment header (8 bytes).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct FragHdr {
     pub next_hdr: u8,
     pub reserved: u8,

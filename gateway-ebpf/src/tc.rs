@@ -30,7 +30,7 @@ use crate::{
     conntrack::{applies, find, holds_port, tuple},
     family::Family,
     frag,
-    icmp::{quoted_check_off, translate, Quote},
+    icmp::{quoted_check_off, quoted_transport, translate, Quote},
     maps::{account, account_kernel, count, Addr6, Direction, PROG_TC_ICMP6, PROG_V6, TC_PROGRAMS},
     nat::{Endpoint, Side},
     packet::{
@@ -309,11 +309,13 @@ fn icmp_error<A: Family>(ctx: &TcContext, l4_off: usize, end: usize) -> Result<(
     }
     let inner_off = l4_off + core::mem::size_of::<Icmp>();
     let mut inner: A::Hdr = ctx.load(inner_off).map_err(e)?;
+    let after = inner_off + core::mem::size_of::<A::Hdr>();
+    let frag_at = |off| ctx.load::<FragHdr>(off).ok();
     // SAFETY: a whole header, on the stack.
-    let Some(inner_proto) = (unsafe { A::quoted_proto(&inner) }) else {
+    let Some((inner_proto, ports_off)) = (unsafe { quoted_transport::<A>(&inner, after, frag_at) })
+    else {
         return Ok(());
     };
-    let ports_off = inner_off + core::mem::size_of::<A::Hdr>();
     let mut ports: Ports = ctx.load(ports_off).map_err(e)?;
     // SAFETY: as above.
     let (inner_src, inner_dst) = unsafe { A::addrs(&inner) };

@@ -1134,8 +1134,17 @@ impl<'m> Generator<'m> {
                 (side, from, to, self.l4(b, a, udp))
             }
         };
-        // Routers may quote more than 8 bytes of an IPv4 packet (RFC 1812).
-        let mut quote = quoted.quote(self.rng.chance(20));
+        // Routers may quote more than 8 bytes of an IPv4 packet (RFC 1812). An error
+        // about an IPv6 fragment quotes it with its fragment header: a first fragment's
+        // ports follow that header, a later fragment has none.
+        let mut quote = match quoted {
+            Pkt::V6(_) if self.rng.chance(20) => {
+                let (first, later) = quoted.fragments(8, self.rng.next_u64() as u32, None);
+                let fragment = if self.rng.chance(60) { first } else { later };
+                fragment[IP..].to_vec()
+            }
+            _ => quoted.quote(self.rng.chance(20)),
+        };
         if self.rng.chance(10) {
             quote.truncate(self.rng.below(quote.len()));
         }
@@ -1667,17 +1676,28 @@ impl Ip {
     }
 
     /// The quoted packet's layout, if this is an ICMP message.
-    fn quote(&self) -> Option<Quoted> {
+    fn quote(&self, f: &[u8]) -> Option<Quoted> {
         if self.proto != self.icmp_proto() || self.fragment {
             return None;
         }
         let at = self.l4 + 8;
         Some(if self.v6 {
+            // The quote of a first fragment: its transport header follows the fragment
+            // header (RFC 8200 4.5), as a router's packet too big about it quotes it.
+            let first_fragment = f.get(at + 6) == Some(&FRAGMENT)
+                && f.len() >= at + 48
+                && u16::from_be_bytes([f[at + 42], f[at + 43]]) & 0xfff8 == 0
+                && matches!(f[at + 40], proto::TCP | proto::UDP);
+            let (proto_at, ports) = if first_fragment {
+                (at + 40, at + 48)
+            } else {
+                (at + 6, at + 40)
+            };
             Quoted {
                 at,
                 addrs: at + 8..at + 40,
-                proto_at: at + 6,
-                ports: at + 40,
+                proto_at,
+                ports,
             }
         } else {
             Quoted {
@@ -2024,7 +2044,7 @@ impl Facts {
                     .extend(backends.iter().map(|b| b.endpoint.ip()));
             }
         }
-        if let Some(q) = ip.quote() {
+        if let Some(q) = ip.quote(f) {
             if f.len() >= q.ports + 4 && ip.icmp_error(f[l4]) {
                 let v6 = ip.v6;
                 let addr = |at: usize| addr_at(f, at, v6);
@@ -2216,7 +2236,7 @@ fn check_fields(
         allow(IP + 10..IP + 12);
     }
     allow(ip.addrs());
-    match (ip.proto, ip.quote()) {
+    match (ip.proto, ip.quote(input)) {
         (proto::TCP | proto::UDP, _) if !ip.later => {
             allow(l4..l4 + 4);
             let check = if ip.proto == proto::UDP { 6 } else { 16 };
@@ -2227,7 +2247,8 @@ fn check_fields(
             if !ip.v6 {
                 allow(q.at + 10..q.at + 12);
             }
-            allow(q.addrs.start..q.ports + 4);
+            allow(q.addrs.clone());
+            allow(q.ports..q.ports + 4);
             if let Some(at) = q.check_at(input, ip.end).filter(|_| ip.v6) {
                 allow(at..at + 2);
             }
@@ -2256,7 +2277,7 @@ fn check_checksums(ip: &Ip, input: &[u8], output: &[u8], problems: &mut Vec<Stri
     if !ip.v6 && region(input, IP..l4) != region(output, IP..l4) {
         problems.push("IPv4 header checksum broken".into());
     }
-    match (ip.proto, ip.quote()) {
+    match (ip.proto, ip.quote(input)) {
         (proto::TCP | proto::UDP, _) if !ip.later && end >= l4 + 8 => {
             let udp = ip.proto == proto::UDP;
             let field = |f: &[u8]| f[l4 + 6..l4 + 8] == [0, 0];
@@ -2399,7 +2420,7 @@ fn check_quote(
     output: &[u8],
     problems: &mut Vec<String>,
 ) {
-    let Some(q) = ip.quote().filter(|_| !facts.quote_flows.is_empty()) else {
+    let Some(q) = ip.quote(input).filter(|_| !facts.quote_flows.is_empty()) else {
         return;
     };
     let half = (q.addrs.end - q.addrs.start) / 2;
