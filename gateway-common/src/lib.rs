@@ -665,6 +665,16 @@ counters! {
     /// gateway's NAT (a one-armed gateway). IPv4's redirects are turned off
     /// (`send_redirects`); IPv6 has no such switch.
     TcRedirectDropped = "tc_icmp6_redirect_dropped",
+    /// A SNAT flow's node port was claimed by another flow after the full conntrack
+    /// evicted the flow's reply entry (the port's lock): the flow was balanced again and
+    /// leaves from another port, which breaks a TCP connection. The conntrack is too
+    /// small for the flows (`--conntrack-size`).
+    SnatPortLost = "snat_port_lost",
+    /// An ICMP error addressed to a gateway address that XDP left untranslated: its
+    /// quote cannot be read (IP options, IPv6 extension headers other than a first
+    /// fragment's fragment header, a later fragment, cut short) or is of no tracked
+    /// flow. It goes to the kernel, and the quoted packet's sender never learns of it.
+    IcmpUntranslated = "icmp_untranslated",
 }
 
 impl Counter {

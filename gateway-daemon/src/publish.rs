@@ -275,7 +275,7 @@ fn unanswered_since(
 /// misrouted packets, naming the routes whose packets took that way.
 fn log_losses(before: &Published, after: &Published) {
     use gateway_common::Counter;
-    const LOSSES: [Counter; 8] = [
+    const LOSSES: [Counter; 10] = [
         Counter::DropNoBackend,
         Counter::DropMalformed,
         Counter::DropFragment,
@@ -284,6 +284,8 @@ fn log_losses(before: &Published, after: &Published) {
         Counter::KernelEgressUnknown,
         Counter::RedirectError,
         Counter::TcUntranslated,
+        Counter::SnatPortLost,
+        Counter::IcmpUntranslated,
     ];
     static LAST: Mutex<BTreeMap<&'static str, std::time::Instant>> = Mutex::new(BTreeMap::new());
     let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());

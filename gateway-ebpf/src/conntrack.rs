@@ -159,6 +159,7 @@ fn direct<A: Family>(t: &FlowKey<A>) -> Direct<A> {
     } else if backend_serves(t, f) {
         if f.kind == NAT_DST && f.is_snat() && !holds_port(t, f) {
             // Balanced again: a new flow, with a port of its own.
+            count(Counter::SnatPortLost);
             return Direct::None;
         }
         Direct::Hit(flow)

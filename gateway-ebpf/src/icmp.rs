@@ -14,7 +14,7 @@ use crate::{
     csum::replace2,
     family::Family,
     fwd::{coarse_now, path, send, Path},
-    maps::count,
+    maps::{count, is_gateway_address},
     nat::{halves, Endpoint, Side},
     packet::{ptr_at, Eth, FragHdr, Icmp, Ports, TCP_CHECK_OFF, UDP_CHECK_OFF},
 };
@@ -41,24 +41,24 @@ pub unsafe fn handle<A: Family>(
     }
     let inner_off = l4_off + core::mem::size_of::<Icmp>();
     let Some(inner) = ptr_at::<A::Hdr>(ctx, inner_off) else {
-        return pass;
+        return untranslated::<A>(ip);
     };
     let after = inner_off + core::mem::size_of::<A::Hdr>();
     let frag_at = |off| ptr_at::<FragHdr>(ctx, off).map(|f| *f);
     let Some((inner_proto, ports_off)) = quoted_transport::<A>(inner, after, frag_at) else {
-        return pass;
+        return untranslated::<A>(ip);
     };
     // Two offsets are possible; LLVM would specialise the bounds checks below per offset
     // and merge them, which the verifier cannot follow. Hidden, the offset is one value
     // whose every use is checked.
     let ports_off = core::hint::black_box(ports_off);
     let Some(ports) = ptr_at::<Ports>(ctx, ports_off) else {
-        return pass;
+        return untranslated::<A>(ip);
     };
     // A quote past the IP total length (in the frame's padding) is not part of the
     // message, and the ICMP checksum does not cover it.
     if ports_off + core::mem::size_of::<Ports>() > end {
-        return pass;
+        return untranslated::<A>(ip);
     }
     let l4_check = if A::QUOTE_L4_CHECK {
         let off = ports_off + quoted_check_off(inner_proto);
@@ -78,7 +78,7 @@ pub unsafe fn handle<A: Family>(
         inner_proto,
     );
     let Some(flow) = find(&key) else {
-        return pass;
+        return untranslated::<A>(ip);
     };
 
     // A `NAT_MASQ` entry is the TC program's.
@@ -123,6 +123,21 @@ pub unsafe fn handle<A: Family>(
             xdp_action::XDP_PASS
         }
     }
+}
+
+/// An ICMP error XDP leaves to the kernel untranslated: counted (`icmp_untranslated`)
+/// if it was addressed to a gateway address, so about Berth's traffic, which only Berth
+/// could have translated. (An error about a forward packet is addressed to its client
+/// or node address, which the host cannot tell from others: not counted.)
+///
+/// # Safety
+/// `ip` must point to a whole header, bounds-checked.
+#[inline(always)]
+unsafe fn untranslated<A: Family>(ip: *const A::Hdr) -> u32 {
+    if is_gateway_address(A::addrs(ip).1) {
+        count(Counter::IcmpUntranslated);
+    }
+    xdp_action::XDP_PASS
 }
 
 /// The transport protocol of the packet an ICMP error quotes, and the offset of its TCP

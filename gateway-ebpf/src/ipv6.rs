@@ -4,9 +4,9 @@
 //! (`family.rs`).
 //!
 //! ICMPv6 goes on to `berth_icmp6` by tail call (`try_icmp`): errors (destination
-//! unreachable, packet too big, time exceeded, parameter problem) about a flow are translated by the code
-//! that translates ICMP errors (`icmp.rs`); neighbour discovery and echo pass
-//! untouched. Fragments follow their first fragment as IPv4's do (`frag.rs`,
+//! unreachable, packet too big, time exceeded, parameter problem) about a flow are
+//! translated by the code that translates ICMP errors (`icmp.rs`); neighbour discovery
+//! and echo pass untouched. Fragments follow their first fragment as IPv4's do (`frag.rs`,
 //! `berth_frags6`).
 
 use aya_ebpf::programs::XdpContext;
