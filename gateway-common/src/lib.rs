@@ -196,13 +196,12 @@ impl Addr for [u32; 4] {
 /// Slots of the `map_names::CONFIG` array (values host order).
 pub mod config {
     /// New flows per second per CPU above which the program stops recording new flows
-    /// in the conntrack and balances them by Maglev alone (`Counter::FloodUntracked`),
+    /// (and replies matched by Maglev, `Counter::CtMissReply`) in the conntrack and
+    /// balances them by Maglev alone (`Counter::FloodUntracked`),
     /// so that a flood of new 5-tuples cannot evict every established flow. 0: no limit.
     pub const NEW_FLOW_LIMIT: u32 = 0;
-    /// Written by the program: the last window (see `FloodWindow::window`) in which some CPU went
-    /// over `NEW_FLOW_LIMIT`. While it is recent, replies whose flow has no entry are
-    /// matched by Maglev instead (the flows the guard did not record).
-    pub const FLOOD_SEEN: u32 = 1;
+    // Slot 1 held the last window some CPU went over `NEW_FLOW_LIMIT` in, while replies
+    // without an entry were matched by Maglev only during floods; they always are now.
     /// Entries of the array.
     pub const SLOTS: u32 = 8;
 }
@@ -647,11 +646,13 @@ counters! {
     TcMasq = "tc_masq_translated",
     /// A new flow above the new-flow limit of its CPU (`config::NEW_FLOW_LIMIT`) was
     /// balanced by Maglev and forwarded without a conntrack entry: its packets keep going
-    /// to the same backend while the backends do not change.
+    /// to the same backend while the backends do not change. So was a reply matched by
+    /// Maglev (`ct_miss_reply`): a SYN flood's SYN-ACKs evict no established flow.
     FloodUntracked = "flood_untracked",
     /// A packet from a backend endpoint of a service (one the reply index lists) matched
-    /// no flow and passed untranslated: its flow was evicted, its backend removed, or
-    /// it is not a reply through the gateway.
+    /// no flow, and Maglev maps its tuple to another backend (the backend set changed
+    /// since its flow began, or it is not a reply through the gateway): it passed
+    /// untranslated.
     ReplyUntracked = "reply_untracked",
     /// A conntrack entry was created (forward, reply or kernel-path entry). Created minus
     /// live entries is what the LRU evicted (the kernel does not count evictions).
@@ -675,6 +676,18 @@ counters! {
     /// fragment's fragment header, a later fragment, cut short) or is of no tracked
     /// flow. It goes to the kernel, and the quoted packet's sender never learns of it.
     IcmpUntranslated = "icmp_untranslated",
+    /// A TCP segment without SYN to a service found no conntrack entry (its flow began
+    /// on another gateway behind the same ECMP route, or its entry was evicted, or its
+    /// backend removed): balanced by Maglev like a new flow (counted as `new_flow` too)
+    /// and recorded, so any node carries any packet of a flow while the backends do not
+    /// change (Katran's `TCP_NONSYN_LRUMISS`). A UDP datagram without an entry cannot be
+    /// told from a new flow's first: it is a `new_flow` only.
+    CtMissMidflow = "ct_miss_midflow",
+    /// A reply from a backend with no conntrack entry whose tuple Maglev maps to that
+    /// backend (its flow began on another gateway, or its entry was evicted): translated
+    /// and its flow recorded (not a `new_flow`; over the new-flow limit not recorded,
+    /// and counted as `flood_untracked` too).
+    CtMissReply = "ct_miss_reply",
 }
 
 impl Counter {
@@ -687,7 +700,10 @@ impl Counter {
 /// Hash of a flow's 5-tuple, used to pick its Maglev entry. Shared by the kernel
 /// program and userspace so tests can predict a flow's backend.
 ///
-/// Inputs are the raw (network order) values as read from the packet.
+/// Inputs are the raw (network order) values as read from the packet. It must stay a
+/// pure function of the 5-tuple (no per-node or per-boot seed): gateways sharing one
+/// address behind ECMP pick a flow's backend independently and must agree, whichever
+/// of them a packet reaches (`Counter::CtMissMidflow`, `Counter::CtMissReply`).
 #[inline(always)]
 pub fn flow_hash<A: Addr>(src: A, dst: A, sport: u16, dport: u16, proto: u8) -> u32 {
     let ports = ((sport as u32) << 16) | dport as u32;
@@ -768,4 +784,43 @@ mod pod {
         ServiceStats,
         FloodWindow
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `flow_hash` must give every node the same value for a tuple (see its doc): these
+    /// values were computed outside this code, from the definition.
+    #[test]
+    fn the_flow_hash_is_the_same_on_every_node_and_boot() {
+        let v4 = |a: [u8; 4]| u32::from_ne_bytes(a);
+        let port = |p: u16| p.to_be();
+        assert_eq!(
+            flow_hash(
+                v4([10, 0, 0, 1]),
+                v4([10, 0, 0, 2]),
+                port(40000),
+                port(80),
+                6
+            ),
+            0xc1df_8121
+        );
+        let v6 = |last: u8| {
+            let mut bytes = [0u8; 16];
+            (bytes[0], bytes[15]) = (0xfd, last);
+            core::array::from_fn::<u32, 4, _>(|i| {
+                u32::from_ne_bytes([
+                    bytes[4 * i],
+                    bytes[4 * i + 1],
+                    bytes[4 * i + 2],
+                    bytes[4 * i + 3],
+                ])
+            })
+        };
+        assert_eq!(
+            flow_hash(v6(1), v6(2), port(40000), port(80), 17),
+            0xb25e_2640
+        );
+    }
 }

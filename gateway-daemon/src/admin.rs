@@ -1,7 +1,10 @@
 //! The admin endpoint: `/healthz`, `/readyz`, `/metrics` (Prometheus text) and
 //! `/api/v1/state` (the `berth check -o json` document), plus `/api/v1/routes[/NS]` for
-//! `berth get routes`, answered from the published snapshot. [`server`] serves them over
-//! HTTP, [`metrics`] encodes `/metrics`, [`get`] is the client of `berth get`.
+//! `berth get routes` and `/api/v1/announce` (whether the node announces its addresses),
+//! answered from the published snapshot; and the operator's requests `POST
+//! /api/v1/drain` and `POST /api/v1/undrain`, handed to the loop. [`server`] serves them
+//! over HTTP, [`metrics`] encodes `/metrics`, [`get`] and [`post`] are the clients of
+//! `berth get`, `berth drain` and `berth undrain`.
 
 pub mod metrics;
 pub mod server;
@@ -16,6 +19,7 @@ use hyper::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    announce::control::Request,
     datapath::{Protocol, ServiceAddr},
     model::claim_name,
     planner::{status::RouteParentStatus, Family, RouteEntry},
@@ -46,6 +50,12 @@ pub enum Resource {
     State,
     /// `/api/v1/routes[/NS]`: the rows of `berth get routes`, of one namespace or all.
     Routes(Option<String>),
+    /// `/api/v1/announce`: whether the node announces its addresses (`announce::Status`).
+    Announce,
+    /// `/api/v1/node`: this node in a tier (`berth get node`): `NodeView`.
+    Node,
+    /// `POST /api/v1/drain` or `/api/v1/undrain`: the operator's request.
+    Request(crate::announce::control::Request),
 }
 
 impl Resource {
@@ -57,6 +67,10 @@ impl Resource {
             "/metrics" => Resource::Metrics,
             "/api/v1/state" => Resource::State,
             "/api/v1/routes" => Resource::Routes(None),
+            "/api/v1/announce" => Resource::Announce,
+            "/api/v1/node" => Resource::Node,
+            "/api/v1/drain" => Resource::Request(Request::Drain),
+            "/api/v1/undrain" => Resource::Request(Request::Undrain),
             other => Resource::Routes(Some(other.strip_prefix("/api/v1/routes/")?.to_string())),
         };
         let monitoring = matches!(
@@ -66,36 +80,113 @@ impl Resource {
         (monitoring || endpoints == Endpoints::All).then_some(resource)
     }
 
-    /// Its status, content type and body in snapshot `p`.
+    /// The methods it answers, as an `Allow` header lists them.
+    pub fn methods(&self) -> &'static str {
+        match self {
+            Resource::Request(_) => "POST",
+            _ => "GET, HEAD",
+        }
+    }
+
+    /// Its status, content type and body in snapshot `p` (a request is answered by
+    /// the server, which hands it to the loop).
     pub fn answer(&self, p: &Published) -> (StatusCode, &'static str, String) {
         const TEXT: &str = "text/plain";
         const JSON: &str = "application/json";
         let unavailable = StatusCode::SERVICE_UNAVAILABLE;
         match self {
             Resource::Health => (StatusCode::OK, TEXT, "ok\n".into()),
-            // Not ready while the last cycle failed: its claims (or first-seen times) may
-            // not be durable, and what is served is the last state that was.
-            Resource::Ready => match (&p.last_error, p.cycles) {
-                (Some(e), _) => (unavailable, TEXT, format!("not ready: {e}\n")),
-                (None, 0) => (unavailable, TEXT, "not ready: no plan yet\n".into()),
-                (None, _) => (StatusCode::OK, TEXT, "ready\n".into()),
+            Resource::Ready => match readiness(p, std::time::SystemTime::now()) {
+                None => (StatusCode::OK, TEXT, "ready\n".into()),
+                Some(why) => (unavailable, TEXT, why),
             },
             Resource::Metrics => (StatusCode::OK, metrics::CONTENT_TYPE, metrics::encode(p)),
-            Resource::State => match &p.state {
-                Some(s) => (
-                    StatusCode::OK,
-                    JSON,
-                    serde_json::to_string_pretty(&**s).unwrap_or_default(),
-                ),
-                None => (unavailable, TEXT, "no plan yet\n".into()),
-            },
+            Resource::State => document(p.state.as_deref(), "no plan yet\n"),
             Resource::Routes(namespace) => (
                 StatusCode::OK,
                 JSON,
                 serde_json::to_string(&route_rows(p, namespace.as_deref())).unwrap_or_default(),
             ),
+            Resource::Announce => document(p.announce.as_deref(), "not decided yet\n"),
+            Resource::Node => (
+                StatusCode::OK,
+                JSON,
+                serde_json::to_string_pretty(&NodeView::of(p)).unwrap_or_default(),
+            ),
+            Resource::Request(_) => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                TEXT,
+                "method not allowed: POST\n".into(),
+            ),
         }
     }
+}
+
+/// This node as one of a tier (`/api/v1/node`, `berth get node`): whether it announces
+/// its addresses, and the packets of flows it picked up from other nodes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView {
+    /// Whether the node announces its addresses (none before the first decision).
+    pub announce: Option<crate::announce::Status>,
+    /// TCP segments without SYN that found no entry and were balanced by Maglev
+    /// (`ct_miss_midflow`): flows that began on another node (or were evicted).
+    pub midflow_misses: u64,
+    /// Replies without an entry that Maglev matched, translated and recorded
+    /// (`ct_miss_reply`).
+    pub reply_misses: u64,
+    /// Packets from a backend endpoint of no flow that Maglev maps elsewhere, passed
+    /// untranslated (`reply_untracked`).
+    pub replies_unmatched: u64,
+}
+
+impl NodeView {
+    /// The view of snapshot `p` (counters zero without a datapath).
+    pub fn of(p: &Published) -> NodeView {
+        let counter = |c: gateway_common::Counter| p.counters.get(c.name()).copied().unwrap_or(0);
+        NodeView {
+            announce: p.announce.as_deref().cloned(),
+            midflow_misses: counter(gateway_common::Counter::CtMissMidflow),
+            reply_misses: counter(gateway_common::Counter::CtMissReply),
+            replies_unmatched: counter(gateway_common::Counter::ReplyUntracked),
+        }
+    }
+}
+
+/// A published document as pretty JSON, or 503 saying `missing` when there is none
+/// yet.
+fn document<T: Serialize>(doc: Option<&T>, missing: &str) -> (StatusCode, &'static str, String) {
+    match doc {
+        Some(d) => (
+            StatusCode::OK,
+            "application/json",
+            serde_json::to_string_pretty(d).unwrap_or_default(),
+        ),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            missing.to_string(),
+        ),
+    }
+}
+
+/// Why `/readyz` answers 503, one reason a line, if it does: while the node does not
+/// announce its addresses (drained, stopping, not ready for too long), so that an
+/// external health check takes it out too; and while the last cycle failed (its claims
+/// or first-seen times may not be durable, and what is served is the last state that
+/// was) or no plan was made yet.
+pub fn readiness(p: &Published, now: std::time::SystemTime) -> Option<String> {
+    let mut lines = Vec::new();
+    let withdrawn = p.announce.as_ref().filter(|a| !a.state.announcing());
+    if let Some(a) = withdrawn {
+        lines.push(a.summary(now));
+    }
+    // A node withdrawn for not being ready says why in its summary already.
+    let said = withdrawn.is_some_and(|a| a.state == crate::announce::State::NotReady);
+    if let Some(why) = p.not_ready().filter(|_| !said) {
+        lines.push(format!("not ready: {why}"));
+    }
+    (!lines.is_empty()).then(|| lines.join("\n") + "\n")
 }
 
 /// One row of `berth get routes`.
@@ -332,27 +423,50 @@ pub const GET_TIMEOUT: Duration = Duration::from_secs(5);
 /// A daemon that hangs, or answers a byte at a time, must not hang its caller (`berth
 /// get`, probes, tests): the whole request has [`GET_TIMEOUT`]. Errors name the URL.
 pub fn get(addr: &str, path: &str) -> std::io::Result<String> {
+    call("GET", addr, path)
+}
+
+/// A POST without a body (`berth drain`, `berth undrain`); returns the body of a 2xx
+/// answer, within [`GET_TIMEOUT`] as [`get`].
+pub fn post(addr: &str, path: &str) -> std::io::Result<String> {
+    call("POST", addr, path)
+}
+
+/// `method path` against the admin endpoint at `addr`: the body of a 2xx answer (200
+/// for GET).
+fn call(method: &str, addr: &str, path: &str) -> std::io::Result<String> {
     let url = format!("http://{addr}{path}");
     let named = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            format!("GET {url}: no complete answer within {GET_TIMEOUT:?}"),
+            format!("{method} {url}: no complete answer within {GET_TIMEOUT:?}"),
         ),
-        kind => std::io::Error::new(kind, format!("GET {url}: {e}")),
+        kind => std::io::Error::new(kind, format!("{method} {url}: {e}")),
     };
-    let (head, body) = fetch(addr, path, Instant::now() + GET_TIMEOUT).map_err(named)?;
+    let (head, body) = fetch(addr, method, path, Instant::now() + GET_TIMEOUT).map_err(named)?;
     let status = head.lines().next().unwrap_or_default();
-    if status.split_whitespace().nth(1) != Some("200") {
+    let code = status.split_whitespace().nth(1).unwrap_or_default();
+    let ok = match method {
+        "GET" => code == "200",
+        _ => code.len() == 3 && code.starts_with('2'),
+    };
+    if !ok {
         return Err(std::io::Error::other(format!(
-            "GET {url}: {status}: {}",
+            "{method} {url}: {status}: {}",
             body.trim()
         )));
     }
     Ok(body)
 }
 
-/// The head and body of the answer to `GET path`, read to its end before `deadline`.
-fn fetch(addr: &str, path: &str, deadline: Instant) -> std::io::Result<(String, String)> {
+/// The head and body of the answer to `method path`, read to its end before
+/// `deadline`.
+fn fetch(
+    addr: &str,
+    method: &str,
+    path: &str,
+    deadline: Instant,
+) -> std::io::Result<(String, String)> {
     let left = || {
         deadline
             .checked_duration_since(Instant::now())
@@ -365,7 +479,15 @@ fn fetch(addr: &str, path: &str, deadline: Instant) -> std::io::Result<(String, 
     let mut s = TcpStream::connect_timeout(&target, left()?)?;
     s.set_write_timeout(Some(left()?))?;
     // HTTP/1.0: the daemon closes the connection after its answer, which ends it.
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let length = if method == "GET" {
+        ""
+    } else {
+        "Content-Length: 0\r\n"
+    };
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{length}\r\n"
+    )?;
     let mut text = Vec::new();
     let mut chunk = vec![0; 64 * 1024];
     loop {
@@ -412,6 +534,83 @@ mod tests {
         let mut p = crate::publish::effects(plan, None, &Published::default()).expect("effects");
         p.held_back = held;
         p
+    }
+
+    #[test]
+    fn the_node_view_counts_flows_picked_up_from_other_gateways_and_prints_a_row() {
+        use gateway_common::Counter;
+        let mut p = Published::default();
+        for (c, n) in [
+            (Counter::CtMissMidflow, 3),
+            (Counter::CtMissReply, 5),
+            (Counter::ReplyUntracked, 1),
+            (Counter::NewFlow, 99),
+        ] {
+            p.counters.insert(c.name(), n);
+        }
+        p.announce = Some(std::sync::Arc::new(crate::announce::Status::example(
+            crate::announce::State::Draining,
+            Some("addresses withdrawn by berth drain"),
+            &[],
+        )));
+        let node = NodeView::of(&p);
+        assert_eq!(
+            (
+                node.midflow_misses,
+                node.reply_misses,
+                node.replies_unmatched
+            ),
+            (3, 5, 1)
+        );
+        let (status, _, body) = Resource::Node.answer(&p);
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(serde_json::from_str::<NodeView>(&body).expect("json"), node);
+        let table = crate::output::node_table(&node);
+        let row = table.lines().nth(1).expect("a row");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells.first(), Some(&"DRAINING"), "{table}");
+        assert_eq!(cells[cells.len() - 3..], ["3", "5", "1"], "{table}");
+        assert_eq!(
+            Resource::at("/api/v1/node", Endpoints::Monitoring),
+            None,
+            "the node view is on the admin address only"
+        );
+    }
+
+    #[test]
+    fn readiness_says_why_the_addresses_are_withdrawn_and_why_the_node_is_not_ready() {
+        use crate::announce::{State, Status};
+        let t0 = humantime::parse_rfc3339(crate::announce::EXAMPLE_SINCE).expect("time");
+        let status = |state: State, reason: Option<&str>| Status::example(state, reason, &[]);
+        let published = |announce: Option<Status>, last_error: Option<&str>| Published {
+            cycles: 1,
+            last_error: last_error.map(str::to_string),
+            announce: announce.map(std::sync::Arc::new),
+            ..Published::default()
+        };
+        let at = |secs| t0 + Duration::from_secs(secs);
+        assert_eq!(readiness(&published(None, None), at(0)), None);
+        let announced = published(Some(status(State::Announced, None)), None);
+        assert_eq!(readiness(&announced, at(0)), None);
+        let drained = Some(status(
+            State::Draining,
+            Some("addresses withdrawn by berth drain"),
+        ));
+        assert_eq!(
+            readiness(&published(drained.clone(), Some("disk full")), at(12)).as_deref(),
+            Some("draining: addresses withdrawn by berth drain 12s ago\nnot ready: disk full\n")
+        );
+        let not_ready = Some(status(State::NotReady, Some("not ready (disk full)")));
+        assert_eq!(
+            readiness(&published(not_ready, Some("disk full")), at(3)).as_deref(),
+            Some("withdrawn-not-ready: not ready (disk full) 3s ago\n"),
+            "the reason is said once"
+        );
+        let no_plan = Published::default();
+        assert_eq!(
+            readiness(&no_plan, at(0)).as_deref(),
+            Some("not ready: no plan yet\n")
+        );
     }
 
     #[test]

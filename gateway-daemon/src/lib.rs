@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 pub mod admin;
+pub mod announce;
 pub mod crd;
 pub mod datapath;
 pub mod host;

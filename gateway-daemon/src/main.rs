@@ -12,6 +12,7 @@ use std::{
 use anyhow::{bail, Context as _};
 use berth::{
     admin::{self, RouteRow},
+    announce::{control::Request, Status},
     datapath, manifests, planner,
     state_document::{self, StateDocument},
     store::Store,
@@ -70,6 +71,20 @@ enum Command {
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
+    },
+    /// Withdraw this node's gateway addresses (address interface, --announce-table)
+    /// so that the routers send it no new traffic; the datapath keeps serving every
+    /// flow that still arrives. Kept across restarts until `berth undrain`.
+    Drain {
+        /// The daemon's admin endpoint.
+        #[arg(long, default_value = DEFAULT_ADMIN)]
+        admin_addr: String,
+    },
+    /// Announce this node's gateway addresses again after `berth drain`.
+    Undrain {
+        /// The daemon's admin endpoint.
+        #[arg(long, default_value = DEFAULT_ADMIN)]
+        admin_addr: String,
     },
     /// Show what a running daemon holds.
     Get {
@@ -156,11 +171,51 @@ struct RunArgs {
     /// pinned berth_ct to resize it, and its flows are balanced again).
     #[arg(long, default_value_t = datapath::Limits::default().flows, value_parser = parse_conntrack_size)]
     conntrack_size: u32,
-    /// New flows per second per CPU above which new flows are balanced by Maglev
-    /// alone and not recorded in the conntrack (flood_untracked), so a flood of new
-    /// flows cannot evict the established ones; 0: no limit.
+    /// New flows per second per CPU above which new flows (and replies matched by
+    /// Maglev) are balanced by Maglev alone and not recorded in the conntrack
+    /// (flood_untracked), so a flood of new flows cannot evict the established ones; 0:
+    /// no limit.
     #[arg(long, default_value_t = DEFAULT_NEW_FLOW_LIMIT)]
     new_flow_limit: u32,
+    /// Also publish each served gateway address as a route ADDR/32 (/128) of protocol
+    /// berth (251) in this kernel routing table, through the address interface (lo
+    /// without one), for the routing daemon to import (BIRD: protocol kernel { kernel
+    /// table N; learn; }, as deploy/bird/bird.conf). Not 0, 253, 254 or 255.
+    #[arg(long, value_name = "N", value_parser = parse_announce_table)]
+    announce_table: Option<u32>,
+    /// How long the node may be not ready (as /readyz says: the last cycle failed, no
+    /// plan yet) before its addresses are withdrawn.
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = humantime::parse_duration)]
+    not_ready_grace: std::time::Duration,
+    /// On SIGTERM, withdraw the addresses at once and keep running (serving and
+    /// reconciling) for --drain-timeout, then exit; a second SIGTERM or Ctrl-C exits
+    /// at once. Without it SIGTERM exits at once and leaves the addresses published
+    /// (the pinned datapath serves through a restart).
+    #[arg(long)]
+    drain_on_stop: bool,
+    /// How long a drain lasts: `berth drain` is draining for this long, then drained;
+    /// with --drain-on-stop, the daemon exits this long after SIGTERM.
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = humantime::parse_duration)]
+    drain_timeout: std::time::Duration,
+}
+
+/// Parses `--announce-table`: a routing table of its own, not one the kernel reserves.
+fn parse_announce_table(text: &str) -> Result<u32, String> {
+    let table: u32 = text
+        .trim()
+        .parse()
+        .map_err(|e| format!("{text:?} is not a routing table number: {e}"))?;
+    let reserved = match table {
+        0 => "unspec (0)",
+        253 => "the default table (253)",
+        254 => "the main table (254)",
+        255 => "the local table (255)",
+        _ => return Ok(table),
+    };
+    Err(format!(
+        "{reserved} is the kernel's: give the routes a table of their own (e.g. 100), \
+         which the routing daemon imports"
+    ))
 }
 
 /// Default of `--new-flow-limit`: Katran's default `MAX_CONN_RATE`.
@@ -211,6 +266,8 @@ enum What {
     Gateways,
     Routes,
     Claims,
+    /// This node in a tier: announced or drained, and flows picked up from others.
+    Node,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -254,6 +311,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    if !matches!(cli.command, Command::Run(_)) {
+        berth::output::end_quietly_on_a_closed_pipe();
+    }
     match cli.command {
         Command::Check {
             manifests: dir,
@@ -270,6 +330,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             address_interface,
         } => uninstall(&pin_dir, &address_interface),
         Command::State { action, state_dir } => state_cmd(action, &state_dir),
+        Command::Drain { admin_addr } => drain_cmd(&admin_addr, Request::Drain),
+        Command::Undrain { admin_addr } => drain_cmd(&admin_addr, Request::Undrain),
         Command::Run(args) => run::run(*args),
     }
 }
@@ -339,6 +401,15 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
         }
     };
     let state: StateDocument = serde_json::from_str(&state)?;
+    if let Output::Table = output {
+        // A daemon of an older version has no /api/v1/announce: no banner then.
+        if let Some(banner) = announce_status(addr)
+            .ok()
+            .and_then(|s| s.banner(SystemTime::now()))
+        {
+            println!("{banner}");
+        }
+    }
     match (what, output) {
         (What::Routes, _) => {
             let rows: Vec<RouteRow> = serde_json::from_str(&admin::get(addr, "/api/v1/routes")?)?;
@@ -358,7 +429,62 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
             })
         ),
         (What::Gateways, _) => print_value(&state.gateways, output)?,
+        (What::Node, _) => {
+            let node: admin::NodeView = serde_json::from_str(&admin::get(addr, "/api/v1/node")?)?;
+            match output {
+                Output::Table => print!("{}", berth::output::node_table(&node)),
+                _ => print_value(&node, output)?,
+            }
+        }
     }
+    Ok(())
+}
+
+/// The daemon's `/api/v1/announce`.
+fn announce_status(addr: &str) -> anyhow::Result<Status> {
+    let text = admin::get(addr, "/api/v1/announce")?;
+    serde_json::from_str(&text).context("reading /api/v1/announce")
+}
+
+/// How long `berth drain` and `berth undrain` wait for the daemon to apply them.
+const APPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `berth drain` / `berth undrain`: hands the request to the daemon, waits until its
+/// loop applied it, and says what was withdrawn or announced, and where.
+fn drain_cmd(addr: &str, request: Request) -> anyhow::Result<()> {
+    let asking = || format!("asking the daemon at {addr}");
+    let before = announce_status(addr).with_context(asking)?;
+    let path = match request {
+        Request::Drain => "/api/v1/drain",
+        Request::Undrain => "/api/v1/undrain",
+    };
+    let answer: serde_json::Value =
+        serde_json::from_str(&admin::post(addr, path).with_context(asking)?)
+            .context("reading the daemon's answer")?;
+    let number = answer["request"]
+        .as_u64()
+        .context("the daemon's answer has no request number")?;
+    let deadline = std::time::Instant::now() + APPLY_TIMEOUT;
+    let after = loop {
+        let now = announce_status(addr).with_context(asking)?;
+        if now.applied >= number {
+            break now;
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "the daemon at {addr} did not apply the request within {} s (see its log)",
+                APPLY_TIMEOUT.as_secs()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    if let Some(e) = &after.persist_error {
+        eprintln!("warning: the daemon could not record this in its state directory, so a restart forgets it: {e}");
+    }
+    println!(
+        "{}",
+        berth::output::drain_result(request, &before, &after, SystemTime::now())
+    );
     Ok(())
 }
 
@@ -436,23 +562,31 @@ fn uninstall(pin_dir: &Path, address_interface: &str) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_conntrack_size, parse_port_range, Cli, Command};
+    use super::{parse_announce_table, parse_conntrack_size, parse_port_range, Cli, Command};
     use clap::Parser as _;
+
+    /// Each `(input, what the error says)` of `cases` is refused by `parse`, saying that.
+    fn refuses<T: std::fmt::Debug>(parse: fn(&str) -> Result<T, String>, cases: &[(&str, &str)]) {
+        for (bad, says) in cases {
+            let err = parse(bad).expect_err(bad);
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn conntrack_size_is_a_positive_count_up_to_2_to_the_26() {
         assert_eq!(parse_conntrack_size("1024"), Ok(1024));
         assert_eq!(parse_conntrack_size("67108864"), Ok(1 << 26));
-        for (bad, says) in [
-            ("0", "0 entries"),
-            ("67108865", "beyond the 67108864"),
-            ("99999999999", "beyond"),
-            ("-1", "not a number"),
-            ("1k", "not a number"),
-        ] {
-            let err = parse_conntrack_size(bad).expect_err(bad);
-            assert!(err.contains(says), "{bad}: {err}");
-        }
+        refuses(
+            parse_conntrack_size,
+            &[
+                ("0", "0 entries"),
+                ("67108865", "beyond the 67108864"),
+                ("99999999999", "beyond"),
+                ("-1", "not a number"),
+                ("1k", "not a number"),
+            ],
+        );
     }
 
     fn run_args(extra: &[&str]) -> Result<super::RunArgs, clap::Error> {
@@ -507,18 +641,56 @@ mod tests {
     }
 
     #[test]
+    fn announce_options_default_and_the_kernels_tables_are_refused() {
+        let args = run_args(&[]).expect("defaults");
+        assert_eq!(args.announce_table, None);
+        assert_eq!(args.not_ready_grace, std::time::Duration::from_secs(10));
+        assert_eq!(args.drain_timeout, std::time::Duration::from_secs(30));
+        assert!(!args.drain_on_stop);
+        let args = run_args(&[
+            "--announce-table",
+            "100",
+            "--drain-on-stop",
+            "--drain-timeout",
+            "2s",
+            "--not-ready-grace",
+            "500ms",
+        ])
+        .expect("all given");
+        assert_eq!(args.announce_table, Some(100));
+        assert!(args.drain_on_stop);
+        assert_eq!(args.drain_timeout, std::time::Duration::from_secs(2));
+        assert_eq!(args.not_ready_grace, std::time::Duration::from_millis(500));
+        assert_eq!(parse_announce_table("256"), Ok(256));
+        refuses(
+            parse_announce_table,
+            &[
+                ("0", "unspec"),
+                ("253", "default table"),
+                ("254", "main table"),
+                ("255", "local table"),
+                ("-1", "not a routing table number"),
+            ],
+        );
+        let err = run_args(&["--announce-table", "254"])
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("--announce-table"), "{err}");
+    }
+
+    #[test]
     fn snat_ports_are_lo_hi_with_both_above_zero_and_in_order() {
         assert_eq!(parse_port_range("32768-60999"), Ok(32768..=60999));
         assert_eq!(parse_port_range("5000-5000"), Ok(5000..=5000));
-        for (bad, says) in [
-            ("60999-32768", "above the last"),
-            ("0-100", "port 0"),
-            ("100", "not LO-HI"),
-            ("100-70000", "not a port"),
-            ("a-b", "not a port"),
-        ] {
-            let err = parse_port_range(bad).expect_err(bad);
-            assert!(err.contains(says), "{bad}: {err}");
-        }
+        refuses(
+            parse_port_range,
+            &[
+                ("60999-32768", "above the last"),
+                ("0-100", "port 0"),
+                ("100", "not LO-HI"),
+                ("100-70000", "not a port"),
+                ("a-b", "not a port"),
+            ],
+        );
     }
 }

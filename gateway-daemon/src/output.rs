@@ -1,10 +1,12 @@
 //! What the `berth` CLI prints as tables (kubectl-style): `berth check` and
 //! `berth get gateways|routes|claims`. Each printer returns the text, newline-ended.
+//! And the line `berth drain` and `berth undrain` print.
 
 use std::{fmt::Write as _, sync::Arc, time::SystemTime};
 
 use crate::{
     admin::RouteRow,
+    announce::{control::Request, Status},
     state_document::{ClaimEntry, StateDocument},
 };
 
@@ -144,29 +146,94 @@ pub fn route_table(rows: &[RouteRow]) -> String {
     out
 }
 
-/// `berth get claims`: one row per claim held.
+/// For the commands that print (not `berth run`): a reader that closes the pipe early
+/// (`berth check -o json | head`) ends the command quietly, as it ends `cat`, instead
+/// of a panic on the failed write.
+pub fn end_quietly_on_a_closed_pipe() {
+    crate::sys::signal::default_sigpipe();
+}
+
+/// `berth get node`: whether this node announces its addresses, where, since when, and
+/// the flows it carries that began on another node of its tier.
+pub fn node_table(node: &crate::admin::NodeView) -> String {
+    let mut out = String::new();
+    let (state, since, published, places) = match &node.announce {
+        Some(a) => {
+            let list: Vec<String> = a.addresses.iter().map(ToString::to_string).collect();
+            let published = if list.is_empty() {
+                "-".to_string()
+            } else {
+                list.join(",")
+            };
+            (
+                a.state.name().to_uppercase(),
+                a.since.clone(),
+                published,
+                a.places(),
+            )
+        }
+        None => ("UNDECIDED".into(), "-".into(), "-".into(), "-".into()),
+    };
+    // Writing to a String cannot fail.
+    let _ = writeln!(
+        out,
+        "{:<20} {:<21} {:<32} {:<20} {:>14} {:>12} {:>17}",
+        "STATE",
+        "SINCE",
+        "PUBLISHED",
+        "WHERE",
+        "MIDFLOW-MISSES",
+        "REPLY-MISSES",
+        "REPLIES-UNMATCHED"
+    );
+    let _ = writeln!(
+        out,
+        "{:<20} {:<21} {:<32} {:<20} {:>14} {:>12} {:>17}",
+        state,
+        since,
+        published,
+        places,
+        node.midflow_misses,
+        node.reply_misses,
+        node.replies_unmatched
+    );
+    out
+}
+
+/// `berth get claims`: one row per claim, bound or cooling down after its release
+/// (STATE `Released`, with the time it was released: the port is free after the
+/// listener's cool-down).
 pub fn claim_table(claims: &[Arc<ClaimEntry>]) -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = writeln!(
         out,
-        "{:<16} {:<24} {:<16} {:<12} {:<5} {:<6} ROUTE",
-        "NAMESPACE", "NAME", "GATEWAY", "LISTENER", "PROTO", "PORT"
+        "{:<16} {:<24} {:<16} {:<12} {:<5} {:<6} {:<9} ROUTE",
+        "NAMESPACE", "NAME", "GATEWAY", "LISTENER", "PROTO", "PORT", "STATE"
     );
     for c in claims {
-        let _ = writeln!(
+        let state = match c.phase {
+            crate::model::ClaimPhase::Bound => "Bound",
+            crate::model::ClaimPhase::Released => "Released",
+        };
+        let _ = write!(
             out,
-            "{:<16} {:<24} {:<16} {:<12} {:<5} {:<6} {} {}/{}",
+            "{:<16} {:<24} {:<16} {:<12} {:<5} {:<6} {:<9} {} {}/{}",
             c.namespace,
             c.name,
             c.gateway,
             c.listener,
             c.protocol,
             c.port,
+            state,
             c.route.kind,
             c.route.namespace,
             c.route.name
         );
+        if let Some(at) = &c.released_at {
+            let _ = write!(out, " (released {at}, cooling down)");
+        }
+        let _ = writeln!(out);
     }
     out
 }
@@ -188,6 +255,50 @@ fn age(created: Option<&str>) -> String {
     }
 }
 
+/// What `berth drain` or `berth undrain` did, from the announce status before the
+/// request and once it was applied: the addresses withdrawn or announced, and where.
+pub fn drain_result(request: Request, before: &Status, after: &Status, now: SystemTime) -> String {
+    let changed = |from: &Status, to: &Status| -> Vec<String> {
+        from.addresses
+            .iter()
+            .filter(|a| !to.addresses.contains(a))
+            .map(ToString::to_string)
+            .collect()
+    };
+    let places = after.places();
+    match request {
+        Request::Drain => {
+            let withdrawn = changed(before, after);
+            let what = if !withdrawn.is_empty() {
+                format!("withdrew {} ({places})", withdrawn.join(", "))
+            } else if !before.state.announcing() {
+                format!("nothing more to withdraw ({})", before.summary(now))
+            } else {
+                "nothing was published yet".to_string()
+            };
+            format!(
+                "drained: {what}; the datapath keeps serving flows that still arrive \
+                 (drained after --drain-timeout {})",
+                after.drain_timeout
+            )
+        }
+        Request::Undrain if !after.state.announcing() => format!(
+            "undrained, but the addresses stay withdrawn: {}",
+            after.summary(now)
+        ),
+        Request::Undrain => {
+            let announced = changed(after, before);
+            if announced.is_empty() && after.addresses.is_empty() {
+                "undrained: announcing (no gateway address is served yet)".to_string()
+            } else if announced.is_empty() {
+                "undrained: nothing to announce, the addresses were published already".to_string()
+            } else {
+                format!("undrained: announced {} ({places})", announced.join(", "))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +306,58 @@ mod tests {
         planner::{status::*, GatewayEntry},
         state_document::StateDocument,
     };
+
+    #[test]
+    fn the_claims_table_tells_a_cooling_claim_from_a_bound_one() {
+        use crate::model::{ClaimPhase, ClaimRoute, PortClaim, PortClaimSpec, PortClaimStatus};
+        let claim = |port: u16, released_at: Option<&str>| {
+            let mut c = PortClaim::bound(
+                "infra",
+                PortClaimSpec {
+                    gateway: "shared".into(),
+                    listener: "tcp-pool".into(),
+                    protocol: "TCP".into(),
+                    port,
+                    route: ClaimRoute {
+                        group: "gateway.networking.k8s.io".into(),
+                        kind: "TCPRoute".into(),
+                        namespace: "team-a".into(),
+                        name: format!("r{port}"),
+                        uid: None,
+                    },
+                },
+            );
+            if let Some(at) = released_at {
+                c.status = Some(PortClaimStatus {
+                    phase: ClaimPhase::Released,
+                    released_at: Some(at.into()),
+                });
+            }
+            Arc::new(crate::state_document::ClaimEntry::of(&c))
+        };
+        let table = claim_table(&[
+            claim(30000, None),
+            claim(30001, Some("2026-12-05T10:00:00Z")),
+        ]);
+        let rows: Vec<&str> = table.lines().collect();
+        assert!(rows[0].contains("STATE"), "{table}");
+        assert!(
+            rows[1].contains(" Bound ") && !rows[1].contains("cooling"),
+            "{table}"
+        );
+        assert!(
+            rows[2].contains(" Released ")
+                && rows[2].contains("(released 2026-12-05T10:00:00Z, cooling down)"),
+            "{table}"
+        );
+        // The JSON keeps the phase; a bound claim has no release time.
+        let json = serde_json::to_value(&*claim(30001, Some("t"))).expect("json");
+        assert_eq!(json["phase"], "Released");
+        assert_eq!(json["releasedAt"], "t");
+        let json = serde_json::to_value(&*claim(30000, None)).expect("json");
+        assert_eq!(json["phase"], "Bound");
+        assert!(json.get("releasedAt").is_none());
+    }
 
     #[test]
     fn the_gateways_table_shows_ipv4_and_ipv6_addresses_as_written_in_the_status() {
@@ -224,5 +387,39 @@ mod tests {
         assert!(lines[0].contains(" ADDRESSES "), "{table}");
         assert!(lines[1].contains(" 10.0.0.1,2001:db8::1 "), "{table}");
         assert!(lines[2].contains(" - "), "{table}");
+    }
+
+    fn status(state: crate::announce::State, addresses: &[&str]) -> Status {
+        let reason = (!state.announcing()).then_some("addresses withdrawn by berth drain");
+        Status::example(state, reason, addresses)
+    }
+
+    #[test]
+    fn drain_and_undrain_say_what_they_withdrew_or_announced_and_where() {
+        use crate::announce::State::{Announced, Draining, NotReady};
+        let both = ["10.0.0.1", "2001:db8::1"];
+        let now = humantime::parse_rfc3339(crate::announce::EXAMPLE_SINCE).unwrap()
+            + std::time::Duration::from_secs(12);
+        let said = |r, before: &Status, after: &Status| drain_result(r, before, after, now);
+        let (up, down) = (status(Announced, &both), status(Draining, &[]));
+        assert_eq!(
+            said(Request::Drain, &up, &down),
+            "drained: withdrew 10.0.0.1, 2001:db8::1 (berth0, table 100); the datapath keeps \
+             serving flows that still arrive (drained after --drain-timeout 30s)"
+        );
+        assert!(said(Request::Drain, &down, &down).starts_with(
+            "drained: nothing more to withdraw (draining: addresses withdrawn by berth drain 12s ago)"
+        ));
+        assert_eq!(
+            said(Request::Undrain, &down, &up),
+            "undrained: announced 10.0.0.1, 2001:db8::1 (berth0, table 100)"
+        );
+        let mut still = status(NotReady, &[]);
+        still.reason = Some("not ready (disk full)".into());
+        assert_eq!(
+            said(Request::Undrain, &down, &still),
+            "undrained, but the addresses stay withdrawn: withdrawn-not-ready: not ready (disk \
+             full) 12s ago"
+        );
     }
 }

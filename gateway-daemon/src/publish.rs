@@ -51,6 +51,21 @@ pub struct Published {
     /// Services of the plan the datapath holds back (IPv6, until the kernel program
     /// serves it), in service order.
     pub held_back: Vec<crate::datapath::held_back::HeldBack>,
+    /// Whether the node announces its addresses, and what it publishes (none before
+    /// the loop first decided).
+    pub announce: Option<Arc<crate::announce::Status>>,
+}
+
+impl Published {
+    /// Why the node is not ready, if it is not: the last cycle failed, or no plan was
+    /// made yet (what `/readyz` says besides the announce state).
+    pub fn not_ready(&self) -> Option<String> {
+        match (&self.last_error, self.cycles) {
+            (Some(e), _) => Some(e.clone()),
+            (None, 0) => Some("no plan yet".into()),
+            (None, _) => None,
+        }
+    }
 }
 
 /// The conntrack's occupancy, read with the active flows (`ACTIVE_FLOW_REFRESH`).
@@ -408,6 +423,7 @@ pub fn effects(
         cooling: claims.iter().any(|c| c.is_released()),
         conntrack,
         held_back,
+        announce: prev.announce.clone(),
     })
 }
 

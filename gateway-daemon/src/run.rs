@@ -1,7 +1,9 @@
-//! `berth run`: the daemon. Sets up the datapath (loads or adopts the pinned maps and
-//! links, attaches to the interfaces, turns ICMP redirects off, owns the address
-//! interface), serves the admin endpoint, and hands over to the standalone or the
-//! Kubernetes loop.
+//! `berth run`: the daemon. Reads a drain kept from an earlier run, sets up the
+//! datapath (loads or adopts the pinned maps and links, attaches to the interfaces,
+//! turns ICMP redirects off, owns the address interface and the announce table), serves
+//! the admin endpoint, watches for signals (with `--drain-on-stop`: withdraw, serve on
+//! for the drain timeout, exit), and hands over to the standalone or the Kubernetes
+//! loop.
 //!
 //! Part of the `berth` binary (declared in `main.rs`), not of the library.
 
@@ -9,11 +11,13 @@ use std::{
     net::TcpListener,
     path::PathBuf,
     sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
 };
 
 use anyhow::Context as _;
 use berth::{
     admin,
+    announce::{drain_file::DrainFile, Announcer, Control, Timing},
     datapath::{self, AttachMode, Attached, Config, Datapath, LinkChange},
     publish::{Published, Shared},
     standalone::{self, ManifestSource},
@@ -44,9 +48,31 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         snat_ports,
         conntrack_size,
         new_flow_limit,
+        announce_table,
+        not_ready_grace,
+        drain_on_stop,
+        drain_timeout,
     } = args;
     init_logging(log_format);
     let default_addresses = berth::planner::DefaultAddresses::from_list(&addresses)?;
+    // Both modes keep the operator's drain in the state directory (Kubernetes mode
+    // keeps nothing else there).
+    let control = Arc::new(Control::default());
+    let announcer = Announcer::new(
+        Timing {
+            not_ready_grace,
+            drain_timeout,
+        },
+        Arc::clone(&control),
+        Some(DrainFile::new(&state_dir)),
+    );
+    let announcing = Announcing {
+        stop: Stop {
+            control,
+            drain: drain_on_stop.then_some(drain_timeout),
+        },
+        announcer,
+    };
     let mut dp = DatapathOptions {
         interfaces,
         xdp_mode,
@@ -59,6 +85,8 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         } else {
             address_interface.clone()
         },
+        announce_table,
+        announcing: !announcing.announcer.starts_withdrawn(),
     };
     if kubernetes {
         let identity = match node_name {
@@ -73,7 +101,8 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
             default_addresses,
             snat_ports,
         };
-        return run_kubernetes(options, &dp, &admin_addr, metrics_addr.as_deref());
+        let admin = (admin_addr.as_str(), metrics_addr.as_deref());
+        return run_kubernetes(options, &dp, admin, announcing);
     }
     if !no_address_interface && address_interface.is_none() {
         dp.address_interface = Some(DEFAULT_ADDRESS_INTERFACE.to_string());
@@ -86,7 +115,50 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         default_addresses,
         snat_ports,
     };
-    run_standalone(source, &dir, &state_dir, &settings, admin, &dp)
+    run_standalone(source, &dir, &state_dir, &settings, admin, &dp, announcing)
+}
+
+/// The announce decision's edge, and how the daemon stops.
+struct Announcing {
+    announcer: Announcer,
+    stop: Stop,
+}
+
+/// How the daemon stops: at once, or (`--drain-on-stop`) after withdrawing its
+/// addresses through `control` and serving on for the drain timeout.
+struct Stop {
+    control: Arc<Control>,
+    /// The drain timeout, with `--drain-on-stop`.
+    drain: Option<Duration>,
+}
+
+impl Stop {
+    /// Resolves when the daemon should exit: on SIGTERM or Ctrl-C at once, or with
+    /// `--drain-on-stop` once the addresses are withdrawn and the drain timeout has
+    /// passed since the signal (a second signal: at once). The loop goes on meanwhile.
+    async fn stopped(self) {
+        terminated().await;
+        let Some(timeout) = self.drain else {
+            tracing::info!(
+                "stopping on a signal; the datapath keeps serving and the gateway \
+                 addresses stay published"
+            );
+            return;
+        };
+        self.control.stop(SystemTime::now());
+        tracing::info!(
+            drain_timeout = %humantime::format_duration(timeout),
+            "stopping (--drain-on-stop): the gateway addresses are withdrawn at once; \
+             serving and reconciling on for the drain timeout (a second SIGTERM or \
+             Ctrl-C exits at once)"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(timeout) => tracing::info!(
+                "drain timeout over; exiting (the datapath keeps serving what still arrives)"
+            ),
+            _ = terminated() => tracing::info!("a second signal: exiting now"),
+        }
+    }
 }
 
 fn init_logging(format: LogFormat) {
@@ -116,6 +188,11 @@ struct DatapathOptions {
     /// New flows per second per CPU the kernel records (0: no limit).
     new_flow_limit: u32,
     address_interface: Option<String>,
+    /// `--announce-table`.
+    announce_table: Option<u32>,
+    /// Whether the addresses are published from the start (not while a drain kept
+    /// from an earlier run holds).
+    announcing: bool,
 }
 
 fn run_standalone(
@@ -125,22 +202,34 @@ fn run_standalone(
     settings: &berth::planner::Settings,
     (admin_addr, metrics_addr): (&str, Option<&str>),
     options: &DatapathOptions,
+    Announcing {
+        mut announcer,
+        stop,
+    }: Announcing,
 ) -> anyhow::Result<()> {
     let store = Store::open(state_dir)
         .with_context(|| format!("opening state directory {}", state_dir.display()))?;
     // Before anything else is touched: a second daemon on this directory stops here.
     let _owner = store.own()?;
     let mut datapath = load_datapath(options)?;
-    let shared = serve_admin(admin_addr, metrics_addr)?;
+    let shared = serve_admin(admin_addr, metrics_addr, announcer.control())?;
     tracing::info!(admin = admin_addr, metrics = metrics_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
-    exit_on_signal()?;
-    standalone::run_loop(&mut source, &store, datapath.as_mut(), settings, &shared);
+    exit_on_signal(stop)?;
+    standalone::run_loop(
+        &mut source,
+        &store,
+        datapath.as_mut(),
+        settings,
+        &shared,
+        &mut announcer,
+    );
     Ok(())
 }
 
-/// Standalone mode: on SIGTERM or Ctrl-C, says so and exits as a kill would (the
-/// state is kill-safe at any instant, and the pinned datapath keeps serving).
-fn exit_on_signal() -> anyhow::Result<()> {
+/// Standalone mode: on SIGTERM or Ctrl-C (after the drain, with `--drain-on-stop`),
+/// exits as a kill would (the state is kill-safe at any instant, and the pinned
+/// datapath keeps serving).
+fn exit_on_signal(stop: Stop) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -148,8 +237,7 @@ fn exit_on_signal() -> anyhow::Result<()> {
     std::thread::Builder::new()
         .name("berth-signals".into())
         .spawn(move || {
-            runtime.block_on(terminated());
-            tracing::info!("stopping on a signal; the datapath keeps serving");
+            runtime.block_on(stop.stopped());
             std::process::exit(0);
         })
         .context("starting the signal watcher")?;
@@ -178,9 +266,16 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
         conntrack_size,
         new_flow_limit,
         address_interface,
+        announce_table,
+        announcing,
     } = options;
     if interfaces.is_empty() {
         tracing::warn!("no --interface: planning and serving state only, no datapath");
+        if announce_table.is_some() {
+            tracing::warn!(
+                "--announce-table without --interface: no address is served, so none is announced"
+            );
+        }
         return Ok(None);
     }
     let mut dp = Datapath::load(&Config {
@@ -245,12 +340,26 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "turning ICMP redirects off"),
     }
+    // Before anything is published: a drain kept from an earlier run holds.
+    dp.set_announcing(*announcing)
+        .context("deciding what to publish")?;
     if let Some(name) = address_interface {
         dp.own_addresses_on(name)
             .context("putting the gateway addresses on their interface")?;
         tracing::info!(
             iface = name,
             "gateway addresses go on this dummy interface (the host answers ARP for them)"
+        );
+    }
+    if let Some(table) = announce_table {
+        dp.announce_in_table(*table).with_context(|| {
+            format!("publishing the gateway addresses in routing table {table}")
+        })?;
+        tracing::info!(
+            table,
+            via = address_interface.as_deref().unwrap_or("lo"),
+            "gateway addresses are also routes of protocol berth (251) in this table, for \
+             the routing daemon to import"
         );
     }
     if !datapath::ipv4_forwarding_enabled().unwrap_or(false) {
@@ -261,7 +370,11 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
 
 /// Binds the admin endpoint (and the metrics endpoint, if asked for) and serves them
 /// from a thread; returns what they serve.
-fn serve_admin(admin_addr: &str, metrics_addr: Option<&str>) -> anyhow::Result<Shared> {
+fn serve_admin(
+    admin_addr: &str,
+    metrics_addr: Option<&str>,
+    control: &Arc<Control>,
+) -> anyhow::Result<Shared> {
     let shared = Arc::new(Mutex::new(Arc::new(Published::default())));
     let bind = |what: &str, addr: &str| {
         TcpListener::bind(addr).with_context(|| format!("binding the {what} endpoint {addr}"))
@@ -270,18 +383,19 @@ fn serve_admin(admin_addr: &str, metrics_addr: Option<&str>) -> anyhow::Result<S
     if let Some(addr) = metrics_addr {
         listeners.push((bind("metrics", addr)?, admin::Endpoints::Monitoring));
     }
-    admin::server::spawn(listeners, shared.clone()).context("starting the admin endpoint")?;
+    admin::server::spawn(listeners, shared.clone(), Arc::clone(control))
+        .context("starting the admin endpoint")?;
     Ok(shared)
 }
 
 fn run_kubernetes(
     options: berth::kubernetes::Options,
     dp: &DatapathOptions,
-    admin_addr: &str,
-    metrics_addr: Option<&str>,
+    (admin_addr, metrics_addr): (&str, Option<&str>),
+    Announcing { announcer, stop }: Announcing,
 ) -> anyhow::Result<()> {
     let datapath = load_datapath(dp)?;
-    let shared = serve_admin(admin_addr, metrics_addr)?;
+    let shared = serve_admin(admin_addr, metrics_addr, announcer.control())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -297,7 +411,7 @@ fn run_kubernetes(
             lease_namespace = options.lease_namespace,
             "berth running in Kubernetes mode"
         );
-        berth::kubernetes::run(client, options, datapath, shared, terminated()).await;
+        berth::kubernetes::run(client, options, datapath, shared, announcer, stop.stopped()).await;
         Ok::<_, anyhow::Error>(())
     })?;
     // Leave as a kill would: the pinned datapath keeps serving for the next daemon.

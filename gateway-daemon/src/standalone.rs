@@ -1,6 +1,7 @@
 //! Standalone mode: a directory of manifests and a state directory in, claims, the
 //! state document and the datapath out. One cycle = read changed files, plan under the
-//! store's lock, write claim changes, program the datapath, publish the state.
+//! store's lock, write claim changes, program the datapath, publish the state; then the
+//! announce decision is applied (`announce::Announcer`).
 //!
 //! `source` reads the manifest directory, `cycle` plans and writes the claims; this
 //! file holds the directory watch and the loop.
@@ -12,12 +13,14 @@ pub use cycle::cycle;
 pub use source::ManifestSource;
 
 use std::{
+    os::fd::BorrowedFd,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use crate::{
+    announce::Announcer,
     datapath::Datapath,
     planner,
     publish::{effects, refresh_traffic, Published, Shared},
@@ -80,35 +83,44 @@ impl DirWatch {
         sys::inotify::add_watch(fd.as_fd(), &self.path, mask).is_ok()
     }
 
-    /// Waits until the directory changes or `timeout` passes. A change counts once the
-    /// file is complete: closed after writing, moved in, or deleted. While some file is
-    /// still being written, waits for it (at most 100 ms of a continuing burst).
-    pub fn wait(&self, timeout: Duration) {
+    /// Waits until the directory changes, `wake` (a socket other threads write to) has
+    /// something, or `timeout` passes. A change counts once the file is complete:
+    /// closed after writing, moved in, or deleted. While some file is still being
+    /// written, waits for it (at most 100 ms of a continuing burst).
+    pub fn wait(&self, timeout: Duration, wake: Option<BorrowedFd<'_>>) {
         if self.lost.get() && self.add() {
             self.lost.set(false);
         }
         let Some(fd) = self.fd.as_ref().filter(|_| !self.lost.get()) else {
-            std::thread::sleep(POLL.min(timeout));
+            let _ = sys::poll::poll([None, wake], POLL.min(timeout));
             return;
         };
-        let Some(mut writing) = self.poll(fd, timeout) else {
+        let Some(mut writing) = self.poll(fd, timeout, wake) else {
             return;
         };
         let deadline = std::time::Instant::now() + Duration::from_millis(100);
         while writing && std::time::Instant::now() < deadline {
-            match self.poll(fd, Duration::from_millis(10)) {
+            match self.poll(fd, Duration::from_millis(10), None) {
                 Some(w) => writing = w,
                 None => break,
             }
         }
     }
 
-    /// Polls for events and drains them: `None` if there were none, else whether the
-    /// last event leaves a file being written (modified or created, not yet closed).
-    fn poll(&self, fd: &std::os::fd::OwnedFd, timeout: Duration) -> Option<bool> {
+    /// Polls for events (returning early when `wake` has something) and drains them:
+    /// `None` if there were none, else whether the last event leaves a file being
+    /// written (modified or created, not yet closed).
+    fn poll(
+        &self,
+        fd: &std::os::fd::OwnedFd,
+        timeout: Duration,
+        wake: Option<BorrowedFd<'_>>,
+    ) -> Option<bool> {
         use std::os::fd::AsFd;
-        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
-        if !matches!(sys::inotify::poll_in(fd.as_fd(), millis), Ok(ready) if ready > 0) {
+        if !matches!(
+            sys::poll::poll([Some(fd.as_fd()), wake], timeout),
+            Ok([true, _])
+        ) {
             return None;
         }
         let mut writing = None;
@@ -154,19 +166,25 @@ pub enum CycleError {
     Datapath(#[from] crate::datapath::DatapathError),
 }
 
-/// Runs the loop forever: poll the directory, plan, commit, program, publish. A failed
-/// cycle is logged and retried; what was last committed and programmed stays in force.
+/// Runs the loop forever: poll the directory, plan, commit, program, publish; and
+/// apply the announce decision (at least every second, and at once when `announcer`'s
+/// control is asked something). A failed cycle is logged and retried; what was last
+/// committed and programmed stays in force.
 pub fn run_loop(
     source: &mut ManifestSource,
     store: &Store,
     mut datapath: Option<&mut Datapath>,
     settings: &planner::Settings,
     shared: &Shared,
+    announcer: &mut Announcer,
 ) {
     let mut last_plan = std::time::Instant::now() - Duration::from_secs(3600);
     let mut failing = false;
     let mut memo = planner::Memo::default();
     let watch = DirWatch::new(&source.dir);
+    let control = Arc::clone(announcer.control());
+    // A drain kept from an earlier run, or a stop, holds before the first plan.
+    announcer.step(datapath.as_deref_mut(), shared);
     loop {
         match step(
             source,
@@ -193,12 +211,15 @@ pub fn run_loop(
                 *guard = Arc::new(p);
             }
         }
-        // Wake on a change, and about every second for cool-downs that end (never
-        // more often than POLL without a change, also while cycles fail).
+        announcer.step(datapath.as_deref_mut(), shared);
+        // Wake on a change or a request, and about every second for cool-downs that
+        // end and the announce decision (never more often than POLL without a change,
+        // also while cycles fail).
         watch.wait(
             Duration::from_secs(1)
                 .saturating_sub(last_plan.elapsed())
                 .max(POLL),
+            control.wake_fd(),
         );
     }
 }

@@ -34,6 +34,18 @@ pub struct ClaimEntry {
     pub port: u16,
     /// Holder.
     pub route: ClaimRouteEntry,
+    /// `Bound`, or `Released` while the port cools down (its route let go of it); absent
+    /// from documents of older daemons, which meant bound.
+    #[serde(default)]
+    pub phase: crate::model::ClaimPhase,
+    /// When a released claim was released (RFC 3339): the port is free after the
+    /// listener's cool-down.
+    #[serde(
+        default,
+        rename = "releasedAt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub released_at: Option<String>,
 }
 
 /// The route of a claim.
@@ -158,6 +170,8 @@ impl ClaimEntry {
                 namespace: c.spec.route.namespace.clone(),
                 name: c.spec.route.name.clone(),
             },
+            phase: phase_of(c),
+            released_at: released_at(c),
         }
     }
 
@@ -173,5 +187,20 @@ impl ClaimEntry {
             && self.route.kind == r.kind
             && self.route.namespace == r.namespace
             && self.route.name == r.name
+            && self.phase == phase_of(c)
+            && self.released_at == released_at(c)
     }
+}
+
+/// A claim's phase (a claim without a status is bound).
+fn phase_of(c: &crate::model::PortClaim) -> crate::model::ClaimPhase {
+    match c.is_released() {
+        true => crate::model::ClaimPhase::Released,
+        false => crate::model::ClaimPhase::Bound,
+    }
+}
+
+/// When a released claim was released.
+fn released_at(c: &crate::model::PortClaim) -> Option<String> {
+    c.status.as_ref().and_then(|s| s.released_at.clone())
 }

@@ -1309,11 +1309,15 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
     let stop = async {
         let _ = shutdown.await;
     };
+    let control = std::sync::Arc::new(berth::announce::Control::default());
+    let announcer =
+        berth::announce::Announcer::new(Default::default(), std::sync::Arc::clone(&control), None);
     let daemon = tokio::spawn(berth::kubernetes::run(
         client,
         options,
         None,
         shared.clone(),
+        announcer,
         stop,
     ));
 
@@ -1364,6 +1368,29 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
         log[first_write].path.ends_with("/leases"),
         "the lease comes first: {:?}",
         log[first_write]
+    );
+
+    // A stopping signal with --drain-on-stop (run.rs resolves the shutdown only after
+    // the drain timeout): withdrawn at once while the loop goes on, the lease kept.
+    control.stop(std::time::SystemTime::now());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let state = shared.lock().unwrap().announce.as_ref().map(|a| a.state);
+        if state == Some(berth::announce::State::Stopping) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not stopping: {state:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !log_after
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.method == Method::PUT
+                && l.path.ends_with("/leases/berth-allocator")
+                && l.body["spec"].get("holderIdentity").is_none()),
+        "the lease is kept while the node drains"
     );
 
     // Stopping gives the lease back, so that another node allocates at once.

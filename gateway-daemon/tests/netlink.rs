@@ -402,3 +402,118 @@ fn a_proxy_neighbour_entry_answers_solicitations_from_the_segment_until_removed(
     });
     assert_eq!(ip_output(&gw, &["-6", "neigh", "show", "proxy"]).trim(), "");
 }
+
+/// The routes of table 100 as `ip -N route show` prints them (both families, protocols
+/// and scopes as numbers: iproute2 names 251 after the host's rt_protos), one a line.
+fn table_100(ns: &Netns) -> Vec<String> {
+    ["-4", "-6"]
+        .iter()
+        .flat_map(|family| {
+            ip_output(ns, &["-N", family, "route", "show", "table", "100"])
+                .lines()
+                .map(|l| l.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn host_routes_of_our_protocol_are_added_listed_and_removed_and_no_other_route_is_touched() {
+    use netlink::{HostRoute, RouteAdded, RTPROT_BERTH};
+    let ns = Netns::new();
+    ns.ip(&["link", "set", "lo", "up"]);
+    ns.ip(&["link", "add", "d0", "type", "veth", "peer", "name", "d1"]);
+    ns.ip(&["link", "set", "d0", "up"]);
+    // Another protocol's routes in the table (static, and one to an address Berth will
+    // try to publish), ours in another table, and a route of ours that is no host route.
+    for (dst, table, proto) in [
+        ("192.0.2.9/32", "100", "static"),
+        ("192.0.2.1/32", "100", "static"),
+        ("192.0.2.1/32", "101", "251"),
+        ("192.0.2.0/24", "100", "251"),
+    ] {
+        ns.ip(&[
+            "route", "add", dst, "dev", "d0", "table", table, "proto", proto,
+        ]);
+    }
+    let ours = |addr: &str| HostRoute {
+        table: 100,
+        protocol: RTPROT_BERTH,
+        addr: addr.parse().expect("ip"),
+    };
+    ns.enter(|| {
+        assert_eq!(
+            netlink::host_routes(100, RTPROT_BERTH).expect("dump"),
+            BTreeSet::new(),
+            "a /24 of our protocol is not a host route"
+        );
+        assert_eq!(
+            netlink::host_routes(102, RTPROT_BERTH).expect("dump of a table with no route"),
+            BTreeSet::new()
+        );
+        let d0 = index_of("d0");
+        let lo = index_of("lo");
+        assert_eq!(
+            netlink::add_host_route(ours("192.0.2.10"), d0).expect("add"),
+            RouteAdded::Added
+        );
+        assert_eq!(
+            netlink::add_host_route(ours("2001:db8::10"), lo).expect("add v6"),
+            RouteAdded::Added
+        );
+        assert_eq!(
+            netlink::add_host_route(ours("192.0.2.10"), d0).expect("add again"),
+            RouteAdded::Exists
+        );
+        assert_eq!(
+            netlink::add_host_route(ours("192.0.2.1"), d0).expect("add over a static route"),
+            RouteAdded::Exists,
+            "a route of another protocol to the address is never replaced"
+        );
+        let want: BTreeSet<IpAddr> = ["192.0.2.10", "2001:db8::10"]
+            .iter()
+            .map(|a| a.parse().expect("ip"))
+            .collect();
+        assert_eq!(netlink::host_routes(100, RTPROT_BERTH).expect("dump"), want);
+    });
+    let routes = table_100(&ns);
+    assert!(
+        routes
+            .iter()
+            .any(|r| r.starts_with("192.0.2.10 dev d0 proto 251 scope 253")),
+        "ADDR dev DEV proto 251 scope link: {routes:?}"
+    );
+    assert!(
+        routes
+            .iter()
+            .any(|r| r.starts_with("2001:db8::10 dev lo proto 251")),
+        "{routes:?}"
+    );
+    ns.enter(|| {
+        // Removing names the protocol: the static route to 192.0.2.1 stays.
+        netlink::remove_host_route(ours("192.0.2.1")).expect("remove another's");
+        netlink::remove_host_route(ours("192.0.2.10")).expect("remove");
+        netlink::remove_host_route(ours("192.0.2.10")).expect("remove again");
+        netlink::remove_host_route(ours("2001:db8::10")).expect("remove v6");
+        assert_eq!(
+            netlink::host_routes(100, RTPROT_BERTH).expect("dump"),
+            BTreeSet::new()
+        );
+    });
+    let routes = table_100(&ns);
+    for kept in [
+        "192.0.2.9 dev d0 proto 4",
+        "192.0.2.1 dev d0 proto 4",
+        "192.0.2.0/24 dev d0 proto 251",
+    ] {
+        assert!(
+            routes.iter().any(|r| r.starts_with(kept)),
+            "{kept} is gone: {routes:?}"
+        );
+    }
+    assert!(
+        ip_output(&ns, &["-N", "route", "show", "table", "101"])
+            .contains("192.0.2.1 dev d0 proto 251"),
+        "another table is never touched"
+    );
+}

@@ -621,3 +621,127 @@ fn unknown_fields_are_warnings_in_check_and_logged_once_per_file_version_in_run(
     let (_, log) = d.exit("berth run ignored SIGTERM");
     assert_eq!(log.matches(warning).count(), 1, "{log}");
 }
+
+/// `berth drain|undrain --admin-addr ADMIN`: whether it succeeded, and what it printed.
+fn drain_cli(d: &Daemon, what: &str) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args([what, "--admin-addr", &d.admin])
+        .output()
+        .expect("berth drain");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_drain_without_a_datapath_makes_the_daemon_not_ready_and_is_kept_until_undrained() {
+    let dirs = Dirs::new("t10", &["gateway.yaml", "team-a.yaml"]);
+    let args = ["--drain-timeout", "1s"];
+    let mut d = Daemon::start_with(&dirs.manifests, &dirs.state, &args);
+    let (ok, said) = drain_cli(&d, "drain");
+    assert!(ok, "{said}");
+    assert!(
+        said.starts_with("drained: nothing was published yet; the datapath keeps serving"),
+        "{said}"
+    );
+    let (ready, body) = d.readyz().expect("readyz");
+    assert!(
+        !ready && body.starts_with("draining: addresses withdrawn by berth drain"),
+        "{body}"
+    );
+    assert!(dirs.state.join("drain").exists());
+    let tables = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["get", "claims", "--admin-addr", &d.admin])
+        .output()
+        .expect("berth get");
+    let tables = String::from_utf8_lossy(&tables.stdout).into_owned();
+    assert!(
+        tables.starts_with("NODE DRAINING (berth drain, ")
+            && tables
+                .lines()
+                .next()
+                .is_some_and(|l| l.contains("no address to withdraw")),
+        "{tables}"
+    );
+
+    // Kept across a restart: drained at once (the drain timeout passed).
+    let _ = d.child.kill();
+    let _ = d.child.wait();
+    d = Daemon::spawn_with(&dirs.manifests, &dirs.state, false, &args);
+    wait_for("drained after a restart", || {
+        d.readyz()
+            .is_some_and(|(ok, body)| !ok && body.starts_with("drained: addresses withdrawn"))
+    });
+    let (ok, said) = drain_cli(&d, "undrain");
+    assert!(ok, "{said}");
+    assert_eq!(
+        said.trim(),
+        "undrained: announcing (no gateway address is served yet)"
+    );
+    wait_for("ready again", || d.readyz().is_some_and(|(ok, _)| ok));
+    assert!(!dirs.state.join("drain").exists());
+}
+
+#[test]
+fn announce_tables_the_kernel_reserves_are_refused_naming_the_option() {
+    for table in ["0", "253", "254", "255", "main"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args([
+                "run",
+                "--manifests",
+                "/nonexistent",
+                "--announce-table",
+                table,
+            ])
+            .output()
+            .expect("berth run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "table {table} accepted");
+        assert!(err.contains("--announce-table"), "table {table}: {err}");
+    }
+}
+
+/// `berth check -o json | head -1`: the reader goes away early, as `head` does. The
+/// command ends as command-line tools do on a closed pipe (SIGPIPE), without a panic
+/// message (issue 27: it panicked).
+#[test]
+fn check_whose_reader_closes_the_pipe_ends_quietly() {
+    use std::io::Read as _;
+    // A document far larger than a pipe holds (64 KiB): 400 routes.
+    let dir = temp_dir("pipe");
+    std::fs::copy(examples().join("gateway.yaml"), dir.join("gateway.yaml")).expect("copy");
+    let routes: String = (0..400)
+        .map(|i| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+                 metadata: {{name: r{i}, namespace: team}}\n\
+                 spec: {{parentRefs: [{{name: shared, namespace: infra}}], \
+                 rules: [{{backendRefs: [{{name: web, port: 80}}]}}]}}\n---\n"
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("routes.yaml"), routes).expect("write routes");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["check", "--manifests"])
+        .arg(&dir)
+        .args(["-o", "json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start berth check");
+    // Read one byte, then close the pipe before the document is written.
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).expect("a first byte");
+    drop(stdout);
+    let out = child.wait_with_output().expect("berth check");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked"),
+        "berth check panicked on a closed pipe: {stderr}"
+    );
+}

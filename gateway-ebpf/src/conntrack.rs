@@ -4,16 +4,16 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::bindings::BPF_NOEXIST;
 use gateway_common::{
-    config, flow_hash, snat_port_slot, Addr, Backend, Counter, Flow, FlowKey, Service, ServiceId,
-    ServiceKey, BACKEND_LIVE, FLOW_REPLY_ENTRY, MAGLEV_SIZE, NAT_DST, NAT_MASQ, NAT_SRC,
-    NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT, SERVICE_REPLY_ENTRY, SERVICE_SNAT,
-    SNAT_PORT_TRIES,
+    config, flow_hash, proto, snat_port_slot, Addr, Backend, Counter, Flow, FlowKey, ReplyIndex,
+    Service, ServiceId, ServiceKey, BACKEND_LIVE, FLOW_REPLY_ENTRY, MAGLEV_SIZE, NAT_DST, NAT_MASQ,
+    NAT_SRC, NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT, SERVICE_REPLY_ENTRY,
+    SERVICE_SNAT, SNAT_PORT_TRIES,
 };
 
 use crate::{
     family::Family,
     fwd::coarse_now,
-    maps::{count, Roles, BACKENDS, CONFIG, FLOOD, MAGLEV, SNAT_PORTS},
+    maps::{count, Pending, Roles, BACKENDS, CONFIG, FLOOD, MAGLEV, SNAT_PORTS},
 };
 
 /// What the conntrack says about a packet.
@@ -36,9 +36,36 @@ pub enum Found {
     /// The first packet of a flow: the new flow is in the caller's slot, to be recorded
     /// with `record` once forwarded (so the entry starts with its next hop cached).
     New,
-    /// A reply of a flow the flood guard did not record, matched by Maglev: its
-    /// translation is in the caller's slot; nothing is recorded.
-    Untracked,
+    /// A router-mode reply whose flow had no entry, matched by Maglev (`reply_of`): its
+    /// translation is in the caller's slot; its flow was recorded (unless the flood
+    /// guard refused), without a next hop cached.
+    Matched,
+}
+
+/// Whether `reply_of` looks for an entry under the reply's own tuple (a SNAT flow's
+/// reply or kernel-path entry, or a shared endpoint's reply entry), before a reply is
+/// taken for one with no entry.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum OwnEntry {
+    /// No: the caller looked already (`lookup_or_balance`, a packet to a gateway
+    /// address too).
+    Looked,
+    /// An entry XDP may translate with (`direct`); XDP counts `reply_untracked`.
+    Xdp,
+    /// Any entry, as it is: the caller checks it (`find`: TC and ICMP errors).
+    Any,
+}
+
+/// What `reply_of` does with a reply whose flow has no entry.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum NoEntry {
+    /// Matches it by Maglev: if its service's table maps the flow's forward tuple to the
+    /// backend the reply came from, translates it and records the flow (a packet of the
+    /// flow, XDP or TC: whichever gateway behind ECMP it reaches carries it).
+    Maglev,
+    /// Leaves it untranslated (an ICMP error: only errors about flows with an entry are
+    /// translated).
+    Leave,
 }
 
 /// A lookup's answer: what was found and, for `Tracked` and `Reply`, the entry (null
@@ -79,7 +106,9 @@ enum Direct<A: Addr> {
 /// role is passed before it gets here). A TCP SYN (`syn`) to a router-mode service is a
 /// new flow by definition and skips the conntrack lookup (a retransmitted SYN gets the
 /// same backend from Maglev); a SNAT flow's SYN is looked up, so that a retransmission
-/// keeps the node port its flow claimed.
+/// keeps the node port its flow claimed. A TCP segment without SYN that gets here had
+/// no entry (it began on another gateway behind the same ECMP route, or its entry was
+/// evicted): Maglev gives it the backend every gateway gives it (`ct_miss_midflow`).
 #[inline(always)]
 pub fn lookup_or_balance<A: Family>(
     t: &FlowKey<A>,
@@ -103,7 +132,12 @@ pub fn lookup_or_balance<A: Family>(
         }
     }
     if from_backend {
-        if let Some(found) = reply_of(t, !looked, new) {
+        let own = if looked {
+            OwnEntry::Looked
+        } else {
+            OwnEntry::Xdp
+        };
+        if let Some(found) = reply_of(t, own, NoEntry::Maglev, new) {
             return Ok(found);
         }
         looked = true;
@@ -142,6 +176,9 @@ pub fn lookup_or_balance<A: Family>(
         });
     }
     balance(t, &service, new)?;
+    if t.proto == proto::TCP && !syn {
+        count(Counter::CtMissMidflow);
+    }
     Ok(Lookup::only(Found::New))
 }
 
@@ -220,15 +257,17 @@ pub fn holds_port<A: Family>(key: &FlowKey<A>, f: &Flow<A>) -> bool {
 
 /// A reply (backend → client): the forward entry of its flow, tried for each service
 /// the reply index lists for the backend endpoint; its translation (source back to the
-/// service's address and port) is written to `slot` as a `NAT_SRC` flow. With `own`,
-/// the entry under the reply's own tuple too (a SNAT flow's or a shared endpoint's
-/// reply entry): first where a SNAT service uses the endpoint, else after the index.
-/// Without either, while the flood guard is (recently) active, a reply whose tuple
-/// Maglev maps to this backend is translated without an entry (`Found::Untracked`).
+/// service's address and port) is written to `slot` as a `NAT_SRC` flow. The entry
+/// under the reply's own tuple as `own` says (`Found::Tracked`): first where a SNAT
+/// service uses the endpoint, else after the index. Without either, `no_entry` says
+/// whether the reply is matched by Maglev (`maglev_match`); the entries come first, so
+/// Maglev never takes a reply of a flow that has one (a SNAT flow's reply through the
+/// kernel, whose endpoint also serves a router-mode service, was found so).
 #[inline(always)]
 fn reply_of<A: Family>(
     t: &FlowKey<A>,
-    own: bool,
+    own: OwnEntry,
+    no_entry: NoEntry,
     slot: &mut MaybeUninit<Flow<A>>,
 ) -> Option<Lookup<A>> {
     let endpoint = ServiceKey {
@@ -239,19 +278,22 @@ fn reply_of<A: Family>(
     };
     // SAFETY: the value is only read during this run.
     let Some(index) = (unsafe { A::reply_index().get(endpoint) }) else {
-        return if own { tracked(t) } else { None };
+        return own_entry(t, own);
     };
     let snat = index.flags & REPLY_INDEX_SNAT != 0;
-    if own && snat {
-        if let Some(found) = tracked(t) {
+    if snat {
+        if let Some(found) = own_entry(t, own) {
             return Some(found);
         }
     }
+    // The candidates whose forward tuple holds another flow (another backend's, or a
+    // SNAT flow's): Maglev must not take it for this reply's.
+    let mut taken = 0u32;
     for i in 0..REPLY_CANDIDATES as usize {
         if i as u32 >= index.count as u32 {
             break;
         }
-        let svc = index.services[i];
+        let svc = &index.services[i];
         let fwd = tuple((t.dst, t.dport), (svc.addr, svc.port), t.proto);
         let Some(flow) = A::conntrack().get_ptr_mut(fwd) else {
             continue;
@@ -259,51 +301,116 @@ fn reply_of<A: Family>(
         // SAFETY: a valid map value pointer for the duration of this program run.
         let f = unsafe { &*flow };
         if f.kind != NAT_DST || f.is_snat() || f.nat_addr != t.src || f.nat_port != t.sport {
+            taken |= 1 << i;
             continue;
         }
         if !(backend_serves(&fwd, f) || service_unchanged(&fwd, f)) {
             count(Counter::CtStaleService);
-            return None;
+            // Not for Maglev either: its flow's service went. (`find` still looks
+            // under the tuple itself, as before it matched replies by Maglev.)
+            return if own == OwnEntry::Any {
+                own_entry(t, own)
+            } else {
+                None
+            };
         }
         slot.write(reply_flow(svc, f.backend, f.service));
         return Some(Lookup::of(Found::Reply, flow));
     }
-    if own && !snat {
-        if let Some(found) = tracked(t) {
+    if !snat {
+        if let Some(found) = own_entry(t, own) {
             return Some(found);
         }
     }
-    if !flood_recent() {
-        if own {
-            count(Counter::ReplyUntracked);
-        }
-        return None;
+    let found = match no_entry {
+        NoEntry::Maglev => maglev_match(t, index, taken, slot),
+        NoEntry::Leave => None,
+    };
+    if found.is_none() && own == OwnEntry::Xdp {
+        count(Counter::ReplyUntracked);
     }
+    found
+}
+
+/// The entry under the reply's own tuple `t`, as `own` says (see `reply_of`).
+#[inline(always)]
+fn own_entry<A: Family>(t: &FlowKey<A>, own: OwnEntry) -> Option<Lookup<A>> {
+    match own {
+        OwnEntry::Looked => None,
+        OwnEntry::Xdp => tracked(t),
+        OwnEntry::Any => A::conntrack()
+            .get_ptr_mut(t)
+            .map(|flow| Lookup::of(Found::Tracked, flow)),
+    }
+}
+
+/// A reply with no entry, from an endpoint with reply index `index`: for each
+/// router-mode candidate service (but the `taken` ones), its Maglev table is asked for
+/// the flow's forward tuple (client → service). If it maps the tuple to the backend the
+/// reply came from, the reply is its flow's (begun on another gateway behind the same
+/// ECMP route, or its entry evicted): its translation is written to `slot`, and its
+/// flow recorded (`record_matched`). Otherwise (the backend set changed since the flow
+/// began, or the packet is not a reply through the gateway) it is not translated.
+///
+/// The forward tuple and flow are built in this CPU's pending slot (not the stack:
+/// `berth_v6` has 8 bytes to spare).
+#[inline(always)]
+fn maglev_match<A: Family>(
+    t: &FlowKey<A>,
+    index: &ReplyIndex<A>,
+    taken: u32,
+    slot: &mut MaybeUninit<Flow<A>>,
+) -> Option<Lookup<A>> {
+    let pending = A::pending()?;
     for i in 0..REPLY_CANDIDATES as usize {
         if i as u32 >= index.count as u32 {
             break;
         }
-        let svc = index.services[i];
+        if taken & (1 << i) != 0 {
+            continue;
+        }
+        // In the map (a copy of an IPv6 key would take `berth_v6` past its stack).
+        let svc = &index.services[i];
         // SAFETY: the value is copied out at once.
         let service = match unsafe { A::services().get(svc) } {
             Some(service) if service.flags & SERVICE_SNAT == 0 => *service,
             _ => continue,
         };
-        let fwd = tuple((t.dst, t.dport), (svc.addr, svc.port), t.proto);
-        if balance(&fwd, &service, slot).is_ok() {
-            // SAFETY: `balance` wrote the slot.
-            let flow = unsafe { slot.assume_init_ref() };
-            if flow.nat_addr == t.src && flow.nat_port == t.sport && !flow.is_snat() {
-                let (backend, service) = (flow.backend, flow.service);
-                slot.write(reply_flow(svc, backend, service));
-                return Some(Lookup::only(Found::Untracked));
-            }
+        pending.key = tuple((t.dst, t.dport), (svc.addr, svc.port), t.proto);
+        // SAFETY: `MaybeUninit<Flow>` has `Flow`'s layout; `balance` writes a whole flow.
+        let out = unsafe { &mut *(&raw mut pending.flow).cast::<MaybeUninit<Flow<A>>>() };
+        if balance(&pending.key, &service, out).is_err() {
+            continue;
         }
-    }
-    if own {
-        count(Counter::ReplyUntracked);
+        let flow = &mut pending.flow;
+        if flow.nat_addr != t.src || flow.nat_port != t.sport {
+            continue;
+        }
+        let reply = slot.write(reply_flow(svc, flow.backend, flow.service));
+        count(Counter::CtMissReply);
+        record_matched(t, reply, pending);
+        return Some(Lookup::only(Found::Matched));
     }
     None
+}
+
+/// Records the flow of a reply `t` that Maglev matched (translation `reply`), as
+/// `record` records a new flow, but not counted as one: its forward entry
+/// (`pending`'s key and flow, as `balance` made them) and, where its service needs one,
+/// a reply entry under the reply's own tuple. Over the flood guard's limit nothing is
+/// recorded: a SYN flood makes the backends send SYN-ACKs, which must not evict the
+/// established flows either.
+#[inline(always)]
+fn record_matched<A: Family>(t: &FlowKey<A>, reply: &Flow<A>, pending: &mut Pending<A>) {
+    let now = coarse_now();
+    if !may_record(now) {
+        return;
+    }
+    pending.flow.seen = now;
+    insert(&pending.key, &pending.flow, 0);
+    if pending.flow.flags & FLOW_REPLY_ENTRY != 0 {
+        insert(t, reply, 0);
+    }
 }
 
 /// The entry under the packet's own tuple, as a lookup answer, if it applies.
@@ -318,23 +425,30 @@ fn tracked<A: Family>(t: &FlowKey<A>) -> Option<Lookup<A>> {
 /// The translation of a router-mode reply of service `svc`: its source becomes the
 /// service's address and port.
 #[inline(always)]
-fn reply_flow<A: Addr>(svc: ServiceKey<A>, backend: u32, service: ServiceId) -> Flow<A> {
+fn reply_flow<A: Addr>(svc: &ServiceKey<A>, backend: u32, service: ServiceId) -> Flow<A> {
     Flow::entry(NAT_SRC, (svc.addr, svc.port), backend, service)
 }
 
 /// The translation the conntrack holds for tuple `key` (a copy), for the paths that
 /// do not cache next hops (ICMP errors, TC): a router reply's translation found through
-/// its flow's forward entry, or the entry under the tuple itself. Whether it still
-/// applies is the caller's to check (`applies`).
+/// its flow's forward entry (or, with `NoEntry::Maglev`, matched by Maglev and
+/// recorded), or the entry under the tuple itself. Whether it still applies is the
+/// caller's to check (`applies`).
 #[inline(always)]
-pub fn find<A: Family>(key: &FlowKey<A>) -> Option<Flow<A>> {
+pub fn find<A: Family>(key: &FlowKey<A>, no_entry: NoEntry) -> Option<Flow<A>> {
     let mut slot = MaybeUninit::uninit();
-    if Roles::of(key.src, key.dst).from_backend && reply_of(key, false, &mut slot).is_some() {
-        // SAFETY: `reply_of` wrote the slot when it returned an answer.
-        return Some(unsafe { slot.assume_init() });
+    let found = if Roles::of(key.src, key.dst).from_backend {
+        reply_of(key, OwnEntry::Any, no_entry, &mut slot)
+    } else {
+        own_entry(key, OwnEntry::Any)
+    }?;
+    if found.found == Found::Tracked {
+        // SAFETY: a valid map value pointer for the duration of this program run,
+        // copied out at once.
+        return Some(unsafe { *found.entry });
     }
-    // SAFETY: the value is copied out at once.
-    (unsafe { A::conntrack().get(key) }).copied()
+    // SAFETY: `reply_of` wrote the slot when it found a reply's translation.
+    Some(unsafe { slot.assume_init() })
 }
 
 /// Notes that a forward entry forwarded a packet now (`Flow::seen`, rewritten about once
@@ -346,15 +460,6 @@ pub fn seen<A: Addr>(flow: &mut Flow<A>, now: u32) {
     }
 }
 
-/// Whether some CPU's flood guard skipped recording flows in this or the last window.
-#[inline(always)]
-fn flood_recent() -> bool {
-    match CONFIG.get(config::FLOOD_SEEN) {
-        Some(&seen) if seen != 0 => window_of(coarse_now()).wrapping_sub(seen) <= 1,
-        _ => false,
-    }
-}
-
 /// The flood guard's window of coarse time `now` (`fwd::coarse_now`, 2^20 ns): units
 /// of 2^30 ns, about a second.
 #[inline(always)]
@@ -362,9 +467,19 @@ fn window_of(now: u32) -> u32 {
     now >> 10
 }
 
+/// Whether the flood guard lets this CPU record one more router-mode flow now
+/// (`flood_allows`); counts `flood_untracked` if not.
+#[inline(always)]
+fn may_record(now: u32) -> bool {
+    let allowed = flood_allows(now);
+    if !allowed {
+        count(Counter::FloodUntracked);
+    }
+    allowed
+}
+
 /// Whether this CPU may record one more new flow in this window
-/// (`config::NEW_FLOW_LIMIT`). Over the limit, marks the window as a flood
-/// (`config::FLOOD_SEEN`) for the replies of the flows it does not record.
+/// (`config::NEW_FLOW_LIMIT`).
 #[inline(always)]
 fn flood_allows(now: u32) -> bool {
     let limit = match CONFIG.get(config::NEW_FLOW_LIMIT) {
@@ -381,18 +496,7 @@ fn flood_allows(now: u32) -> bool {
         window.new_flows = 0;
     }
     window.new_flows += 1;
-    if window.new_flows <= limit {
-        return true;
-    }
-    if let Some(seen) = CONFIG.get_ptr_mut(config::FLOOD_SEEN) {
-        // SAFETY: a plain word store; CPUs racing here all store a current window.
-        unsafe {
-            if *seen != now {
-                *seen = now;
-            }
-        }
-    }
-    false
+    window.new_flows <= limit
 }
 
 /// Whether a tracked entry (found under tuple `key`) still belongs to the service that
@@ -470,10 +574,12 @@ fn balance<A: Family>(
         return Err(Counter::DropNoBackend);
     }
     let hash = flow_hash(t.src, t.dst, t.sport, t.dport, t.proto);
-    let table = MAGLEV.get(service.table).ok_or(Counter::DropNoBackend)?;
     // LLVM turns the modulo into a multiply the verifier cannot bound, and then drops
     // the index check as redundant; hiding the value keeps the check for the verifier.
+    // Hidden before the table lookup, the hash is computed before it: sunk past the
+    // helper call, its inputs (an IPv6 tuple's ten words) were spilled to the stack.
     let slot = core::hint::black_box(hash % MAGLEV_SIZE) as usize;
+    let table = MAGLEV.get(service.table).ok_or(Counter::DropNoBackend)?;
     let backend_id = *table.get(slot).ok_or(Counter::DropNoBackend)?;
     let backend = BACKENDS.get(backend_id).ok_or(Counter::DropNoBackend)?;
     if backend.flags & BACKEND_LIVE == 0 {
@@ -548,8 +654,7 @@ fn claim_source<A: Family>(
 #[inline(always)]
 pub fn record<A: Family>(key: &FlowKey<A>, flow: &Flow<A>, now: u32) {
     count(Counter::NewFlow);
-    if !flow.is_snat() && !flood_allows(now) {
-        count(Counter::FloodUntracked);
+    if !flow.is_snat() && !may_record(now) {
         return;
     }
     if flow.flags & FLOW_REPLY_ENTRY != 0 {

@@ -10,7 +10,7 @@ use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use gateway_common::{proto, Counter, NextHop, NAT_MASQ};
 
 use crate::{
-    conntrack::{add_kernel_path_entries, applies, find, tuple},
+    conntrack::{add_kernel_path_entries, applies, find, tuple, NoEntry},
     csum::replace2,
     family::Family,
     fwd::{coarse_now, path, send, Path},
@@ -77,7 +77,7 @@ pub unsafe fn handle<A: Family>(
         (inner_src, (*ports).src),
         inner_proto,
     );
-    let Some(flow) = find(&key) else {
+    let Some(flow) = find(&key, NoEntry::Leave) else {
         return untranslated::<A>(ip);
     };
 

@@ -24,8 +24,15 @@
 //!    while the backend is live; only if it was removed is the flow balanced again
 //!    (`backend_gone`). Above `config::NEW_FLOW_LIMIT` new flows per second on a CPU,
 //!    router flows are not recorded (`flood_untracked`): Maglev alone keeps them on their
-//!    backend, and their replies are matched by Maglev while the flood lasts, so a flood
-//!    of new 5-tuples cannot evict the established flows.
+//!    backend, and their replies are matched by Maglev, so a flood of new 5-tuples
+//!    cannot evict the established flows.
+//!    **Any gateway carries any packet of a flow** (gateways sharing an address behind
+//!    ECMP, no shared state): a TCP segment without SYN that finds no entry is balanced
+//!    and recorded (`ct_miss_midflow`); a router-mode reply with no entry whose forward
+//!    tuple Maglev maps to the backend it came from is translated and its flow recorded
+//!    (`ct_miss_reply`, under the flood guard like a new flow), else it passes
+//!    (`reply_untracked`). The TC program matches replies so too; ICMP errors are
+//!    translated only for flows with an entry (`conntrack::NoEntry`).
 //! 4. **NAT** (`nat.rs`): addresses and ports rewritten with incremental checksum
 //!    updates (RFC 1624); a zero UDP checksum stays zero.
 //! 5. **Forwarding** (`fwd.rs`): `bpf_fib_lookup` (cached per backend for forward
@@ -82,7 +89,10 @@
 //! | an ICMPv6 redirect the host sends out of an `--interface` (IPv6 has no `send_redirects`) | TC: shot | `tc_icmp6_redirect_dropped` |
 //! | a flow whose service ids now belong to another service | balanced afresh or pass | `ct_stale_service` |
 //! | new flow to a service with no backend taking new flows | `XDP_DROP` | `drop_no_backend` |
-//! | new router flow over its CPU's new-flow limit: forwarded, not recorded | as forwarded | `flood_untracked` |
+//! | new router flow (or reply matched by Maglev) over its CPU's new-flow limit: forwarded, not recorded | as forwarded | `flood_untracked` |
+//! | TCP segment without SYN, no entry: balanced by Maglev, recorded | as forwarded | `ct_miss_midflow` (+ `new_flow`) |
+//! | reply without entry, Maglev maps its tuple to its backend: translated, recorded | as forwarded | `ct_miss_reply` |
+//! | reply without entry, Maglev maps its tuple to another backend | `XDP_PASS` | `reply_untracked` |
 //! | new SNAT flow: a node port claimed (after a taken one) | as forwarded | `snat_new_flow` (`snat_port_retry`) |
 //! | new SNAT flow: no free node port in the tries | `XDP_DROP` | `drop_snat_ports_exhausted` |
 //! | new SNAT flow: no node address toward the backend | `XDP_DROP` | `drop_snat_no_source` |
@@ -375,7 +385,7 @@ unsafe fn translate<A: Family>(
         Found::Tracked => (found.entry, &raw mut (*found.entry).next_hop, false),
         // For the three below `lookup_or_balance` wrote the slot.
         Found::Reply => (new.as_mut_ptr(), &raw mut (*found.entry).next_hop, false),
-        Found::Untracked => {
+        Found::Matched => {
             let flow = new.as_mut_ptr();
             (flow, &raw mut (*flow).next_hop, false)
         }

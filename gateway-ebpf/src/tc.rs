@@ -6,6 +6,10 @@
 //! own kernel sends about a translated packet (fragmentation needed, TTL exceeded)
 //! quote the backend's address, which only this program sees.
 //!
+//! A reply whose flow has no entry (begun on another gateway behind the same ECMP route)
+//! is matched by Maglev and its flow recorded, as in XDP (`conntrack::NoEntry::Maglev`);
+//! an ICMP error only about a flow with an entry (`NoEntry::Leave`).
+//!
 //! Packets are read and written with the skb helpers: `bpf_l4_csum_replace` keeps
 //! checksums right also for `CHECKSUM_PARTIAL` packets (checksum offload, GSO), where
 //! only the pseudo-header part of the checksum field may change. Replies XDP translated
@@ -27,7 +31,7 @@ use gateway_common::{
 };
 
 use crate::{
-    conntrack::{applies, find, holds_port, tuple},
+    conntrack::{applies, find, holds_port, tuple, NoEntry},
     family::Family,
     frag,
     icmp::{quoted_check_off, quoted_transport, translate, Quote},
@@ -145,7 +149,7 @@ fn translate_packet<A: Family>(
         ctx.load::<Ports>(l4_off).map_err(|_| Untouched)?
     };
     let key = tuple((src, ports.src), (dst, ports.dst), proto);
-    let Some(flow) = flow_of(&key) else {
+    let Some(flow) = flow_of(&key, NoEntry::Maglev) else {
         return Ok(());
     };
     if first_of_more {
@@ -184,10 +188,10 @@ pub fn is_redirect(ctx: &TcContext) -> bool {
 }
 
 /// The flow whose source half this program applies to a packet with tuple `key`, if
-/// it still applies.
+/// it still applies; a reply whose flow has no entry as `no_entry` says (`find`).
 #[inline(always)]
-fn flow_of<A: Family>(key: &FlowKey<A>) -> Option<Flow<A>> {
-    let flow = find(key)?;
+fn flow_of<A: Family>(key: &FlowKey<A>, no_entry: NoEntry) -> Option<Flow<A>> {
+    let flow = find(key, no_entry)?;
     if !rewrites_source_on_egress(&flow) {
         return None;
     }
@@ -321,7 +325,7 @@ fn icmp_error<A: Family>(ctx: &TcContext, l4_off: usize, end: usize) -> Result<(
     let (inner_src, inner_dst) = unsafe { A::addrs(&inner) };
     // The quoted packet travelled opposite to this error.
     let key = tuple((inner_dst, ports.dst), (inner_src, ports.src), inner_proto);
-    let Some(flow) = flow_of(&key) else {
+    let Some(flow) = flow_of(&key, NoEntry::Leave) else {
         return Ok(());
     };
     let mut ip: A::Hdr = ctx.load(ETH_LEN).map_err(e)?;

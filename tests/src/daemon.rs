@@ -125,7 +125,12 @@ impl Dirs {
     /// `berth run` in `gateway` on these directories, not started; add the
     /// `--interface`s and other arguments.
     pub fn berth_run(&self, gateway: &Netns) -> Command {
-        let mut cmd = gateway.command(&berth_binary());
+        self.berth_run_from(&berth_binary(), gateway)
+    }
+
+    /// `berth_run` of the binary `berth` (another build).
+    pub fn berth_run_from(&self, berth: &Path, gateway: &Netns) -> Command {
+        let mut cmd = gateway.command(berth);
         cmd.arg("run")
             .arg("--manifests")
             .arg(&self.manifests)
@@ -172,8 +177,19 @@ impl Daemon {
         dirs: &Dirs,
         extra: &[&str],
     ) -> Self {
-        let berth = berth_binary();
-        let mut cmd = dirs.berth_run(gateway);
+        Self::start_binary(&berth_binary(), gateway, interfaces, dirs, extra)
+    }
+
+    /// `start_with` of the binary `berth` (another build).
+    pub fn start_binary(
+        berth: &Path,
+        gateway: &Netns,
+        interfaces: &[impl AsRef<str>],
+        dirs: &Dirs,
+        extra: &[&str],
+    ) -> Self {
+        let berth = berth.to_path_buf();
+        let mut cmd = dirs.berth_run_from(&berth, gateway);
         // A removed route file takes effect after half a second, not the default 5 s
         // (the settle time itself is tested in gateway-daemon/tests/standalone.rs).
         cmd.args(["--manifest-settle", "500ms"]);
@@ -240,6 +256,27 @@ impl Daemon {
     /// `berth get routes` from the daemon.
     pub fn routes(&self, gateway: &Netns) -> Vec<RouteRow> {
         self.try_routes(gateway).expect("berth get routes")
+    }
+
+    /// Sends SIGTERM (as Kubernetes stops a pod), without waiting.
+    pub fn terminate(&self) {
+        let pid = self.child.as_ref().map(Child::id).expect("the daemon runs");
+        let pid = libc::pid_t::try_from(pid).expect("a pid");
+        // SAFETY: kill(2) with the pid of our own child, not yet reaped.
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(
+            rc,
+            0,
+            "kill -TERM {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// The daemon's exit status if it has exited (it is reaped then), else `None`.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().expect("waitpid")?;
+        self.child = None;
+        Some(status)
     }
 
     /// Kills the daemon with SIGKILL (no cleanup of any kind) and reaps it.

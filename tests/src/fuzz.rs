@@ -29,8 +29,11 @@
 //!
 //! - the verdict is one the program returns (XDP: PASS, DROP, REDIRECT; TC: "next", and
 //!   "shot" only for an ICMPv6 redirect, which the TC program drops);
-//! - a packet neither to a gateway address, nor of a tracked flow, nor an ICMP(v6) error
-//!   quoting a tracked flow leaves byte for byte unchanged with XDP_PASS (so does one
+//! - a packet neither to a gateway address, nor of a tracked flow, nor a reply whose
+//!   flow has no entry but whose tuple Maglev maps to the backend it came from (a flow
+//!   begun on another gateway behind ECMP: translated as that service, only as one
+//!   whose Maglev maps it so, and its flow recorded, `check_recorded`), nor an ICMP(v6)
+//!   error quoting a tracked flow leaves byte for byte unchanged with XDP_PASS (so does one
 //!   to the node's address that is no tracked SNAT flow's reply; TC: only replies, SNAT
 //!   forward packets the kernel forwarded and ICMP errors of tracked flows change); only
 //!   packets to a gateway address are dropped, and unchanged;
@@ -69,7 +72,7 @@ use std::{
 };
 
 use berth::datapath::{DesiredState, MapAddr, Protocol, ServiceAddr, WeightedBackend};
-use gateway_common::{proto, FlowKey, NAT_DST, NAT_MASQ, NAT_SRC};
+use gateway_common::{proto, NAT_DST, NAT_MASQ, NAT_SRC};
 
 use crate::{
     packet::{
@@ -77,8 +80,8 @@ use crate::{
         HOP_BY_HOP, PSH, ROUTING, SYN,
     },
     xdp::{
-        net::*, run_gateway, run_tc, test_limits, verdict_name, Conntrack, FixtureNet,
-        TestDatapath, TC_NEXT, XDP_DROP, XDP_PASS, XDP_REDIRECT,
+        conntrack_entry, maglev_pick, net::*, run_gateway, run_tc, test_limits, verdict_name,
+        Conntrack, FixtureNet, TestDatapath, TC_NEXT, XDP_DROP, XDP_PASS, XDP_REDIRECT,
     },
 };
 
@@ -282,19 +285,7 @@ impl fmt::Display for Report {
 pub fn run(packets: u64, seed: u64) -> Report {
     let mut t = TestDatapath::load();
     let fx = FixtureNet::new();
-    let mac = B_SAME_SIDE_MAC.map(|b| format!("{b:02x}")).join(":");
-    let same_side = B_SAME_SIDE6.to_string();
-    fx.ns.ip(&[
-        "neigh",
-        "replace",
-        &same_side,
-        "lladdr",
-        &mac,
-        "dev",
-        "fx0",
-        "nud",
-        "permanent",
-    ]);
+    fx.neighbour(B_SAME_SIDE6.into(), B_SAME_SIDE_MAC, "fx0");
     let mut ct = Tracker {
         v4: t.conntrack(),
         v6: t.conntrack6(),
@@ -336,6 +327,7 @@ pub fn run(packets: u64, seed: u64) -> Report {
             }
             let mut problems = check(Program::Xdp, &facts, &input, verdict, &output);
             problems.extend(check_claim(&ct, Program::Xdp, &facts, &input, &output));
+            problems.extend(check_recorded(&ct, &facts, &input, &output));
             let mut shown = show(Program::Xdp, &problems, &input, verdict, &output);
             let mut broken = !problems.is_empty();
             gen.learn(&input, &output);
@@ -400,6 +392,7 @@ fn egress(
     if vetted {
         problems.extend(check_claim(ct, Program::Tc, &facts, forwarded, &output));
     }
+    problems.extend(check_recorded(ct, &facts, forwarded, &output));
     (!problems.is_empty()).then(|| show(Program::Tc, &problems, forwarded, verdict, &output))
 }
 
@@ -1859,15 +1852,7 @@ fn entry<A: MapAddr>(
     dst: SocketAddr,
     proto: u8,
 ) -> Option<Tracked> {
-    let key = FlowKey {
-        src: A::of(src.ip())?,
-        dst: A::of(dst.ip())?,
-        sport: src.port().to_be(),
-        dport: dst.port().to_be(),
-        proto,
-        pad: [0; 3],
-    };
-    let flow = map.get(&key, 0).ok()?;
+    let flow = conntrack_entry(map, src, dst, proto)?;
     Some(Tracked {
         kind: flow.kind,
         nat: SocketAddr::new(flow.nat_addr.ip(), u16::from_be(flow.nat_port)),
@@ -1887,8 +1872,12 @@ struct Facts {
     to_gateway: bool,
     /// An IPv6 UDP datagram (not a later fragment) with checksum 0.
     udp6_no_checksum: bool,
-    /// Its tuple is tracked (its flow entry).
+    /// Its tuple is tracked (its flow entry), or (a reply with none) matched by Maglev.
     tracked: Option<Tracked>,
+    /// A reply whose flow has no entry: the router-mode services whose Maglev maps its
+    /// tuple to the backend it came from (`maglev_replies`), one of which it is
+    /// translated as, and recorded for.
+    maglev: Vec<SocketAddr>,
     /// A later fragment (whose flow only the fragment map knows).
     later_fragment: bool,
     /// Sent from an address that is a backend in some state.
@@ -1953,6 +1942,37 @@ fn flows<'a>(
     ct.get(src, dst, proto).into_iter().chain(replies)
 }
 
+/// A packet from `src` to `dst` whose tuple has no entry, taken for a reply as the
+/// programs take it (issue 26: its flow may have begun on another gateway): the
+/// router-mode services of the state in force that list `src` as a backend, whose
+/// forward tuple (`dst` → service) has no entry (another backend's flow is not
+/// taken over), and whose Maglev table maps that tuple to `src`.
+fn maglev_replies(
+    ct: &Tracker,
+    model: &Model,
+    state: usize,
+    src: SocketAddr,
+    dst: SocketAddr,
+    proto: u8,
+) -> Vec<SocketAddr> {
+    model.states[state]
+        .services
+        .iter()
+        .filter(|(svc, backends)| {
+            svc.protocol.number() == proto
+                && !model.is_snat(state, svc.addr, proto, svc.port)
+                && backends.iter().any(|b| b.endpoint == src)
+        })
+        .map(|(svc, backends)| (service_addr(svc), backends))
+        .filter(|&(service, backends)| {
+            service.is_ipv6() == src.is_ipv6()
+                && ct.get(dst, service, proto).is_none()
+                && maglev_pick(backends, dst, service, proto) == Some(src)
+        })
+        .map(|(service, _)| service)
+        .collect()
+}
+
 /// The destination address of a frame of either family, if its header is there.
 fn destination(f: &[u8]) -> Option<IpAddr> {
     match f.get(12..14)? {
@@ -1973,6 +1993,7 @@ impl Facts {
             to_gateway: destination(f).is_some_and(|dst| model.is_gateway(state, dst)),
             udp6_no_checksum: false,
             tracked: None,
+            maglev: Vec::new(),
             later_fragment: false,
             from_backend: false,
             to_backend: false,
@@ -2015,6 +2036,14 @@ impl Facts {
                     SocketAddr::new(ip.dst, dport),
                 );
                 facts.tracked = lookup(src, dst, ip.proto);
+                if facts.tracked.is_none() {
+                    facts.maglev = maglev_replies(ct, model, state, src, dst, ip.proto);
+                    facts.tracked = facts.maglev.first().map(|&service| Tracked {
+                        kind: NAT_SRC,
+                        nat: service,
+                        peer: None,
+                    });
+                }
                 facts.model.snat = model.is_snat(state, ip.dst, ip.proto, dport);
                 facts.model.backends = model
                     .backends_of(state, ip.dst, ip.proto, dport)
@@ -2404,6 +2433,38 @@ fn check_nat(
             facts.model.services_of_source
         ));
     }
+    if !facts.maglev.is_empty() && !facts.maglev.contains(&from) {
+        problems.push(format!(
+            "a reply with no entry rewritten to come from {from}, whose Maglev does not map \
+             it to its backend (services that do: {:?})",
+            facts.maglev
+        ));
+    }
+}
+
+/// A reply with no entry that a program translated as one matched by Maglev recorded
+/// its flow's forward entry (client → service, to the backend it came from), so that
+/// the flow's next packets are tracked; once the LRU evicts, it may be gone.
+fn check_recorded(ct: &Tracker, facts: &Facts, input: &[u8], output: &[u8]) -> Option<String> {
+    let (ip, out) = (facts.ip?, Ip::parse(output)?);
+    if facts.maglev.is_empty() || out.src == ip.src || ct.evicting {
+        return None;
+    }
+    let ((sport, dport), (service_port, _)) = (ip.ports(input)?, out.ports(output)?);
+    let (backend, client) = (
+        SocketAddr::new(ip.src, sport),
+        SocketAddr::new(ip.dst, dport),
+    );
+    let service = SocketAddr::new(out.src, service_port);
+    let entry = ct.get(client, service, ip.proto);
+    let recorded = entry.is_some_and(|f| f.kind == NAT_DST && f.nat == backend && f.peer.is_none());
+    (!recorded).then(|| {
+        format!(
+            "the reply matched by Maglev recorded no forward entry {client} → {service} to \
+             {backend}: it is {:?}",
+            entry.map(|f| (f.kind, f.nat, f.peer))
+        )
+    })
 }
 
 /// An ICMP error about a tracked flow (either mode) has its quote translated as the

@@ -7,5 +7,7 @@ pub mod loader;
 pub mod loadgen;
 pub mod netns;
 pub mod packet;
+pub mod routing;
+pub mod tier;
 pub mod topo;
 pub mod xdp;

@@ -242,6 +242,16 @@ pub fn forward_both(ns: &Netns) {
     ns.sysctl("net.ipv6.conf.all.forwarding", "1");
 }
 
+/// A new host namespace (`berth-be...`) on `bridge` of `switch`: a veth from switch
+/// port `port` to the host's `eth0`, which holds `cidrs` (checksum offload off there,
+/// as on a real NIC).
+pub fn host_on_bridge(switch: &Netns, bridge: &str, port: &str, cidrs: &[String]) -> Netns {
+    let host = Netns::new("be");
+    veth(switch, port, &[], &host, "eth0", &strs(cidrs), Veth::HOST_B);
+    enslave(switch, port, bridge);
+    host
+}
+
 /// Makes `port` (in `ns`) a port of `bridge`.
 pub fn enslave(ns: &Netns, port: &str, bridge: &str) {
     ns.ip(&["link", "set", port, "master", bridge]);
@@ -291,77 +301,13 @@ impl Topology {
 
     /// Starts nginx and dnsmasq on every backend and waits until they answer.
     pub fn start_servers(&self) -> Servers {
-        let dir = std::env::temp_dir().join(format!("berth-servers-{}", crate::netns::unique("s")));
-        std::fs::create_dir_all(&dir).expect("server dir");
-        let mut procs = Vec::new();
-        for (i, ns) in self.backends.iter().enumerate() {
-            let n = i + 1;
-            let prefix = dir.join(format!("b{n}"));
-            std::fs::create_dir_all(&prefix).expect("nginx prefix");
-            let conf = prefix.join("nginx.conf");
-            let v6 = self.backend_addrs6.get(i).is_some();
-            std::fs::write(&conf, nginx_conf(&prefix, n, self.backend_addrs[i], v6))
-                .expect("nginx.conf");
-            let www = prefix.join("www");
-            std::fs::create_dir_all(&www).expect("nginx root");
-            // Sparse: ten megabytes of zeros that take no disk.
-            std::fs::File::create(www.join("big"))
-                .and_then(|f| f.set_len(BIG_FILE))
-                .expect("big file");
-            procs.push(ns.spawn(&[
-                "nginx",
-                "-p",
-                prefix.to_str().unwrap_or_default(),
-                "-c",
-                conf.to_str().unwrap_or_default(),
-            ]));
-            // On its IPv4 address and, if it has one, its IPv6 address; an A and an
-            // AAAA record name the backend.
-            let mut dnsmasq: Vec<String> = [
-                "dnsmasq",
-                "--keep-in-foreground",
-                "--conf-file=/dev/null",
-                "--no-resolv",
-                "--no-hosts",
-                "--bind-interfaces",
-                "--pid-file",
-                "--user=root",
-                "--log-facility=-",
-            ]
-            .map(String::from)
-            .to_vec();
-            dnsmasq.push(format!("--port={DNS_PORT}"));
-            dnsmasq.push(format!("--address=/{WHOAMI}/{}", marker(n)));
-            dnsmasq.push(format!("--address=/{WHOAMI}/{}", marker6(n)));
-            for addr in self.backend_serving_addrs(i) {
-                dnsmasq.push(format!("--listen-address={addr}"));
-            }
-            let dnsmasq: Vec<&str> = dnsmasq.iter().map(String::as_str).collect();
-            procs.push(ns.spawn(&dnsmasq));
-        }
-        for (i, ns) in self.backends.iter().enumerate() {
-            let n = i + 1;
-            for addr in self.backend_serving_addrs(i) {
-                let dns = SocketAddr::new(addr, DNS_PORT);
-                let http = SocketAddr::new(addr, HTTP_PORT);
-                ns.enter(|| {
-                    wait_until(
-                        &format!("dnsmasq on backend {n} at {dns}"),
-                        Duration::from_secs(10),
-                        || dns_whoami_from(dns, Duration::from_millis(200)).is_some(),
-                    );
-                    wait_until(
-                        &format!("nginx on backend {n} at {http}"),
-                        Duration::from_secs(10),
-                        || http_get(http).is_ok(),
-                    );
-                });
-            }
-        }
-        for p in &mut procs {
-            p.assert_running();
-        }
-        Servers { _procs: procs, dir }
+        let backends: Vec<(&Netns, Vec<IpAddr>)> = self
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, ns)| (ns, self.backend_serving_addrs(i)))
+            .collect();
+        start_servers(&backends)
     }
 
     /// The addresses backend `i + 1` serves on: IPv4, and IPv6 if it has it.
@@ -370,6 +316,89 @@ impl Topology {
             .chain(self.backend_addrs6.get(i).copied().map(IpAddr::V6))
             .collect()
     }
+}
+
+/// Starts nginx and dnsmasq on every backend (`backends[n - 1]` is backend `n`, in its
+/// namespace, with the addresses it serves on: IPv4 first, then IPv6 if any) and waits
+/// until they answer.
+pub fn start_servers(backends: &[(&Netns, Vec<IpAddr>)]) -> Servers {
+    let dir = std::env::temp_dir().join(format!("berth-servers-{}", crate::netns::unique("s")));
+    std::fs::create_dir_all(&dir).expect("server dir");
+    let mut procs = Vec::new();
+    for (i, (ns, addrs)) in backends.iter().enumerate() {
+        let n = i + 1;
+        let prefix = dir.join(format!("b{n}"));
+        std::fs::create_dir_all(&prefix).expect("nginx prefix");
+        let conf = prefix.join("nginx.conf");
+        let v4 = addrs
+            .iter()
+            .find_map(|a| match a {
+                IpAddr::V4(a) => Some(*a),
+                IpAddr::V6(_) => None,
+            })
+            .expect("a backend serves on an IPv4 address");
+        let v6 = addrs.iter().any(IpAddr::is_ipv6);
+        std::fs::write(&conf, nginx_conf(&prefix, n, v4, v6)).expect("nginx.conf");
+        let www = prefix.join("www");
+        std::fs::create_dir_all(&www).expect("nginx root");
+        // Sparse: ten megabytes of zeros that take no disk.
+        std::fs::File::create(www.join("big"))
+            .and_then(|f| f.set_len(BIG_FILE))
+            .expect("big file");
+        procs.push(ns.spawn(&[
+            "nginx",
+            "-p",
+            prefix.to_str().unwrap_or_default(),
+            "-c",
+            conf.to_str().unwrap_or_default(),
+        ]));
+        // On its IPv4 address and, if it has one, its IPv6 address; an A and an
+        // AAAA record name the backend.
+        let mut dnsmasq: Vec<String> = [
+            "dnsmasq",
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            "--no-resolv",
+            "--no-hosts",
+            "--bind-interfaces",
+            "--pid-file",
+            "--user=root",
+            "--log-facility=-",
+        ]
+        .map(String::from)
+        .to_vec();
+        dnsmasq.push(format!("--port={DNS_PORT}"));
+        dnsmasq.push(format!("--address=/{WHOAMI}/{}", marker(n)));
+        dnsmasq.push(format!("--address=/{WHOAMI}/{}", marker6(n)));
+        for addr in addrs {
+            dnsmasq.push(format!("--listen-address={addr}"));
+        }
+        let dnsmasq: Vec<&str> = dnsmasq.iter().map(String::as_str).collect();
+        procs.push(ns.spawn(&dnsmasq));
+    }
+    for (i, (ns, addrs)) in backends.iter().enumerate() {
+        let n = i + 1;
+        for &addr in addrs {
+            let dns = SocketAddr::new(addr, DNS_PORT);
+            let http = SocketAddr::new(addr, HTTP_PORT);
+            ns.enter(|| {
+                wait_until(
+                    &format!("dnsmasq on backend {n} at {dns}"),
+                    Duration::from_secs(10),
+                    || dns_whoami_from(dns, Duration::from_millis(200)).is_some(),
+                );
+                wait_until(
+                    &format!("nginx on backend {n} at {http}"),
+                    Duration::from_secs(10),
+                    || http_get(http).is_ok(),
+                );
+            });
+        }
+    }
+    for p in &mut procs {
+        p.assert_running();
+    }
+    Servers { _procs: procs, dir }
 }
 
 /// Running servers, killed by PID on drop; their files removed.

@@ -104,6 +104,25 @@ impl TestDatapath {
 pub type Conntrack<A = u32> =
     aya::maps::HashMap<aya::maps::MapData, gateway_common::FlowKey<A>, gateway_common::Flow<A>>;
 
+/// The entry `map` holds under the tuple (`src`, `dst`, `proto`), if any (none for
+/// addresses of another family).
+pub fn conntrack_entry<A: berth::datapath::MapAddr>(
+    map: &Conntrack<A>,
+    src: std::net::SocketAddr,
+    dst: std::net::SocketAddr,
+    proto: u8,
+) -> Option<gateway_common::Flow<A>> {
+    let key = gateway_common::FlowKey {
+        src: A::of(src.ip())?,
+        dst: A::of(dst.ip())?,
+        sport: src.port().to_be(),
+        dport: dst.port().to_be(),
+        proto,
+        pad: [0; 3],
+    };
+    map.get(&key, 0).ok()
+}
+
 impl TestDatapath {
     /// The IPv4 conntrack map, to ask whether a tuple is tracked (opened from its pin, so
     /// it follows the map's key and value types).
@@ -309,6 +328,24 @@ pub struct FixtureNet {
 }
 
 impl FixtureNet {
+    /// Gives `ip` (either family) a permanent neighbour entry with `mac` on `dev`.
+    pub fn neighbour(&self, ip: std::net::IpAddr, mac: [u8; 6], dev: &str) {
+        let family = if ip.is_ipv6() { "-6" } else { "-4" };
+        let (ip, mac) = (ip.to_string(), mac.map(|b| format!("{b:02x}")).join(":"));
+        self.ns.ip(&[
+            family,
+            "neigh",
+            "replace",
+            &ip,
+            "lladdr",
+            &mac,
+            "dev",
+            dev,
+            "nud",
+            "permanent",
+        ]);
+    }
+
     /// Creates the namespace, both veth pairs, addresses and static neighbours.
     pub fn new() -> Self {
         use net::*;
@@ -375,4 +412,42 @@ impl Default for FixtureNet {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// The backend the kernel program's Maglev gives a flow from `src` to service `dst`
+/// (either family) among `backends`, computed with the daemon's own table builder and
+/// the hash the program uses (`gateway_common::flow_hash`); none when no backend takes
+/// new flows. Every gateway with the same backends gives the same answer.
+pub fn maglev_pick(
+    backends: &[berth::datapath::WeightedBackend],
+    src: std::net::SocketAddr,
+    dst: std::net::SocketAddr,
+    proto: u8,
+) -> Option<std::net::SocketAddr> {
+    use berth::datapath::{maglev, MapAddr};
+    fn hash<A: MapAddr>(
+        src: std::net::SocketAddr,
+        dst: std::net::SocketAddr,
+        proto: u8,
+    ) -> Option<u32> {
+        let (s, d) = (A::of(src.ip())?, A::of(dst.ip())?);
+        Some(gateway_common::flow_hash(
+            s,
+            d,
+            src.port().to_be(),
+            dst.port().to_be(),
+            proto,
+        ))
+    }
+    let candidates: Vec<maglev::Candidate> = backends
+        .iter()
+        .map(|b| maglev::Candidate {
+            endpoint: b.endpoint,
+            weight: b.weight,
+        })
+        .collect();
+    let size = gateway_common::MAGLEV_SIZE;
+    let table = maglev::table(&candidates, size)?;
+    let h = hash::<u32>(src, dst, proto).or_else(|| hash::<[u32; 4]>(src, dst, proto))?;
+    Some(candidates[table[(h % size) as usize] as usize].endpoint)
 }

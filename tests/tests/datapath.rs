@@ -292,23 +292,33 @@ fn a_conntrack_pinned_with_another_size_is_refused_naming_both_sizes_and_its_flo
     );
 }
 
+/// A fresh pin directory of this test run's, removed with its pins when dropped.
+struct PinDir(std::path::PathBuf);
+
+impl PinDir {
+    fn new(name: &str) -> Self {
+        let path = std::path::PathBuf::from(format!(
+            "/sys/fs/bpf/berth-test-{}",
+            berth_tests::netns::unique(name)
+        ));
+        std::fs::create_dir_all(&path).expect("pin dir");
+        PinDir(path)
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = berth::datapath::remove_pins(&self.0);
+    }
+}
+
 #[test]
 fn a_conntrack_pinned_with_an_older_entry_layout_is_replaced_not_refused() {
     // What an upgrade from a build before SNAT mode finds: `berth_ct` with 40-byte
     // entries. The daemon must start (the flows are balanced again), not refuse.
     let limits = test_limits();
-    let pin_dir = std::path::PathBuf::from(format!(
-        "/sys/fs/bpf/berth-test-{}",
-        berth_tests::netns::unique("relayout")
-    ));
-    struct RemovePins(std::path::PathBuf);
-    impl Drop for RemovePins {
-        fn drop(&mut self) {
-            let _ = berth::datapath::remove_pins(&self.0);
-        }
-    }
-    let _cleanup = RemovePins(pin_dir.clone());
-    std::fs::create_dir_all(&pin_dir).expect("pin dir");
+    let pins = PinDir::new("rel");
+    let pin_dir = pins.0.clone();
     let ct = pin_dir.join(gateway_common::map_names::CONNTRACK);
     berth_tests::loadgen::create_pinned_map(
         &ct,
@@ -329,6 +339,32 @@ fn a_conntrack_pinned_with_an_older_entry_layout_is_replaced_not_refused() {
         info.value_size() as usize,
         std::mem::size_of::<gateway_common::Flow>()
     );
+    drop(dp);
+}
+
+#[test]
+fn counters_pinned_by_a_build_with_fewer_counters_are_replaced() {
+    // What an upgrade to a build with new counters (issue 26's ct_miss_midflow and
+    // ct_miss_reply) finds: `berth_counters` two entries short. The daemon replaces it
+    // (counters hold nothing a restart must keep) and counts the new ones.
+    const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+    let limits = test_limits();
+    let pins = PinDir::new("ctr");
+    let pin_dir = pins.0.clone();
+    let counters = pin_dir.join(gateway_common::map_names::COUNTERS);
+    let older = gateway_common::Counter::COUNT - 2;
+    berth_tests::loadgen::create_pinned_map(&counters, BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, older)
+        .expect("pinning an older build's counters");
+    let config = Config {
+        pin_dir: pin_dir.clone(),
+        limits,
+    };
+    let dp = Datapath::load(&config)
+        .unwrap_or_else(|e| panic!("loading over older counters: {}", berth::error_chain(&e)));
+    let info = aya::maps::MapInfo::from_pin(&counters).expect("the new counters are pinned");
+    assert_eq!(info.max_entries(), gateway_common::Counter::COUNT);
+    let c = dp.counters().expect("counters");
+    assert_eq!((c["ct_miss_midflow"], c["ct_miss_reply"]), (0, 0));
     drop(dp);
 }
 

@@ -6,15 +6,14 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use berth::datapath::{maglev, DesiredState, Limits, Protocol, ServiceAddr, WeightedBackend};
+use berth::datapath::{DesiredState, Limits, Protocol, ServiceAddr, WeightedBackend};
 use berth_tests::{
     packet::{decode, Packet, SYN},
     xdp::{
-        net::*, run_gateway, run_tc, test_limits, verdict_name, FixtureNet, TestDatapath, TC_NEXT,
-        XDP_DROP, XDP_PASS, XDP_REDIRECT,
+        maglev_pick, net::*, run_gateway, run_tc, test_limits, verdict_name, FixtureNet,
+        TestDatapath, TC_NEXT, XDP_DROP, XDP_PASS, XDP_REDIRECT,
     },
 };
-use gateway_common::{flow_hash, MAGLEV_SIZE};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Side {
@@ -121,31 +120,14 @@ fn replied(p: &Packet, service: SocketAddrV4) -> Packet {
         .macs(FX0_MAC, CLIENT_MAC)
 }
 
-/// The backend Maglev gives a new flow, computed with the daemon's own table builder
-/// and the hash the kernel program uses.
+/// The backend Maglev gives a new flow (`maglev_pick`).
 fn predict(
     backends: &[WeightedBackend],
     src: SocketAddrV4,
     dst: SocketAddrV4,
     proto: u8,
 ) -> SocketAddrV4 {
-    let mut candidates: Vec<maglev::Candidate> = backends
-        .iter()
-        .map(|b| maglev::Candidate {
-            endpoint: b.endpoint,
-            weight: b.weight,
-        })
-        .collect();
-    candidates.sort_by_key(|c| c.endpoint);
-    let table = maglev::table(&candidates, MAGLEV_SIZE).expect("a backend with weight");
-    let h = flow_hash(
-        u32::from(*src.ip()).to_be(),
-        u32::from(*dst.ip()).to_be(),
-        src.port().to_be(),
-        dst.port().to_be(),
-        proto,
-    );
-    v4(candidates[table[(h % MAGLEV_SIZE) as usize] as usize].endpoint)
+    v4(maglev_pick(backends, src.into(), dst.into(), proto).expect("a backend with weight"))
 }
 
 fn with_ip_header(mut frame: Vec<u8>, edit: impl FnOnce(&mut [u8])) -> Vec<u8> {
@@ -754,11 +736,14 @@ fn packet_fixtures_give_the_expected_verdict_and_bytes() {
 /// A flow of service S1 (tcp/84 → B1:7000), established; then S1 is removed and an
 /// unrelated service S2 (tcp/85, another route to the same backend endpoint) is
 /// installed, taking S1's service and backend slots. Old flows must not be forwarded,
-/// and their replies not translated, as if they were S2's: a packet to tcp/84 is a
-/// packet to no service (passes untouched, the host answers it), and a reply from B1
-/// to the old flow's client is not the gateway's to rewrite. A service installed on
-/// tcp/84 again balances the old flow's next packet afresh. With `restart`, the daemon
-/// restarts between S1's removal and S2's installation.
+/// and their replies not translated, as if they were still S1's: a packet to tcp/84 is
+/// a packet to no service (passes untouched, the host answers it), and an ICMP error
+/// about the old flow is not the gateway's to rewrite. A reply from B1 to the old
+/// flow's client is never translated to S1's address: it cannot be told from a reply
+/// of an S2 flow from the same client port begun on another gateway (S2's Maglev maps
+/// that tuple to B1, its one backend), so it is taken for one (issue 26). A service
+/// installed on tcp/84 again balances the old flow's next packet afresh. With
+/// `restart`, the daemon restarts between S1's removal and S2's installation.
 fn reuse_steps(restart: bool) -> Vec<Step> {
     use Side::*;
     let backend = || vec![wb(B1, 7000, 1)];
@@ -803,23 +788,23 @@ fn reuse_steps(restart: bool) -> Vec<Step> {
             None,
         ),
         case(
-            "a reply of the removed service's flow passes untranslated",
-            Backend,
-            r.frame(),
-            XDP_PASS,
-            None,
-        ),
-        Step::Egress {
-            name: "tc leaves a reply of the removed service's flow untranslated".into(),
-            input: r_kernel.frame(),
-            output: None,
-        },
-        case(
             "an icmp error about the removed service's flow passes untranslated",
             Backend,
             unreach.frame(),
             XDP_PASS,
             None,
+        ),
+        Step::Egress {
+            name: "tc takes a reply of the removed service's flow for S2's, by Maglev".into(),
+            input: r_kernel.frame(),
+            output: Some(r_kernel.clone().with_src(gw(85)).frame()),
+        },
+        case(
+            "so does xdp, from the entry tc recorded, never as S1's",
+            Backend,
+            r.frame(),
+            XDP_REDIRECT,
+            Some(replied(&r, gw(85)).frame()),
         ),
         case(
             "a new flow to S2 is DNATed to the same backend",
@@ -851,12 +836,15 @@ fn check_reuse(limits: Limits, restart: bool) {
     // The forward packet, and again once S1 is back. (The reply and the icmp error find
     // no entry: replies are found through the reply index, which names S2 only.)
     assert_eq!(c["ct_stale_service"], 2, "all: {c:?}");
-    // ... but the reply is counted as one that matched no flow (XDP; TC counts nothing).
-    assert_eq!(c["reply_untracked"], 1, "all: {c:?}");
+    // The reply is taken for S2's by Maglev (TC, which records it; XDP then finds it).
+    assert_eq!(c["ct_miss_reply"], 1, "all: {c:?}");
+    assert_eq!(c["reply_untracked"], 0, "all: {c:?}");
     assert_eq!(
         c["new_flow"], 3,
-        "the old flow twice, S2's flow; all: {c:?}"
+        "the old flow twice, S2's flow; the reply is none; all: {c:?}"
     );
+    // The old flow's packets carry no SYN: both found no entry that applied.
+    assert_eq!(c["ct_miss_midflow"], 2, "all: {c:?}");
     assert_eq!(c["backend_gone"], 0, "all: {c:?}");
 }
 
@@ -942,6 +930,15 @@ fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
     let frag_needed_out = out(Packet::icmp_error(own, CLIENT, 3, 4, 1280, &quote));
     let unreach = out(Packet::icmp_error(B2, CLIENT, 3, 3, 0, &sent.quote()));
     let unreach_out = out(Packet::icmp_error(GW, CLIENT, 3, 3, 0, &quote));
+    // A reply of a flow begun on another gateway (it arrived on an interface without
+    // XDP): Maglev maps its tuple to the backend it came from.
+    let other_gateways = out(Packet::udp(sa(B2, 5353), client(59999)).payload(b"answer"));
+    // A packet from a backend of tcp/82 whose tuple Maglev maps to the other backend.
+    let tcp82 = [wb(B1, 9000, 1), wb(B2, 9000, 1)];
+    let port = (43000..44000)
+        .find(|&p| predict(&tcp82, client(p), gw(82), 6) != sa(B1, 9000))
+        .expect("a tuple Maglev maps to B2");
+    let elsewhere = out(Packet::tcp(sa(B1, 9000), client(port)));
     let cases = [
         TcCase {
             name: "a udp reply the kernel forwarded leaves from the gateway address and port",
@@ -979,8 +976,13 @@ fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
             output: None,
         },
         TcCase {
-            name: "a packet of no tracked flow leaves untouched",
-            input: out(Packet::udp(sa(B2, 5353), client(59999))).frame(),
+            name: "a reply with no entry whose tuple maglev maps to its backend is translated",
+            output: Some(other_gateways.clone().with_src(gw(53)).frame()),
+            input: other_gateways.frame(),
+        },
+        TcCase {
+            name: "a packet of no flow whose tuple maglev maps to another backend leaves untouched",
+            input: elsewhere.frame(),
             output: None,
         },
     ];
@@ -999,21 +1001,36 @@ fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
     }
     assert_no_failures(cases.len(), &failures);
     let c = t.dp.counters().expect("counters");
-    assert_eq!(c["tc_reply_translated"], 3, "all: {c:?}");
+    assert_eq!(c["tc_reply_translated"], 4, "all: {c:?}");
+    assert_eq!(c["ct_miss_reply"], 1, "all: {c:?}");
     assert_eq!(c["tc_icmp_translated"], 2, "all: {c:?}");
     assert_eq!(c["kernel_forward_no_xdp_egress"], 2, "all: {c:?}");
     let stats = t.dp.service_stats().expect("stats");
     let s = stats[&svc(Protocol::Udp, 53)];
     assert_eq!(
-        s.reply_packets, 2,
+        s.reply_packets, 3,
         "replies the TC program translated are counted"
     );
     assert_eq!(
-        s.kernel_packets, 3,
-        "the forward packet and both replies took the kernel's path"
+        s.kernel_packets, 4,
+        "the forward packet and the three replies took the kernel's path"
+    );
+    let recorded = gateway_common::FlowKey {
+        src: u32::from(CLIENT).to_be(),
+        dst: u32::from(GW).to_be(),
+        sport: 59999u16.to_be(),
+        dport: 53u16.to_be(),
+        proto: 17,
+        pad: [0; 3],
+    };
+    assert!(
+        t.conntrack().get(&recorded, 0).is_ok(),
+        "the matched reply's flow is recorded"
     );
 }
 
+#[path = "fixtures/ecmp.rs"]
+mod ecmp;
 #[path = "fixtures/entries.rs"]
 mod entries;
 #[path = "fixtures/ipv6.rs"]

@@ -21,8 +21,8 @@ use berth_tests::{
     netns::{poll, unique, wait_until, Netns},
     topo::{
         backend_addr, backend_addr6, bridge, default_routes, dual_cidrs, dual_veth, enslave,
-        forward_both, http_get, http_request, marker, marker6, mirror6, routes_via, strs,
-        tcp_peers, veth, Flow, Servers, Topology, Veth, BIG_FILE, CLIENT, GW, GW6, HTTP_PORT,
+        forward_both, host_on_bridge, http_get, http_request, marker, marker6, mirror6, routes_via,
+        strs, tcp_peers, veth, Flow, Servers, Topology, Veth, BIG_FILE, CLIENT, GW, GW6, HTTP_PORT,
         WHOAMI,
     },
 };
@@ -472,18 +472,12 @@ fn one_arm() -> Topology {
     ]);
     let mut backends = Vec::new();
     for i in 1..=3 {
-        let b = Netns::new("be");
-        let port = format!("p{i}");
-        veth(
+        let b = host_on_bridge(
             &switch,
-            &port,
-            &[],
-            &b,
-            "eth0",
-            &strs(&dual_cidrs(&[backend_addr(i)])),
-            Veth::HOST_B,
+            "sw0",
+            &format!("p{i}"),
+            &dual_cidrs(&[backend_addr(i)]),
         );
-        enslave(&switch, &port, "sw0");
         default_routes(&b, hop(10 + i as u8));
         backends.push(b);
     }

@@ -22,6 +22,9 @@ const PACKAGES: &[(&str, &str)] = &[
     ("dnsmasq-base", "dnsmasq"),
     ("bind9-dnsutils", "dig"),
     ("curl", "curl"),
+    // The routing daemons of the gateway tier test (tests/tests/tier.rs).
+    ("bird2", "bird"),
+    ("frr", "vtysh"),
     // The end-to-end benchmark's kernel NAT baselines.
     ("iptables", "iptables-legacy"),
     ("nftables", "nft"),

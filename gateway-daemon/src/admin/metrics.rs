@@ -110,6 +110,7 @@ fn families(p: &Published) -> Families {
         )
         .with(vec![], u64::from(p.last_error.is_some())),
     ];
+    out.extend(announce_families(p));
     if let Some(s) = &p.state {
         out.push(
             Family::new(
@@ -199,6 +200,53 @@ fn families(p: &Published) -> Families {
         out.push(datapath);
     }
     Families(out)
+}
+
+/// Whether the node announces its addresses: how many it publishes, its state (1 for
+/// the current one, 0 for the others) and, while withdrawn, why.
+fn announce_families(p: &Published) -> Vec<Family> {
+    use crate::announce::State;
+    let Some(a) = &p.announce else {
+        return Vec::new();
+    };
+    let mut states = Family::new(
+        "berth_drain_state",
+        "1 for the node's announce state (announced, or why its addresses are withdrawn: \
+         draining, drained, stopping, not_ready), 0 for the others.",
+        MetricType::Gauge,
+    );
+    for s in State::ALL {
+        states = states.with(
+            vec![("state", s.metric_label().to_string())],
+            u64::from(s == a.state),
+        );
+    }
+    let mut out = vec![
+        Family::new(
+            "berth_announced_addresses",
+            "Gateway addresses published (address interface, --announce-table) now.",
+            MetricType::Gauge,
+        )
+        .with(vec![], a.addresses.len() as u64),
+        states,
+    ];
+    if let Some(reason) = &a.reason {
+        out.push(
+            Family::new(
+                "berth_drain_reason",
+                "1 while the addresses are withdrawn, labelled with why.",
+                MetricType::Gauge,
+            )
+            .with(
+                vec![
+                    ("state", a.state.metric_label().to_string()),
+                    ("reason", reason.clone()),
+                ],
+                1,
+            ),
+        );
+    }
+    out
 }
 
 fn listener_labels(namespace: &str, gateway: &str, listener: &str) -> Labels {
@@ -342,6 +390,54 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == want), "no {want:?} in:\n{text}");
         }
+    }
+
+    #[test]
+    fn the_announce_state_is_one_of_five_with_the_published_count_and_the_reason() {
+        use crate::announce::{State, Status};
+        let status = |state: State, reason: Option<&str>, addresses: &[&str]| {
+            Status::example(state, reason, addresses)
+        };
+        let text = |s: Status| {
+            encode(&Published {
+                announce: Some(std::sync::Arc::new(s)),
+                ..Published::default()
+            })
+        };
+        let announced = text(status(State::Announced, None, &["10.0.0.1"]));
+        for want in [
+            "# TYPE berth_announced_addresses gauge",
+            "berth_announced_addresses 1",
+            "# TYPE berth_drain_state gauge",
+            "berth_drain_state{state=\"announced\"} 1",
+            "berth_drain_state{state=\"draining\"} 0",
+            "berth_drain_state{state=\"drained\"} 0",
+            "berth_drain_state{state=\"stopping\"} 0",
+            "berth_drain_state{state=\"not_ready\"} 0",
+        ] {
+            assert!(
+                announced.lines().any(|l| l == want),
+                "no {want:?} in:\n{announced}"
+            );
+        }
+        assert!(!announced.contains("berth_drain_reason"), "{announced}");
+        let withdrawn = text(status(State::NotReady, Some("disk \"full\""), &[]));
+        for want in [
+            "berth_announced_addresses 0",
+            "berth_drain_state{state=\"announced\"} 0",
+            "berth_drain_state{state=\"not_ready\"} 1",
+            r#"berth_drain_reason{state="not_ready",reason="disk \"full\""} 1"#,
+        ] {
+            assert!(
+                withdrawn.lines().any(|l| l == want),
+                "no {want:?} in:\n{withdrawn}"
+            );
+        }
+        let before = encode(&Published::default());
+        assert!(
+            !before.contains("berth_drain_state"),
+            "nothing before a decision"
+        );
     }
 
     #[test]

@@ -4,6 +4,11 @@
 //! restarted the pod), a 512 MB header grew the daemon to 1.34 GB, and any method got
 //! 200. Here every connection has its own task, headers have a size limit and a read
 //! deadline, connections a lifetime and a cap, and requests a method and no body.
+//!
+//! The operator's requests (`POST /api/v1/drain`, `/api/v1/undrain`) are served on the
+//! admin address only, and refused when they carry an `Origin` header: a web page the
+//! operator's browser shows could otherwise drain the node with a cross-site POST to
+//! 127.0.0.1 (such a POST needs no preflight).
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
 
@@ -19,7 +24,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::Semaphore};
 
 use super::{Endpoints, Resource};
-use crate::publish::Shared;
+use crate::{announce::Control, publish::Shared};
 
 /// The most a request's line and headers may take: more gets 431 and the connection
 /// closed, and no buffer grows past it.
@@ -45,6 +50,7 @@ pub const MAX_CONNECTIONS: usize = 1024;
 pub fn spawn(
     listeners: Vec<(std::net::TcpListener, Endpoints)>,
     shared: Shared,
+    control: Arc<Control>,
 ) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -64,7 +70,7 @@ pub fn spawn(
         .spawn(move || {
             let servers = listeners
                 .into_iter()
-                .map(|(l, endpoints)| serve(l, endpoints, shared.clone()));
+                .map(|(l, endpoints)| serve(l, endpoints, shared.clone(), control.clone()));
             runtime.block_on(futures::future::join_all(servers));
         })?;
     Ok(())
@@ -72,7 +78,12 @@ pub fn spawn(
 
 /// Serves `listener` for ever: each connection on a task of its own, HTTP/1.1 with
 /// keep-alive (and HTTP/1.0), within the limits above.
-pub async fn serve(listener: TcpListener, endpoints: Endpoints, shared: Shared) {
+pub async fn serve(
+    listener: TcpListener,
+    endpoints: Endpoints,
+    shared: Shared,
+    control: Arc<Control>,
+) {
     let slots_cap = connection_cap();
     let slots = Arc::new(Semaphore::new(slots_cap));
     // Connections refused since the last warning, and when that was.
@@ -107,9 +118,9 @@ pub async fn serve(listener: TcpListener, endpoints: Endpoints, shared: Shared) 
             }
             continue;
         };
-        let shared = shared.clone();
+        let (shared, control) = (shared.clone(), control.clone());
         let service = service_fn(move |request: Request<Incoming>| {
-            let response = respond(&request, endpoints, &shared);
+            let response = respond(&request, endpoints, &shared, &control);
             async move { Ok::<_, Infallible>(response) }
         });
         let connection = http.serve_connection(TokioIo::new(stream), service);
@@ -128,24 +139,32 @@ pub async fn serve(listener: TcpListener, endpoints: Endpoints, shared: Shared) 
 }
 
 /// The answer to one request: 404 for a path this listener does not serve, 405 for a
-/// method other than GET and HEAD (hyper sends HEAD's headers without the body), 413
-/// for a request with a body, else the resource.
+/// method the resource does not answer (GET and HEAD, or POST for the operator's
+/// requests; hyper sends HEAD's headers without the body), 413 for a request with a
+/// body, 403 for an operator's request from a web page, 202 with the request's number
+/// for one handed to the loop, else the resource.
 fn respond(
     request: &Request<Incoming>,
     endpoints: Endpoints,
     shared: &Shared,
+    control: &Control,
 ) -> Response<Full<Bytes>> {
     let Some(resource) = Resource::at(request.uri().path(), endpoints) else {
         return response(StatusCode::NOT_FOUND, "text/plain", "not found\n");
     };
-    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+    let allowed = match resource {
+        Resource::Request(_) => *request.method() == Method::POST,
+        _ => matches!(*request.method(), Method::GET | Method::HEAD),
+    };
+    if !allowed {
+        let methods = resource.methods();
         let mut r = response(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
-            "method not allowed: GET or HEAD\n",
+            format!("method not allowed: {}\n", methods.replace(", ", " or ")),
         );
         r.headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            .insert(header::ALLOW, HeaderValue::from_static(methods));
         return r;
     }
     if !request.body().is_end_stream() {
@@ -153,6 +172,22 @@ fn respond(
             StatusCode::PAYLOAD_TOO_LARGE,
             "text/plain",
             "requests with a body are not accepted\n",
+        );
+    }
+    if let Resource::Request(what) = resource {
+        if request.headers().contains_key(header::ORIGIN) {
+            return response(
+                StatusCode::FORBIDDEN,
+                "text/plain",
+                "requests from web pages (with an Origin header) are refused: use berth \
+                 drain / berth undrain, or curl -X POST\n",
+            );
+        }
+        let number = control.request(what);
+        return response(
+            StatusCode::ACCEPTED,
+            "application/json",
+            format!("{{\"request\": {number}}}\n"),
         );
     }
     let published = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));

@@ -1,13 +1,24 @@
-//! Gateway addresses on a dummy interface the daemon owns (as kube-proxy's IPVS mode
-//! does with `kube-ipvs0`): the host then answers ARP for them, so clients on the same
-//! segment reach them without static routes, and a packet to a port no route holds gets
-//! the local stack's answer (TCP RST, ICMP port unreachable) instead of vanishing. Only
-//! the dummy interface is touched: addresses no longer programmed are removed from it.
+//! Publishing the gateway addresses, where the operator's routing daemon picks them
+//! up: on a dummy interface the daemon owns (as kube-proxy's IPVS mode does with
+//! `kube-ipvs0`), and with `--announce-table N` as host routes of protocol `berth`
+//! (251) in kernel routing table N.
+//!
+//! On the interface the host answers ARP for them, so clients on the same segment reach
+//! them without static routes, and a packet to a port no route holds gets the local
+//! stack's answer (TCP RST, ICMP port unreachable) instead of vanishing. Only the dummy
+//! interface is touched: addresses no longer published are removed from it. In the
+//! table only routes of protocol 251 are ever added or removed; a route to a published
+//! address of another protocol is left alone, and routes of protocol 251 to addresses
+//! not published (an earlier run's) are removed.
 //!
 //! IPv6 neighbour discovery is answered only for addresses on the interface a
 //! solicitation arrives on, so each IPv6 gateway address also gets a proxy neighbour
 //! entry on every interface the gateway program is attached to (`proxy_ndp` on there):
 //! clients on the same segment find it as IPv4 clients find theirs by ARP.
+//!
+//! What is published is one set (`announce::published`): the addresses of the installed
+//! services while the node announces, none while it is withdrawn. The interface, the
+//! proxy neighbours and the table all follow it; the services stay installed.
 
 use std::{
     collections::BTreeSet,
@@ -15,38 +26,112 @@ use std::{
 };
 
 use super::{Datapath, DatapathError, Result};
+use crate::netlink::{self, HostRoute, RouteAdded, RTPROT_BERTH};
+
+/// Where and whether the gateway addresses are published.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Publication {
+    /// The dummy interface that holds them, if the daemon owns one.
+    interface: Option<String>,
+    /// The routing table that holds them as routes (`--announce-table`).
+    table: Option<u32>,
+    /// The announce decision withdrew them.
+    withdrawn: bool,
+    /// What the last sync that succeeded published (none before one did).
+    published: Option<BTreeSet<IpAddr>>,
+}
 
 impl Datapath {
-    /// Puts the programmed gateway addresses on dummy interface `name` from now on
+    /// Puts the published gateway addresses on dummy interface `name` from now on
     /// (created if absent; a link of that name that is not a dummy is refused).
     pub fn own_addresses_on(&mut self, name: &str) -> Result<()> {
-        crate::netlink::ensure_dummy(name).map_err(|source| DatapathError::Addresses {
+        netlink::ensure_dummy(name).map_err(|source| DatapathError::Addresses {
             iface: name.to_string(),
             source,
         })?;
-        self.address_interface = Some(name.to_string());
-        self.sync_address_interface()
+        self.publication.interface = Some(name.to_string());
+        self.sync_publication()
     }
 
-    /// Makes the dummy interface hold exactly the addresses of installed services.
-    pub(super) fn sync_address_interface(&mut self) -> Result<()> {
-        let Some(name) = self.address_interface.clone() else {
+    /// Also publishes the addresses as host routes of protocol `berth` in routing
+    /// table `table`, through the address interface (`lo` without one); routes of that
+    /// protocol an earlier run left there for addresses not published are removed.
+    pub fn announce_in_table(&mut self, table: u32) -> Result<()> {
+        self.publication.table = Some(table);
+        self.publication.published = None;
+        self.sync_publication()
+    }
+
+    /// Publishes the served addresses (`announcing`) or none; touches the kernel only
+    /// when that changes what is published (or the last sync failed).
+    pub fn set_announcing(&mut self, announcing: bool) -> Result<()> {
+        self.publication.withdrawn = !announcing;
+        if self.publication.published.as_ref() == Some(&self.wanted_addresses()) {
             return Ok(());
+        }
+        self.sync_publication()
+    }
+
+    /// The addresses of the installed services.
+    pub fn served_addresses(&self) -> BTreeSet<IpAddr> {
+        self.installed.keys().map(|s| s.addr).collect()
+    }
+
+    /// The addresses published by the last sync that succeeded.
+    pub fn published_addresses(&self) -> BTreeSet<IpAddr> {
+        self.publication.published.clone().unwrap_or_default()
+    }
+
+    /// The address interface, if the daemon owns one.
+    pub fn address_interface(&self) -> Option<&str> {
+        self.publication.interface.as_deref()
+    }
+
+    /// The routing table the addresses are published in, if any.
+    pub fn announce_table(&self) -> Option<u32> {
+        self.publication.table
+    }
+
+    /// What should be published now.
+    fn wanted_addresses(&self) -> BTreeSet<IpAddr> {
+        crate::announce::published(!self.publication.withdrawn, self.served_addresses())
+    }
+
+    /// Makes the interface, the proxy neighbours and the table hold exactly what
+    /// should be published.
+    pub(super) fn sync_publication(&mut self) -> Result<()> {
+        let want = self.wanted_addresses();
+        self.publication.published = None;
+        // Routes leave the table before their addresses leave the interface: BIRD
+        // missed the deletion of a route whose device had just lost the address, and
+        // withdrew it only at its next scan of the table, up to 10 s later (seen in
+        // the tier test: drained gateways kept getting new flows for seconds).
+        let in_table = self.withdraw_from_table(&want)?;
+        let device = self.sync_address_interface(&want)?;
+        self.add_to_table(&want, &in_table, device)?;
+        self.publication.published = Some(want);
+        Ok(())
+    }
+
+    /// Makes the dummy interface hold exactly `want`; returns its ifindex (none
+    /// without one).
+    fn sync_address_interface(&mut self, want: &BTreeSet<IpAddr>) -> Result<Option<u32>> {
+        let Some(name) = self.publication.interface.clone() else {
+            return Ok(None);
         };
         let err = |source| DatapathError::Addresses {
             iface: name.clone(),
             source,
         };
         // Created again if someone deleted it.
-        let index = crate::netlink::ensure_dummy(&name).map_err(err)?;
-        let want: BTreeSet<IpAddr> = self.installed.keys().map(|s| s.addr).collect();
-        let have = crate::netlink::addresses(index).map_err(err)?;
-        for a in have.difference(&want) {
-            crate::netlink::remove_address(index, *a).map_err(err)?;
+        let index = netlink::ensure_dummy(&name).map_err(err)?;
+        let have = netlink::addresses(index).map_err(err)?;
+        for a in have.difference(want) {
+            netlink::remove_address(index, *a).map_err(err)?;
             tracing::info!(iface = name, address = %a, "gateway address removed");
         }
         for a in want.difference(&have) {
-            crate::netlink::add_address(index, *a).map_err(err)?;
+            netlink::add_address(index, *a).map_err(err)?;
             tracing::info!(iface = name, address = %a, "gateway address added");
         }
         let v6 = |set: &BTreeSet<IpAddr>| -> BTreeSet<Ipv6Addr> {
@@ -57,8 +142,74 @@ impl Datapath {
                 })
                 .collect()
         };
-        let (want6, have6) = (v6(&want), v6(&have));
-        self.sync_proxy_neighbours(&want6, &have6.difference(&want6).copied().collect())
+        let (want6, have6) = (v6(want), v6(&have));
+        self.sync_proxy_neighbours(&want6, &have6.difference(&want6).copied().collect())?;
+        Ok(Some(index))
+    }
+
+    /// Removes the announce table's routes of protocol `berth` to addresses not in
+    /// `want`; returns the addresses that have one.
+    fn withdraw_from_table(&self, want: &BTreeSet<IpAddr>) -> Result<BTreeSet<IpAddr>> {
+        let Some(table) = self.publication.table else {
+            return Ok(BTreeSet::new());
+        };
+        let err = |source| DatapathError::AnnounceTable { table, source };
+        let mut have = netlink::host_routes(table, RTPROT_BERTH).map_err(err)?;
+        for a in have.clone().difference(want) {
+            netlink::remove_host_route(HostRoute {
+                table,
+                protocol: RTPROT_BERTH,
+                addr: *a,
+            })
+            .map_err(err)?;
+            have.remove(a);
+            tracing::info!(table, address = %a, "route withdrawn from the announce table");
+        }
+        Ok(have)
+    }
+
+    /// Adds to the announce table a route of protocol `berth` to each address of `want`
+    /// that has none in `have` (what `withdraw_from_table` left), through `device` (`lo`
+    /// if none).
+    fn add_to_table(
+        &self,
+        want: &BTreeSet<IpAddr>,
+        have: &BTreeSet<IpAddr>,
+        device: Option<u32>,
+    ) -> Result<()> {
+        let Some(table) = self.publication.table else {
+            return Ok(());
+        };
+        let err = |source| DatapathError::AnnounceTable { table, source };
+        let route = |addr| HostRoute {
+            table,
+            protocol: RTPROT_BERTH,
+            addr,
+        };
+        let missing: Vec<&IpAddr> = want.difference(have).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let device = match device {
+            Some(index) => index,
+            None => crate::sys::iface::name_to_index("lo").ok_or(DatapathError::NoInterface {
+                iface: "lo".to_string(),
+            })?,
+        };
+        for a in missing {
+            match netlink::add_host_route(route(*a), device).map_err(err)? {
+                RouteAdded::Added => {
+                    tracing::info!(table, address = %a, "route added to the announce table")
+                }
+                RouteAdded::Exists => tracing::warn!(
+                    table,
+                    address = %a,
+                    "the announce table holds a route to this gateway address of another \
+                     protocol: left alone (it is announced as that route says)"
+                ),
+            }
+        }
+        Ok(())
     }
 
     /// Puts a proxy neighbour entry for each IPv6 gateway address in `want` on every
@@ -75,10 +226,10 @@ impl Datapath {
                 source,
             };
             for a in gone {
-                crate::netlink::remove_proxy_neighbour(*ifindex, *a).map_err(err)?;
+                netlink::remove_proxy_neighbour(*ifindex, *a).map_err(err)?;
             }
             for a in want {
-                crate::netlink::add_proxy_neighbour(*ifindex, *a).map_err(err)?;
+                netlink::add_proxy_neighbour(*ifindex, *a).map_err(err)?;
             }
         }
         if want.is_empty() {

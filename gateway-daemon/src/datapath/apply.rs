@@ -229,7 +229,7 @@ impl Datapath {
         }
         if report.added + report.removed > 0 {
             self.sync_addresses()?;
-            self.sync_address_interface()?;
+            self.sync_publication()?;
             self.sync_reserved_ports();
         }
         self.applied = Some(desired.clone());

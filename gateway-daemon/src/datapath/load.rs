@@ -330,7 +330,7 @@ impl Datapath {
             installed: BTreeMap::new(),
             applied: None,
             held_back: Vec::new(),
-            address_interface: None,
+            publication: Default::default(),
             reserved: Default::default(),
             links: BTreeMap::new(),
             service_ids: ServiceIds::new(limits.services),
@@ -515,7 +515,7 @@ fn pinned_ports<A: MapAddr>(
 }
 
 /// The services of one family's service map, by `ServiceAddr`.
-fn adopt_services<A: MapAddr>(
+pub(super) fn adopt_services<A: MapAddr>(
     map: &HashMap<MapData, ServiceKey<A>, Service>,
     name: &'static str,
 ) -> Result<Vec<(ServiceAddr, Service)>> {

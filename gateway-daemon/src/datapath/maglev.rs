@@ -25,8 +25,10 @@ pub fn table(candidates: &[Candidate], size: u32) -> Option<Vec<u32>> {
         .enumerate()
         .filter(|(_, c)| c.weight > 0)
         .collect();
-    // Turns are taken in endpoint order, so the caller's order does not matter.
-    active.sort_by_key(|(_, c)| c.endpoint);
+    // Turns are taken in endpoint order (then weight, for an endpoint listed twice), so
+    // the caller's order does not matter: gateways behind one ECMP route build the
+    // same table from the same backends, however each learnt them.
+    active.sort_by_key(|(_, c)| (c.endpoint, c.weight));
     let max_weight = u64::from(active.iter().map(|(_, c)| c.weight).max()?);
 
     struct Walker {
@@ -160,6 +162,21 @@ mod tests {
             .map(|&i| b[i as usize].endpoint)
             .collect();
         assert_eq!(ta, tb);
+    }
+
+    #[test]
+    fn table_does_not_depend_on_the_order_of_an_endpoint_listed_twice() {
+        let twice = backend(2, 1);
+        let a = [backend(1, 1), twice, Candidate { weight: 3, ..twice }];
+        let b = [a[2], a[0], a[1]];
+        let endpoints_and_weights = |c: &[Candidate]| -> Vec<(SocketAddr, u16)> {
+            table(c, M)
+                .unwrap()
+                .iter()
+                .map(|&i| (c[i as usize].endpoint, c[i as usize].weight))
+                .collect()
+        };
+        assert_eq!(endpoints_and_weights(&a), endpoints_and_weights(&b));
     }
 
     #[test]

@@ -8,12 +8,13 @@
 //! Files: `load.rs` loads the object and adopts pinned maps; `apply.rs` applies a
 //! `DesiredState` as a minimal diff (`ids.rs` hands out service, table and backend ids);
 //! `traffic.rs` reads counters, service statistics and flows; `links.rs` attaches the
-//! programs; `addresses.rs` keeps the gateway addresses on the dummy interface;
+//! programs; `addresses.rs` publishes the gateway addresses (the dummy interface, proxy
+//! neighbours, the announce table);
 //! `xmit.rs` follows which interfaces take XDP frames; `desired.rs` is the desired
 //! state; `held_back.rs` holds back what the kernel program cannot serve (a service
 //! with backends of the other family); `family.rs` is how each family's addresses are
 //! held in the maps (IPv4 and IPv6 have maps of their own where keys hold addresses);
-//! `maglev.rs` builds the tables.
+//! `maglev.rs` builds the tables; `inspect.rs` reads a pinned datapath's tables.
 
 pub mod maglev;
 
@@ -23,6 +24,7 @@ mod desired;
 mod family;
 pub mod held_back;
 mod ids;
+mod inspect;
 mod links;
 mod load;
 mod roles;
@@ -51,6 +53,7 @@ use gateway_common::{
     config, map_names, Backend, Flow, FlowKey, MaglevTable, ServiceId, ServiceStats,
 };
 use ids::{IdPool, ServiceIds};
+pub use inspect::pinned_tables;
 pub use links::{LinkChange, LinkKind};
 pub use load::{pinned_service_ports, remove_pins};
 pub use traffic::{kernel_reason, ActiveFlows, FlowScan, Traffic};
@@ -167,6 +170,15 @@ pub enum DatapathError {
     Addresses {
         /// The dummy interface.
         iface: String,
+        /// Cause.
+        #[source]
+        source: crate::netlink::NetlinkError,
+    },
+    /// The gateway addresses could not be published in the announce table.
+    #[error("gateway address routes in routing table {table} (--announce-table)")]
+    AnnounceTable {
+        /// The table.
+        table: u32,
         /// Cause.
         #[source]
         source: crate::netlink::NetlinkError,
@@ -354,8 +366,8 @@ pub struct Datapath {
     applied: Option<DesiredState>,
     /// The services of the state last applied that the kernel program does not serve.
     held_back: Vec<held_back::HeldBack>,
-    /// The dummy interface that holds the gateway addresses, if the daemon owns one.
-    address_interface: Option<String>,
+    /// Where and whether the gateway addresses are published (`addresses.rs`).
+    publication: addresses::Publication,
     /// Ports this process reserved from the host's ephemeral ports (at start: those of
     /// the services adopted, which the run before reserved).
     reserved: std::collections::BTreeSet<u16>,

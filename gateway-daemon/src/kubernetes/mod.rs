@@ -48,6 +48,7 @@ use kube::{runtime::events::Recorder, Client};
 use tokio::sync::Notify;
 
 use crate::{
+    announce::Announcer,
     datapath::{Datapath, DatapathError},
     model::{ClaimRoute, PortClaim},
     planner::{self, Plan},
@@ -380,17 +381,20 @@ async fn settle(changed: &Notify) {
     }
 }
 
-/// Runs Kubernetes mode until `shutdown`: reflectors, election, cycles. A failed cycle
-/// is logged and retried within a second; what was last written and programmed stays.
-/// On shutdown the lease is given back (another node allocates at once); the datapath
-/// is left as programmed.
+/// Runs Kubernetes mode until `shutdown`: reflectors, election, cycles, and the
+/// announce decision (`announcer`, from the start: also while the reflectors list). A
+/// failed cycle is logged and retried within a second; what was last written and
+/// programmed stays. On shutdown the lease is given back (another node allocates at
+/// once); the datapath is left as programmed.
 pub async fn run(
     client: Client,
     options: Options,
-    datapath: Option<Datapath>,
+    mut datapath: Option<Datapath>,
     shared: Shared,
+    mut announcer: Announcer,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    tokio::pin!(shutdown);
     let versions = sources::discover(&client).await;
     tracing::info!(
         tcproute = versions.tcp_route,
@@ -400,7 +404,13 @@ pub async fn run(
     );
     let changed = Arc::new(Notify::new());
     let sources = Sources::start(&client, &versions, &changed);
-    sources.ready().await;
+    tokio::select! {
+        _ = announce_until(sources.ready(), &mut datapath, &shared, &mut announcer) => {}
+        _ = &mut shutdown => {
+            tracing::info!("shutting down before every kind was listed");
+            return;
+        }
+    }
     tracing::info!("every kind listed; planning");
     let leadership = Leadership::default();
     let elector = Elector::new(
@@ -421,22 +431,44 @@ pub async fn run(
     )
     .with_snat_ports(options.snat_ports.clone());
     tokio::select! {
-        _ = cycles(controller, &sources, &changed, datapath, &shared) => {}
-        _ = shutdown => tracing::info!("shutting down"),
+        _ = cycles(controller, &sources, &changed, datapath, &shared, announcer) => {}
+        _ = &mut shutdown => tracing::info!("shutting down"),
     }
     let _ = stop.send(());
     // The elector gives the lease back; do not wait on a dead API server for long.
     let _ = tokio::time::timeout(Duration::from_secs(5), elector).await;
 }
 
-/// Plans, writes and programs on every change, forever.
+/// Applies the announce decision (every second, and when asked) until `done`.
+async fn announce_until(
+    done: impl std::future::Future<Output = ()>,
+    datapath: &mut Option<Datapath>,
+    shared: &Shared,
+    announcer: &mut Announcer,
+) {
+    let control = Arc::clone(announcer.control());
+    tokio::pin!(done);
+    loop {
+        announcer.step(datapath.as_mut(), shared);
+        tokio::select! {
+            _ = &mut done => return,
+            _ = control.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// Plans, writes and programs on every change, and applies the announce decision
+/// after each wake-up (at least every second), forever.
 async fn cycles(
     mut controller: Controller,
     sources: &Sources,
     changed: &Notify,
     mut datapath: Option<Datapath>,
     shared: &Shared,
+    mut announcer: Announcer,
 ) {
+    let control = Arc::clone(announcer.control());
     let mut reported = BTreeSet::new();
     let (mut plan_due, mut failing, mut cooling) = (true, false, false);
     loop {
@@ -484,8 +516,10 @@ async fn cycles(
                 }
             };
         }
+        announcer.step(datapath.as_mut(), shared);
         // Plan again on a change, and within a second while failing or while a port
-        // cools down; otherwise wake when traffic counters are due.
+        // cools down; otherwise wake when traffic counters are due (every second, which
+        // is also the announce decision's tick), or when the operator asks.
         let wait = if failing || cooling {
             Duration::from_secs(1)
         } else {
@@ -496,6 +530,7 @@ async fn cycles(
                 settle(changed).await;
                 true
             }
+            _ = control.notified() => false,
             _ = tokio::time::sleep(wait) => failing || cooling,
         };
     }

@@ -193,9 +193,12 @@ pub struct PortClaimStatus {
 }
 
 /// Phase of a claim.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum ClaimPhase {
     /// Held by its route.
+    #[default]
     Bound,
     /// Its route let go; the port is free after the cool-down.
     Released,

@@ -112,6 +112,58 @@ impl Address {
     }
 }
 
+/// A route as RTM_NEWROUTE describes it (the fields `host_routes` looks at).
+pub(super) struct Route {
+    pub(super) dst_len: u8,
+    /// RTA_TABLE if present (any table), else `rtm_table`.
+    pub(super) table: u32,
+    pub(super) protocol: u8,
+    pub(super) dst: Option<IpAddr>,
+}
+
+impl Route {
+    /// Parses an rtmsg and its attributes (a family other than IPv4 and IPv6 gives a
+    /// route without a destination).
+    pub(super) fn parse(body: &[u8]) -> Result<Self, &'static str> {
+        let (header, attrs) = split_fixed(body, RTMSG_LEN).ok_or("short rtmsg")?;
+        let family = i32::from(header[0]);
+        let mut route = Route {
+            dst_len: header[1],
+            table: u32::from(header[4]),
+            protocol: header[5],
+            dst: None,
+        };
+        for attr in Attrs::new(attrs) {
+            let attr = attr?;
+            match attr.ty {
+                RTA_TABLE => {
+                    route.table = ne_u32(attr.value).ok_or("RTA_TABLE not 4 bytes long")?
+                }
+                RTA_DST if family == libc::AF_INET => {
+                    let a = <[u8; 4]>::try_from(attr.value)
+                        .map_err(|_| "IPv4 RTA_DST not 4 bytes long")?;
+                    route.dst = Some(IpAddr::from(a));
+                }
+                RTA_DST if family == libc::AF_INET6 => {
+                    let a = <[u8; 16]>::try_from(attr.value)
+                        .map_err(|_| "IPv6 RTA_DST not 16 bytes long")?;
+                    route.dst = Some(IpAddr::from(a));
+                }
+                _ => {}
+            }
+        }
+        Ok(route)
+    }
+
+    /// The address of this route if it is a host route (/32, /128) of `protocol` in
+    /// `table`.
+    pub(super) fn host(&self, table: u32, protocol: u8) -> Option<IpAddr> {
+        let dst = self.dst?;
+        let full = host_prefix_len(dst).1;
+        (self.table == table && self.protocol == protocol && self.dst_len == full).then_some(dst)
+    }
+}
+
 /// A device as the netdev family's dev-get describes it.
 pub(super) struct Device {
     pub(super) ifindex: u32,

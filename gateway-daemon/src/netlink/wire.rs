@@ -83,6 +83,28 @@ pub(super) fn ifaddrmsg(family: i32, index: u32, prefix_len: u8, flags: u8) -> [
     m
 }
 
+/// An rtmsg of `family` for a `dst_len`-bit prefix in `table` (a table above 255 is
+/// `RT_TABLE_COMPAT` here and must travel in RTA_TABLE too), of routing `protocol`.
+pub(super) fn rtmsg(
+    family: i32,
+    dst_len: u8,
+    table: u32,
+    protocol: u8,
+    scope: u8,
+    ty: u8,
+) -> [u8; RTMSG_LEN] {
+    let mut m = [0; RTMSG_LEN];
+    m[0] = family as u8;
+    m[1] = dst_len;
+    // rtm_src_len, rtm_tos: 0.
+    m[4] = u8::try_from(table).unwrap_or(RT_TABLE_COMPAT);
+    m[5] = protocol;
+    m[6] = scope;
+    m[7] = ty;
+    // rtm_flags: 0.
+    m
+}
+
 pub(super) fn genl_header(cmd: u8, version: u8) -> [u8; GENL_HDRLEN] {
     [cmd, version, 0, 0]
 }

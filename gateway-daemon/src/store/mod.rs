@@ -219,5 +219,23 @@ impl Store {
     }
 }
 
+/// Replaces file `name` of directory `dir` (created if absent) with `text`,
+/// atomically and durably: a temporary file fsynced, renamed over, the directory
+/// fsynced. For small files beside the journals (the operator's drain).
+pub fn replace_file(dir: &Path, name: &str, text: &str) -> Result<()> {
+    fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
+    journal::rewrite_file(dir, name, text)
+}
+
+/// Removes file `name` of `dir` durably (the directory fsynced); whether it was there.
+pub fn remove_file(dir: &Path, name: &str) -> Result<bool> {
+    let path = dir.join(name);
+    match fs::remove_file(&path) {
+        Ok(()) => journal::sync_dir(dir).map(|()| true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_err("removing", &path)(e)),
+    }
+}
+
 #[cfg(test)]
 mod tests;

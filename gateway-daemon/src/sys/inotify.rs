@@ -26,19 +26,6 @@ pub(crate) fn add_watch(fd: BorrowedFd<'_>, path: &CStr, mask: u32) -> io::Resul
     Ok(())
 }
 
-/// Waits up to `millis` (negative: forever) for `fd` to have something to read: the
-/// number of ready descriptors (0 or 1, as poll(2) returns).
-pub(crate) fn poll_in(fd: BorrowedFd<'_>, millis: i32) -> io::Result<usize> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, live through the call, and its count.
-    let ready = unsafe { libc::poll(&mut pfd, 1, millis) };
-    usize::try_from(ready).map_err(|_| io::Error::last_os_error())
-}
-
 /// Reads queued events into `buf`: the number of bytes read (0 at end of file).
 pub(crate) fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: `buf` is live and writable for `buf.len()` bytes; read writes at most that.

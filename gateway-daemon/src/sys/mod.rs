@@ -13,4 +13,6 @@ pub(crate) mod fs;
 pub(crate) mod iface;
 pub(crate) mod inotify;
 pub(crate) mod netlink_socket;
+pub(crate) mod poll;
 pub(crate) mod rlimit;
+pub(crate) mod signal;

@@ -4,7 +4,6 @@
 use std::{
     io,
     os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
-    time::Duration,
 };
 
 /// A netlink socket of the calling thread's network namespace.
@@ -126,25 +125,4 @@ pub(crate) fn recv(fd: BorrowedFd<'_>, buf: &mut [u8], dontwait: bool) -> io::Re
     }
 }
 
-/// poll(2) for input on up to two descriptors; which ones are ready (or in error,
-/// which a read then reports). An interrupted poll reports none.
-pub(crate) fn poll(fds: [Option<BorrowedFd<'_>>; 2], timeout: Duration) -> io::Result<[bool; 2]> {
-    let mut pollfds = fds.map(|fd| libc::pollfd {
-        // poll ignores negative descriptors.
-        fd: fd.map_or(-1, |fd| fd.as_raw_fd()),
-        events: libc::POLLIN,
-        revents: 0,
-    });
-    // Rounded up, so a wait of less than a millisecond does not spin.
-    let millis = timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
-    // SAFETY: `pollfds` is a live array of pollfd and its length is given.
-    let rc = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, millis) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok([false; 2]);
-        }
-        return Err(e);
-    }
-    Ok(pollfds.map(|p| p.revents != 0))
-}
+pub(crate) use super::poll::poll;

@@ -252,15 +252,49 @@ pub(super) fn daemonset_errors(d: &Deploy) -> Vec<String> {
             "--pin-dir {pin_dir}: the default AppArmor profile denies writes under /sys/fs/"
         ));
     }
-    // With a read-only root filesystem, the state directory must be a volume.
+    // With a read-only root filesystem, the state directory must be a volume; and one
+    // of the node's, since it keeps `berth drain` across a new pod (an upgrade).
     let state_dir = flag(&args, "--state-dir").unwrap_or("/var/lib/berth");
-    if !main.volume_mounts.iter().flatten().any(|m| {
+    let state_mount = main.volume_mounts.iter().flatten().find(|m| {
         let mount = m.mount_path.trim_end_matches('/');
         state_dir == mount || state_dir.starts_with(&format!("{mount}/"))
-    }) {
-        e.push(format!(
+    });
+    match state_mount {
+        None => e.push(format!(
             "the state directory {state_dir} is not a writable volume"
-        ));
+        )),
+        Some(m) => {
+            let volume = pod.volumes.iter().flatten().find(|v| v.name == m.name);
+            if volume.is_none_or(|v| v.host_path.is_none()) {
+                e.push(format!(
+                    "the state directory {state_dir} is not a hostPath volume: the drain \
+                     `berth drain` keeps there would not outlive the pod (drain, upgrade, \
+                     undrain)"
+                ));
+            }
+        }
+    }
+    // SIGTERM withdraws the node's addresses and serves on for the drain timeout; the
+    // kubelet must not kill the pod before that is over.
+    if !args.iter().any(|a| a == "--drain-on-stop") {
+        e.push(
+            "berth's args lack --drain-on-stop: a pod that stops would leave its addresses \
+             announced"
+                .into(),
+        );
+    }
+    let drain_timeout = flag(&args, "--drain-timeout")
+        .map(|t| humantime::parse_duration(t).map(|d| d.as_secs()))
+        .unwrap_or(Ok(30));
+    let grace = pod.termination_grace_period_seconds.unwrap_or(30);
+    match drain_timeout {
+        Err(err) => e.push(format!("--drain-timeout: {err}")),
+        // Some seconds beyond it: the lease is given back after the drain.
+        Ok(t) if grace < t as i64 + 10 => e.push(format!(
+            "terminationGracePeriodSeconds {grace} is not 10 s above --drain-timeout ({t} s): \
+             the kubelet would kill berth before its drain on stop is over"
+        )),
+        Ok(_) => {}
     }
     e.into_iter()
         .map(|m| format!("{}: {m}", doc.at()))

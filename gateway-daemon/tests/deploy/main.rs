@@ -378,6 +378,26 @@ fn each_check_catches_what_it_is_for() {
             "the state directory /var/lib/berth is not a writable volume",
         ),
         (
+            "the state directory on an emptyDir",
+            |d| d.edit("daemonset.yaml", "      - name: state\n        hostPath:\n          path: /var/lib/berth\n          type: DirectoryOrCreate", "      - name: state\n        emptyDir: {}"),
+            "would not outlive the pod",
+        ),
+        (
+            "no drain on stop",
+            |d| d.edit("daemonset.yaml", "        - --drain-on-stop\n", ""),
+            "berth's args lack --drain-on-stop",
+        ),
+        (
+            "a grace period shorter than the drain",
+            |d| d.edit("daemonset.yaml", "terminationGracePeriodSeconds: 45", "terminationGracePeriodSeconds: 30"),
+            "terminationGracePeriodSeconds 30 is not 10 s above --drain-timeout (30 s)",
+        ),
+        (
+            "a drain timeout longer than the grace period",
+            |d| d.edit("daemonset.yaml", "        - --drain-on-stop\n", "        - --drain-on-stop\n        - --drain-timeout\n        - 2m\n"),
+            "not 10 s above --drain-timeout (120 s)",
+        ),
+        (
             "no host network",
             |d| set(d, "DaemonSet", "berth", "/spec/template/spec/hostNetwork", false.into()),
             "hostNetwork must be true",

@@ -31,6 +31,17 @@
 //! cold new-flow case spreads its flows over many backend endpoints so the pool stays
 //! nearly empty (a port claim rarely retries).
 //!
+//! Two cases measure a flow's packet reaching a gateway without its entry (issue 26:
+//! several gateways behind ECMP). "midflow miss": a TCP ACK with no entry (a conntrack
+//! miss, then Maglev and one insert, as a new flow); hot, the TCP ring with ACKs (each
+//! repetition a miss at the next service), cold, a distinct client per sample to the
+//! 9-backend TCP service. "reply miss": a reply with no entry (the reply index, a miss
+//! on its flow's forward tuple, Maglev, one insert); hot, the UDP ring walked
+//! backwards (a reply from service i+1's address is service i's backend's, translated
+//! to service i's address, which is service i-1's backend), cold, a distinct client
+//! per sample answered by the backend Maglev maps it to (`maglev_pick`) among the
+//! 9-backend UDP service's. The clients of both have no other case's entries.
+//!
 //! IPv6 cases run the same established, reply, miss and new-flow paths through
 //! `berth_v6` (entered from `berth` by tail call), on the IPv6 twins of the IPv4
 //! services: an identity service, a 200-service ring for each of UDP and SYNs, a
@@ -46,8 +57,8 @@ use berth::datapath::{
     Datapath, DesiredState, Limits, Protocol, ServiceAddr, WeightedBackend, FLOOR_PROGRAM, PROGRAM,
 };
 use berth_tests::{
-    packet::{Packet, Packet6, SYN},
-    xdp::{net::*, FixtureNet, TestDatapath, XDP_PASS, XDP_REDIRECT},
+    packet::{Packet, Packet6, ACK, SYN},
+    xdp::{maglev_pick, net::*, FixtureNet, TestDatapath, XDP_PASS, XDP_REDIRECT},
 };
 use gateway_common::{flow_hash, proto, snat_port_slot};
 
@@ -66,6 +77,27 @@ const SNAT_RING_BASE: u16 = 21000;
 const SNAT_PORTS: std::ops::RangeInclusive<u16> = 1024..=65535;
 /// Backend endpoints of the SNAT new-flow service (each has its own port pool).
 const SNAT_BACKENDS: u16 = 64;
+/// Clients of the cold midflow-miss samples (a TCP ACK of no recorded flow).
+const MIDFLOW_CLIENTS: [IpAddr; 2] = [
+    IpAddr::V4(Ipv4Addr::new(10, 250, 1, 110)),
+    IpAddr::V4(Ipv4Addr::new(10, 250, 1, 111)),
+];
+const MIDFLOW_CLIENTS6: [IpAddr; 2] = [
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 0x110)),
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 0x111)),
+];
+/// Clients the reply misses go to (given neighbour entries: they are redirected to);
+/// the cold samples' are the first two, the hot ring's the third.
+const REPLY_CLIENTS: [IpAddr; 3] = [
+    IpAddr::V4(Ipv4Addr::new(10, 250, 1, 120)),
+    IpAddr::V4(Ipv4Addr::new(10, 250, 1, 121)),
+    IpAddr::V4(Ipv4Addr::new(10, 250, 1, 204)),
+];
+const REPLY_CLIENTS6: [IpAddr; 3] = [
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 0x120)),
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 0x121)),
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0x250, 1, 0, 0, 0, 0, 0x204)),
+];
 
 /// A UDP service port in `ports` and a client port for which a SNAT flow from
 /// `client` to the gateway gets the client port as its node port on the first try
@@ -158,6 +190,19 @@ fn selected(key: &str) -> bool {
     }
 }
 
+/// The 9 backends (3 addresses, 3 ports, weights 1 to 3) of the services on port 54
+/// (UDP) and 56 (TCP), of `ips`' family.
+fn nine_backends(ips: [IpAddr; 3]) -> Vec<WeightedBackend> {
+    ips.iter()
+        .flat_map(|&b| {
+            (0..3).map(move |i| WeightedBackend {
+                endpoint: std::net::SocketAddr::new(b, 8080 + i),
+                weight: 1 + i,
+            })
+        })
+        .collect()
+}
+
 /// `state` with the IPv6 twins of the router-mode services on `GW6`: the identity
 /// service (UDP 53), the 9-backend services (UDP 54, TCP 56) and the UDP and TCP rings.
 fn ipv6_services(state: DesiredState) -> DesiredState {
@@ -173,15 +218,7 @@ fn ipv6_services(state: DesiredState) -> DesiredState {
             weight: 1,
         }]
     };
-    let backends: Vec<WeightedBackend> = [B1_6, B2_6, B3_6]
-        .iter()
-        .flat_map(|&b| {
-            (0..3).map(move |i| WeightedBackend {
-                endpoint: sa6(b, 8080 + i).into(),
-                weight: 1 + i,
-            })
-        })
-        .collect();
+    let backends = nine_backends([B1_6.into(), B2_6.into(), B3_6.into()]);
     let state = state
         .with_service(svc6(Protocol::Udp, 53), one(gw6(53)))
         .with_service(svc6(Protocol::Udp, 54), backends.clone())
@@ -196,8 +233,9 @@ fn ipv6_services(state: DesiredState) -> DesiredState {
 }
 
 fn main() {
-    // Two new-flow cases, each with hot and cold samples, two entries per flow.
-    let flows = 6 * (COLD_RUNS * ROUNDS) as u32;
+    // Entries for every recorded cold sample (the new-flow cases, a SNAT flow's two,
+    // the midflow and reply misses) and hot repetition, with room to spare.
+    let flows = 10 * (COLD_RUNS * ROUNDS) as u32;
     let limits = Limits {
         // Service ids are shared by both families: IPv4's three rings, IPv6's two and
         // a few more.
@@ -211,46 +249,24 @@ fn main() {
     let fx = FixtureNet::new();
     // The gateway address routes out of fx1, like a backend.
     fx.ns.ip(&["route", "add", "10.250.0.100/32", "dev", "fx1"]);
-    fx.ns.ip(&[
-        "neigh",
-        "replace",
-        "10.250.0.100",
-        "lladdr",
-        "02:00:00:00:00:64",
-        "dev",
-        "fx1",
-        "nud",
-        "permanent",
-    ]);
     // And the IPv6 gateway address.
     fx.ns
         .ip(&["-6", "route", "add", &format!("{GW6}/128"), "dev", "fx1"]);
-    fx.ns.ip(&[
-        "-6",
-        "neigh",
-        "replace",
-        &GW6.to_string(),
-        "lladdr",
-        "02:00:00:00:00:64",
-        "dev",
-        "fx1",
-        "nud",
-        "permanent",
-    ]);
+    let gw_mac = [2, 0, 0, 0, 0, 0x64];
+    fx.neighbour(GW.into(), gw_mac, "fx1");
+    fx.neighbour(GW6.into(), gw_mac, "fx1");
+    // The clients the reply misses go to: on fx0, resolved.
+    for ip in REPLY_CLIENTS.into_iter().chain(REPLY_CLIENTS6) {
+        fx.neighbour(ip, CLIENT_MAC, "fx0");
+    }
     let gw = |port| sa(GW, port);
     let identity = vec![WeightedBackend {
         endpoint: gw(53).into(),
         weight: 1,
     }];
-    let backends: Vec<WeightedBackend> = [B1, B2, B3]
-        .iter()
-        .flat_map(|&b| {
-            (0..3).map(move |i| WeightedBackend {
-                endpoint: sa(b, 8080 + i).into(),
-                weight: 1 + i,
-            })
-        })
-        .collect();
+    let backends = nine_backends([B1.into(), B2.into(), B3.into()]);
+    let backends6 = nine_backends([B1_6.into(), B2_6.into(), B3_6.into()]);
+    let udp54 = backends.clone();
     let state = DesiredState::default()
         .with_service(
             ServiceAddr {
@@ -432,6 +448,36 @@ fn main() {
         }
     }
     let ring4 = |host: u8, n: usize| sa(Ipv4Addr::new(10, 250, 1, host), 1024 + n as u16);
+    let ack = |src, dst| Packet::tcp(src, dst).flags(ACK).ttl(255);
+    let ack6 = |src, dst| Packet6::tcp(src, dst).flags(ACK).hop_limit(255);
+    // Clients of no other case: 60000 ports on each of two addresses.
+    let client_of = |ips: &[IpAddr], n: usize| {
+        std::net::SocketAddr::new(ips[(n / 60000) % 2], 1024 + (n % 60000) as u16)
+    };
+    let midflow_client = move |n| v4(client_of(&MIDFLOW_CLIENTS, n));
+    let midflow_client6 = move |n| v6(client_of(&MIDFLOW_CLIENTS6, n));
+    let reply_client = move |n| client_of(&REPLY_CLIENTS, n);
+    let reply_client6 = move |n| client_of(&REPLY_CLIENTS6, n);
+    // A reply from the backend Maglev maps the flow (client `n` → `service`) to.
+    fn answer(
+        backends: &[WeightedBackend],
+        client: std::net::SocketAddr,
+        service: std::net::SocketAddr,
+    ) -> std::net::SocketAddr {
+        maglev_pick(backends, client, service, proto::UDP).expect("a backend with weight")
+    }
+    let from_backend = |p: Packet| {
+        let mac = mac_of(p.src);
+        p.macs(mac, FX1_MAC).frame()
+    };
+    let from_backend6 = |p: Packet6| {
+        let mac = mac_of6(p.src);
+        p.macs(mac, FX1_MAC).frame()
+    };
+    // A reply from a ring service's address, as its predecessor's backend.
+    let ring_reply = |p: Packet| p.macs([2, 0, 0, 0, 0, 0x64], FX1_MAC).frame();
+    let ring_reply6 = |p: Packet6| p.macs([2, 0, 0, 0, 0, 0x64], FX1_MAC).frame();
+    let reply_ring_client6 = move |n| ring_client6(0x204, n);
     let to_gw = |p: Packet| p.macs(CLIENT_MAC, FX0_MAC).frame();
     let to_gw6 = |p: Packet6| p.macs(CLIENT_MAC, FX0_MAC).frame();
     let cases = [
@@ -486,6 +532,24 @@ fn main() {
             fx0,
             move |n| to_gw(udp(new_client(n), gw(54))),
             move |n| to_gw(udp(ring4(202, n), gw(RING_BASE))),
+        ),
+        new_flow(
+            "midflow miss (TCP ACK, no entry: Maglev, 1 insert)",
+            "midflow_miss_ns",
+            fx0,
+            move |n| to_gw(ack(midflow_client(n), gw(56))),
+            move |n| to_gw(ack(ring4(204, n), gw(RING_BASE))),
+        ),
+        new_flow(
+            "reply miss (no entry: Maglev match, 1 insert)",
+            "reply_miss_ns",
+            fx1,
+            move |n| {
+                let client = v4(reply_client(n));
+                let backend = v4(answer(&udp54, client.into(), gw(54).into()));
+                from_backend(udp(backend, client))
+            },
+            move |n| ring_reply(udp(gw(RING_BASE + 1), ring4(204, n))),
         ),
         one(
             "SNAT established flow (conntrack hit, DNAT+SNAT)",
@@ -542,6 +606,24 @@ fn main() {
             fx0,
             move |n| to_gw6(syn6(new_client6(n), gw6(56))),
             move |n| to_gw6(syn6(ring_client6(0x203, n), gw6(RING_BASE))),
+        ),
+        new_flow(
+            "IPv6 midflow miss (TCP ACK, no entry: Maglev, 1 insert)",
+            "v6_midflow_miss_ns",
+            fx0,
+            move |n| to_gw6(ack6(midflow_client6(n), gw6(56))),
+            move |n| to_gw6(ack6(ring_client6(0x204, n), gw6(RING_BASE))),
+        ),
+        new_flow(
+            "IPv6 reply miss (no entry: Maglev match, 1 insert)",
+            "v6_reply_miss_ns",
+            fx1,
+            move |n| {
+                let client = v6(reply_client6(n));
+                let backend = v6(answer(&backends6, client.into(), gw6(54).into()));
+                from_backend6(udp6(backend, client))
+            },
+            move |n| ring_reply6(udp6(gw6(RING_BASE + 1), reply_ring_client6(n))),
         ),
     ];
 
@@ -632,6 +714,10 @@ fn main() {
     println!(
         "counters: new_flow {} redirect {} kernel_forward_no_xdp_egress {}",
         c["new_flow"], c["redirect"], c["kernel_forward_no_xdp_egress"]
+    );
+    println!(
+        "miss counters: ct_miss_midflow {} ct_miss_reply {} reply_untracked {}",
+        c["ct_miss_midflow"], c["ct_miss_reply"], c["reply_untracked"]
     );
     println!(
         "snat counters: snat_new_flow {} snat_port_retry {} drop_snat_ports_exhausted {}",

@@ -113,16 +113,19 @@ fn main() {
     println!("$ berth get routes");
     println!("{}\n", text(&get("routes")));
 
-    println!("Team A's clients: curl http://10.251.0.100:30000/ (a new connection each time)");
-    for _ in 0..6 {
-        let out = topo.client.try_exec(&[
+    // Team A's page over IPv4, on a new connection.
+    let curl4 = || {
+        text(&topo.client.try_exec(&[
             "curl",
             "-sS",
             "--max-time",
             "3",
             "http://10.251.0.100:30000/",
-        ]);
-        println!("  -> {}", text(&out));
+        ]))
+    };
+    println!("Team A's clients: curl http://10.251.0.100:30000/ (a new connection each time)");
+    for _ in 0..6 {
+        println!("  -> {}", curl4());
     }
     println!("\nTeam B's clients: dig @10.251.0.100 -p 30053 whoami.berth.test");
     let out = topo.client.try_exec(&[
@@ -222,16 +225,7 @@ fn main() {
     for _ in 0..3 {
         println!("  curl -6 http://[fd00:251::100]:30000/ -> {}", curl6());
     }
-    println!(
-        "  curl    http://10.251.0.100:30000/    -> {}",
-        text(&topo.client.try_exec(&[
-            "curl",
-            "-sS",
-            "--max-time",
-            "3",
-            "http://10.251.0.100:30000/",
-        ]))
-    );
+    println!("  curl    http://10.251.0.100:30000/    -> {}", curl4());
     let out = topo.client.try_exec(&[
         "dig",
         "-6",
@@ -265,6 +259,27 @@ fn main() {
     }
     println!("$ berth get routes");
     println!("{}", text(&get("routes")));
+
+    // A node of a tier: what the routing daemon (BIRD, FRR) would announce, and drain.
+    let berth_cmd = |args: &[&str]| {
+        let out = topo
+            .gateway
+            .command(&berth)
+            .args(args)
+            .output()
+            .expect("berth");
+        println!("$ berth {}", args.join(" "));
+        println!("{}", text(&out));
+    };
+    println!(
+        "\nBefore maintenance, the operator drains the node: its address leaves berth0 (and the\n\
+         announce table, with --announce-table), so BIRD or FRR withdraw it, while flows that\n\
+         still arrive are served:"
+    );
+    berth_cmd(&["drain"]);
+    berth_cmd(&["get", "node"]);
+    println!("  curl http://10.251.0.100:30000/ -> {}", curl4());
+    berth_cmd(&["undrain"]);
 
     println!(
         "\nCleaning up: berth stopped, servers stopped, namespaces, pinned maps and state removed."
