@@ -7,9 +7,10 @@ use super::{FileObjects, ManifestError, Source};
 use crate::model::Object;
 
 /// An object's identity: kind, namespace (`default` when unset) and name.
-type ObjectKey = (&'static str, String, String);
+pub type ObjectKey = (&'static str, String, String);
 
-fn object_key(o: &Object) -> ObjectKey {
+/// The identity of `o`.
+pub fn object_key(o: &Object) -> ObjectKey {
     let (kind, meta) = match o {
         Object::GatewayClass(x) => ("GatewayClass", &x.metadata),
         Object::Gateway(x) => ("Gateway", &x.metadata),

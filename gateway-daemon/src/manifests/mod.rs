@@ -18,7 +18,7 @@ mod names;
 mod snapshot;
 mod unknown_fields;
 
-pub use definitions::Definitions;
+pub use definitions::{object_key, Definitions, ObjectKey};
 pub use directory::{list_dir, load_dir};
 pub use snapshot::{give_back, snapshot, take_snapshot, Layout};
 
