@@ -199,3 +199,45 @@ fn objects_a_new_version_leaves_out_stay_until_the_settle_time_unless_back() {
         ports(&d) == (Some(30000), None, Some(30001))
     });
 }
+
+#[test]
+fn a_file_past_the_size_limit_is_broken_and_its_last_good_version_stays() {
+    let dirs = Dirs::new("large");
+    let m = &dirs.manifests;
+    std::fs::write(m.join("gateway.yaml"), gateway(30000)).expect("write");
+    let team_a = route("team-a", "web", 0);
+    std::fs::write(m.join("team-a.yaml"), &team_a).expect("write");
+    let d = Daemon::start(m, &dirs.state);
+    assert_eq!(port_of(&state(&d), "web"), Some(30000));
+
+    // The route, then comments past 16 MiB.
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.join("team-a.yaml"))
+        .expect("open");
+    let line = format!("# {}\n", "x".repeat(1021));
+    for _ in 0..(17 * 1024) {
+        file.write_all(line.as_bytes()).expect("append");
+    }
+    drop(file);
+    wait_for("the large file to be counted broken", || {
+        berth::admin::get(&d.admin, "/metrics").is_ok_and(|m| m.contains("berth_manifest_errors 1"))
+    });
+    assert_eq!(
+        port_of(&state(&d), "web"),
+        Some(30000),
+        "the last good version"
+    );
+
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["check", "--manifests"])
+        .arg(m)
+        .output()
+        .expect("berth check");
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert!(!check.status.success(), "{err}");
+    assert!(
+        err.contains("team-a.yaml") && err.contains("larger than the 16 MiB"),
+        "{err}"
+    );
+}

@@ -209,27 +209,61 @@ fn de<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
     })
 }
 
+/// The largest manifest file read, in bytes (16 MiB): a larger one is an error naming
+/// it, and is not read. (A 100 MB manifest once took the daemon to 1.1 GB: parsing
+/// holds the text, the YAML values and the typed objects at once.)
+pub const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
 /// Reads and parses one manifest file. A file that cannot be read (permission denied,
-/// not UTF-8 text) is an error naming it, never skipped in silence.
+/// not UTF-8 text, larger than [`MAX_FILE_BYTES`]) is an error naming it, never
+/// skipped in silence.
 pub fn read_file(path: &Path) -> FileObjects {
-    match std::fs::read_to_string(path) {
+    match read_text(path) {
         Ok(text) => parse_file(path, &text),
-        Err(e) => FileObjects {
+        Err(message) => FileObjects {
             errors: vec![ManifestError {
                 source_doc: Source {
                     file: path.to_path_buf(),
                     document: 0,
                 },
                 object: String::new(),
-                message: if e.kind() == std::io::ErrorKind::InvalidData {
-                    "cannot be read: not UTF-8 text".to_string()
-                } else {
-                    format!("cannot be read: {e}")
-                },
+                message,
             }],
             ..FileObjects::default()
         },
     }
+}
+
+/// The text of `path`, at most [`MAX_FILE_BYTES`] of it (also if it grows while read).
+fn read_text(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let too_large = |size: u64| {
+        format!(
+            "cannot be read: {size} bytes or more, larger than the {} MiB a manifest file \
+             may have (split it into several files)",
+            MAX_FILE_BYTES / (1024 * 1024)
+        )
+    };
+    let unreadable = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            "cannot be read: not UTF-8 text".to_string()
+        } else {
+            format!("cannot be read: {e}")
+        }
+    };
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    let size = file.metadata().map_err(unreadable)?.len();
+    if size > MAX_FILE_BYTES {
+        return Err(too_large(size));
+    }
+    let mut text = String::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(unreadable)?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_large(text.len() as u64));
+    }
+    Ok(text)
 }
 
 #[cfg(test)]

@@ -195,3 +195,28 @@ fn an_object_defined_twice_is_an_error_of_the_later_definition_naming_both() {
         .expect("now b");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_file_larger_than_the_limit_is_an_error_naming_it_and_is_not_parsed() {
+    let dir = std::env::temp_dir().join(format!("berth-large-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("large.yaml");
+    // A valid route, then comments past the limit.
+    let mut text = "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+                    metadata: {name: web, namespace: a}\nspec: {}\n"
+        .to_string();
+    let line = "# padding padding padding padding padding padding padding padding\n";
+    while text.len() as u64 <= super::MAX_FILE_BYTES {
+        text.push_str(line);
+    }
+    std::fs::write(&path, &text).expect("write");
+    let parsed = super::read_file(&path);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(parsed.objects.is_empty(), "{:?}", parsed.objects);
+    assert_eq!(parsed.errors.len(), 1, "{:?}", parsed.errors);
+    let e = parsed.errors[0].to_string();
+    assert!(
+        e.contains("large.yaml") && e.contains("larger than the 16 MiB"),
+        "{e}"
+    );
+}
