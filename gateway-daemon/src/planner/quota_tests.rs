@@ -68,13 +68,25 @@ fn a_team_renaming_its_route_hits_its_quota_and_leaves_the_range_to_others() {
         claims = p.claims.clone();
         let (reason, port) = outcome(&p, &name);
         if i < 2 {
-            assert_eq!((reason.as_str(), port), ("Accepted", Some(30000 + i as u16)));
+            assert_eq!(
+                (reason.as_str(), port),
+                ("Accepted", Some(30000 + i as u16))
+            );
         } else {
             assert_eq!(reason, "QuotaExceeded", "rename {i}: {:?}", p.routes);
         }
     }
-    let held = |ns: &str| claims.iter().filter(|c| c.spec.route.namespace == ns).count();
-    assert_eq!(held("a"), 2, "cooling or bound, at most the quota: {claims:?}");
+    let held = |ns: &str| {
+        claims
+            .iter()
+            .filter(|c| c.spec.route.namespace == ns)
+            .count()
+    };
+    assert_eq!(
+        held("a"),
+        2,
+        "cooling or bound, at most the quota: {claims:?}"
+    );
 
     // Team b, arriving meanwhile, gets the lowest port left.
     let p = plan_at(&world(&[("a", "r9"), ("b", "web")]), &claims, 10);
