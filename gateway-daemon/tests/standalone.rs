@@ -184,6 +184,45 @@ fn run_follows_file_changes_keeps_broken_files_last_good_and_survives_kill_9() {
 }
 
 #[test]
+fn check_serves_a_tcp_route_beside_an_http_route_and_reads_lists_and_json() {
+    let dirs = Dirs::new("kinds", &["gateway.yaml"]);
+    let team_a = std::fs::read_to_string(examples().join("team-a.yaml")).expect("read");
+    // An HTTPRoute (served by another controller) beside team-a's TCPRoute.
+    std::fs::write(
+        dirs.manifests.join("team-a.yaml"),
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
+             metadata: {{name: site, namespace: team-a}}\n\
+             spec: {{parentRefs: [{{name: other}}], hostnames: [a.example]}}\n---\n{team_a}"
+        ),
+    )
+    .expect("write");
+    // Team-b's route as a kubectl List in JSON.
+    let route_c: serde_json::Value = serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "TCPRoute",
+        "metadata": {"name": "api", "namespace": "team-c"},
+        "spec": {"parentRefs": [{"name": "shared", "namespace": "infra", "sectionName": "tcp-pool"}],
+                 "rules": [{"backendRefs": [{"name": "api", "port": 80}]}]}
+    });
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [route_c]});
+    std::fs::write(dirs.manifests.join("team-c.json"), list.to_string()).expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["check", "-o", "json", "--manifests"])
+        .arg(&dirs.manifests)
+        .output()
+        .expect("check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("HTTPRoute team-a/site (gateway.networking.k8s.io/v1) ignored"),
+        "{err}"
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(port_of(&doc, "web"), Some(30000), "{doc:#}");
+    assert_eq!(port_of(&doc, "api"), Some(30001), "{doc:#}");
+}
+
+#[test]
 fn check_prints_the_documented_json_and_fails_clearly_on_a_broken_file() {
     let out = Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(["check", "-o", "json", "--manifests"])

@@ -176,6 +176,9 @@ impl ManifestSource {
         for w in &parsed.warnings {
             tracing::warn!("{w}");
         }
+        for note in &parsed.ignored {
+            tracing::info!("{note}");
+        }
         if parsed.errors.is_empty() && !self.lingering.is_empty() {
             self.moved_here(path, &parsed);
         }
