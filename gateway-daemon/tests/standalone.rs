@@ -223,6 +223,57 @@ fn check_serves_a_tcp_route_beside_an_http_route_and_reads_lists_and_json() {
 }
 
 #[test]
+fn long_route_names_get_ports_and_a_bad_listener_name_breaks_only_its_file() {
+    let dirs = Dirs::new("names", &["gateway.yaml", "team-b.yaml"]);
+    let long = format!("{}.web", "w".repeat(200));
+    let team_a = std::fs::read_to_string(examples().join("team-a.yaml")).expect("read");
+    std::fs::write(
+        dirs.manifests.join("team-a.yaml"),
+        team_a.replacen("name: web\n", &format!("name: {long}\n"), 1),
+    )
+    .expect("write");
+    let check = || {
+        Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["check", "-o", "json", "--manifests"])
+            .arg(&dirs.manifests)
+            .output()
+            .expect("check")
+    };
+    let out = check();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(port_of(&doc, &long), Some(30000), "{doc:#}");
+
+    let d = Daemon::start(&dirs.manifests, &dirs.state);
+    // Another Gateway, its listener named with a quote and a newline.
+    let gateway = std::fs::read_to_string(examples().join("gateway.yaml")).expect("read");
+    let other = gateway
+        .split("---")
+        .find(|doc| doc.contains("kind: Gateway\n"))
+        .expect("the Gateway")
+        .replace("name: shared", "name: other")
+        .replace("name: udp-pool", "name: \"udp\\\"pool\\nx\"");
+    std::fs::write(dirs.manifests.join("other.yaml"), &other).expect("write");
+    let out = check();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("other.yaml document 1: Gateway infra/other: field spec.listeners[1].name: \"udp\\\"pool\\nx\" is not a valid listener name"),
+        "{err}"
+    );
+    wait_for("the bad file to be counted broken", || {
+        manifest_errors(&d).as_deref() == Some("1")
+    });
+    let s = state(&d);
+    assert_eq!(port_of(&s, &long), Some(30000), "{s:#}");
+    assert_eq!(port_of(&s, "dns"), Some(30053), "{s:#}");
+}
+
+#[test]
 fn check_prints_the_documented_json_and_fails_clearly_on_a_broken_file() {
     let out = Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(["check", "-o", "json", "--manifests"])

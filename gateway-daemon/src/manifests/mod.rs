@@ -25,7 +25,7 @@ pub use definitions::{object_key, Definitions, ObjectKey};
 pub use directory::{list_dir, load_dir};
 pub use snapshot::{give_back, snapshot, take_snapshot, Layout};
 
-use names::check_names;
+use names::{check_listener_names, check_names};
 use unknown_fields::unknown_fields;
 
 /// Where a document came from.
@@ -218,6 +218,7 @@ fn parse_object(value: serde_yaml::Value) -> Result<Parsed, (String, String)> {
         Vec::new()
     };
     let typed = |v| -> Result<Parsed, (String, String)> {
+        check_listener_names(&v).map_err(fail)?;
         Ok(Parsed::Object(Box::new(v), warnings.clone()))
     };
     match (group, version, kind.as_str()) {

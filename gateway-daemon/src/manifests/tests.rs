@@ -314,3 +314,69 @@ fn json_files_are_read_one_value_or_list_or_several() {
         broken.errors[0]
     );
 }
+
+#[test]
+fn names_follow_kubernetes_per_kind_253_for_routes_63_for_services() {
+    let route = |name: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+             metadata: {{name: {name}, namespace: a}}\nspec: {{}}\n"
+        )
+    };
+    for ok in [
+        "r".repeat(64),
+        "r".repeat(253),
+        format!("{}.v2", "r".repeat(100)),
+    ] {
+        let parsed = parse_file(Path::new("r.yaml"), &route(&ok));
+        assert!(parsed.errors.is_empty(), "{ok}: {:?}", parsed.errors);
+    }
+    let parsed = parse_file(Path::new("r.yaml"), &route(&"r".repeat(254)));
+    assert!(
+        parsed.errors[0].to_string().contains("longer than 253"),
+        "{:?}",
+        parsed.errors
+    );
+    let service = |name: &str| {
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name:?}, namespace: a}}\n")
+    };
+    for bad in ["s".repeat(64), "1web".to_string()] {
+        let parsed = parse_file(Path::new("s.yaml"), &service(&bad));
+        assert_eq!(parsed.errors.len(), 1, "Service {bad} accepted");
+    }
+}
+
+#[test]
+fn listener_names_are_section_names_and_errors_name_object_and_field() {
+    let gateway = |listener: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
+             metadata: {{name: gw, namespace: infra}}\n\
+             spec:\n  gatewayClassName: berth\n  listeners:\n  \
+             - {{name: ok, protocol: TCP, port: 1}}\n  \
+             - {{name: {listener:?}, protocol: TCP, port: 2}}\n"
+        )
+    };
+    for bad in ["tcp\"pool", "tcp\npool", "Tcp", "-tcp", "tcp.pool", ""] {
+        let parsed = parse_file(Path::new("g.yaml"), &gateway(bad));
+        assert!(parsed.objects.is_empty(), "{bad:?} accepted");
+        let e = parsed.errors[0].to_string();
+        assert!(
+            e.starts_with("g.yaml document 1: Gateway infra/gw: field spec.listeners[1].name: ")
+                && !e.contains('\n'),
+            "{e}"
+        );
+    }
+    let long = "l".repeat(253);
+    assert!(parse_file(Path::new("g.yaml"), &gateway(&long))
+        .errors
+        .is_empty());
+    let route = "apiVersion: gateway.networking.k8s.io/v1\nkind: UDPRoute\n\
+                 metadata: {name: dns, namespace: a}\n\
+                 spec: {parentRefs: [{name: gw, sectionName: \"udp\\\"x\"}]}\n";
+    let e = parse_file(Path::new("r.yaml"), route).errors[0].to_string();
+    assert!(
+        e.contains("UDPRoute a/dns: field spec.parentRefs[0].sectionName"),
+        "{e}"
+    );
+}
