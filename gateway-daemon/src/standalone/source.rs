@@ -231,6 +231,13 @@ impl ManifestSource {
             let Some(new) = t.refused.take() else {
                 continue;
             };
+            // Objects it defines that linger in another file are its now.
+            if !self.lingering.is_empty() {
+                self.moved_here(&path, &new);
+            }
+            let Some(t) = self.files.get_mut(&path) else {
+                continue;
+            };
             let (in_force, lingering) = with_lingering(&t.objects, &t.lingering, new.clone(), now);
             match self.definitions.replace(&path, &t.objects, &in_force) {
                 Ok(()) => {
