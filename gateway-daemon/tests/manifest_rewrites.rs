@@ -8,10 +8,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::Value;
-
 mod run;
-use run::{wait_for, Daemon};
+use run::{plans_total, port_of, state, wait_for, Daemon};
 
 /// A manifest and a state directory, removed on drop.
 struct Dirs {
@@ -63,36 +61,6 @@ fn route(namespace: &str, name: &str, minute: u32) -> String {
          spec:\n  parentRefs: [{{name: shared, namespace: infra}}]\n  \
          rules: [{{backendRefs: [{{name: {name}, port: 80}}]}}]\n"
     )
-}
-
-fn state(d: &Daemon) -> Value {
-    serde_json::from_str(&berth::admin::get(&d.admin, "/api/v1/state").expect("state"))
-        .expect("json")
-}
-
-/// The port in route `name`'s status for its first parent, if accepted.
-fn port_of(state: &Value, name: &str) -> Option<u64> {
-    let r = state["routes"]
-        .as_array()?
-        .iter()
-        .find(|r| r["name"] == name)?;
-    let p = &r["status"]["parents"][0];
-    let accepted = p["conditions"]
-        .as_array()?
-        .iter()
-        .any(|c| c["type"] == "Accepted" && c["status"] == "True");
-    accepted.then(|| p["parentRef"]["port"].as_u64()).flatten()
-}
-
-fn plans_total(d: &Daemon) -> u64 {
-    berth::admin::get(&d.admin, "/metrics")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("berth_plans_total "))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// Truncates `path` as `>` does, and keeps it open for the rest of the write.

@@ -10,7 +10,7 @@ use std::{
 use serde_json::Value;
 
 mod run;
-use run::{wait_for, Daemon};
+use run::{plans_total, port_of, state, wait_for, Daemon};
 
 fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("berth-{tag}-{}", std::process::id()));
@@ -21,25 +21,6 @@ fn temp_dir(tag: &str) -> PathBuf {
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
-}
-
-fn state(d: &Daemon) -> Value {
-    serde_json::from_str(&berth::admin::get(&d.admin, "/api/v1/state").expect("state"))
-        .expect("json")
-}
-
-/// The port in the route's status for its first parent, if accepted.
-fn port_of(state: &Value, name: &str) -> Option<u64> {
-    let r = state["routes"]
-        .as_array()?
-        .iter()
-        .find(|r| r["name"] == name)?;
-    let p = &r["status"]["parents"][0];
-    let accepted = p["conditions"]
-        .as_array()?
-        .iter()
-        .any(|c| c["type"] == "Accepted" && c["status"] == "True");
-    accepted.then(|| p["parentRef"]["port"].as_u64()).flatten()
 }
 
 #[test]
@@ -635,17 +616,6 @@ fn a_replaced_file_causes_no_outage_and_a_removed_one_goes_after_the_settle_time
         port_of(&state(&d), "dns").is_none()
     });
     assert_eq!(port_of(&state(&d), "web"), Some(30000));
-}
-
-fn plans_total(d: &Daemon) -> u64 {
-    berth::admin::get(&d.admin, "/metrics")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("berth_plans_total "))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 #[test]

@@ -80,43 +80,35 @@ pub fn is_json(file: &Path) -> bool {
 /// Parses the documents of one file: YAML documents, or for `*.json` JSON values.
 pub fn parse_file(file: &Path, text: &str) -> FileObjects {
     let mut out = FileObjects::default();
-    let source_doc = |document| Source {
-        file: file.to_path_buf(),
-        document,
-    };
-    if is_json(file) {
-        let values = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
-        for (document, value) in values.enumerate() {
-            // JSON is YAML: the values are read as YAML documents are.
-            let value = value
-                .map_err(|e| e.to_string())
-                .and_then(|v| serde_yaml::to_value(v).map_err(|e| e.to_string()));
-            match value {
-                Ok(v) => add_document(&mut out, source_doc(document), v),
-                Err(e) => {
-                    out.errors.push(ManifestError {
-                        source_doc: source_doc(document),
-                        object: String::new(),
-                        message: format!("not JSON: {e}"),
-                    });
-                    // The rest of the stream cannot be told apart from the error.
-                    break;
-                }
-            }
-        }
-        return out;
-    }
-    for (document, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value: Result<serde_yaml::Value, _> = serde::Deserialize::deserialize(de);
+    // Each document as a YAML value (JSON is YAML), or why it is not one.
+    let documents: Box<dyn Iterator<Item = Result<serde_yaml::Value, String>> + '_> =
+        if is_json(file) {
+            let values = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
+            Box::new(values.map(|v| {
+                v.map_err(|e| e.to_string())
+                    .and_then(|v| serde_yaml::to_value(v).map_err(|e| e.to_string()))
+                    .map_err(|e| format!("not JSON: {e}"))
+            }))
+        } else {
+            let values = serde_yaml::Deserializer::from_str(text);
+            Box::new(values.map(|de| {
+                serde::Deserialize::deserialize(de).map_err(|e| format!("not YAML: {e}"))
+            }))
+        };
+    for (document, value) in documents.enumerate() {
+        let source_doc = Source {
+            file: file.to_path_buf(),
+            document,
+        };
         match value {
-            Ok(v) => add_document(&mut out, source_doc(document), v),
-            Err(e) => {
+            Ok(v) => add_document(&mut out, source_doc, v),
+            Err(message) => {
                 out.errors.push(ManifestError {
-                    source_doc: source_doc(document),
+                    source_doc,
                     object: String::new(),
-                    message: format!("not YAML: {e}"),
+                    message,
                 });
-                // The stream cannot be resumed after a syntax error (the iterator
+                // The stream cannot be resumed after a syntax error (the YAML iterator
                 // would repeat it forever): the rest of the file is unread.
                 break;
             }

@@ -120,20 +120,10 @@ fn section_name_problem(s: &str) -> Option<&'static str> {
 /// the tables of `berth get` and the claims that carry them.)
 pub(super) fn check_listener_names(o: &Object) -> Result<(), String> {
     let names: Vec<(String, &str)> = match o {
-        Object::Gateway(g) => g
-            .spec
-            .listeners
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (format!("spec.listeners[{i}].name"), l.name.as_str()))
-            .collect(),
-        Object::GatewayConfig(c) => c
-            .spec
-            .listeners
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (format!("spec.listeners[{i}].name"), l.name.as_str()))
-            .collect(),
+        Object::Gateway(g) => listener_fields(g.spec.listeners.iter().map(|l| l.name.as_str())),
+        Object::GatewayConfig(c) => {
+            listener_fields(c.spec.listeners.iter().map(|l| l.name.as_str()))
+        }
         Object::Route(r) => r
             .spec
             .parent_refs
@@ -152,4 +142,12 @@ pub(super) fn check_listener_names(o: &Object) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `(spec.listeners[i].name, name)` for each of `names`.
+fn listener_fields<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(String, &'a str)> {
+    names
+        .enumerate()
+        .map(|(i, n)| (format!("spec.listeners[{i}].name"), n))
+        .collect()
 }
