@@ -30,6 +30,11 @@ pub fn object_key(o: &Object) -> ObjectKey {
 pub struct Definitions(HashMap<ObjectKey, Source>);
 
 impl Definitions {
+    /// The file that defines the object `key`, if one does.
+    pub fn file_of(&self, key: &ObjectKey) -> Option<&Path> {
+        self.0.get(key).map(|s| s.file.as_path())
+    }
+
     /// Makes `new` the definitions of `file` in place of `old` (its objects in force),
     /// unless `new` defines an object that another file (or another document of `new`)
     /// defines: then nothing changes, and the errors name both places.

@@ -38,6 +38,8 @@ pub struct ManifestSource {
     /// The file of each object in force that its file's current version no longer
     /// defines.
     lingering: HashMap<ObjectKey, PathBuf>,
+    /// Whether some file was gone at the last look (its objects still in force).
+    some_gone: bool,
 }
 
 struct Tracked {
@@ -70,6 +72,7 @@ impl ManifestSource {
             definitions: manifests::Definitions::default(),
             waiting: BTreeSet::new(),
             lingering: HashMap::new(),
+            some_gone: false,
         }
     }
 
@@ -126,6 +129,7 @@ impl ManifestSource {
         for new in listed {
             to_read.extend(stamp_of(&new).map(|s| (new, s)));
         }
+        self.some_gone = self.files.values().any(|t| t.gone_since.is_some());
         for (path, stamp) in to_read {
             self.read(&path, stamp, now, &mut errors);
             changed = true;
@@ -179,7 +183,7 @@ impl ManifestSource {
         for note in &parsed.ignored {
             tracing::info!("{note}");
         }
-        if parsed.errors.is_empty() && !self.lingering.is_empty() {
+        if parsed.errors.is_empty() {
             self.moved_here(path, &parsed);
         }
         let t = self
@@ -232,9 +236,7 @@ impl ManifestSource {
                 continue;
             };
             // Objects it defines that linger in another file are its now.
-            if !self.lingering.is_empty() {
-                self.moved_here(&path, &new);
-            }
+            self.moved_here(&path, &new);
             let Some(t) = self.files.get_mut(&path) else {
                 continue;
             };
@@ -255,19 +257,31 @@ impl ManifestSource {
         }
     }
 
-    /// Lets go at once of lingering objects of other files that `new`, the new version
-    /// of `path`, defines: an object moved from one file to another takes effect as
-    /// soon as the other file has it.
+    /// Lets go at once of the objects of other files that `new`, the new version of
+    /// `path`, defines, where they stay only for the settle time (left out of their
+    /// file's new version, or their file gone): an object moved from one file to
+    /// another, or a file renamed, takes effect as soon as the other file has it.
     fn moved_here(&mut self, path: &Path, new: &FileObjects) {
+        if self.lingering.is_empty() && !self.some_gone {
+            return;
+        }
         let mut by_file: BTreeMap<PathBuf, HashSet<ObjectKey>> = BTreeMap::new();
         for o in &new.objects {
             let key = object_key(o);
-            if let Some(file) = self.lingering.get(&key).filter(|f| *f != path) {
-                by_file.entry(file.clone()).or_default().insert(key);
+            let from = match self.lingering.get(&key) {
+                Some(file) => Some(file.as_path()),
+                None if self.some_gone => self
+                    .definitions
+                    .file_of(&key)
+                    .filter(|f| self.files.get(*f).is_some_and(|t| t.gone_since.is_some())),
+                None => None,
+            };
+            if let Some(file) = from.filter(|f| *f != path) {
+                by_file.entry(file.to_path_buf()).or_default().insert(key);
             }
         }
         for (file, keys) in by_file {
-            self.drop_lingering(&file, |key, _| keys.contains(key));
+            self.take_out(&file, &keys, "objects defined anew by another file");
         }
     }
 
@@ -294,20 +308,32 @@ impl ManifestSource {
 
     /// Takes the lingering objects of `file` for which `drop` holds out of force.
     fn drop_lingering(&mut self, file: &Path, drop: impl Fn(&ObjectKey, Instant) -> bool) {
+        let Some(t) = self.files.get(file) else {
+            return;
+        };
+        let due: HashSet<ObjectKey> = t
+            .lingering
+            .iter()
+            .filter(|(key, since)| drop(key, *since))
+            .map(|(key, _)| key.clone())
+            .collect();
+        if !due.is_empty() {
+            self.take_out(
+                file,
+                &due,
+                "objects no longer defined by their file are gone",
+            );
+        }
+    }
+
+    /// Takes the objects `keys` of `file` out of force, saying `why`.
+    fn take_out(&mut self, file: &Path, keys: &HashSet<ObjectKey>, why: &str) {
         let Some(t) = self.files.get_mut(file) else {
             return;
         };
-        let (gone, stay): (Vec<_>, Vec<_>) = std::mem::take(&mut t.lingering)
-            .into_iter()
-            .partition(|(key, since)| drop(key, *since));
-        t.lingering = stay;
-        if gone.is_empty() {
-            return;
-        }
-        let gone: HashSet<ObjectKey> = gone.into_iter().map(|(key, _)| key).collect();
         let mut kept = FileObjects::default();
         for (o, &d) in t.objects.objects.iter().zip(&t.objects.documents) {
-            if !gone.contains(&object_key(o)) {
+            if !keys.contains(&object_key(o)) {
                 kept.objects.push(o.clone());
                 kept.documents.push(d);
             }
@@ -316,18 +342,17 @@ impl ManifestSource {
         let _ = self.definitions.replace(file, &t.objects, &kept);
         t.objects.objects = kept.objects;
         t.objects.documents = kept.documents;
-        let names: Vec<String> = gone
+        t.lingering.retain(|(key, _)| !keys.contains(key));
+        for key in keys {
+            if self.lingering.get(key).is_some_and(|f| f == file) {
+                self.lingering.remove(key);
+            }
+        }
+        let names: Vec<String> = keys
             .iter()
             .map(|(kind, ns, name)| format!("{kind} {ns}/{name}"))
             .collect();
-        for key in gone {
-            self.lingering.remove(&key);
-        }
-        tracing::info!(
-            file = %file.display(),
-            objects = %names.join(", "),
-            "objects no longer defined by their file are gone"
-        );
+        tracing::info!(file = %file.display(), objects = %names.join(", "), "{why}");
     }
 
     /// The objects in force, moved out (none copied) until `give_back`.

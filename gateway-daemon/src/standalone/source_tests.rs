@@ -1,5 +1,6 @@
 //! The manifest source over a real directory: objects a new version of a file leaves
-//! out linger for the settle time, and go at once when another file takes them.
+//! out, or a file gone, linger for the settle time, and go at once when another file
+//! takes them.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -95,12 +96,32 @@ fn an_object_moved_to_another_file_is_taken_from_there_at_once() {
     source.refresh().expect("refresh");
     assert!(source.broken().is_empty(), "{:?}", source.broken());
     assert_eq!(routes(&mut source), ["w", "x", "y"]);
-    // b.yaml's y is the one in force: a.yaml no longer holds it.
+    // b.yaml's y is the one in force (a.yaml no longer holds it): b.yaml gone and
+    // c.yaml with y, c.yaml takes it at once.
     std::fs::remove_file(d.0.join("b.yaml")).expect("rm");
     std::fs::write(d.0.join("c.yaml"), route("y")).expect("write");
     let (_, errors) = source.refresh().expect("refresh");
-    assert!(
-        !errors.is_empty(),
-        "b.yaml's y stays for the settle time: c.yaml waits"
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(routes(&mut source), ["w", "x", "y"]);
+}
+
+#[test]
+fn a_renamed_file_is_taken_at_once_and_its_old_name_goes_quietly() {
+    let d = dir("renamed");
+    std::fs::write(d.0.join("a.yaml"), route("x") + &route("y")).expect("write");
+    let mut source = ManifestSource::new(&d.0, Duration::from_millis(300));
+    source.refresh().expect("refresh");
+
+    std::fs::rename(d.0.join("a.yaml"), d.0.join("b.yaml")).expect("mv");
+    let (_, errors) = source.refresh().expect("refresh");
+    assert!(errors.is_empty(), "nothing defined twice: {errors:?}");
+    assert_eq!(routes(&mut source), ["x", "y"]);
+    std::thread::sleep(Duration::from_millis(350));
+    source.refresh().expect("refresh");
+    assert!(source.broken().is_empty(), "{:?}", source.broken());
+    assert_eq!(
+        routes(&mut source),
+        ["x", "y"],
+        "a.yaml's going takes nothing"
     );
 }
