@@ -6,6 +6,7 @@
 //! over HTTP, [`metrics`] encodes `/metrics`, [`get`] and [`post`] are the clients of
 //! `berth get`, `berth drain` and `berth undrain`.
 
+pub mod host;
 pub mod metrics;
 pub mod server;
 

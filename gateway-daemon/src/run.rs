@@ -383,7 +383,7 @@ fn serve_admin(
     if let Some(addr) = metrics_addr {
         listeners.push((bind("metrics", addr)?, admin::Endpoints::Monitoring));
     }
-    admin::server::spawn(listeners, shared.clone(), Arc::clone(control))
+    admin::server::spawn(listeners, admin_addr, shared.clone(), Arc::clone(control))
         .context("starting the admin endpoint")?;
     Ok(shared)
 }

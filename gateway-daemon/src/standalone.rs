@@ -8,6 +8,8 @@
 
 mod cycle;
 mod source;
+#[cfg(test)]
+mod source_tests;
 
 pub use cycle::cycle;
 pub use source::ManifestSource;

@@ -185,7 +185,7 @@ fn a_1_mib_header_gets_431_and_the_daemon_does_not_keep_the_memory() {
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
     let header = format!("X-Huge: {}\r\n", "a".repeat(1 << 20));
-    let request = format!("GET /healthz HTTP/1.1\r\nHost: berth\r\n{header}\r\n");
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: localhost\r\n{header}\r\n");
     // The server may answer and close before it has read everything: then the send
     // fails, which is as good as a 431.
     let sent = s.write_all(request.as_bytes());
@@ -208,7 +208,10 @@ fn a_1_mib_header_gets_431_and_the_daemon_does_not_keep_the_memory() {
 #[test]
 fn only_get_and_head_are_served_on_kept_alive_connections_and_unknown_paths_are_404() {
     let d = daemon("methods");
-    let post = ask(&d.admin, "POST /healthz HTTP/1.1\r\nHost: berth\r\n\r\n");
+    let post = ask(
+        &d.admin,
+        "POST /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    );
     assert_eq!(post.status, 405, "{post:?}");
     assert_eq!(
         post.headers.get("allow").map(String::as_str),
@@ -216,14 +219,14 @@ fn only_get_and_head_are_served_on_kept_alive_connections_and_unknown_paths_are_
     );
     let put = ask(
         &d.admin,
-        "PUT /api/v1/state HTTP/1.1\r\nHost: berth\r\nContent-Length: 2\r\n\r\n{}",
+        "PUT /api/v1/state HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n\r\n{}",
     );
     assert_eq!(put.status, 405, "{put:?}");
 
     // HEAD: the status and headers of GET, no body (the connection then closes, so
     // anything after the head would be read here).
     let mut s = TcpStream::connect(&d.admin).expect("connect");
-    s.write_all(b"HEAD /healthz HTTP/1.1\r\nHost: berth\r\nConnection: close\r\n\r\n")
+    s.write_all(b"HEAD /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .expect("send");
     let mut text = String::new();
     s.read_to_string(&mut text).expect("read");
@@ -237,7 +240,7 @@ fn only_get_and_head_are_served_on_kept_alive_connections_and_unknown_paths_are_
         .expect("timeout");
     let mut r = BufReader::new(s.try_clone().expect("clone"));
     for (path, want) in [("/healthz", "ok\n"), ("/readyz", "ready\n")] {
-        write!(&s, "GET {path} HTTP/1.1\r\nHost: berth\r\n\r\n").expect("send");
+        write!(&s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").expect("send");
         let a = read_answer(&mut r, false);
         assert_eq!(
             (a.status, a.body.as_str()),
@@ -246,13 +249,56 @@ fn only_get_and_head_are_served_on_kept_alive_connections_and_unknown_paths_are_
         );
     }
 
-    let unknown = ask(&d.admin, "GET /nothing HTTP/1.1\r\nHost: berth\r\n\r\n");
+    let unknown = ask(&d.admin, "GET /nothing HTTP/1.1\r\nHost: localhost\r\n\r\n");
     assert_eq!(unknown.status, 404, "{unknown:?}");
     let with_body = ask(
         &d.admin,
-        "GET /healthz HTTP/1.1\r\nHost: berth\r\nContent-Length: 5\r\n\r\nhello",
+        "GET /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\nhello",
     );
     assert_eq!(with_body.status, 413, "{with_body:?}");
+}
+
+#[test]
+fn a_request_to_another_host_name_is_refused_against_dns_rebinding() {
+    let d = daemon("host");
+    let port = d.admin.rsplit_once(':').expect("a port").1.to_string();
+    // A page at evil.example whose name was re-pointed at 127.0.0.1.
+    for request in [
+        "GET /api/v1/state HTTP/1.1\r\nHost: evil.example\r\n\r\n".to_string(),
+        format!("GET /api/v1/routes HTTP/1.1\r\nHost: evil.example:{port}\r\n\r\n"),
+        "GET http://evil.example/api/v1/state HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".to_string(),
+        "POST /api/v1/drain HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 0\r\n\r\n"
+            .to_string(),
+    ] {
+        let a = ask(&d.admin, &request);
+        assert_eq!(a.status, 421, "{request:?}: {a:?}");
+        assert!(
+            a.body.contains("\"evil.example") && a.body.contains("DNS rebinding"),
+            "{a:?}"
+        );
+    }
+    assert!(
+        d.readyz().is_some_and(|(ok, _)| ok),
+        "the drain was refused"
+    );
+    // Addresses and localhost, with or without the port, and no Host (HTTP/1.0).
+    for host in [
+        "127.0.0.1".to_string(),
+        d.admin.clone(),
+        "localhost".to_string(),
+        format!("localhost:{port}"),
+        format!("[::1]:{port}"),
+    ] {
+        let a = ask(
+            &d.admin,
+            &format!("GET /api/v1/state HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        );
+        assert_eq!(a.status, 200, "Host: {host}: {a:?}");
+    }
+    assert_eq!(
+        ask(&d.admin, "GET /api/v1/state HTTP/1.0\r\n\r\n").status,
+        200
+    );
 }
 
 /// The problems of `text` as Prometheus text exposition (0.0.4): every sample's family

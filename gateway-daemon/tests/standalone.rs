@@ -10,7 +10,7 @@ use std::{
 use serde_json::Value;
 
 mod run;
-use run::{wait_for, Daemon};
+use run::{plans_total, port_of, state, wait_for, Daemon};
 
 fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("berth-{tag}-{}", std::process::id()));
@@ -21,25 +21,6 @@ fn temp_dir(tag: &str) -> PathBuf {
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
-}
-
-fn state(d: &Daemon) -> Value {
-    serde_json::from_str(&berth::admin::get(&d.admin, "/api/v1/state").expect("state"))
-        .expect("json")
-}
-
-/// The port in the route's status for its first parent, if accepted.
-fn port_of(state: &Value, name: &str) -> Option<u64> {
-    let r = state["routes"]
-        .as_array()?
-        .iter()
-        .find(|r| r["name"] == name)?;
-    let p = &r["status"]["parents"][0];
-    let accepted = p["conditions"]
-        .as_array()?
-        .iter()
-        .any(|c| c["type"] == "Accepted" && c["status"] == "True");
-    accepted.then(|| p["parentRef"]["port"].as_u64()).flatten()
 }
 
 #[test]
@@ -181,6 +162,96 @@ fn run_follows_file_changes_keeps_broken_files_last_good_and_survives_kill_9() {
     drop(d);
     let _ = std::fs::remove_dir_all(&manifests);
     let _ = std::fs::remove_dir_all(&state_dir);
+}
+
+#[test]
+fn check_serves_a_tcp_route_beside_an_http_route_and_reads_lists_and_json() {
+    let dirs = Dirs::new("kinds", &["gateway.yaml"]);
+    let team_a = std::fs::read_to_string(examples().join("team-a.yaml")).expect("read");
+    // An HTTPRoute (served by another controller) beside team-a's TCPRoute.
+    std::fs::write(
+        dirs.manifests.join("team-a.yaml"),
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
+             metadata: {{name: site, namespace: team-a}}\n\
+             spec: {{parentRefs: [{{name: other}}], hostnames: [a.example]}}\n---\n{team_a}"
+        ),
+    )
+    .expect("write");
+    // Team-b's route as a kubectl List in JSON.
+    let route_c: serde_json::Value = serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "TCPRoute",
+        "metadata": {"name": "api", "namespace": "team-c"},
+        "spec": {"parentRefs": [{"name": "shared", "namespace": "infra", "sectionName": "tcp-pool"}],
+                 "rules": [{"backendRefs": [{"name": "api", "port": 80}]}]}
+    });
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [route_c]});
+    std::fs::write(dirs.manifests.join("team-c.json"), list.to_string()).expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["check", "-o", "json", "--manifests"])
+        .arg(&dirs.manifests)
+        .output()
+        .expect("check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("HTTPRoute team-a/site (gateway.networking.k8s.io/v1) ignored"),
+        "{err}"
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(port_of(&doc, "web"), Some(30000), "{doc:#}");
+    assert_eq!(port_of(&doc, "api"), Some(30001), "{doc:#}");
+}
+
+#[test]
+fn long_route_names_get_ports_and_a_bad_listener_name_breaks_only_its_file() {
+    let dirs = Dirs::new("names", &["gateway.yaml", "team-b.yaml"]);
+    let long = format!("{}.web", "w".repeat(200));
+    let team_a = std::fs::read_to_string(examples().join("team-a.yaml")).expect("read");
+    std::fs::write(
+        dirs.manifests.join("team-a.yaml"),
+        team_a.replacen("name: web\n", &format!("name: {long}\n"), 1),
+    )
+    .expect("write");
+    let check = || {
+        Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["check", "-o", "json", "--manifests"])
+            .arg(&dirs.manifests)
+            .output()
+            .expect("check")
+    };
+    let out = check();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(port_of(&doc, &long), Some(30000), "{doc:#}");
+
+    let d = Daemon::start(&dirs.manifests, &dirs.state);
+    // Another Gateway, its listener named with a quote and a newline.
+    let gateway = std::fs::read_to_string(examples().join("gateway.yaml")).expect("read");
+    let other = gateway
+        .split("---")
+        .find(|doc| doc.contains("kind: Gateway\n"))
+        .expect("the Gateway")
+        .replace("name: shared", "name: other")
+        .replace("name: udp-pool", "name: \"udp\\\"pool\\nx\"");
+    std::fs::write(dirs.manifests.join("other.yaml"), &other).expect("write");
+    let out = check();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("other.yaml document 1: Gateway infra/other: field spec.listeners[1].name: \"udp\\\"pool\\nx\" is not a valid listener name"),
+        "{err}"
+    );
+    wait_for("the bad file to be counted broken", || {
+        manifest_errors(&d).as_deref() == Some("1")
+    });
+    let s = state(&d);
+    assert_eq!(port_of(&s, &long), Some(30000), "{s:#}");
+    assert_eq!(port_of(&s, "dns"), Some(30053), "{s:#}");
 }
 
 #[test]
@@ -545,17 +616,6 @@ fn a_replaced_file_causes_no_outage_and_a_removed_one_goes_after_the_settle_time
         port_of(&state(&d), "dns").is_none()
     });
     assert_eq!(port_of(&state(&d), "web"), Some(30000));
-}
-
-fn plans_total(d: &Daemon) -> u64 {
-    berth::admin::get(&d.admin, "/metrics")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("berth_plans_total "))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 #[test]

@@ -9,6 +9,11 @@
 //! admin address only, and refused when they carry an `Origin` header: a web page the
 //! operator's browser shows could otherwise drain the node with a cross-site POST to
 //! 127.0.0.1 (such a POST needs no preflight).
+//!
+//! The admin address answers only requests whose `Host` is an IP literal, `localhost`
+//! or its own configured host ([`AllowedHosts`]): others get 421, so that a page whose
+//! name was re-pointed at 127.0.0.1 (DNS rebinding) reads nothing. The metrics address
+//! (`--metrics-addr`, monitoring only, meant to be scraped by name) answers any.
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
 
@@ -23,7 +28,7 @@ use hyper::{
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::Semaphore};
 
-use super::{Endpoints, Resource};
+use super::{host::AllowedHosts, Endpoints, Resource};
 use crate::{announce::Control, publish::Shared};
 
 /// The most a request's line and headers may take: more gets 431 and the connection
@@ -46,12 +51,16 @@ pub const MAX_CONNECTIONS: usize = 1024;
 
 /// Serves each listener with its endpoints from a thread and runtime of its own, so
 /// that answers never wait for a plan (in standalone mode the loop plans on the main
-/// thread; in Kubernetes mode on the runtime's only thread).
+/// thread; in Kubernetes mode on the runtime's only thread). `admin_addr` is the
+/// configured admin address, whose host the admin listener answers besides IP
+/// literals and `localhost`.
 pub fn spawn(
     listeners: Vec<(std::net::TcpListener, Endpoints)>,
+    admin_addr: &str,
     shared: Shared,
     control: Arc<Control>,
 ) -> std::io::Result<()> {
+    let admin_hosts = AllowedHosts::new(admin_addr);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -68,19 +77,22 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("berth-admin".into())
         .spawn(move || {
-            let servers = listeners
-                .into_iter()
-                .map(|(l, endpoints)| serve(l, endpoints, shared.clone(), control.clone()));
+            let servers = listeners.into_iter().map(|(l, endpoints)| {
+                let hosts = (endpoints == Endpoints::All).then(|| admin_hosts.clone());
+                serve(l, endpoints, hosts, shared.clone(), control.clone())
+            });
             runtime.block_on(futures::future::join_all(servers));
         })?;
     Ok(())
 }
 
 /// Serves `listener` for ever: each connection on a task of its own, HTTP/1.1 with
-/// keep-alive (and HTTP/1.0), within the limits above.
+/// keep-alive (and HTTP/1.0), within the limits above; with `hosts`, only requests
+/// to those hosts.
 pub async fn serve(
     listener: TcpListener,
     endpoints: Endpoints,
+    hosts: Option<AllowedHosts>,
     shared: Shared,
     control: Arc<Control>,
 ) {
@@ -118,9 +130,12 @@ pub async fn serve(
             }
             continue;
         };
-        let (shared, control) = (shared.clone(), control.clone());
+        let (shared, control, hosts) = (shared.clone(), control.clone(), hosts.clone());
         let service = service_fn(move |request: Request<Incoming>| {
-            let response = respond(&request, endpoints, &shared, &control);
+            let response = match misdirected(&request, hosts.as_ref()) {
+                Some(refused) => refused,
+                None => respond(&request, endpoints, &shared, &control),
+            };
             async move { Ok::<_, Infallible>(response) }
         });
         let connection = http.serve_connection(TokioIo::new(stream), service);
@@ -136,6 +151,34 @@ pub async fn serve(
             }
         });
     }
+}
+
+/// 421 for a request to a host the listener does not answer (see the module's doc):
+/// the `Host` header's, and an absolute URI's authority, must both be allowed.
+fn misdirected(
+    request: &Request<Incoming>,
+    hosts: Option<&AllowedHosts>,
+) -> Option<Response<Full<Bytes>>> {
+    let hosts = hosts?;
+    // A header that is not text is no host this endpoint has.
+    let header = request
+        .headers()
+        .get(header::HOST)
+        .map(|h| h.to_str().unwrap_or("?"));
+    let authority = request.uri().authority().map(|a| a.as_str());
+    let refused = [header, authority]
+        .into_iter()
+        .flatten()
+        .find(|h| !hosts.allows(Some(h)))?;
+    Some(response(
+        StatusCode::MISDIRECTED_REQUEST,
+        "text/plain",
+        format!(
+            "host {refused:?} is not served here: the admin endpoint answers requests to an \
+             IP address, localhost or its --admin-addr host only (protection against DNS \
+             rebinding)\n"
+        ),
+    ))
 }
 
 /// The answer to one request: 404 for a path this listener does not serve, 405 for a

@@ -7,9 +7,10 @@ use super::{FileObjects, ManifestError, Source};
 use crate::model::Object;
 
 /// An object's identity: kind, namespace (`default` when unset) and name.
-type ObjectKey = (&'static str, String, String);
+pub type ObjectKey = (&'static str, String, String);
 
-fn object_key(o: &Object) -> ObjectKey {
+/// The identity of `o`.
+pub fn object_key(o: &Object) -> ObjectKey {
     let (kind, meta) = match o {
         Object::GatewayClass(x) => ("GatewayClass", &x.metadata),
         Object::Gateway(x) => ("Gateway", &x.metadata),
@@ -29,6 +30,11 @@ fn object_key(o: &Object) -> ObjectKey {
 pub struct Definitions(HashMap<ObjectKey, Source>);
 
 impl Definitions {
+    /// The file that defines the object `key`, if one does.
+    pub fn file_of(&self, key: &ObjectKey) -> Option<&Path> {
+        self.0.get(key).map(|s| s.file.as_path())
+    }
+
     /// Makes `new` the definitions of `file` in place of `old` (its objects in force),
     /// unless `new` defines an object that another file (or another document of `new`)
     /// defines: then nothing changes, and the errors name both places.

@@ -195,3 +195,188 @@ fn an_object_defined_twice_is_an_error_of_the_later_definition_naming_both() {
         .expect("now b");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_file_larger_than_the_limit_is_an_error_naming_it_and_is_not_parsed() {
+    let dir = std::env::temp_dir().join(format!("berth-large-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("large.yaml");
+    // A valid route, then comments past the limit.
+    let mut text = "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+                    metadata: {name: web, namespace: a}\nspec: {}\n"
+        .to_string();
+    let line = "# padding padding padding padding padding padding padding padding\n";
+    while text.len() as u64 <= super::MAX_FILE_BYTES {
+        text.push_str(line);
+    }
+    std::fs::write(&path, &text).expect("write");
+    let parsed = super::read_file(&path);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(parsed.objects.is_empty(), "{:?}", parsed.objects);
+    assert_eq!(parsed.errors.len(), 1, "{:?}", parsed.errors);
+    let e = parsed.errors[0].to_string();
+    assert!(
+        e.contains("large.yaml") && e.contains("larger than the 16 MiB"),
+        "{e}"
+    );
+}
+
+const TCP_ROUTE: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+    metadata: {name: web, namespace: a}\nspec: {}\n";
+
+#[test]
+fn a_gateway_api_kind_berth_does_not_serve_is_noted_and_its_neighbours_served() {
+    let text = format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
+         metadata: {{name: site, namespace: a}}\nspec: {{hostnames: [a.example]}}\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TLSRoute\n\
+         metadata: {{name: tls, namespace: a}}\nspec: {{}}\n---\n{TCP_ROUTE}"
+    );
+    let parsed = parse_file(Path::new("x.yaml"), &text);
+    assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+    assert!(matches!(&parsed.objects[..], [Object::Route(r)] if r.metadata.name == "web"));
+    assert_eq!(
+        parsed.ignored,
+        [
+            "x.yaml document 1: HTTPRoute a/site (gateway.networking.k8s.io/v1) ignored: \
+             Berth serves TCPRoute and UDPRoute, not this kind",
+            "x.yaml document 2: TLSRoute a/tls (gateway.networking.k8s.io/v1alpha2) ignored: \
+             Berth serves TCPRoute and UDPRoute, not this kind",
+        ]
+    );
+    // A kind Berth serves, in a version it does not read, is still an error.
+    let v9 = TCP_ROUTE.replace("/v1\n", "/v9\n");
+    let parsed = parse_file(Path::new("x.yaml"), &v9);
+    assert_eq!(parsed.errors.len(), 1, "{:?}", parsed.errors);
+}
+
+#[test]
+fn the_items_of_a_list_are_read_as_objects_and_named_by_item() {
+    let text = "apiVersion: v1\nkind: List\nitems:\n\
+        - apiVersion: gateway.networking.k8s.io/v1\n  kind: TCPRoute\n  \
+          metadata: {name: web, namespace: a}\n  spec: {}\n\
+        - apiVersion: apps/v1\n  kind: Deployment\n  metadata: {name: d, namespace: a}\n\
+        - apiVersion: gateway.networking.k8s.io/v1\n  kind: UDPRoute\n  \
+          metadata: {name: Bad, namespace: a}\n  spec: {}\n";
+    let parsed = parse_file(Path::new("x.yaml"), text);
+    assert!(matches!(&parsed.objects[..], [Object::Route(r)] if r.metadata.name == "web"));
+    assert_eq!(
+        parsed.ignored,
+        ["x.yaml document 1: List item 2: Deployment a/d (apps/v1) ignored"]
+    );
+    assert_eq!(parsed.errors.len(), 1, "{:?}", parsed.errors);
+    let e = parsed.errors[0].to_string();
+    assert!(
+        e.starts_with("x.yaml document 1: List item 3: UDPRoute a/Bad: field metadata.name"),
+        "{e}"
+    );
+}
+
+#[test]
+fn json_files_are_read_one_value_or_list_or_several() {
+    let route = |name: &str| {
+        format!(
+            r#"{{"apiVersion": "gateway.networking.k8s.io/v1", "kind": "TCPRoute",
+                "metadata": {{"name": "{name}", "namespace": "a"}}, "spec": {{}}}}"#
+        )
+    };
+    let names = |p: &FileObjects| -> Vec<String> {
+        p.objects
+            .iter()
+            .map(|o| match o {
+                Object::Route(r) => r.metadata.name.clone(),
+                _ => "?".to_string(),
+            })
+            .collect()
+    };
+    let one = parse_file(Path::new("x.json"), &route("one"));
+    assert_eq!(names(&one), ["one"], "{:?}", one.errors);
+    let list = format!(
+        r#"{{"apiVersion": "v1", "kind": "List", "items": [{}, {}]}}"#,
+        route("a"),
+        route("b")
+    );
+    let list = parse_file(Path::new("x.json"), &list);
+    assert_eq!(names(&list), ["a", "b"], "{:?}", list.errors);
+    let stream = parse_file(
+        Path::new("x.json"),
+        &format!("{}\n{}", route("c"), route("d")),
+    );
+    assert_eq!(names(&stream), ["c", "d"], "{:?}", stream.errors);
+    assert_eq!(stream.documents, [0, 1]);
+    let broken = parse_file(Path::new("x.json"), "{\"apiVersion\": ");
+    assert_eq!(broken.errors.len(), 1);
+    assert!(
+        broken.errors[0]
+            .to_string()
+            .starts_with("x.json document 1: not JSON"),
+        "{}",
+        broken.errors[0]
+    );
+}
+
+#[test]
+fn names_follow_kubernetes_per_kind_253_for_routes_63_for_services() {
+    let route = |name: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+             metadata: {{name: {name}, namespace: a}}\nspec: {{}}\n"
+        )
+    };
+    for ok in [
+        "r".repeat(64),
+        "r".repeat(253),
+        format!("{}.v2", "r".repeat(100)),
+    ] {
+        let parsed = parse_file(Path::new("r.yaml"), &route(&ok));
+        assert!(parsed.errors.is_empty(), "{ok}: {:?}", parsed.errors);
+    }
+    let parsed = parse_file(Path::new("r.yaml"), &route(&"r".repeat(254)));
+    assert!(
+        parsed.errors[0].to_string().contains("longer than 253"),
+        "{:?}",
+        parsed.errors
+    );
+    let service = |name: &str| {
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name:?}, namespace: a}}\n")
+    };
+    for bad in ["s".repeat(64), "1web".to_string()] {
+        let parsed = parse_file(Path::new("s.yaml"), &service(&bad));
+        assert_eq!(parsed.errors.len(), 1, "Service {bad} accepted");
+    }
+}
+
+#[test]
+fn listener_names_are_section_names_and_errors_name_object_and_field() {
+    let gateway = |listener: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
+             metadata: {{name: gw, namespace: infra}}\n\
+             spec:\n  gatewayClassName: berth\n  listeners:\n  \
+             - {{name: ok, protocol: TCP, port: 1}}\n  \
+             - {{name: {listener:?}, protocol: TCP, port: 2}}\n"
+        )
+    };
+    for bad in ["tcp\"pool", "tcp\npool", "Tcp", "-tcp", "tcp.pool", ""] {
+        let parsed = parse_file(Path::new("g.yaml"), &gateway(bad));
+        assert!(parsed.objects.is_empty(), "{bad:?} accepted");
+        let e = parsed.errors[0].to_string();
+        assert!(
+            e.starts_with("g.yaml document 1: Gateway infra/gw: field spec.listeners[1].name: ")
+                && !e.contains('\n'),
+            "{e}"
+        );
+    }
+    let long = "l".repeat(253);
+    assert!(parse_file(Path::new("g.yaml"), &gateway(&long))
+        .errors
+        .is_empty());
+    let route = "apiVersion: gateway.networking.k8s.io/v1\nkind: UDPRoute\n\
+                 metadata: {name: dns, namespace: a}\n\
+                 spec: {parentRefs: [{name: gw, sectionName: \"udp\\\"x\"}]}\n";
+    let e = parse_file(Path::new("r.yaml"), route).errors[0].to_string();
+    assert!(
+        e.contains("UDPRoute a/dns: field spec.parentRefs[0].sectionName"),
+        "{e}"
+    );
+}

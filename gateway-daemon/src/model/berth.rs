@@ -236,7 +236,71 @@ impl PortClaim {
     }
 }
 
-/// The name of the claim for a port: creating it is the lock.
+/// The longest object name Kubernetes takes (a DNS-1123 subdomain).
+pub const MAX_NAME_LEN: usize = 253;
+
+/// The name of the claim for a port: creating it is the lock. `<gateway>-<tcp|udp>-<port>`,
+/// unless that is longer than [`MAX_NAME_LEN`] (a Gateway name may have 253 characters
+/// itself): then the Gateway's name is cut and a hash of all of it added,
+/// `<start of gateway>-<hash>-<tcp|udp>-<port>`, still one name per port and Gateway.
 pub fn claim_name(gateway: &str, protocol: &str, port: u16) -> String {
-    format!("{gateway}-{}-{port}", protocol.to_ascii_lowercase())
+    let suffix = format!("-{}-{port}", protocol.to_ascii_lowercase());
+    if gateway.len() + suffix.len() <= MAX_NAME_LEN {
+        return format!("{gateway}{suffix}");
+    }
+    let hash = format!("-{:016x}", fnv1a(gateway.as_bytes()));
+    let mut keep = MAX_NAME_LEN - suffix.len() - hash.len();
+    // Names are ASCII once checked; cut on a character boundary all the same.
+    while !gateway.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    // The cut part must end as a name part does: with a letter or digit.
+    let start = gateway[..keep].trim_end_matches(['-', '.']);
+    format!("{start}{hash}{suffix}")
+}
+
+/// FNV-1a, 64 bits: a hash that stays the same from one build and platform to the next,
+/// as names derived from it must.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_names_of_gateways_with_long_names_stay_valid_and_distinct() {
+        assert_eq!(claim_name("shared", "TCP", 30000), "shared-tcp-30000");
+        let valid = |n: &str| {
+            n.len() <= MAX_NAME_LEN
+                && n.split('.').all(|p| {
+                    let b = p.as_bytes();
+                    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+                    b.first().is_some_and(alnum)
+                        && b.last().is_some_and(alnum)
+                        && b.iter().all(|c| alnum(c) || *c == b'-')
+                })
+        };
+        // 243 characters fit as they are; longer ones (up to 253) are cut and hashed.
+        let fits = "g".repeat(243);
+        assert_eq!(claim_name(&fits, "UDP", 65535), format!("{fits}-udp-65535"));
+        let mut seen = std::collections::BTreeSet::new();
+        for gateway in [
+            "a".repeat(244),
+            "a".repeat(253),
+            format!("{}b", "a".repeat(252)),
+            format!("{}.{}", "a".repeat(230), "b".repeat(22)),
+            // Cut right after a dot: the dot goes too.
+            format!("{}.{}", "a".repeat(225), "c".repeat(27)),
+        ] {
+            let name = claim_name(&gateway, "TCP", 30000);
+            assert!(valid(&name), "{name:?} ({} characters)", name.len());
+            assert!(name.ends_with("-tcp-30000"), "{name}");
+            assert!(seen.insert(name.clone()), "{name} twice");
+            assert_eq!(name, claim_name(&gateway, "TCP", 30000), "stable");
+        }
+    }
 }

@@ -268,11 +268,17 @@ fn allocate(
         let (Some((first, last)), Some(protocol)) = (l.range, l.protocol) else {
             continue;
         };
+        // Its own released claim on this listener, still cooling down, comes back to
+        // it; before the quota, which counts that claim already.
+        if let Some(ci) = ledger.rebind(a.gw, li, &me, *requested) {
+            return Ok(ci);
+        }
         if let Some(quota) = l.quota {
-            let held = ledger.bound_in(a.gw, li, route_ns);
+            let held = ledger.held_in(a.gw, li, route_ns);
             if held >= quota {
                 quota_hit = Some(format!(
-                    "namespace {route_ns} already holds {held} of its {quota} ports on listener {}",
+                    "namespace {route_ns} already holds {held} of its {quota} ports on \
+                     listener {} (bound, or released and cooling down)",
                     l.spec.name
                 ));
                 continue;
@@ -280,10 +286,6 @@ fn allocate(
         }
         if let Some(m) = requested.and_then(|p| overlaps::requested_message(l, p)) {
             return Err((Reason::PortUnavailable, m));
-        }
-        // Its own released claim on this listener, still cooling down, comes back to it.
-        if let Some(ci) = ledger.rebind(a.gw, li, &me, *requested) {
-            return Ok(ci);
         }
         let port = match requested {
             Some(p) => {

@@ -63,8 +63,9 @@ pub struct Ledger<'g> {
     names: HashMap<String, u32>,
     /// (gateway, protocol, port) → claim.
     by_port: HashMap<(usize, Protocol, u16), usize>,
-    /// (gateway, listener, route namespace) → bound claims, on listeners with a quota.
-    bound: HashMap<(usize, usize, u32), u32>,
+    /// (gateway, listener, route namespace) → claims bound or cooling down, on listeners
+    /// with a quota.
+    held: HashMap<(usize, usize, u32), u32>,
     /// (gateway, route kind, route namespace, route name) → released claims.
     released: HashMap<(usize, u32, u32, u32), Vec<usize>>,
     /// (gateway, protocol, first port of a range) → no port of the range below this is
@@ -95,7 +96,7 @@ impl<'g> Ledger<'g> {
             gateway_at,
             names: HashMap::default(),
             by_port: HashMap::default(),
-            bound: HashMap::default(),
+            held: HashMap::default(),
             released: HashMap::default(),
             floor: HashMap::default(),
             located: None,
@@ -151,13 +152,15 @@ impl<'g> Ledger<'g> {
         {
             self.by_port.insert((gi, protocol, c.spec.port), ci);
             let r = &c.spec.route;
-            if c.is_bound() {
-                let quota = li.filter(|&li| self.gateways[gi].listeners[li].quota.is_some());
-                if let Some(li) = quota {
-                    let namespace = self.intern(&r.namespace);
-                    *self.bound.entry((gi, li, namespace)).or_default() += 1;
-                }
-            } else {
+            // A port cooling down counts against the quota of the namespace that
+            // released it: a team renaming its one route ten times once left ten
+            // ports cooling and the range exhausted for every other team.
+            let quota = li.filter(|&li| self.gateways[gi].listeners[li].quota.is_some());
+            if let Some(li) = quota {
+                let namespace = self.intern(&r.namespace);
+                *self.held.entry((gi, li, namespace)).or_default() += 1;
+            }
+            if !c.is_bound() {
                 let namespace = self.intern(&r.namespace);
                 let (kind, name) = (self.intern(&r.kind), self.intern(&r.name));
                 self.released
@@ -187,13 +190,14 @@ impl<'g> Ledger<'g> {
         }
     }
 
-    /// Bound claims of a namespace on listener `li` of Gateway `gi`.
-    pub fn bound_in(&self, gi: usize, li: usize, namespace: &str) -> u32 {
+    /// Claims of a namespace on listener `li` of Gateway `gi`, bound or cooling down
+    /// (what its quota counts).
+    pub fn held_in(&self, gi: usize, li: usize, namespace: &str) -> u32 {
         let own = self
             .id(namespace)
-            .and_then(|ns| self.bound.get(&(gi, li, ns)).copied())
+            .and_then(|ns| self.held.get(&(gi, li, ns)).copied())
             .unwrap_or(0);
-        own + self.others.map_or(0, |o| o.bound_in(gi, li, namespace))
+        own + self.others.map_or(0, |o| o.held_in(gi, li, namespace))
     }
 
     /// Binds again a route's own released claim on listener `li` of Gateway `gi` (and
@@ -228,7 +232,7 @@ impl<'g> Ledger<'g> {
         // The route may be a new object of the same name (deleted and created again):
         // the claim names the object that holds it now.
         c.spec.route = route.clone();
-        *self.bound.entry((gi, li, namespace)).or_default() += 1;
+        // Counted against the quota already, as a claim cooling down.
         Some(ci)
     }
 
@@ -276,8 +280,9 @@ pub(super) struct ClaimIndex {
     /// (gateway, protocol, port) → claim, bound or cooling down (ordered: the free
     /// ports are the gaps).
     by_port: BTreeMap<(usize, Protocol, u16), Arc<PortClaim>>,
-    /// (gateway, listener) → route namespace → bound claims, on listeners with a quota.
-    bound: HashMap<(usize, usize), HashMap<String, u32>>,
+    /// (gateway, listener) → route namespace → claims bound or cooling down, on
+    /// listeners with a quota.
+    held: HashMap<(usize, usize), HashMap<String, u32>>,
     /// (gateway, listener) → (bound, released) claims.
     counts: HashMap<(usize, usize), (u32, u32)>,
     /// When its cool-down ends → released claims.
@@ -361,8 +366,8 @@ impl ClaimIndex {
             let (bound, released) = self.counts.entry((gi, at)).or_default();
             step(if c.is_bound() { bound } else { released });
         }
-        if c.is_bound() && gateways.views[gi].listeners[li].quota.is_some() {
-            let namespaces = self.bound.entry((gi, li)).or_default();
+        if gateways.views[gi].listeners[li].quota.is_some() {
+            let namespaces = self.held.entry((gi, li)).or_default();
             match namespaces.get_mut(r.namespace.as_str()) {
                 Some(n) => step(n),
                 None => {
@@ -410,9 +415,10 @@ impl ClaimIndex {
         (free <= last).then_some(free)
     }
 
-    /// Bound claims of a namespace on listener `li` (with a quota) of Gateway `gi`.
-    fn bound_in(&self, gi: usize, li: usize, namespace: &str) -> u32 {
-        self.bound
+    /// Claims of a namespace on listener `li` (with a quota) of Gateway `gi`, bound or
+    /// cooling down.
+    fn held_in(&self, gi: usize, li: usize, namespace: &str) -> u32 {
+        self.held
             .get(&(gi, li))
             .and_then(|n| n.get(namespace).copied())
             .unwrap_or(0)

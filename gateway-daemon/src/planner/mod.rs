@@ -326,4 +326,6 @@ fn run(
 }
 
 #[cfg(test)]
+mod quota_tests;
+#[cfg(test)]
 mod tests;

@@ -1,16 +1,23 @@
 //! The manifest directory as a source of objects: which files changed since the last
 //! look, each file's last good objects, and which file defines what (a file that
 //! defines an object another file defines waits until that definition goes).
+//!
+//! An object leaves only after the settle time: a file gone, or a new version of a file
+//! that no longer defines some of its objects (an empty file included), keeps them in
+//! force until the settle time passed without them coming back. (A file rewritten in
+//! place, truncated then written as `>` does, once released its routes' claims in the
+//! empty instant between, and with no cool-down another team's waiting route took the
+//! port for good.)
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
     time::{Duration, Instant, SystemTime},
 };
 
 use super::CycleError;
 use crate::{
-    manifests::{self, FileObjects},
+    manifests::{self, object_key, FileObjects, ObjectKey},
     model::Snapshot,
 };
 
@@ -28,6 +35,11 @@ pub struct ManifestSource {
     /// Files whose current version defines an object another file defines: admitted
     /// when that definition goes.
     waiting: BTreeSet<PathBuf>,
+    /// The file of each object in force that its file's current version no longer
+    /// defines.
+    lingering: HashMap<ObjectKey, PathBuf>,
+    /// Whether some file was gone at the last look (its objects still in force).
+    some_gone: bool,
 }
 
 struct Tracked {
@@ -43,6 +55,9 @@ struct Tracked {
     refused: Option<FileObjects>,
     /// When the file was first seen gone (its objects stay in force meanwhile).
     gone_since: Option<Instant>,
+    /// Objects in force (after the current version's own) that the current version no
+    /// longer defines, and since when.
+    lingering: Vec<(ObjectKey, Instant)>,
 }
 
 impl ManifestSource {
@@ -56,6 +71,8 @@ impl ManifestSource {
             files: BTreeMap::new(),
             definitions: manifests::Definitions::default(),
             waiting: BTreeSet::new(),
+            lingering: HashMap::new(),
+            some_gone: false,
         }
     }
 
@@ -112,9 +129,13 @@ impl ManifestSource {
         for new in listed {
             to_read.extend(stamp_of(&new).map(|s| (new, s)));
         }
+        self.some_gone = self.files.values().any(|t| t.gone_since.is_some());
         for (path, stamp) in to_read {
-            self.read(&path, stamp, &mut errors);
+            self.read(&path, stamp, now, &mut errors);
             changed = true;
+        }
+        if !self.lingering.is_empty() {
+            changed |= self.expire_lingering(now);
         }
         if !newly_gone.is_empty() {
             tracing::info!(
@@ -130,6 +151,9 @@ impl ManifestSource {
         for path in removed {
             if let Some(t) = self.files.remove(&path) {
                 self.waiting.remove(&path);
+                for (key, _) in &t.lingering {
+                    self.lingering.remove(key);
+                }
                 // Releasing definitions cannot fail.
                 let _ = self
                     .definitions
@@ -138,17 +162,29 @@ impl ManifestSource {
         }
         // A file changed or removed may have let go of definitions others wait for.
         if changed && !self.waiting.is_empty() {
-            self.admit_waiting();
+            self.admit_waiting(now);
         }
         Ok((changed, errors))
     }
 
     /// Reads a new version of `path`: in force if it is good, else its errors are
     /// added to `errors` and the last good version stays.
-    fn read(&mut self, path: &Path, stamp: (SystemTime, u64), errors: &mut Vec<String>) {
+    fn read(
+        &mut self,
+        path: &Path,
+        stamp: (SystemTime, u64),
+        now: Instant,
+        errors: &mut Vec<String>,
+    ) {
         let parsed = manifests::read_file(path);
         for w in &parsed.warnings {
             tracing::warn!("{w}");
+        }
+        for note in &parsed.ignored {
+            tracing::info!("{note}");
+        }
+        if parsed.errors.is_empty() {
+            self.moved_here(path, &parsed);
         }
         let t = self
             .files
@@ -160,16 +196,19 @@ impl ManifestSource {
                 warnings: Vec::new(),
                 refused: None,
                 gone_since: None,
+                lingering: Vec::new(),
             });
         t.stamp = stamp;
         t.warnings = parsed.warnings.clone();
         t.refused = None;
         self.waiting.remove(path);
         let failed = if parsed.errors.is_empty() {
+            let (parsed, lingering) = with_lingering(&t.objects, &t.lingering, parsed, now);
             match self.definitions.replace(path, &t.objects, &parsed) {
                 Ok(()) => {
                     t.objects = parsed;
                     t.broken.clear();
+                    set_lingering(&mut self.lingering, path, &mut t.lingering, lingering);
                     return;
                 }
                 Err(e) => {
@@ -187,7 +226,7 @@ impl ManifestSource {
 
     /// Admits the files refused for objects defined elsewhere whose other definitions
     /// are gone.
-    fn admit_waiting(&mut self) {
+    fn admit_waiting(&mut self, now: Instant) {
         let waiting = std::mem::take(&mut self.waiting);
         for path in waiting {
             let Some(t) = self.files.get_mut(&path) else {
@@ -196,11 +235,18 @@ impl ManifestSource {
             let Some(new) = t.refused.take() else {
                 continue;
             };
-            match self.definitions.replace(&path, &t.objects, &new) {
+            // Objects it defines that linger in another file are its now.
+            self.moved_here(&path, &new);
+            let Some(t) = self.files.get_mut(&path) else {
+                continue;
+            };
+            let (in_force, lingering) = with_lingering(&t.objects, &t.lingering, new.clone(), now);
+            match self.definitions.replace(&path, &t.objects, &in_force) {
                 Ok(()) => {
                     tracing::info!(file = %path.display(), "manifest file admitted: the other definitions are gone");
-                    t.objects = new;
+                    t.objects = in_force;
                     t.broken.clear();
+                    set_lingering(&mut self.lingering, &path, &mut t.lingering, lingering);
                 }
                 Err(e) => {
                     t.broken = e.iter().map(ToString::to_string).collect();
@@ -209,6 +255,104 @@ impl ManifestSource {
                 }
             }
         }
+    }
+
+    /// Lets go at once of the objects of other files that `new`, the new version of
+    /// `path`, defines, where they stay only for the settle time (left out of their
+    /// file's new version, or their file gone): an object moved from one file to
+    /// another, or a file renamed, takes effect as soon as the other file has it.
+    fn moved_here(&mut self, path: &Path, new: &FileObjects) {
+        if self.lingering.is_empty() && !self.some_gone {
+            return;
+        }
+        let mut by_file: BTreeMap<PathBuf, HashSet<ObjectKey>> = BTreeMap::new();
+        for o in &new.objects {
+            let key = object_key(o);
+            let from = match self.lingering.get(&key) {
+                Some(file) => Some(file.as_path()),
+                None if self.some_gone => self
+                    .definitions
+                    .file_of(&key)
+                    .filter(|f| self.files.get(*f).is_some_and(|t| t.gone_since.is_some())),
+                None => None,
+            };
+            if let Some(file) = from.filter(|f| *f != path) {
+                by_file.entry(file.to_path_buf()).or_default().insert(key);
+            }
+        }
+        for (file, keys) in by_file {
+            self.take_out(&file, &keys, "objects defined anew by another file");
+        }
+    }
+
+    /// Drops the lingering objects whose settle time passed; returns whether any did.
+    fn expire_lingering(&mut self, now: Instant) -> bool {
+        let settle = self.settle;
+        let due: BTreeSet<PathBuf> = self
+            .lingering
+            .values()
+            .filter(|file| {
+                self.files.get(*file).is_some_and(|t| {
+                    t.lingering
+                        .iter()
+                        .any(|(_, since)| now.duration_since(*since) >= settle)
+                })
+            })
+            .cloned()
+            .collect();
+        for file in &due {
+            self.drop_lingering(file, |_, since| now.duration_since(since) >= settle);
+        }
+        !due.is_empty()
+    }
+
+    /// Takes the lingering objects of `file` for which `drop` holds out of force.
+    fn drop_lingering(&mut self, file: &Path, drop: impl Fn(&ObjectKey, Instant) -> bool) {
+        let Some(t) = self.files.get(file) else {
+            return;
+        };
+        let due: HashSet<ObjectKey> = t
+            .lingering
+            .iter()
+            .filter(|(key, since)| drop(key, *since))
+            .map(|(key, _)| key.clone())
+            .collect();
+        if !due.is_empty() {
+            self.take_out(
+                file,
+                &due,
+                "objects no longer defined by their file are gone",
+            );
+        }
+    }
+
+    /// Takes the objects `keys` of `file` out of force, saying `why`.
+    fn take_out(&mut self, file: &Path, keys: &HashSet<ObjectKey>, why: &str) {
+        let Some(t) = self.files.get_mut(file) else {
+            return;
+        };
+        let mut kept = FileObjects::default();
+        for (o, &d) in t.objects.objects.iter().zip(&t.objects.documents) {
+            if !keys.contains(&object_key(o)) {
+                kept.objects.push(o.clone());
+                kept.documents.push(d);
+            }
+        }
+        // Fewer definitions of the same file: releasing them cannot fail.
+        let _ = self.definitions.replace(file, &t.objects, &kept);
+        t.objects.objects = kept.objects;
+        t.objects.documents = kept.documents;
+        t.lingering.retain(|(key, _)| !keys.contains(key));
+        for key in keys {
+            if self.lingering.get(key).is_some_and(|f| f == file) {
+                self.lingering.remove(key);
+            }
+        }
+        let names: Vec<String> = keys
+            .iter()
+            .map(|(kind, ns, name)| format!("{kind} {ns}/{name}"))
+            .collect();
+        tracing::info!(file = %file.display(), objects = %names.join(", "), "{why}");
     }
 
     /// The objects in force, moved out (none copied) until `give_back`.
@@ -241,6 +385,61 @@ impl ManifestSource {
             .flat_map(|t| t.warnings.iter().cloned())
             .collect()
     }
+}
+
+/// `new` in force for a file whose objects in force were `old` (lingering since the
+/// times in `lingering`): the objects of `old` that `new` no longer defines stay after
+/// `new`'s own, lingering since they first went missing (`now` if just now).
+fn with_lingering(
+    old: &FileObjects,
+    lingering: &[(ObjectKey, Instant)],
+    mut new: FileObjects,
+    now: Instant,
+) -> (FileObjects, Vec<(ObjectKey, Instant)>) {
+    let defined: HashSet<ObjectKey> = new.objects.iter().map(object_key).collect();
+    let mut still = Vec::new();
+    for (o, &document) in old.objects.iter().zip(&old.documents) {
+        let key = object_key(o);
+        if defined.contains(&key) {
+            continue;
+        }
+        let since = lingering
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or(now, |(_, since)| *since);
+        new.objects.push(o.clone());
+        new.documents.push(document);
+        still.push((key, since));
+    }
+    (new, still)
+}
+
+/// Makes `new` the lingering objects of `file` (`mine`), in the source's index too.
+fn set_lingering(
+    index: &mut HashMap<ObjectKey, PathBuf>,
+    file: &Path,
+    mine: &mut Vec<(ObjectKey, Instant)>,
+    new: Vec<(ObjectKey, Instant)>,
+) {
+    for (key, _) in mine.iter() {
+        index.remove(key);
+    }
+    let fresh: Vec<String> = new
+        .iter()
+        .filter(|(key, _)| !mine.iter().any(|(k, _)| k == key))
+        .map(|((kind, ns, name), _)| format!("{kind} {ns}/{name}"))
+        .collect();
+    if !fresh.is_empty() {
+        tracing::info!(
+            file = %file.display(),
+            objects = %fresh.join(", "),
+            "manifest file no longer defines these objects: they stay in force unless they are back within the settle time"
+        );
+    }
+    for (key, _) in &new {
+        index.insert(key.clone(), file.to_path_buf());
+    }
+    *mine = new;
 }
 
 /// Up to five of `paths`, and how many more.

@@ -1,6 +1,7 @@
 //! Shared by the tests that drive `berth run` as a user does (`standalone`,
-//! `full_disk`): start it on a manifest and a state directory with its own admin port,
-//! read its endpoint, wait for it, kill it (by PID) when the test ends; and a small
+//! `manifest_rewrites`, `full_disk`...): start it on a manifest and a state directory
+//! with its own admin port, read its endpoint (state, ports, plans), wait for it, kill
+//! it (by PID) when the test ends; and a small
 //! tmpfs to put its state directory on, to fill up.
 
 #![allow(
@@ -156,4 +157,36 @@ pub fn fill(dir: &Path, leave: u64) -> PathBuf {
     let len = f.metadata().expect("filler size").len();
     f.set_len(len.saturating_sub(leave)).expect("free some");
     path
+}
+
+/// The state document (`/api/v1/state`) of a running daemon.
+pub fn state(d: &Daemon) -> serde_json::Value {
+    serde_json::from_str(&berth::admin::get(&d.admin, "/api/v1/state").expect("state"))
+        .expect("json")
+}
+
+/// The port in route `name`'s status for its first parent, if accepted.
+pub fn port_of(state: &serde_json::Value, name: &str) -> Option<u64> {
+    let r = state["routes"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == name)?;
+    let p = &r["status"]["parents"][0];
+    let accepted = p["conditions"]
+        .as_array()?
+        .iter()
+        .any(|c| c["type"] == "Accepted" && c["status"] == "True");
+    accepted.then(|| p["parentRef"]["port"].as_u64()).flatten()
+}
+
+/// `berth_plans_total`: how many plans the daemon has made (0 if unanswered).
+pub fn plans_total(d: &Daemon) -> u64 {
+    berth::admin::get(&d.admin, "/metrics")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("berth_plans_total "))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
 }
