@@ -211,6 +211,14 @@ fn run_standalone(
         .with_context(|| format!("opening state directory {}", state_dir.display()))?;
     // Before anything else is touched: a second daemon on this directory stops here.
     let _owner = store.own()?;
+    // A journal grown long (by churn, or across many restarts) is rewritten to what it
+    // holds before it is read on every cycle.
+    for done in store
+        .compact()
+        .with_context(|| format!("compacting the journals of {}", state_dir.display()))?
+    {
+        tracing::info!("{done}");
+    }
     let mut datapath = load_datapath(options)?;
     let shared = serve_admin(admin_addr, metrics_addr, announcer.control())?;
     tracing::info!(admin = admin_addr, metrics = metrics_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");

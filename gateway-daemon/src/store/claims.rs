@@ -8,14 +8,16 @@ use super::{
     journal::{self, Format, Journal},
     Cache, Result, Store, StoreError, CLAIMS_LOG,
 };
-use crate::model::PortClaim;
+use crate::model::{claim_name, PortClaim};
 
 /// Claims as read from the journal (by namespace, then name; shared with readers
-/// until the next write), and the journal's length in lines.
+/// until the next write), the journal's length in lines, and how many of its records
+/// were ignored when it was read.
 #[derive(Debug, Default)]
 pub(super) struct Claims {
     list: Arc<Vec<Arc<PortClaim>>>,
     lines: usize,
+    ignored: usize,
 }
 
 fn claim_key(c: &PortClaim) -> (&str, &str) {
@@ -186,6 +188,18 @@ impl Replay {
                         held.spec.route.name,
                     ));
                 }
+                // A claim is named after its Gateway, protocol and port: a record whose
+                // name says another port was changed by hand or damaged. (Such a record
+                // once moved its route to the port it said, silently.)
+                let expected = claim_name(&c.spec.gateway, &c.spec.protocol, c.spec.port);
+                if name.1 != expected {
+                    return Err(format!(
+                        "claim {}/{} ignored: its name does not match what it claims ({} port \
+                         {} of Gateway {}/{}, which would be named {expected}): the record was \
+                         changed by hand or damaged",
+                        name.0, name.1, port.2, port.3, port.0, port.1,
+                    ));
+                }
                 if let Some((old, _)) = self.by_name.insert(name.clone(), (c, line)) {
                     self.by_port.remove(&Self::port_key(&old));
                 }
@@ -238,15 +252,19 @@ impl Store {
     fn read_claims(&self) -> Result<Claims> {
         let journal = self.claims_log();
         let mut replay = Replay::default();
+        let mut ignored = 0;
         let lines = journal.replay(|record, n| {
             if let Err(problem) = replay.apply(record, n) {
+                ignored += 1;
                 let path = journal.path().display();
                 self.report_once(format!("{path} line {n}: {problem}"));
             }
         })?;
+        self.report_torn(journal.path(), lines.torn);
         Ok(Claims {
             list: Arc::new(replay.into_claims()),
-            lines,
+            lines: lines.count,
+            ignored,
         })
     }
 
@@ -334,6 +352,7 @@ impl Store {
         let mut next = Claims {
             list: Arc::clone(&claims.list),
             lines: claims.lines,
+            ignored: claims.ignored,
         };
         next.apply(&changes);
         let lines = next.lines.saturating_add(changes.len());
@@ -359,5 +378,96 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+/// What `Store::compact` did to one journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Compaction {
+    /// Rewritten to what it holds.
+    Rewritten {
+        /// The journal.
+        file: &'static str,
+        /// Its lines before.
+        lines: usize,
+        /// Its records (= lines) after.
+        records: usize,
+    },
+    /// Left as it is: some of its records are ignored, and `berth state repair` is
+    /// what moves them aside (a rewrite would drop them unseen).
+    KeptForRepair {
+        /// The journal.
+        file: &'static str,
+        /// Records ignored.
+        ignored: usize,
+    },
+}
+
+impl Store {
+    /// Rewrites each journal that has grown beyond twice what it holds to just what it
+    /// holds (`berth run` calls it at start, so a journal never grows without bound
+    /// across restarts): temporary file fsynced, renamed over, directory fsynced, so a
+    /// `kill -9` at any instant leaves either journal whole. Every record that is
+    /// served is kept; a journal with ignored records is left for `berth state repair`.
+    pub fn compact(&self) -> Result<Vec<Compaction>> {
+        let _lock = self.lock_for_write()?;
+        self.begin_write()?;
+        let mut out = Vec::new();
+        {
+            let mut cache = self.fresh_cache()?;
+            let claims = self.loaded_claims(&mut cache)?;
+            let (lines, records) = (claims.lines, claims.list.len());
+            if journal::worth_rewriting(lines, records) {
+                if claims.ignored > 0 {
+                    out.push(Compaction::KeptForRepair {
+                        file: CLAIMS_LOG,
+                        ignored: claims.ignored,
+                    });
+                } else {
+                    let journal = self.claims_log();
+                    let whole: Vec<ClaimRecord> = claims
+                        .list
+                        .iter()
+                        .map(|c| ClaimRecord::Put(Arc::clone(c)))
+                        .collect();
+                    let text = journal.text(&whole)?;
+                    drop(whole);
+                    if let Err(e) = journal.rewrite(&text) {
+                        cache.claims = None;
+                        return Err(e);
+                    }
+                    claims.lines = records;
+                    out.push(Compaction::Rewritten {
+                        file: CLAIMS_LOG,
+                        lines,
+                        records,
+                    });
+                }
+            }
+        }
+        if let Some(c) = self.compact_first_seen()? {
+            out.push(c);
+        }
+        Ok(out)
+    }
+}
+
+impl std::fmt::Display for Compaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Compaction::Rewritten {
+                file,
+                lines,
+                records,
+            } => write!(
+                f,
+                "{file}: compacted from {lines} lines to {records} records"
+            ),
+            Compaction::KeptForRepair { file, ignored } => write!(
+                f,
+                "{file}: not compacted, {ignored} records are ignored (`berth state repair` \
+                 moves them aside)"
+            ),
+        }
     }
 }
