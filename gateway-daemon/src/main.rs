@@ -534,24 +534,35 @@ fn state_cmd(action: StateAction, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `berth uninstall`: removes the pins (detaching every program no process holds) and
-/// the dummy interface.
+/// `berth uninstall`: removes what Berth pinned in the pin directory (its links first,
+/// which detaches their programs, then its maps and directories) and the address
+/// interface, printing each. Refuses, removing nothing, while a daemon uses the pin
+/// directory or if anything in it is not Berth's.
 fn uninstall(pin_dir: &Path, address_interface: &str) -> anyhow::Result<()> {
-    let links = std::fs::read_dir(pin_dir.join("links"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    let ports = datapath::pinned_service_ports(pin_dir)
+    let Some(pinned) = datapath::PinnedDatapath::survey(pin_dir)
+        .with_context(|| format!("refusing to uninstall from {}", pin_dir.display()))?
+    else {
+        println!(
+            "nothing of Berth's is pinned in {}: nothing removed; interface {address_interface} \
+             left alone (it may be the address interface of a daemon with another --pin-dir)",
+            pin_dir.display()
+        );
+        return Ok(());
+    };
+    let ports = datapath::pinned_service_ports(pinned.dir())
         .with_context(|| format!("reading the services pinned in {}", pin_dir.display()))?;
     berth::host::update_reserved_ports(&ports, &Default::default())
         .context("releasing the reserved ports (net.ipv4.ip_local_reserved_ports)")?;
     if !ports.is_empty() {
-        println!("released {} reserved ports", ports.len());
+        let list: Vec<String> = ports.iter().map(u16::to_string).collect();
+        println!("released reserved ports {}", list.join(","));
     }
-    datapath::remove_pins(pin_dir).with_context(|| format!("removing {}", pin_dir.display()))?;
-    println!(
-        "removed {} ({links} program links: their programs are detached, and the maps)",
-        pin_dir.display()
-    );
+    let removed = pinned
+        .remove()
+        .with_context(|| format!("removing what Berth pinned in {}", pin_dir.display()))?;
+    for r in &removed {
+        println!("removed {r}");
+    }
     match berth::netlink::delete_dummy(address_interface) {
         Ok(true) => println!("removed interface {address_interface}"),
         Ok(false) => println!("no interface {address_interface}"),

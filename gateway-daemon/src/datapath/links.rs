@@ -32,7 +32,7 @@ pub enum LinkKind {
 }
 
 impl LinkKind {
-    fn prefix(self) -> &'static str {
+    pub(super) fn prefix(self) -> &'static str {
         match self {
             LinkKind::Xdp => "xdp",
             LinkKind::Tc => "tc",
@@ -77,13 +77,7 @@ fn pins(dir: &Path) -> Vec<Pin> {
         .flatten()
         .filter_map(|entry| {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let (prefix, index) = name.rsplit_once('@')?;
-            let ifindex = index.parse().ok()?;
-            let kind = if prefix == LinkKind::Tc.prefix() {
-                LinkKind::Tc
-            } else {
-                LinkKind::Xdp
-            };
+            let (kind, ifindex) = super::pins::link_name(&name)?;
             Some(Pin {
                 kind,
                 ifindex,
