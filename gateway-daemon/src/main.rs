@@ -355,10 +355,13 @@ fn check_cmd(dir: &Path, state_dir: Option<PathBuf>, output: Output) -> anyhow::
     if failed {
         bail!("some manifests could not be read (see above)");
     }
+    // The first-seen times are read too, though the plan does not use them here: a
+    // state `berth run` would refuse to plan on is refused here as well (a bad
+    // first-seen record used to stop `run` while `check` planned over it).
     let claims = match &state_dir {
         Some(s) => Store::open(s)
-            .and_then(|s| s.claims_shared())
-            .with_context(|| format!("reading claims from {}", s.display()))?,
+            .and_then(|store| store.first_seen().and_then(|_| store.claims_shared()))
+            .with_context(|| format!("reading the state in {}", s.display()))?,
         None => Default::default(),
     };
     let snapshot = manifests::snapshot(files.iter().map(|(_, f)| f));

@@ -213,11 +213,14 @@ fn run_standalone(
     let _owner = store.own()?;
     // A journal grown long (by churn, or across many restarts) is rewritten to what it
     // holds before it is read on every cycle.
-    for done in store
-        .compact()
-        .with_context(|| format!("compacting the journals of {}", state_dir.display()))?
-    {
-        tracing::info!("{done}");
+    // A state that cannot be read is not a reason to exit: the cycle reports it (not
+    // ready, with the way out) until it is repaired.
+    match store.compact() {
+        Ok(done) => done.iter().for_each(|d| tracing::info!("{d}")),
+        Err(e) => tracing::warn!(
+            error = %berth::error_chain(&e),
+            "the journals were not compacted"
+        ),
     }
     let mut datapath = load_datapath(options)?;
     let shared = serve_admin(admin_addr, metrics_addr, announcer.control())?;

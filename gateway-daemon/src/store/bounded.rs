@@ -127,60 +127,46 @@ pub(super) fn for_each_line(
     let Some((file, _)) = open(path, MAX_JOURNAL)? else {
         return Ok(Lines::default());
     };
-    let mut reader = BufReader::with_capacity(64 * 1024, file.take(MAX_JOURNAL));
+    let mut reader = BufReader::with_capacity(256 * 1024, file.take(MAX_JOURNAL));
     let mut out = Lines::default();
-    let mut buf = Vec::with_capacity(1024);
-    loop {
-        buf.clear();
-        let read = (&mut reader)
-            .take(MAX_LINE as u64 + 1)
-            .read_until(b'\n', &mut buf)
-            .map_err(io_err("reading", path))?;
-        if read == 0 {
-            return Ok(out);
-        }
-        if buf.last() == Some(&b'\n') {
-            buf.pop();
-            out.count += 1;
-            match std::str::from_utf8(&buf) {
-                Ok(line) => each(Ok(line), out.count)?,
-                Err(_) => each(Err(BadLine::NotUtf8(buf.clone())), out.count)?,
-            }
-            continue;
-        }
-        if buf.len() <= MAX_LINE {
-            // The end of the file, with no newline: a torn last record.
-            out.torn = buf.len() as u64;
-            return Ok(out);
-        }
-        // Too long: skip to the end of the line, keeping only its first bytes.
-        buf.truncate(256);
-        let (rest, ended) = skip_line(&mut reader).map_err(io_err("reading", path))?;
-        if !ended {
-            out.torn = (MAX_LINE as u64 + 1) + rest;
-            return Ok(out);
-        }
+    // The start of a line that spans reads (at most `MAX_LINE + 1` bytes of it kept),
+    // and the length of that line so far.
+    let mut pending = Vec::new();
+    let mut pending_len = 0u64;
+    let mut pass = |bytes: &[u8], len: u64, out: &mut Lines| {
         out.count += 1;
-        each(Err(BadLine::TooLong(buf.clone())), out.count)?;
-    }
-}
-
-/// Skips to just after the next newline; the bytes skipped (newline excluded) and
-/// whether a newline ended them (not the end of the file).
-fn skip_line(reader: &mut impl BufRead) -> io::Result<(u64, bool)> {
-    let mut skipped = 0u64;
+        let line = if len > MAX_LINE as u64 {
+            Err(BadLine::TooLong(bytes[..bytes.len().min(256)].to_vec()))
+        } else {
+            std::str::from_utf8(bytes).map_err(|_| BadLine::NotUtf8(bytes.to_vec()))
+        };
+        each(line, out.count)
+    };
     loop {
-        let chunk = reader.fill_buf()?;
+        let chunk = reader.fill_buf().map_err(io_err("reading", path))?;
         if chunk.is_empty() {
-            return Ok((skipped, false));
+            // The end of the file: bytes after the last newline are a torn record.
+            out.torn = pending_len;
+            return Ok(out);
         }
-        if let Some(i) = chunk.iter().position(|&b| b == b'\n') {
-            reader.consume(i + 1);
-            return Ok((skipped + i as u64, true));
+        let room = (MAX_LINE + 1).saturating_sub(pending.len());
+        let Some(end) = chunk.iter().position(|&b| b == b'\n') else {
+            let n = chunk.len();
+            pending.extend_from_slice(&chunk[..n.min(room)]);
+            pending_len += n as u64;
+            reader.consume(n);
+            continue;
+        };
+        if pending_len == 0 {
+            // The whole line is in this read: passed without a copy.
+            pass(&chunk[..end], end as u64, &mut out)?;
+        } else {
+            pending.extend_from_slice(&chunk[..end.min(room)]);
+            pass(&pending, pending_len + end as u64, &mut out)?;
+            pending.clear();
+            pending_len = 0;
         }
-        let n = chunk.len();
-        skipped += n as u64;
-        reader.consume(n);
+        reader.consume(end + 1);
     }
 }
 
