@@ -89,6 +89,14 @@ fn pins(dir: &Path) -> Vec<Pin> {
     out
 }
 
+/// The interfaces (by index) that hold a link pinned in pin directory `pin_dir`.
+pub(super) fn attached(pin_dir: &Path) -> std::collections::BTreeSet<u32> {
+    pins(&pin_dir.join("links"))
+        .into_iter()
+        .map(|p| p.ifindex)
+        .collect()
+}
+
 impl Datapath {
     fn links_dir(&self) -> PathBuf {
         self.pin_dir.join("links")
