@@ -73,6 +73,18 @@ impl Claims {
     }
 }
 
+impl Claims {
+    /// The journal holding just these claims.
+    fn journal_text(&self, journal: &Journal<ClaimsLog>) -> Result<String> {
+        let whole: Vec<ClaimRecord> = self
+            .list
+            .iter()
+            .map(|c| ClaimRecord::Put(Arc::clone(c)))
+            .collect();
+        journal.text(&whole)
+    }
+}
+
 /// One record of the claims journal: a change to the claims.
 pub(super) enum ClaimRecord<'l> {
     /// A created or changed claim (shared with the writer and the readers of the list).
@@ -357,12 +369,7 @@ impl Store {
         next.apply(&changes);
         let lines = next.lines.saturating_add(changes.len());
         let written = if journal::worth_rewriting(lines, next.list.len()) {
-            let whole: Vec<ClaimRecord> = next
-                .list
-                .iter()
-                .map(|c| ClaimRecord::Put(Arc::clone(c)))
-                .collect();
-            let whole = journal.text(&whole)?;
+            let whole = next.journal_text(&journal)?;
             next.lines = next.list.len();
             journal.rewrite(&whole)
         } else {
@@ -425,13 +432,7 @@ impl Store {
                     });
                 } else {
                     let journal = self.claims_log();
-                    let whole: Vec<ClaimRecord> = claims
-                        .list
-                        .iter()
-                        .map(|c| ClaimRecord::Put(Arc::clone(c)))
-                        .collect();
-                    let text = journal.text(&whole)?;
-                    drop(whole);
+                    let text = claims.journal_text(&journal)?;
                     if let Err(e) = journal.rewrite(&text) {
                         cache.claims = None;
                         return Err(e);
