@@ -13,7 +13,9 @@ use anyhow::{bail, Context as _};
 use berth::{
     admin::{self, RouteRow},
     announce::{control::Request, Status},
-    datapath, manifests, planner,
+    datapath, manifests,
+    netlink::DummyDeleted,
+    planner,
     state_document::{self, StateDocument},
     store::Store,
 };
@@ -566,9 +568,14 @@ fn uninstall(pin_dir: &Path, address_interface: &str) -> anyhow::Result<()> {
     for r in &removed {
         println!("removed {r}");
     }
-    match berth::netlink::delete_dummy(address_interface) {
-        Ok(true) => println!("removed interface {address_interface}"),
-        Ok(false) => println!("no interface {address_interface}"),
+    let mark = datapath::address_interface_mark(pin_dir);
+    match berth::netlink::delete_dummy(address_interface, &mark) {
+        Ok(DummyDeleted::Deleted) => println!("removed interface {address_interface}"),
+        Ok(DummyDeleted::Absent) => println!("no interface {address_interface}"),
+        Ok(DummyDeleted::Kept { alias }) => println!(
+            "interface {address_interface} left alone: it is marked {alias:?}, the address \
+             interface of another pin directory"
+        ),
         Err(e) => return Err(e).with_context(|| format!("removing interface {address_interface}")),
     }
     Ok(())

@@ -147,3 +147,29 @@ fn a_normal_uninstall_lists_what_it_removed_and_leaves_no_trace() {
     assert!(!dirs.pins.exists(), "pin directory left");
     assert!(!has_link(gw, "berth0"), "berth0 left");
 }
+
+#[test]
+fn uninstall_of_another_pin_directory_leaves_a_running_daemons_berth0() {
+    // Namespace X runs a daemon on its pin directory; namespace Y's daemon was killed,
+    // its pins stay. Uninstalling Y's pin directory from X (a wrong --pin-dir there)
+    // removes Y's pins and leaves X's berth0.
+    let x = Topology::new(1);
+    let x_dirs = Dirs::with_examples();
+    let _running = Daemon::start(&x, &x_dirs);
+    let y = Topology::new(1);
+    let y_dirs = Dirs::with_examples();
+    let mut stopped = Daemon::start(&y, &y_dirs);
+    stopped.kill9();
+    let out = uninstall(&x.gateway, &y_dirs.pins);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("interface berth0 left alone: it is marked"),
+        "{said}"
+    );
+    assert!(has_link(&x.gateway, "berth0"), "X's berth0 kept");
+    assert!(!y_dirs.pins.exists(), "Y's pins removed");
+    for iface in &x.gateway_ifaces {
+        assert!(has_xdp(&x.gateway, iface), "X's {iface} still runs XDP");
+    }
+}

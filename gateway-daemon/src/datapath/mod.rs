@@ -41,6 +41,7 @@ use std::{
 };
 
 use crate::sys::bpf::lookup_batch;
+pub use addresses::address_interface_mark;
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuArray},
     programs::{links::FdLink, ProgramError, SchedClassifier, Xdp},
