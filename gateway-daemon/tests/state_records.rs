@@ -278,6 +278,14 @@ fn a_port_edited_inside_a_record_does_not_move_the_route_and_is_listed() {
         text.contains("claims.log line 2") && text.contains("would be named shared-tcp-30009"),
         "{text}"
     );
+    // Counted by a running daemon.
+    let d = run::Daemon::start(&dir.0.join("manifests"), &dir.0.join("state"));
+    let metrics = berth::admin::get(&d.admin, "/metrics").expect("metrics");
+    assert!(
+        metrics.contains("\nberth_state_ignored_records 1\n"),
+        "{metrics}"
+    );
+    drop(d);
     let (ok, text) = berth(&["state", "repair"], &dir);
     assert!(ok, "{text}");
     assert_eq!(served(&dir).0, vec![("a".into(), 30004)]);

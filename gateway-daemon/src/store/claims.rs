@@ -238,6 +238,13 @@ impl Store {
         Journal::new(&self.dir)
     }
 
+    /// How many records of the claims journal were ignored when it was last read
+    /// (none if it was not read yet).
+    pub fn ignored_records(&self) -> u64 {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache.claims.as_ref().map_or(0, |c| c.ignored as u64)
+    }
+
     /// Every stored claim, by namespace then name.
     pub fn claims(&self) -> Result<Vec<PortClaim>> {
         Ok(self
@@ -371,6 +378,8 @@ impl Store {
         let written = if journal::worth_rewriting(lines, next.list.len()) {
             let whole = next.journal_text(&journal)?;
             next.lines = next.list.len();
+            // The rewrite holds only what is served: the ignored records are gone.
+            next.ignored = 0;
             journal.rewrite(&whole)
         } else {
             next.lines = lines;

@@ -409,8 +409,11 @@ fn a_claim_whose_name_says_another_port_is_ignored_reported_and_moved_aside() {
         );
     }
     assert_eq!(store.reported.lock().expect("reported").len(), 1, "logged");
+    assert_eq!(store.ignored_records(), 1, "counted");
     assert_eq!(store.repair().expect("repair"), bad);
     assert!(store.check().expect("check").is_empty());
+    store.claims().expect("claims");
+    assert_eq!(store.ignored_records(), 0, "none left after repair");
     let aside: Vec<_> = fs::read_dir(&*dir)
         .expect("dir")
         .flatten()
