@@ -547,12 +547,10 @@ fn uninstall(pin_dir: &Path, address_interface: &str) -> anyhow::Result<()> {
     let Some(pinned) = datapath::PinnedDatapath::survey(pin_dir)
         .with_context(|| format!("refusing to uninstall from {}", pin_dir.display()))?
     else {
-        println!(
-            "nothing of Berth's is pinned in {}: nothing removed; interface {address_interface} \
-             left alone (it may be the address interface of a daemon with another --pin-dir)",
-            pin_dir.display()
-        );
-        return Ok(());
+        println!("nothing of Berth's is pinned in {}", pin_dir.display());
+        // Only an interface marked for this pin directory is removed: an unmarked one
+        // may be the address interface of a daemon with another --pin-dir.
+        return remove_address_interface(pin_dir, address_interface, false);
     };
     let ports = datapath::pinned_service_ports(pinned.dir())
         .with_context(|| format!("reading the services pinned in {}", pin_dir.display()))?;
@@ -568,10 +566,25 @@ fn uninstall(pin_dir: &Path, address_interface: &str) -> anyhow::Result<()> {
     for r in &removed {
         println!("removed {r}");
     }
+    remove_address_interface(pin_dir, address_interface, true)
+}
+
+/// Removes the address interface if it is marked as `pin_dir`'s (or, if
+/// `unmarked_too`, not marked at all: made by an earlier version), saying what it did.
+fn remove_address_interface(
+    pin_dir: &Path,
+    address_interface: &str,
+    unmarked_too: bool,
+) -> anyhow::Result<()> {
     let mark = datapath::address_interface_mark(pin_dir);
-    match berth::netlink::delete_dummy(address_interface, &mark) {
+    match berth::netlink::delete_dummy(address_interface, &mark, unmarked_too) {
         Ok(DummyDeleted::Deleted) => println!("removed interface {address_interface}"),
         Ok(DummyDeleted::Absent) => println!("no interface {address_interface}"),
+        Ok(DummyDeleted::Kept { alias }) if alias.is_empty() => println!(
+            "interface {address_interface} left alone: nothing marks it as the address \
+             interface of {}",
+            pin_dir.display()
+        ),
         Ok(DummyDeleted::Kept { alias }) => println!(
             "interface {address_interface} left alone: it is marked {alias:?}, the address \
              interface of another pin directory"

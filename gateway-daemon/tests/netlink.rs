@@ -212,17 +212,17 @@ fn a_dummy_interface_is_created_once_holds_32_addresses_loses_them_and_is_delete
 
         // Marked as another pin directory's: left alone.
         assert_eq!(
-            netlink::delete_dummy("berth0", "berth pin-dir /elsewhere").expect("kept"),
+            netlink::delete_dummy("berth0", "berth pin-dir /elsewhere", true).expect("kept"),
             netlink::DummyDeleted::Kept {
                 alias: MARK.to_string()
             }
         );
         assert_eq!(
-            netlink::delete_dummy("berth0", MARK).expect("delete"),
+            netlink::delete_dummy("berth0", MARK, true).expect("delete"),
             netlink::DummyDeleted::Deleted
         );
         assert_eq!(
-            netlink::delete_dummy("berth0", MARK).expect("delete again"),
+            netlink::delete_dummy("berth0", MARK, true).expect("delete again"),
             netlink::DummyDeleted::Absent
         );
         assert!(!netlink::links().expect("links").contains_key(&index));
@@ -326,7 +326,7 @@ fn ensure_dummy_refuses_a_name_held_by_a_non_dummy_link_and_leaves_it_alone() {
             }
             other => panic!("ensure_dummy(va) = {other:?}"),
         }
-        match netlink::delete_dummy("va", MARK) {
+        match netlink::delete_dummy("va", MARK, true) {
             Err(NetlinkError::NotDummy { .. }) => {}
             other => panic!("delete_dummy(va) = {other:?}"),
         }
@@ -347,11 +347,11 @@ fn deleting_an_absent_dummy_reports_absent() {
     let ns = Netns::new();
     ns.enter(|| {
         assert_eq!(
-            netlink::delete_dummy("berth0", MARK).expect("delete_dummy"),
+            netlink::delete_dummy("berth0", MARK, true).expect("delete_dummy"),
             netlink::DummyDeleted::Absent
         );
         assert!(matches!(
-            netlink::delete_dummy("no/slash", MARK),
+            netlink::delete_dummy("no/slash", MARK, true),
             Err(NetlinkError::InvalidName { .. })
         ));
     });

@@ -94,6 +94,15 @@ fn uninstall_on_a_copy_of_a_state_directory_refuses_and_leaves_it_and_berth0_int
     );
     assert!(pins.0.join("links").exists() && pins.0.join("someone-elses").exists());
     assert!(has_link(&ns, "berth0"), "berth0 left alone");
+
+    // A pin directory that does not exist: nothing to remove, and an interface that
+    // nothing marks as its own is not its.
+    let out = uninstall(&ns, Path::new("/sys/fs/bpf/berth-test-absent"));
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("nothing of Berth's is pinned"), "{said}");
+    assert!(said.contains("interface berth0 left alone"), "{said}");
+    assert!(has_link(&ns, "berth0"), "berth0 left alone");
 }
 
 #[test]

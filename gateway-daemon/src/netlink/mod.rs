@@ -305,21 +305,25 @@ pub enum DummyDeleted {
     },
 }
 
-/// Deletes link `name` if it exists, is a dummy, and is marked `mark` or not at all
-/// (made by a version that did not mark it).
-pub fn delete_dummy(name: &str, mark: &str) -> Result<DummyDeleted, NetlinkError> {
+/// Deletes link `name` if it exists, is a dummy, and is marked `mark`, or not at all
+/// (made by a version that did not mark it) if `unmarked_too`.
+pub fn delete_dummy(
+    name: &str,
+    mark: &str,
+    unmarked_too: bool,
+) -> Result<DummyDeleted, NetlinkError> {
     check_name(name)?;
     let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
     let Some(link) = link_by_name(&mut sock, name)? else {
         return Ok(DummyDeleted::Absent);
     };
     link.require_dummy(name)?;
-    if let Some(alias) = link.alias.as_deref().filter(|a| !a.is_empty()) {
-        if alias != mark.as_bytes() {
-            return Ok(DummyDeleted::Kept {
-                alias: String::from_utf8_lossy(alias).into_owned(),
-            });
-        }
+    let alias = link.alias.as_deref().unwrap_or_default();
+    let ours = alias == mark.as_bytes() || (alias.is_empty() && unmarked_too);
+    if !ours {
+        return Ok(DummyDeleted::Kept {
+            alias: String::from_utf8_lossy(alias).into_owned(),
+        });
     }
     let delete = Request::new(RTM_DELLINK, NLM_F_ACK).fixed(&ifinfomsg(link.index, 0, 0));
     match sock.request("deleting a dummy link", &delete) {
