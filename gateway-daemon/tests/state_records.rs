@@ -176,12 +176,7 @@ fn of_two_claims_of_one_route_on_one_listener_one_is_served() {
 
 /// Peak resident memory (VmHWM) of process `pid`, in KiB.
 fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM")
+    run::status_kib(pid, "VmHWM")
 }
 
 #[test]
