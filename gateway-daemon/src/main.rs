@@ -13,7 +13,9 @@ use anyhow::{bail, Context as _};
 use berth::{
     admin::{self, RouteRow},
     announce::{control::Request, Status},
-    datapath, manifests, planner,
+    datapath, manifests,
+    netlink::DummyDeleted,
+    planner,
     state_document::{self, StateDocument},
     store::Store,
 };
@@ -355,10 +357,13 @@ fn check_cmd(dir: &Path, state_dir: Option<PathBuf>, output: Output) -> anyhow::
     if failed {
         bail!("some manifests could not be read (see above)");
     }
+    // The first-seen times are read too, though the plan does not use them here: a
+    // state `berth run` would refuse to plan on is refused here as well (a bad
+    // first-seen record used to stop `run` while `check` planned over it).
     let claims = match &state_dir {
         Some(s) => Store::open(s)
-            .and_then(|s| s.claims_shared())
-            .with_context(|| format!("reading claims from {}", s.display()))?,
+            .and_then(|store| store.first_seen().and_then(|_| store.claims_shared()))
+            .with_context(|| format!("reading the state in {}", s.display()))?,
         None => Default::default(),
     };
     let snapshot = manifests::snapshot(files.iter().map(|(_, f)| f));
@@ -534,27 +539,56 @@ fn state_cmd(action: StateAction, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `berth uninstall`: removes the pins (detaching every program no process holds) and
-/// the dummy interface.
+/// `berth uninstall`: removes what Berth pinned in the pin directory (its links first,
+/// which detaches their programs, then its maps and directories) and the address
+/// interface, printing each. Refuses, removing nothing, while a daemon uses the pin
+/// directory or if anything in it is not Berth's.
 fn uninstall(pin_dir: &Path, address_interface: &str) -> anyhow::Result<()> {
-    let links = std::fs::read_dir(pin_dir.join("links"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    let ports = datapath::pinned_service_ports(pin_dir)
+    let Some(pinned) = datapath::PinnedDatapath::survey(pin_dir)
+        .with_context(|| format!("refusing to uninstall from {}", pin_dir.display()))?
+    else {
+        println!("nothing of Berth's is pinned in {}", pin_dir.display());
+        // Only an interface marked for this pin directory is removed: an unmarked one
+        // may be the address interface of a daemon with another --pin-dir.
+        return remove_address_interface(pin_dir, address_interface, false);
+    };
+    let ports = datapath::pinned_service_ports(pinned.dir())
         .with_context(|| format!("reading the services pinned in {}", pin_dir.display()))?;
     berth::host::update_reserved_ports(&ports, &Default::default())
         .context("releasing the reserved ports (net.ipv4.ip_local_reserved_ports)")?;
     if !ports.is_empty() {
-        println!("released {} reserved ports", ports.len());
+        let list: Vec<String> = ports.iter().map(u16::to_string).collect();
+        println!("released reserved ports {}", list.join(","));
     }
-    datapath::remove_pins(pin_dir).with_context(|| format!("removing {}", pin_dir.display()))?;
-    println!(
-        "removed {} ({links} program links: their programs are detached, and the maps)",
-        pin_dir.display()
-    );
-    match berth::netlink::delete_dummy(address_interface) {
-        Ok(true) => println!("removed interface {address_interface}"),
-        Ok(false) => println!("no interface {address_interface}"),
+    let removed = pinned
+        .remove()
+        .with_context(|| format!("removing what Berth pinned in {}", pin_dir.display()))?;
+    for r in &removed {
+        println!("removed {r}");
+    }
+    remove_address_interface(pin_dir, address_interface, true)
+}
+
+/// Removes the address interface if it is marked as `pin_dir`'s (or, if
+/// `unmarked_too`, not marked at all: made by an earlier version), saying what it did.
+fn remove_address_interface(
+    pin_dir: &Path,
+    address_interface: &str,
+    unmarked_too: bool,
+) -> anyhow::Result<()> {
+    let mark = datapath::address_interface_mark(pin_dir);
+    match berth::netlink::delete_dummy(address_interface, &mark, unmarked_too) {
+        Ok(DummyDeleted::Deleted) => println!("removed interface {address_interface}"),
+        Ok(DummyDeleted::Absent) => println!("no interface {address_interface}"),
+        Ok(DummyDeleted::Kept { alias }) if alias.is_empty() => println!(
+            "interface {address_interface} left alone: nothing marks it as the address \
+             interface of {}",
+            pin_dir.display()
+        ),
+        Ok(DummyDeleted::Kept { alias }) => println!(
+            "interface {address_interface} left alone: it is marked {alias:?}, the address \
+             interface of another pin directory"
+        ),
         Err(e) => return Err(e).with_context(|| format!("removing interface {address_interface}")),
     }
     Ok(())

@@ -28,6 +28,9 @@ pub struct Published {
     pub broken: Vec<String>,
     /// Unknown fields in manifest files (warnings).
     pub warnings: Vec<String>,
+    /// Records of the claims journal ignored when it was last read (each logged once;
+    /// `berth state check` lists them).
+    pub ignored_records: u64,
     /// Plans made.
     pub cycles: u64,
     /// Datapath counters, when a datapath is attached.
@@ -412,6 +415,7 @@ pub fn effects(
         datapath: Arc::new(desired),
         broken: Vec::new(),
         warnings: Vec::new(),
+        ignored_records: 0,
         cycles: prev.cycles + 1,
         counters,
         last_error: None,

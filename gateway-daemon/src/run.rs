@@ -211,6 +211,17 @@ fn run_standalone(
         .with_context(|| format!("opening state directory {}", state_dir.display()))?;
     // Before anything else is touched: a second daemon on this directory stops here.
     let _owner = store.own()?;
+    // A journal grown long (by churn, or across many restarts) is rewritten to what it
+    // holds before it is read on every cycle.
+    // A state that cannot be read is not a reason to exit: the cycle reports it (not
+    // ready, with the way out) until it is repaired.
+    match store.compact() {
+        Ok(done) => done.iter().for_each(|d| tracing::info!("{d}")),
+        Err(e) => tracing::warn!(
+            error = %berth::error_chain(&e),
+            "the journals were not compacted"
+        ),
+    }
     let mut datapath = load_datapath(options)?;
     let shared = serve_admin(admin_addr, metrics_addr, announcer.control())?;
     tracing::info!(admin = admin_addr, metrics = metrics_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");

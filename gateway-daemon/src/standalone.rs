@@ -263,6 +263,7 @@ fn step(
     let t_effects = started.elapsed();
     next.broken = source.broken();
     next.warnings = source.warnings();
+    next.ignored_records = store.ignored_records();
     // A plan of many routes frees megabytes: give them back (about a millisecond).
     crate::memory::release_freed();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);

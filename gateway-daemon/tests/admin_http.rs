@@ -95,12 +95,7 @@ fn ask(addr: &str, request: &str) -> Answer {
 
 /// The daemon's resident memory in KiB.
 fn vm_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+    run::status_kib(pid, "VmRSS")
 }
 
 /// A client that opens a connection and sends a header byte every 200 ms, never

@@ -180,16 +180,19 @@ fn link_events_report_a_new_link() {
     });
 }
 
+/// The alias the tests' dummy interfaces are marked with.
+const MARK: &str = "berth pin-dir /sys/fs/bpf/berth-netlink-test";
+
 #[test]
 fn a_dummy_interface_is_created_once_holds_32_addresses_loses_them_and_is_deleted() {
     let ns = Netns::new();
     ns.enter(|| {
         // A dummy, or an ifb where the kernel has no dummy driver (this project's
         // machines): either holds addresses and carries no traffic.
-        let index = netlink::ensure_dummy("berth0").expect("ensure_dummy");
+        let index = netlink::ensure_dummy("berth0", MARK).expect("ensure_dummy");
         assert!(ns.is_up("berth0"), "created down");
         ns.ip(&["link", "set", "berth0", "down"]);
-        assert_eq!(netlink::ensure_dummy("berth0").expect("again"), index);
+        assert_eq!(netlink::ensure_dummy("berth0", MARK).expect("again"), index);
         assert!(ns.is_up("berth0"), "not set up again");
         assert_eq!(index_of("berth0"), index);
 
@@ -207,8 +210,21 @@ fn a_dummy_interface_is_created_once_holds_32_addresses_loses_them_and_is_delete
             BTreeSet::from([b])
         );
 
-        assert!(netlink::delete_dummy("berth0").expect("delete"));
-        assert!(!netlink::delete_dummy("berth0").expect("delete again"));
+        // Marked as another pin directory's: left alone.
+        assert_eq!(
+            netlink::delete_dummy("berth0", "berth pin-dir /elsewhere", true).expect("kept"),
+            netlink::DummyDeleted::Kept {
+                alias: MARK.to_string()
+            }
+        );
+        assert_eq!(
+            netlink::delete_dummy("berth0", MARK, true).expect("delete"),
+            netlink::DummyDeleted::Deleted
+        );
+        assert_eq!(
+            netlink::delete_dummy("berth0", MARK, true).expect("delete again"),
+            netlink::DummyDeleted::Absent
+        );
         assert!(!netlink::links().expect("links").contains_key(&index));
     });
 }
@@ -304,17 +320,17 @@ fn ensure_dummy_refuses_a_name_held_by_a_non_dummy_link_and_leaves_it_alone() {
         let before = netlink::links().expect("links");
         let va = index_of("va");
 
-        match netlink::ensure_dummy("va") {
+        match netlink::ensure_dummy("va", MARK) {
             Err(NetlinkError::NotDummy { name, kind }) => {
                 assert_eq!((name.as_str(), kind.as_deref()), ("va", Some("veth")))
             }
             other => panic!("ensure_dummy(va) = {other:?}"),
         }
-        match netlink::delete_dummy("va") {
+        match netlink::delete_dummy("va", MARK, true) {
             Err(NetlinkError::NotDummy { .. }) => {}
             other => panic!("delete_dummy(va) = {other:?}"),
         }
-        match netlink::ensure_dummy("berth-alt") {
+        match netlink::ensure_dummy("berth-alt", MARK) {
             Err(NetlinkError::AltName { name, holder }) => {
                 assert_eq!((name.as_str(), holder.as_str()), ("berth-alt", "vb"))
             }
@@ -327,12 +343,15 @@ fn ensure_dummy_refuses_a_name_held_by_a_non_dummy_link_and_leaves_it_alone() {
 }
 
 #[test]
-fn deleting_an_absent_dummy_reports_false() {
+fn deleting_an_absent_dummy_reports_absent() {
     let ns = Netns::new();
     ns.enter(|| {
-        assert!(!netlink::delete_dummy("berth0").expect("delete_dummy"));
+        assert_eq!(
+            netlink::delete_dummy("berth0", MARK, true).expect("delete_dummy"),
+            netlink::DummyDeleted::Absent
+        );
         assert!(matches!(
-            netlink::delete_dummy("no/slash"),
+            netlink::delete_dummy("no/slash", MARK, true),
             Err(NetlinkError::InvalidName { .. })
         ));
     });

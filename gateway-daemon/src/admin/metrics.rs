@@ -104,6 +104,13 @@ fn families(p: &Published) -> Families {
         )
         .with(vec![], p.warnings.len() as u64),
         Family::new(
+            "berth_state_ignored_records",
+            "Records of the claims journal ignored when last read: a port held twice, a \
+             name that does not match its port (each logged; berth state check lists them).",
+            Gauge,
+        )
+        .with(vec![], p.ignored_records),
+        Family::new(
             "berth_cycle_failing",
             "1 while the last plan/commit/program cycle failed.",
             Gauge,

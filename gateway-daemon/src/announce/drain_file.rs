@@ -38,16 +38,9 @@ impl DrainFile {
     /// a time (edited by hand, say) still drains: since its modification time.
     pub fn read(&self) -> Result<Option<SystemTime>, StoreError> {
         let path = self.path();
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
-                return Err(StoreError::Io {
-                    action: "reading",
-                    path,
-                    source,
-                })
-            }
+        // Bounded, and only a regular file: the drain file sits in the state directory.
+        let Some(text) = crate::store::read_small(&path, crate::store::MAX_SMALL)? else {
+            return Ok(None);
         };
         let since = humantime::parse_rfc3339_weak(text.trim()).ok().or_else(|| {
             tracing::warn!(

@@ -28,6 +28,20 @@ use std::{
 use super::{Datapath, DatapathError, Result};
 use crate::netlink::{self, HostRoute, RouteAdded, RTPROT_BERTH};
 
+/// The alias that marks an address interface as the one of the datapath pinned in
+/// `pin_dir`, so that `berth uninstall` of another pin directory leaves it alone (it
+/// once deleted a running daemon's `berth0`, given a wrong `--pin-dir`). At most 255
+/// bytes, as the kernel takes.
+pub fn address_interface_mark(pin_dir: &std::path::Path) -> String {
+    let mut mark = format!("berth pin-dir {}", pin_dir.display());
+    let mut end = mark.len().min(255);
+    while !mark.is_char_boundary(end) {
+        end -= 1;
+    }
+    mark.truncate(end);
+    mark
+}
+
 /// Where and whether the gateway addresses are published.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Publication {
@@ -45,7 +59,8 @@ impl Datapath {
     /// Puts the published gateway addresses on dummy interface `name` from now on
     /// (created if absent; a link of that name that is not a dummy is refused).
     pub fn own_addresses_on(&mut self, name: &str) -> Result<()> {
-        netlink::ensure_dummy(name).map_err(|source| DatapathError::Addresses {
+        let mark = address_interface_mark(&self.pin_dir);
+        netlink::ensure_dummy(name, &mark).map_err(|source| DatapathError::Addresses {
             iface: name.to_string(),
             source,
         })?;
@@ -124,7 +139,8 @@ impl Datapath {
             source,
         };
         // Created again if someone deleted it.
-        let index = netlink::ensure_dummy(&name).map_err(err)?;
+        let mark = address_interface_mark(&self.pin_dir);
+        let index = netlink::ensure_dummy(&name, &mark).map_err(err)?;
         let have = netlink::addresses(index).map_err(err)?;
         for a in have.difference(want) {
             netlink::remove_address(index, *a).map_err(err)?;

@@ -32,7 +32,7 @@ pub enum LinkKind {
 }
 
 impl LinkKind {
-    fn prefix(self) -> &'static str {
+    pub(super) fn prefix(self) -> &'static str {
         match self {
             LinkKind::Xdp => "xdp",
             LinkKind::Tc => "tc",
@@ -77,13 +77,7 @@ fn pins(dir: &Path) -> Vec<Pin> {
         .flatten()
         .filter_map(|entry| {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let (prefix, index) = name.rsplit_once('@')?;
-            let ifindex = index.parse().ok()?;
-            let kind = if prefix == LinkKind::Tc.prefix() {
-                LinkKind::Tc
-            } else {
-                LinkKind::Xdp
-            };
+            let (kind, ifindex) = super::pins::link_name(&name)?;
             Some(Pin {
                 kind,
                 ifindex,
@@ -93,6 +87,14 @@ fn pins(dir: &Path) -> Vec<Pin> {
         .collect();
     out.sort_by(|a, b| (a.ifindex, a.kind, &a.path).cmp(&(b.ifindex, b.kind, &b.path)));
     out
+}
+
+/// The interfaces (by index) that hold a link pinned in pin directory `pin_dir`.
+pub(super) fn attached(pin_dir: &Path) -> std::collections::BTreeSet<u32> {
+    pins(&pin_dir.join("links"))
+        .into_iter()
+        .map(|p| p.ifindex)
+        .collect()
 }
 
 impl Datapath {

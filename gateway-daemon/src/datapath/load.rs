@@ -204,6 +204,7 @@ impl Datapath {
             path: pin_dir.clone(),
             source,
         })?;
+        let pin_lock = super::pins::PinDirLock::take(pin_dir)?;
 
         let shapes = limits.shapes();
         let paths: Vec<PathBuf> = shapes.iter().map(|s| pin_dir.join(s.name)).collect();
@@ -333,6 +334,7 @@ impl Datapath {
             publication: Default::default(),
             reserved: Default::default(),
             links: BTreeMap::new(),
+            _pin_lock: pin_lock,
             service_ids: ServiceIds::new(limits.services),
             tables: IdPool::new("Maglev tables", limits.tables()),
             backend_ids: IdPool::new("backends", limits.backends),
@@ -593,7 +595,7 @@ fn in_parent_mount_namespace() -> bool {
 
 /// Mounts bpffs on `/sys/fs/bpf` if the pin directory lies there and it is not mounted.
 fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
-    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    use super::pins::BPF_FS_MAGIC;
     let root = Path::new("/sys/fs/bpf");
     if !pin_dir.starts_with(root) {
         return Ok(());

@@ -27,6 +27,7 @@ mod ids;
 mod inspect;
 mod links;
 mod load;
+mod pins;
 mod roles;
 mod snat;
 mod traffic;
@@ -40,6 +41,7 @@ use std::{
 };
 
 use crate::sys::bpf::lookup_batch;
+pub use addresses::address_interface_mark;
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuArray},
     programs::{links::FdLink, ProgramError, SchedClassifier, Xdp},
@@ -56,6 +58,7 @@ use ids::{IdPool, ServiceIds};
 pub use inspect::pinned_tables;
 pub use links::{LinkChange, LinkKind};
 pub use load::{pinned_service_ports, remove_pins};
+pub use pins::{PinDirError, PinnedDatapath, Removed};
 pub use traffic::{kernel_reason, ActiveFlows, FlowScan, Traffic};
 pub use xmit::{follow as follow_xmit, FollowError, XmitChange, XmitMap};
 
@@ -373,6 +376,9 @@ pub struct Datapath {
     reserved: std::collections::BTreeSet<u16>,
     /// Links this process holds, by pin path.
     links: BTreeMap<PathBuf, FdLink>,
+    /// The shared lock on the pin directory, held while this process uses it
+    /// (`berth uninstall` refuses while anyone holds it).
+    _pin_lock: pins::PinDirLock,
     service_ids: ServiceIds,
     tables: IdPool,
     backend_ids: IdPool,

@@ -98,7 +98,8 @@ pub fn follow(pin_dir: &Path) -> Result<std::thread::JoinHandle<()>, FollowError
     const RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
     let mut map = XmitMap::open(pin_dir)?;
     let mut events = crate::netlink::LinkEvents::new()?;
-    sync(&mut map);
+    let mut attached = Attached::new(pin_dir);
+    sync(&mut map, &mut attached);
     std::thread::Builder::new()
         .name("berth-xmit".into())
         .spawn(move || loop {
@@ -106,9 +107,52 @@ pub fn follow(pin_dir: &Path) -> Result<std::thread::JoinHandle<()>, FollowError
                 tracing::warn!(error = %crate::error_chain(&e), "link notifications");
                 std::thread::sleep(std::time::Duration::from_secs(1));
             }
-            sync(&mut map);
+            sync(&mut map, &mut attached);
         })
         .map_err(FollowError::Thread)
+}
+
+/// The attached interfaces (those with a link pinned) that existed at the last pass,
+/// by index, with their names: an interface deleted under the datapath is logged once,
+/// by name. (It used to go unlogged: its programs vanished with it, silently.)
+struct Attached {
+    pin_dir: std::path::PathBuf,
+    present: std::collections::BTreeMap<u32, String>,
+}
+
+impl Attached {
+    fn new(pin_dir: &Path) -> Self {
+        Attached {
+            pin_dir: pin_dir.to_path_buf(),
+            present: Default::default(),
+        }
+    }
+
+    /// Takes the interfaces that exist now (index → name); returns the attached ones
+    /// that existed at the last pass and are gone.
+    fn pass(&mut self, now: &std::collections::BTreeMap<u32, String>) -> Vec<(u32, String)> {
+        let attached = super::links::attached(&self.pin_dir);
+        gone_since(&mut self.present, &attached, now)
+    }
+}
+
+/// Updates `present` (attached interfaces that existed, with their names) to the
+/// `attached` ones that exist `now`; returns those that were present and are gone.
+fn gone_since(
+    present: &mut std::collections::BTreeMap<u32, String>,
+    attached: &BTreeSet<u32>,
+    now: &std::collections::BTreeMap<u32, String>,
+) -> Vec<(u32, String)> {
+    let gone = present
+        .iter()
+        .filter(|(i, _)| !now.contains_key(i))
+        .map(|(i, n)| (*i, n.clone()))
+        .collect();
+    *present = attached
+        .iter()
+        .filter_map(|i| now.get(i).map(|n| (*i, n.clone())))
+        .collect();
+    gone
 }
 
 /// Errors of `follow`.
@@ -125,8 +169,20 @@ pub enum FollowError {
     Thread(#[source] std::io::Error),
 }
 
-/// One pass: the kernel's list into the map, changes logged.
-fn sync(map: &mut XmitMap) {
+/// One pass: the kernel's list into the map, changes logged; attached interfaces that
+/// are gone logged.
+fn sync(map: &mut XmitMap, attached: &mut Attached) {
+    let names = crate::netlink::links();
+    if let Ok(names) = &names {
+        for (ifindex, iface) in attached.pass(names) {
+            tracing::warn!(
+                iface,
+                ifindex,
+                "an attached interface is gone (deleted): its XDP and TC programs went with \
+                 it; an interface made again under that name is attached when berth restarts"
+            );
+        }
+    }
     let want = match crate::netlink::xdp_xmit_interfaces() {
         Ok(w) => w,
         Err(e) => {
@@ -139,7 +195,7 @@ fn sync(map: &mut XmitMap) {
     };
     match map.set(&want) {
         Ok(change) => {
-            let names = crate::netlink::links().unwrap_or_default();
+            let names = names.unwrap_or_default();
             let name = |i: &u32| names.get(i).cloned().unwrap_or_else(|| format!("#{i}"));
             for i in &change.added {
                 tracing::info!(
@@ -161,5 +217,33 @@ fn sync(map: &mut XmitMap) {
             }
         }
         Err(e) => tracing::warn!(error = %crate::error_chain(&e), "updating the xmit map"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attached_interface_that_is_deleted_is_reported_once_by_name() {
+        let names = |l: &[(u32, &str)]| -> std::collections::BTreeMap<u32, String> {
+            l.iter().map(|(i, n)| (*i, n.to_string())).collect()
+        };
+        let attached: BTreeSet<u32> = [3, 4].into();
+        let mut present = Default::default();
+        let all = names(&[(1, "lo"), (3, "c0"), (4, "b1")]);
+        assert!(gone_since(&mut present, &attached, &all).is_empty());
+        let without_b1 = names(&[(1, "lo"), (3, "c0")]);
+        assert_eq!(
+            gone_since(&mut present, &attached, &without_b1),
+            vec![(4, "b1".to_string())]
+        );
+        assert!(
+            gone_since(&mut present, &attached, &without_b1).is_empty(),
+            "once per event"
+        );
+        // An interface that is not attached going away is not reported.
+        let attached_c0: BTreeSet<u32> = [3].into();
+        assert!(gone_since(&mut present, &attached_c0, &names(&[(3, "c0")])).is_empty());
     }
 }

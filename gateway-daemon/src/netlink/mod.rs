@@ -69,6 +69,7 @@ const NDMSG_LEN: usize = 12;
 const RTNLGRP_LINK: u32 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
+const IFLA_IFALIAS: u16 = 20;
 const IFLA_INFO_KIND: u16 = 1;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
@@ -231,14 +232,15 @@ pub fn xdp_xmit_interfaces() -> Result<BTreeSet<u32>, NetlinkError> {
 const HOLDER_KINDS: [&[u8]; 2] = [b"dummy\0", b"ifb\0"];
 
 /// Creates (if absent) a dummy interface `name` (IFLA_INFO_KIND "dummy", or "ifb" where
-/// the kernel has no dummy driver), sets it up; returns its ifindex.
+/// the kernel has no dummy driver), sets it up and marks it with alias `mark` (which
+/// says whose it is: see `delete_dummy`); returns its ifindex.
 /// If a link with that name exists but is not of those kinds, return an error naming it
 /// (never touch it).
-pub fn ensure_dummy(name: &str) -> Result<u32, NetlinkError> {
+pub fn ensure_dummy(name: &str, mark: &str) -> Result<u32, NetlinkError> {
     check_name(name)?;
     let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
     if let Some(link) = link_by_name(&mut sock, name)? {
-        return adopt_dummy(&mut sock, name, link);
+        return adopt_dummy(&mut sock, name, link, mark);
     }
     let mut created = false;
     for kind in HOLDER_KINDS {
@@ -266,12 +268,18 @@ pub fn ensure_dummy(name: &str) -> Result<u32, NetlinkError> {
         errno: libc::ENODEV,
         message: None,
     })?;
-    adopt_dummy(&mut sock, name, link)
+    adopt_dummy(&mut sock, name, link, mark)
 }
 
-/// Checks that `link` is the dummy called `name` and sets it up.
-fn adopt_dummy(sock: &mut Socket, name: &str, link: Link) -> Result<u32, NetlinkError> {
+/// Checks that `link` is the dummy called `name`, sets it up and marks it.
+fn adopt_dummy(sock: &mut Socket, name: &str, link: Link, mark: &str) -> Result<u32, NetlinkError> {
     link.require_dummy(name)?;
+    if link.alias.as_deref() != Some(mark.as_bytes()) {
+        let alias = Request::new(RTM_NEWLINK, NLM_F_ACK)
+            .fixed(&ifinfomsg(link.index, 0, 0))
+            .attr(IFLA_IFALIAS, mark.as_bytes());
+        sock.request("marking the dummy link (its alias)", &alias)?;
+    }
     if link.flags & libc::IFF_UP as u32 == 0 {
         let up = Request::new(RTM_NEWLINK, NLM_F_ACK).fixed(&ifinfomsg(
             link.index,
@@ -283,19 +291,45 @@ fn adopt_dummy(sock: &mut Socket, name: &str, link: Link) -> Result<u32, Netlink
     Ok(link.index)
 }
 
-/// Deletes link `name` if it exists and is a dummy (Ok(false) when absent).
-pub fn delete_dummy(name: &str) -> Result<bool, NetlinkError> {
+/// What `delete_dummy` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DummyDeleted {
+    /// Deleted.
+    Deleted,
+    /// There is no link of that name.
+    Absent,
+    /// Left alone: its alias marks it as another owner's (another pin directory's).
+    Kept {
+        /// Its alias.
+        alias: String,
+    },
+}
+
+/// Deletes link `name` if it exists, is a dummy, and is marked `mark`, or not at all
+/// (made by a version that did not mark it) if `unmarked_too`.
+pub fn delete_dummy(
+    name: &str,
+    mark: &str,
+    unmarked_too: bool,
+) -> Result<DummyDeleted, NetlinkError> {
     check_name(name)?;
     let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
     let Some(link) = link_by_name(&mut sock, name)? else {
-        return Ok(false);
+        return Ok(DummyDeleted::Absent);
     };
     link.require_dummy(name)?;
+    let alias = link.alias.as_deref().unwrap_or_default();
+    let ours = alias == mark.as_bytes() || (alias.is_empty() && unmarked_too);
+    if !ours {
+        return Ok(DummyDeleted::Kept {
+            alias: String::from_utf8_lossy(alias).into_owned(),
+        });
+    }
     let delete = Request::new(RTM_DELLINK, NLM_F_ACK).fixed(&ifinfomsg(link.index, 0, 0));
     match sock.request("deleting a dummy link", &delete) {
-        Ok(_) => Ok(true),
+        Ok(_) => Ok(DummyDeleted::Deleted),
         // Deleted by someone else since the look-up.
-        Err(e) if e.errno() == Some(libc::ENODEV) => Ok(false),
+        Err(e) if e.errno() == Some(libc::ENODEV) => Ok(DummyDeleted::Absent),
         Err(e) => Err(e),
     }
 }

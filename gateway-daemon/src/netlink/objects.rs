@@ -9,6 +9,8 @@ pub(super) struct Link {
     pub(super) flags: u32,
     pub(super) name: Vec<u8>,
     pub(super) kind: Option<Vec<u8>>,
+    /// Its alias (`IFLA_IFALIAS`), if it has one.
+    pub(super) alias: Option<Vec<u8>>,
 }
 
 impl Link {
@@ -21,11 +23,12 @@ impl Link {
             .filter(|&i| i > 0)
             .ok_or("link without a valid index")?;
         let flags = ne_u32(&header[8..12]).ok_or("short ifinfomsg")?;
-        let (mut name, mut kind) = (None, None);
+        let (mut name, mut kind, mut alias) = (None, None, None);
         for attr in Attrs::new(attrs) {
             let attr = attr?;
             match attr.ty {
                 IFLA_IFNAME => name = Some(until_nul(attr.value).to_vec()),
+                IFLA_IFALIAS => alias = Some(until_nul(attr.value).to_vec()),
                 IFLA_LINKINFO => {
                     for info in Attrs::new(attr.value) {
                         let info = info?;
@@ -42,6 +45,7 @@ impl Link {
             flags,
             name: name.ok_or("link without a name")?,
             kind,
+            alias,
         })
     }
 

@@ -8,14 +8,16 @@ use super::{
     journal::{self, Format, Journal},
     Cache, Result, Store, StoreError, CLAIMS_LOG,
 };
-use crate::model::PortClaim;
+use crate::model::{claim_name, PortClaim};
 
 /// Claims as read from the journal (by namespace, then name; shared with readers
-/// until the next write), and the journal's length in lines.
+/// until the next write), the journal's length in lines, and how many of its records
+/// were ignored when it was read.
 #[derive(Debug, Default)]
 pub(super) struct Claims {
     list: Arc<Vec<Arc<PortClaim>>>,
     lines: usize,
+    ignored: usize,
 }
 
 fn claim_key(c: &PortClaim) -> (&str, &str) {
@@ -68,6 +70,18 @@ impl Claims {
                 (ClaimRecord::Delete(..), Err(_)) => {}
             }
         }
+    }
+}
+
+impl Claims {
+    /// The journal holding just these claims.
+    fn journal_text(&self, journal: &Journal<ClaimsLog>) -> Result<String> {
+        let whole: Vec<ClaimRecord> = self
+            .list
+            .iter()
+            .map(|c| ClaimRecord::Put(Arc::clone(c)))
+            .collect();
+        journal.text(&whole)
     }
 }
 
@@ -186,6 +200,18 @@ impl Replay {
                         held.spec.route.name,
                     ));
                 }
+                // A claim is named after its Gateway, protocol and port: a record whose
+                // name says another port was changed by hand or damaged. (Such a record
+                // once moved its route to the port it said, silently.)
+                let expected = claim_name(&c.spec.gateway, &c.spec.protocol, c.spec.port);
+                if name.1 != expected {
+                    return Err(format!(
+                        "claim {}/{} ignored: its name does not match what it claims ({} port \
+                         {} of Gateway {}/{}, which would be named {expected}): the record was \
+                         changed by hand or damaged",
+                        name.0, name.1, port.2, port.3, port.0, port.1,
+                    ));
+                }
                 if let Some((old, _)) = self.by_name.insert(name.clone(), (c, line)) {
                     self.by_port.remove(&Self::port_key(&old));
                 }
@@ -210,6 +236,13 @@ impl Store {
     /// The claims journal.
     pub(super) fn claims_log(&self) -> Journal<ClaimsLog> {
         Journal::new(&self.dir)
+    }
+
+    /// How many records of the claims journal were ignored when it was last read
+    /// (none if it was not read yet).
+    pub fn ignored_records(&self) -> u64 {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache.claims.as_ref().map_or(0, |c| c.ignored as u64)
     }
 
     /// Every stored claim, by namespace then name.
@@ -238,15 +271,19 @@ impl Store {
     fn read_claims(&self) -> Result<Claims> {
         let journal = self.claims_log();
         let mut replay = Replay::default();
+        let mut ignored = 0;
         let lines = journal.replay(|record, n| {
             if let Err(problem) = replay.apply(record, n) {
+                ignored += 1;
                 let path = journal.path().display();
                 self.report_once(format!("{path} line {n}: {problem}"));
             }
         })?;
+        self.report_torn(journal.path(), lines.torn);
         Ok(Claims {
             list: Arc::new(replay.into_claims()),
-            lines,
+            lines: lines.count,
+            ignored,
         })
     }
 
@@ -334,17 +371,15 @@ impl Store {
         let mut next = Claims {
             list: Arc::clone(&claims.list),
             lines: claims.lines,
+            ignored: claims.ignored,
         };
         next.apply(&changes);
         let lines = next.lines.saturating_add(changes.len());
         let written = if journal::worth_rewriting(lines, next.list.len()) {
-            let whole: Vec<ClaimRecord> = next
-                .list
-                .iter()
-                .map(|c| ClaimRecord::Put(Arc::clone(c)))
-                .collect();
-            let whole = journal.text(&whole)?;
+            let whole = next.journal_text(&journal)?;
             next.lines = next.list.len();
+            // The rewrite holds only what is served: the ignored records are gone.
+            next.ignored = 0;
             journal.rewrite(&whole)
         } else {
             next.lines = lines;
@@ -359,5 +394,90 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+/// What `Store::compact` did to one journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Compaction {
+    /// Rewritten to what it holds.
+    Rewritten {
+        /// The journal.
+        file: &'static str,
+        /// Its lines before.
+        lines: usize,
+        /// Its records (= lines) after.
+        records: usize,
+    },
+    /// Left as it is: some of its records are ignored, and `berth state repair` is
+    /// what moves them aside (a rewrite would drop them unseen).
+    KeptForRepair {
+        /// The journal.
+        file: &'static str,
+        /// Records ignored.
+        ignored: usize,
+    },
+}
+
+impl Store {
+    /// Rewrites each journal that has grown beyond twice what it holds to just what it
+    /// holds (`berth run` calls it at start, so a journal never grows without bound
+    /// across restarts): temporary file fsynced, renamed over, directory fsynced, so a
+    /// `kill -9` at any instant leaves either journal whole. Every record that is
+    /// served is kept; a journal with ignored records is left for `berth state repair`.
+    pub fn compact(&self) -> Result<Vec<Compaction>> {
+        let _lock = self.lock_for_write()?;
+        self.begin_write()?;
+        let mut out = Vec::new();
+        {
+            let mut cache = self.fresh_cache()?;
+            let claims = self.loaded_claims(&mut cache)?;
+            let (lines, records) = (claims.lines, claims.list.len());
+            if journal::worth_rewriting(lines, records) {
+                if claims.ignored > 0 {
+                    out.push(Compaction::KeptForRepair {
+                        file: CLAIMS_LOG,
+                        ignored: claims.ignored,
+                    });
+                } else {
+                    let journal = self.claims_log();
+                    let text = claims.journal_text(&journal)?;
+                    if let Err(e) = journal.rewrite(&text) {
+                        cache.claims = None;
+                        return Err(e);
+                    }
+                    claims.lines = records;
+                    out.push(Compaction::Rewritten {
+                        file: CLAIMS_LOG,
+                        lines,
+                        records,
+                    });
+                }
+            }
+        }
+        if let Some(c) = self.compact_first_seen()? {
+            out.push(c);
+        }
+        Ok(out)
+    }
+}
+
+impl std::fmt::Display for Compaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Compaction::Rewritten {
+                file,
+                lines,
+                records,
+            } => write!(
+                f,
+                "{file}: compacted from {lines} lines to {records} records"
+            ),
+            Compaction::KeptForRepair { file, ignored } => write!(
+                f,
+                "{file}: not compacted, {ignored} records are ignored (`berth state repair` \
+                 moves them aside)"
+            ),
+        }
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::{
+    claims::Compaction,
     journal::{self, Format, Journal},
     Cache, Result, Store, FIRST_SEEN_LOG,
 };
@@ -168,7 +169,11 @@ impl Store {
             SeenRecord::Seen(key, time) => times.insert(key.to_string(), time.to_string()),
             SeenRecord::Gone(key) => times.remove(key),
         })?;
-        Ok(FirstSeen { times, lines })
+        self.report_torn(journal.path(), lines.torn);
+        Ok(FirstSeen {
+            times,
+            lines: lines.count,
+        })
     }
 
     /// Records routes seen for the first time and forgets routes that are gone. Call
@@ -222,5 +227,29 @@ impl Store {
             .collect();
         journal.rewrite(&journal.text(&records)?)?;
         self.remove_first_seen_yaml()
+    }
+}
+
+impl Store {
+    /// Rewrites the first-seen journal to what it holds if it has grown beyond twice
+    /// that (see `Store::compact`; call under the lock, after `begin_write`).
+    pub(super) fn compact_first_seen(&self) -> Result<Option<Compaction>> {
+        let mut cache = self.fresh_cache()?;
+        let seen = self.loaded_first_seen(&mut cache)?;
+        // `usize::MAX` lines: the times of earlier versions, not in the journal yet.
+        let (lines, records) = (seen.lines, seen.times.len());
+        if lines == usize::MAX || !journal::worth_rewriting(lines, records) {
+            return Ok(None);
+        }
+        if let Err(e) = self.rewrite_first_seen(&seen.times) {
+            cache.first_seen = None;
+            return Err(e);
+        }
+        seen.lines = records;
+        Ok(Some(Compaction::Rewritten {
+            file: FIRST_SEEN_LOG,
+            lines,
+            records,
+        }))
     }
 }

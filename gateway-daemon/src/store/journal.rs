@@ -14,7 +14,7 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
-use super::{io_err, Result, StoreError};
+use super::{bounded, io_err, Result, StoreError};
 
 /// The records of one journal: its file name, how a line reads and how it is written.
 pub(super) trait Format {
@@ -50,19 +50,23 @@ impl<F: Format> Journal<F> {
         &self.path
     }
 
-    /// Reads the journal, passing each record and its line number (from 1) to `apply`;
-    /// a line that does not parse makes the journal `Corrupt`. Returns the number of
-    /// lines (none if there is no journal).
-    pub(super) fn replay(&self, mut apply: impl FnMut(F::Record<'_>, usize)) -> Result<usize> {
-        let lines = read_lines(&self.path)?;
-        for (n, line) in lines.iter().enumerate() {
-            let record = F::parse(line).map_err(|message| StoreError::Corrupt {
+    /// Reads the journal line by line (memory bounded by the longest line, not the
+    /// file), passing each record and its line number (from 1) to `apply`; a line that
+    /// does not parse makes the journal `Corrupt`. Returns the number of lines (none if
+    /// there is no journal) and the size of a torn last record.
+    pub(super) fn replay(
+        &self,
+        mut apply: impl FnMut(F::Record<'_>, usize),
+    ) -> Result<bounded::Lines> {
+        bounded::for_each_line(&self.path, |line, n| {
+            let corrupt = |message: String| StoreError::Corrupt {
                 path: self.path.clone(),
-                message: format!("line {}: {message}", n + 1),
-            })?;
-            apply(record, n + 1);
-        }
-        Ok(lines.len())
+                message: format!("line {n}: {message}"),
+            };
+            let line = line.map_err(|bad| corrupt(bad.problem()))?;
+            apply(F::parse(line).map_err(corrupt)?, n);
+            Ok(())
+        })
     }
 
     /// The lines of `records`.
@@ -79,7 +83,7 @@ impl<F: Format> Journal<F> {
 
     /// Appends `text` (whole lines), durably, first cutting off a torn last line.
     pub(super) fn append(&self, text: &str) -> Result<()> {
-        use std::io::{Read, Seek, SeekFrom};
+        use std::io::{Seek, SeekFrom};
         let path = &self.path;
         let mut f = OpenOptions::new()
             .read(true)
@@ -88,20 +92,25 @@ impl<F: Format> Journal<F> {
             .truncate(false)
             .open(path)
             .map_err(io_err("opening", path))?;
-        // Cut off a torn last line before appending after it.
-        let mut old = Vec::new();
-        let len = f.metadata().map_err(io_err("reading", path))?.len();
+        // Cut off a torn last line before appending after it (found reading backwards:
+        // it may be of any size).
+        let meta = f.metadata().map_err(io_err("reading", path))?;
+        if !meta.is_file() {
+            return Err(StoreError::NotRegular {
+                path: path.clone(),
+                kind: "not a regular file",
+            });
+        }
+        let len = meta.len();
         if len > 0 {
-            let mut last = [0u8];
-            f.seek(SeekFrom::Start(len - 1))
-                .and_then(|_| f.read_exact(&mut last))
-                .map_err(io_err("reading", path))?;
-            if last[0] != b'\n' {
-                f.seek(SeekFrom::Start(0))
-                    .and_then(|_| f.read_to_end(&mut old))
-                    .map_err(io_err("reading", path))?;
-                let keep = old.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-                f.set_len(keep as u64).map_err(io_err("truncating", path))?;
+            let keep = bounded::complete_len(&mut f, len).map_err(io_err("reading", path))?;
+            if keep < len {
+                f.set_len(keep).map_err(io_err("truncating", path))?;
+                tracing::warn!(
+                    file = %path.display(),
+                    bytes = len - keep,
+                    "cut off a torn last record (a write cut short by a crash or kill)"
+                );
             }
         }
         let before = f
@@ -129,21 +138,6 @@ impl<F: Format> Journal<F> {
 /// rewritten whole (to twice what it holds, and some).
 pub(super) fn worth_rewriting(lines: usize, records: usize) -> bool {
     lines > 2 * records + 64
-}
-
-/// The complete lines of a journal (a last line without its newline is a torn append,
-/// not part of it); none if there is no journal.
-pub(super) fn read_lines(path: &Path) -> Result<Vec<String>> {
-    let text = match fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io_err("reading", path)(e)),
-    };
-    Ok(text
-        .split_inclusive('\n')
-        .filter_map(|l| l.strip_suffix('\n'))
-        .map(str::to_string)
-        .collect())
 }
 
 /// Replaces file `name` of `dir` with `text`, atomically and durably.

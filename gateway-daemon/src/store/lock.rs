@@ -4,7 +4,7 @@
 //! never run on one directory). The kernel releases both if the process dies.
 
 use std::{
-    fs::{self, File, OpenOptions},
+    fs::{File, OpenOptions},
     io::Write,
 };
 
@@ -52,9 +52,11 @@ impl Store {
             .map_err(io_err("opening", &path))?;
         if let Err(err) = sys::flock::lock_exclusive(&file, true) {
             if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                let pid = fs::read_to_string(&path)
+                let pid = super::read_small(&path, super::MAX_SMALL)
+                    .ok()
+                    .flatten()
                     .map(|p| p.trim().to_string())
-                    .unwrap_or_else(|_| "?".into());
+                    .unwrap_or_else(|| "?".into());
                 return Err(StoreError::InUse {
                     dir: self.dir.clone(),
                     pid,

@@ -6,6 +6,7 @@
 use std::{collections::BTreeMap, fs, io, path::PathBuf};
 
 use super::{
+    bounded,
     claims::claim_record,
     first_seen::{FirstSeen, FirstSeenTimes},
     io_err,
@@ -38,13 +39,12 @@ impl Store {
     /// The first-seen times of earlier versions, none if there are none.
     pub(super) fn import_first_seen_yaml(&self) -> Result<FirstSeen> {
         let path = self.dir.join(FIRST_SEEN_YAML);
-        let times: BTreeMap<String, String> = match fs::read_to_string(&path) {
-            Ok(text) => serde_yaml::from_str(&text).map_err(|e| StoreError::Corrupt {
+        let times: BTreeMap<String, String> = match bounded::read_small(&path, bounded::MAX_YAML)? {
+            Some(text) => serde_yaml::from_str(&text).map_err(|e| StoreError::Corrupt {
                 path: path.clone(),
                 message: e.to_string(),
             })?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(io_err("reading", &path)(e)),
+            None => BTreeMap::new(),
         };
         let mut imported = FirstSeenTimes::default();
         for (key, time) in times {
@@ -83,7 +83,9 @@ impl Store {
                 .collect();
             files.sort();
             for f in files {
-                let text = fs::read_to_string(&f).map_err(io_err("reading", &f))?;
+                let Some(text) = bounded::read_small(&f, bounded::MAX_YAML)? else {
+                    continue;
+                };
                 let claim: PortClaim =
                     serde_yaml::from_str(&text).map_err(|e| StoreError::Corrupt {
                         path: f.clone(),

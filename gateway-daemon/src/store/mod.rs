@@ -28,6 +28,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
+mod bounded;
 mod claims;
 mod first_seen;
 mod journal;
@@ -35,6 +36,8 @@ mod lock;
 mod migrate;
 mod records;
 
+pub use bounded::{read_small, MAX_SMALL};
+pub use claims::Compaction;
 pub use first_seen::FirstSeenTimes;
 pub use lock::{Owner, StoreLock};
 pub use records::BadRecord;
@@ -69,6 +72,32 @@ pub enum StoreError {
         path: PathBuf,
         /// What is wrong.
         message: String,
+    },
+    /// A file of the state directory is not a regular file (a device, a FIFO, ...).
+    #[error(
+        "{} is {kind}, not a regular file: refusing to read it (a state file is only ever \
+         a regular file; remove it, or move it aside)",
+        .path.display()
+    )]
+    NotRegular {
+        /// The file.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// A file of the state directory is larger than such a file may be.
+    #[error(
+        "{} is {size} bytes, more than the {limit} bytes such a state file may hold: \
+         refusing to read it",
+        .path.display()
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The limit for its kind.
+        limit: u64,
     },
     /// Another daemon runs on this state directory.
     #[error(
@@ -159,13 +188,12 @@ impl Store {
 
     fn generation(&self) -> Result<u64> {
         let path = self.dir.join("generation");
-        match fs::read_to_string(&path) {
-            Ok(t) => t.trim().parse().map_err(|e| StoreError::Corrupt {
+        match read_small(&path, MAX_SMALL)? {
+            Some(t) => t.trim().parse().map_err(|e| StoreError::Corrupt {
                 path,
                 message: format!("{e}"),
             }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(io_err("reading", &path)(e)),
+            None => Ok(0),
         }
     }
 
@@ -206,6 +234,18 @@ impl Store {
         // Bumped once per hold of the lock, and only once it is done.
         self.locked.lock().unwrap_or_else(|e| e.into_inner()).bumped = held;
         Ok(())
+    }
+
+    /// Logs a torn last record of `bytes` bytes at the end of journal `path` (ignored
+    /// when read, cut off by the next write), once.
+    fn report_torn(&self, path: &Path, bytes: u64) {
+        if bytes > 0 {
+            self.report_once(format!(
+                "{}: a torn last record of {bytes} bytes is ignored (a write cut short by a \
+                 crash or kill; the next write cuts it off)",
+                path.display()
+            ));
+        }
     }
 
     /// Logs `message` unless this store logged it already (the journal is read again

@@ -2,16 +2,14 @@
 //! listed with their line numbers (`berth state check`) or moved aside (`berth state
 //! repair`).
 
-use std::{
-    fs::{self, OpenOptions},
-    io::Write,
-};
+use std::{fs::OpenOptions, io::Write};
 
 use super::{
+    bounded,
     claims::{ClaimsLog, Replay},
     first_seen::FirstSeenLog,
-    io_err,
-    journal::{self, Format},
+    io_err, journal,
+    journal::Format,
     Cache, Result, Store, CLAIMS_LOG, FIRST_SEEN_LOG,
 };
 
@@ -39,7 +37,7 @@ impl Store {
     /// (a port held twice), with line numbers (`berth state check`); changes nothing.
     pub fn check(&self) -> Result<Vec<BadRecord>> {
         Ok(self
-            .scan()?
+            .scan(false)?
             .into_iter()
             .flat_map(|(_, _, bad)| bad)
             .collect())
@@ -56,7 +54,7 @@ impl Store {
             .to_string()
             .replace(':', "");
         let mut moved = Vec::new();
-        for (file, good, bad) in self.scan()? {
+        for (file, good, bad) in self.scan(true)? {
             if bad.is_empty() {
                 continue;
             }
@@ -77,8 +75,8 @@ impl Store {
         Ok(moved)
     }
 
-    /// Each file's good lines and bad records.
-    fn scan(&self) -> Result<Vec<Scanned>> {
+    /// Each file's bad records, and its good lines if `keep_good`.
+    fn scan(&self, keep_good: bool) -> Result<Vec<Scanned>> {
         let mut out = Vec::new();
         // A claim record is bad if it does not parse or is ignored when replayed.
         let mut replay = Replay::default();
@@ -90,24 +88,32 @@ impl Store {
             (FIRST_SEEN_LOG, &mut seen as Check),
         ] {
             let (mut good, mut bad) = (Vec::new(), Vec::new());
-            for (n, line) in journal::read_lines(&self.dir.join(file))?
-                .into_iter()
-                .enumerate()
-            {
-                match check(&line, n + 1) {
-                    Ok(()) => good.push(line),
-                    Err(problem) => bad.push(BadRecord {
-                        file,
-                        line: n + 1,
-                        text: line,
-                        problem,
-                    }),
-                }
-            }
+            // Streamed: memory holds the bad records, and the good lines only for repair.
+            bounded::for_each_line(&self.dir.join(file), |line, n| {
+                let problem = match line {
+                    Ok(line) => match check(line, n) {
+                        Ok(()) => {
+                            if keep_good {
+                                good.push(line.to_string());
+                            }
+                            return Ok(());
+                        }
+                        Err(problem) => (line.to_string(), problem),
+                    },
+                    Err(bad) => (bad.text(), bad.problem()),
+                };
+                bad.push(BadRecord {
+                    file,
+                    line: n,
+                    text: problem.0,
+                    problem: problem.1,
+                });
+                Ok(())
+            })?;
             out.push((file, good, bad));
         }
         let generation = self.dir.join("generation");
-        if let Ok(text) = fs::read_to_string(&generation) {
+        if let Ok(Some(text)) = bounded::read_small(&generation, bounded::MAX_SMALL) {
             if text.trim().parse::<u64>().is_err() {
                 out.push((
                     "generation",

@@ -1,7 +1,7 @@
 //! Tests of the store: journals, claims, first-seen times, migrations, bad records.
 
-use super::claims::claim_record;
 use super::*;
+use super::{bounded, claims::claim_record};
 use crate::model::{ClaimRoute, PortClaim, PortClaimSpec};
 use std::{
     collections::BTreeMap,
@@ -300,9 +300,9 @@ fn a_port_held_twice_is_reported_with_its_line_and_the_later_record_ignored() {
     let mut other = claim(30001);
     other.metadata.name = "hand-made".into();
     other.spec.route = ClaimRoute::new("TCPRoute", "b", "s", None);
-    let mut later = other.clone();
-    later.metadata.name = "hand-made-2".into();
-    later.spec.port = 30002;
+    // A claim named after another port than it holds is ignored too (below).
+    let mut later = claim(30002);
+    later.spec.route = ClaimRoute::new("TCPRoute", "b", "s", None);
     let journal = [
         put(&claim(30001)),
         put(&claim(30002)),
@@ -378,4 +378,204 @@ fn first_seen_of_earlier_versions_is_imported() {
             .len(),
         2
     );
+}
+
+#[test]
+fn a_claim_whose_name_says_another_port_is_ignored_reported_and_moved_aside() {
+    let dir = TempDir::new("berth-store-renamed");
+    fs::create_dir_all(&*dir).expect("dir");
+    // Line 2 is line 1's record with its port changed by hand: it would move the route.
+    let mut moved = claim(30001);
+    moved.spec.port = 30007;
+    fs::write(
+        dir.join(CLAIMS_LOG),
+        [put(&claim(30001)), put(&moved), put(&claim(30002))].concat(),
+    )
+    .expect("write");
+    let store = Store::open(&dir).expect("open");
+    assert_eq!(
+        store.claims().expect("claims"),
+        vec![claim(30001), claim(30002)],
+        "the route keeps port 30001"
+    );
+    let bad = store.check().expect("check");
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!((bad[0].file, bad[0].line), (CLAIMS_LOG, 2));
+    for part in ["infra/gw-tcp-30001", "TCP port 30007", "gw-tcp-30007"] {
+        assert!(
+            bad[0].problem.contains(part),
+            "{part} in {}",
+            bad[0].problem
+        );
+    }
+    assert_eq!(store.reported.lock().expect("reported").len(), 1, "logged");
+    assert_eq!(store.ignored_records(), 1, "counted");
+    assert_eq!(store.repair().expect("repair"), bad);
+    assert!(store.check().expect("check").is_empty());
+    store.claims().expect("claims");
+    assert_eq!(store.ignored_records(), 0, "none left after repair");
+    let aside: Vec<_> = fs::read_dir(&*dir)
+        .expect("dir")
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("claims.log.bad-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "moved aside into one file");
+}
+
+#[test]
+fn a_journal_that_is_a_device_or_a_fifo_is_refused_at_once_naming_it() {
+    let dir = TempDir::new("berth-store-device");
+    fs::create_dir_all(&*dir).expect("dir");
+    std::os::unix::fs::symlink("/dev/full", dir.join(CLAIMS_LOG)).expect("symlink");
+    let started = std::time::Instant::now();
+    let store = Store::open(&dir).expect("open");
+    let err = store.claims().expect_err("/dev/full is not a journal");
+    assert!(matches!(err, StoreError::NotRegular { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("claims.log is a character device"), "{text}");
+    let err = store.check().expect_err("state check refuses it too");
+    assert!(err.to_string().contains("character device"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+
+    fs::remove_file(dir.join(CLAIMS_LOG)).expect("rm");
+    let made = std::process::Command::new("mkfifo")
+        .arg(dir.join(FIRST_SEEN_LOG))
+        .status()
+        .expect("mkfifo");
+    assert!(made.success(), "mkfifo");
+    let err = store.first_seen().expect_err("a FIFO is not a journal");
+    assert!(
+        err.to_string().contains("first-seen.log is a FIFO"),
+        "{err}"
+    );
+    fs::remove_file(dir.join(FIRST_SEEN_LOG)).expect("rm");
+    fs::write(dir.join("generation"), "1".repeat(10_000)).expect("write");
+    let err = Store::open(&dir)
+        .expect("open")
+        .claims()
+        .expect_err("too large");
+    assert!(matches!(err, StoreError::TooLarge { .. }), "{err}");
+    assert!(
+        err.to_string().contains("generation is 10000 bytes"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_torn_tail_longer_than_a_line_is_ignored_then_cut_and_an_overlong_line_is_a_bad_record() {
+    let dir = TempDir::new("berth-store-long");
+    let store = Store::open(&dir).expect("open");
+    store.create(&claim(30001)).expect("create");
+    let log = dir.join(CLAIMS_LOG);
+    let whole = fs::metadata(&log).expect("log").len();
+    tear(&log, &vec![b'x'; 3 * bounded::MAX_LINE]);
+    let reopened = Store::open(&dir).expect("reopen");
+    assert_eq!(reopened.claims().expect("claims"), vec![claim(30001)]);
+    let reported = reopened.reported.lock().expect("reported").clone();
+    assert!(
+        reported.iter().any(|r| r.contains(&format!(
+            "torn last record of {} bytes",
+            3 * bounded::MAX_LINE
+        ))),
+        "logged: {reported:?}"
+    );
+    reopened.create(&claim(30002)).expect("create");
+    let text = fs::read_to_string(&log).expect("log");
+    assert!(!text.contains("xxx"), "torn tail cut");
+    assert!(fs::metadata(&log).expect("log").len() > whole);
+    // A complete line beyond the limit is a bad record, not a reason to read it whole.
+    tear(
+        &log,
+        &[vec![b'y'; 2 * bounded::MAX_LINE], b"\n".to_vec()].concat(),
+    );
+    let fresh = Store::open(&dir).expect("reopen");
+    let err = fresh.claims().expect_err("corrupt");
+    assert!(
+        err.to_string().contains("line 3: longer than 64 KiB"),
+        "{err}"
+    );
+    let bad = fresh.check().expect("check");
+    assert_eq!((bad.len(), bad[0].line), (1, 3), "{bad:?}");
+    fresh.repair().expect("repair");
+    assert_eq!(
+        Store::open(&dir).expect("reopen").claims().expect("claims"),
+        vec![claim(30001), claim(30002)]
+    );
+}
+
+#[test]
+fn compaction_keeps_every_served_record_and_leaves_a_journal_with_ignored_ones() {
+    let dir = TempDir::new("berth-store-compact");
+    fs::create_dir_all(&*dir).expect("dir");
+    let mut journal = String::new();
+    for i in 0..1000u16 {
+        journal.push_str(&put(&claim(30000 + i % 10)));
+        if i % 10 != 3 {
+            journal.push_str(&format!("-\tinfra\tgw-tcp-{}\n", 30000 + i % 10));
+        }
+    }
+    fs::write(dir.join(CLAIMS_LOG), &journal).expect("write");
+    let mut seen = String::new();
+    for i in 0..500 {
+        seen.push_str(&format!("+\t2026-01-01T00:00:00Z\tTCPRoute/a/r{}\n", i % 3));
+    }
+    fs::write(dir.join(FIRST_SEEN_LOG), &seen).expect("write");
+    let store = Store::open(&dir).expect("open");
+    let before = (
+        store.claims().expect("claims"),
+        store.first_seen().expect("seen"),
+    );
+    let done = store.compact().expect("compact");
+    assert_eq!(
+        done,
+        vec![
+            Compaction::Rewritten {
+                file: CLAIMS_LOG,
+                lines: 1900,
+                records: 1
+            },
+            Compaction::Rewritten {
+                file: FIRST_SEEN_LOG,
+                lines: 500,
+                records: 3
+            }
+        ]
+    );
+    let reopened = Store::open(&dir).expect("reopen");
+    assert_eq!(
+        (
+            reopened.claims().expect("claims"),
+            reopened.first_seen().expect("seen")
+        ),
+        before
+    );
+    assert_eq!(
+        fs::read_to_string(dir.join(CLAIMS_LOG))
+            .expect("log")
+            .lines()
+            .count(),
+        1
+    );
+    assert!(
+        reopened.compact().expect("again").is_empty(),
+        "nothing left to do"
+    );
+
+    // A journal with an ignored record is left whole for `state repair` to move it aside.
+    let mut moved = claim(30003);
+    moved.spec.port = 30009;
+    fs::write(dir.join(CLAIMS_LOG), [journal, put(&moved)].concat()).expect("write");
+    let store = Store::open(&dir).expect("open");
+    assert_eq!(
+        store.compact().expect("compact"),
+        vec![Compaction::KeptForRepair {
+            file: CLAIMS_LOG,
+            ignored: 1
+        }]
+    );
+    assert_eq!(store.check().expect("check").len(), 1);
 }

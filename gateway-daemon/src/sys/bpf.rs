@@ -95,3 +95,55 @@ pub(crate) fn lookup_batch(
         first = false;
     }
 }
+
+/// What kind of BPF object is pinned at `path` (`BPF_OBJ_GET`, then the `map_type:`,
+/// `prog_type:` or `link_type:` line of the descriptor's fdinfo): "map", "prog",
+/// "link", or another word for a kind this does not know.
+pub(crate) fn pinned_kind(path: &std::path::Path) -> io::Result<&'static str> {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    use std::os::unix::ffi::OsStrExt as _;
+    /// The `obj` member of `union bpf_attr` (uapi/linux/bpf.h).
+    #[repr(C)]
+    #[derive(Default)]
+    struct ObjAttr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+        path_fd: i32,
+        _pad: u32,
+    }
+    const BPF_OBJ_GET: libc::c_long = 7;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // No access flags: links accept none (BPF_F_RDONLY makes BPF_OBJ_GET fail with
+    // EINVAL on a link); the descriptor is only used to read its fdinfo.
+    let attr = ObjAttr {
+        pathname: c_path.as_ptr() as u64,
+        ..Default::default()
+    };
+    // SAFETY: `attr` is a valid bpf_attr prefix of the size passed, its path pointer a
+    // NUL-terminated string that outlives the call; the kernel only reads it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            &attr as *const ObjAttr,
+            std::mem::size_of::<ObjAttr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: BPF_OBJ_GET returned a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+    let has = |key: &str| info.lines().any(|l| l.starts_with(key));
+    Ok(if has("link_type:") {
+        "link"
+    } else if has("map_type:") {
+        "map"
+    } else if has("prog_type:") {
+        "prog"
+    } else {
+        "unknown"
+    })
+}

@@ -104,6 +104,16 @@ impl Daemon {
     }
 }
 
+/// The value in KiB of `field` (`VmRSS`, `VmHWM`, ...) of `/proc/PID/status`.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
 /// Polls `cond` every 20 ms for up to 15 s; panics with `what`.
 pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
