@@ -688,6 +688,18 @@ counters! {
     /// and its flow recorded (not a `new_flow`; over the new-flow limit not recorded,
     /// and counted as `flood_untracked` too).
     CtMissReply = "ct_miss_reply",
+    /// A reply (or an ICMP error about a packet sent to a backend) of a tracked flow, or
+    /// one Maglev matched, that did not arrive from where the gateway sends its backend's
+    /// packets: another interface than the backend's egress, or (XDP, neighbour known)
+    /// another source MAC than the backend's next hop. A tenant's backend forging
+    /// another tenant's backend address (XDP_DROP; TC: shot).
+    ReplySpoofed = "reply_spoofed",
+    /// A TCP segment to a service that would open a flow with flags no TCP sends: none,
+    /// SYN+FIN, SYN+RST, or FIN+PSH+URG (Xmas) (XDP_DROP).
+    DropTcpFlags = "drop_tcp_flags",
+    /// A packet to a service that would open a flow whose source is a gateway address
+    /// (one Berth serves): forged, or looping (XDP_DROP).
+    DropGatewaySource = "drop_gateway_source",
 }
 
 impl Counter {
