@@ -542,6 +542,11 @@ impl Flow {
     pub fn port(&self) -> u16 {
         self.sock.local_addr().map(|a| a.port()).unwrap_or_default()
     }
+
+    /// The flow's socket (to see what else reaches it).
+    pub fn socket(&self) -> &UdpSocket {
+        &self.sock
+    }
 }
 
 /// Which backend a marker address belongs to (1-based).
