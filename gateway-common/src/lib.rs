@@ -202,6 +202,15 @@ pub mod config {
     pub const NEW_FLOW_LIMIT: u32 = 0;
     // Slot 1 held the last window some CPU went over `NEW_FLOW_LIMIT` in, while replies
     // without an entry were matched by Maglev only during floods; they always are now.
+    /// Where replies of a flow may come from: 0 (default), only from where the gateway
+    /// sends its backend's packets (else dropped, `Counter::ReplySpoofed`); 1, from any
+    /// interface and neighbour (backends whose replies come back asymmetrically, as
+    /// through a router spreading them over a tier of gateways).
+    pub const REPLY_ORIGIN: u32 = 2;
+    /// `REPLY_ORIGIN`: replies must come from where their backend is.
+    pub const REPLY_ORIGIN_BACKEND: u32 = 0;
+    /// `REPLY_ORIGIN`: replies may come from anywhere.
+    pub const REPLY_ORIGIN_ANY: u32 = 1;
     /// Entries of the array.
     pub const SLOTS: u32 = 8;
 }

@@ -31,12 +31,12 @@ use aya_ebpf::{
     helpers::generated::bpf_fib_lookup as fib_lookup,
     programs::{TcContext, XdpContext},
 };
-use gateway_common::{NextHop, NEXT_HOP_REFRESH};
+use gateway_common::{config, NextHop, NEXT_HOP_REFRESH};
 
 use crate::{
     family::Family,
     fwd::{coarse_now, fib_params},
-    maps::backend_hop,
+    maps::{backend_hop, CONFIG},
     packet::Eth,
 };
 
@@ -87,8 +87,17 @@ impl Origin {
     /// Whether a packet from backend `backend` (id), address `addr`, came from where
     /// the gateway sends that backend's packets (see the module doc). What cannot be
     /// known (no route toward the backend) is not held against it.
+    ///
+    /// The operator may allow any origin (`config::REPLY_ORIGIN`, asked only when the
+    /// origin is not the backend's: the established path pays nothing for it).
     #[inline(always)]
     pub fn is_backend<A: Family>(&self, backend: u32, addr: A) -> bool {
+        self.at_backend(backend, addr) || any_origin()
+    }
+
+    /// Whether the packet came from where the gateway sends the backend's packets.
+    #[inline(always)]
+    fn at_backend<A: Family>(&self, backend: u32, addr: A) -> bool {
         let ifindex = self.ifindex();
         if ifindex == 0 {
             return true;
@@ -155,6 +164,12 @@ impl Origin {
             _ => Asked::Unknown,
         }
     }
+}
+
+/// Whether the operator lets replies come from anywhere (`config::REPLY_ORIGIN`).
+#[inline(always)]
+fn any_origin() -> bool {
+    CONFIG.get(config::REPLY_ORIGIN) == Some(&config::REPLY_ORIGIN_ANY)
 }
 
 /// What the FIB said about the way to a backend.

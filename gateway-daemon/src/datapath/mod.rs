@@ -414,6 +414,28 @@ impl Datapath {
             .set(config::NEW_FLOW_LIMIT, per_cpu_per_second, 0)
             .map_err(map_err(name))
     }
+
+    /// Sets where replies may come from (`gateway_common::config::REPLY_ORIGIN`): with
+    /// `any`, from any interface and neighbour; otherwise only from where the gateway
+    /// sends their backend's packets (else dropped as `reply_spoofed`).
+    pub fn set_reply_origin_any(&mut self, any: bool) -> Result<()> {
+        let name = map_names::CONFIG;
+        let map = self.ebpf.map_mut(name).ok_or(DatapathError::Map {
+            name,
+            source: MapError::InvalidName {
+                name: name.to_string(),
+            },
+        })?;
+        let mut config: Array<&mut MapData, u32> = Array::try_from(map).map_err(map_err(name))?;
+        let value = if any {
+            config::REPLY_ORIGIN_ANY
+        } else {
+            config::REPLY_ORIGIN_BACKEND
+        };
+        config
+            .set(config::REPLY_ORIGIN, value, 0)
+            .map_err(map_err(name))
+    }
 }
 
 /// Whether the kernel forwards IPv4 in this network namespace. Packets the program
