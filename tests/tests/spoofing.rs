@@ -25,8 +25,7 @@ use berth_tests::{
     netns::Netns,
     packet::Packet,
     topo::{
-        bridge, default_routes, dual_cidrs, dual_veth, enslave, forward_both, start_servers, strs,
-        veth, Flow, Servers, Topology, Veth, CLIENT, DNS_PORT, GW, HTTP_PORT,
+        bridged, start_servers, Flow, Servers, Topology, Veth, CLIENT, DNS_PORT, GW, HTTP_PORT,
     },
     xdp::TestDatapath,
 };
@@ -259,45 +258,8 @@ fn a_backend_on_an_interface_without_berth_forging_a_backends_replies_is_dropped
 #[test]
 fn a_host_on_the_backends_l2_segment_forging_a_backends_replies_is_dropped_by_xdp() {
     // B's backend and C's on one bridge behind the gateway's br0.
-    let client = Netns::new("cl");
-    let gateway = Netns::new("gw");
-    let hop = Ipv4Addr::new(10, 251, 1, 1);
-    dual_veth(
-        (&gateway, "c0", hop),
-        (&client, "eth0", CLIENT),
-        Veth::HOST_B,
-    );
-    default_routes(&client, hop);
-    let br0 = Ipv4Addr::new(10, 251, 10, 1);
-    bridge(&gateway, "br0", &strs(&dual_cidrs(&[br0])));
     let addrs = [Ipv4Addr::new(10, 251, 10, 2), Ipv4Addr::new(10, 251, 10, 3)];
-    let mut backends = Vec::new();
-    for (i, addr) in addrs.iter().enumerate() {
-        let ns = Netns::new("be");
-        let port = format!("b{}", i + 1);
-        veth(
-            &gateway,
-            &port,
-            &[],
-            &ns,
-            "eth0",
-            &strs(&dual_cidrs(&[*addr])),
-            Veth::HOST_B,
-        );
-        enslave(&gateway, &port, "br0");
-        default_routes(&ns, br0);
-        backends.push(ns);
-    }
-    forward_both(&gateway);
-    let topo = Topology {
-        client,
-        gateway,
-        backends,
-        gateway_ifaces: vec!["c0".into(), "br0".into()],
-        backend_addrs6: Vec::new(),
-        backend_addrs: addrs.to_vec(),
-        others: Vec::new(),
-    };
+    let topo = bridged(&addrs, Veth::HOST_B);
     let lab = lab(topo, addrs[0], &["c0", "br0"], false);
     forgeries_are_dropped(&lab, addrs[0], &lab.topo.backends[1]);
 }
