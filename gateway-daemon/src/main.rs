@@ -635,7 +635,10 @@ mod tests {
         let origin = |extra: &[&str]| run_args(extra).map(|a| a.reply_origin).ok();
         assert_eq!(origin(&[]), Some(ReplyOrigin::Backend));
         assert_eq!(origin(&["--reply-origin", "any"]), Some(ReplyOrigin::Any));
-        assert_eq!(origin(&["--reply-origin", "backend"]), Some(ReplyOrigin::Backend));
+        assert_eq!(
+            origin(&["--reply-origin", "backend"]),
+            Some(ReplyOrigin::Backend)
+        );
         assert_eq!(origin(&["--reply-origin", "router"]), None);
     }
 

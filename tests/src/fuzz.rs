@@ -983,7 +983,16 @@ impl<'m> Generator<'m> {
         } else if !udp {
             // Now and then flags no TCP sends (none, SYN+FIN): dropped if they would
             // open a flow (`drop_tcp_flags`).
-            p = p.flags(self.rng.pick(&[SYN, ACK | PSH, ACK, 0x01 | ACK, 0x04, SYN, 0, SYN | 0x01]));
+            p = p.flags(self.rng.pick(&[
+                SYN,
+                ACK | PSH,
+                ACK,
+                0x01 | ACK,
+                0x04,
+                SYN,
+                0,
+                SYN | 0x01,
+            ]));
         }
         let len = match self.rng.below(20) {
             0 => 1400 + self.rng.below(200),
