@@ -202,6 +202,15 @@ pub mod config {
     pub const NEW_FLOW_LIMIT: u32 = 0;
     // Slot 1 held the last window some CPU went over `NEW_FLOW_LIMIT` in, while replies
     // without an entry were matched by Maglev only during floods; they always are now.
+    /// Where replies of a flow may come from: 0 (default), only from where the gateway
+    /// sends its backend's packets (else dropped, `Counter::ReplySpoofed`); 1, from any
+    /// interface and neighbour (backends whose replies come back asymmetrically, as
+    /// through a router spreading them over a tier of gateways).
+    pub const REPLY_ORIGIN: u32 = 2;
+    /// `REPLY_ORIGIN`: replies must come from where their backend is.
+    pub const REPLY_ORIGIN_BACKEND: u32 = 0;
+    /// `REPLY_ORIGIN`: replies may come from anywhere.
+    pub const REPLY_ORIGIN_ANY: u32 = 1;
     /// Entries of the array.
     pub const SLOTS: u32 = 8;
 }
@@ -688,6 +697,18 @@ counters! {
     /// and its flow recorded (not a `new_flow`; over the new-flow limit not recorded,
     /// and counted as `flood_untracked` too).
     CtMissReply = "ct_miss_reply",
+    /// A reply (or an ICMP error about a packet sent to a backend) of a tracked flow, or
+    /// one Maglev matched, that did not arrive from where the gateway sends its backend's
+    /// packets: another interface than the backend's egress, or (XDP, neighbour known)
+    /// another source MAC than the backend's next hop. A tenant's backend forging
+    /// another tenant's backend address (XDP_DROP; TC: shot).
+    ReplySpoofed = "reply_spoofed",
+    /// A TCP segment to a service that would open a flow with flags no TCP sends: none,
+    /// SYN+FIN, SYN+RST, or FIN+PSH+URG (Xmas) (XDP_DROP).
+    DropTcpFlags = "drop_tcp_flags",
+    /// A packet to a service that would open a flow whose source is a gateway address
+    /// (one Berth serves): forged, or looping (XDP_DROP).
+    DropGatewaySource = "drop_gateway_source",
 }
 
 impl Counter {

@@ -139,6 +139,10 @@ pub struct NodeView {
     /// Packets from a backend endpoint of no flow that Maglev maps elsewhere, passed
     /// untranslated (`reply_untracked`).
     pub replies_unmatched: u64,
+    /// Replies and ICMP errors with a backend's address that arrived from elsewhere
+    /// than that backend, dropped (`reply_spoofed`).
+    #[serde(default)]
+    pub replies_spoofed: u64,
 }
 
 impl NodeView {
@@ -150,6 +154,7 @@ impl NodeView {
             midflow_misses: counter(gateway_common::Counter::CtMissMidflow),
             reply_misses: counter(gateway_common::Counter::CtMissReply),
             replies_unmatched: counter(gateway_common::Counter::ReplyUntracked),
+            replies_spoofed: counter(gateway_common::Counter::ReplySpoofed),
         }
     }
 }
@@ -545,6 +550,7 @@ mod tests {
             (Counter::CtMissMidflow, 3),
             (Counter::CtMissReply, 5),
             (Counter::ReplyUntracked, 1),
+            (Counter::ReplySpoofed, 7),
             (Counter::NewFlow, 99),
         ] {
             p.counters.insert(c.name(), n);
@@ -559,9 +565,10 @@ mod tests {
             (
                 node.midflow_misses,
                 node.reply_misses,
-                node.replies_unmatched
+                node.replies_unmatched,
+                node.replies_spoofed
             ),
-            (3, 5, 1)
+            (3, 5, 1, 7)
         );
         let (status, _, body) = Resource::Node.answer(&p);
         assert_eq!(status, StatusCode::OK);
@@ -570,7 +577,7 @@ mod tests {
         let row = table.lines().nth(1).expect("a row");
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(cells.first(), Some(&"DRAINING"), "{table}");
-        assert_eq!(cells[cells.len() - 3..], ["3", "5", "1"], "{table}");
+        assert_eq!(cells[cells.len() - 4..], ["3", "5", "1", "7"], "{table}");
         assert_eq!(
             Resource::at("/api/v1/node", Endpoints::Monitoring),
             None,

@@ -179,6 +179,13 @@ struct RunArgs {
     /// no limit.
     #[arg(long, default_value_t = DEFAULT_NEW_FLOW_LIMIT)]
     new_flow_limit: u32,
+    /// Where replies of a flow (and ICMP errors about packets sent to a backend) may
+    /// come from: `backend`, only from the interface (and neighbour) the gateway sends
+    /// that backend's packets to, else dropped as reply_spoofed (a tenant forging
+    /// another's backend); `any`, from anywhere, for backends whose replies come back
+    /// another way (a router spreading them over a tier of gateways).
+    #[arg(long, value_enum, default_value = "backend")]
+    reply_origin: ReplyOrigin,
     /// Also publish each served gateway address as a route ADDR/32 (/128) of protocol
     /// berth (251) in this kernel routing table, through the address interface (lo
     /// without one), for the routing daemon to import (BIRD: protocol kernel { kernel
@@ -218,6 +225,15 @@ fn parse_announce_table(text: &str) -> Result<u32, String> {
         "{reserved} is the kernel's: give the routes a table of their own (e.g. 100), \
          which the routing daemon imports"
     ))
+}
+
+/// `--reply-origin`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ReplyOrigin {
+    /// Only from where the gateway sends the backend's packets.
+    Backend,
+    /// From any interface and neighbour.
+    Any,
 }
 
 /// Default of `--new-flow-limit`: Katran's default `MAX_CONN_RATE`.
@@ -645,6 +661,19 @@ mod tests {
             .expect("0 is refused");
         assert!(err.to_string().contains("--conntrack-size"), "{err}");
         assert!(run_args(&["--new-flow-limit", "-5"]).is_err());
+    }
+
+    #[test]
+    fn replies_must_come_from_their_backend_unless_told_otherwise() {
+        use super::ReplyOrigin;
+        let origin = |extra: &[&str]| run_args(extra).map(|a| a.reply_origin).ok();
+        assert_eq!(origin(&[]), Some(ReplyOrigin::Backend));
+        assert_eq!(origin(&["--reply-origin", "any"]), Some(ReplyOrigin::Any));
+        assert_eq!(
+            origin(&["--reply-origin", "backend"]),
+            Some(ReplyOrigin::Backend)
+        );
+        assert_eq!(origin(&["--reply-origin", "router"]), None);
     }
 
     #[test]

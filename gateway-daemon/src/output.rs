@@ -177,25 +177,27 @@ pub fn node_table(node: &crate::admin::NodeView) -> String {
     // Writing to a String cannot fail.
     let _ = writeln!(
         out,
-        "{:<20} {:<21} {:<32} {:<20} {:>14} {:>12} {:>17}",
+        "{:<20} {:<21} {:<32} {:<20} {:>14} {:>12} {:>17} {:>15}",
         "STATE",
         "SINCE",
         "PUBLISHED",
         "WHERE",
         "MIDFLOW-MISSES",
         "REPLY-MISSES",
-        "REPLIES-UNMATCHED"
+        "REPLIES-UNMATCHED",
+        "REPLIES-SPOOFED"
     );
     let _ = writeln!(
         out,
-        "{:<20} {:<21} {:<32} {:<20} {:>14} {:>12} {:>17}",
+        "{:<20} {:<21} {:<32} {:<20} {:>14} {:>12} {:>17} {:>15}",
         state,
         since,
         published,
         places,
         node.midflow_misses,
         node.reply_misses,
-        node.replies_unmatched
+        node.replies_unmatched,
+        node.replies_spoofed
     );
     out
 }

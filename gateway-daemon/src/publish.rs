@@ -293,7 +293,7 @@ fn unanswered_since(
 /// misrouted packets, naming the routes whose packets took that way.
 fn log_losses(before: &Published, after: &Published) {
     use gateway_common::Counter;
-    const LOSSES: [Counter; 10] = [
+    const LOSSES: [Counter; 11] = [
         Counter::DropNoBackend,
         Counter::DropMalformed,
         Counter::DropFragment,
@@ -304,6 +304,7 @@ fn log_losses(before: &Published, after: &Published) {
         Counter::TcUntranslated,
         Counter::SnatPortLost,
         Counter::IcmpUntranslated,
+        Counter::ReplySpoofed,
     ];
     static LAST: Mutex<BTreeMap<&'static str, std::time::Instant>> = Mutex::new(BTreeMap::new());
     let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());

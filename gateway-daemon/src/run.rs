@@ -24,7 +24,7 @@ use berth::{
     store::Store,
 };
 
-use crate::{LogFormat, Redirect, RunArgs, XdpMode, DEFAULT_ADDRESS_INTERFACE};
+use crate::{LogFormat, Redirect, ReplyOrigin, RunArgs, XdpMode, DEFAULT_ADDRESS_INTERFACE};
 
 /// Runs the daemon as the options say (standalone unless `--kubernetes`).
 pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -48,6 +48,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         snat_ports,
         conntrack_size,
         new_flow_limit,
+        reply_origin,
         announce_table,
         not_ready_grace,
         drain_on_stop,
@@ -80,6 +81,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         pin_dir,
         conntrack_size,
         new_flow_limit,
+        reply_origin,
         address_interface: if no_address_interface {
             None
         } else {
@@ -187,6 +189,8 @@ struct DatapathOptions {
     conntrack_size: u32,
     /// New flows per second per CPU the kernel records (0: no limit).
     new_flow_limit: u32,
+    /// `--reply-origin`.
+    reply_origin: ReplyOrigin,
     address_interface: Option<String>,
     /// `--announce-table`.
     announce_table: Option<u32>,
@@ -276,6 +280,7 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
         pin_dir,
         conntrack_size,
         new_flow_limit,
+        reply_origin,
         address_interface,
         announce_table,
         announcing,
@@ -309,6 +314,16 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
             new_flow_limit = limit,
             "new flows beyond the limit (per second per CPU) are balanced by Maglev alone"
         ),
+    }
+    let any_origin = *reply_origin == ReplyOrigin::Any;
+    dp.set_reply_origin_any(any_origin)
+        .context("writing --reply-origin into the datapath's config map")?;
+    if any_origin {
+        tracing::warn!(
+            "--reply-origin any: replies are translated from whatever interface and \
+             neighbour they come from; a host that forges a backend's address can answer \
+             for it"
+        );
     }
     if *redirect == Redirect::Auto {
         datapath::follow_xmit(pin_dir).context("following which interfaces take XDP frames")?;

@@ -13,7 +13,11 @@ use gateway_common::{
 use crate::{
     family::Family,
     fwd::coarse_now,
-    maps::{count, Pending, Roles, BACKENDS, CONFIG, FLOOD, MAGLEV, SNAT_PORTS},
+    maps::{
+        count, is_gateway_address, Pending, Roles, BACKENDS, CONFIG, FLOOD, MAGLEV, SNAT_PORTS,
+    },
+    origin::Origin,
+    packet::{TCP_ACK, TCP_SYN},
 };
 
 /// What the conntrack says about a packet.
@@ -40,6 +44,9 @@ pub enum Found {
     /// translation is in the caller's slot; its flow was recorded (unless the flood
     /// guard refused), without a next hop cached.
     Matched,
+    /// A reply (or ICMP error) of a flow that did not come from where its backend is
+    /// (`origin.rs`): to be dropped as `reply_spoofed`. Nothing was recorded.
+    Spoofed,
 }
 
 /// Whether `reply_of` looks for an entry under the reply's own tuple (a SNAT flow's
@@ -109,24 +116,34 @@ enum Direct<A: Addr> {
 /// keeps the node port its flow claimed. A TCP segment without SYN that gets here had
 /// no entry (it began on another gateway behind the same ECMP route, or its entry was
 /// evicted): Maglev gives it the backend every gateway gives it (`ct_miss_midflow`).
+///
+/// `flags` are a TCP segment's flags (byte 13 of its header; a later fragment's are
+/// taken for a mid-flow segment's, `MIDFLOW`). A packet that would open a flow with
+/// flags no TCP sends (`invalid_flags`), or from a gateway address, is dropped
+/// (`drop_tcp_flags`, `drop_gateway_source`): only where a flow would be opened, so
+/// tracked flows pay nothing. A reply (an entry of kind `NAT_SRC`) that did not come
+/// from where its backend is (`origin`) is dropped (`reply_spoofed`).
 #[inline(always)]
 pub fn lookup_or_balance<A: Family>(
     t: &FlowKey<A>,
     roles: Roles,
-    syn: bool,
+    flags: u8,
+    origin: &Origin,
     new: &mut MaybeUninit<Flow<A>>,
 ) -> Result<Lookup<A>, Counter> {
     let Roles {
         to_gateway,
         from_backend,
     } = roles;
+    let syn = t.proto == proto::TCP && flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
     // The service of a forward entry that no longer applies.
     let mut stale = None;
     let mut looked = false;
     if to_gateway && !syn {
         looked = true;
         match direct(t) {
-            Direct::Hit(flow) => return Ok(Lookup::of(Found::Tracked, flow)),
+            // A SNAT flow's reply entry is keyed by the node's address.
+            Direct::Hit(flow) => return checked(Lookup::of(Found::Tracked, flow), t, origin),
             Direct::Stale(id) => stale = Some(id),
             Direct::None => {}
         }
@@ -137,7 +154,10 @@ pub fn lookup_or_balance<A: Family>(
         } else {
             OwnEntry::Xdp
         };
-        if let Some(found) = reply_of(t, own, NoEntry::Maglev, new) {
+        if let Some(found) = reply_of(t, own, NoEntry::Maglev, origin, new) {
+            if found.found == Found::Spoofed {
+                return Err(Counter::ReplySpoofed);
+            }
             return Ok(found);
         }
         looked = true;
@@ -166,6 +186,7 @@ pub fn lookup_or_balance<A: Family>(
             Direct::None => {}
         }
     }
+    opens_flow(t, flags)?;
     if let Some(old) = stale {
         // The service the packet addresses is the flow's own (its key is the flow's
         // service key): same id, so only the backend went; else the service went.
@@ -180,6 +201,58 @@ pub fn lookup_or_balance<A: Family>(
         count(Counter::CtMissMidflow);
     }
     Ok(Lookup::only(Found::New))
+}
+
+/// A later fragment's flags: taken for a mid-flow segment's (its first fragment was
+/// checked).
+pub const MIDFLOW: u8 = TCP_ACK;
+
+/// Whether a packet with tuple `t` and TCP flags `flags` (see `lookup_or_balance`) may
+/// open a flow: a TCP segment with valid flags (`invalid_flags`), from an address that
+/// is not a gateway address.
+#[inline(always)]
+fn opens_flow<A: Family>(t: &FlowKey<A>, flags: u8) -> Result<(), Counter> {
+    if t.proto == proto::TCP && invalid_flags(flags) {
+        return Err(Counter::DropTcpFlags);
+    }
+    // The filter first: an array lookup, where the address map is a hash.
+    if Roles::may_be_gateway(t.src) && is_gateway_address(t.src) {
+        return Err(Counter::DropGatewaySource);
+    }
+    Ok(())
+}
+
+/// TCP flag combinations no TCP sends, which scanners and fingerprinting tools do
+/// (and which, balanced as a new flow, reached a backend): no flag among FIN, SYN,
+/// RST, PSH, ACK, URG; SYN with FIN or RST; FIN, PSH and URG together (Xmas).
+#[inline(always)]
+pub fn invalid_flags(flags: u8) -> bool {
+    const FIN: u8 = 0x01;
+    const RST: u8 = 0x04;
+    const PSH: u8 = 0x08;
+    const URG: u8 = 0x20;
+    flags & 0x3f == 0
+        || flags & (TCP_SYN | FIN) == TCP_SYN | FIN
+        || flags & (TCP_SYN | RST) == TCP_SYN | RST
+        || flags & (FIN | PSH | URG) == FIN | PSH | URG
+}
+
+/// `found`, unless it is a reply (an entry of kind `NAT_SRC`, found under the packet's
+/// tuple `t`) that did not come from where its backend is: then `reply_spoofed`.
+#[inline(always)]
+fn checked<A: Family>(
+    found: Lookup<A>,
+    t: &FlowKey<A>,
+    origin: &Origin,
+) -> Result<Lookup<A>, Counter> {
+    if found.found == Found::Tracked {
+        // SAFETY: a valid map value pointer for the duration of this program run.
+        let f = unsafe { &*found.entry };
+        if f.kind == NAT_SRC && !origin.is_backend(f.backend, t.src) {
+            return Err(Counter::ReplySpoofed);
+        }
+    }
+    Ok(found)
 }
 
 /// The entry under the packet's own tuple, if it applies.
@@ -268,6 +341,7 @@ fn reply_of<A: Family>(
     t: &FlowKey<A>,
     own: OwnEntry,
     no_entry: NoEntry,
+    origin: &Origin,
     slot: &mut MaybeUninit<Flow<A>>,
 ) -> Option<Lookup<A>> {
     let endpoint = ServiceKey {
@@ -278,11 +352,11 @@ fn reply_of<A: Family>(
     };
     // SAFETY: the value is only read during this run.
     let Some(index) = (unsafe { A::reply_index().get(endpoint) }) else {
-        return own_entry(t, own);
+        return own_reply(t, own, origin);
     };
     let snat = index.flags & REPLY_INDEX_SNAT != 0;
     if snat {
-        if let Some(found) = own_entry(t, own) {
+        if let Some(found) = own_reply(t, own, origin) {
             return Some(found);
         }
     }
@@ -309,27 +383,38 @@ fn reply_of<A: Family>(
             // Not for Maglev either: its flow's service went. (`find` still looks
             // under the tuple itself, as before it matched replies by Maglev.)
             return if own == OwnEntry::Any {
-                own_entry(t, own)
+                own_reply(t, own, origin)
             } else {
                 None
             };
+        }
+        if !origin.is_backend(f.backend, t.src) {
+            return Some(Lookup::only(Found::Spoofed));
         }
         slot.write(reply_flow(svc, f.backend, f.service));
         return Some(Lookup::of(Found::Reply, flow));
     }
     if !snat {
-        if let Some(found) = own_entry(t, own) {
+        if let Some(found) = own_reply(t, own, origin) {
             return Some(found);
         }
     }
     let found = match no_entry {
-        NoEntry::Maglev => maglev_match(t, index, taken, slot),
+        NoEntry::Maglev => maglev_match(t, index, taken, origin, slot),
         NoEntry::Leave => None,
     };
     if found.is_none() && own == OwnEntry::Xdp {
         count(Counter::ReplyUntracked);
     }
     found
+}
+
+/// `own_entry`, unless it is a reply entry (`NAT_SRC`) and the packet did not come
+/// from where its backend is: then `Found::Spoofed`.
+#[inline(always)]
+fn own_reply<A: Family>(t: &FlowKey<A>, own: OwnEntry, origin: &Origin) -> Option<Lookup<A>> {
+    let found = own_entry(t, own)?;
+    Some(checked(found, t, origin).unwrap_or(Lookup::only(Found::Spoofed)))
 }
 
 /// The entry under the reply's own tuple `t`, as `own` says (see `reply_of`).
@@ -359,6 +444,7 @@ fn maglev_match<A: Family>(
     t: &FlowKey<A>,
     index: &ReplyIndex<A>,
     taken: u32,
+    origin: &Origin,
     slot: &mut MaybeUninit<Flow<A>>,
 ) -> Option<Lookup<A>> {
     let pending = A::pending()?;
@@ -385,6 +471,10 @@ fn maglev_match<A: Family>(
         let flow = &mut pending.flow;
         if flow.nat_addr != t.src || flow.nat_port != t.sport {
             continue;
+        }
+        // Checked before the flow is recorded: a forgery records nothing.
+        if !origin.is_backend(flow.backend, t.src) {
+            return Some(Lookup::only(Found::Spoofed));
         }
         let reply = slot.write(reply_flow(svc, flow.backend, flow.service));
         count(Counter::CtMissReply);
@@ -434,22 +524,36 @@ fn reply_flow<A: Addr>(svc: &ServiceKey<A>, backend: u32, service: ServiceId) ->
 /// its flow's forward entry (or, with `NoEntry::Maglev`, matched by Maglev and
 /// recorded), or the entry under the tuple itself. Whether it still applies is the
 /// caller's to check (`applies`).
+///
+/// A reply (an ICMP error about a forward packet) that did not come from where its
+/// backend is (`origin`) is `Err(Spoofed)`, to be dropped.
 #[inline(always)]
-pub fn find<A: Family>(key: &FlowKey<A>, no_entry: NoEntry) -> Option<Flow<A>> {
+pub fn find<A: Family>(
+    key: &FlowKey<A>,
+    no_entry: NoEntry,
+    origin: &Origin,
+) -> Result<Option<Flow<A>>, Spoofed> {
     let mut slot = MaybeUninit::uninit();
     let found = if Roles::of(key.src, key.dst).from_backend {
-        reply_of(key, OwnEntry::Any, no_entry, &mut slot)
+        reply_of(key, OwnEntry::Any, no_entry, origin, &mut slot)
     } else {
-        own_entry(key, OwnEntry::Any)
-    }?;
-    if found.found == Found::Tracked {
+        own_reply(key, OwnEntry::Any, origin)
+    };
+    let Some(found) = found else {
+        return Ok(None);
+    };
+    match found.found {
+        Found::Spoofed => Err(Spoofed),
         // SAFETY: a valid map value pointer for the duration of this program run,
         // copied out at once.
-        return Some(unsafe { *found.entry });
+        Found::Tracked => Ok(Some(unsafe { *found.entry })),
+        // SAFETY: `reply_of` wrote the slot when it found a reply's translation.
+        _ => Ok(Some(unsafe { slot.assume_init() })),
     }
-    // SAFETY: `reply_of` wrote the slot when it found a reply's translation.
-    Some(unsafe { slot.assume_init() })
 }
+
+/// A packet `find` found to be a forged reply (`reply_spoofed`).
+pub struct Spoofed;
 
 /// Notes that a forward entry forwarded a packet now (`Flow::seen`, rewritten about once
 /// a second: the daemon counts active flows by it).

@@ -87,6 +87,9 @@ pub trait Family: Addr + 'static {
     /// # Safety
     /// `ip` must point into the packet, bounds-checked.
     unsafe fn fib_params(ip: *const Self::Hdr, params: &mut bpf_fib_lookup);
+    /// Fills the family and destination of a FIB lookup toward `addr` (`origin.rs`:
+    /// where a backend's packets go).
+    fn fib_toward(addr: Self, params: &mut bpf_fib_lookup);
 
     /// 32-bit words in an address (for the skb checksum helpers, which take 4 bytes at
     /// a time).
@@ -292,6 +295,12 @@ impl Family for u32 {
         params.__bindgen_anon_3.ipv4_src = (*ip).src;
         params.__bindgen_anon_4.ipv4_dst = (*ip).dst;
     }
+
+    #[inline(always)]
+    fn fib_toward(addr: u32, params: &mut bpf_fib_lookup) {
+        params.family = AF_INET;
+        params.__bindgen_anon_4.ipv4_dst = addr;
+    }
 }
 
 /// IPv6.
@@ -442,6 +451,12 @@ impl Family for Addr6 {
         params.__bindgen_anon_2.flowinfo = (*ip).vtc_flow & 0xffff_ff0fu32;
         params.__bindgen_anon_3.ipv6_src = (*ip).src;
         params.__bindgen_anon_4.ipv6_dst = (*ip).dst;
+    }
+
+    #[inline(always)]
+    fn fib_toward(addr: Addr6, params: &mut bpf_fib_lookup) {
+        params.family = AF_INET6;
+        params.__bindgen_anon_4.ipv6_dst = addr;
     }
 }
 

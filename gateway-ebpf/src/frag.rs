@@ -9,9 +9,10 @@ use aya_ebpf::programs::XdpContext;
 use gateway_common::{Counter, FlowKey, FragPorts};
 
 use crate::{
-    conntrack::{lookup_or_balance, Found},
+    conntrack::{lookup_or_balance, Found, MIDFLOW},
     family::Family,
     maps::{count, is_gateway_address, Roles},
+    origin::Origin,
     packet::Eth,
     translate, Packet, PASS,
 };
@@ -49,7 +50,9 @@ pub fn later<A: Family>(
     let Some(new) = A::scratch() else {
         return PASS;
     };
-    let found = lookup_or_balance(&t, roles, false, new)?;
+    // SAFETY: `eth` is bounds-checked by the caller.
+    let origin = unsafe { Origin::xdp(ctx, eth) };
+    let found = lookup_or_balance(&t, roles, MIDFLOW, &origin, new)?;
     if found.found == Found::Miss {
         return PASS;
     }

@@ -129,20 +129,9 @@ struct Found {
 /// failure says why, as the counter of the kernel path it leads to.
 #[inline(always)]
 unsafe fn fib<A: Family>(ctx: &XdpContext, ip: *mut A::Hdr) -> Result<Found, Counter> {
-    // The parameters live in a per-CPU slot (64 bytes the stack cannot spare). All of
-    // them must be set for the helper: zeroed word by word with volatile stores (a
-    // plain zeroed() becomes a call to a BPF memset subprogram, which costs more than
-    // the rest of the fast path together).
-    let Some(params) = FIB_PARAMS.get_ptr_mut(0) else {
+    let Some(params) = fib_params() else {
         return Err(Counter::KernelNoRoute);
     };
-    let words = params as *mut u64;
-    for i in 0..core::mem::size_of::<bpf_fib_lookup>() / 8 {
-        core::ptr::write_volatile(words.add(i), 0);
-    }
-    // SAFETY: per-CPU slot, used only by this CPU while the program runs; all-zero is
-    // a valid bpf_fib_lookup.
-    let params = &mut *params;
     A::fib_params(ip, params);
     params.ifindex = ctx.ingress_ifindex() as u32;
     let rc = fib_lookup(
@@ -162,4 +151,24 @@ unsafe fn fib<A: Family>(ctx: &XdpContext, ip: *mut A::Hdr) -> Result<Found, Cou
         BPF_FIB_LKUP_RET_FWD_DISABLED => Err(Counter::KernelForwardingOff),
         _ => Err(Counter::KernelNoRoute),
     }
+}
+
+/// This CPU's `bpf_fib_lookup` parameters, zeroed. They live in a per-CPU slot (64
+/// bytes the stack cannot spare). All of them must be set for the helper: zeroed word
+/// by word with volatile stores (a plain zeroed() becomes a call to a BPF memset
+/// subprogram, which costs more than the rest of the fast path together).
+///
+/// # Safety
+/// The slot is used by one lookup at a time: the reference must be dropped before the
+/// next call.
+#[inline(always)]
+pub unsafe fn fib_params() -> Option<&'static mut bpf_fib_lookup> {
+    let params = FIB_PARAMS.get_ptr_mut(0)?;
+    let words = params as *mut u64;
+    for i in 0..core::mem::size_of::<bpf_fib_lookup>() / 8 {
+        core::ptr::write_volatile(words.add(i), 0);
+    }
+    // SAFETY: per-CPU slot, used only by this CPU while the program runs; all-zero is
+    // a valid bpf_fib_lookup.
+    Some(&mut *params)
 }

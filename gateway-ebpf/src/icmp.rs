@@ -10,12 +10,13 @@ use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use gateway_common::{proto, Counter, NextHop, NAT_MASQ};
 
 use crate::{
-    conntrack::{add_kernel_path_entries, applies, find, tuple, NoEntry},
+    conntrack::{add_kernel_path_entries, applies, find, tuple, NoEntry, Spoofed},
     csum::replace2,
     family::Family,
     fwd::{coarse_now, path, send, Path},
     maps::{count, is_gateway_address},
     nat::{halves, Endpoint, Side},
+    origin::Origin,
     packet::{ptr_at, Eth, FragHdr, Icmp, Ports, TCP_CHECK_OFF, UDP_CHECK_OFF},
 };
 
@@ -77,8 +78,14 @@ pub unsafe fn handle<A: Family>(
         (inner_src, (*ports).src),
         inner_proto,
     );
-    let Some(flow) = find(&key, NoEntry::Leave) else {
-        return untranslated::<A>(ip);
+    // An error about a packet sent to a backend must come from where the backend is.
+    let flow = match find(&key, NoEntry::Leave, &Origin::xdp(ctx, eth)) {
+        Ok(Some(flow)) => flow,
+        Ok(None) => return untranslated::<A>(ip),
+        Err(Spoofed) => {
+            count(Counter::ReplySpoofed);
+            return xdp_action::XDP_DROP;
+        }
     };
 
     // A `NAT_MASQ` entry is the TC program's.

@@ -16,11 +16,12 @@ use gateway_common::{
 };
 
 use crate::{
-    conntrack::{lookup_or_balance, Found},
+    conntrack::{lookup_or_balance, Found, MIDFLOW},
     family::Family,
     frag, icmp, malformed,
     maps::{count, is_gateway_address, Addr6, Roles, OPAQUE, PROGRAMS, PROG_ICMP6},
     nat::L4,
+    origin::Origin,
     packet::{ptr_at, Eth, ExtHdr, FragHdr, Ipv6, ETH_LEN, IPV6_LEN},
     translate, Packet, PASS,
 };
@@ -155,14 +156,14 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     // The transport protocol: a later fragment whose fragment header names an
     // extension header was remembered under TCP or UDP by its first fragment.
     let mut proto = next;
-    let (sport, dport, syn) = match &l4 {
+    let (sport, dport, flags) = match &l4 {
         Some(l4) => {
-            let (sport, dport, check, syn) = l4.fields();
+            let (sport, dport, check, flags) = l4.fields();
             // A zero UDP checksum is invalid in IPv6 (RFC 8200 8.1): never forwarded.
             if udp && check == 0 {
                 return malformed(dst);
             }
-            (sport, dport, syn)
+            (sport, dport, flags)
         }
         None => {
             if proto != proto::UDP {
@@ -178,7 +179,7 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
                 }
             };
             match ports {
-                Some(p) => (p.sport, p.dport, false),
+                Some(p) => (p.sport, p.dport, MIDFLOW),
                 None if is_gateway_address(dst) => return Err(Counter::DropFragment),
                 None => return PASS,
             }
@@ -195,7 +196,9 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let Some(new) = Family::scratch() else {
         return PASS;
     };
-    let found = lookup_or_balance(&t, roles, syn, new)?;
+    // SAFETY: `eth` comes from `ptr_at`.
+    let origin = unsafe { Origin::xdp(ctx, eth) };
+    let found = lookup_or_balance(&t, roles, flags, &origin, new)?;
     if found.found == Found::Miss {
         if first_fragment && is_gateway_address(dst) {
             frag::remember(&t, frag_id);

@@ -63,6 +63,10 @@
 //!    remembered (`berth_frags`, keyed by source, destination, IP id, protocol); later
 //!    fragments follow the same flow. A later fragment to a gateway address whose first
 //!    fragment was not seen is dropped (`drop_fragment`), never sent to a guessed backend.
+//! 10. **Origin** (`origin.rs`): a reply, or an ICMP error about a packet sent to a
+//!    backend, is translated only if it arrived from where the gateway sends that
+//!    backend's packets (its next-hop cache: interface and, in XDP, neighbour MAC);
+//!    otherwise dropped (`reply_spoofed`), in XDP and TC.
 //!
 //! # Verdicts and counters
 //!
@@ -98,6 +102,9 @@
 //! | new SNAT flow: no node address toward the backend | `XDP_DROP` | `drop_snat_no_source` |
 //! | a SNAT forward packet the kernel forwarded, given its node source by TC | (TC: next) | `tc_masq_translated` |
 //! | malformed packet to a gateway address | `XDP_DROP` | `drop_malformed` |
+//! | a reply (or ICMP error about a packet to a backend) from elsewhere than its backend (`origin.rs`) | `XDP_DROP` / TC: shot | `reply_spoofed` |
+//! | would open a flow: TCP flags no TCP sends (none, SYN+FIN, SYN+RST, Xmas) | `XDP_DROP` | `drop_tcp_flags` |
+//! | would open a flow: source is a gateway address | `XDP_DROP` | `drop_gateway_source` |
 //! | later fragment to a gateway address, first one not seen | `XDP_DROP` | `drop_fragment` |
 //! | anything else (not ours, other protocols) | `XDP_PASS` | — |
 #![no_std]
@@ -116,6 +123,7 @@ mod icmp;
 mod ipv6;
 mod maps;
 mod nat;
+mod origin;
 mod packet;
 mod tc;
 
@@ -136,6 +144,7 @@ use crate::{
         account, account_kernel, count, is_gateway_address, Direction, Roles, PROGRAMS, PROG_V6,
     },
     nat::{halves, rewrite, Side, L4},
+    origin::Origin,
     packet::{
         ptr_at, Eth, Ipv4, Ipv6, ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_MIN_LEN, IP_MF, IP_OFFSET,
     },
@@ -178,19 +187,27 @@ fn verdict(result: Result<u32, Counter>) -> u32 {
 }
 
 /// The reverse-NAT program on the `--interface`s' egress (tcx): translates replies the
-/// kernel forwarded. It drops nothing but the host's ICMPv6 redirects (`berth_tc_icmp6`):
-/// it returns "next", so later programs still run.
+/// kernel forwarded. It drops nothing but forged replies (`reply_spoofed`) and the
+/// host's ICMPv6 redirects (`berth_tc_icmp6`): it returns "next", so later programs
+/// still run.
 #[classifier]
 pub fn berth_tc(ctx: TcContext) -> i32 {
-    let _ = tc::egress(&ctx);
-    TC_ACT_UNSPEC
+    tc_verdict(tc::egress(&ctx))
 }
 
 /// The IPv6 half of `berth_tc`, entered by tail call (`maps::TC_PROGRAMS`).
 #[classifier]
 pub fn berth_tc_v6(ctx: TcContext) -> i32 {
-    let _ = tc::egress6(&ctx);
-    TC_ACT_UNSPEC
+    tc_verdict(tc::egress6(&ctx))
+}
+
+/// A TC verdict: a forged reply is dropped, everything else goes on.
+#[inline(always)]
+fn tc_verdict(result: Result<(), tc::Stop>) -> i32 {
+    match result {
+        Err(tc::Stop::Drop) => TC_ACT_SHOT,
+        _ => TC_ACT_UNSPEC,
+    }
 }
 
 /// The ICMPv6 part of `berth_tc_v6`, entered by tail call (`maps::PROG_TC_ICMP6`):
@@ -201,8 +218,7 @@ pub fn berth_tc_icmp6(ctx: TcContext) -> i32 {
     if tc::is_redirect(&ctx) {
         return TC_ACT_SHOT;
     }
-    let _ = tc::icmp6(&ctx);
-    TC_ACT_UNSPEC
+    tc_verdict(tc::icmp6(&ctx))
 }
 
 /// On `xdp:xdp_redirect_err`: counts a redirect of the gateway program that the kernel
@@ -311,7 +327,7 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let Some(l4) = L4::at(ctx, l4_off, ETH_LEN + tot_len, udp) else {
         return malformed(dst);
     };
-    let (sport, dport, _, syn) = l4.fields();
+    let (sport, dport, _, flags) = l4.fields();
     let t = FlowKey {
         src,
         dst,
@@ -325,7 +341,9 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let Some(new) = Family::scratch() else {
         return PASS;
     };
-    let found = lookup_or_balance(&t, roles, syn, new)?;
+    // SAFETY: `eth` comes from `ptr_at`.
+    let origin = unsafe { Origin::xdp(ctx, eth) };
+    let found = lookup_or_balance(&t, roles, flags, &origin, new)?;
     if found.found == Found::Miss {
         if first_fragment && is_gateway_address(dst) {
             frag::remember(&t, id);

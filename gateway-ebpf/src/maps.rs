@@ -86,6 +86,13 @@ impl Roles {
         }
     }
 
+    /// Whether `addr` may be a gateway address (the filter's answer: a false positive
+    /// is possible, a false negative is not).
+    #[inline(always)]
+    pub fn may_be_gateway<A: Addr>(addr: A) -> bool {
+        addr_roles(addr) & ADDR_GATEWAY != 0
+    }
+
     /// Neither role: the packet passes untouched.
     #[inline(always)]
     pub fn none(self) -> bool {

@@ -14,7 +14,7 @@ use aya_ebpf::programs::XdpContext;
 use crate::{
     csum::replace2,
     family::Family,
-    packet::{ptr_at, Ports, TCP_ACK, TCP_CHECK_OFF, TCP_SYN, UDP_CHECK_OFF},
+    packet::{ptr_at, Ports, TCP_CHECK_OFF, UDP_CHECK_OFF},
 };
 
 /// The transport header of a packet, when it is present (not in later fragments).
@@ -56,15 +56,18 @@ impl L4 {
         })
     }
 
-    /// Source port, destination port (network order), checksum, and whether the
-    /// packet opens a TCP flow (SYN without ACK, byte 13 of the TCP header).
+    /// Source port, destination port (network order), checksum, and the TCP flags
+    /// (byte 13 of the TCP header; 0 for UDP).
     #[inline(always)]
-    pub fn fields(&self) -> (u16, u16, u16, bool) {
+    pub fn fields(&self) -> (u16, u16, u16, u8) {
         // SAFETY: `at` checked the whole header.
         unsafe {
-            let syn =
-                !self.udp && *(self.ports as *const u8).add(13) & (TCP_SYN | TCP_ACK) == TCP_SYN;
-            ((*self.ports).src, (*self.ports).dst, *self.check, syn)
+            let flags = if self.udp {
+                0
+            } else {
+                *(self.ports as *const u8).add(13)
+            };
+            ((*self.ports).src, (*self.ports).dst, *self.check, flags)
         }
     }
 }

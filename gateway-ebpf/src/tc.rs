@@ -31,26 +31,34 @@ use gateway_common::{
 };
 
 use crate::{
-    conntrack::{applies, find, holds_port, tuple, NoEntry},
+    conntrack::{applies, find, holds_port, tuple, NoEntry, Spoofed},
     family::Family,
     frag,
     icmp::{quoted_check_off, quoted_transport, translate, Quote},
     maps::{account, account_kernel, count, Addr6, Direction, PROG_TC_ICMP6, PROG_V6, TC_PROGRAMS},
     nat::{Endpoint, Side},
+    origin::Origin,
     packet::{
         FragHdr, Icmp, Ipv4, Ipv6, Ports, ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_MIN_LEN, IPV6_LEN,
         IP_MF, IP_OFFSET, TCP_CHECK_OFF, UDP_CHECK_OFF,
     },
 };
 
-/// A helper failed or the packet is too short: leave it as it is.
-pub struct Untouched;
+/// Why a packet was not translated.
+pub enum Stop {
+    /// A helper failed or the packet is too short: leave it as it is.
+    Untouched,
+    /// A forged reply (or ICMP error) of a flow (`reply_spoofed`, counted): drop it.
+    Drop,
+}
+
+use Stop::Untouched;
 
 /// Translates the packet if it is a reply of a tracked flow, or an ICMP error quoting a
 /// translated forward packet. IPv6 frames go on to `berth_tc_v6` by tail call
 /// (`maps::TC_PROGRAMS`): its own stack, as the XDP program's IPv6 half.
 #[inline(always)]
-pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
+pub fn egress(ctx: &TcContext) -> Result<(), Stop> {
     let ether_type: u16 = ctx.load(12).map_err(|_| Untouched)?;
     if ether_type != ETH_P_IP {
         if ether_type == ETH_P_IPV6 {
@@ -87,7 +95,7 @@ pub fn egress(ctx: &TcContext) -> Result<(), Untouched> {
 /// stack sends it: the first fragment's ports are remembered in `berth_frags6`, later
 /// fragments follow). A packet with other extension headers passes untouched.
 #[inline(always)]
-pub fn egress6(ctx: &TcContext) -> Result<(), Untouched> {
+pub fn egress6(ctx: &TcContext) -> Result<(), Stop> {
     let ip: Ipv6 = ctx.load(ETH_LEN).map_err(|_| Untouched)?;
     if ip.vtc_flow & 0xf0 != 0x60 {
         return Ok(());
@@ -136,7 +144,7 @@ fn translate_packet<A: Family>(
     (later, first_of_more): (bool, bool),
     l4_off: usize,
     len: u16,
-) -> Result<(), Untouched> {
+) -> Result<(), Stop> {
     let ports = if later {
         match A::fragment_ports(src, dst, id, proto) {
             Some(p) => Ports {
@@ -149,7 +157,7 @@ fn translate_packet<A: Family>(
         ctx.load::<Ports>(l4_off).map_err(|_| Untouched)?
     };
     let key = tuple((src, ports.src), (dst, ports.dst), proto);
-    let Some(flow) = flow_of(&key, NoEntry::Maglev) else {
+    let Some(flow) = flow_of(ctx, &key, NoEntry::Maglev)? else {
         return Ok(());
     };
     if first_of_more {
@@ -161,7 +169,7 @@ fn translate_packet<A: Family>(
 /// The ICMPv6 part of `egress6` (run by `berth_tc_icmp6`): an ICMPv6 error right
 /// after the IPv6 header (a fragmented one is not parsed, as for IPv4).
 #[inline(always)]
-pub fn icmp6(ctx: &TcContext) -> Result<(), Untouched> {
+pub fn icmp6(ctx: &TcContext) -> Result<(), Stop> {
     let ip: Ipv6 = ctx.load(ETH_LEN).map_err(|_| Untouched)?;
     if ip.next_hdr != proto::ICMPV6 {
         return Ok(());
@@ -188,24 +196,36 @@ pub fn is_redirect(ctx: &TcContext) -> bool {
 }
 
 /// The flow whose source half this program applies to a packet with tuple `key`, if
-/// it still applies; a reply whose flow has no entry as `no_entry` says (`find`).
+/// it still applies; a reply whose flow has no entry as `no_entry` says (`find`). A
+/// reply that the kernel received elsewhere than where its backend is (the interface
+/// toward it, `origin.rs`) is `Stop::Drop` (`reply_spoofed`): here its MAC is gone.
 #[inline(always)]
-fn flow_of<A: Family>(key: &FlowKey<A>, no_entry: NoEntry) -> Option<Flow<A>> {
-    let flow = find(key, no_entry)?;
+fn flow_of<A: Family>(
+    ctx: &TcContext,
+    key: &FlowKey<A>,
+    no_entry: NoEntry,
+) -> Result<Option<Flow<A>>, Stop> {
+    let Some(flow) = find(key, no_entry, &Origin::tc(ctx)).map_err(|Spoofed| {
+        count(Counter::ReplySpoofed);
+        Stop::Drop
+    })?
+    else {
+        return Ok(None);
+    };
     if !rewrites_source_on_egress(&flow) {
-        return None;
+        return Ok(None);
     }
     if !applies(key, &flow) {
         count(Counter::CtStaleService);
-        return None;
+        return Ok(None);
     }
     // A `NAT_MASQ` entry left by a flow that lost its node port (or by an earlier flow
     // of the tuple): the port may be another flow's now (found by the fuzzer).
     if flow.kind == NAT_MASQ && !holds_port(key, &flow) {
         count(Counter::TcUntranslated);
-        return None;
+        return Ok(None);
     }
-    Some(flow)
+    Ok(Some(flow))
 }
 
 /// Applies `flow`'s source half to a packet with tuple `key` whose transport header
@@ -219,7 +239,7 @@ fn translate_source<A: Family>(
     l4_off: usize,
     with_l4: bool,
     len: u16,
-) -> Result<(), Untouched> {
+) -> Result<(), Stop> {
     let udp = key.proto == proto::UDP;
     let check = if udp { UDP_CHECK_OFF } else { TCP_CHECK_OFF };
     snat(
@@ -261,7 +281,7 @@ fn snat<A: Family>(
     l4_off: usize,
     flow: &Flow<A>,
     udp: bool,
-) -> Result<(), Untouched> {
+) -> Result<(), Stop> {
     let e = |_| Untouched;
     // Nothing is written unless the checksum is in the packet too: a transport header
     // cut short (a tiny first fragment) would be left half translated.
@@ -305,7 +325,7 @@ fn snat<A: Family>(
 /// header starts at `l4_off`, its IP packet ends at `end` (from the start of the
 /// frame).
 #[inline(always)]
-fn icmp_error<A: Family>(ctx: &TcContext, l4_off: usize, end: usize) -> Result<(), Untouched> {
+fn icmp_error<A: Family>(ctx: &TcContext, l4_off: usize, end: usize) -> Result<(), Stop> {
     let e = |_| Untouched;
     let mut icmp: Icmp = ctx.load(l4_off).map_err(e)?;
     if !A::icmp_error(icmp.kind) {
@@ -325,7 +345,7 @@ fn icmp_error<A: Family>(ctx: &TcContext, l4_off: usize, end: usize) -> Result<(
     let (inner_src, inner_dst) = unsafe { A::addrs(&inner) };
     // The quoted packet travelled opposite to this error.
     let key = tuple((inner_dst, ports.dst), (inner_src, ports.src), inner_proto);
-    let Some(flow) = flow_of(&key, NoEntry::Leave) else {
+    let Some(flow) = flow_of(ctx, &key, NoEntry::Leave)? else {
         return Ok(());
     };
     let mut ip: A::Hdr = ctx.load(ETH_LEN).map_err(e)?;
@@ -350,7 +370,7 @@ fn icmp_error<A: Family>(ctx: &TcContext, l4_off: usize, end: usize) -> Result<(
     };
     // SAFETY: every pointer in `quote` is to a local.
     unsafe { translate(&quote, Side::Src, to) };
-    let written = (|| -> Result<(), Untouched> {
+    let written = (|| -> Result<(), Stop> {
         ctx.store(ETH_LEN, &ip, 0).map_err(e)?;
         ctx.store(l4_off, &icmp, 0).map_err(e)?;
         ctx.store(inner_off, &inner, 0).map_err(e)?;

@@ -36,7 +36,9 @@
 //!   error quoting a tracked flow leaves byte for byte unchanged with XDP_PASS (so does one
 //!   to the node's address that is no tracked SNAT flow's reply; TC: only replies, SNAT
 //!   forward packets the kernel forwarded and ICMP errors of tracked flows change); only
-//!   packets to a gateway address are dropped, and unchanged;
+//!   packets to a gateway address are dropped, and replies (or ICMP errors quoting a
+//!   packet to a backend) that did not come from where their backend is (its side,
+//!   its neighbour MAC: `reply_spoofed`), and all unchanged;
 //! - a translated packet keeps its length, differs only in the fields a NAT rewrites
 //!   (MACs and TTL or hop limit when redirected, addresses, ports, checksums, the quoted
 //!   header of an ICMP error), and every checksum it carries (IPv4 header; TCP/UDP with
@@ -308,7 +310,8 @@ pub fn run(packets: u64, seed: u64) -> Report {
             let (side, input) = gen.packet();
             let ifindex = if side == Side::Client { fx.fx0 } else { fx.fx1 };
             // Tuples are looked up before the run, which may record a new flow.
-            let facts = Facts::of(&input, &ct, &gen);
+            let mut facts = Facts::of(&input, &ct, &gen);
+            facts.from_elsewhere = from_elsewhere(side, &input, gen.model);
             let (verdict, output) = run_gateway(&mut t.dp, ifindex, &input);
             report.packets += 1;
             *report.verdicts.entry(verdict).or_default() += 1;
@@ -978,7 +981,18 @@ impl<'m> Generator<'m> {
         if udp && self.rng.chance(10) {
             p = p.no_udp_checksum();
         } else if !udp {
-            p = p.flags(self.rng.pick(&[SYN, ACK | PSH, ACK, 0x01 | ACK, 0x04]));
+            // Now and then flags no TCP sends (none, SYN+FIN): dropped if they would
+            // open a flow (`drop_tcp_flags`).
+            p = p.flags(self.rng.pick(&[
+                SYN,
+                ACK | PSH,
+                ACK,
+                0x01 | ACK,
+                0x04,
+                SYN,
+                0,
+                SYN | 0x01,
+            ]));
         }
         let len = match self.rng.below(20) {
             0 => 1400 + self.rng.below(200),
@@ -1891,6 +1905,39 @@ struct Facts {
     quote_flows: Vec<Tracked>,
     /// What the generator's model says about the translation.
     model: Expect,
+    /// XDP: a packet from a backend address, or an ICMP error quoting a packet to one,
+    /// that did not arrive from where that backend is (its interface and neighbour
+    /// MAC): it may be dropped as forged (`reply_spoofed`), also when to no gateway
+    /// address. Set by `run` (`from_elsewhere`), which knows the ingress.
+    from_elsewhere: bool,
+}
+
+/// Whether frame `f`, received on `side`, is a packet from a backend address (or an
+/// ICMP error quoting a packet to one) that did not come from where that backend is:
+/// the side its route leaves by and the MAC of its neighbour entry. (A necessary
+/// condition for a `reply_spoofed` drop, not a sufficient one: where the gateway knows
+/// no route or neighbour it does not check.)
+fn from_elsewhere(side: Side, f: &[u8], model: &Model) -> bool {
+    let Some(ip) = Ip::parse(f) else {
+        return false;
+    };
+    let backend = match ip.quote(f) {
+        Some(q) if f.len() >= q.ports + 4 && ip.icmp_error(f[ip.l4]) => {
+            let half = (q.addrs.end - q.addrs.start) / 2;
+            addr_at(f, q.addrs.start + half, ip.v6)
+        }
+        _ => ip.src,
+    };
+    if !model.backends.contains(&backend) {
+        return false;
+    }
+    let same_side = [IpAddr::from(B_SAME_SIDE), IpAddr::from(B_SAME_SIDE6)].contains(&backend);
+    let (home, neighbour) = if same_side {
+        (Side::Client, B_SAME_SIDE_MAC)
+    } else {
+        (Side::Backend, mac(backend))
+    };
+    side != home || f.get(6..12) != Some(&neighbour[..])
 }
 
 /// Services of the state in force, and every service a backend belonged to.
@@ -1999,6 +2046,7 @@ impl Facts {
             to_backend: false,
             to_node: false,
             quote_flows: Vec::new(),
+            from_elsewhere: false,
             model: Expect {
                 backends: Vec::new(),
                 backend_addrs: BTreeSet::new(),
@@ -2189,8 +2237,12 @@ fn check(
             verdict_name(verdict)
         ));
     }
-    if xdp && verdict == XDP_DROP && !facts.to_gateway {
-        problems.push("dropped a packet not sent to a gateway address".into());
+    if xdp && verdict == XDP_DROP && !facts.to_gateway && !facts.from_elsewhere {
+        problems.push(
+            "dropped a packet not sent to a gateway address (nor a reply from elsewhere \
+             than its backend)"
+                .into(),
+        );
     }
     if output.len() != input.len() {
         problems.push(format!("length {} became {}", input.len(), output.len()));

@@ -103,6 +103,9 @@ pub struct Gateway {
     pub ns: Netns,
     /// The switch-side ports of its links.
     ports: [String; 2],
+    /// Replies come back through the router, not the way the gateway reaches the
+    /// backends: its daemon runs with `--reply-origin any`.
+    asymmetric_replies: bool,
 }
 
 /// The tier. Fields drop in order: gateways, the router's BIRD, the servers, the
@@ -122,6 +125,8 @@ pub struct Tier {
     /// Configs and logs, removed on drop.
     dir: PathBuf,
     mode: Mode,
+    /// The backends' replies go through the router (`route_replies`).
+    replies_through_router: AtomicBool,
     /// The `berth` binary new daemons start from (changed by `upgrade_binary`).
     binary: PathBuf,
 }
@@ -202,6 +207,7 @@ impl Tier {
             switch,
             dir,
             mode,
+            replies_through_router: AtomicBool::new(false),
             binary: berth_binary(),
         };
         tier.route_replies(replies);
@@ -213,6 +219,8 @@ impl Tier {
 
     /// Sets the backends' default route.
     pub fn route_replies(&self, replies: ReplyPath) {
+        self.replies_through_router
+            .store(replies == ReplyPath::Router, Ordering::Relaxed);
         let hop = match replies {
             ReplyPath::Gateway(n) => back_addr(n),
             ReplyPath::Router => Ipv4Addr::new(10, 252, 100, 1),
@@ -255,6 +263,7 @@ impl Tier {
             dirs,
             ns,
             ports,
+            asymmetric_replies: self.replies_through_router.load(Ordering::Relaxed),
         };
         gw.start_daemon(&self.binary);
         // The routing daemon starts after berth, as an operator orders them (systemd
@@ -418,6 +427,11 @@ impl Gateway {
             DRAIN_TIMEOUT,
         ];
         extra.extend(["--log-format", "text"]);
+        if self.asymmetric_replies {
+            // They arrive from the router on the front link, not from the backends'
+            // link: by default dropped as reply_spoofed.
+            extra.extend(["--reply-origin", "any"]);
+        }
         self.daemon = Some(Daemon::start_binary(
             binary,
             &self.ns,

@@ -257,6 +257,53 @@ pub fn enslave(ns: &Netns, port: &str, bridge: &str) {
     ns.ip(&["link", "set", port, "master", bridge]);
 }
 
+/// Backends in namespaces behind bridge `br0` in the gateway namespace, as pods behind
+/// a node's cni0: br0 holds the subnet's first address (10.251.10.1), the backends'
+/// veth peers are its ports, and the backends' own ends are set up as `how` says (the
+/// kernel's defaults keep tx checksum offload on, as pods' do: their replies reach the
+/// gateway with partial checksums). `addrs` are the backends' addresses, in
+/// 10.251.10.0/24.
+pub fn bridged(addrs: &[Ipv4Addr], how: Veth) -> Topology {
+    let client = Netns::new("cl");
+    let gateway = Netns::new("gw");
+    let hop = Ipv4Addr::new(10, 251, 1, 1);
+    dual_veth(
+        (&gateway, "c0", hop),
+        (&client, "eth0", CLIENT),
+        Veth::HOST_B,
+    );
+    default_routes(&client, hop);
+    let br0 = Ipv4Addr::new(10, 251, 10, 1);
+    bridge(&gateway, "br0", &strs(&dual_cidrs(&[br0])));
+    let mut backends = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let b = Netns::new("be");
+        let port = format!("b{}", i + 1);
+        veth(
+            &gateway,
+            &port,
+            &[],
+            &b,
+            "eth0",
+            &strs(&dual_cidrs(&[*addr])),
+            how,
+        );
+        enslave(&gateway, &port, "br0");
+        default_routes(&b, br0);
+        backends.push(b);
+    }
+    forward_both(&gateway);
+    Topology {
+        client,
+        gateway,
+        backends,
+        gateway_ifaces: vec!["c0".into(), "br0".into()],
+        backend_addrs6: addrs.iter().copied().map(mirror6).collect(),
+        backend_addrs: addrs.to_vec(),
+        others: Vec::new(),
+    }
+}
+
 impl Topology {
     /// Builds the network with `n` backends on veths as the kernel sets them up (GRO
     /// off), checksum offload off on the client's and backends' ends.
@@ -541,6 +588,11 @@ impl Flow {
     /// The local port of this flow.
     pub fn port(&self) -> u16 {
         self.sock.local_addr().map(|a| a.port()).unwrap_or_default()
+    }
+
+    /// The flow's socket (to see what else reaches it).
+    pub fn socket(&self) -> &UdpSocket {
+        &self.sock
     }
 }
 

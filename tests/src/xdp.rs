@@ -196,6 +196,20 @@ pub fn run_tc(dp: &mut Datapath, input: &[u8]) -> (u32, Vec<u8>) {
     test_run(input, None, |opts| prog.test_run(opts))
 }
 
+/// TC verdict "drop" (`TC_ACT_SHOT`).
+pub const TC_SHOT: u32 = 2;
+
+/// Runs the TC egress program once on `input` as if the kernel had received it on
+/// `ingress_ifindex` (`__sk_buff.ingress_ifindex`; 0: the host's own packet). Must be
+/// called on a thread inside the namespace owning that interface.
+pub fn run_tc_from(dp: &mut Datapath, ingress_ifindex: u32, input: &[u8]) -> (u32, Vec<u8>) {
+    // struct __sk_buff: ingress_ifindex at offset 36; every field before it zero.
+    let mut ctx = [0u8; 40];
+    ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    let prog = dp.tc_program_mut().expect("tc program");
+    test_run(input, Some(&ctx), |opts| prog.test_run(opts))
+}
+
 /// Runs the gateway program (see `run`).
 pub fn run_gateway(dp: &mut Datapath, ingress_ifindex: u32, input: &[u8]) -> (u32, Vec<u8>) {
     run(dp, PROGRAM, ingress_ifindex, input)

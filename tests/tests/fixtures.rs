@@ -1037,3 +1037,5 @@ mod entries;
 mod ipv6;
 #[path = "fixtures/snat.rs"]
 mod snat;
+#[path = "fixtures/spoof.rs"]
+mod spoof;

@@ -20,7 +20,7 @@ use berth_tests::{
     daemon::{berth_binary, metrics, sample, uninstall, Daemon, Dirs},
     netns::{poll, unique, wait_until, Netns},
     topo::{
-        backend_addr, backend_addr6, bridge, default_routes, dual_cidrs, dual_veth, enslave,
+        self, backend_addr, backend_addr6, bridge, default_routes, dual_cidrs, dual_veth, enslave,
         forward_both, host_on_bridge, http_get, http_request, marker, marker6, mirror6, routes_via,
         strs, tcp_peers, veth, Flow, Servers, Topology, Veth, BIG_FILE, CLIENT, GW, GW6, HTTP_PORT,
         WHOAMI,
@@ -359,52 +359,13 @@ const BRIDGED: [(&str, &str); 3] = [
     ("10.251.13.2", "10.251.10.13"),
 ];
 
-/// Backends in namespaces behind bridge `br0` in the gateway namespace, as pods behind
-/// a node's cni0: br0 holds the subnet's first address, the backends' veth peers are
-/// its ports, and the backends' own ends keep tx checksum offload on (as pods' do), so
-/// their replies reach the gateway with partial checksums.
+/// The bridged backends (`topo::bridged`) of `BRIDGED`, sending partial checksums.
 fn bridged() -> Topology {
-    let client = Netns::new("cl");
-    let gateway = Netns::new("gw");
-    let hop = Ipv4Addr::new(10, 251, 1, 1);
-    dual_veth(
-        (&gateway, "c0", hop),
-        (&client, "eth0", CLIENT),
-        Veth::HOST_B,
-    );
-    default_routes(&client, hop);
-    let br0 = Ipv4Addr::new(10, 251, 10, 1);
-    bridge(&gateway, "br0", &strs(&dual_cidrs(&[br0])));
-    let mut backends = Vec::new();
-    let mut backend_addrs = Vec::new();
-    for (i, (_, addr)) in BRIDGED.iter().enumerate() {
-        let b = Netns::new("be");
-        let port = format!("b{}", i + 1);
-        let addr: Ipv4Addr = addr.parse().expect("address");
-        veth(
-            &gateway,
-            &port,
-            &[],
-            &b,
-            "eth0",
-            &strs(&dual_cidrs(&[addr])),
-            Veth::default(),
-        );
-        enslave(&gateway, &port, "br0");
-        default_routes(&b, br0);
-        backends.push(b);
-        backend_addrs.push(addr);
-    }
-    forward_both(&gateway);
-    Topology {
-        client,
-        gateway,
-        backends,
-        gateway_ifaces: vec!["c0".into(), "br0".into()],
-        backend_addrs6: backend_addrs.iter().copied().map(mirror6).collect(),
-        backend_addrs,
-        others: Vec::new(),
-    }
+    let addrs: Vec<Ipv4Addr> = BRIDGED
+        .iter()
+        .map(|(_, a)| a.parse().expect("address"))
+        .collect();
+    topo::bridged(&addrs, Veth::default())
 }
 
 #[test]

@@ -408,6 +408,23 @@ impl Datapath {
     /// Sets the new flows per second per CPU above which the program stops recording
     /// new flows (`gateway_common::config::NEW_FLOW_LIMIT`; 0: no limit).
     pub fn set_new_flow_limit(&mut self, per_cpu_per_second: u32) -> Result<()> {
+        self.set_config(config::NEW_FLOW_LIMIT, per_cpu_per_second)
+    }
+
+    /// Sets where replies may come from (`gateway_common::config::REPLY_ORIGIN`): with
+    /// `any`, from any interface and neighbour; otherwise only from where the gateway
+    /// sends their backend's packets (else dropped as `reply_spoofed`).
+    pub fn set_reply_origin_any(&mut self, any: bool) -> Result<()> {
+        let value = if any {
+            config::REPLY_ORIGIN_ANY
+        } else {
+            config::REPLY_ORIGIN_BACKEND
+        };
+        self.set_config(config::REPLY_ORIGIN, value)
+    }
+
+    /// Writes `value` into slot `slot` of the program's config map.
+    fn set_config(&mut self, slot: u32, value: u32) -> Result<()> {
         let name = map_names::CONFIG;
         let map = self.ebpf.map_mut(name).ok_or(DatapathError::Map {
             name,
@@ -416,9 +433,7 @@ impl Datapath {
             },
         })?;
         let mut config: Array<&mut MapData, u32> = Array::try_from(map).map_err(map_err(name))?;
-        config
-            .set(config::NEW_FLOW_LIMIT, per_cpu_per_second, 0)
-            .map_err(map_err(name))
+        config.set(slot, value, 0).map_err(map_err(name))
     }
 }
 

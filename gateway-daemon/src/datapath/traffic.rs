@@ -121,6 +121,10 @@ pub fn kernel_reason(c: Counter) -> &'static str {
         Counter::KernelForwardingOff => "forwarding disabled (dropped)",
         Counter::KernelEgressUnknown => "egress interface index beyond the map",
         Counter::TcReply => "replies arrive where XDP does not run (translated by TC)",
+        Counter::ReplySpoofed => {
+            "a reply or ICMP error with a backend's address arrived from elsewhere than \
+             that backend (dropped: forged by another host)"
+        }
         other => other.name(),
     }
 }
