@@ -430,12 +430,7 @@ fn route_kinds(l: &ListenerView) -> RouteKinds {
         group: Some(GATEWAY_GROUP.to_string()),
         kind: k.to_string(),
     };
-    let named = l
-        .spec
-        .allowed_routes
-        .as_ref()
-        .map(|a| a.kinds.as_slice())
-        .unwrap_or_default();
+    let named = l.spec.allowed_kinds();
     if named.is_empty() {
         return RouteKinds {
             supported: native.map(kind).into_iter().collect(),
