@@ -262,7 +262,8 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
                 }
             }
             if endpoints.is_empty() {
-                out.empty.push(format!("Service {ns}/{} port {port}", b.name));
+                out.empty
+                    .push(format!("Service {ns}/{} port {port}", b.name));
             }
             let families = Families::of_iter(endpoints.iter().map(|(e, _)| Family::of(&e.ip())));
             // A Service named by two backendRefs (or rules) is listed once.
