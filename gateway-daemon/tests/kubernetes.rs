@@ -785,19 +785,30 @@ fn dual_stack_objects() -> Vec<(Kind, Arc<DynamicObject>)> {
         ("web-v4", "IPv4", "10.0.0.5"),
         ("web-v6", "IPv6", "fd00::5"),
     ] {
-        objects.push((
-            Kind::EndpointSlice,
-            obj(json!({
-                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {"name": name, "namespace": "team", "resourceVersion": "9",
-                             "labels": {"kubernetes.io/service-name": "web"}},
-                "addressType": family,
-                "endpoints": [{"addresses": [address], "conditions": {"ready": true}}],
-                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
-            })),
-        ));
+        objects.push(web_slice(name, family, address, "http"));
     }
     objects
+}
+
+/// EndpointSlice `team/<name>` of Service `team/web`: one ready endpoint at `address`,
+/// port 8080 named `port_name`.
+fn web_slice(
+    name: &str,
+    family: &str,
+    address: &str,
+    port_name: &str,
+) -> (Kind, Arc<DynamicObject>) {
+    (
+        Kind::EndpointSlice,
+        obj(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": "team", "resourceVersion": "9",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": family,
+            "endpoints": [{"addresses": [address], "conditions": {"ready": true}}],
+            "ports": [{"name": port_name, "port": 8080, "protocol": "TCP"}]
+        })),
+    )
 }
 
 #[tokio::test]
@@ -878,17 +889,7 @@ fn unnamed_port_objects() -> Vec<(Kind, Arc<DynamicObject>)> {
             "spec": {"ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}
         })),
     ));
-    objects.push((
-        Kind::EndpointSlice,
-        obj(json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": "web-abcde", "namespace": "team", "resourceVersion": "9",
-                         "labels": {"kubernetes.io/service-name": "web"}},
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": ["10.0.0.5"], "conditions": {"ready": true}}],
-            "ports": [{"name": "", "port": 8080, "protocol": "TCP"}]
-        })),
-    ));
+    objects.push(web_slice("web-abcde", "IPv4", "10.0.0.5", ""));
     objects
 }
 
