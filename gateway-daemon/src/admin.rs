@@ -23,7 +23,7 @@ use crate::{
     announce::control::Request,
     datapath::{Protocol, ServiceAddr},
     model::claim_name,
-    planner::{status::RouteParentStatus, Family, RouteEntry},
+    planner::{status::RouteParentStatus, Family, RouteEntry, ServedOn},
     publish::Published,
     state_document::StateDocument,
 };
@@ -285,26 +285,33 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
         routes.extend(block[lo..hi].iter().map(|r| &**r));
         at = end;
     }
-    routes
-        .into_iter()
-        .flat_map(|r| {
-            r.status
-                .parents
-                .iter()
-                .map(move |parent| row(p, state, r, parent))
-        })
-        .collect()
+    let mut rows = Vec::with_capacity(routes.len());
+    for r in routes {
+        for (i, parent) in r.status.parents.iter().enumerate() {
+            // One row per listener the parent is served on (a range port, a fixed
+            // listener); one row saying why when it is served on none.
+            match r.served_on.get(i).map(Vec::as_slice).unwrap_or_default() {
+                [] => rows.push(row(p, state, r, parent, None)),
+                on => rows.extend(on.iter().map(|s| row(p, state, r, parent, Some(s)))),
+            }
+        }
+    }
+    rows
 }
 
-/// The row of one route's parent: its claim and datapath service are looked up by the
-/// names they must have.
+/// The row of one route's parent on listener `on` (none: the parent is not served):
+/// its claim and datapath service are looked up by the names they must have.
 fn row(
     p: &Published,
     state: &StateDocument,
     r: &RouteEntry,
     parent: &RouteParentStatus,
+    on: Option<&ServedOn>,
 ) -> RouteRow {
     let pr = &parent.parent_ref;
+    // Rows of fixed listeners once showed no listener, port or traffic: their
+    // parentRef has no port, so the port is the listener's.
+    let port = on.map(|s| s.port).or(pr.port);
     let gw_ns = pr.namespace.as_deref().unwrap_or(&r.namespace);
     let protocol = if r.kind == "UDPRoute" {
         Protocol::Udp
@@ -314,7 +321,7 @@ fn row(
     let is_route = |kind: &str, namespace: &str, name: &str| {
         kind == r.kind && namespace == r.namespace && name == r.name
     };
-    let claim = pr.port.and_then(|port| {
+    let claim = port.and_then(|port| {
         let name = claim_name(&pr.name, &protocol.to_string(), port);
         let i = state
             .claims
@@ -324,8 +331,8 @@ fn row(
         is_route(&c.route.kind, &c.route.namespace, &c.route.name).then_some(c)
     });
     // The route's services: one per address its Gateway is served on.
-    let services: Vec<ServiceAddr> = pr
-        .port
+    let mut shadowed_by = None;
+    let services: Vec<ServiceAddr> = port
         .and_then(|port| {
             let g = state
                 .gateways
@@ -343,10 +350,13 @@ fn row(
                     protocol,
                     port,
                 })
-                .filter(|s| {
-                    p.owners
-                        .get(s)
-                        .is_some_and(|o| is_route(&o.kind, &o.namespace, &o.name))
+                .filter(|s| match p.owners.get(s) {
+                    Some(o) if is_route(&o.kind, &o.namespace, &o.name) => true,
+                    Some(o) => {
+                        shadowed_by.get_or_insert_with(|| format!("{}/{}", o.namespace, o.name));
+                        false
+                    }
+                    None => false,
                 })
                 .collect();
             Some(services)
@@ -374,11 +384,12 @@ fn row(
         name: r.name.clone(),
         kind: r.kind.clone(),
         gateway: pr.name.clone(),
-        listener: claim
-            .map(|c| c.listener.clone())
+        listener: on
+            .map(|s| s.listener.clone())
+            .or_else(|| claim.map(|c| c.listener.clone()))
             .or_else(|| pr.section_name.clone())
             .unwrap_or_default(),
-        port: pr.port,
+        port,
         accepted: accepted
             .map(|c| format!("{} ({})", c.status, c.reason))
             .unwrap_or_default(),
@@ -392,26 +403,58 @@ fn row(
         reply_packets: traffic.stats.reply_packets,
         kernel_packets: traffic.stats.kernel_packets,
         path: traffic.path().unwrap_or_else(|| "-".into()),
-        warning: warnings(p, &services, &by_family, &traffic),
+        warning: warnings(Warned {
+            p,
+            services: &services,
+            by_family: &by_family,
+            traffic: &traffic,
+            shadowed_by: shadowed_by.filter(|_| services.is_empty()),
+            resolved: parent.conditions.iter().find(|c| c.kind == "ResolvedRefs"),
+        }),
     }
 }
 
-/// What the operator should look at about a route's services, if anything: those the
-/// datapath holds back, a family served without endpoints beside one with, packets
-/// unanswered.
-fn warnings(
-    p: &Published,
-    services: &[ServiceAddr],
-    by_family: &[(&ServiceAddr, usize)],
-    traffic: &crate::datapath::Traffic,
-) -> Option<String> {
-    let mut out: Vec<String> = services
-        .iter()
-        .filter_map(|s| {
-            let i = p.held_back.binary_search_by(|h| h.service.cmp(s)).ok()?;
-            Some(format!("{s} is held back: {}", p.held_back[i].why))
-        })
-        .collect();
+/// What [`warnings`] looks at for one row.
+struct Warned<'a> {
+    p: &'a Published,
+    services: &'a [ServiceAddr],
+    by_family: &'a [(&'a ServiceAddr, usize)],
+    traffic: &'a crate::datapath::Traffic,
+    /// The older route served on the row's port instead (GEP-2644), if one is.
+    shadowed_by: Option<String>,
+    /// The parent's ResolvedRefs condition.
+    resolved: Option<&'a crate::planner::status::Condition>,
+}
+
+/// What the operator should look at about a route's services, if anything: an older
+/// route served on its port instead, no backend at all, those the datapath holds
+/// back, a family served without endpoints beside one with, packets unanswered.
+fn warnings(w: Warned) -> Option<String> {
+    let Warned {
+        p,
+        services,
+        by_family,
+        traffic,
+        shadowed_by,
+        resolved,
+    } = w;
+    let mut out: Vec<String> = Vec::new();
+    if let Some(older) = shadowed_by {
+        out.push(format!(
+            "an older route, {older}, gets the traffic of this port (only the oldest route \
+             of a listener is served)"
+        ));
+    }
+    // A served route without a single backend was once silent (an unnamed Service port
+    // unmatched): its packets are dropped, so it is always said.
+    if !services.is_empty() && by_family.iter().all(|&(_, n)| n == 0) {
+        let why = resolved.map_or("", |c| c.message.as_str());
+        out.push(format!("no backends: packets to it are dropped ({why})"));
+    }
+    out.extend(services.iter().filter_map(|s| {
+        let i = p.held_back.binary_search_by(|h| h.service.cmp(s)).ok()?;
+        Some(format!("{s} is held back: {}", p.held_back[i].why))
+    }));
     if by_family.iter().any(|&(_, n)| n > 0) {
         out.extend(by_family.iter().filter(|&&(_, n)| n == 0).map(|(s, _)| {
             let family = Family::of(&s.addr);
@@ -674,5 +717,71 @@ mod tests {
                  (there is no NAT64)"
             )
         );
+    }
+
+    #[test]
+    fn routes_of_a_fixed_listener_show_its_name_port_backends_and_traffic() {
+        let mut p = published(
+            "two-routes-on-a-fixed-listener-are-both-accepted-and-only-the-oldest-serves",
+        );
+        let service = *p
+            .datapath
+            .services
+            .keys()
+            .next()
+            .expect("the listener's service");
+        let mut traffic = crate::datapath::Traffic::default();
+        traffic.stats.packets = 7;
+        traffic.stats.reply_packets = 3;
+        traffic.active_flows = 2;
+        p.traffic.insert(service, traffic);
+        let rows = route_rows(&p, None);
+        let row = |name: &str| rows.iter().find(|r| r.name == name).expect("a row");
+        let (old, new) = (row("old"), row("new"));
+        assert_eq!(
+            (old.listener.as_str(), old.port, old.backends),
+            ("tcp-80", Some(80), 1),
+            "{old:?}"
+        );
+        assert_eq!((old.packets, old.active_flows), (10, 2), "{old:?}");
+        assert_eq!(old.warning, None, "{old:?}");
+        // The newer route is accepted but not served: said, with no traffic of its own.
+        assert_eq!(
+            (new.listener.as_str(), new.port, new.backends, new.packets),
+            ("tcp-80", Some(80), 0, 0),
+            "{new:?}"
+        );
+        assert!(
+            new.warning
+                .as_deref()
+                .is_some_and(|w| w.starts_with("an older route, team-a/old, gets the traffic")),
+            "{new:?}"
+        );
+    }
+
+    #[test]
+    fn a_served_route_without_any_backend_is_warned_about() {
+        let p = published(
+            "service-ports-match-endpoint-slice-ports-by-name-an-unnamed-one-by-the-empty-name",
+        );
+        let rows = route_rows(&p, None);
+        let row = |name: &str| rows.iter().find(|r| r.name == name).expect("a row");
+        let unnamed = row("unnamed");
+        assert_eq!(
+            unnamed.backends, 2,
+            "an IPv4 and an IPv6 endpoint: {unnamed:?}"
+        );
+        assert_eq!(unnamed.warning, None, "{unnamed:?}");
+        assert_eq!(row("named").backends, 2, "{rows:?}");
+        let mismatched = row("mismatched");
+        assert_eq!(mismatched.backends, 0);
+        let warning = mismatched.warning.as_deref().unwrap_or_default();
+        assert!(
+            warning.starts_with("no backends: packets to it are dropped")
+                && warning.contains("has no TCP port named \"\""),
+            "{warning}"
+        );
+        let table = crate::output::route_table(&rows);
+        assert!(table.contains("  ↳ warning: no backends"), "{table}");
     }
 }

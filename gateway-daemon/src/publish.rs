@@ -347,6 +347,36 @@ fn log_losses(before: &Published, after: &Published) {
     }
 }
 
+/// Logs each route whose services lost their last backend, or came without any, once
+/// when it happens: a route served with no backend drops its packets, and once went
+/// unnoticed (an unnamed Service port that matched no EndpointSlice port).
+fn log_routes_without_backends(
+    prev: &Published,
+    desired: &DesiredState,
+    owners: &BTreeMap<crate::datapath::ServiceAddr, Arc<crate::planner::RouteId>>,
+) {
+    let routes: std::collections::BTreeSet<&crate::planner::RouteId> = desired
+        .services
+        .iter()
+        .filter(|(s, b)| {
+            b.is_empty()
+                && prev
+                    .datapath
+                    .services
+                    .get(*s)
+                    .is_none_or(|before| !before.is_empty())
+        })
+        .filter_map(|(s, _)| owners.get(s).map(|o| &**o))
+        .collect();
+    for r in routes {
+        tracing::warn!(
+            route = %format_args!("{}/{}/{}", r.kind, r.namespace, r.name),
+            "route has no backends: no ready endpoint of its Services matches its ports; \
+             its packets are dropped (see berth get routes and its ResolvedRefs message)"
+        );
+    }
+}
+
 /// Between plans (both modes): keeps the SNAT sources current, and publishes fresh
 /// counters and traffic when they are due (`TRAFFIC_REFRESH`), sharing everything else
 /// with what was published.
@@ -407,6 +437,7 @@ pub fn effects(
         usage,
         released: _,
     } = plan;
+    log_routes_without_backends(prev, &desired, &owners);
     let mut state = StateDocument::after(gateways, routes, &claims, prev.state.as_deref());
     if let Some(old) = &prev.state {
         state.carry_times_from(old);

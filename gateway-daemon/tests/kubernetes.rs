@@ -785,19 +785,30 @@ fn dual_stack_objects() -> Vec<(Kind, Arc<DynamicObject>)> {
         ("web-v4", "IPv4", "10.0.0.5"),
         ("web-v6", "IPv6", "fd00::5"),
     ] {
-        objects.push((
-            Kind::EndpointSlice,
-            obj(json!({
-                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {"name": name, "namespace": "team", "resourceVersion": "9",
-                             "labels": {"kubernetes.io/service-name": "web"}},
-                "addressType": family,
-                "endpoints": [{"addresses": [address], "conditions": {"ready": true}}],
-                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
-            })),
-        ));
+        objects.push(web_slice(name, family, address, "http"));
     }
     objects
+}
+
+/// EndpointSlice `team/<name>` of Service `team/web`: one ready endpoint at `address`,
+/// port 8080 named `port_name`.
+fn web_slice(
+    name: &str,
+    family: &str,
+    address: &str,
+    port_name: &str,
+) -> (Kind, Arc<DynamicObject>) {
+    (
+        Kind::EndpointSlice,
+        obj(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": "team", "resourceVersion": "9",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": family,
+            "endpoints": [{"addresses": [address], "conditions": {"ready": true}}],
+            "ports": [{"name": port_name, "port": 8080, "protocol": "TCP"}]
+        })),
+    )
 }
 
 #[tokio::test]
@@ -847,6 +858,81 @@ async fn a_dual_stack_gateway_serves_each_family_its_own_slice_and_applies_both_
             {"type": "IPAddress", "value": "2001:db8::10"}
         ])
     );
+}
+
+/// As a cluster serves them: Gateway `infra/gw` with only an HTTP listener beside a
+/// fixed TCP listener, TCPRoute `team/web` to a Service with one unnamed port, and the
+/// EndpointSlice the EndpointSlice controller writes for it (port named `""`).
+fn unnamed_port_objects() -> Vec<(Kind, Arc<DynamicObject>)> {
+    let mut objects: Vec<_> = gateway_objects(30009)
+        .into_iter()
+        .filter(|(kind, _)| *kind != Kind::GatewayConfig)
+        .map(|(kind, o)| {
+            let mut v = serde_json::to_value(&*o).unwrap();
+            if kind == Kind::Gateway {
+                v["spec"]["infrastructure"] = Value::Null;
+                v["spec"]["listeners"] = json!([
+                    {"name": "http", "port": 80, "protocol": "HTTP"},
+                    {"name": "pg", "port": 5432, "protocol": "TCP",
+                     "allowedRoutes": {"namespaces": {"from": "All"}}}
+                ]);
+            }
+            (kind, obj(v))
+        })
+        .collect();
+    objects.push(route("web", "2026-01-01T00:00:00Z", None));
+    objects.push((
+        Kind::Service,
+        obj(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "team", "resourceVersion": "8"},
+            "spec": {"ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}
+        })),
+    ));
+    objects.push(web_slice("web-abcde", "IPv4", "10.0.0.5", ""));
+    objects
+}
+
+#[tokio::test]
+async fn an_unnamed_service_port_on_a_fixed_listener_is_served_and_its_gateway_accepted() {
+    let view = View::new(unnamed_port_objects());
+    let plan = plan_of(&view);
+    let applied = apply_gateway_status(&plan, &view).await;
+    let conditions = &applied.body["status"]["conditions"];
+    assert_eq!(
+        (
+            &conditions[0]["type"],
+            &conditions[0]["status"],
+            &conditions[0]["reason"]
+        ),
+        (
+            &json!("Accepted"),
+            &json!("True"),
+            &json!("ListenersNotValid")
+        ),
+        "{conditions:#}"
+    );
+    assert_eq!(
+        (&conditions[1]["type"], &conditions[1]["status"]),
+        (&json!("Programmed"), &json!("True")),
+        "{conditions:#}"
+    );
+    let http = &applied.body["status"]["listeners"][0];
+    assert_eq!(
+        http["conditions"][0]["reason"], "UnsupportedProtocol",
+        "{http:#}"
+    );
+    assert_eq!(http["supportedKinds"], json!([]), "{http:#}");
+    // `berth get routes`: the fixed listener's name and port, the backend.
+    let p = berth::publish::effects(plan, None, &Default::default()).expect("effects");
+    let rows = berth::admin::route_rows(&p, None);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0].listener.as_str(), rows[0].port, rows[0].backends),
+        ("pg", Some(5432), 1),
+        "{rows:?}"
+    );
+    assert_eq!(rows[0].warning, None, "{rows:?}");
 }
 
 #[tokio::test]

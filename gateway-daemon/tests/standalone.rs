@@ -256,17 +256,7 @@ fn long_route_names_get_ports_and_a_bad_listener_name_breaks_only_its_file() {
 
 #[test]
 fn check_prints_the_documented_json_and_fails_clearly_on_a_broken_file() {
-    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(["check", "-o", "json", "--manifests"])
-        .arg(examples())
-        .output()
-        .expect("check");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let doc = check_json(&examples());
     let keys: Vec<&String> = doc.as_object().expect("object").keys().collect();
     assert_eq!(keys, ["claims", "gateways", "routes"]);
     let claim = &doc["claims"][0];
@@ -337,6 +327,21 @@ fn a_second_daemon_on_the_same_state_directory_refuses_to_start_and_the_first_ke
     for d in [&manifests, &state_dir, &other] {
         let _ = std::fs::remove_dir_all(d);
     }
+}
+
+/// The document `berth check -o json --manifests DIR` prints; it must succeed.
+fn check_json(dir: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["check", "-o", "json", "--manifests"])
+        .arg(dir)
+        .output()
+        .expect("check");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json")
 }
 
 /// `berth check --manifests DIR`: whether it succeeded, and its stderr.
@@ -803,5 +808,151 @@ fn check_whose_reader_closes_the_pipe_ends_quietly() {
     assert!(
         !stderr.contains("panicked"),
         "berth check panicked on a closed pipe: {stderr}"
+    );
+}
+
+/// A GatewayClass, a Gateway with a fixed TCP listener beside an HTTP one, an
+/// HTTP-only Gateway (as the conformance suite's base Gateways), and a route to a
+/// Service with one unnamed port whose EndpointSlice names its port `slice_port_name`.
+fn fixed_listener_manifests(slice_port_name: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: berth}}
+spec: {{controllerName: berth.dev/gateway-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: db, namespace: infra}}
+spec:
+  gatewayClassName: berth
+  addresses: [{{type: IPAddress, value: 10.251.0.7}}]
+  listeners:
+  - {{name: http, protocol: HTTP, port: 80}}
+  - {{name: postgres, protocol: TCP, port: 5432, allowedRoutes: {{namespaces: {{from: All}}}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: web-only, namespace: infra}}
+spec:
+  gatewayClassName: berth
+  addresses: [{{type: IPAddress, value: 10.251.0.8}}]
+  listeners:
+  - {{name: http, protocol: HTTP, port: 80}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: TCPRoute
+metadata: {{name: pg, namespace: team-a}}
+spec:
+  parentRefs: [{{name: db, namespace: infra}}]
+  rules: [{{backendRefs: [{{name: pg, port: 5432}}]}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: pg, namespace: team-a}}
+spec:
+  ports: [{{port: 5432, protocol: TCP}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: pg-x7k2p
+  namespace: team-a
+  labels: {{kubernetes.io/service-name: pg}}
+addressType: IPv4
+endpoints:
+- addresses: [10.251.1.5]
+  conditions: {{ready: true}}
+ports: [{{name: {slice_port_name:?}, port: 5432, protocol: TCP}}]
+"
+    )
+}
+
+#[test]
+fn an_unnamed_service_port_on_a_fixed_listener_is_served_shown_and_warned_when_it_goes() {
+    let dirs = Dirs::new("fixed", &[]);
+    let file = dirs.manifests.join("db.yaml");
+    std::fs::write(&file, fixed_listener_manifests("")).expect("write");
+
+    // `berth check`: both Gateways accepted and programmed, the route resolved.
+    let doc = check_json(&dirs.manifests);
+    for g in doc["gateways"].as_array().expect("gateways") {
+        let cond = |t: &str| {
+            g["status"]["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == t))
+                .map(|c| (c["status"].clone(), c["reason"].clone()))
+        };
+        assert_eq!(
+            cond("Accepted"),
+            Some(("True".into(), "ListenersNotValid".into())),
+            "{g:#}"
+        );
+        assert_eq!(
+            cond("Programmed").map(|c| c.0),
+            Some("True".into()),
+            "{g:#}"
+        );
+        let http = &g["status"]["listeners"][0];
+        assert_eq!(
+            http["conditions"][0]["reason"], "UnsupportedProtocol",
+            "{g:#}"
+        );
+    }
+
+    // `berth run`: the route's row names the fixed listener, its port and backend.
+    let mut d = Daemon::spawn(&dirs.manifests, &dirs.state, true);
+    wait_for("readiness", || d.readyz().is_some_and(|(ok, _)| ok));
+    let pg = |d: &Daemon| -> berth::admin::RouteRow {
+        let rows: Vec<berth::admin::RouteRow> =
+            serde_json::from_str(&berth::admin::get(&d.admin, "/api/v1/routes").expect("rows"))
+                .expect("json");
+        rows.into_iter().find(|r| r.name == "pg").expect("pg's row")
+    };
+    let row = pg(&d);
+    assert_eq!(
+        (
+            row.listener.as_str(),
+            row.port,
+            row.backends,
+            row.warning.as_deref()
+        ),
+        ("postgres", Some(5432), 1, None),
+        "{row:?}"
+    );
+    let table = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["get", "routes", "--admin-addr", &d.admin])
+        .output()
+        .expect("berth get routes");
+    let table = String::from_utf8_lossy(&table.stdout);
+    let line = table
+        .lines()
+        .find(|l| l.contains(" pg "))
+        .expect("pg's line");
+    assert!(
+        line.contains(" postgres ") && line.contains(" 5432 "),
+        "{table}"
+    );
+
+    // The slice's port renamed: not the Service's unnamed port any more. The route
+    // stays accepted, and the row and the log say it has no backend.
+    let plans = plans_total(&d);
+    std::fs::write(&file, fixed_listener_manifests("metrics")).expect("write");
+    wait_for("the renamed port to be read", || plans_total(&d) > plans);
+    let row = pg(&d);
+    assert_eq!(row.backends, 0, "{row:?}");
+    assert!(
+        row.warning
+            .as_deref()
+            .is_some_and(|w| w.starts_with("no backends:")),
+        "{row:?}"
+    );
+    // SAFETY: signals a child this test started and has not reaped.
+    let rc = unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let (_, log) = d.exit("berth run ignored SIGTERM");
+    assert!(
+        log.contains("route has no backends") && log.contains("TCPRoute/team-a/pg"),
+        "{log}"
     );
 }

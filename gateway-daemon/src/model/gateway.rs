@@ -96,6 +96,16 @@ pub struct Listener {
     pub allowed_routes: Option<AllowedRoutes>,
 }
 
+impl Listener {
+    /// The route kinds `allowedRoutes.kinds` names (none: the protocol's kind).
+    pub fn allowed_kinds(&self) -> &[RouteGroupKind] {
+        self.allowed_routes
+            .as_ref()
+            .map(|a| a.kinds.as_slice())
+            .unwrap_or_default()
+    }
+}
+
 /// Listener `allowedRoutes`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -366,12 +366,7 @@ fn refusal(
         .allowed_routes
         .as_ref()
         .and_then(|a| a.namespaces.as_ref());
-    let kinds = l
-        .spec
-        .allowed_routes
-        .as_ref()
-        .map(|a| a.kinds.as_slice())
-        .unwrap_or_default();
+    let kinds = l.spec.allowed_kinds();
     let kind_ok = kinds.is_empty()
         || kinds.iter().any(|k| {
             k.kind == kind && k.group.as_deref().unwrap_or(GATEWAY_GROUP) == GATEWAY_GROUP

@@ -8,7 +8,7 @@ use super::FastMap;
 use super::Reason;
 use crate::{
     datapath::{Backends, WeightedBackend},
-    model::{EndpointSlice, Protocol, Route, Service, Snapshot, GATEWAY_GROUP},
+    model::{EndpointSlice, Protocol, Route, Service, ServicePort, Snapshot, GATEWAY_GROUP},
 };
 
 /// Share of one backendRef spread over its endpoints (so weights stay integers).
@@ -29,6 +29,8 @@ pub struct Resolved {
     /// What was left out and why (EndpointSlices of type FQDN, addresses that are not
     /// of their slice's type): said in the ResolvedRefs message.
     pub notes: Vec<String>,
+    /// The backendRefs (`Service NS/NAME port N`) that resolved to no endpoint at all.
+    pub empty: Vec<String>,
 }
 
 impl Resolved {
@@ -83,6 +85,15 @@ impl Resolved {
                     ));
                 }
             }
+        }
+        // A Service without endpoints still resolves (upstream keeps ResolvedRefs True),
+        // but a route left with no backend at all must say so: it once went silent when
+        // a Service's unnamed port did not match its EndpointSlice's port named "".
+        if !self.empty.is_empty() && self.ipv4.is_empty() && self.ipv6.is_empty() {
+            notes.push(format!(
+                "no backends: no ready or serving endpoint for {}",
+                self.empty.join(", ")
+            ));
         }
         notes.extend(self.notes.iter().cloned());
         let errors: Vec<&(Reason, String)> = self.errors.iter().chain(&errors).collect();
@@ -213,16 +224,15 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
                     ));
                     continue;
                 };
-                let Some(target) = slice
-                    .ports
-                    .iter()
-                    .find(|p| {
-                        p.name == sp.name
-                            && Protocol::parse(p.protocol.as_deref().unwrap_or("TCP"))
-                                == Some(protocol)
-                    })
-                    .and_then(|p| p.port)
-                else {
+                let Some(target) = slice_port(slice, sp, protocol) else {
+                    if !slice.endpoints.is_empty() {
+                        out.notes.push(format!(
+                            "EndpointSlice {ns}/{slice_name} has no {protocol} port named {:?} \
+                             for port {port} of Service {ns}/{} (left out)",
+                            port_name(sp.name.as_deref()),
+                            b.name
+                        ));
+                    }
                     continue;
                 };
                 let mut wrong: Vec<&str> = Vec::new();
@@ -250,6 +260,10 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
                         wrong.len()
                     ));
                 }
+            }
+            if endpoints.is_empty() {
+                out.empty
+                    .push(format!("Service {ns}/{} port {port}", b.name));
             }
             let families = Families::of_iter(endpoints.iter().map(|(e, _)| Family::of(&e.ip())));
             // A Service named by two backendRefs (or rules) is listed once.
@@ -282,6 +296,32 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
     out.ipv4 = ipv4.into();
     out.ipv6 = ipv6.into();
     out
+}
+
+/// A port's name as Kubernetes compares it: an absent name is the empty name.
+fn port_name(name: Option<&str>) -> &str {
+    name.unwrap_or("")
+}
+
+/// The port number `slice` gives for Service port `sp` of `protocol`, matched as
+/// kube-proxy matches them: by name (an unnamed Service port is the slice port named
+/// `""` or without a name, as the EndpointSlice controller writes it) and protocol. A
+/// slice port without a number (Kubernetes: "not restricted") takes the Service's
+/// numeric `targetPort`, else its `port`; a named `targetPort` has no number without
+/// the slice's.
+fn slice_port(slice: &EndpointSlice, sp: &ServicePort, protocol: Protocol) -> Option<u16> {
+    let name = port_name(sp.name.as_deref());
+    let p = slice.ports.iter().find(|p| {
+        port_name(p.name.as_deref()) == name
+            && Protocol::parse(p.protocol.as_deref().unwrap_or("TCP")) == Some(protocol)
+    })?;
+    if let Some(number) = p.port {
+        return Some(number);
+    }
+    match &sp.target_port {
+        None => Some(sp.port),
+        Some(v) => v.as_u64().and_then(|n| u16::try_from(n).ok()),
+    }
 }
 
 /// Whether a ReferenceGrant in `ns` lets `route` refer to Service `name`.

@@ -116,19 +116,14 @@ impl Context<'_, '_> {
             .ephemeral_ports
             .as_ref()
             .and_then(|e| overlaps::ephemeral_overlap(l, e));
-        let kinds = match l.protocol {
-            Some(Protocol::Tcp) => vec![RouteGroupKind {
-                group: Some(GATEWAY_GROUP.to_string()),
-                kind: "TCPRoute".to_string(),
-            }],
-            Some(Protocol::Udp) => vec![RouteGroupKind {
-                group: Some(GATEWAY_GROUP.to_string()),
-                kind: "UDPRoute".to_string(),
-            }],
-            None => vec![],
-        };
-        let mut conditions =
-            listener_conditions(l, gw.params_error.is_none(), self.now_text, generation);
+        let kinds = route_kinds(l);
+        let mut conditions = listener_conditions(
+            l,
+            &kinds,
+            gw.params_error.is_none(),
+            self.now_text,
+            generation,
+        );
         conditions.extend(ephemeral.map(|(ports, within)| {
             condition(
                 EPHEMERAL_PORT_OVERLAP,
@@ -141,7 +136,7 @@ impl Context<'_, '_> {
         }));
         ListenerStatus {
             name: l.spec.name.clone(),
-            supported_kinds: kinds,
+            supported_kinds: kinds.supported,
             attached_routes: attached as i32,
             conditions,
         }
@@ -191,6 +186,9 @@ fn programmed(gw: &GatewayView, accepted: bool, now: &str, generation: Option<i6
     let mut message = format!("serving on {}", a.served_list());
     if !a.unserved.is_empty() {
         message.push_str(&format!("; not serving on {}", a.unserved_list()));
+    }
+    if !gw.listeners.iter().any(listener_serves) {
+        message.push_str("; no listener Berth serves (TCP or UDP), so no port is open");
     }
     condition(
         "Programmed",
@@ -254,7 +252,16 @@ fn gateway_accepted(gw: &GatewayView, now: &str, generation: Option<i64>) -> Con
             generation,
         );
     }
-    let ok = gw.listeners.iter().any(listener_serves);
+    // Rejected as a whole only when its conflicts leave no listener (Gateway API: at
+    // least one distinct listener must be present). Listeners of a protocol Berth does
+    // not serve do not reject it: the conformance suite's base Gateways have only HTTP
+    // listeners and must be Accepted and Programmed before any TCP or UDP test starts.
+    let serving = gw.listeners.iter().any(listener_serves);
+    let conflicted = gw
+        .listeners
+        .iter()
+        .any(|l| l.protocol.is_some() && !l.yielded.is_empty());
+    let ok = serving || !conflicted;
     let mut message = format!(
         "listeners not accepted (see their conditions): {}",
         invalid.join(", ")
@@ -268,7 +275,7 @@ fn gateway_accepted(gw: &GatewayView, now: &str, generation: Option<i64>) -> Con
     if !valid.is_empty() {
         message.push_str(&format!("; accepted: {}", valid.join(", ")));
     }
-    if !ok {
+    if !serving {
         message.push_str("; no listener serves");
     }
     condition(
@@ -288,6 +295,7 @@ fn gateway_accepted(gw: &GatewayView, now: &str, generation: Option<i64>) -> Con
 /// claim does not move while its route attaches), and `Programmed` says so.
 fn listener_conditions(
     l: &ListenerView,
+    kinds: &RouteKinds,
     gateway_ok: bool,
     now: &str,
     generation: Option<i64>,
@@ -328,6 +336,14 @@ fn listener_conditions(
         )
     };
     let programmed = match (gateway_ok && listener_serves(l), l.yielded.is_empty()) {
+        _ if l.protocol.is_some() && kinds.supported.is_empty() => condition(
+            "Programmed",
+            false,
+            Reason::Invalid,
+            "allowedRoutes.kinds allows no route kind this listener can serve",
+            now,
+            generation,
+        ),
         (true, true) => condition("Programmed", true, Reason::Programmed, "", now, generation),
         (true, false) => condition(
             "Programmed",
@@ -337,7 +353,14 @@ fn listener_conditions(
             now,
             generation,
         ),
-        (false, _) => condition("Programmed", false, Reason::Invalid, "", now, generation),
+        (false, _) => {
+            let why = match (l.protocol.is_some(), gateway_ok) {
+                (false, _) => format!("protocol {} is not served", l.spec.protocol),
+                (true, false) => "the Gateway is not accepted".to_string(),
+                (true, true) => "its ports belong to an older Gateway".to_string(),
+            };
+            condition("Programmed", false, Reason::Invalid, why, now, generation)
+        }
     };
     let conflicted = match l.yielded.is_empty() {
         true => condition(
@@ -360,15 +383,76 @@ fn listener_conditions(
             generation,
         ),
     };
-    let resolved = condition(
-        "ResolvedRefs",
-        true,
-        Reason::ResolvedRefs,
-        "",
-        now,
-        generation,
-    );
+    let resolved = match kinds.invalid.is_empty() {
+        true => condition(
+            "ResolvedRefs",
+            true,
+            Reason::ResolvedRefs,
+            "",
+            now,
+            generation,
+        ),
+        false => condition(
+            "ResolvedRefs",
+            false,
+            Reason::InvalidRouteKinds,
+            format!(
+                "allowedRoutes.kinds names kinds a {} listener cannot serve: {}",
+                l.spec.protocol,
+                kinds.invalid.join(", ")
+            ),
+            now,
+            generation,
+        ),
+    };
     vec![accepted, programmed, resolved, conflicted]
+}
+
+/// The route kinds of a listener: those it serves (`supportedKinds`) and those its
+/// `allowedRoutes.kinds` names but it cannot serve.
+struct RouteKinds {
+    supported: Vec<RouteGroupKind>,
+    /// `group/kind` of each kind named that the listener cannot serve.
+    invalid: Vec<String>,
+}
+
+/// The route kinds of listener `l`: its protocol's kind (TCPRoute for TCP, UDPRoute for
+/// UDP, none for any other), narrowed by `allowedRoutes.kinds`. Gateway API: kinds
+/// named that are not supported make `ResolvedRefs=False, InvalidRouteKinds` and are
+/// left out of `supportedKinds`, which lists the valid ones only (none if none is).
+fn route_kinds(l: &ListenerView) -> RouteKinds {
+    let native = match l.protocol {
+        Some(Protocol::Tcp) => Some("TCPRoute"),
+        Some(Protocol::Udp) => Some("UDPRoute"),
+        None => None,
+    };
+    let kind = |k: &str| RouteGroupKind {
+        group: Some(GATEWAY_GROUP.to_string()),
+        kind: k.to_string(),
+    };
+    let named = l.spec.allowed_kinds();
+    if named.is_empty() {
+        return RouteKinds {
+            supported: native.map(kind).into_iter().collect(),
+            invalid: Vec::new(),
+        };
+    }
+    let mut out = RouteKinds {
+        supported: Vec::new(),
+        invalid: Vec::new(),
+    };
+    for k in named {
+        let group = k.group.as_deref().unwrap_or(GATEWAY_GROUP);
+        if group == GATEWAY_GROUP && Some(k.kind.as_str()) == native {
+            if out.supported.is_empty() {
+                out.supported.push(kind(&k.kind));
+            }
+            continue;
+        }
+        let group = if group.is_empty() { "core" } else { group };
+        out.invalid.push(format!("{group}/{}", k.kind));
+    }
+    out
 }
 
 /// Whether a route attached to fixed listeners `fixed` of `gw`, with a range port

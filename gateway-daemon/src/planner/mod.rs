@@ -178,6 +178,20 @@ pub struct RouteEntry {
     /// first saw it.
     #[serde(skip)]
     pub created: Option<String>,
+    /// The listeners each parent (in `status.parents` order) is served on, with their
+    /// ports: `berth get routes` shows them. Upstream status has no place for them (a
+    /// fixed listener's route has no port in its parentRef).
+    #[serde(skip)]
+    pub served_on: Vec<Vec<ServedOn>>,
+}
+
+/// A listener a route's parent is served on, and the port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedOn {
+    /// Listener name.
+    pub listener: String,
+    /// The port assigned from its range, or its own port (a fixed listener).
+    pub port: u16,
 }
 
 fn parse_time(t: &str) -> Option<SystemTime> {

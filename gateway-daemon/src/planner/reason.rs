@@ -22,6 +22,8 @@ pub enum Reason {
     ListenersNotValid,
     /// A listener's protocol is not TCP or UDP.
     UnsupportedProtocol,
+    /// A listener's `allowedRoutes.kinds` names a kind it cannot serve.
+    InvalidRouteKinds,
     /// A port (or range) is held by an older Gateway or another route.
     PortUnavailable,
     /// A listener overlaps an older Gateway's listener of the same protocol.
@@ -65,6 +67,7 @@ impl Reason {
             Reason::InvalidParameters => "InvalidParameters",
             Reason::ListenersNotValid => "ListenersNotValid",
             Reason::UnsupportedProtocol => "UnsupportedProtocol",
+            Reason::InvalidRouteKinds => "InvalidRouteKinds",
             Reason::PortUnavailable => "PortUnavailable",
             Reason::ProtocolConflict => "ProtocolConflict",
             Reason::NoConflicts => "NoConflicts",

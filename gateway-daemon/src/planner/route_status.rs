@@ -20,7 +20,7 @@ use super::{
     memo::{Memo, Remembered},
     overlaps,
     status::*,
-    RouteEntry, RouteId,
+    RouteEntry, RouteId, ServedOn,
 };
 
 /// What the route stage reads.
@@ -122,6 +122,35 @@ impl Context<'_, '_> {
         }
     }
 
+    /// The listeners attachment `ai` is served on: the range listener of its claim, and
+    /// each fixed listener whose port no older Gateway took (where the route may still
+    /// be shadowed by an older one).
+    fn served_on(&self, ai: usize, d: &Decision) -> Vec<ServedOn> {
+        let a = &self.attachments.list[ai];
+        let gw = &self.gateways[a.gw];
+        let mut out = Vec::new();
+        let claim = a.claim.and_then(|ci| self.claims[ci].as_ref());
+        if let (Some(c), Some(port)) = (claim, d.port) {
+            out.push(ServedOn {
+                listener: c.spec.listener.clone(),
+                port,
+            });
+        }
+        if let Attach::Listeners { fixed, .. } = &*a.attach {
+            out.extend(
+                fixed
+                    .iter()
+                    .map(|&li| &gw.listeners[li])
+                    .filter(|l| l.yielded.is_empty())
+                    .map(|l| ServedOn {
+                        listener: l.spec.name.clone(),
+                        port: l.spec.port,
+                    }),
+            );
+        }
+        out
+    }
+
     /// Builds the status of route `ri` anew, with its backends, and what to remember
     /// of it (when `unique` and the memo keeps).
     fn plan_route(
@@ -152,12 +181,18 @@ impl Context<'_, '_> {
         if let Some(old) = earlier {
             carry_parent_times(&mut parents, &old.entry.status.parents);
         }
+        let served_on = at
+            .clone()
+            .zip(&decisions)
+            .map(|(ai, d)| self.served_on(ai, d))
+            .collect();
         let entry = Arc::new(RouteEntry {
             kind: route.kind.name().to_string(),
             namespace: m.ns().to_string(),
             name: m.name.clone(),
             status: RouteStatus { parents },
             created: m.creation_timestamp.clone(),
+            served_on,
         });
         let remembered = (unique && self.memo.keep).then(|| Remembered {
             id: Arc::new(route_id(route)),
@@ -194,8 +229,12 @@ fn merge_twice(routes: &mut Vec<Arc<RouteEntry>>) {
             && later.namespace == first.namespace
             && later.name == first.name;
         if same {
-            let parents = std::mem::take(&mut Arc::make_mut(later).status.parents);
-            Arc::make_mut(first).status.parents.extend(parents);
+            let later = Arc::make_mut(later);
+            let parents = std::mem::take(&mut later.status.parents);
+            let served_on = std::mem::take(&mut later.served_on);
+            let first = Arc::make_mut(first);
+            first.status.parents.extend(parents);
+            first.served_on.extend(served_on);
         }
         same
     });
