@@ -64,9 +64,9 @@
 //!    fragments follow the same flow. A later fragment to a gateway address whose first
 //!    fragment was not seen is dropped (`drop_fragment`), never sent to a guessed backend.
 //! 10. **Origin** (`origin.rs`): a reply, or an ICMP error about a packet sent to a
-//!    backend, is translated only if it arrived from where the gateway sends that
-//!    backend's packets (its next-hop cache: interface and, in XDP, neighbour MAC);
-//!    otherwise dropped (`reply_spoofed`), in XDP and TC.
+//!     backend, is translated only if it arrived from where the gateway sends that
+//!     backend's packets (its next-hop cache: interface and, in XDP, neighbour MAC);
+//!     otherwise dropped (`reply_spoofed`), in XDP and TC.
 //!
 //! # Verdicts and counters
 //!
