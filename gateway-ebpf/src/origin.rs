@@ -36,7 +36,7 @@ use gateway_common::{config, NextHop, NEXT_HOP_REFRESH};
 use crate::{
     family::Family,
     fwd::{coarse_now, fib_params},
-    maps::{backend_hop, CONFIG},
+    maps::{backend_hop, BACKENDS, CONFIG},
     packet::Eth,
 };
 
@@ -96,6 +96,13 @@ impl Origin {
     }
 
     /// Whether the packet came from where the gateway sends the backend's packets.
+    ///
+    /// A cached hop that agrees answers at once. Otherwise the id must still name the
+    /// address the packet comes from: ids are reused, and a flow balanced before its
+    /// backend left keeps the old id (found by the fuzzer: an old backend's genuine
+    /// reply was judged by the next hop of the id's new backend). Where it does not,
+    /// this check has no say, and the FIB is not asked either: its answer toward the
+    /// old address would poison the new backend's next-hop cache, which forwards.
     #[inline(always)]
     fn at_backend<A: Family>(&self, backend: u32, addr: A) -> bool {
         let ifindex = self.ifindex();
@@ -108,18 +115,28 @@ impl Origin {
         // SAFETY: a valid map value pointer for the duration of this program run.
         let hop = unsafe { &mut *hop };
         let now = coarse_now();
-        if hop.ifindex == 0 || now.wrapping_sub(hop.checked_at) > NEXT_HOP_REFRESH {
-            match self.ask(addr, ifindex, hop, now) {
-                Asked::Cached => {}
-                Asked::Interface(toward) => return toward == ifindex,
-                Asked::Unknown => return hop.ifindex == 0 || hop.ifindex == ifindex,
-            }
+        let fresh = hop.ifindex != 0 && now.wrapping_sub(hop.checked_at) <= NEXT_HOP_REFRESH;
+        if fresh && hop.ifindex == ifindex && self.from(&hop.dmac) {
+            return true;
         }
-        if hop.ifindex != ifindex {
+        if !names(backend, addr) {
+            return true;
+        }
+        if fresh {
             return false;
         }
+        match self.ask(addr, ifindex, hop, now) {
+            Asked::Cached => hop.ifindex == ifindex && self.from(&hop.dmac),
+            Asked::Interface(toward) => toward == ifindex,
+            Asked::Unknown => hop.ifindex == 0 || hop.ifindex == ifindex,
+        }
+    }
+
+    /// Whether the frame's source MAC is `mac` (always, where the frame's own is gone).
+    #[inline(always)]
+    fn from(&self, mac: &[u8; 6]) -> bool {
         // SAFETY: `mac` points into the packet, bounds-checked (`xdp`), if not null.
-        self.mac.is_null() || unsafe { *self.mac } == hop.dmac
+        self.mac.is_null() || unsafe { *self.mac } == *mac
     }
 
     /// Asks the FIB where packets to `addr` leave, as if routed from the packet's
@@ -164,6 +181,14 @@ impl Origin {
             _ => Asked::Unknown,
         }
     }
+}
+
+/// Whether backend id `backend` is the backend at `addr` (configured, live or not).
+#[inline(always)]
+fn names<A: Family>(backend: u32, addr: A) -> bool {
+    BACKENDS
+        .get(backend)
+        .is_some_and(|b| A::backend_addr(backend, b) == addr)
 }
 
 /// Whether the operator lets replies come from anywhere (`config::REPLY_ORIGIN`).
