@@ -620,6 +620,22 @@ fn steps() -> Vec<Step> {
 }
 
 /// Runs `steps` on `t`; returns the number of packets and the failures, described.
+impl Side {
+    /// The fixture interface this side's packets arrive on.
+    fn ifindex(self, fx: &FixtureNet) -> u32 {
+        match self {
+            Side::Client => fx.fx0,
+            Side::Backend => fx.fx1,
+        }
+    }
+
+    /// Runs the XDP program on `frame` as received on this side: verdict and output.
+    fn run(self, t: &mut TestDatapath, fx: &FixtureNet, frame: &[u8]) -> (u32, Vec<u8>) {
+        fx.ns
+            .enter(|| run_gateway(&mut t.dp, self.ifindex(fx), frame))
+    }
+}
+
 fn run_steps(t: &mut TestDatapath, fx: &FixtureNet, steps: Vec<Step>) -> (usize, Vec<String>) {
     let mut failures = Vec::new();
     let mut count = 0;
@@ -630,10 +646,7 @@ fn run_steps(t: &mut TestDatapath, fx: &FixtureNet, steps: Vec<Step>) -> (usize,
                     .unwrap_or_else(|e| panic!("applying {what}: {e}"));
             }
             Step::Xmit(sides) => {
-                let ifindexes: Vec<u32> = sides
-                    .iter()
-                    .map(|s| if *s == Side::Client { fx.fx0 } else { fx.fx1 })
-                    .collect();
+                let ifindexes: Vec<u32> = sides.iter().map(|s| s.ifindex(fx)).collect();
                 t.allow_redirect(&ifindexes);
             }
             Step::Restart => t.restart(),
@@ -645,12 +658,7 @@ fn run_steps(t: &mut TestDatapath, fx: &FixtureNet, steps: Vec<Step>) -> (usize,
                 output,
             } => {
                 count += 1;
-                let ifindex = if ingress == Side::Client {
-                    fx.fx0
-                } else {
-                    fx.fx1
-                };
-                let (got_verdict, got) = fx.ns.enter(|| run_gateway(&mut t.dp, ifindex, &input));
+                let (got_verdict, got) = ingress.run(t, fx, &input);
                 let want = output.unwrap_or_else(|| input.clone());
                 if got_verdict != verdict || got != want {
                     failures.push(failure(
