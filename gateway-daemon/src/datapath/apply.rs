@@ -246,8 +246,7 @@ impl Datapath {
             backends: BTreeMap::new(),
         };
         for (&endpoint, &weight) in want {
-            let bid = self.backend_ids.alloc()?;
-            self.write_backend(bid, id, endpoint, weight, snat)?;
+            let bid = self.new_backend(id, endpoint, weight, snat)?;
             svc.backends.insert(endpoint, (bid, weight));
         }
         let active = self.write_table(&svc)?;
@@ -292,11 +291,7 @@ impl Datapath {
                     self.write_backend(bid, svc.id, endpoint, weight, snat)?;
                     bid
                 }
-                None => {
-                    let bid = self.backend_ids.alloc()?;
-                    self.write_backend(bid, svc.id, endpoint, weight, snat)?;
-                    bid
-                }
+                None => self.new_backend(svc.id, endpoint, weight, snat)?,
             };
             svc.backends.insert(endpoint, (bid, weight));
         }
@@ -356,8 +351,32 @@ impl Datapath {
         Ok(candidates.iter().filter(|c| c.weight > 0).count() as u32)
     }
 
+    /// Gives a new backend an id: one that starts with no next hop (the kernel program
+    /// caches one per id, and a packet of an earlier holder's flow may have refilled it
+    /// since the id was freed).
+    fn new_backend(
+        &mut self,
+        service: ServiceId,
+        e: SocketAddr,
+        weight: u16,
+        snat: bool,
+    ) -> Result<u32> {
+        let bid = self.backend_ids.alloc()?;
+        self.backend_hops
+            .set(bid, NextHop::default(), 0)
+            .map_err(map_err(map_names::BACKEND_HOPS))?;
+        self.write_backend(bid, service, e, weight, snat)?;
+        Ok(bid)
+    }
+
     /// Writes a backend; in SNAT mode its source first (its flows need it from the
     /// first packet); an IPv6 backend's address before the entry that makes it live.
+    ///
+    /// An id holds one family: an IPv4 backend's id has no IPv6 address. The kernel
+    /// program reads `BACKENDS6` for any IPv6 packet; an address an IPv6 backend left
+    /// there named the id's next (IPv4) backend, so a reply of the old backend's flow
+    /// cached its next hop for the new one, whose own replies were then dropped as
+    /// forged (`reply_spoofed`; the fuzzer found it).
     fn write_backend(
         &mut self,
         bid: u32,
@@ -369,11 +388,9 @@ impl Datapath {
         if snat {
             self.write_snat_source(bid, e)?;
         }
-        if let Some(addr) = Addr6::of(e.ip()) {
-            self.backends6
-                .set(bid, addr, 0)
-                .map_err(map_err(map_names::BACKENDS6))?;
-        }
+        self.backends6
+            .set(bid, Addr6::of(e.ip()).unwrap_or_default(), 0)
+            .map_err(map_err(map_names::BACKENDS6))?;
         let value = Backend {
             addr: u32::of(e.ip()).unwrap_or(0),
             port: e.port().to_be(),
@@ -448,10 +465,13 @@ impl Datapath {
         })
     }
 
-    fn clear_backend(&mut self, bid: u32) -> Result<()> {
+    pub(super) fn clear_backend(&mut self, bid: u32) -> Result<()> {
         self.backends
             .set(bid, Backend::default(), 0)
             .map_err(map_err(map_names::BACKENDS))?;
+        self.backends6
+            .set(bid, Addr6::default(), 0)
+            .map_err(map_err(map_names::BACKENDS6))?;
         // The id's next backend starts without the old one's next hop.
         self.backend_hops
             .set(bid, NextHop::default(), 0)

@@ -366,6 +366,7 @@ impl Datapath {
             self.tables.mark(svc.table);
         }
         let mut orphans = Vec::new();
+        let mut adopted6 = std::collections::HashSet::new();
         for (id, item) in self.backends.iter().enumerate() {
             let b = item.map_err(map_err(map_names::BACKENDS))?;
             if b.flags & BACKEND_LIVE == 0 {
@@ -386,6 +387,9 @@ impl Datapath {
                             b.port,
                         ),
                     };
+                    if key.addr.is_ipv6() {
+                        adopted6.insert(id);
+                    }
                     svc.backends.insert(endpoint, (id, b.weight));
                     self.backend_ids.mark(id);
                 }
@@ -394,9 +398,21 @@ impl Datapath {
             }
         }
         for id in orphans {
-            self.backends
-                .set(id, Backend::default(), 0)
-                .map_err(map_err(map_names::BACKENDS))?;
+            self.clear_backend(id)?;
+        }
+        // Earlier builds left the address of an IPv6 backend that went in `BACKENDS6`,
+        // where it named the id's next backend (see `write_backend`).
+        let mut stale6 = Vec::new();
+        for (id, item) in self.backends6.iter().enumerate() {
+            let addr = item.map_err(map_err(map_names::BACKENDS6))?;
+            if addr != Addr6::default() && !adopted6.contains(&(id as u32)) {
+                stale6.push(id as u32);
+            }
+        }
+        for id in stale6 {
+            self.backends6
+                .set(id, Addr6::default(), 0)
+                .map_err(map_err(map_names::BACKENDS6))?;
         }
         // Conntrack entries may still name services removed before this start: the
         // ids handed out from now on must differ from theirs.
