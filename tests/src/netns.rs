@@ -198,6 +198,14 @@ impl Proc {
         self.child.as_ref().map(|c| c.id()).unwrap_or_default()
     }
 
+    /// Whether the process has exited (it is reaped then); a killed one has.
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            None => true,
+            Some(c) => matches!(c.try_wait(), Ok(Some(_))),
+        }
+    }
+
     /// Panics if the process already exited, showing what it printed.
     pub fn assert_running(&mut self) {
         let Some(child) = self.child.as_mut() else {
