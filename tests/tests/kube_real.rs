@@ -125,8 +125,9 @@ spec:
 /// The teams and their pods' addresses.
 const TEAMS: [(&str, &str); 2] = [("team-a", "10.244.1.10"), ("team-b", "10.244.2.10")];
 
-/// Sets a pod's status as the kubelet would once its container runs and is ready.
-async fn pod_running(client: &Client, namespace: &str, name: &str, ip: &str) {
+/// Sets a pod's status as the kubelet would once its container runs, ready or not.
+async fn pod_running(client: &Client, namespace: &str, name: &str, ip: &str, ready: bool) {
+    let ready = if ready { "True" } else { "False" };
     let (pods, _) = api_for(client, "v1", "Pod", Some(namespace))
         .await
         .expect("the pods API");
@@ -137,8 +138,8 @@ async fn pod_running(client: &Client, namespace: &str, name: &str, ip: &str) {
         "podIPs": [{"ip": ip}],
         "conditions": [
             {"type": "Initialized", "status": "True"},
-            {"type": "ContainersReady", "status": "True"},
-            {"type": "Ready", "status": "True"},
+            {"type": "ContainersReady", "status": ready},
+            {"type": "Ready", "status": ready},
         ],
     }});
     pods.patch_status(
@@ -159,7 +160,14 @@ fn two_teams() -> (ControlPlane, Berth) {
 
 /// `two_teams` with the Services' port named `port_name`.
 fn two_teams_with(port_name: &'static str) -> (ControlPlane, Berth) {
-    let mut cp = ControlPlane::start("kr");
+    let mut cp = two_teams_cluster(port_name);
+    let berth = cp.start_berth();
+    (cp, berth)
+}
+
+/// The control plane and objects of `two_teams_with`, Berth not started.
+fn two_teams_cluster(port_name: &'static str) -> ControlPlane {
+    let cp = ControlPlane::start("kr");
     cp.block_on(|client| async move {
         install(&client).await;
         apply_yaml(&client, CLUSTER).await;
@@ -168,11 +176,10 @@ fn two_teams_with(port_name: &'static str) -> (ControlPlane, Berth) {
             // A Pod waits for its namespace's default ServiceAccount (the controller
             // manager creates it): `apply` retries.
             apply_yaml(&client, &team(namespace, port_name)).await;
-            pod_running(&client, namespace, "echo-0", ip).await;
+            pod_running(&client, namespace, "echo-0", ip, true).await;
         }
     });
-    let berth = cp.start_berth();
-    (cp, berth)
+    cp
 }
 
 /// Our entry in `route.status.parents`, if any.
@@ -456,21 +463,106 @@ fn each_route_gets_its_pod_as_backend(port_name: &'static str) {
             );
         }
     });
+    wait_backends(&mut cp, &mut berth, &[("team-a", 1), ("team-b", 1)]);
+}
+
+/// Waits until `berth get routes` shows each route (by namespace) with the number of
+/// backends given.
+fn wait_backends(cp: &mut ControlPlane, berth: &mut Berth, want: &[(&str, usize)]) {
+    let want: Vec<(String, usize)> = want.iter().map(|(ns, n)| (ns.to_string(), *n)).collect();
     let deadline = std::time::Instant::now() + SETTLE;
     loop {
-        let rows = cp.berth_routes(&mut berth).expect("berth get routes");
-        let backends: Vec<(String, usize)> = rows
+        let rows = cp.berth_routes(berth).expect("berth get routes");
+        let mut backends: Vec<(String, usize)> = rows
             .iter()
             .map(|r| (r.namespace.clone(), r.backends))
             .collect();
-        if backends.len() == 2 && backends.iter().all(|(_, n)| *n == 1) {
-            break;
+        backends.sort();
+        if backends == want {
+            return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "each route should have its pod as its one backend: {backends:?}\nberth's log:\n{}",
+            "routes' backends (namespace, count) should be {want:?}: {backends:?}\nberth's log:\n{}",
             tail(&berth.log, 30)
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// A pod turning not ready leaves its EndpointSlice as not ready (the real controller
+/// keeps it, `ready: false`), and Berth takes it out of its route's backends; the other
+/// team's route is untouched.
+#[test]
+fn pod_turning_not_ready_leaves_its_route_without_backends() {
+    let (mut cp, mut berth) = two_teams_with("tcp");
+    wait_backends(&mut cp, &mut berth, &[("team-a", 1), ("team-b", 1)]);
+    let (namespace, ip) = TEAMS[0];
+    cp.block_on(|client| async move {
+        pod_running(&client, namespace, "echo-0", ip, false).await;
+    });
+    wait_backends(&mut cp, &mut berth, &[("team-a", 0), ("team-b", 1)]);
+}
+
+/// Another controller's entry in a route's `status.parents` (there before Berth
+/// starts, as another Gateway implementation would have written it) is kept when
+/// Berth adds its own: the list is atomic, so a careless write would drop it.
+#[test]
+fn another_controllers_status_entry_is_kept() {
+    let mut cp = two_teams_cluster("");
+    let other = json!({
+        "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                      "name": "other", "namespace": "infra"},
+        "controllerName": "example.com/other-controller",
+        "conditions": [{
+            "type": "Accepted", "status": "True", "reason": "Accepted",
+            "message": "accepted by another implementation", "observedGeneration": 1,
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }],
+    });
+    let written = other.clone();
+    cp.block_on(|client| async move {
+        let (routes, _) = api_for(
+            &client,
+            "gateway.networking.k8s.io/v1",
+            "TCPRoute",
+            Some("team-a"),
+        )
+        .await
+        .expect("the TCPRoutes API");
+        let status = json!({"status": {"parents": [written]}});
+        routes
+            .patch_status(
+                "echo",
+                &Default::default(),
+                &kube::api::Patch::Merge(&status),
+            )
+            .await
+            .expect("writing the other controller's status");
+    });
+    let _berth = cp.start_berth();
+    cp.block_on(|client| async move {
+        assigned_ports(&client).await;
+        let (routes, _) = api_for(
+            &client,
+            "gateway.networking.k8s.io/v1",
+            "TCPRoute",
+            Some("team-a"),
+        )
+        .await
+        .expect("the TCPRoutes API");
+        let route =
+            serde_json::to_value(routes.get("echo").await.expect("the route")).expect("JSON");
+        let kept = route["status"]["parents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["controllerName"] == other["controllerName"]);
+        assert_eq!(
+            kept,
+            Some(&other),
+            "the other controller's entry, after Berth wrote its own: {}",
+            route["status"]
+        );
+    });
 }
