@@ -42,6 +42,15 @@ pub const TEST_MANAGER: &str = "berth-test";
 /// a core while it starts, and these machines have two.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// A process of the control plane and how it was started.
+struct Started {
+    proc: Proc,
+    program: PathBuf,
+    args: Vec<String>,
+    /// Its stdout and stderr.
+    log: PathBuf,
+}
+
 /// A running control plane; stopped and removed on drop.
 pub struct ControlPlane {
     /// The namespace everything runs in (and where Berth runs too).
@@ -49,14 +58,14 @@ pub struct ControlPlane {
     /// Certificates, keys, kubeconfigs, etcd's data, logs.
     pub dir: PathBuf,
     /// etcd, kube-apiserver, kube-controller-manager (stopped in reverse).
-    procs: Vec<(Proc, PathBuf)>,
+    procs: Vec<Started>,
     _turn: MutexGuard<'static, ()>,
 }
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        while let Some((mut p, _)) = self.procs.pop() {
-            p.kill();
+        while let Some(mut p) = self.procs.pop() {
+            p.proc.kill();
         }
         if std::thread::panicking() {
             eprintln!(
@@ -304,7 +313,23 @@ rules:
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let log = self.dir.join(format!("{name}.log"));
-        let out = File::create(&log).expect("log file");
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let proc = self.launch(program, &args, &log);
+        self.procs.push(Started {
+            proc,
+            program: program.to_path_buf(),
+            args,
+            log,
+        });
+    }
+
+    /// Starts `program` with `args` in the namespace, appending its output to `log`.
+    fn launch(&self, program: &Path, args: &[String], log: &Path) -> Proc {
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("log file");
         let err = out.try_clone().expect("log file");
         let child = die_with_test(&mut self.ns.command(program))
             .args(args)
@@ -313,17 +338,32 @@ rules:
             .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
-        self.procs.push((Proc::from_child(child, &name), log));
+        Proc::from_child(child, &program.display().to_string())
+    }
+
+    /// Kills kube-apiserver (SIGKILL, as a crash), starts it again with the same
+    /// arguments, and waits until it is ready.
+    pub fn restart_apiserver(&mut self) {
+        let i = self
+            .procs
+            .iter()
+            .position(|p| p.program.ends_with("kube-apiserver"))
+            .expect("kube-apiserver was started");
+        self.procs[i].proc.kill();
+        let p = &self.procs[i];
+        let proc = self.launch(&p.program, &p.args, &p.log);
+        self.procs[i].proc = proc;
+        self.wait_ready(Instant::now());
     }
 
     /// Panics (with the end of its log) if a control-plane process has exited.
     pub fn assert_running(&mut self) {
-        for (p, log) in &mut self.procs {
-            if p.exited() {
+        for p in &mut self.procs {
+            if p.proc.exited() {
                 panic!(
                     "{} exited; the end of its log:\n{}",
-                    log.display(),
-                    tail(log, 30)
+                    p.log.display(),
+                    tail(&p.log, 30)
                 );
             }
         }

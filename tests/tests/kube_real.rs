@@ -12,7 +12,10 @@ use std::{path::PathBuf, time::Duration};
 use berth_tests::kube::{
     api_for, apply_files, apply_yaml, eventually, tail, Berth, ControlPlane, BERTH_USER, NODE,
 };
-use kube::{api::ListParams, Client};
+use kube::{
+    api::{DynamicObject, ListParams},
+    Api, Client,
+};
 use serde_json::{json, Value};
 
 const CONTROLLER: &str = "berth.dev/gateway-controller";
@@ -197,29 +200,45 @@ fn condition<'a>(entry: &'a Value, kind: &str) -> Option<&'a Value> {
         .find(|c| c["type"] == kind)
 }
 
+/// The TCPRoutes of `namespace`.
+async fn tcp_routes(client: &Client, namespace: &str) -> Api<DynamicObject> {
+    let (routes, _) = api_for(
+        client,
+        "gateway.networking.k8s.io/v1",
+        "TCPRoute",
+        Some(namespace),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the TCPRoutes API: {e}"));
+    routes
+}
+
+/// Route `namespace/name`'s port, if it is Accepted with a port in status.
+async fn port_in_status(client: &Client, namespace: &str, name: &str) -> Result<u64, String> {
+    let route = tcp_routes(client, namespace)
+        .await
+        .get(name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let route = serde_json::to_value(&route).expect("JSON");
+    let entry = our_parent(&route).ok_or(format!("{namespace}/{name}: no status of ours"))?;
+    let accepted = condition(entry, "Accepted").ok_or("no Accepted")?;
+    if accepted["status"] != "True" {
+        return Err(format!("{namespace}/{name}: {accepted}"));
+    }
+    entry["parentRef"]["port"]
+        .as_u64()
+        .ok_or(format!("{namespace}/{name}: no port in {entry}"))
+}
+
 /// Both routes' ports, if both are Accepted with a port in status.
 async fn ports_in_status(client: &Client) -> Result<Vec<(String, u64)>, String> {
     let mut out = Vec::new();
     for (namespace, _) in TEAMS {
-        let (routes, _) = api_for(
-            client,
-            "gateway.networking.k8s.io/v1",
-            "TCPRoute",
-            Some(namespace),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        let route = routes.get("echo").await.map_err(|e| e.to_string())?;
-        let route = serde_json::to_value(&route).expect("JSON");
-        let entry = our_parent(&route).ok_or(format!("{namespace}/echo: no status of ours"))?;
-        let accepted = condition(entry, "Accepted").ok_or("no Accepted")?;
-        if accepted["status"] != "True" {
-            return Err(format!("{namespace}/echo: {accepted}"));
-        }
-        let port = entry["parentRef"]["port"]
-            .as_u64()
-            .ok_or(format!("{namespace}/echo: no port in {entry}"))?;
-        out.push((namespace.to_string(), port));
+        out.push((
+            namespace.to_string(),
+            port_in_status(client, namespace, "echo").await?,
+        ));
     }
     Ok(out)
 }
@@ -522,16 +541,9 @@ fn another_controllers_status_entry_is_kept() {
     });
     let written = other.clone();
     cp.block_on(|client| async move {
-        let (routes, _) = api_for(
-            &client,
-            "gateway.networking.k8s.io/v1",
-            "TCPRoute",
-            Some("team-a"),
-        )
-        .await
-        .expect("the TCPRoutes API");
         let status = json!({"status": {"parents": [written]}});
-        routes
+        tcp_routes(&client, "team-a")
+            .await
             .patch_status(
                 "echo",
                 &Default::default(),
@@ -543,16 +555,8 @@ fn another_controllers_status_entry_is_kept() {
     let _berth = cp.start_berth();
     cp.block_on(|client| async move {
         assigned_ports(&client).await;
-        let (routes, _) = api_for(
-            &client,
-            "gateway.networking.k8s.io/v1",
-            "TCPRoute",
-            Some("team-a"),
-        )
-        .await
-        .expect("the TCPRoutes API");
-        let route =
-            serde_json::to_value(routes.get("echo").await.expect("the route")).expect("JSON");
+        let route = tcp_routes(&client, "team-a").await.get("echo").await;
+        let route = serde_json::to_value(route.expect("the route")).expect("JSON");
         let kept = route["status"]["parents"]
             .as_array()
             .into_iter()
@@ -565,4 +569,43 @@ fn another_controllers_status_entry_is_kept() {
             route["status"]
         );
     });
+}
+
+/// A second TCPRoute of team A to the range listener, to the same Service.
+const SECOND_ROUTE: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: TCPRoute
+metadata: {name: echo-2, namespace: team-a}
+spec:
+  parentRefs:
+  - {name: shared, namespace: infra, sectionName: tcp-pool}
+  rules:
+  - backendRefs:
+    - {name: echo, port: 80}
+"#;
+
+/// kube-apiserver killed and started again under a running Berth: its watches
+/// reconnect, the ports it assigned stay, and a route created afterwards gets a port
+/// of its own. (Seen here: for a moment after it is ready the new API server refuses
+/// Berth's watches with 403, its RBAC caches not yet filled; Berth retries.)
+#[test]
+fn berth_carries_on_after_the_api_server_restarts() {
+    let (mut cp, berth) = two_teams();
+    let before = cp.block_on(|client| async move { assigned_ports(&client).await });
+    cp.restart_apiserver();
+    let (after, new_port) = cp.block_on(|client| async move {
+        apply_yaml(&client, SECOND_ROUTE).await;
+        let port = eventually("the new route Accepted with a port", SETTLE, || {
+            port_in_status(&client, "team-a", "echo-2")
+        })
+        .await;
+        (ports_in_status(&client).await, port)
+    });
+    assert_eq!(after, Ok(before.clone()), "ports across the restart");
+    let taken: Vec<u64> = before.iter().map(|(_, p)| *p).collect();
+    assert!(
+        RANGE.contains(&new_port) && !taken.contains(&new_port),
+        "the new route got port {new_port}, beside {taken:?}; berth's log:\n{}",
+        tail(&berth.log, 20)
+    );
 }
