@@ -373,26 +373,38 @@ rules:
     fn wait_ready(&mut self, started: Instant) {
         let deadline = started + Duration::from_secs(60);
         let d = self.dir.clone();
+        let file = |f: &str| d.join(f).display().to_string();
         loop {
             self.assert_running();
             let out = self.ns.try_exec(&[
                 "curl",
-                "-sf",
+                "-s",
+                "--max-time",
+                "5",
+                "-w",
+                "\nHTTP %{http_code}",
                 "--cacert",
-                &d.join("ca.crt").display().to_string(),
+                &file("ca.crt"),
                 "--cert",
-                &d.join("admin.crt").display().to_string(),
+                &file("admin.crt"),
                 "--key",
-                &d.join("admin.key").display().to_string(),
-                &format!("{SERVER}/readyz"),
+                &file("admin.key"),
+                &format!("{SERVER}/readyz?verbose"),
             ]);
-            if out.status.success() {
+            let last = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if last.ends_with("HTTP 200") {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "kube-apiserver not ready after 60 s; the end of its log:\n{}",
-                tail(&d.join("kube-apiserver.log"), 30)
+                "kube-apiserver not ready after 60 s; its last /readyz?verbose:\n{last}\n\
+                 the end of its log:\n{}\nthe end of etcd's log:\n{}",
+                tail(&d.join("kube-apiserver.log"), 30),
+                tail(&d.join("etcd.log"), 10)
             );
             std::thread::sleep(Duration::from_millis(250));
         }

@@ -4,8 +4,9 @@
 //! `target/kube/bin` (envtest's layout: usable as `KUBEBUILDER_ASSETS`).
 //!
 //! Built once: a binary that already reports the pinned version is kept. The first
-//! build downloads about 1 GB of modules and compiles for 15-20 minutes on 2 cores; Go's
-//! build cache (`~/.cache/go-build`) makes a rebuild a matter of linking.
+//! build downloads about 1 GB of modules and compiles for about 11 CPU-minutes (up to
+//! half an hour on 2 busy cores); Go's build cache (`~/.cache/go-build`) makes a
+//! rebuild a matter of linking.
 
 use std::{
     path::{Path, PathBuf},
@@ -66,7 +67,7 @@ pub fn build_binaries() -> Result<()> {
     if !kube_ok {
         eprintln!(
             "setup: building kube-apiserver and kube-controller-manager {} into {} \
-             (Go; 15-20 minutes on 2 cores the first time)",
+             (Go; about 11 CPU-minutes the first time)",
             versions.kubernetes,
             bin.display()
         );
