@@ -213,15 +213,22 @@ async fn tcp_routes(client: &Client, namespace: &str) -> Api<DynamicObject> {
     routes
 }
 
-/// Route `namespace/name`'s port, if it is Accepted with a port in status.
-async fn port_in_status(client: &Client, namespace: &str, name: &str) -> Result<u64, String> {
+/// Our entry in route `namespace/name`'s `status.parents`.
+async fn our_entry(client: &Client, namespace: &str, name: &str) -> Result<Value, String> {
     let route = tcp_routes(client, namespace)
         .await
         .get(name)
         .await
         .map_err(|e| e.to_string())?;
     let route = serde_json::to_value(&route).expect("JSON");
-    let entry = our_parent(&route).ok_or(format!("{namespace}/{name}: no status of ours"))?;
+    our_parent(&route)
+        .cloned()
+        .ok_or(format!("{namespace}/{name}: no status of ours"))
+}
+
+/// Route `namespace/name`'s port, if it is Accepted with a port in status.
+async fn port_in_status(client: &Client, namespace: &str, name: &str) -> Result<u64, String> {
+    let entry = &our_entry(client, namespace, name).await?;
     let accepted = condition(entry, "Accepted").ok_or("no Accepted")?;
     if accepted["status"] != "True" {
         return Err(format!("{namespace}/{name}: {accepted}"));
@@ -610,4 +617,90 @@ fn berth_carries_on_after_the_api_server_restarts() {
         "the new route got port {new_port}, beside {taken:?}; berth's log:\n{}",
         tail(&berth.log, 20)
     );
+}
+
+/// Team B's route to team A's Service (a cross-namespace backendRef).
+const CROSS_ROUTE: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: TCPRoute
+metadata: {name: cross, namespace: team-b}
+spec:
+  parentRefs:
+  - {name: shared, namespace: infra, sectionName: tcp-pool}
+  rules:
+  - backendRefs:
+    - {name: echo, namespace: team-a, port: 80}
+"#;
+
+/// Team A's grant: TCPRoutes of team B may name its Services.
+const GRANT: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: ReferenceGrant
+metadata: {name: from-team-b, namespace: team-a}
+spec:
+  from:
+  - {group: gateway.networking.k8s.io, kind: TCPRoute, namespace: team-b}
+  to:
+  - {group: "", kind: Service}
+"#;
+
+/// Route `namespace/name`'s ResolvedRefs condition (status, reason) in our entry.
+async fn resolved_refs(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(String, String), String> {
+    let entry = our_entry(client, namespace, name).await?;
+    let c = condition(&entry, "ResolvedRefs").ok_or("no ResolvedRefs")?;
+    Ok((
+        c["status"].as_str().unwrap_or_default().to_string(),
+        c["reason"].as_str().unwrap_or_default().to_string(),
+    ))
+}
+
+/// Waits until route `namespace/name` says ResolvedRefs `want` (status, reason).
+async fn wait_resolved_refs(client: &Client, namespace: &str, name: &str, want: (&str, &str)) {
+    let what = format!("{namespace}/{name} ResolvedRefs {want:?}");
+    eventually(&what, SETTLE, || async {
+        let got = resolved_refs(client, namespace, name).await?;
+        (got.0 == want.0 && got.1 == want.1)
+            .then_some(())
+            .ok_or(format!("{got:?}"))
+    })
+    .await
+}
+
+/// A cross-namespace backendRef is refused (RefNotPermitted) until the Service's
+/// namespace grants it with a ReferenceGrant, resolved once the grant is there, and
+/// refused again once it is deleted; the route keeps its port throughout.
+#[test]
+fn reference_grant_added_and_removed() {
+    let (cp, _berth) = two_teams();
+    cp.block_on(|client| async move {
+        apply_yaml(&client, CROSS_ROUTE).await;
+        wait_resolved_refs(&client, "team-b", "cross", ("False", "RefNotPermitted")).await;
+        let port = port_in_status(&client, "team-b", "cross")
+            .await
+            .expect("a route refused its backend still holds its port");
+        apply_yaml(&client, GRANT).await;
+        wait_resolved_refs(&client, "team-b", "cross", ("True", "ResolvedRefs")).await;
+        let (grants, _) = api_for(
+            &client,
+            "gateway.networking.k8s.io/v1",
+            "ReferenceGrant",
+            Some("team-a"),
+        )
+        .await
+        .expect("the ReferenceGrants API");
+        grants
+            .delete("from-team-b", &Default::default())
+            .await
+            .expect("deleting the grant");
+        wait_resolved_refs(&client, "team-b", "cross", ("False", "RefNotPermitted")).await;
+        assert_eq!(
+            port_in_status(&client, "team-b", "cross").await,
+            Ok(port),
+            "the route's port after the grant came and went"
+        );
+    });
 }
