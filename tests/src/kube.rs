@@ -369,9 +369,9 @@ rules:
         }
     }
 
-    /// Waits up to 60 s for the API server's `/readyz`.
+    /// Waits up to 120 s for the API server's `/readyz` (a loaded machine took over 60 s once).
     fn wait_ready(&mut self, started: Instant) {
-        let deadline = started + Duration::from_secs(60);
+        let deadline = started + Duration::from_secs(120);
         let d = self.dir.clone();
         let file = |f: &str| d.join(f).display().to_string();
         loop {
@@ -401,7 +401,7 @@ rules:
             }
             assert!(
                 Instant::now() < deadline,
-                "kube-apiserver not ready after 60 s; its last /readyz?verbose:\n{last}\n\
+                "kube-apiserver not ready after 120 s; its last /readyz?verbose:\n{last}\n\
                  the end of its log:\n{}\nthe end of etcd's log:\n{}",
                 tail(&d.join("kube-apiserver.log"), 30),
                 tail(&d.join("etcd.log"), 10)
