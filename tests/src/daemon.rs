@@ -289,9 +289,14 @@ impl Drop for Daemon {
 /// `berth get routes -o json` (binary `berth`) from the daemon in `ns` on the default
 /// admin address; None while it does not answer.
 pub fn routes_in(ns: &Netns, berth: &Path) -> Option<Vec<RouteRow>> {
+    routes_at(ns, berth, "127.0.0.1:9470")
+}
+
+/// `routes_in` from the daemon whose admin endpoint is `admin`.
+pub fn routes_at(ns: &Netns, berth: &Path, admin: &str) -> Option<Vec<RouteRow>> {
     let out = ns
         .command(berth)
-        .args(["get", "routes", "-o", "json"])
+        .args(["get", "routes", "-o", "json", "--admin-addr", admin])
         .output()
         .ok()?;
     if !out.status.success() {

@@ -562,6 +562,17 @@ pub struct Berth {
     /// What it logged (stderr).
     pub log: PathBuf,
     pins: PathBuf,
+    /// Its node name: its identity in the Lease.
+    pub node: String,
+    /// Its admin endpoint.
+    admin: String,
+}
+
+impl Berth {
+    /// Kills the daemon with SIGKILL, as a node that dies: nothing is handed over.
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
 }
 
 impl Drop for Berth {
@@ -607,26 +618,43 @@ impl ControlPlane {
     /// Starts `berth run --kubernetes` (see `Berth`) and waits until its admin endpoint
     /// answers.
     pub fn start_berth(&mut self) -> Berth {
+        self.start_berth_on(0)
+    }
+
+    /// `start_berth` as node `n` of the cluster would run it: node 0 is `NODE` (whose
+    /// pods the test binds), node n > 0 is `NODE-n`, with its own veth, pins, state,
+    /// log and admin port (all nodes share the namespace, as they share the API server).
+    pub fn start_berth_on(&mut self, n: u16) -> Berth {
         let kubeconfig = self.berth_kubeconfig();
-        self.ns.ip(&[
-            "link", "add", "kgw0", "type", "veth", "peer", "name", "kgw1",
-        ]);
-        self.ns.ip(&["link", "set", "kgw0", "up"]);
-        self.ns.ip(&["link", "set", "kgw1", "up"]);
-        let log = self.dir.join("berth.log");
-        let pins = PathBuf::from(format!("/sys/fs/bpf/berth-test-{}", self.ns.name));
+        let (gw, peer) = (format!("kgw{}", 2 * n), format!("kgw{}", 2 * n + 1));
+        if !self.ns.has_link(&gw) {
+            self.ns
+                .ip(&["link", "add", &gw, "type", "veth", "peer", "name", &peer]);
+            self.ns.ip(&["link", "set", &gw, "up"]);
+            self.ns.ip(&["link", "set", &peer, "up"]);
+        }
+        let suffix = if n == 0 {
+            String::new()
+        } else {
+            format!("-{n}")
+        };
+        let node = format!("{NODE}{suffix}");
+        let admin = format!("127.0.0.1:{}", 9470 + n);
+        let log = self.dir.join(format!("berth{suffix}.log"));
+        let pins = PathBuf::from(format!("/sys/fs/bpf/berth-test-{}{suffix}", self.ns.name));
         let out = File::create(&log).expect("berth log");
         let child = die_with_test(&mut self.ns.command(&crate::daemon::berth_binary()))
             .args([
                 "run",
                 "--kubernetes",
                 "--interface",
-                "kgw0",
+                &gw,
                 "--node-name",
-                NODE,
+                &node,
             ])
+            .args(["--admin-addr", &admin])
             .arg("--state-dir")
-            .arg(self.dir.join("berth-state"))
+            .arg(self.dir.join(format!("berth-state{suffix}")))
             .arg("--pin-dir")
             .arg(&pins)
             .env("KUBECONFIG", &kubeconfig)
@@ -640,6 +668,8 @@ impl ControlPlane {
             proc: Proc::from_child(child, "berth run --kubernetes"),
             log,
             pins,
+            node,
+            admin,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.berth_routes(&mut b).is_none() {
@@ -663,6 +693,6 @@ impl ControlPlane {
                 tail(&b.log, 40)
             );
         }
-        crate::daemon::routes_in(&self.ns, &crate::daemon::berth_binary())
+        crate::daemon::routes_at(&self.ns, &crate::daemon::berth_binary(), &b.admin)
     }
 }

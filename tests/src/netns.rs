@@ -55,6 +55,14 @@ impl Netns {
         run(&cmd)
     }
 
+    /// Whether the namespace has a link named `name`.
+    pub fn has_link(&self, name: &str) -> bool {
+        Command::new("ip")
+            .args(["-n", &self.name, "link", "show", "dev", name])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+
     /// Runs a command inside the namespace and panics if it fails.
     pub fn exec(&self, cmd: &[&str]) -> Output {
         let mut full = vec!["ip", "netns", "exec", &self.name];

@@ -714,3 +714,84 @@ fn reference_grant_added_and_removed() {
         );
     });
 }
+
+/// The holder of the allocators' Lease (`berth-system/berth-allocator`), if any.
+async fn lease_holder(client: &Client) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "berth-system");
+    let lease = leases.get_opt("berth-allocator").await.ok()??;
+    lease.spec?.holder_identity
+}
+
+/// Two daemons (two nodes of a DaemonSet) elect one allocator through the Lease. The
+/// leader killed (SIGKILL, as a node dies), its lease runs out and the other takes
+/// over: the ports already in status stay, a new route gets one from the new leader,
+/// and the survivor serves every route meanwhile.
+#[test]
+fn two_daemons_elect_one_allocator_and_the_survivor_takes_over() {
+    let mut cp = two_teams_cluster("");
+    let mut first = cp.start_berth();
+    let leader = first.node.clone();
+    cp.block_on(|client| async move {
+        eventually("the first daemon holds the Lease", SETTLE, || async {
+            match lease_holder(&client).await {
+                Some(h) if h == leader => Ok(()),
+                other => Err(format!("holder {other:?}")),
+            }
+        })
+        .await;
+    });
+    let mut second = cp.start_berth_on(1);
+    let ports = cp.block_on(|client| async move { assigned_ports(&client).await });
+    // The follower programs what the leader's claims say.
+    let want: Vec<u64> = ports.iter().map(|(_, p)| *p).collect();
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        let rows = cp.berth_routes(&mut second).unwrap_or_default();
+        let served: Vec<u64> = rows.iter().filter_map(|r| r.port.map(u64::from)).collect();
+        if want.iter().all(|p| served.contains(p)) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second daemon serves ports {served:?}, not {want:?}; its log:\n{}",
+            tail(&second.log, 20)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (holder, follower) = (first.node.clone(), second.node.clone());
+    cp.block_on(|client| async move {
+        assert_eq!(
+            lease_holder(&client).await,
+            Some(holder),
+            "the Lease changed hands while its holder ran"
+        );
+    });
+
+    first.kill();
+    let killed = std::time::Instant::now();
+    let after = cp.block_on(|client| async move {
+        eventually("the second daemon holds the Lease", SETTLE, || async {
+            match lease_holder(&client).await {
+                Some(h) if h == follower => Ok(()),
+                other => Err(format!("holder {other:?}")),
+            }
+        })
+        .await;
+        let took = killed.elapsed();
+        apply_yaml(&client, SECOND_ROUTE).await;
+        let new = eventually("the new route gets a port", SETTLE, || {
+            port_in_status(&client, "team-a", "echo-2")
+        })
+        .await;
+        (took, new, ports_in_status(&client).await)
+    });
+    let (took, new, kept) = after;
+    eprintln!("the survivor held the Lease {took:?} after the leader was killed");
+    assert_eq!(kept, Ok(ports.clone()), "ports after the takeover");
+    assert!(
+        RANGE.contains(&new) && ports.iter().all(|(_, p)| *p != new),
+        "the new route's port {new} (the others hold {ports:?})"
+    );
+    cp.berth_routes(&mut second).expect("the survivor answers");
+}
