@@ -573,6 +573,22 @@ impl Berth {
     pub fn kill(&mut self) {
         self.proc.kill();
     }
+
+    /// The endpoints its datapath sends new flows to, per service (read from its
+    /// pinned Maglev tables): a backend kept for existing flows only (weight 0) is in
+    /// no table.
+    pub fn tables(
+        &self,
+    ) -> std::collections::BTreeMap<
+        berth::datapath::ServiceAddr,
+        std::collections::BTreeSet<std::net::SocketAddr>,
+    > {
+        let tables = berth::datapath::pinned_tables(&self.pins).unwrap_or_default();
+        tables
+            .into_iter()
+            .map(|(service, slots)| (service, slots.into_iter().collect()))
+            .collect()
+    }
 }
 
 impl Drop for Berth {

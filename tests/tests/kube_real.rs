@@ -795,3 +795,185 @@ fn two_daemons_elect_one_allocator_and_the_survivor_takes_over() {
     );
     cp.berth_routes(&mut second).expect("the survivor answers");
 }
+
+/// Team A's second application: a Service with two named ports and its Pod, and one
+/// TCPRoute per Service port.
+const MULTI: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: multi, namespace: team-a}
+spec:
+  selector: {app: multi}
+  ports:
+  - {name: http, port: 80, targetPort: 8080, protocol: TCP}
+  - {name: metrics, port: 81, targetPort: 9090, protocol: TCP}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: multi-0
+  namespace: team-a
+  labels: {app: multi}
+spec:
+  nodeName: berth-test-node
+  containers:
+  - name: multi
+    image: registry.invalid/multi:1
+    ports: [{containerPort: 8080}, {containerPort: 9090}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: TCPRoute
+metadata: {name: multi-http, namespace: team-a}
+spec:
+  parentRefs:
+  - {name: shared, namespace: infra, sectionName: tcp-pool}
+  rules:
+  - backendRefs:
+    - {name: multi, port: 80}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: TCPRoute
+metadata: {name: multi-metrics, namespace: team-a}
+spec:
+  parentRefs:
+  - {name: shared, namespace: infra, sectionName: tcp-pool}
+  rules:
+  - backendRefs:
+    - {name: multi, port: 81}
+"#;
+
+/// The address of `multi-0`.
+const MULTI_IP: &str = "10.244.1.20";
+
+/// Polls until `berth`'s datapath sends new flows of each (gateway port, endpoints)
+/// pair given to exactly those endpoints, and its `get routes` counts each (route,
+/// backends) pair given; panics with both after `SETTLE`.
+fn wait_datapath(
+    cp: &mut ControlPlane,
+    berth: &mut Berth,
+    tables: &[(u64, Vec<String>)],
+    routes: &[(&str, usize)],
+) {
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        let have = berth.tables();
+        let by_port = |port: u64| -> Vec<String> {
+            have.iter()
+                .find(|(s, _)| u64::from(s.port) == port)
+                .map(|(_, e)| e.iter().map(|e| e.to_string()).collect())
+                .unwrap_or_default()
+        };
+        let rows = cp.berth_routes(berth).unwrap_or_default();
+        let count = |name: &str| {
+            rows.iter()
+                .find(|r| r.namespace == "team-a" && r.name == name)
+                .map(|r| r.backends)
+        };
+        let tables_ok = tables.iter().all(|(port, want)| &by_port(*port) == want);
+        let routes_ok = routes.iter().all(|(name, n)| count(name) == Some(*n));
+        if tables_ok && routes_ok {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after {SETTLE:?}: tables {have:?} (want {tables:?}); routes {:?} (want {routes:?})",
+            rows.iter()
+                .map(|r| (r.name.as_str(), r.backends))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A Service with two named ports: each route gets the pod on its own target port
+/// (the controller's EndpointSlice lists both). The pod deleted: while it terminates
+/// and still serves (the controller marks it `terminating`, `serving`), it takes no new
+/// flows but stays a backend of both routes for the flows it has; once gone, both
+/// routes have none.
+#[test]
+fn several_ports_and_a_terminating_pod() {
+    let mut cp = two_teams_cluster("");
+    let mut berth = cp.start_berth();
+    let ports = cp.block_on(|client| async move {
+        apply_yaml(&client, MULTI).await;
+        pod_running(&client, "team-a", "multi-0", MULTI_IP, true).await;
+        let mut ports = Vec::new();
+        for route in ["multi-http", "multi-metrics"] {
+            ports.push(
+                eventually("the route gets a port", SETTLE, || {
+                    port_in_status(&client, "team-a", route)
+                })
+                .await,
+            );
+        }
+        ports
+    });
+    let (http, metrics) = (ports[0], ports[1]);
+    wait_datapath(
+        &mut cp,
+        &mut berth,
+        &[
+            (http, vec![format!("{MULTI_IP}:8080")]),
+            (metrics, vec![format!("{MULTI_IP}:9090")]),
+        ],
+        &[("multi-http", 1), ("multi-metrics", 1)],
+    );
+
+    cp.block_on(|client| async move {
+        let (pods, _) = api_for(&client, "v1", "Pod", Some("team-a"))
+            .await
+            .expect("the pods API");
+        // No kubelet confirms the deletion: the pod stays terminating.
+        pods.delete("multi-0", &Default::default())
+            .await
+            .expect("deleting the pod");
+        let (slices, _) = api_for(
+            &client,
+            "discovery.k8s.io/v1",
+            "EndpointSlice",
+            Some("team-a"),
+        )
+        .await
+        .expect("the EndpointSlices API");
+        eventually("the controller marks the pod terminating", SETTLE, || {
+            let slices = slices.clone();
+            async move {
+                let list = slices
+                    .list(&ListParams::default().labels("kubernetes.io/service-name=multi"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let v = serde_json::to_value(&list.items).expect("JSON");
+                let conditions = &v[0]["endpoints"][0]["conditions"];
+                (conditions["terminating"] == true && conditions["serving"] == true)
+                    .then_some(())
+                    .ok_or(format!("slices: {v}"))
+            }
+        })
+        .await;
+    });
+    wait_datapath(
+        &mut cp,
+        &mut berth,
+        &[(http, vec![]), (metrics, vec![])],
+        &[("multi-http", 1), ("multi-metrics", 1)],
+    );
+
+    cp.block_on(|client| async move {
+        let (pods, _) = api_for(&client, "v1", "Pod", Some("team-a"))
+            .await
+            .expect("the pods API");
+        let now = kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        pods.delete("multi-0", &now)
+            .await
+            .expect("deleting the pod at once");
+    });
+    wait_datapath(
+        &mut cp,
+        &mut berth,
+        &[(http, vec![]), (metrics, vec![])],
+        &[("multi-http", 0), ("multi-metrics", 0)],
+    );
+}
