@@ -226,7 +226,8 @@ impl ControlPlane {
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 &format!("--service-account-key-file={}", path("sa.pub")),
                 &format!("--service-account-signing-key-file={}", path("sa.key")),
-                "--service-cluster-ip-range=10.96.0.0/24",
+                // Both families: dual-stack Services, as a dual-stack cluster has them.
+                "--service-cluster-ip-range=10.96.0.0/24,fd00:96::/112",
                 &format!("--audit-policy-file={}", path("audit-policy.yaml")),
                 &format!("--audit-log-path={}", path("audit.log")),
             ],

@@ -130,15 +130,21 @@ const TEAMS: [(&str, &str); 2] = [("team-a", "10.244.1.10"), ("team-b", "10.244.
 
 /// Sets a pod's status as the kubelet would once its container runs, ready or not.
 async fn pod_running(client: &Client, namespace: &str, name: &str, ip: &str, ready: bool) {
+    pod_running_with(client, namespace, name, &[ip], ready).await;
+}
+
+/// `pod_running` for a pod with an address of each of its families (`ips`).
+async fn pod_running_with(client: &Client, namespace: &str, name: &str, ips: &[&str], ready: bool) {
     let ready = if ready { "True" } else { "False" };
     let (pods, _) = api_for(client, "v1", "Pod", Some(namespace))
         .await
         .expect("the pods API");
+    let pod_ips: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
     let status = json!({"status": {
         "phase": "Running",
         "hostIP": "192.0.2.1",
-        "podIP": ip,
-        "podIPs": [{"ip": ip}],
+        "podIP": ips[0],
+        "podIPs": pod_ips,
         "conditions": [
             {"type": "Initialized", "status": "True"},
             {"type": "ContainersReady", "status": ready},
@@ -976,4 +982,109 @@ fn several_ports_and_a_terminating_pod() {
         &[(http, vec![]), (metrics, vec![])],
         &[("multi-http", 0), ("multi-metrics", 0)],
     );
+}
+
+/// A dual-stack Gateway (an IPv4 and an IPv6 address; its own GatewayConfig) and team
+/// B's dual-stack application: a Service requiring both families, its Pod with an
+/// address of each (set by `pod_running_dual`), a TCPRoute to the Gateway's range.
+const DUAL: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: dual, namespace: infra}
+spec:
+  gatewayClassName: berth
+  addresses:
+  - {type: IPAddress, value: 10.251.0.110}
+  - {type: IPAddress, value: "fd00:251::110"}
+  infrastructure:
+    parametersRef: {group: berth.dev, kind: GatewayConfig, name: dual-l4}
+  listeners:
+  - name: tcp-pool
+    protocol: TCP
+    port: 31000
+    allowedRoutes: {namespaces: {from: All}}
+---
+apiVersion: berth.dev/v1alpha1
+kind: GatewayConfig
+metadata: {name: dual-l4, namespace: infra}
+spec:
+  listeners:
+  - {name: tcp-pool, endPort: 31099}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dual, namespace: team-b}
+spec:
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  selector: {app: dual}
+  ports:
+  - {port: 80, targetPort: 8080, protocol: TCP}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: dual-0
+  namespace: team-b
+  labels: {app: dual}
+spec:
+  nodeName: berth-test-node
+  containers:
+  - name: dual
+    image: registry.invalid/dual:1
+    ports: [{containerPort: 8080}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: TCPRoute
+metadata: {name: dual, namespace: team-b}
+spec:
+  parentRefs:
+  - {name: dual, namespace: infra, sectionName: tcp-pool}
+  rules:
+  - backendRefs:
+    - {name: dual, port: 80}
+"#;
+
+/// A dual-stack Service's pod: the real controller writes one EndpointSlice per
+/// family, and the route's port on each of the Gateway's addresses goes to the pod's
+/// address of that family.
+#[test]
+fn a_dual_stack_service_is_served_on_both_families() {
+    let (v4, v6) = ("10.244.2.30", "fd00:244:2::30");
+    let mut cp = two_teams_cluster("");
+    let mut berth = cp.start_berth();
+    let port = cp.block_on(|client| async move {
+        apply_yaml(&client, DUAL).await;
+        pod_running_with(&client, "team-b", "dual-0", &[v4, v6], true).await;
+        eventually("the dual-stack route gets a port", SETTLE, || {
+            port_in_status(&client, "team-b", "dual")
+        })
+        .await
+    });
+    let want = |addr: &str, backend: String| (addr.parse::<std::net::IpAddr>().unwrap(), backend);
+    let wants = [
+        want("10.251.0.110", format!("{v4}:8080")),
+        want("fd00:251::110", format!("[{v6}]:8080")),
+    ];
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        let have = berth.tables();
+        let served = |(addr, backend): &(std::net::IpAddr, String)| {
+            have.iter().any(|(s, e)| {
+                s.addr == *addr
+                    && u64::from(s.port) == port
+                    && e.iter().map(|e| e.to_string()).collect::<Vec<_>>() == [backend.clone()]
+            })
+        };
+        if wants.iter().all(served) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after {SETTLE:?}: port {port} not served as {wants:?}; tables {have:?}; log:\n{}",
+            tail(&berth.log, 20)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    cp.berth_routes(&mut berth).expect("berth answers");
 }
