@@ -345,12 +345,20 @@ rules:
     /// Kills kube-apiserver (SIGKILL, as a crash), starts it again with the same
     /// arguments, and waits until it is ready.
     pub fn restart_apiserver(&mut self) {
+        self.restart_apiserver_with(&[]);
+    }
+
+    /// `restart_apiserver`, with `extra` arguments added (kept for later restarts).
+    pub fn restart_apiserver_with(&mut self, extra: &[&str]) {
         let i = self
             .procs
             .iter()
             .position(|p| p.program.ends_with("kube-apiserver"))
             .expect("kube-apiserver was started");
         self.procs[i].proc.kill();
+        self.procs[i]
+            .args
+            .extend(extra.iter().map(|a| a.to_string()));
         let p = &self.procs[i];
         let proc = self.launch(&p.program, &p.args, &p.log);
         self.procs[i].proc = proc;
@@ -570,6 +578,20 @@ pub struct Berth {
 }
 
 impl Berth {
+    /// Stops (SIGSTOP) or continues (SIGCONT) the daemon: a process frozen for a while
+    /// (a paused VM, a long GC stop), whose connections the API server meanwhile drops.
+    pub fn freeze(&mut self, frozen: bool) {
+        let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: a signal to the daemon this test started, by its PID.
+        let rc = unsafe { libc::kill(self.proc.pid() as i32, signal) };
+        assert_eq!(
+            rc,
+            0,
+            "signal {signal} to berth: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
     /// Kills the daemon with SIGKILL, as a node that dies: nothing is handed over.
     pub fn kill(&mut self) {
         self.proc.kill();

@@ -1088,3 +1088,74 @@ fn a_dual_stack_service_is_served_on_both_families() {
     }
     cp.berth_routes(&mut berth).expect("berth answers");
 }
+
+/// Whether a watch of team A's TCPRoutes from `version` is refused as expired (410
+/// Gone: etcd compacted that revision), as Berth's watches from before will be.
+async fn expired(client: &Client, version: &str) -> Result<(), String> {
+    use futures::TryStreamExt;
+    let routes = tcp_routes(client, "team-a").await;
+    let params = kube::api::WatchParams::default().timeout(2);
+    let events = routes.watch(&params, version).await;
+    let first = match events {
+        Err(kube::Error::Api(e)) if e.code == 410 => return Ok(()),
+        Err(e) => return Err(e.to_string()),
+        Ok(events) => std::pin::pin!(events).try_next().await,
+    };
+    match first {
+        Ok(Some(kube::api::WatchEvent::Error(e))) if e.code == 410 => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 410 => Ok(()),
+        other => Err(format!("a watch from {version} still answers: {other:?}")),
+    }
+}
+
+/// Berth frozen while the API server restarts without its watch cache and etcd
+/// compacts the revisions Berth's watches were at: resumed, each watch is refused as
+/// expired (410 Gone), and Berth lists again, so a route created meanwhile gets its
+/// port and the earlier ports stay.
+#[test]
+fn berth_recovers_from_watches_expired_by_compaction() {
+    let (mut cp, mut berth) = two_teams();
+    let before = cp.block_on(|client| async move { assigned_ports(&client).await });
+    berth.freeze(true);
+    // Every revision Berth has seen is at most the one a list returns now.
+    let seen = cp.block_on(|client| async move {
+        let routes = tcp_routes(&client, "team-a").await;
+        let list = routes.list(&ListParams::default()).await.expect("a list");
+        list.metadata.resource_version.expect("a resource version")
+    });
+    cp.restart_apiserver_with(&["--watch-cache=false", "--etcd-compaction-interval=2s"]);
+    cp.block_on(|client| async move {
+        apply_yaml(&client, SECOND_ROUTE).await;
+        eventually(
+            "etcd compacts what Berth's watches had seen",
+            SETTLE,
+            || expired(&client, &seen),
+        )
+        .await;
+    });
+    berth.freeze(false);
+    let (after, new_port) = cp.block_on(|client| async move {
+        let port = eventually("the route created meanwhile gets a port", SETTLE, || {
+            port_in_status(&client, "team-a", "echo-2")
+        })
+        .await;
+        (ports_in_status(&client).await, port)
+    });
+    assert_eq!(
+        after,
+        Ok(before.clone()),
+        "ports across the expired watches"
+    );
+    assert!(
+        before.iter().all(|(_, p)| *p != new_port),
+        "the new route got port {new_port}, beside {before:?}"
+    );
+    // The path under test was taken: Berth's TCPRoute watch was refused as expired.
+    let log = std::fs::read_to_string(&berth.log).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("kind=\"TCPRoute\"") && l.contains("Expired")),
+        "berth's TCPRoute watch was not refused as expired; its log:\n{}",
+        tail(&berth.log, 30)
+    );
+}
