@@ -1159,3 +1159,79 @@ fn berth_recovers_from_watches_expired_by_compaction() {
         tail(&berth.log, 30)
     );
 }
+
+/// Real traffic, router mode: a client namespace behind Berth's interface (`kgw1`
+/// moved there) and a backend namespace per team holding its pod's address with
+/// nginx on the pod's port, routed back through the gateway. A request to each
+/// route's port on the Gateway address reaches that team's pod and no other.
+#[test]
+fn real_traffic_reaches_each_teams_pod_through_its_port() {
+    use berth_tests::{
+        netns::Netns,
+        topo::{forward_both, http_get, start_servers, veth, Veth, GW},
+    };
+    let (mut cp, mut berth) = two_teams();
+    let ports = cp.block_on(|client| async move { assigned_ports(&client).await });
+    forward_both(&cp.ns);
+    let client = Netns::new("krc");
+    cp.ns.ip(&["link", "set", "kgw1", "netns", &client.name]);
+    cp.ns.ip(&["addr", "add", "10.250.9.1/24", "dev", "kgw0"]);
+    client.ip(&["addr", "add", "10.250.9.2/24", "dev", "kgw1"]);
+    client.ip(&["link", "set", "kgw1", "up"]);
+    client.exec(&["ethtool", "-K", "kgw1", "tx", "off", "rx", "off"]);
+    client.ip(&["route", "add", &format!("{GW}/32"), "via", "10.250.9.1"]);
+    let mut backends = Vec::new();
+    for (i, (_, ip)) in TEAMS.iter().enumerate() {
+        let ns = Netns::new("krb");
+        let net = format!("10.244.{}", i + 1);
+        let host = format!("kb{i}");
+        veth(
+            &cp.ns,
+            &host,
+            &[&format!("{net}.1/24")],
+            &ns,
+            "eth0",
+            &[&format!("{ip}/24")],
+            Veth::HOST_B,
+        );
+        ns.ip(&["route", "add", "default", "via", &format!("{net}.1")]);
+        backends.push(ns);
+    }
+    let servers: Vec<(&Netns, Vec<std::net::IpAddr>)> = backends
+        .iter()
+        .zip(TEAMS)
+        .map(|(ns, (_, ip))| (ns, vec![ip.parse().expect("an address")]))
+        .collect();
+    let _servers = start_servers(&servers);
+    for (n, (namespace, port)) in ports.iter().enumerate() {
+        let addr = std::net::SocketAddr::from((GW, *port as u16));
+        let body = client.enter(|| http_get(addr));
+        assert_eq!(
+            body.as_deref().ok(),
+            Some(format!("backend-{}\n", n + 1).as_str()),
+            "{namespace}'s route at {addr}: {body:?}; berth's log:\n{}",
+            tail(&berth.log, 20)
+        );
+    }
+    // `get routes` shows the traffic each route's port carried (sampled, so polled).
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        let rows = cp.berth_routes(&mut berth).unwrap_or_default();
+        let counted: Vec<(u64, u64)> = ports
+            .iter()
+            .map(|(namespace, _)| {
+                rows.iter()
+                    .find(|r| &r.namespace == namespace && r.name == "echo")
+                    .map_or((0, 0), |r| (r.packets, r.reply_packets))
+            })
+            .collect();
+        if counted.iter().all(|&(p, r)| p > 0 && r > 0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "packets and replies per route after {SETTLE:?}: {counted:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
