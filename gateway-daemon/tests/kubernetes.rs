@@ -1,7 +1,8 @@
 //! Kubernetes mode against a scripted API server.
 //!
-//! No Kubernetes API server can run on these machines (there is no package for one and
-//! no image registry to pull one from), so the API server is scripted: the controller
+//! What a real API server does on every run (lists, watches, claims, status, RBAC) is
+//! tested against Kubernetes' own binaries in `tests/tests/kube_real.rs`; what it does
+//! only by chance (races, conflicts, errors) is scripted here: the controller
 //! talks through a `tower-test` mock service, and each test plays the server, checking
 //! every request's method, path, query and body and answering with realistic objects
 //! and `Status` errors (409 AlreadyExists, 409 Conflict, 500). The planner's semantics

@@ -242,15 +242,7 @@ impl Daemon {
 
     fn try_routes(&self, gateway: &Netns) -> Option<Vec<RouteRow>> {
         assert_eq!(gateway.name, self.gateway);
-        let out = gateway
-            .command(&self.berth)
-            .args(["get", "routes", "-o", "json"])
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
+        routes_in(gateway, &self.berth)
     }
 
     /// `berth get routes` from the daemon.
@@ -292,6 +284,25 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// `berth get routes -o json` (binary `berth`) from the daemon in `ns` on the default
+/// admin address; None while it does not answer.
+pub fn routes_in(ns: &Netns, berth: &Path) -> Option<Vec<RouteRow>> {
+    routes_at(ns, berth, "127.0.0.1:9470")
+}
+
+/// `routes_in` from the daemon whose admin endpoint is `admin`.
+pub fn routes_at(ns: &Netns, berth: &Path, admin: &str) -> Option<Vec<RouteRow>> {
+    let out = ns
+        .command(berth)
+        .args(["get", "routes", "-o", "json", "--admin-addr", admin])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
 }
 
 /// The daemon's `/metrics` (its admin endpoint inside `gateway`).

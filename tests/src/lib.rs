@@ -3,6 +3,7 @@
 
 pub mod daemon;
 pub mod fuzz;
+pub mod kube;
 pub mod loader;
 pub mod loadgen;
 pub mod netns;

@@ -55,6 +55,14 @@ impl Netns {
         run(&cmd)
     }
 
+    /// Whether the namespace has a link named `name`.
+    pub fn has_link(&self, name: &str) -> bool {
+        Command::new("ip")
+            .args(["-n", &self.name, "link", "show", "dev", name])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+
     /// Runs a command inside the namespace and panics if it fails.
     pub fn exec(&self, cmd: &[&str]) -> Output {
         let mut full = vec!["ip", "netns", "exec", &self.name];
@@ -196,6 +204,14 @@ impl Proc {
     /// The PID.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or_default()
+    }
+
+    /// Whether the process has exited (it is reaped then); a killed one has.
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            None => true,
+            Some(c) => matches!(c.try_wait(), Ok(Some(_))),
+        }
     }
 
     /// Panics if the process already exited, showing what it printed.

@@ -4,7 +4,8 @@
 //! `setup` installs what a fresh machine lacks and is idempotent: Debian packages the
 //! tests and demo use, the nightly toolchain pinned in `ebpf-toolchain` (if no nightly
 //! is installed) with `rust-src`, and `bpf-linker` built against the nightly's own
-//! libLLVM. Every other task runs it first. This crate
+//! libLLVM, and Kubernetes' control-plane binaries at the versions pinned in
+//! `kube-toolchain` (built with Go, see `kube.rs`). Every other task runs it first. This crate
 //! depends on nothing that needs the eBPF toolchain, so it builds on a fresh machine.
 
 use std::{
@@ -13,6 +14,8 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
+
+mod kube;
 
 /// Debian packages and the command each provides (checked before installing).
 const PACKAGES: &[(&str, &str)] = &[
@@ -40,7 +43,8 @@ const LLVM_PREFIX: &str = "/usr/local/lib/berth-llvm";
 
 const USAGE: &str =
     "usage: cargo xtask <setup | test | demo | bench datapath|planner|control-plane|e2e | fuzz datapath>
-  setup            install what this machine lacks (idempotent; needs root)
+  setup            install what this machine lacks (idempotent; needs root), and build
+                   Kubernetes' binaries for the tests (kube-toolchain; needs Go)
   test             setup, then fmt and clippy checks and every test (needs root)
   demo             setup, then berth run on the examples in network namespaces (needs root)
   bench datapath   setup, then ns/packet of the XDP program under BPF_PROG_TEST_RUN
@@ -93,7 +97,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map(Path::to_path_buf)
@@ -101,7 +105,7 @@ fn workspace_root() -> PathBuf {
 }
 
 /// Runs a command, failing with its name if it does not succeed.
-fn run(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
     if !status.success() {
         bail!("{cmd:?} failed ({status})");
@@ -117,7 +121,7 @@ fn succeeds(cmd: &mut Command) -> bool {
         .unwrap_or(false)
 }
 
-fn output(cmd: &mut Command) -> Result<String> {
+pub(crate) fn output(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
     if !out.status.success() {
         bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -146,6 +150,7 @@ fn setup() -> Result<()> {
     install_nightly()?;
     install_nightly_components()?;
     install_bpf_linker()?;
+    kube::build_binaries()?;
     Ok(())
 }
 
