@@ -33,7 +33,7 @@ use std::{
 
 use crate::{
     daemon::{berth_binary, Daemon, Dirs},
-    netns::{unique, wait_until, Netns},
+    netns::{unique, Netns},
     routing::{shipped_config, Bird, Frr, Speaker},
     topo::{
         enslave, host_on_bridge, start_servers, strs, veth, Flow, Servers, Veth, BIG_FILE, WHOAMI,
@@ -356,12 +356,27 @@ impl Tier {
             .collect()
     }
 
-    /// Polls the router's next hops for the gateway address until `ok` holds (20 s).
+    /// Polls the router's next hops for the gateway address until `ok` holds (60 s: a
+    /// BGP session that BFD took down on a loaded machine waits out BIRD's error wait
+    /// before it connects again); on timeout, panics with the router's protocols.
     pub fn wait_for_hops(&mut self, what: &str, ok: impl Fn(&BTreeSet<Ipv4Addr>) -> bool) {
-        wait_until(what, Duration::from_secs(20), || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
             self.router_bird.assert_running();
-            ok(&self.hops())
-        });
+            let hops = self.hops();
+            if ok(&hops) {
+                return;
+            }
+            // (birdc runs only when the assertion fails.)
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what}: the router's hops {hops:?}; its protocols:\n{}",
+                self.router_bird
+                    .try_birdc(&["show", "protocols"])
+                    .unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// `berth drain` (or `undrain`) on gateway `n`; panics if it fails.
