@@ -26,6 +26,7 @@ use kube::{
     discovery::{self, Scope},
     Api, Client, Config,
 };
+use serde_json::Value;
 
 use crate::netns::{Netns, Proc};
 
@@ -474,12 +475,17 @@ pub fn tail(path: &Path, n: usize) -> String {
 /// `kubectl apply --server-side` does; a kind whose CRD is not yet established is
 /// retried for up to 30 s.
 pub async fn apply_yaml(client: &Client, text: &str) {
+    apply_yaml_with(client, text, |_| {}).await
+}
+
+/// `apply_yaml`, each document changed by `edit` before it is applied.
+pub async fn apply_yaml_with(client: &Client, text: &str, mut edit: impl FnMut(&mut Value)) {
     for de in serde_yaml::Deserializer::from_str(text) {
-        let value: serde_json::Value =
-            serde::Deserialize::deserialize(de).expect("a YAML document");
+        let mut value: Value = serde::Deserialize::deserialize(de).expect("a YAML document");
         if value.is_null() {
             continue;
         }
+        edit(&mut value);
         apply(client, value).await;
     }
 }
@@ -511,8 +517,65 @@ pub async fn api_for(
     Ok((api, resource))
 }
 
+/// Object `name` of `api_version`/`kind` (in `namespace` if namespaced), as JSON; the
+/// error says which object could not be read.
+pub async fn get_json(
+    client: &Client,
+    api_version: &str,
+    kind: &str,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<Value, String> {
+    let what = format!(
+        "{kind} {}{name}",
+        namespace.map(|n| format!("{n}/")).unwrap_or_default()
+    );
+    let (api, _) = api_for(client, api_version, kind, namespace)
+        .await
+        .map_err(|e| format!("the API of {what}: {e}"))?;
+    let object = api.get(name).await.map_err(|e| format!("{what}: {e}"))?;
+    Ok(serde_json::to_value(object).expect("an object is JSON"))
+}
+
+/// The objects of `api_version`/`kind` (in `namespace` if namespaced), as JSON.
+pub async fn list_json(
+    client: &Client,
+    api_version: &str,
+    kind: &str,
+    namespace: Option<&str>,
+) -> Result<Vec<Value>, String> {
+    let (api, _) = api_for(client, api_version, kind, namespace)
+        .await
+        .map_err(|e| format!("the API of {kind}: {e}"))?;
+    let list = api
+        .list(&Default::default())
+        .await
+        .map_err(|e| format!("listing {kind}: {e}"))?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|o| serde_json::to_value(o).expect("an object is JSON"))
+        .collect())
+}
+
+/// Deletes object `name` of `api_version`/`kind` (in `namespace` if namespaced).
+pub async fn delete(
+    client: &Client,
+    api_version: &str,
+    kind: &str,
+    namespace: Option<&str>,
+    name: &str,
+) {
+    let (api, _) = api_for(client, api_version, kind, namespace)
+        .await
+        .unwrap_or_else(|e| panic!("the API of {kind}: {e}"));
+    api.delete(name, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting {kind} {name}: {e}"));
+}
+
 /// Applies one object (see `apply_yaml`).
-pub async fn apply(client: &Client, value: serde_json::Value) -> DynamicObject {
+pub async fn apply(client: &Client, value: Value) -> DynamicObject {
     let obj: DynamicObject = serde_json::from_value(value.clone()).expect("an object");
     let types = obj.types.clone().expect("apiVersion and kind");
     let name = obj.metadata.name.clone().expect("a name");
@@ -617,6 +680,9 @@ impl Berth {
 impl Drop for Berth {
     fn drop(&mut self) {
         self.proc.kill();
+        if std::thread::panicking() {
+            eprintln!("the end of berth's log:\n{}", tail(&self.log, 40));
+        }
         let _ = berth::datapath::remove_pins(&self.pins);
     }
 }
@@ -734,4 +800,56 @@ impl ControlPlane {
         }
         crate::daemon::routes_at(&self.ns, &crate::daemon::berth_binary(), &b.admin)
     }
+}
+
+/// The controller name of Berth's GatewayClass (`deploy/gatewayclass.yaml`).
+pub const CONTROLLER: &str = "berth.dev/gateway-controller";
+
+/// The repository's root; the upstream texts are in `../shared` beside it.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// What a user installs: the upstream Gateway API v1.6.1 CRDs (from `../shared`, never
+/// copied here), then `deploy/`'s namespace, CRDs, ServiceAccount, RBAC and GatewayClass
+/// `berth` (not the DaemonSet: the test runs berth).
+pub async fn install(client: &Client) {
+    let upstream = repo().join("../shared/gateway-api/v1.6.1/crds");
+    let mut crds: Vec<PathBuf> = std::fs::read_dir(&upstream)
+        .unwrap_or_else(|e| {
+            panic!(
+                "upstream CRDs at {} (shared/ beside the repository): {e}",
+                upstream.display()
+            )
+        })
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    crds.sort();
+    apply_files(client, &crds).await;
+    let deploy = repo().join("deploy");
+    let files = [
+        "namespace.yaml",
+        "crds.yaml",
+        "serviceaccount.yaml",
+        "rbac.yaml",
+        "gatewayclass.yaml",
+    ];
+    apply_files(client, &files.map(|f| deploy.join(f))).await;
+}
+
+/// Our entry in a route's `status.parents`, if any.
+pub fn our_parent(route: &Value) -> Option<&Value> {
+    route["status"]["parents"]
+        .as_array()?
+        .iter()
+        .find(|p| p["controllerName"] == CONTROLLER)
+}
+
+/// The condition of type `kind` in `entry["conditions"]` (a status or a status entry).
+pub fn condition<'a>(entry: &'a Value, kind: &str) -> Option<&'a Value> {
+    entry["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
 }

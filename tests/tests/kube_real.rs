@@ -7,10 +7,11 @@
 //! lacks fails these tests. Backends are Pods whose status the test sets (the kubelet's
 //! part), so their EndpointSlices are the real controller's. Needs root.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 use berth_tests::kube::{
-    api_for, apply_files, apply_yaml, eventually, tail, Berth, ControlPlane, BERTH_USER, NODE,
+    api_for, apply_files, apply_yaml, condition, delete, eventually, install, our_parent, repo,
+    tail, Berth, ControlPlane, BERTH_USER, NODE,
 };
 use kube::{
     api::{DynamicObject, ListParams},
@@ -18,43 +19,11 @@ use kube::{
 };
 use serde_json::{json, Value};
 
-const CONTROLLER: &str = "berth.dev/gateway-controller";
 /// The Gateway's TCP range.
 const RANGE: std::ops::RangeInclusive<u64> = 30000..=30999;
 /// How long Berth may take to settle after the objects exist (it lists every kind,
 /// wins the Lease, plans and writes).
 const SETTLE: Duration = Duration::from_secs(60);
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// What a user installs: the upstream CRDs, then `deploy/`'s namespace, CRDs,
-/// ServiceAccount, RBAC and GatewayClass (not the DaemonSet: the test runs berth).
-async fn install(client: &Client) {
-    let upstream = repo().join("../shared/gateway-api/v1.6.1/crds");
-    let mut crds: Vec<PathBuf> = std::fs::read_dir(&upstream)
-        .unwrap_or_else(|e| {
-            panic!(
-                "upstream CRDs at {} (shared/ beside the repository): {e}",
-                upstream.display()
-            )
-        })
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    crds.sort();
-    apply_files(client, &crds).await;
-    let deploy = repo().join("deploy");
-    let files = [
-        "namespace.yaml",
-        "crds.yaml",
-        "serviceaccount.yaml",
-        "rbac.yaml",
-        "gatewayclass.yaml",
-    ];
-    apply_files(client, &files.map(|f| deploy.join(f))).await;
-}
 
 /// The cluster's side of the scenario: a Node for the pods and the namespaces; then
 /// `examples/gateway.yaml`, the operator's Gateway whose TCP and UDP listeners are
@@ -189,21 +158,6 @@ fn two_teams_cluster(port_name: &'static str) -> ControlPlane {
         }
     });
     cp
-}
-
-/// Our entry in `route.status.parents`, if any.
-fn our_parent(route: &Value) -> Option<&Value> {
-    route["status"]["parents"]
-        .as_array()?
-        .iter()
-        .find(|p| p["controllerName"] == CONTROLLER)
-}
-
-fn condition<'a>(entry: &'a Value, kind: &str) -> Option<&'a Value> {
-    entry["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == kind)
 }
 
 /// The TCPRoutes of `namespace`.
@@ -700,18 +654,14 @@ fn reference_grant_added_and_removed() {
             .expect("a route refused its backend still holds its port");
         apply_yaml(&client, GRANT).await;
         wait_resolved_refs(&client, "team-b", "cross", ("True", "ResolvedRefs")).await;
-        let (grants, _) = api_for(
+        delete(
             &client,
             "gateway.networking.k8s.io/v1",
             "ReferenceGrant",
             Some("team-a"),
+            "from-team-b",
         )
-        .await
-        .expect("the ReferenceGrants API");
-        grants
-            .delete("from-team-b", &Default::default())
-            .await
-            .expect("deleting the grant");
+        .await;
         wait_resolved_refs(&client, "team-b", "cross", ("False", "RefNotPermitted")).await;
         assert_eq!(
             port_in_status(&client, "team-b", "cross").await,
