@@ -410,6 +410,10 @@ fn row(
             traffic: &traffic,
             shadowed_by: shadowed_by.filter(|_| services.is_empty()),
             resolved: parent.conditions.iter().find(|c| c.kind == "ResolvedRefs"),
+            programmed: parent
+                .conditions
+                .iter()
+                .find(|c| c.kind == crate::planner::capacity::PROGRAMMED),
         }),
     }
 }
@@ -424,11 +428,14 @@ struct Warned<'a> {
     shadowed_by: Option<String>,
     /// The parent's ResolvedRefs condition.
     resolved: Option<&'a crate::planner::status::Condition>,
+    /// The parent's Programmed condition (present while the datapath has no room).
+    programmed: Option<&'a crate::planner::status::Condition>,
 }
 
-/// What the operator should look at about a route's services, if anything: an older
-/// route served on its port instead, no backend at all, those the datapath holds
-/// back, a family served without endpoints beside one with, packets unanswered.
+/// What the operator should look at about a route's services, if anything: not
+/// programmed for want of room in the datapath, an older route served on its port
+/// instead, no backend at all, those the datapath holds back, a family served without
+/// endpoints beside one with, packets unanswered.
 fn warnings(w: Warned) -> Option<String> {
     let Warned {
         p,
@@ -437,8 +444,15 @@ fn warnings(w: Warned) -> Option<String> {
         traffic,
         shadowed_by,
         resolved,
+        programmed,
     } = w;
     let mut out: Vec<String> = Vec::new();
+    // Its message says which limit, and the option that raises it.
+    out.extend(
+        programmed
+            .filter(|c| c.status == "False")
+            .map(|c| c.message.clone()),
+    );
     if let Some(older) = shadowed_by {
         out.push(format!(
             "an older route, {older}, gets the traffic of this port (only the oldest route \
@@ -564,10 +578,20 @@ mod tests {
     /// What a daemon publishes for the golden case `name` (its plan, with the
     /// services a datapath holds back).
     fn published(name: &str) -> Published {
+        published_with(name, Default::default())
+    }
+
+    /// `published` for a datapath of room `capacity` (the case's `PlannerClock`
+    /// document left out).
+    fn published_with(name: &str, capacity: crate::datapath::Capacity) -> Published {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
         let path = dir.join(format!("{name}.in.yaml"));
         let text = std::fs::read_to_string(&path).expect("golden input");
-        let parsed = manifests::parse_file(&path, &text);
+        let text: Vec<&str> = text
+            .split("\n---\n")
+            .filter(|doc| !doc.contains("kind: PlannerClock"))
+            .collect();
+        let parsed = manifests::parse_file(&path, &text.join("\n---\n"));
         assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
         let snapshot = manifests::snapshot([&parsed]);
         let plan = planner::plan(&planner::Input {
@@ -578,11 +602,55 @@ mod tests {
             ephemeral_ports: None,
             allocate: true,
             snat_ports: planner::DEFAULT_SNAT_PORTS,
+            capacity,
         });
         let (_, held) = held_back::kernel_state(&plan.datapath);
         let mut p = crate::publish::effects(plan, None, &Published::default()).expect("effects");
         p.held_back = held;
         p
+    }
+
+    #[test]
+    fn routes_waiting_for_room_in_the_datapath_are_warned_about_and_counted_and_it_is_ready() {
+        let room = crate::datapath::Capacity {
+            services: 2,
+            ..Default::default()
+        };
+        let p = published_with(
+            "a-full-datapath-serves-the-oldest-routes-and-the-rest-keep-their-ports-and-say-why",
+            room,
+        );
+        let rows = route_rows(&p, Some("team-a"));
+        let by = |name: &str| {
+            rows.iter()
+                .find(|r| r.name == name)
+                .unwrap_or_else(|| panic!("no {name}: {rows:?}"))
+        };
+        assert_eq!(by("oldest").warning, None);
+        assert_eq!(by("oldest").backends, 1);
+        for name in ["third", "newest"] {
+            let r = by(name);
+            assert!(r.port.is_some() && r.accepted.starts_with("True"), "{r:?}");
+            assert_eq!(r.backends, 0, "{r:?}");
+            let w = r.warning.as_deref().unwrap_or_default();
+            assert!(
+                w.starts_with(
+                    "not programmed: the datapath holds at most 2 services (berth run \
+                     --max-services)"
+                ),
+                "{r:?}"
+            );
+        }
+        let table = crate::output::route_table(&rows);
+        assert!(table.contains("  ↳ warning: not programmed"), "{table}");
+        let text = metrics::encode(&p);
+        for want in [
+            "berth_routes_waiting_for_capacity{limit=\"services\"} 2",
+            "berth_routes_waiting_for_capacity{limit=\"backends\"} 0",
+        ] {
+            assert!(text.contains(want), "no {want} in:\n{text}");
+        }
+        assert_eq!(readiness(&p, std::time::SystemTime::now()), None);
     }
 
     #[test]

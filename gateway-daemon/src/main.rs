@@ -173,6 +173,17 @@ struct RunArgs {
     /// pinned berth_ct to resize it, and its flows are balanced again).
     #[arg(long, default_value_t = datapath::Limits::default().flows, value_parser = parse_conntrack_size)]
     conntrack_size: u32,
+    /// Services (gateway address, protocol, port) the datapath holds: a route takes
+    /// one per port and address it is served on. Routes are served oldest first; those
+    /// beyond the limit keep their ports and wait (Programmed=False, DatapathFull). A
+    /// restart must give the size the pinned maps have.
+    #[arg(long, value_name = "N", default_value_t = datapath::Limits::default().services, value_parser = parse_max_services)]
+    max_services: u32,
+    /// Backends the datapath holds over all services (an endpoint serving two
+    /// services counts twice). Routes beyond the limit wait as with --max-services. A
+    /// restart must give the size the pinned maps have.
+    #[arg(long, value_name = "N", default_value_t = datapath::Limits::default().backends, value_parser = parse_max_backends)]
+    max_backends: u32,
     /// New flows per second per CPU above which new flows (and replies matched by
     /// Maglev) are balanced by Maglev alone and not recorded in the conntrack
     /// (flood_untracked), so a flood of new flows cannot evict the established ones; 0:
@@ -250,6 +261,40 @@ fn parse_conntrack_size(text: &str) -> Result<u32, String> {
         )),
         Ok(n) => Ok(n as u32),
         Err(e) => Err(format!("{text:?} is not a number of entries: {e}")),
+    }
+}
+
+/// Parses `--max-services`: 1 to `Limits::MAX_SERVICES`.
+fn parse_max_services(text: &str) -> Result<u32, String> {
+    parse_limit(
+        text,
+        "services",
+        datapath::Limits::default().services,
+        datapath::Limits::MAX_SERVICES,
+    )
+}
+
+/// Parses `--max-backends`: 1 to `Limits::MAX_BACKENDS`.
+fn parse_max_backends(text: &str) -> Result<u32, String> {
+    parse_limit(
+        text,
+        "backends",
+        datapath::Limits::default().backends,
+        datapath::Limits::MAX_BACKENDS,
+    )
+}
+
+/// Parses a size of the datapath's maps: 1 to `max` of `what`.
+fn parse_limit(text: &str, what: &str, default: u32, max: u32) -> Result<u32, String> {
+    match text.trim().parse::<u64>() {
+        Ok(0) => Err(format!(
+            "0 {what}: the datapath needs room for at least one (default {default})"
+        )),
+        Ok(n) if n > u64::from(max) => Err(format!(
+            "{n} {what} is beyond the {max} the datapath can address"
+        )),
+        Ok(n) => Ok(n as u32),
+        Err(e) => Err(format!("{text:?} is not a number of {what}: {e}")),
     }
 }
 
@@ -390,6 +435,7 @@ fn check_cmd(dir: &Path, state_dir: Option<PathBuf>, output: Output) -> anyhow::
         default_addresses: planner::DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: planner::DEFAULT_SNAT_PORTS,
+        capacity: Default::default(),
         allocate: true,
     });
     for why in &plan.released {

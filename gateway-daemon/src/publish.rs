@@ -11,7 +11,7 @@ use std::{
 };
 
 use crate::{
-    datapath::{Datapath, DesiredState},
+    datapath::{Datapath, DesiredState, Limit},
     planner::Plan,
     state_document::StateDocument,
 };
@@ -57,6 +57,9 @@ pub struct Published {
     /// Whether the node announces its addresses, and what it publishes (none before
     /// the loop first decided).
     pub announce: Option<Arc<crate::announce::Status>>,
+    /// Routes whose services wait for room in the datapath (`--max-services`,
+    /// `--max-backends`), oldest first.
+    pub waiting: Arc<Vec<crate::planner::Waiting>>,
 }
 
 impl Published {
@@ -436,8 +439,11 @@ pub fn effects(
         owners,
         usage,
         released: _,
+        waiting,
+        used: _,
     } = plan;
     log_routes_without_backends(prev, &desired, &owners);
+    log_waiting(&prev.waiting, &waiting);
     let mut state = StateDocument::after(gateways, routes, &claims, prev.state.as_deref());
     if let Some(old) = &prev.state {
         state.carry_times_from(old);
@@ -460,7 +466,51 @@ pub fn effects(
         conntrack,
         held_back,
         announce: prev.announce.clone(),
+        waiting: Arc::new(waiting),
     })
+}
+
+/// How many routes wait for room in the datapath, by the limit they meet.
+pub fn waiting_by_limit(waiting: &[crate::planner::Waiting]) -> [(Limit, u64); 2] {
+    Limit::ALL.map(|l| (l, waiting.iter().filter(|w| w.limit == l).count() as u64))
+}
+
+/// Logs, once per change of how many routes wait for room in the datapath (by limit),
+/// how many do, the first of them, and the option that makes room.
+fn log_waiting(before: &[crate::planner::Waiting], after: &[crate::planner::Waiting]) {
+    let counts = waiting_by_limit(after);
+    if counts == waiting_by_limit(before) {
+        return;
+    }
+    if after.is_empty() {
+        tracing::info!("every route is programmed: none waits for room in the datapath any more");
+        return;
+    }
+    // The first ones, oldest first: a line, not a page, with thousands waiting.
+    const NAMED: usize = 10;
+    let mut first: Vec<String> = after
+        .iter()
+        .take(NAMED)
+        .map(|w| format!("{}/{}/{}", w.route.kind, w.route.namespace, w.route.name))
+        .collect();
+    if after.len() > NAMED {
+        first.push(format!("and {} more", after.len() - NAMED));
+    }
+    let options: Vec<&str> = counts
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(l, _)| l.option())
+        .collect();
+    tracing::warn!(
+        waiting = after.len(),
+        services = counts[0].1,
+        backends = counts[1].1,
+        routes = %first.join(", "),
+        "routes wait for room in the datapath: they keep their ports and say so in their \
+         status (Programmed=False, DatapathFull), older routes are served \
+         (berth_routes_waiting_for_capacity); raise berth run {}",
+        options.join(" and ")
+    );
 }
 
 #[cfg(test)]

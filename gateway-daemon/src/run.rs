@@ -47,6 +47,8 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         redirect,
         snat_ports,
         conntrack_size,
+        max_services,
+        max_backends,
         new_flow_limit,
         reply_origin,
         announce_table,
@@ -74,12 +76,19 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         announcer,
     };
+    let limits = datapath::Limits {
+        services: max_services,
+        backends: max_backends,
+        flows: conntrack_size,
+        ..datapath::Limits::default()
+    };
+    let capacity = datapath::Capacity::of(&limits);
     let mut dp = DatapathOptions {
         interfaces,
         xdp_mode,
         redirect,
         pin_dir,
-        conntrack_size,
+        limits,
         new_flow_limit,
         reply_origin,
         address_interface: if no_address_interface {
@@ -102,6 +111,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
             lease_namespace,
             default_addresses,
             snat_ports,
+            capacity,
         };
         let admin = (admin_addr.as_str(), metrics_addr.as_deref());
         return run_kubernetes(options, &dp, admin, announcing);
@@ -116,6 +126,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
     let settings = berth::planner::Settings {
         default_addresses,
         snat_ports,
+        capacity,
     };
     run_standalone(source, &dir, &state_dir, &settings, admin, &dp, announcing)
 }
@@ -185,8 +196,8 @@ struct DatapathOptions {
     xdp_mode: XdpMode,
     redirect: Redirect,
     pin_dir: PathBuf,
-    /// Conntrack entries (`Limits::flows`).
-    conntrack_size: u32,
+    /// Map sizes: `--max-services`, `--max-backends`, `--conntrack-size`.
+    limits: datapath::Limits,
     /// New flows per second per CPU the kernel records (0: no limit).
     new_flow_limit: u32,
     /// `--reply-origin`.
@@ -278,13 +289,14 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
         xdp_mode,
         redirect,
         pin_dir,
-        conntrack_size,
+        limits,
         new_flow_limit,
         reply_origin,
         address_interface,
         announce_table,
         announcing,
     } = options;
+    let conntrack_size = limits.flows;
     if interfaces.is_empty() {
         tracing::warn!("no --interface: planning and serving state only, no datapath");
         if announce_table.is_some() {
@@ -296,12 +308,14 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
     }
     let mut dp = Datapath::load(&Config {
         pin_dir: pin_dir.clone(),
-        limits: datapath::Limits {
-            flows: *conntrack_size,
-            ..datapath::Limits::default()
-        },
+        limits: *limits,
     })
     .context("loading the datapath")?;
+    tracing::info!(
+        max_services = limits.services,
+        max_backends = limits.backends,
+        "datapath sized: routes beyond it wait for room, oldest served first"
+    );
     dp.set_new_flow_limit(*new_flow_limit)
         .context("writing --new-flow-limit into the datapath's config map")?;
     match new_flow_limit {

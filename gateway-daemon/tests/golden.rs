@@ -2,7 +2,9 @@
 //! and optionally a `PlannerClock` document with `now`) → `golden/NAME.out.yaml`
 //! (statuses, claims and the datapath plan). The `PlannerClock` document may also give
 //! `ephemeralPorts: FIRST-LAST`, the host's ephemeral ports (none by default), and
-//! `defaultAddresses: [IP, ...]`, the `--address` defaults (none by default).
+//! `defaultAddresses: [IP, ...]`, the `--address` defaults (none by default), and
+//! `maxServices: N` / `maxBackends: N`, the datapath's room (`--max-services`,
+//! `--max-backends`; the daemon's defaults otherwise).
 //! `BLESS=1 cargo test --test golden`
 //! rewrites the outputs; review the diff.
 
@@ -40,6 +42,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
     let mut now = DEFAULT_NOW.to_string();
     let mut ephemeral_ports = None;
     let mut default_addresses = berth::planner::DefaultAddresses::default();
+    let mut capacity = berth::datapath::Capacity::default();
     let mut manifest_docs = Vec::new();
     for de in serde_yaml::Deserializer::from_str(&text) {
         let value: serde_yaml::Value = serde::Deserialize::deserialize(de).expect("yaml");
@@ -53,6 +56,15 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
                     let (first, last) = r.split_once('-').expect("ephemeralPorts: FIRST-LAST");
                     first.parse::<u16>().expect("first")..=last.parse::<u16>().expect("last")
                 });
+                let limit = |key: &str, default: u32| {
+                    value[key]
+                        .as_u64()
+                        .map_or(default, |n| u32::try_from(n).expect("a limit fits 32 bits"))
+                };
+                capacity = berth::datapath::Capacity {
+                    services: limit("maxServices", capacity.services),
+                    backends: limit("maxBackends", capacity.backends),
+                };
                 if let Some(list) = value["defaultAddresses"].as_sequence() {
                     let ips: Vec<std::net::IpAddr> = list
                         .iter()
@@ -81,6 +93,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
         default_addresses,
         ephemeral_ports: ephemeral_ports.clone(),
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
+        capacity,
         allocate: true,
     });
     let again = planner::plan(&planner::Input {
@@ -90,6 +103,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
         default_addresses,
         ephemeral_ports: ephemeral_ports.clone(),
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
+        capacity,
         allocate: true,
     });
     assert_eq!(
@@ -121,6 +135,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
                 default_addresses,
                 ephemeral_ports: ephemeral_ports.clone(),
                 snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
+                capacity,
                 allocate: true,
             },
             memo,

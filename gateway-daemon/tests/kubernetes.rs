@@ -347,6 +347,7 @@ async fn a_cooled_down_claim_is_deleted_only_at_the_version_read() {
         default_addresses: berth::planner::DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
+        capacity: Default::default(),
         allocate: true,
     });
     assert!(plan.claims.is_empty(), "cooled down: no longer wanted");
@@ -695,6 +696,7 @@ fn plan_of(view: &View) -> berth::planner::Plan {
         default_addresses: berth::planner::DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
+        capacity: Default::default(),
         allocate: true,
     })
 }
@@ -1391,6 +1393,7 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
         lease_namespace: "berth-system".into(),
         default_addresses: berth::planner::DefaultAddresses::default(),
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
+        capacity: Default::default(),
     };
     let (shut_down, shutdown) = tokio::sync::oneshot::channel::<()>();
     let stop = async {

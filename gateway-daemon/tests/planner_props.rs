@@ -120,6 +120,7 @@ fn input<'a>(
         default_addresses: berth::planner::DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
+        capacity: Default::default(),
         allocate: true,
     }
 }
@@ -478,14 +479,28 @@ mod shared_address {
             }
             for (i, r) in &self.routes {
                 let port = r.port.map(|p| format!(", port: {p}")).unwrap_or_default();
-                let kind = if r.udp { "UDPRoute" } else { "TCPRoute" };
+                let (kind, protocol) = match r.udp {
+                    true => ("UDPRoute", "UDP"),
+                    false => ("TCPRoute", "TCP"),
+                };
+                let ns = NAMESPACES[i % NAMESPACES.len()];
+                // Each route's own Service, with 0 to 3 IPv4 endpoints.
+                let endpoints: Vec<String> = (0..i % 4)
+                    .map(|k| format!("{{addresses: [10.9.{i}.{k}]}}"))
+                    .collect();
                 s.push_str(&format!(
                     "---\napiVersion: gateway.networking.k8s.io/v1\nkind: {kind}\n\
-                     metadata: {{name: r{i}, namespace: {}, creationTimestamp: \"{}\"}}\n\
-                     spec:\n  parentRefs: [{{name: g{}, namespace: infra{port}}}]\n",
-                    NAMESPACES[i % NAMESPACES.len()],
+                     metadata: {{name: r{i}, namespace: {ns}, creationTimestamp: \"{}\"}}\n\
+                     spec:\n  parentRefs: [{{name: g{}, namespace: infra{port}}}]\n  \
+                     rules: [{{backendRefs: [{{name: s{i}, port: 80}}]}}]\n\
+                     ---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: {ns}}}\n\
+                     spec: {{ports: [{{port: 80, protocol: {protocol}}}]}}\n\
+                     ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                     metadata: {{name: s{i}-1, namespace: {ns}, labels: {{kubernetes.io/service-name: s{i}}}}}\n\
+                     addressType: IPv4\nendpoints: [{}]\nports: [{{port: 8080, protocol: {protocol}}}]\n",
                     created(100 + r.created),
                     r.gateway,
+                    endpoints.join(", "),
                 ));
             }
             s
@@ -510,15 +525,24 @@ proptest! {
     /// its own route; a route whose status says it has a port is served there; nothing
     /// else is served but the fixed listener of a Gateway not in conflict, to a route
     /// that is accepted; a listener is in conflict exactly when it is PortUnavailable.
+    ///
+    /// With a datapath of little room (`--max-services`, `--max-backends`), the plan is
+    /// the same but for which routes are served: the same claims and Gateway statuses,
+    /// the services of the routes served as without a limit, the others' routes waiting
+    /// and saying so, no more than the room, and a route waiting only when it did not
+    /// fit after the older routes served.
     #[test]
     fn no_address_protocol_and_port_is_served_to_two_routes(
-        ops in proptest::collection::vec(shared_address::op(), 1..40)
+        ops in proptest::collection::vec(shared_address::op(), 1..40),
+        room in (1..6u32, 1..12u32),
     ) {
         use berth::datapath::{Protocol, ServiceAddr};
 
         let mut world = shared_address::World { now: 2, ..Default::default() };
         let mut claims: Vec<Arc<PortClaim>> = Vec::new();
         let mut memo = planner::Memo::default();
+        let mut memo_small = planner::Memo::default();
+        let room = berth::datapath::Capacity { services: room.0, backends: room.1 };
         for op in ops {
             world.apply(&op);
             let snapshot = world.snapshot();
@@ -530,6 +554,14 @@ proptest! {
             prop_assert_eq!(&plan.owners, &remembered.owners);
             prop_assert_eq!(&plan.gateways, &remembered.gateways);
             prop_assert!(plan.owners.keys().eq(plan.datapath.services.keys()));
+            prop_assert!(plan.waiting.is_empty());
+            let small_input = Input { capacity: room, ..input(&snapshot, &claims, now) };
+            let small = planner::plan(&small_input);
+            let small_remembered = planner::plan_with(&small_input, &mut memo_small);
+            prop_assert_eq!(&small.datapath, &small_remembered.datapath);
+            prop_assert_eq!(&small.waiting, &small_remembered.waiting);
+            prop_assert_eq!(&small.used, &small_remembered.used);
+            check_room(&world, &plan, &small, &room)?;
 
             let addresses = |gateway: &str| -> Vec<std::net::IpAddr> {
                 plan.gateways
@@ -619,4 +651,127 @@ proptest! {
             claims = remembered.claims;
         }
     }
+}
+
+/// What a plan with `room` (`small`) must be beside the same plan without a limit
+/// (`plan`): see `no_address_protocol_and_port_is_served_to_two_routes`.
+fn check_room(
+    world: &shared_address::World,
+    plan: &planner::Plan,
+    small: &planner::Plan,
+    room: &berth::datapath::Capacity,
+) -> Result<(), TestCaseError> {
+    use berth::datapath::{Limit, Usage};
+
+    prop_assert_eq!(&small.claims, &plan.claims, "room never changes a claim");
+    prop_assert_eq!(&small.gateways, &plan.gateways);
+    prop_assert!(
+        small.used.exceeds(room).is_none(),
+        "{:?} beyond {:?}",
+        small.used,
+        room
+    );
+    prop_assert_eq!(small.used, Usage::of_state(&small.datapath));
+    prop_assert_eq!(&small.datapath.snat_ports, &plan.datapath.snat_ports);
+    // Each route's services without a limit, and what they take.
+    let mut need: BTreeMap<String, Usage> = BTreeMap::new();
+    for (service, owner) in &plan.owners {
+        let n = need.entry(owner.name.clone()).or_default();
+        *n = n.plus(Usage::of_service(&plan.datapath.services[service]));
+    }
+    let waiting: BTreeMap<String, Limit> = small
+        .waiting
+        .iter()
+        .map(|w| (w.route.name.clone(), w.limit))
+        .collect();
+    for (service, owner) in &plan.owners {
+        let served = small.owners.get(service);
+        if waiting.contains_key(&owner.name) {
+            prop_assert!(
+                served.is_none(),
+                "{service} of waiting {} is served",
+                owner.name
+            );
+        } else {
+            prop_assert_eq!(served, Some(owner), "{} lost {}", owner.name, service);
+            prop_assert_eq!(
+                &small.datapath.services[service],
+                &plan.datapath.services[service]
+            );
+        }
+    }
+    prop_assert!(small.owners.len() <= plan.owners.len());
+    // The statuses: those of waiting routes carry Programmed=False on every parent
+    // they would be served on; the rest are as without a limit.
+    for (r, full) in small.routes.iter().zip(&plan.routes) {
+        prop_assert_eq!(
+            (&r.kind, &r.namespace, &r.name),
+            (&full.kind, &full.namespace, &full.name)
+        );
+        let mut without = (**r).clone();
+        let mut marked = 0;
+        for p in &mut without.status.parents {
+            let before = p.conditions.len();
+            p.conditions.retain(|c| c.kind != "Programmed");
+            if p.conditions.len() != before {
+                marked += 1;
+            }
+        }
+        prop_assert_eq!(
+            &without.status,
+            &full.status,
+            "{} differs beyond Programmed",
+            r.name
+        );
+        let limit = waiting.get(&r.name);
+        prop_assert_eq!(marked > 0, limit.is_some(), "{}: {:?}", r.name, r.status);
+        for c in r
+            .status
+            .parents
+            .iter()
+            .flat_map(|p| &p.conditions)
+            .filter(|c| c.kind == "Programmed")
+        {
+            prop_assert_eq!((&*c.status, &*c.reason), ("False", "DatapathFull"));
+            let option = limit.map(|l| l.option()).unwrap_or_default();
+            prop_assert!(c.message.contains(option), "{}", c.message);
+        }
+    }
+    // Oldest first: a route waits only when it did not fit beside the routes served,
+    // and a younger route served needs less of that limit than an older one waiting.
+    let age = |name: &str| {
+        let i: usize = name[1..].parse().expect("r<i>");
+        let r = &world.routes[&i];
+        (
+            r.created,
+            NAMESPACES[i % NAMESPACES.len()],
+            name.to_string(),
+        )
+    };
+    for (name, &limit) in &waiting {
+        let n = need.get(name).copied().unwrap_or_default();
+        prop_assert!(
+            small.used.plus(n).exceeds(room).is_some(),
+            "{} waits though it fits: {:?} + {:?} in {:?}",
+            name,
+            small.used,
+            n,
+            room
+        );
+        for (other, m) in &need {
+            if waiting.contains_key(other) || age(other) < age(name) {
+                continue;
+            }
+            prop_assert!(
+                m.of_limit(limit) < n.of_limit(limit),
+                "younger {} ({:?}) served while {} ({:?}) waits for {}",
+                other,
+                m,
+                name,
+                n,
+                limit
+            );
+        }
+    }
+    Ok(())
 }

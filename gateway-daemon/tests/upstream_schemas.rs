@@ -74,6 +74,63 @@ fn example_and_test_manifests_validate_against_the_upstream_crds() {
     );
 }
 
+#[test]
+fn the_statuses_the_planner_writes_validate_against_the_upstream_crds() {
+    // Every Gateway and route status of the golden outputs (conditions of Berth's own,
+    // such as a route's Programmed=False DatapathFull, included): what the Kubernetes
+    // mode writes to the API server, which validates it against these schemas.
+    let schemas = common::upstream_schemas();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let mut outputs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("golden dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.to_string_lossy().ends_with(".out.yaml"))
+        .collect();
+    outputs.sort();
+    let status_validator = |kind: &str| {
+        let schema = &schemas[&(kind.to_string(), "v1".to_string())];
+        jsonschema::validator_for(&schema.raw["properties"]["status"]).expect("status schema")
+    };
+    let validators: std::collections::BTreeMap<&str, jsonschema::Validator> =
+        ["Gateway", "TCPRoute", "UDPRoute"]
+            .into_iter()
+            .map(|k| (k, status_validator(k)))
+            .collect();
+    let (mut checked, mut failures) = (0, Vec::new());
+    for file in &outputs {
+        let text = std::fs::read_to_string(file).expect("read");
+        let doc: Value = serde_yaml::from_str(&text).expect("yaml");
+        let gateways = doc["gateways"].as_array().into_iter().flatten();
+        let routes = doc["routes"].as_array().into_iter().flatten();
+        let entries = gateways
+            .map(|g| ("Gateway", g))
+            .chain(routes.map(|r| (r["kind"].as_str().unwrap_or_default(), r)));
+        for (kind, entry) in entries {
+            let Some(validator) = validators.get(kind) else {
+                failures.push(format!("{}: no status schema for {kind}", file.display()));
+                continue;
+            };
+            checked += 1;
+            for error in validator.iter_errors(&entry["status"]) {
+                failures.push(format!(
+                    "{} {kind} {}/{}: {error} at {}",
+                    file.display(),
+                    entry["namespace"],
+                    entry["name"],
+                    error.instance_path()
+                ));
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} statuses checked");
+    assert!(
+        failures.is_empty(),
+        "{} status schema violations:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
 /// `src/upstream-fields.txt`, the field paths `berth` checks Gateway API manifests
 /// against to warn about unknown fields, is what the upstream CRDs define (`BLESS=1`
 /// rewrites it): `[]` for a list's items, `*` for a map's keys, `**` for anything below.

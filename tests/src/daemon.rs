@@ -128,6 +128,38 @@ impl Dirs {
         self.berth_run_from(&berth_binary(), gateway)
     }
 
+    /// `berth run` in `topo`'s gateway on all its interfaces with `extra`, on a second
+    /// admin address, expected to refuse to start: its stderr, once it has exited
+    /// unsuccessfully within 20 s (it is killed, and the test fails, otherwise).
+    pub fn refused_start(&self, topo: &Topology, extra: &[&str]) -> String {
+        let mut run = self
+            .berth_run(&topo.gateway)
+            .args(extra)
+            .args(["--admin-addr", "127.0.0.1:9479"])
+            .args(topo.gateway_ifaces.iter().flat_map(|i| ["--interface", i]))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start berth run");
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = run.try_wait().expect("wait for berth run") {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                let _ = run.kill();
+                let _ = run.wait();
+                panic!("berth run {extra:?} did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut run.stderr.take().expect("stderr"), &mut stderr)
+            .expect("read stderr");
+        assert!(!status.success(), "berth run {extra:?} started: {stderr}");
+        stderr
+    }
+
     /// `berth_run` of the binary `berth` (another build).
     pub fn berth_run_from(&self, berth: &Path, gateway: &Netns) -> Command {
         let mut cmd = gateway.command(berth);

@@ -3,11 +3,7 @@
 //! occupancy and evictions on `/metrics`, a restart that keeps it and one that asks for
 //! another size. Needs root.
 
-use std::{
-    net::SocketAddrV4,
-    process::Stdio,
-    time::{Duration, Instant},
-};
+use std::{net::SocketAddrV4, time::Duration};
 
 use aya::maps::{Array, MapData};
 use berth_tests::{
@@ -137,30 +133,7 @@ fn a_small_conntrack_fills_evicts_counts_it_and_survives_a_restart_of_the_same_s
     // A restart with another size is refused, naming both sizes and the option, and
     // leaves the table as it was.
     daemon.kill9();
-    let mut other = dirs
-        .berth_run(&topo.gateway)
-        .args(["--conntrack-size", "2048", "--admin-addr", "127.0.0.1:9479"])
-        .args(topo.gateway_ifaces.iter().flat_map(|i| ["--interface", i]))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start berth run");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = other.try_wait().expect("wait for berth run") {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(20) {
-            let _ = other.kill();
-            let _ = other.wait();
-            panic!("berth run with another --conntrack-size did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut other.stderr.take().expect("stderr"), &mut stderr)
-        .expect("read stderr");
-    assert!(!status.success(), "{stderr}");
+    let stderr = dirs.refused_start(&topo, &["--conntrack-size", "2048"]);
     for want in [
         "holds 1024 entries",
         "asked for 2048",

@@ -612,3 +612,113 @@ fn a_first_start_that_fails_leaves_nothing_pinned() {
         dirs.pins.display()
     );
 }
+
+#[test]
+fn a_state_that_fits_the_limits_applies_at_every_step_and_one_beyond_them_is_refused() {
+    // Maps of two services and four backends, kept full while what they hold changes:
+    // a service's new backends must not need ids before its old ones give theirs back,
+    // nor a new service a slot before a removed one gives its own.
+    let mut t = TestDatapath::load_with(Limits {
+        services: 2,
+        backends: 4,
+        ..test_limits()
+    });
+    let others = |n: u8| -> Vec<WeightedBackend> {
+        (1..=n)
+            .map(|i| WeightedBackend {
+                endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 252, 2, i), 53).into(),
+                weight: 1,
+            })
+            .collect()
+    };
+    let states = [
+        // Full.
+        DesiredState::default()
+            .with_service(svc(1000), backends(2, 1))
+            .with_service(svc(1001), backends(2, 1)),
+        // Every backend of a service replaced.
+        DesiredState::default()
+            .with_service(svc(1000), others(2))
+            .with_service(svc(1001), backends(2, 1)),
+        // A backend moves from one service to the other (the one taking it first).
+        DesiredState::default()
+            .with_service(svc(1000), others(3))
+            .with_service(svc(1001), backends(1, 1)),
+        // A service removed and another added (first in order) in its place.
+        DesiredState::default()
+            .with_service(svc(999), backends(1, 1))
+            .with_service(svc(1000), others(3)),
+    ];
+    for (i, state) in states.iter().enumerate() {
+        t.dp.apply(state)
+            .unwrap_or_else(|e| panic!("state {i} fits: {}", berth::error_chain(&e)));
+        assert_eq!(&t.dp.installed(), state, "state {i}");
+    }
+    // Beyond the limits: refused before anything changes.
+    let last = states.last().cloned().expect("a state");
+    let three = last.clone().with_service(svc(1002), vec![]);
+    let five = last.clone().with_service(svc(999), backends(2, 1));
+    for (state, want, limit) in [(three, "services", 2), (five, "backends", 4)] {
+        match t.dp.apply(&state) {
+            Err(DatapathError::Capacity { what, limit: l }) => {
+                assert_eq!((what, l), (want, limit));
+            }
+            other => panic!("{want} beyond the limit: {other:?}"),
+        }
+        assert_eq!(t.dp.installed(), last, "nothing changed");
+    }
+}
+
+#[test]
+fn maps_pinned_with_other_service_or_backend_limits_are_refused_naming_the_option() {
+    let t = TestDatapath::load();
+    for (limits, map, option, found, wanted) in [
+        (
+            Limits {
+                services: test_limits().services * 2,
+                ..test_limits()
+            },
+            gateway_common::map_names::SERVICES,
+            "--max-services",
+            test_limits().services,
+            test_limits().services * 2,
+        ),
+        (
+            Limits {
+                backends: test_limits().backends / 2,
+                ..test_limits()
+            },
+            gateway_common::map_names::BACKENDS,
+            "--max-backends",
+            test_limits().backends,
+            test_limits().backends / 2,
+        ),
+    ] {
+        let err = match Datapath::load(&Config {
+            pin_dir: t.pin_dir.clone(),
+            limits,
+        }) {
+            Ok(_) => panic!("loading over maps pinned with other limits must fail"),
+            Err(e) => e,
+        };
+        assert!(
+            matches!(&err, DatapathError::LimitSize { option: o, found: f, wanted: w, .. }
+                if *o == option && *f == found && *w == wanted),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        for want in [
+            map.to_string(),
+            format!("asked for {wanted}"),
+            format!("{option} {found}"),
+        ] {
+            assert!(message.contains(&want), "no {want:?} in: {message}");
+        }
+    }
+    // The pinned limits adopt the maps.
+    Datapath::load(&Config {
+        pin_dir: t.pin_dir.clone(),
+        limits: test_limits(),
+    })
+    .expect("the pinned limits are adopted");
+}

@@ -168,6 +168,17 @@ fn families(p: &Published) -> Families {
         held = held.with(vec![("family", family.to_string())], n);
     }
     out.push(held);
+    let mut waiting = Family::new(
+        "berth_routes_waiting_for_capacity",
+        "Routes whose services are not programmed because the datapath is full \
+         (Programmed=False, reason DatapathFull), by the limit they meet: services \
+         (berth run --max-services) or backends (--max-backends). Each change is logged.",
+        Gauge,
+    );
+    for (limit, n) in crate::publish::waiting_by_limit(&p.waiting) {
+        waiting = waiting.with(vec![("limit", limit.name().to_string())], n);
+    }
+    out.push(waiting);
     if let Some(ct) = &p.conntrack {
         out.extend([
             Family::new(

@@ -18,8 +18,8 @@ use super::{
     family::{Addr6, ByFamily, MapAddr},
     held_back, maglev, map_err, nr_cpus,
     roles::{Roles, ServiceView},
-    ApplyReport, Datapath, DatapathError, DesiredState, Installed, Result, ServiceAddr,
-    WeightedBackend,
+    ApplyReport, Capacity, Datapath, DatapathError, DesiredState, Installed, Limit, Result,
+    ServiceAddr, Usage, WeightedBackend,
 };
 
 /// The service map of one family.
@@ -134,12 +134,7 @@ impl Datapath {
     }
 
     fn apply_diff(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
-        if desired.services.len() as u32 > self.limits.services {
-            return Err(DatapathError::Capacity {
-                what: "services",
-                limit: self.limits.services,
-            });
-        }
+        self.check_capacity(desired)?;
         let mut report = ApplyReport::default();
         let snat = &desired.source_nat;
         let snat_changed = self
@@ -179,6 +174,16 @@ impl Datapath {
                     .collect()
             }
         };
+        // Removals first, then changed services (those giving backends back before
+        // those taking more), then new ones: a state that fits the limits fits them at
+        // every step of its application (an id is taken before the one it replaces is
+        // given back).
+        let mut changes = changes;
+        changes.sort_by_cached_key(|(key, want)| match (want, self.installed.get(key)) {
+            (None, _) => (0, 0),
+            (Some(want), Some(svc)) => (1, want.len() as i64 - svc.backends.len() as i64),
+            (Some(_), None) => (2, 0),
+        });
         // The roles follow the services: recomputed (over every installed service) only
         // when some service may change, its mode did, or they were never written exactly
         // (a start writes the adopted services' kept with what was there).
@@ -236,6 +241,31 @@ impl Datapath {
         Ok(report)
     }
 
+    /// Refuses a state that does not fit the maps before anything is touched. The
+    /// planner plans only what fits (`planner::capacity`), so this is a defence.
+    fn check_capacity(&self, desired: &DesiredState) -> Result<()> {
+        let capacity = Capacity::of(&self.limits);
+        let services = desired.services.len() as u64;
+        // Counting distinct endpoints costs a sort per service: only when the plain
+        // number of backends, which is never lower, passes the limit.
+        let at_most = desired.services.values().map(|b| b.len() as u64).sum();
+        let quick = Usage {
+            services,
+            backends: at_most,
+        };
+        let over = match quick.exceeds(&capacity) {
+            Some(Limit::Backends) => Usage::of_state(desired).exceeds(&capacity),
+            over => over,
+        };
+        match over {
+            Some(limit) => Err(DatapathError::Capacity {
+                what: limit.name(),
+                limit: capacity.of_limit(limit),
+            }),
+            None => Ok(()),
+        }
+    }
+
     fn add_service(&mut self, key: &ServiceAddr, want: &BackendSet, snat: bool) -> Result<()> {
         let id = self.service_ids.alloc()?;
         let table = self.tables.alloc()?;
@@ -274,6 +304,30 @@ impl Datapath {
     }
 
     fn update_service(&mut self, key: &ServiceAddr, want: &BackendSet, snat: bool) -> Result<()> {
+        let Some(old) = self.installed.get(key).cloned() else {
+            return self.add_service(key, want, snat);
+        };
+        // New backends take ids before the removed ones give theirs back (a table must
+        // only name live backends). With too few ids free (the maps nearly full), the
+        // service first switches to the backends it keeps, which frees the others'.
+        let added = want
+            .keys()
+            .filter(|e| !old.backends.contains_key(e))
+            .count();
+        let removed = old.backends.keys().any(|e| !want.contains_key(e));
+        if added > self.backend_ids.free_count() && removed {
+            let kept: BackendSet = want
+                .iter()
+                .filter(|(e, _)| old.backends.contains_key(e))
+                .map(|(&e, &w)| (e, w))
+                .collect();
+            tracing::debug!(
+                service = %key,
+                kept = kept.len(),
+                "backend ids short: switching to the kept backends first"
+            );
+            self.update_service(key, &kept, snat)?;
+        }
         let Some(old) = self.installed.get(key).cloned() else {
             return self.add_service(key, want, snat);
         };

@@ -62,6 +62,8 @@ impl ServiceIds {
 pub(super) struct IdPool {
     what: &'static str,
     used: Vec<bool>,
+    /// How many of `used` are true.
+    in_use: usize,
     cursor: u32,
 }
 
@@ -70,6 +72,7 @@ impl IdPool {
         IdPool {
             what,
             used: vec![false; capacity as usize],
+            in_use: 0,
             cursor: 0,
         }
     }
@@ -84,6 +87,7 @@ impl IdPool {
                 limit: cap,
             })?;
         self.used[id as usize] = true;
+        self.in_use += 1;
         self.cursor = (id + 1) % cap;
         Ok(id)
     }
@@ -91,6 +95,7 @@ impl IdPool {
     /// Marks an id found in use (adopted maps); new ids come after the highest.
     pub(super) fn mark(&mut self, id: u32) {
         if let Some(u) = self.used.get_mut(id as usize) {
+            self.in_use += usize::from(!*u);
             *u = true;
             self.cursor = self.cursor.max(id + 1);
         }
@@ -98,12 +103,19 @@ impl IdPool {
 
     pub(super) fn free(&mut self, id: u32) {
         if let Some(u) = self.used.get_mut(id as usize) {
+            self.in_use -= usize::from(*u);
             *u = false;
         }
     }
 
     pub(super) fn clear(&mut self) {
         self.used.fill(false);
+        self.in_use = 0;
+    }
+
+    /// How many ids are free.
+    pub(super) fn free_count(&self) -> usize {
+        self.used.len() - self.in_use
     }
 }
 

@@ -15,12 +15,12 @@ use aya::{
 };
 use gateway_common::{
     map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, ReplyIndex,
-    Service, ServiceId, ServiceKey, ServiceStats, BACKEND_LIVE,
+    Service, ServiceKey, ServiceStats, BACKEND_LIVE,
 };
 
 use super::{
     family::{endpoint_of, service_of, Addr6, ByFamily, MapAddr},
-    links, map_err, xdp, Config, Datapath, DatapathError, IdPool, Installed, Limits, Result,
+    links, map_err, xdp, Config, Datapath, DatapathError, IdPool, Installed, Limit, Limits, Result,
     ServiceAddr, ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6,
     REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
 };
@@ -37,14 +37,37 @@ impl Limits {
         self.services + SPARE_TABLES
     }
 
+    /// Entries of each reply index (backend endpoint → services): twice the backends,
+    /// as a change writes the roles of what is installed and what is wanted together
+    /// first (`roles.rs`), which full maps whose endpoints all change make twice as
+    /// many. (A disposable map: pinned with another size by an earlier build, it is
+    /// replaced.)
+    fn reply_index_entries(&self) -> u32 {
+        self.backends.saturating_mul(2)
+    }
+
     /// The shape of every map.
     fn shapes(&self) -> [Shape; 26] {
         use std::mem::size_of;
+        let services = [map_names::SERVICES, map_names::SERVICES6, map_names::MAGLEV];
+        let backends = [
+            map_names::BACKENDS,
+            map_names::BACKENDS6,
+            map_names::SNAT_SOURCES,
+            map_names::SNAT_SOURCES6,
+        ];
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
             key_size,
             value_size,
             max_entries,
+            sized_by: if services.contains(&name) {
+                Some((Limit::Services, max_entries - self.services))
+            } else if backends.contains(&name) {
+                Some((Limit::Backends, 0))
+            } else {
+                None
+            },
             disposable: [
                 map_names::COUNTERS,
                 map_names::SERVICE_STATS,
@@ -109,7 +132,7 @@ impl Limits {
                 map_names::REPLY_INDEX,
                 size_of::<ServiceKey>(),
                 size_of::<gateway_common::ReplyIndex>(),
-                self.backends,
+                self.reply_index_entries(),
             ),
             shape(
                 map_names::ADDR_FILTER,
@@ -142,7 +165,7 @@ impl Limits {
                 map_names::REPLY_INDEX6,
                 size_of::<ServiceKey<Addr6>>(),
                 size_of::<ReplyIndex<Addr6>>(),
-                self.backends,
+                self.reply_index_entries(),
             ),
             shape(map_names::BACKENDS6, 4, 16, self.backends),
             shape(map_names::SNAT_SOURCES6, 4, 16, self.backends),
@@ -162,6 +185,9 @@ struct Shape {
     key_size: usize,
     value_size: usize,
     max_entries: u32,
+    /// The limit its entries follow (`--max-services`, `--max-backends`), and the
+    /// entries it has beyond it (a Maglev table per service, and spare ones).
+    sized_by: Option<(Limit, u32)>,
     /// Replaced rather than refused when an earlier run's pin has another shape.
     disposable: bool,
 }
@@ -193,7 +219,8 @@ impl Datapath {
     fn load_pinned(config: &Config) -> Result<Self> {
         let Config { pin_dir, limits } = config;
         for (what, wanted, max) in [
-            ("services", limits.services, ServiceId::SLOTS),
+            ("services", limits.services, Limits::MAX_SERVICES),
+            ("backends", limits.backends, Limits::MAX_BACKENDS),
             ("conntrack entries", limits.flows, Limits::MAX_FLOWS),
         ] {
             if wanted > max {
@@ -249,6 +276,26 @@ impl Datapath {
                     );
                     let _ = fs::remove_file(path);
                 }
+            }
+            // A map sized by --max-services or --max-backends: refused naming the
+            // option and the size it was pinned with.
+            if let (
+                Some((limit, extra)),
+                Err(Ok(DatapathError::Incompatible {
+                    what: "max entries",
+                    found,
+                    ..
+                })),
+            ) = (shape.sized_by, check_pinned(path, pin_dir, shape))
+            {
+                return Err(DatapathError::LimitSize {
+                    path: path.clone(),
+                    what: limit.name(),
+                    option: limit.option(),
+                    found: found.saturating_sub(extra),
+                    wanted: shape.max_entries - extra,
+                    dir: pin_dir.clone(),
+                });
             }
             check_pinned(path, pin_dir, shape).map_err(|e| {
                 e.unwrap_or_else(|source| DatapathError::Map {

@@ -11,7 +11,8 @@
 //! programs; `addresses.rs` publishes the gateway addresses (the dummy interface, proxy
 //! neighbours, the announce table);
 //! `xmit.rs` follows which interfaces take XDP frames; `desired.rs` is the desired
-//! state; `held_back.rs` holds back what the kernel program cannot serve (a service
+//! state; `capacity.rs` is what the maps hold at most and what a state takes of it
+//! (the planner admits routes by it); `held_back.rs` holds back what the kernel program cannot serve (a service
 //! with backends of the other family); `family.rs` is how each family's addresses are
 //! held in the maps (IPv4 and IPv6 have maps of their own where keys hold addresses);
 //! `maglev.rs` builds the tables; `inspect.rs` reads a pinned datapath's tables.
@@ -20,6 +21,7 @@ pub mod maglev;
 
 mod addresses;
 mod apply;
+pub mod capacity;
 mod desired;
 mod family;
 pub mod held_back;
@@ -47,6 +49,7 @@ use aya::{
     programs::{links::FdLink, ProgramError, SchedClassifier, Xdp},
     Ebpf,
 };
+pub use capacity::{Capacity, Limit, Usage};
 use desired::BackendSet;
 pub use desired::{reserved_ports, Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
 pub use family::MapAddr;
@@ -139,6 +142,29 @@ pub enum DatapathError {
         /// The entries asked for.
         wanted: u32,
     },
+    /// A pinned map sized by `--max-services` or `--max-backends` was pinned with
+    /// another size. Refused like the conntrack: the maps hold the services served and
+    /// their backends, and resizing them is the operator's decision.
+    #[error(
+        "pinned map {path} holds {found} {what}, this daemon was asked for {wanted} \
+         ({option}): restart with {option} {found} to keep serving as before, or stop \
+         berth, run `berth uninstall` (or remove {dir}) and start again with the new \
+         size (established flows are then lost)"
+    )]
+    LimitSize {
+        /// Path of the pinned map.
+        path: PathBuf,
+        /// What the limit counts (`services`, `backends`).
+        what: &'static str,
+        /// The option that sets it.
+        option: &'static str,
+        /// The limit the map was pinned with.
+        found: u32,
+        /// The limit asked for.
+        wanted: u32,
+        /// The pin directory.
+        dir: PathBuf,
+    },
     /// Attaching to an interface failed.
     #[error("attaching the {what} program to interface {iface}")]
     Attach {
@@ -221,7 +247,8 @@ pub enum DatapathError {
         /// The largest limit supported.
         max: u32,
     },
-    /// The desired state does not fit the configured limits.
+    /// The desired state does not fit the configured limits (the planner plans only
+    /// what fits `Limits::services` and `Limits::backends`: a defence).
     #[error("desired state needs more {what} than the limit of {limit}")]
     Capacity {
         /// The exhausted resource.
@@ -243,9 +270,11 @@ fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DatapathError {
 /// Sizes of the maps. A restarted daemon must use the same limits to adopt the maps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Services (gateway address, protocol, port).
+    /// Services (gateway address, protocol, port) (`berth run --max-services`): at
+    /// most `ServiceId::SLOTS`.
     pub services: u32,
-    /// Backends over all services.
+    /// Backends over all services (`berth run --max-backends`): at most
+    /// `MAX_BACKENDS`.
     pub backends: u32,
     /// Conntrack entries (`berth run --conntrack-size`): at most `MAX_FLOWS`.
     pub flows: u32,
@@ -260,6 +289,14 @@ impl Limits {
     /// kernel memory (an entry is a `FlowKey`, a `Flow` and the hash table's own
     /// overhead: about 150 bytes).
     pub const MAX_FLOWS: u32 = 1 << 26;
+
+    /// The most services (`services`): as many as a service id has slots (2^16; a
+    /// Maglev table of 4 KiB each, about 270 MB of kernel memory at the most).
+    pub const MAX_SERVICES: u32 = ServiceId::SLOTS;
+
+    /// The most backends (`backends`): 2^22, about 150 bytes of kernel memory each
+    /// over the maps sized by it (about 600 MB at the most).
+    pub const MAX_BACKENDS: u32 = 1 << 22;
 }
 
 impl Default for Limits {

@@ -143,6 +143,8 @@ pub struct Controller {
     memo: planner::Memo,
     /// The source ports SNAT flows may be given.
     snat_ports: std::ops::RangeInclusive<u16>,
+    /// The datapath's room for services and backends.
+    capacity: crate::datapath::Capacity,
 }
 
 impl Controller {
@@ -163,6 +165,7 @@ impl Controller {
             default_addresses,
             memo: planner::Memo::default(),
             snat_ports: planner::DEFAULT_SNAT_PORTS,
+            capacity: Default::default(),
         }
     }
 
@@ -170,6 +173,13 @@ impl Controller {
     /// default ones.
     pub fn with_snat_ports(mut self, ports: std::ops::RangeInclusive<u16>) -> Self {
         self.snat_ports = ports;
+        self
+    }
+
+    /// Plans for a datapath of room `capacity` (`--max-services`, `--max-backends`)
+    /// instead of the default.
+    pub fn with_capacity(mut self, capacity: crate::datapath::Capacity) -> Self {
+        self.capacity = capacity;
         self
     }
 
@@ -200,6 +210,7 @@ impl Controller {
                     default_addresses: self.default_addresses,
                     ephemeral_ports: None,
                     snat_ports: self.snat_ports.clone(),
+                    capacity: self.capacity,
                     allocate: leader,
                 },
                 &mut self.memo,
@@ -368,6 +379,9 @@ pub struct Options {
     pub default_addresses: planner::DefaultAddresses,
     /// The source ports SNAT flows may be given (`--snat-ports`).
     pub snat_ports: std::ops::RangeInclusive<u16>,
+    /// The datapath's room for services and backends (`--max-services`,
+    /// `--max-backends`).
+    pub capacity: crate::datapath::Capacity,
 }
 
 /// Waits for a quiet spell after a watch event (at most `DEBOUNCE_MAX`).
@@ -429,7 +443,8 @@ pub async fn run(
         &options.identity,
         options.default_addresses,
     )
-    .with_snat_ports(options.snat_ports.clone());
+    .with_snat_ports(options.snat_ports.clone())
+    .with_capacity(options.capacity);
     tokio::select! {
         _ = cycles(controller, &sources, &changed, datapath, &shared, announcer) => {}
         _ = &mut shutdown => tracing::info!("shutting down"),

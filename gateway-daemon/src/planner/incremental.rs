@@ -14,7 +14,8 @@
 //! claim, and allocation is the full plan's: oldest first, static before dynamic,
 //! claims, quotas and cool-downs over the whole ledger. Anything else (a Gateway,
 //! GatewayClass, GatewayConfig, Namespace, ReferenceGrant or setting changed, a change
-//! too large, two routes contending for a datapath service) falls back to the full plan.
+//! too large, two routes contending for a datapath service, routes waiting for room in
+//! the datapath before or after the change) falls back to the full plan.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -23,7 +24,10 @@ use std::{
     time::SystemTime,
 };
 
-use crate::{datapath::ServiceAddr, model::*};
+use crate::{
+    datapath::{ServiceAddr, Usage},
+    model::*,
+};
 
 use super::{
     attach::{self, Attach, Attachments},
@@ -83,6 +87,7 @@ pub(super) struct Last {
     default_addresses: super::DefaultAddresses,
     ephemeral_ports: Option<RangeInclusive<u16>>,
     snat_ports: RangeInclusive<u16>,
+    capacity: crate::datapath::Capacity,
     allocate: bool,
     plan: Plan,
     /// The plan's claims, indexed.
@@ -111,6 +116,7 @@ impl Last {
             default_addresses: input.default_addresses,
             ephemeral_ports: input.ephemeral_ports.clone(),
             snat_ports: input.snat_ports.clone(),
+            capacity: input.capacity,
             allocate: input.allocate,
             plan: plan.clone(),
             held,
@@ -132,6 +138,7 @@ impl Last {
             && self.default_addresses == input.default_addresses
             && self.ephemeral_ports == input.ephemeral_ports
             && self.snat_ports == input.snat_ports
+            && self.capacity == input.capacity
             && self.allocate == input.allocate
     }
 }
@@ -230,7 +237,9 @@ fn scope_limit(routes: usize) -> usize {
 /// since is not small and local (then `memo` holds no last plan).
 pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
     let mut last = memo.last.take().filter(|_| memo.incremental)?;
-    if last.contested || !last.same_world(input) {
+    // Which routes fit the datapath is decided over all of them, oldest first: while
+    // some wait, every plan is a full one.
+    if last.contested || !last.plan.waiting.is_empty() || !last.same_world(input) {
         return None;
     }
     let snap = input.snapshot;
@@ -331,9 +340,10 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
         ephemeral_ports: input.ephemeral_ports.clone(),
         allocate: input.allocate,
         snat_ports: input.snat_ports.clone(),
+        capacity: input.capacity,
     };
     let mut planned = super::run(&part_input, memo, Some(&mut scope), Some(&held));
-    if planned.contested {
+    if planned.contested || !planned.plan.waiting.is_empty() {
         return None;
     }
     for c in &planned.plan.claims {
@@ -355,6 +365,10 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
         &gateways,
         input,
     )?;
+    if plan.used.exceeds(&input.capacity).is_some() {
+        // Some route must wait: which one, a full plan decides.
+        return None;
+    }
     // The touched listeners' waiting and fixed routes are all in scope: as planned now.
     let mut fresh = planned.on;
     for at in &scope.touched {
@@ -503,6 +517,7 @@ fn splice(
     // scope's as planned now.
     let (mut services, mut source_nat) = (last.datapath.services, last.datapath.source_nat);
     let mut owners = last.owners;
+    let mut used = last.used;
     // A port of a listener is never a SNAT port: while only such ports are served or
     // no longer served, the SNAT ports are as they were.
     let on_listener = |p: u16| {
@@ -513,7 +528,9 @@ fn splice(
     for key in &scope.routes {
         for service in served.remove(key.as_str()).unwrap_or_default() {
             snat_same &= on_listener(service.port);
-            services.remove(&service);
+            if let Some(gone) = services.remove(&service) {
+                used = used.minus(Usage::of_service(&gone));
+            }
             owners.remove(&service);
             source_nat.remove(&service);
         }
@@ -523,7 +540,10 @@ fn splice(
             return None;
         }
         snat_same &= on_listener(service.port);
-        services.insert(service, backends);
+        used = used.plus(Usage::of_service(&backends));
+        if let Some(was) = services.insert(service, backends) {
+            used = used.minus(Usage::of_service(&was));
+        }
     }
     for (key, list) in self::served(&part.owners) {
         served.insert(key, list);
@@ -542,6 +562,7 @@ fn splice(
     part.datapath.services = services;
     part.datapath.source_nat = source_nat;
     part.owners = owners;
+    part.used = used;
 
     // A fixed listener's attached routes are counted from its routes: those of an
     // untouched listener (none in scope) are as counted last time.

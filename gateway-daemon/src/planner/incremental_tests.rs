@@ -215,6 +215,7 @@ fn input<'a>(snapshot: &'a Snapshot, claims: &'a [Arc<PortClaim>], w: &World) ->
         ephemeral_ports: Some(32768..=60999),
         allocate: !w.no_allocate,
         snat_ports: DEFAULT_SNAT_PORTS,
+        capacity: Default::default(),
     }
 }
 

@@ -10,6 +10,7 @@ mod addresses;
 mod attach;
 mod backends;
 mod bind;
+pub mod capacity;
 pub mod changes;
 mod gateway_status;
 mod gateways;
@@ -35,13 +36,14 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    datapath::{DesiredState, ServiceAddr},
+    datapath::{Capacity, DesiredState, ServiceAddr, Usage},
     model::*,
 };
 use backends::Index;
 use status::*;
 
 pub use addresses::{DefaultAddresses, Families, Family, TwiceForOneFamily};
+pub use capacity::Waiting;
 pub use memo::Memo;
 pub use reason::Reason;
 pub use route_status::carry_parent_times;
@@ -57,13 +59,16 @@ pub const DEFAULT_RELEASE_COOLDOWN: Duration = Duration::from_secs(300);
 /// default ephemeral range); the listeners' ports are taken out of them.
 pub const DEFAULT_SNAT_PORTS: RangeInclusive<u16> = 32768..=60999;
 
-/// What the daemon's options say about planning (`--address`, `--snat-ports`).
+/// What the daemon's options say about planning (`--address`, `--snat-ports`,
+/// `--max-services`, `--max-backends`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// The addresses of Gateways whose `spec.addresses` has no address Berth serves.
     pub default_addresses: DefaultAddresses,
     /// The source ports SNAT flows may be given.
     pub snat_ports: RangeInclusive<u16>,
+    /// The datapath's room for services and backends.
+    pub capacity: Capacity,
 }
 
 impl Default for Settings {
@@ -71,6 +76,7 @@ impl Default for Settings {
         Settings {
             default_addresses: DefaultAddresses::default(),
             snat_ports: DEFAULT_SNAT_PORTS,
+            capacity: Capacity::default(),
         }
     }
 }
@@ -97,6 +103,10 @@ pub struct Input<'a> {
     /// The source ports SNAT flows may be given (`--snat-ports`); the plan's
     /// `datapath.snat_ports` is this minus every listener's ports.
     pub snat_ports: RangeInclusive<u16>,
+    /// The datapath's room for services and backends (`--max-services`,
+    /// `--max-backends`): routes are served oldest first, those that do not fit wait
+    /// for room (`capacity`).
+    pub capacity: Capacity,
 }
 
 /// What the planner decides.
@@ -122,6 +132,13 @@ pub struct Plan {
     /// route on its listener): worth a warning, since a claim is released only here.
     #[serde(skip)]
     pub released: Vec<String>,
+    /// Routes whose services are left out of `datapath` for want of room, oldest
+    /// first (each says so in a `Programmed=False` condition, reason `DatapathFull`).
+    #[serde(skip)]
+    pub waiting: Vec<Waiting>,
+    /// What the services of `datapath` take of the room.
+    #[serde(skip)]
+    pub used: Usage,
 }
 
 /// A route's identity.
@@ -302,8 +319,17 @@ fn run(
             known: &known,
             index: &index,
             snat_ports: &input.snat_ports,
+            capacity: &input.capacity,
         },
         &mut routes.backends,
+    );
+    let waiting = capacity::mark_waiting(
+        &mut routes.entries,
+        &projected.left,
+        snap,
+        &gateways.views,
+        &input.capacity,
+        &now_text,
     );
     let gateway_entries = gateway_status::gateway_statuses(&gateway_status::Context {
         input,
@@ -333,6 +359,8 @@ fn run(
             owners: projected.owners,
             usage,
             released,
+            waiting,
+            used: projected.used,
         },
         on,
         contested: projected.contested,

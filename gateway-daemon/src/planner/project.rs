@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, ops::RangeInclusive, sync::Arc};
 
 use crate::{
-    datapath::{DesiredState, ServiceAddr},
+    datapath::{Backends, Capacity, DesiredState, ServiceAddr, Usage},
     model::*,
 };
 
@@ -14,6 +14,7 @@ use super::{
     addresses::Family,
     attach::{holds, Attachments},
     backends::{resolve_backends, Index, Resolved},
+    capacity::{self, Demand, Left},
     gateways::{GatewayView, Gateways},
     memo::Remembered,
     route_status::route_id,
@@ -33,11 +34,23 @@ pub(super) struct Context<'p, 'a> {
     pub index: &'p Index<'a>,
     /// The source ports SNAT flows may be given (`--snat-ports`).
     pub snat_ports: &'p RangeInclusive<u16>,
+    /// The datapath's room for services and backends.
+    pub capacity: &'p Capacity,
 }
 
-/// (datapath service, index of the route whose backends serve it, its Gateway's age,
-/// whether its Gateway is in SNAT mode)
-type Serving = (ServiceAddr, usize, usize, bool);
+/// A datapath service, and who serves it.
+#[derive(Clone, Copy)]
+struct Serving {
+    service: ServiceAddr,
+    /// The index of the route whose backends serve it.
+    route: usize,
+    /// Its Gateway's index.
+    gateway: usize,
+    /// Its Gateway's age.
+    age: usize,
+    /// Whether its Gateway is in SNAT mode.
+    snat: bool,
+}
 
 /// What the datapath stage decides.
 pub(super) struct Projected {
@@ -45,6 +58,10 @@ pub(super) struct Projected {
     pub owners: BTreeMap<ServiceAddr, Arc<RouteId>>,
     /// Whether two routes contended for a service (one lost).
     pub contested: bool,
+    /// Routes left out for want of room, oldest first.
+    pub left: Vec<Left>,
+    /// What the services of `datapath` take of the room.
+    pub used: Usage,
 }
 
 /// The datapath's desired state, and the route whose backends serve each service.
@@ -60,41 +77,47 @@ pub(super) fn project(cx: &Context, backends: &mut [Option<Arc<Resolved>>]) -> P
     // oldest Gateway's entry wins; within one Gateway a later entry wins, as an insert
     // would (the stable sort keeps the reversed order among equals).
     serving.reverse();
-    serving.sort_by_key(|&(service, _, age, _)| (service, age));
+    serving.sort_by_key(|s| (s.service, s.age));
     let all = serving.len();
-    serving.dedup_by_key(|&mut (service, _, _, _)| service);
+    serving.dedup_by_key(|s| s.service);
     let contested = serving.len() != all;
-    let source_nat = serving
-        .iter()
-        .filter(|&&(_, _, _, snat)| snat)
-        .map(|&(service, _, _, _)| service)
-        .collect();
+    // Every port planned, served or waiting for room, is kept from SNAT flows.
     let snat_ports = snat_ports(
         &cx.gateways.views,
-        serving.iter().map(|(service, _, _, _)| service.port),
+        serving.iter().map(|s| s.service.port),
         cx.snat_ports,
     );
-    let owners: BTreeMap<ServiceAddr, Arc<RouteId>> = serving
-        .iter()
-        .map(|&(service, ri, _, _)| {
-            let id = match cx.known[ri] {
-                Some(k) => Arc::clone(&k.id),
-                None => Arc::new(route_id(&snap.routes[ri])),
-            };
-            (service, id)
-        })
-        .collect();
-    let services = serving
+    let with_backends: Vec<(Serving, Backends)> = serving
         .into_iter()
-        .map(|(service, ri, _, _)| {
+        .map(|s| {
             // A claim kept for a frozen Gateway may name a route without attachments.
-            let resolved = backends[ri].get_or_insert_with(|| {
-                Arc::new(resolve_backends(&snap.routes[ri], snap, cx.index))
+            let resolved = backends[s.route].get_or_insert_with(|| {
+                Arc::new(resolve_backends(&snap.routes[s.route], snap, cx.index))
             });
             // A service of a family is served by the endpoints of that family only.
-            let family = Family::of(&service.addr);
-            (service, resolved.backends(family).clone())
+            let family = Family::of(&s.service.addr);
+            (s, resolved.backends(family).clone())
         })
+        .collect();
+    let (with_backends, left, used) = fit(cx, with_backends);
+    let source_nat = with_backends
+        .iter()
+        .filter(|(s, _)| s.snat)
+        .map(|(s, _)| s.service)
+        .collect();
+    let owners: BTreeMap<ServiceAddr, Arc<RouteId>> = with_backends
+        .iter()
+        .map(|(s, _)| {
+            let id = match cx.known[s.route] {
+                Some(k) => Arc::clone(&k.id),
+                None => Arc::new(route_id(&snap.routes[s.route])),
+            };
+            (s.service, id)
+        })
+        .collect();
+    let services = with_backends
+        .into_iter()
+        .map(|(s, backends)| (s.service, backends))
         .collect();
     Projected {
         datapath: DesiredState {
@@ -104,7 +127,64 @@ pub(super) fn project(cx: &Context, backends: &mut [Option<Arc<Resolved>>]) -> P
         },
         owners,
         contested,
+        left,
+        used,
     }
+}
+
+/// The services of the routes that fit the datapath (`capacity::admit`, oldest route
+/// first), the routes left out, and what the services kept take.
+fn fit(
+    cx: &Context,
+    serving: Vec<(Serving, Backends)>,
+) -> (Vec<(Serving, Backends)>, Vec<Left>, Usage) {
+    let usage: Vec<Usage> = serving.iter().map(|(_, b)| Usage::of_service(b)).collect();
+    let total = usage.iter().fold(Usage::default(), |a, &u| a.plus(u));
+    if total.exceeds(cx.capacity).is_none() {
+        return (serving, Vec::new(), total);
+    }
+    // The services of each route together, oldest route first.
+    let mut rank = vec![usize::MAX; cx.snap.routes.len()];
+    for (i, &ri) in cx.attachments.order.iter().enumerate() {
+        rank[ri] = i;
+    }
+    let mut by_age: Vec<usize> = (0..serving.len()).collect();
+    by_age.sort_by_key(|&i| (rank[serving[i].0.route], i));
+    let routes: Vec<&[usize]> = by_age
+        .chunk_by(|&a, &b| serving[a].0.route == serving[b].0.route)
+        .collect();
+    let demands = routes.iter().enumerate().map(|(at, chunk)| Demand {
+        route: at,
+        services: chunk
+            .iter()
+            .map(|&i| (serving[i].0.service, usage[i]))
+            .collect(),
+    });
+    let admission = capacity::admit(demands, cx.capacity);
+    let mut waits = vec![false; cx.snap.routes.len()];
+    let left = admission
+        .waiting
+        .iter()
+        .map(|&(at, limit, need)| {
+            let chunk = routes[at];
+            let ri = serving[chunk[0]].0.route;
+            waits[ri] = true;
+            let mut gateways: Vec<usize> = chunk.iter().map(|&i| serving[i].0.gateway).collect();
+            gateways.sort_unstable();
+            gateways.dedup();
+            Left {
+                route: ri,
+                limit,
+                need,
+                gateways,
+            }
+        })
+        .collect();
+    let kept = serving
+        .into_iter()
+        .filter(|(s, _)| !waits[s.route])
+        .collect();
+    (kept, left, admission.used)
 }
 
 /// Every bound claim of a Gateway, on each of its addresses. The backends of a service
@@ -137,13 +217,12 @@ fn claimed(cx: &Context, serving: &mut Vec<Serving>) {
                     .route_named(&claim.spec.route, &cx.snap.routes),
             ),
         };
-        let Some(gw) = gi.map(|gi| &cx.gateways.views[gi]) else {
+        let (Some(gi), Some(protocol), Some(ri)) =
+            (gi, Protocol::parse(&claim.spec.protocol), route)
+        else {
             continue;
         };
-        let (Some(protocol), Some(ri)) = (Protocol::parse(&claim.spec.protocol), route) else {
-            continue;
-        };
-        serve(serving, gw, protocol, claim.spec.port, ri);
+        serve(serving, cx, gi, protocol, claim.spec.port, ri);
     }
 }
 
@@ -161,7 +240,8 @@ fn fixed(cx: &Context, serving: &mut Vec<Serving>) {
         }
         serve(
             serving,
-            gw,
+            cx,
+            gi,
             protocol,
             l.spec.port,
             cx.attachments.list[oldest].route_index,
@@ -169,19 +249,28 @@ fn fixed(cx: &Context, serving: &mut Vec<Serving>) {
     }
 }
 
-/// `port` on each address `gw` serves, by route `ri`.
-fn serve(serving: &mut Vec<Serving>, gw: &GatewayView, protocol: Protocol, port: u16, ri: usize) {
+/// `port` on each address Gateway `gi` serves, by route `ri`.
+fn serve(
+    serving: &mut Vec<Serving>,
+    cx: &Context,
+    gi: usize,
+    protocol: Protocol,
+    port: u16,
+    ri: usize,
+) {
+    let gw = &cx.gateways.views[gi];
     for &addr in &gw.addresses.served {
-        serving.push((
-            ServiceAddr {
+        serving.push(Serving {
+            service: ServiceAddr {
                 addr,
                 protocol,
                 port,
             },
-            ri,
-            gw.age,
-            gw.source_nat,
-        ));
+            route: ri,
+            gateway: gi,
+            age: gw.age,
+            snat: gw.source_nat,
+        });
     }
 }
 

@@ -41,6 +41,7 @@ fn plan_at(text: &str, claims: &[Arc<PortClaim>], seconds: u64) -> Plan {
         default_addresses: DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: DEFAULT_SNAT_PORTS,
+        capacity: Default::default(),
         allocate: true,
     })
 }

@@ -53,6 +53,9 @@ pub enum Reason {
     PortRangeExhausted,
     /// A listener's range overlaps the host's ephemeral ports.
     OverlapsEphemeralPorts,
+    /// Berth's own: a route's services are not programmed, as the datapath's maps are
+    /// full of older routes' (`berth run --max-services`, `--max-backends`).
+    DatapathFull,
 }
 
 impl Reason {
@@ -82,6 +85,7 @@ impl Reason {
             Reason::QuotaExceeded => "QuotaExceeded",
             Reason::PortRangeExhausted => "PortRangeExhausted",
             Reason::OverlapsEphemeralPorts => "OverlapsEphemeralPorts",
+            Reason::DatapathFull => "DatapathFull",
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::{collections::BTreeSet, net::Ipv4Addr, ops::RangeInclusive, path::Path};
 
 use super::*;
-use crate::{manifests, model::Protocol};
+use crate::{datapath::Capacity, manifests, model::Protocol};
 
 const CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\n\
     metadata: {name: berth}\nspec: {controllerName: berth.dev/gateway-controller}\n";
@@ -59,6 +59,20 @@ fn plan_of(text: &str, claims: &[Arc<PortClaim>]) -> Plan {
 
 /// The plan with `snat_ports` as the configured SNAT source ports.
 fn plan_snat(text: &str, claims: &[Arc<PortClaim>], snat_ports: RangeInclusive<u16>) -> Plan {
+    plan_for(text, claims, snat_ports, Capacity::default())
+}
+
+/// The plan for a datapath of room `capacity`.
+fn plan_room(text: &str, capacity: Capacity) -> Plan {
+    plan_for(text, &[], DEFAULT_SNAT_PORTS, capacity)
+}
+
+fn plan_for(
+    text: &str,
+    claims: &[Arc<PortClaim>],
+    snat_ports: RangeInclusive<u16>,
+    capacity: Capacity,
+) -> Plan {
     let parsed = manifests::parse_file(Path::new("test.yaml"), text);
     assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
     let snapshot = manifests::snapshot([&parsed]);
@@ -70,7 +84,53 @@ fn plan_snat(text: &str, claims: &[Arc<PortClaim>], snat_ports: RangeInclusive<u
         ephemeral_ports: None,
         snat_ports,
         allocate: true,
+        capacity,
     })
+}
+
+#[test]
+fn a_fixed_listeners_service_shared_by_its_routes_takes_room_once_for_the_oldest() {
+    // Two routes on a fixed listener share its one service (only the oldest is served
+    // there); a route of the range is between them in age.
+    let fixed = format!("{{name: fixed, protocol: TCP, port: 80, {ALL}}}");
+    let pool = format!("{{name: pool, protocol: TCP, port: 30000, {ALL}}}");
+    let on = |l: &str| format!("name: gw, namespace: infra, sectionName: {l}");
+    let text = [
+        CLASS.to_string(),
+        gateway("gw", 1, &[&fixed, &pool], Some(("pool", 30009))),
+        route("TCPRoute", "old", 1, &on("fixed")),
+        route("TCPRoute", "ranged", 2, &on("pool")),
+        route("TCPRoute", "new", 3, &on("fixed")),
+    ]
+    .concat();
+    let room = |services| Capacity {
+        services,
+        ..Capacity::default()
+    };
+    let programmed = |p: &Plan, name: &str| -> Vec<String> {
+        let r = p.routes.iter().find(|r| r.name == name).expect("route");
+        r.status.parents[0]
+            .conditions
+            .iter()
+            .filter(|c| c.kind == capacity::PROGRAMMED)
+            .map(|c| format!("{} {}", c.status, c.reason))
+            .collect()
+    };
+    // Two services: the fixed listener's and the range's one; nothing waits.
+    let two = plan_room(&text, room(2));
+    assert!(two.waiting.is_empty(), "{:?}", two.waiting);
+    assert_eq!(two.datapath.services.len(), 2);
+    assert_eq!(two.used.services, 2);
+    // One: the oldest route's; the range's route waits, the shadowed one does not.
+    let one = plan_room(&text, room(1));
+    let waiting: Vec<&str> = one.waiting.iter().map(|w| w.route.name.as_str()).collect();
+    assert_eq!(waiting, ["ranged"]);
+    assert_eq!(one.waiting[0].limit, crate::datapath::Limit::Services);
+    let served: Vec<u16> = one.datapath.services.keys().map(|s| s.port).collect();
+    assert_eq!(served, [80]);
+    assert_eq!(programmed(&one, "ranged"), ["False DatapathFull"]);
+    assert!(programmed(&one, "old").is_empty() && programmed(&one, "new").is_empty());
+    assert_eq!(one.claims, two.claims, "room changes no claim");
 }
 
 fn find<'a>(conditions: &'a [Condition], kind: &str) -> &'a Condition {

@@ -63,6 +63,7 @@ pub fn cycle(
                 default_addresses: settings.default_addresses,
                 ephemeral_ports: crate::host::ephemeral_ports(),
                 snat_ports: settings.snat_ports.clone(),
+                capacity: settings.capacity,
                 allocate: true,
             },
             memo,

@@ -64,6 +64,7 @@ pub(super) fn example_errors(d: &Deploy) -> Vec<String> {
         default_addresses: berth::planner::DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
+        capacity: Default::default(),
         allocate: true,
     });
     // Pods on every node are the backends: the example's routes are in SNAT mode.

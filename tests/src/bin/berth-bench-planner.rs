@@ -2,6 +2,9 @@
 //! 20k-port range, a full plan from no claims and a one-route change with every other
 //! claim in place. Prints a table and, last, one JSON line.
 //!
+//! `BERTH_BENCH_MAX_SERVICES=N` plans for a datapath of N services (`berth run
+//! --max-services`): the routes beyond it wait, and every plan is a full one.
+//!
 //! With `--files`: the manifest source's bookkeeping with 10k files of one route each
 //! (one file per team): the first load, a look at the unchanged directory (made at
 //! every wake-up), and one file changed.
@@ -222,6 +225,10 @@ fn main() {
         return bench_files(10_000);
     }
     let now = SystemTime::now();
+    let mut capacity = berth::datapath::Capacity::default();
+    if let Ok(n) = std::env::var("BERTH_BENCH_MAX_SERVICES") {
+        capacity.services = n.parse().expect("BERTH_BENCH_MAX_SERVICES: a number");
+    }
     let mut rows = Vec::new();
     for n in [100usize, 1_000, 10_000] {
         let snap = snapshot(n);
@@ -236,6 +243,7 @@ fn main() {
                 default_addresses: berth::planner::DefaultAddresses::default(),
                 ephemeral_ports: None,
                 snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
+                capacity,
                 allocate: true,
             });
             full.push(t.elapsed());
@@ -254,6 +262,7 @@ fn main() {
                 default_addresses: berth::planner::DefaultAddresses::default(),
                 ephemeral_ports: None,
                 snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
+                capacity,
                 allocate: true,
             });
             one.push(t.elapsed());
@@ -274,6 +283,7 @@ fn main() {
                 default_addresses: berth::planner::DefaultAddresses::default(),
                 ephemeral_ports: None,
                 snat_ports: berth::planner::DEFAULT_SNAT_PORTS,
+                capacity,
                 allocate: true,
             };
             let mut memo = Memo::default();
