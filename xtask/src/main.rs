@@ -363,22 +363,24 @@ fn test() -> Result<()> {
 }
 
 /// Removes namespaces and pins that a test run killed before its cleanup left behind
-/// (tests name everything they create `berth-...` and `/sys/fs/bpf/berth-test-...`).
+/// (tests name everything they create `berth-<tag><pid>x<n>` and
+/// `/sys/fs/bpf/berth-test-...`, `<pid>` being their process id modulo 100,000). Names
+/// of a process still running are left alone: another suite (another checkout) may be
+/// running its tests on this machine right now.
 fn remove_leftovers() -> Result<()> {
+    let running = running_pids();
+    let left_behind = |name: &str| owner(name).is_none_or(|pid| !running.contains(&pid));
     let list = output(Command::new("ip").args(["netns", "list"]))?;
     for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
-        if name.starts_with("berth-") {
+        if name.starts_with("berth-") && left_behind(name) {
             eprintln!("test: removing namespace {name} left by an earlier run");
             run(Command::new("ip").args(["netns", "del", name]))?;
         }
     }
     if let Ok(entries) = std::fs::read_dir("/sys/fs/bpf") {
         for entry in entries.flatten() {
-            if entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with("berth-test-")
-            {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("berth-test-") && left_behind(&name) {
                 eprintln!(
                     "test: removing pins {} left by an earlier run",
                     entry.path().display()
@@ -388,6 +390,24 @@ fn remove_leftovers() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The process id (modulo 100,000) in a test's name `...<letters><pid>x<n>[-suffix]`.
+fn owner(name: &str) -> Option<u32> {
+    let (head, _) = name.rsplit_once('x')?;
+    let digits = head.len() - head.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    head[head.len() - digits..].parse().ok()
+}
+
+/// The ids (modulo 100,000, as tests write them) of the processes running now.
+fn running_pids() -> std::collections::HashSet<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .map(|pid| pid % 100_000)
+        .collect()
 }
 
 /// Runs one of the `berth-tests` binaries, optimised.
@@ -424,4 +444,19 @@ fn build_berth() -> Result<()> {
 fn demo() -> Result<()> {
     build_berth()?;
     run_bin("berth-demo")
+}
+
+#[cfg(test)]
+mod leftover_tests {
+    use super::owner;
+
+    #[test]
+    fn a_test_names_owner_is_the_process_id_before_the_last_x() {
+        assert_eq!(owner("berth-fx8908x1"), Some(8908));
+        assert_eq!(owner("berth-kr26107x0"), Some(26107));
+        assert_eq!(owner("berth-test-berth-kr26107x0-1"), Some(26107));
+        assert_eq!(owner("berth-test-dp12x3"), Some(12));
+        assert_eq!(owner("berth0"), None);
+        assert_eq!(owner("berth-handmade"), None);
+    }
 }
