@@ -252,6 +252,25 @@ pub fn wait_until(what: &str, timeout: std::time::Duration, mut cond: impl FnMut
     }
 }
 
+/// Polls `check` every `every` until it returns `Ok`, or `timeout` passes; then panics
+/// with `why` of its last `Err`. The message is built only then (it may read logs), so
+/// each attempt costs only the check.
+pub fn settle<T, E>(
+    timeout: std::time::Duration,
+    every: std::time::Duration,
+    mut check: impl FnMut() -> Result<T, E>,
+    why: impl FnOnce(E) -> String,
+) -> T {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(e) if std::time::Instant::now() >= deadline => panic!("{}", why(e)),
+            Err(_) => std::thread::sleep(every),
+        }
+    }
+}
+
 /// Polls `f` every 10 ms until it returns `Ok` or `timeout` passes; then panics with
 /// `what` and the last error.
 pub fn poll<T>(

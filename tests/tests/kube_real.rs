@@ -25,6 +25,11 @@ const RANGE: std::ops::RangeInclusive<u64> = 30000..=30999;
 /// wins the Lease, plans and writes).
 const SETTLE: Duration = Duration::from_secs(60);
 
+/// Polls `check` every 200 ms for up to `SETTLE` (see `berth_tests::netns::settle`).
+fn settle<T, E>(check: impl FnMut() -> Result<T, E>, why: impl FnOnce(E) -> String) -> T {
+    berth_tests::netns::settle(SETTLE, Duration::from_millis(200), check, why)
+}
+
 /// The cluster's side of the scenario: a Node for the pods and the namespaces; then
 /// `examples/gateway.yaml`, the operator's Gateway whose TCP and UDP listeners are
 /// port ranges (GatewayConfig `shared-l4`, 30000-30999).
@@ -371,23 +376,24 @@ fn berth_service_account_is_allowed_everything_berth_does() {
         "create leases ",
         "watch endpointslices ",
     ];
-    let deadline = std::time::Instant::now() + SETTLE;
-    loop {
-        let (made, _) = berth_requests(&cp);
-        let missing: Vec<&str> = WANT
-            .iter()
-            .filter(|w| !made.iter().any(|m| m.starts_with(*w)))
-            .map(|w| w.trim())
-            .collect();
-        if missing.is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "berth made no {missing:?} request in {SETTLE:?}; it made:\n{made:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    settle(
+        || {
+            let (made, _) = berth_requests(&cp);
+            let missing: Vec<&str> = WANT
+                .iter()
+                .filter(|w| !made.iter().any(|m| m.starts_with(*w)))
+                .map(|w| w.trim())
+                .collect();
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err((missing, made))
+            }
+        },
+        |(missing, made)| {
+            format!("berth made no {missing:?} request in {SETTLE:?}; it made:\n{made:#?}")
+        },
+    );
     let (_, denied) = berth_requests(&cp);
     assert!(
         denied.is_empty(),
@@ -468,24 +474,29 @@ fn each_route_gets_its_pod_as_backend(port_name: &'static str) {
 /// backends given.
 fn wait_backends(cp: &mut ControlPlane, berth: &mut Berth, want: &[(&str, usize)]) {
     let want: Vec<(String, usize)> = want.iter().map(|(ns, n)| (ns.to_string(), *n)).collect();
-    let deadline = std::time::Instant::now() + SETTLE;
-    loop {
-        let rows = cp.berth_routes(berth).expect("berth get routes");
-        let mut backends: Vec<(String, usize)> = rows
-            .iter()
-            .map(|r| (r.namespace.clone(), r.backends))
-            .collect();
-        backends.sort();
-        if backends == want {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "routes' backends (namespace, count) should be {want:?}: {backends:?}\nberth's log:\n{}",
-            tail(&berth.log, 30)
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let log = berth.log.clone();
+    settle(
+        || {
+            let rows = cp.berth_routes(berth).expect("berth get routes");
+            let mut backends: Vec<(String, usize)> = rows
+                .iter()
+                .map(|r| (r.namespace.clone(), r.backends))
+                .collect();
+            backends.sort();
+            if backends == want {
+                Ok(())
+            } else {
+                Err(backends)
+            }
+        },
+        |backends| {
+            format!(
+                "routes' backends (namespace, count) should be {want:?}: {backends:?}\n\
+                 berth's log:\n{}",
+                tail(&log, 30)
+            )
+        },
+    );
 }
 
 /// A pod turning not ready leaves its EndpointSlice as not ready (the real controller
@@ -701,20 +712,24 @@ fn two_daemons_elect_one_allocator_and_the_survivor_takes_over() {
     let ports = cp.block_on(|client| async move { assigned_ports(&client).await });
     // The follower programs what the leader's claims say.
     let want: Vec<u64> = ports.iter().map(|(_, p)| *p).collect();
-    let deadline = std::time::Instant::now() + SETTLE;
-    loop {
-        let rows = cp.berth_routes(&mut second).unwrap_or_default();
-        let served: Vec<u64> = rows.iter().filter_map(|r| r.port.map(u64::from)).collect();
-        if want.iter().all(|p| served.contains(p)) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second daemon serves ports {served:?}, not {want:?}; its log:\n{}",
-            tail(&second.log, 20)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let log = second.log.clone();
+    settle(
+        || {
+            let rows = cp.berth_routes(&mut second).unwrap_or_default();
+            let served: Vec<u64> = rows.iter().filter_map(|r| r.port.map(u64::from)).collect();
+            if want.iter().all(|p| served.contains(p)) {
+                Ok(())
+            } else {
+                Err(served)
+            }
+        },
+        |served| {
+            format!(
+                "the second daemon serves ports {served:?}, not {want:?}; its log:\n{}",
+                tail(&log, 20)
+            )
+        },
+    );
     let (holder, follower) = (first.node.clone(), second.node.clone());
     cp.block_on(|client| async move {
         assert_eq!(
@@ -810,35 +825,37 @@ fn wait_datapath(
     tables: &[(u64, Vec<String>)],
     routes: &[(&str, usize)],
 ) {
-    let deadline = std::time::Instant::now() + SETTLE;
-    loop {
-        let have = berth.tables();
-        let by_port = |port: u64| -> Vec<String> {
-            have.iter()
-                .find(|(s, _)| u64::from(s.port) == port)
-                .map(|(_, e)| e.iter().map(|e| e.to_string()).collect())
-                .unwrap_or_default()
-        };
-        let rows = cp.berth_routes(berth).unwrap_or_default();
-        let count = |name: &str| {
-            rows.iter()
-                .find(|r| r.namespace == "team-a" && r.name == name)
-                .map(|r| r.backends)
-        };
-        let tables_ok = tables.iter().all(|(port, want)| &by_port(*port) == want);
-        let routes_ok = routes.iter().all(|(name, n)| count(name) == Some(*n));
-        if tables_ok && routes_ok {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "after {SETTLE:?}: tables {have:?} (want {tables:?}); routes {:?} (want {routes:?})",
-            rows.iter()
-                .map(|r| (r.name.as_str(), r.backends))
-                .collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    settle(
+        || {
+            let have = berth.tables();
+            let by_port = |port: u64| -> Vec<String> {
+                have.iter()
+                    .find(|(s, _)| u64::from(s.port) == port)
+                    .map(|(_, e)| e.iter().map(|e| e.to_string()).collect())
+                    .unwrap_or_default()
+            };
+            let rows = cp.berth_routes(berth).unwrap_or_default();
+            let count = |name: &str| {
+                rows.iter()
+                    .find(|r| r.namespace == "team-a" && r.name == name)
+                    .map(|r| r.backends)
+            };
+            let tables_ok = tables.iter().all(|(port, want)| &by_port(*port) == want);
+            let routes_ok = routes.iter().all(|(name, n)| count(name) == Some(*n));
+            if tables_ok && routes_ok {
+                return Ok(());
+            }
+            let counts: Vec<(String, usize)> =
+                rows.iter().map(|r| (r.name.clone(), r.backends)).collect();
+            Err((have, counts))
+        },
+        |(have, counts)| {
+            format!(
+                "after {SETTLE:?}: tables {have:?} (want {tables:?}); routes {counts:?} \
+                 (want {routes:?})"
+            )
+        },
+    );
 }
 
 /// A Service with two named ports: each route gets the pod on its own target port
@@ -1016,26 +1033,29 @@ fn a_dual_stack_service_is_served_on_both_families() {
         want("10.251.0.110", format!("{v4}:8080")),
         want("fd00:251::110", format!("[{v6}]:8080")),
     ];
-    let deadline = std::time::Instant::now() + SETTLE;
-    loop {
-        let have = berth.tables();
-        let served = |(addr, backend): &(std::net::IpAddr, String)| {
-            have.iter().any(|(s, e)| {
-                s.addr == *addr
-                    && u64::from(s.port) == port
-                    && e.iter().map(|e| e.to_string()).collect::<Vec<_>>() == [backend.clone()]
-            })
-        };
-        if wants.iter().all(served) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "after {SETTLE:?}: port {port} not served as {wants:?}; tables {have:?}; log:\n{}",
-            tail(&berth.log, 20)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    settle(
+        || {
+            let have = berth.tables();
+            let served = |(addr, backend): &(std::net::IpAddr, String)| {
+                have.iter().any(|(s, e)| {
+                    s.addr == *addr
+                        && u64::from(s.port) == port
+                        && e.iter().map(|e| e.to_string()).collect::<Vec<_>>() == [backend.clone()]
+                })
+            };
+            if wants.iter().all(served) {
+                Ok(())
+            } else {
+                Err(have)
+            }
+        },
+        |have| {
+            format!(
+                "after {SETTLE:?}: port {port} not served as {wants:?}; tables {have:?}; log:\n{}",
+                tail(&berth.log, 20)
+            )
+        },
+    );
     cp.berth_routes(&mut berth).expect("berth answers");
 }
 
@@ -1164,24 +1184,23 @@ fn real_traffic_reaches_each_teams_pod_through_its_port() {
         );
     }
     // `get routes` shows the traffic each route's port carried (sampled, so polled).
-    let deadline = std::time::Instant::now() + SETTLE;
-    loop {
-        let rows = cp.berth_routes(&mut berth).unwrap_or_default();
-        let counted: Vec<(u64, u64)> = ports
-            .iter()
-            .map(|(namespace, _)| {
-                rows.iter()
-                    .find(|r| &r.namespace == namespace && r.name == "echo")
-                    .map_or((0, 0), |r| (r.packets, r.reply_packets))
-            })
-            .collect();
-        if counted.iter().all(|&(p, r)| p > 0 && r > 0) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "packets and replies per route after {SETTLE:?}: {counted:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    settle(
+        || {
+            let rows = cp.berth_routes(&mut berth).unwrap_or_default();
+            let counted: Vec<(u64, u64)> = ports
+                .iter()
+                .map(|(namespace, _)| {
+                    rows.iter()
+                        .find(|r| &r.namespace == namespace && r.name == "echo")
+                        .map_or((0, 0), |r| (r.packets, r.reply_packets))
+                })
+                .collect();
+            if counted.iter().all(|&(p, r)| p > 0 && r > 0) {
+                Ok(())
+            } else {
+                Err(counted)
+            }
+        },
+        |counted| format!("packets and replies per route after {SETTLE:?}: {counted:?}"),
+    );
 }
