@@ -73,6 +73,9 @@ enum Command {
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
+        /// Room in the datapath planned for, as `berth run` is given it.
+        #[command(flatten)]
+        room: Room,
     },
     /// Withdraw this node's gateway addresses (address interface, --announce-table)
     /// so that the routers send it no new traffic; the datapath keeps serving every
@@ -173,17 +176,9 @@ struct RunArgs {
     /// pinned berth_ct to resize it, and its flows are balanced again).
     #[arg(long, default_value_t = datapath::Limits::default().flows, value_parser = parse_conntrack_size)]
     conntrack_size: u32,
-    /// Services (gateway address, protocol, port) the datapath holds: a route takes
-    /// one per port and address it is served on. Routes are served oldest first; those
-    /// beyond the limit keep their ports and wait (Programmed=False, DatapathFull). A
-    /// restart must give the size the pinned maps have.
-    #[arg(long, value_name = "N", default_value_t = datapath::Limits::default().services, value_parser = parse_max_services)]
-    max_services: u32,
-    /// Backends the datapath holds over all services (an endpoint serving two
-    /// services counts twice). Routes beyond the limit wait as with --max-services. A
-    /// restart must give the size the pinned maps have.
-    #[arg(long, value_name = "N", default_value_t = datapath::Limits::default().backends, value_parser = parse_max_backends)]
-    max_backends: u32,
+    /// Room in the datapath for services and backends.
+    #[command(flatten)]
+    room: Room,
     /// New flows per second per CPU above which new flows (and replies matched by
     /// Maglev) are balanced by Maglev alone and not recorded in the conntrack
     /// (flood_untracked), so a flood of new flows cannot evict the established ones; 0:
@@ -261,6 +256,33 @@ fn parse_conntrack_size(text: &str) -> Result<u32, String> {
         )),
         Ok(n) => Ok(n as u32),
         Err(e) => Err(format!("{text:?} is not a number of entries: {e}")),
+    }
+}
+
+/// The datapath's room for services and backends (`berth run`; `berth check` plans
+/// with the same room, so it shows the routes that would wait).
+#[derive(Args, Clone, Copy, Debug)]
+struct Room {
+    /// Services (gateway address, protocol, port) the datapath holds: a route takes
+    /// one per port and address it is served on. Routes are served oldest first; those
+    /// beyond the limit keep their ports and wait (Programmed=False, DatapathFull). A
+    /// restart must give the size the pinned maps have.
+    #[arg(long, value_name = "N", default_value_t = datapath::Limits::default().services, value_parser = parse_max_services)]
+    max_services: u32,
+    /// Backends the datapath holds over all services (an endpoint serving two
+    /// services counts twice). Routes beyond the limit wait as with --max-services. A
+    /// restart must give the size the pinned maps have.
+    #[arg(long, value_name = "N", default_value_t = datapath::Limits::default().backends, value_parser = parse_max_backends)]
+    max_backends: u32,
+}
+
+impl Room {
+    /// The capacity the planner admits routes into.
+    fn capacity(&self) -> datapath::Capacity {
+        datapath::Capacity {
+            services: self.max_services,
+            backends: self.max_backends,
+        }
     }
 }
 
@@ -382,7 +404,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             manifests: dir,
             state_dir,
             output,
-        } => check_cmd(&dir, state_dir, output),
+            room,
+        } => check_cmd(&dir, state_dir, output, room),
         Command::Get {
             what,
             admin_addr,
@@ -399,7 +422,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn check_cmd(dir: &Path, state_dir: Option<PathBuf>, output: Output) -> anyhow::Result<()> {
+fn check_cmd(
+    dir: &Path,
+    state_dir: Option<PathBuf>,
+    output: Output,
+    room: Room,
+) -> anyhow::Result<()> {
     let files = manifests::load_dir(dir)
         .with_context(|| format!("reading manifests from {}", dir.display()))?;
     let mut failed = false;
@@ -435,7 +463,7 @@ fn check_cmd(dir: &Path, state_dir: Option<PathBuf>, output: Output) -> anyhow::
         default_addresses: planner::DefaultAddresses::default(),
         ephemeral_ports: None,
         snat_ports: planner::DEFAULT_SNAT_PORTS,
-        capacity: Default::default(),
+        capacity: room.capacity(),
         allocate: true,
     });
     for why in &plan.released {

@@ -47,8 +47,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         redirect,
         snat_ports,
         conntrack_size,
-        max_services,
-        max_backends,
+        room,
         new_flow_limit,
         reply_origin,
         announce_table,
@@ -77,8 +76,8 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         announcer,
     };
     let limits = datapath::Limits {
-        services: max_services,
-        backends: max_backends,
+        services: room.max_services,
+        backends: room.max_backends,
         flows: conntrack_size,
         ..datapath::Limits::default()
     };

@@ -204,6 +204,64 @@ fn check_serves_a_tcp_route_beside_an_http_route_and_reads_lists_and_json() {
 }
 
 #[test]
+fn check_plans_with_the_room_run_would_have_and_shows_the_routes_that_wait() {
+    let dirs = Dirs::new("room", &["gateway.yaml", "team-a.yaml", "team-b.yaml"]);
+    let check = |room: &[&str]| -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["check", "-o", "json", "--manifests"])
+            .arg(&dirs.manifests)
+            .args(room)
+            .output()
+            .expect("check");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    // The routes waiting for room, by name (a `Programmed=False` condition).
+    let waiting = |doc: &Value| -> Vec<String> {
+        let mut names: Vec<String> = doc["routes"]
+            .as_array()
+            .expect("routes")
+            .iter()
+            .filter(|r| {
+                r["status"]["parents"][0]["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| {
+                        cs.iter().any(|c| {
+                            c["type"] == "Programmed"
+                                && c["status"] == "False"
+                                && c["reason"] == "DatapathFull"
+                        })
+                    })
+            })
+            .map(|r| r["name"].as_str().unwrap_or_default().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let roomy = check(&[]);
+    assert_eq!(waiting(&roomy), Vec::<String>::new(), "{roomy:#}");
+    // One service of room: the oldest route (team-a's, by file name) is served, the
+    // other (team-b's) waits and keeps its port.
+    let tight = check(&["--max-services", "1"]);
+    assert_eq!(waiting(&tight), ["dns"], "{tight:#}");
+    assert_eq!(port_of(&tight, "web"), port_of(&roomy, "web"), "{tight:#}");
+    assert_eq!(port_of(&tight, "dns"), port_of(&roomy, "dns"), "{tight:#}");
+    // A limit check refuses is refused as run refuses it.
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["check", "--max-backends", "0", "--manifests"])
+        .arg(&dirs.manifests)
+        .output()
+        .expect("check");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--max-backends"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn long_route_names_get_ports_and_a_bad_listener_name_breaks_only_its_file() {
     let dirs = Dirs::new("names", &["gateway.yaml", "team-b.yaml"]);
     let long = format!("{}.web", "w".repeat(200));
