@@ -8,16 +8,48 @@ use super::{read_file, Definitions, FileObjects};
 /// defined again in a later file (or document) is an error of that file, naming both.
 pub fn load_dir(dir: &Path) -> std::io::Result<Vec<(PathBuf, FileObjects)>> {
     let mut definitions = Definitions::default();
-    Ok(list_dir(dir)?
+    let files = list_dir(dir)?;
+    let parsed = read_files(&files);
+    Ok(files
         .into_iter()
-        .map(|f| {
-            let mut objects = read_file(&f);
+        .zip(parsed)
+        .map(|(f, mut objects)| {
             if let Err(e) = definitions.replace(&f, &FileObjects::default(), &objects) {
                 objects.errors.extend(e);
             }
             (f, objects)
         })
         .collect())
+}
+
+/// Reads and parses `paths` (in the order given), on every CPU when there are many:
+/// parsing YAML is most of a cold start (5.2 of 6.3 s for 100,000 routes in 1,000
+/// files on one core), and files parse independently.
+pub fn read_files(paths: &[PathBuf]) -> Vec<FileObjects> {
+    const PER_THREAD: usize = 8;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(paths.len() / PER_THREAD)
+        .max(1);
+    if threads == 1 {
+        return paths.iter().map(|p| read_file(p)).collect();
+    }
+    let chunk = paths.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = paths
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().map(|p| read_file(p)).collect::<Vec<_>>()))
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| match w.join() {
+                Ok(parsed) => parsed,
+                // A panic while parsing is a bug: raised again here as it would have
+                // been had the file been parsed on this thread.
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    })
 }
 
 /// The `*.yaml`/`*.yml`/`*.json` files of a directory, sorted by name.

@@ -22,7 +22,7 @@ mod snapshot;
 mod unknown_fields;
 
 pub use definitions::{object_key, Definitions, ObjectKey};
-pub use directory::{list_dir, load_dir};
+pub use directory::{list_dir, load_dir, read_files};
 pub use snapshot::{give_back, snapshot, take_snapshot, Layout};
 
 use names::{check_listener_names, check_names};

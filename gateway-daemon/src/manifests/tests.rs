@@ -380,3 +380,44 @@ fn listener_names_are_section_names_and_errors_name_object_and_field() {
         "{e}"
     );
 }
+
+#[test]
+fn files_read_on_several_threads_come_back_in_the_order_given_with_their_own_errors() {
+    let dir = std::env::temp_dir().join(format!("berth-many-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    // Enough files for several threads; every seventh broken, one missing.
+    let paths: Vec<std::path::PathBuf> = (0..100).map(|i| dir.join(format!("{i}.yaml"))).collect();
+    for (i, p) in paths.iter().enumerate().filter(|(i, _)| *i != 50) {
+        let text = if i % 7 == 0 {
+            "kind: [".to_string()
+        } else {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+                 metadata: {{name: r{i}, namespace: a}}\nspec: {{parentRefs: [{{name: gw}}]}}\n"
+            )
+        };
+        std::fs::write(p, text).expect("write");
+    }
+    let parsed = super::read_files(&paths);
+    assert_eq!(parsed.len(), paths.len());
+    for (i, f) in parsed.iter().enumerate() {
+        if i % 7 == 0 || i == 50 {
+            assert!(
+                f.objects.is_empty() && !f.errors.is_empty(),
+                "file {i}: {f:?}"
+            );
+            assert!(
+                f.errors[0].to_string().contains(&format!("{i}.yaml")),
+                "{:?}",
+                f.errors
+            );
+        } else {
+            let [crate::model::Object::Route(r)] = f.objects.as_slice() else {
+                panic!("file {i}: {f:?}");
+            };
+            assert_eq!(r.metadata.name, format!("r{i}"));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -130,8 +130,9 @@ impl ManifestSource {
             to_read.extend(stamp_of(&new).map(|s| (new, s)));
         }
         self.some_gone = self.files.values().any(|t| t.gone_since.is_some());
-        for (path, stamp) in to_read {
-            self.read(&path, stamp, now, &mut errors);
+        let paths: Vec<PathBuf> = to_read.iter().map(|(p, _)| p.clone()).collect();
+        for ((path, stamp), parsed) in to_read.into_iter().zip(manifests::read_files(&paths)) {
+            self.read(&path, stamp, parsed, now, &mut errors);
             changed = true;
         }
         if !self.lingering.is_empty() {
@@ -167,16 +168,16 @@ impl ManifestSource {
         Ok((changed, errors))
     }
 
-    /// Reads a new version of `path`: in force if it is good, else its errors are
-    /// added to `errors` and the last good version stays.
+    /// Takes a new version of `path` (`parsed`, as read): in force if it is good, else
+    /// its errors are added to `errors` and the last good version stays.
     fn read(
         &mut self,
         path: &Path,
         stamp: (SystemTime, u64),
+        parsed: FileObjects,
         now: Instant,
         errors: &mut Vec<String>,
     ) {
-        let parsed = manifests::read_file(path);
         for w in &parsed.warnings {
             tracing::warn!("{w}");
         }
