@@ -239,6 +239,17 @@ pub fn reflect(
                     }
                     changed.notify_one();
                 }
+                // The API server no longer has the version the watch resumed from (it
+                // compacted past it): the watcher lists again, as designed. Nothing is
+                // wrong, so it is not a warning.
+                Err(kube::runtime::watcher::Error::WatchError(status)) if status.code == 410 => {
+                    tracing::info!(
+                        kind,
+                        reason = %status.reason,
+                        message = %status.message,
+                        "watch expired (410 Gone); listing again"
+                    );
+                }
                 Err(e) => {
                     tracing::warn!(kind, error = %crate::error_chain(&e), "watch failed; retrying");
                     failing = true;
