@@ -273,7 +273,7 @@ impl ManifestSource {
                 Some(file) => Some(file.as_path()),
                 None if self.some_gone => self
                     .definitions
-                    .file_of(&key)
+                    .file_of(o)
                     .filter(|f| self.files.get(*f).is_some_and(|t| t.gone_since.is_some())),
                 None => None,
             };
