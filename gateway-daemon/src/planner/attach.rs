@@ -384,7 +384,7 @@ fn refusal(
         "All" => true,
         "Same" => route_ns == gw_ns,
         "Selector" => {
-            let empty = BTreeMap::new();
+            let empty = Labels::default();
             let labels = namespaces
                 .get(route_ns)
                 .map(|n| &n.metadata.labels)
