@@ -254,6 +254,18 @@ fn cpu_seconds(pid: u32) -> f64 {
     fields.iter().sum::<u64>() as f64 / ticks
 }
 
+/// The CPU seconds (user and system) of this process's children that ended.
+fn children_cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes the struct it is given, which lives across the call.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
+        usage
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
 /// The kernel memory of the BPF maps process `pid` holds open (each map once), MiB.
 fn maps_memlock_mib(pid: u32) -> f64 {
     let mut seen = std::collections::BTreeMap::new();
@@ -416,14 +428,21 @@ struct Figures {
     idle_cpu_s: f64,
     rss_ready: f64,
     rss_peak: f64,
+    rss_before_get: f64,
     rss_after_get: f64,
     memlock_mib: f64,
     routes_api_ms: f64,
+    /// The daemon's CPU time answering it (less noisy than the wall time on a busy
+    /// machine).
+    routes_api_cpu_ms: f64,
     routes_api_bytes: usize,
     cli_ms: f64,
+    /// The CLI's own CPU time (its process's user and system time).
+    cli_cpu_ms: f64,
     cli_bytes: usize,
     cli_error: Option<String>,
     metrics_ms: f64,
+    metrics_cpu_ms: f64,
     metrics_bytes: usize,
     load: String,
 }
@@ -571,16 +590,18 @@ fn measure(n: usize, berth: &Path) -> Figures {
     fig.service = changes(&ns, &world, &maps, Variant::ServicePort);
     fig.slice = changes(&ns, &world, &maps, Variant::Endpoint);
 
-    let t = Instant::now();
+    fig.rss_before_get = status_mib(pid, "VmRSS:");
+    let (t, cpu) = (Instant::now(), cpu_seconds(pid));
     match get_long(&ns, "/api/v1/routes") {
         Ok((status, body)) => {
             fig.routes_api_ms = t.elapsed().as_secs_f64() * 1e3;
+            fig.routes_api_cpu_ms = (cpu_seconds(pid) - cpu) * 1e3;
             fig.routes_api_bytes = body.len();
             assert!(status.contains("200"), "GET /api/v1/routes: {status}");
         }
         Err(e) => panic!("GET /api/v1/routes: {e}"),
     }
-    let t = Instant::now();
+    let (t, cli_cpu) = (Instant::now(), children_cpu_seconds());
     let cli = ns
         .command(berth)
         .args(["get", "routes", "--admin-addr", ADMIN])
@@ -588,15 +609,17 @@ fn measure(n: usize, berth: &Path) -> Figures {
         .output()
         .expect("berth get routes");
     fig.cli_ms = t.elapsed().as_secs_f64() * 1e3;
+    fig.cli_cpu_ms = (children_cpu_seconds() - cli_cpu) * 1e3;
     fig.cli_bytes = cli.stdout.len();
     if !cli.status.success() {
         fig.cli_error = Some(String::from_utf8_lossy(&cli.stderr).trim().to_string());
     }
     fig.rss_after_get = status_mib(pid, "VmRSS:");
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_seconds(pid));
     match get_long(&ns, "/metrics") {
         Ok((_, body)) => {
             fig.metrics_ms = t.elapsed().as_secs_f64() * 1e3;
+            fig.metrics_cpu_ms = (cpu_seconds(pid) - cpu) * 1e3;
             fig.metrics_bytes = body.len();
         }
         Err(e) => panic!("GET /metrics: {e}"),
@@ -736,27 +759,28 @@ fn print(figs: &[Figures]) {
             Box::new(|f| format!("{:.0}", f.rss_peak)),
         ),
         (
-            "RSS after berth get routes MiB",
-            Box::new(|f| format!("{:.0}", f.rss_after_get)),
+            "RSS before / after berth get routes MiB",
+            Box::new(|f| format!("{:.0} / {:.0}", f.rss_before_get, f.rss_after_get)),
         ),
         (
             "BPF maps memlock MiB",
             Box::new(|f| format!("{:.1}", f.memlock_mib)),
         ),
         (
-            "GET /api/v1/routes ms",
-            Box::new(|f| format!("{:.0}", f.routes_api_ms)),
+            "GET /api/v1/routes ms (daemon CPU ms)",
+            Box::new(|f| format!("{:.0} ({:.0})", f.routes_api_ms, f.routes_api_cpu_ms)),
         ),
         (
             "GET /api/v1/routes MiB",
             Box::new(|f| mib(f.routes_api_bytes)),
         ),
         (
-            "berth get routes (CLI) ms",
+            "berth get routes (CLI) ms (its CPU ms)",
             Box::new(|f| {
                 format!(
-                    "{:.0}{}",
+                    "{:.0} ({:.0}){}",
                     f.cli_ms,
+                    f.cli_cpu_ms,
                     if f.cli_error.is_some() {
                         " (failed)"
                     } else {
@@ -770,8 +794,8 @@ fn print(figs: &[Figures]) {
             Box::new(|f| mib(f.cli_bytes)),
         ),
         (
-            "GET /metrics ms",
-            Box::new(|f| format!("{:.0}", f.metrics_ms)),
+            "GET /metrics ms (daemon CPU ms)",
+            Box::new(|f| format!("{:.0} ({:.0})", f.metrics_ms, f.metrics_cpu_ms)),
         ),
         ("GET /metrics MiB", Box::new(|f| mib(f.metrics_bytes))),
         ("load average at the end", Box::new(|f| f.load.clone())),
@@ -808,8 +832,8 @@ fn print(figs: &[Figures]) {
                  \"new_route_map_p50_ms\":{},\"new_route_map_p99_ms\":{},\
                  \"service_p50_ms\":{},\"service_p99_ms\":{},\"slice_p50_ms\":{},\"slice_p99_ms\":{},\
                  \"idle_cpu_s\":{:.2},\"rss_ready_mib\":{:.0},\"rss_peak_mib\":{:.0},\
-                 \"rss_after_get_mib\":{:.0},\"maps_memlock_mib\":{:.1},\"routes_api_ms\":{:.0},\
-                 \"routes_api_bytes\":{},\"cli_ms\":{:.0},\"cli_bytes\":{},\"metrics_ms\":{:.0},\
+                 \"rss_before_get_mib\":{:.0},\"rss_after_get_mib\":{:.0},\"maps_memlock_mib\":{:.1},\"routes_api_ms\":{:.0},\"routes_api_cpu_ms\":{:.0},\
+                 \"routes_api_bytes\":{},\"cli_ms\":{:.0},\"cli_cpu_ms\":{:.0},\"cli_bytes\":{},\"metrics_ms\":{:.0},\"metrics_cpu_ms\":{:.0},\
                  \"metrics_bytes\":{}}}",
                 f.n,
                 f.programmed,
@@ -826,13 +850,17 @@ fn print(figs: &[Figures]) {
                 f.idle_cpu_s,
                 f.rss_ready,
                 f.rss_peak,
+                f.rss_before_get,
                 f.rss_after_get,
                 f.memlock_mib,
                 f.routes_api_ms,
+                f.routes_api_cpu_ms,
                 f.routes_api_bytes,
                 f.cli_ms,
+                f.cli_cpu_ms,
                 f.cli_bytes,
                 f.metrics_ms,
+                f.metrics_cpu_ms,
                 f.metrics_bytes
             )
         })
