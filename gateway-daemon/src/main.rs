@@ -520,8 +520,17 @@ fn wait_for_first_plan(addr: &str) -> anyhow::Result<()> {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            // 503 for another reason: the daemon answers.
-            Err(e) if e.to_string().contains("503") => return Ok(()),
+            // 503 for another reason: the daemon answers. (Its status line follows the
+            // URL: `GET http://ADDR/readyz: HTTP/1.1 503 Service Unavailable: why`.)
+            Err(e)
+                if e.to_string()
+                    .split(": ")
+                    .nth(1)
+                    .and_then(|status| status.split(' ').nth(1))
+                    == Some("503") =>
+            {
+                return Ok(())
+            }
             other => {
                 other.with_context(|| format!("asking the daemon at {addr}"))?;
                 return Ok(());

@@ -617,28 +617,32 @@ mod tests {
         assert!(!text.contains("berth_conntrack"), "{text}");
     }
 
+    /// The TCP service of gateway address 10.0.0.`addr` on `port`.
+    fn service(addr: u8, port: u16) -> crate::datapath::ServiceAddr {
+        crate::datapath::ServiceAddr {
+            addr: std::net::Ipv4Addr::new(10, 0, 0, addr).into(),
+            protocol: crate::datapath::Protocol::Tcp,
+            port,
+        }
+    }
+
+    /// TCPRoute team/`name`.
+    fn route(name: &str) -> std::sync::Arc<crate::planner::RouteId> {
+        std::sync::Arc::new(crate::planner::RouteId {
+            kind: "TCPRoute".into(),
+            namespace: "team".into(),
+            name: name.into(),
+        })
+    }
+
     #[test]
     fn each_family_has_its_samples_together_with_many_routes() {
-        use std::{collections::BTreeSet, net::Ipv4Addr, sync::Arc};
+        use std::{collections::BTreeSet, sync::Arc};
 
-        use crate::{
-            datapath::{Protocol, ServiceAddr, Traffic},
-            planner::RouteId,
-        };
+        use crate::datapath::Traffic;
         // The hand-written text wrote each route's samples of every family in turn,
         // after all six HELP and TYPE lines: a family's samples must be one group.
-        let service = |port| ServiceAddr {
-            addr: Ipv4Addr::new(10, 0, 0, 1).into(),
-            protocol: Protocol::Tcp,
-            port,
-        };
-        let route = |name: &str| {
-            Arc::new(RouteId {
-                kind: "TCPRoute".into(),
-                namespace: "team".into(),
-                name: name.into(),
-            })
-        };
+        let service = |port| service(1, port);
         let p = Published {
             owners: Arc::new(
                 [(service(1), route("a")), (service(2), route("b"))]
@@ -674,24 +678,9 @@ mod tests {
 
     #[test]
     fn by_default_traffic_is_summed_per_address_without_a_series_per_route() {
-        use std::{net::Ipv4Addr, sync::Arc};
+        use std::sync::Arc;
 
-        use crate::{
-            datapath::{Protocol, ServiceAddr, Traffic},
-            planner::RouteId,
-        };
-        let service = |addr: u8, port| ServiceAddr {
-            addr: Ipv4Addr::new(10, 0, 0, addr).into(),
-            protocol: Protocol::Tcp,
-            port,
-        };
-        let route = |name: &str| {
-            Arc::new(RouteId {
-                kind: "TCPRoute".into(),
-                namespace: "team".into(),
-                name: name.into(),
-            })
-        };
+        use crate::datapath::Traffic;
         let traffic = |packets, active_flows| {
             let mut t = Traffic {
                 active_flows,

@@ -351,6 +351,16 @@ fn get_long(ns: &Netns, path: &str) -> std::io::Result<(String, Vec<u8>)> {
     })
 }
 
+/// A GET of `path` that must answer 200: its wall time (ms), the CPU time daemon
+/// `pid` spent meanwhile (ms) and the size of its body.
+fn timed_get(ns: &Netns, pid: u32, path: &str) -> (f64, f64, usize) {
+    let (t, cpu) = (Instant::now(), cpu_seconds(pid));
+    let (status, body) = get_long(ns, path).unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    assert!(status.contains("200"), "GET {path}: {status}");
+    (ms, (cpu_seconds(pid) - cpu) * 1e3, body.len())
+}
+
 /// The pinned maps a change's effect is looked for in.
 struct Maps {
     services: HashMap<MapData, ServiceKey, Service>,
@@ -591,16 +601,11 @@ fn measure(n: usize, berth: &Path) -> Figures {
     fig.slice = changes(&ns, &world, &maps, Variant::Endpoint);
 
     fig.rss_before_get = status_mib(pid, "VmRSS:");
-    let (t, cpu) = (Instant::now(), cpu_seconds(pid));
-    match get_long(&ns, "/api/v1/routes") {
-        Ok((status, body)) => {
-            fig.routes_api_ms = t.elapsed().as_secs_f64() * 1e3;
-            fig.routes_api_cpu_ms = (cpu_seconds(pid) - cpu) * 1e3;
-            fig.routes_api_bytes = body.len();
-            assert!(status.contains("200"), "GET /api/v1/routes: {status}");
-        }
-        Err(e) => panic!("GET /api/v1/routes: {e}"),
-    }
+    (
+        fig.routes_api_ms,
+        fig.routes_api_cpu_ms,
+        fig.routes_api_bytes,
+    ) = timed_get(&ns, pid, "/api/v1/routes");
     let (t, cli_cpu) = (Instant::now(), children_cpu_seconds());
     let cli = ns
         .command(berth)
@@ -615,15 +620,7 @@ fn measure(n: usize, berth: &Path) -> Figures {
         fig.cli_error = Some(String::from_utf8_lossy(&cli.stderr).trim().to_string());
     }
     fig.rss_after_get = status_mib(pid, "VmRSS:");
-    let (t, cpu) = (Instant::now(), cpu_seconds(pid));
-    match get_long(&ns, "/metrics") {
-        Ok((_, body)) => {
-            fig.metrics_ms = t.elapsed().as_secs_f64() * 1e3;
-            fig.metrics_cpu_ms = (cpu_seconds(pid) - cpu) * 1e3;
-            fig.metrics_bytes = body.len();
-        }
-        Err(e) => panic!("GET /metrics: {e}"),
-    }
+    (fig.metrics_ms, fig.metrics_cpu_ms, fig.metrics_bytes) = timed_get(&ns, pid, "/metrics");
     fig.rss_peak = status_mib(pid, "VmHWM:");
     fig.load = load_average();
     drop(maps);
@@ -714,8 +711,11 @@ fn ms(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.1}"))
 }
 
+/// A row of the table: its name and how to read its cell from one N's figures.
+type Row = (&'static str, Box<dyn Fn(&Figures) -> String>);
+
 fn print(figs: &[Figures]) {
-    let rows: Vec<(&str, Box<dyn Fn(&Figures) -> String>)> = vec![
+    let rows: Vec<Row> = vec![
         ("routes", Box::new(|f| f.n.to_string())),
         (
             "programmed / waiting (DatapathFull)",
