@@ -89,9 +89,13 @@ impl Resource {
         }
     }
 
-    /// Its status, content type and body in snapshot `p` (a request is answered by
-    /// the server, which hands it to the loop).
-    pub fn answer(&self, p: &Published) -> (StatusCode, &'static str, String) {
+    /// Its status, content type and body in snapshot `p`, `/metrics` in `detail` (a
+    /// request is answered by the server, which hands it to the loop).
+    pub fn answer(
+        &self,
+        p: &Published,
+        detail: metrics::Detail,
+    ) -> (StatusCode, &'static str, String) {
         const TEXT: &str = "text/plain";
         const JSON: &str = "application/json";
         let unavailable = StatusCode::SERVICE_UNAVAILABLE;
@@ -101,12 +105,16 @@ impl Resource {
                 None => (StatusCode::OK, TEXT, "ready\n".into()),
                 Some(why) => (unavailable, TEXT, why),
             },
-            Resource::Metrics => (StatusCode::OK, metrics::CONTENT_TYPE, metrics::encode(p)),
+            Resource::Metrics => (
+                StatusCode::OK,
+                metrics::CONTENT_TYPE,
+                metrics::encode(p, detail),
+            ),
             Resource::State => document(p.state.as_deref(), "no plan yet\n"),
             Resource::Routes(namespace) => (
                 StatusCode::OK,
                 JSON,
-                serde_json::to_string(&route_rows(p, namespace.as_deref())).unwrap_or_default(),
+                route_rows_json(p, namespace.as_deref()),
             ),
             Resource::Announce => document(p.announce.as_deref(), "not decided yet\n"),
             Resource::Node => (
@@ -263,8 +271,31 @@ pub fn unanswered(t: &crate::datapath::Traffic) -> Option<String> {
 
 /// The rows of `berth get routes`, of one namespace or all.
 pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
+    let mut rows = Vec::new();
+    each_route_row(p, namespace, |r| rows.push(r));
+    rows
+}
+
+/// [`route_rows`] as the JSON array `/api/v1/routes` answers, each row written as it
+/// is made: the rows of 100k routes in memory at once took ~10 times their ~30 MiB of
+/// JSON, which the daemon's heap then kept.
+pub fn route_rows_json(p: &Published, namespace: Option<&str>) -> String {
+    let mut out = String::from("[");
+    each_route_row(p, namespace, |r| {
+        if out.len() > 1 {
+            out.push(',');
+        }
+        // A row is strings and numbers: serializing it cannot fail.
+        out.push_str(&serde_json::to_string(&r).unwrap_or_default());
+    });
+    out.push(']');
+    out
+}
+
+/// Hands each row of `berth get routes` (of one namespace or all) to `emit`, in order.
+fn each_route_row(p: &Published, namespace: Option<&str>, mut emit: impl FnMut(RouteRow)) {
     let Some(state) = &p.state else {
-        return Vec::new();
+        return;
     };
     // Routes are sorted by kind, namespace and name: a namespace's routes are found by
     // binary search within each kind, so asking for one namespace of many costs its own
@@ -285,18 +316,18 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
         routes.extend(block[lo..hi].iter().map(|r| &**r));
         at = end;
     }
-    let mut rows = Vec::with_capacity(routes.len());
     for r in routes {
         for (i, parent) in r.status.parents.iter().enumerate() {
             // One row per listener the parent is served on (a range port, a fixed
             // listener); one row saying why when it is served on none.
             match r.served_on.get(i).map(Vec::as_slice).unwrap_or_default() {
-                [] => rows.push(row(p, state, r, parent, None)),
-                on => rows.extend(on.iter().map(|s| row(p, state, r, parent, Some(s)))),
+                [] => emit(row(p, state, r, parent, None)),
+                on => on
+                    .iter()
+                    .for_each(|s| emit(row(p, state, r, parent, Some(s)))),
             }
         }
     }
-    rows
 }
 
 /// The row of one route's parent on listener `on` (none: the parent is not served):
@@ -611,6 +642,27 @@ mod tests {
     }
 
     #[test]
+    fn the_routes_answer_written_row_by_row_is_the_json_of_the_rows() {
+        let p = published_with(
+            "a-full-datapath-serves-the-oldest-routes-and-the-rest-keep-their-ports-and-say-why",
+            crate::datapath::Capacity {
+                services: 2,
+                ..Default::default()
+            },
+        );
+        for namespace in [None, Some("team-a"), Some("nobody")] {
+            let rows = route_rows(&p, namespace);
+            assert_eq!(
+                route_rows_json(&p, namespace),
+                serde_json::to_string(&rows).expect("json"),
+                "{namespace:?}"
+            );
+        }
+        assert!(!route_rows(&p, None).is_empty());
+        assert_eq!(route_rows_json(&Published::default(), None), "[]");
+    }
+
+    #[test]
     fn routes_waiting_for_room_in_the_datapath_are_warned_about_and_counted_and_it_is_ready() {
         let room = crate::datapath::Capacity {
             services: 2,
@@ -643,7 +695,7 @@ mod tests {
         }
         let table = crate::output::route_table(&rows);
         assert!(table.contains("  ↳ warning: not programmed"), "{table}");
-        let text = metrics::encode(&p);
+        let text = metrics::encode(&p, metrics::Detail::Aggregate);
         for want in [
             "berth_routes_waiting_for_capacity{limit=\"services\"} 2",
             "berth_routes_waiting_for_capacity{limit=\"backends\"} 0",
@@ -681,7 +733,7 @@ mod tests {
             ),
             (3, 5, 1, 7)
         );
-        let (status, _, body) = Resource::Node.answer(&p);
+        let (status, _, body) = Resource::Node.answer(&p, metrics::Detail::Aggregate);
         assert_eq!(status, StatusCode::OK);
         assert_eq!(serde_json::from_str::<NodeView>(&body).expect("json"), node);
         let table = crate::output::node_table(&node);
@@ -747,7 +799,7 @@ mod tests {
         );
         let table = crate::output::route_table(&rows);
         assert!(table.contains("  ↳ warning: no IPv6 endpoints"), "{table}");
-        let metrics = metrics::encode(&p);
+        let metrics = metrics::encode(&p, metrics::Detail::Aggregate);
         for want in [
             "berth_services_held_back{family=\"ipv4\"} 0",
             "berth_services_held_back{family=\"ipv6\"} 0",

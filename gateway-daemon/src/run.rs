@@ -54,7 +54,13 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         not_ready_grace,
         drain_on_stop,
         drain_timeout,
+        metrics_per_route,
     } = args;
+    let detail = if metrics_per_route {
+        admin::metrics::Detail::PerRoute
+    } else {
+        admin::metrics::Detail::Aggregate
+    };
     init_logging(log_format);
     let default_addresses = berth::planner::DefaultAddresses::from_list(&addresses)?;
     // Both modes keep the operator's drain in the state directory (Kubernetes mode
@@ -112,7 +118,11 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
             snat_ports,
             capacity,
         };
-        let admin = (admin_addr.as_str(), metrics_addr.as_deref());
+        let admin = AdminOptions {
+            admin_addr: &admin_addr,
+            metrics_addr: metrics_addr.as_deref(),
+            detail,
+        };
         return run_kubernetes(options, &dp, admin, announcing);
     }
     if !no_address_interface && address_interface.is_none() {
@@ -121,13 +131,26 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
     let dir = manifests.context("--manifests DIR (or --kubernetes) is required")?;
     let metrics_addr = metrics_addr.as_deref();
     let source = ManifestSource::new(&dir, manifest_settle);
-    let admin = (admin_addr.as_str(), metrics_addr);
+    let admin = AdminOptions {
+        admin_addr: &admin_addr,
+        metrics_addr,
+        detail,
+    };
     let settings = berth::planner::Settings {
         default_addresses,
         snat_ports,
         capacity,
     };
     run_standalone(source, &dir, &state_dir, &settings, admin, &dp, announcing)
+}
+
+/// What the admin endpoint and the metrics endpoint serve, and where.
+#[derive(Clone, Copy)]
+struct AdminOptions<'a> {
+    admin_addr: &'a str,
+    metrics_addr: Option<&'a str>,
+    /// `--metrics-per-route`.
+    detail: admin::metrics::Detail,
 }
 
 /// The announce decision's edge, and how the daemon stops.
@@ -214,7 +237,7 @@ fn run_standalone(
     dir: &std::path::Path,
     state_dir: &std::path::Path,
     settings: &berth::planner::Settings,
-    (admin_addr, metrics_addr): (&str, Option<&str>),
+    admin: AdminOptions,
     options: &DatapathOptions,
     Announcing {
         mut announcer,
@@ -237,8 +260,8 @@ fn run_standalone(
         ),
     }
     let mut datapath = load_datapath(options)?;
-    let shared = serve_admin(admin_addr, metrics_addr, announcer.control())?;
-    tracing::info!(admin = admin_addr, metrics = metrics_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
+    let shared = serve_admin(admin, announcer.control())?;
+    tracing::info!(admin = admin.admin_addr, metrics = admin.metrics_addr, manifests = %dir.display(), state = %state_dir.display(), "berth running");
     exit_on_signal(stop)?;
     standalone::run_loop(
         &mut source,
@@ -410,8 +433,11 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
 /// Binds the admin endpoint (and the metrics endpoint, if asked for) and serves them
 /// from a thread; returns what they serve.
 fn serve_admin(
-    admin_addr: &str,
-    metrics_addr: Option<&str>,
+    AdminOptions {
+        admin_addr,
+        metrics_addr,
+        detail,
+    }: AdminOptions,
     control: &Arc<Control>,
 ) -> anyhow::Result<Shared> {
     let shared = Arc::new(Mutex::new(Arc::new(Published::default())));
@@ -422,19 +448,25 @@ fn serve_admin(
     if let Some(addr) = metrics_addr {
         listeners.push((bind("metrics", addr)?, admin::Endpoints::Monitoring));
     }
-    admin::server::spawn(listeners, admin_addr, shared.clone(), Arc::clone(control))
-        .context("starting the admin endpoint")?;
+    admin::server::spawn(
+        listeners,
+        admin_addr,
+        detail,
+        shared.clone(),
+        Arc::clone(control),
+    )
+    .context("starting the admin endpoint")?;
     Ok(shared)
 }
 
 fn run_kubernetes(
     options: berth::kubernetes::Options,
     dp: &DatapathOptions,
-    (admin_addr, metrics_addr): (&str, Option<&str>),
+    admin: AdminOptions,
     Announcing { announcer, stop }: Announcing,
 ) -> anyhow::Result<()> {
     let datapath = load_datapath(dp)?;
-    let shared = serve_admin(admin_addr, metrics_addr, announcer.control())?;
+    let shared = serve_admin(admin, announcer.control())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -444,8 +476,8 @@ fn run_kubernetes(
             .await
             .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
         tracing::info!(
-            admin = admin_addr,
-            metrics = metrics_addr,
+            admin = admin.admin_addr,
+            metrics = admin.metrics_addr,
             node = options.identity,
             lease_namespace = options.lease_namespace,
             "berth running in Kubernetes mode"

@@ -119,6 +119,9 @@ fn web_route(ns: &str, port: Option<u16>, service: &str) -> String {
     )
 }
 
+/// `berth run`'s flag for the per-route series of /metrics these tests read.
+const PER_ROUTE: &[&str] = &["--metrics-per-route"];
+
 fn curl(topo: &Topology, port: u16) -> String {
     curl_url(topo, &format!("http://10.251.0.100:{port}/"))
 }
@@ -233,7 +236,7 @@ fn bad_input_is_reported_and_other_traffic_is_unaffected() {
     let topo = Topology::new(3);
     let _servers = topo.start_servers();
     let dirs = Dirs::with_examples();
-    let daemon = Daemon::start(&topo, &dirs);
+    let daemon = Daemon::start_with(&topo.gateway, &topo.gateway_ifaces, &dirs, PER_ROUTE);
     let dns = SocketAddrV4::new(GW, 30053);
     let mut flow = topo.client.enter(|| Flow::new(dns, TIMEOUT));
     assert!(flow.ask().is_some());
@@ -555,7 +558,7 @@ fn a_gateway_with_two_addresses_serves_each_route_on_both_and_counts_them_togeth
     let topo = Topology::new(3);
     let _servers = topo.start_servers();
     let dirs = with_second_address("10.251.0.101");
-    let daemon = Daemon::start(&topo, &dirs);
+    let daemon = Daemon::start_with(&topo.gateway, &topo.gateway_ifaces, &dirs, PER_ROUTE);
     let get = |addr: &str| curl_url(&topo, &format!("http://{addr}:30000/"));
     for addr in ["10.251.0.100", "10.251.0.101"] {
         wait_until(

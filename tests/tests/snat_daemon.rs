@@ -141,8 +141,8 @@ fn a_snat_gateway_serves_backends_without_a_route_back_and_counts_snat_flows() {
     }
     assert!(
         m.lines()
-            .any(|l| l.starts_with("berth_route_snat_flows{") && !l.ends_with(" 0")),
-        "no berth_route_snat_flows sample above 0 in /metrics"
+            .any(|l| l.starts_with("berth_address_snat_flows{") && !l.ends_with(" 0")),
+        "no berth_address_snat_flows sample above 0 in /metrics"
     );
     drop(conn);
 

@@ -1282,8 +1282,7 @@ fn a_dual_stack_gateway_serves_both_families_on_the_same_ports_at_once() {
     // Each address counted its own replies on the same port.
     for gw in [IpAddr::from(GW), IpAddr::from(GW6)] {
         let series = format!(
-            "berth_route_packets_total{{kind=\"TCPRoute\",namespace=\"team-a\",name=\"web\",\
-             address=\"{gw}\",port=\"{WEB_PORT}\",direction=\"reply\"}}"
+            "berth_address_packets_total{{address=\"{gw}\",protocol=\"TCP\",direction=\"reply\"}}"
         );
         poll(
             &format!("replies counted on {gw}"),

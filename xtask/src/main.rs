@@ -49,7 +49,8 @@ const USAGE: &str =
   demo             setup, then berth run on the examples in network namespaces (needs root)
   bench datapath   setup, then ns/packet of the XDP program under BPF_PROG_TEST_RUN
   bench planner    setup, then planning time for 100, 1k and 10k routes
-  bench control-plane  setup, then berth run with 10k routes: cold start, change latency, RSS
+  bench control-plane  setup, then berth run with 1k, 10k and 100k routes ([--routes N]...):
+                   cold start, change latency, idle CPU, memory, get routes and /metrics
   bench e2e        setup, then two UDP loads (16 long flows; a new 5-tuple every packet)
                    through the gateway by Berth's XDP, iptables, nftables (IPVS if the
                    kernel has it) and plain routing, and Berth's SNAT mode beside
@@ -70,9 +71,9 @@ fn main() -> ExitCode {
         ["demo"] => setup().and_then(|()| demo()),
         ["bench", "datapath"] => setup().and_then(|()| run_bin("berth-bench-datapath")),
         ["bench", "planner"] => setup().and_then(|()| run_bin("berth-bench-planner")),
-        ["bench", "control-plane"] => setup().and_then(|()| {
+        ["bench", "control-plane", rest @ ..] => setup().and_then(|()| {
             build_berth()?;
-            run_bin("berth-bench-control-plane")
+            run_bin_with("berth-bench-control-plane", rest)
         }),
         ["bench", "e2e", rest @ ..] => setup().and_then(|()| {
             build_berth()?;

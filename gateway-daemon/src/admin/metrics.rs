@@ -1,6 +1,11 @@
 //! `/metrics`: the Prometheus text exposition (version 0.0.4) of a published snapshot,
 //! encoded by `prometheus-client` at scrape time (label values escaped, one HELP and
 //! TYPE per family, its samples together, counters named `_total`).
+//!
+//! Its size is bounded by the number of gateway addresses, not of routes: traffic is
+//! summed per address and protocol (`berth_address_*`). The per-route families
+//! (`berth_route_*`, one series per route and address) are opt-in, `berth run
+//! --metrics-per-route`: at 100k routes they are ~100 MiB a scrape.
 
 use std::fmt;
 
@@ -17,10 +22,20 @@ use crate::publish::Published;
 /// The `Content-Type` of what [`encode`] returns.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
+/// Whether `/metrics` has a series per route besides the per-address sums.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Detail {
+    /// Per-address sums only (bounded by the gateway addresses).
+    #[default]
+    Aggregate,
+    /// The `berth_route_*` families too (`berth run --metrics-per-route`).
+    PerRoute,
+}
+
 /// The metrics of `p` in the Prometheus text format.
-pub fn encode(p: &Published) -> String {
+pub fn encode(p: &Published, detail: Detail) -> String {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(families(p)));
+    registry.register_collector(Box::new(families(p, detail)));
     let mut out = String::new();
     // Encoding into a String fails only if a collector does, and ours only writes.
     let _ = prometheus_text::encode(&mut out, &registry);
@@ -85,9 +100,10 @@ fn encode_sample(
     }
 }
 
-/// The families of `p`: those of the planner, of range listeners, of each route's
-/// traffic, and the datapath's counters.
-fn families(p: &Published) -> Families {
+/// The families of `p`: those of the planner, of range listeners, of the traffic per
+/// gateway address (and, with `Detail::PerRoute`, per route), and the datapath's
+/// counters.
+fn families(p: &Published, detail: Detail) -> Families {
     use MetricType::{Counter, Gauge};
     let mut out = vec![
         Family::new("berth_plans", "Plans made since start.", Counter).with(vec![], p.cycles),
@@ -155,7 +171,10 @@ fn families(p: &Published) -> Families {
     }
     out.push(ports);
     if !p.traffic.is_empty() {
-        out.extend(route_families(p));
+        out.extend(address_families(p));
+        if detail == Detail::PerRoute {
+            out.extend(route_families(p));
+        }
     }
     let mut held = Family::new(
         "berth_services_held_back",
@@ -275,6 +294,107 @@ fn listener_labels(namespace: &str, gateway: &str, listener: &str) -> Labels {
     ]
 }
 
+/// The per-address families: each route's traffic summed per gateway address and
+/// protocol, so that their size does not grow with the routes. A sum falls when a
+/// route goes away, which Prometheus' `rate()` takes as a counter reset.
+fn address_families(p: &Published) -> [Family; 8] {
+    use std::collections::BTreeMap;
+    use MetricType::{Counter, Gauge};
+
+    use crate::datapath::Traffic;
+    #[derive(Default)]
+    struct Sum {
+        routes: u64,
+        unanswered: u64,
+        traffic: Traffic,
+    }
+    let mut sums: BTreeMap<_, Sum> = BTreeMap::new();
+    for service in p.owners.keys() {
+        sums.entry((service.addr, service.protocol))
+            .or_default()
+            .routes += 1;
+    }
+    for (service, traffic) in &p.traffic {
+        if !p.owners.contains_key(service) {
+            continue;
+        }
+        let sum = sums.entry((service.addr, service.protocol)).or_default();
+        sum.traffic = sum.traffic.plus(traffic);
+        sum.unanswered += u64::from(unanswered(traffic).is_some());
+    }
+    let [mut routes, mut packets, mut bytes, mut flows, mut active, mut snat, mut kernel, mut silent] =
+        [
+            (
+                "berth_address_routes",
+                "Routes whose service on the gateway address is programmed.",
+                Gauge,
+            ),
+            (
+                "berth_address_packets",
+                "Packets through the routes' ports of a gateway address, by direction.",
+                Counter,
+            ),
+            (
+                "berth_address_bytes",
+                "Bytes through the routes' ports of a gateway address, by direction.",
+                Counter,
+            ),
+            (
+                "berth_address_flows",
+                "Flows balanced to the backends of the routes of a gateway address.",
+                Counter,
+            ),
+            (
+                "berth_address_active_flows",
+                "Tracked flows of a gateway address that forwarded a packet in the last minute.",
+                Gauge,
+            ),
+            (
+                "berth_address_snat_flows",
+                "Tracked SNAT flows of a gateway address that forwarded a packet in the last \
+             minute.",
+                Gauge,
+            ),
+            (
+                "berth_address_kernel_packets",
+                "Packets of a gateway address's routes the kernel forwarded instead of XDP.",
+                Counter,
+            ),
+            (
+                "berth_address_unanswered_routes",
+                "Routes of a gateway address that forward packets and got no reply for 10 s or \
+             more (berth get routes names them).",
+                Gauge,
+            ),
+        ]
+        .map(|(name, help, kind)| Family::new(name, help, kind));
+    for ((addr, protocol), sum) in sums {
+        let at = vec![
+            ("address", addr.to_string()),
+            ("protocol", protocol.to_string()),
+        ];
+        let with = |direction: &str| {
+            let mut labels = at.clone();
+            labels.push(("direction", direction.to_string()));
+            labels
+        };
+        let t = sum.traffic.stats;
+        routes = routes.with(at.clone(), sum.routes);
+        packets = packets
+            .with(with("forward"), t.packets)
+            .with(with("reply"), t.reply_packets);
+        bytes = bytes
+            .with(with("forward"), t.bytes)
+            .with(with("reply"), t.reply_bytes);
+        flows = flows.with(at.clone(), t.new_flows);
+        active = active.with(at.clone(), sum.traffic.active_flows);
+        snat = snat.with(at.clone(), sum.traffic.snat_flows);
+        kernel = kernel.with(at.clone(), t.kernel_packets);
+        silent = silent.with(at, sum.unanswered);
+    }
+    [routes, packets, bytes, flows, active, snat, kernel, silent]
+}
+
 /// The per-route families: one sample per datapath service (route and address).
 fn route_families(p: &Published) -> [Family; 7] {
     use MetricType::{Counter, Gauge};
@@ -369,7 +489,7 @@ mod tests {
             }],
             ..Published::default()
         };
-        let text = encode(&p);
+        let text = encode(&p, Detail::PerRoute);
         let line = text
             .lines()
             .find(|l| l.starts_with("berth_listener_ports{") && l.contains("used"))
@@ -393,7 +513,7 @@ mod tests {
             counters: [("redirect", 5)].into_iter().collect(),
             ..Published::default()
         };
-        let text = encode(&p);
+        let text = encode(&p, Detail::PerRoute);
         for want in [
             "# HELP berth_plans_total Plans made since start.",
             "# TYPE berth_plans_total counter",
@@ -417,10 +537,13 @@ mod tests {
             Status::example(state, reason, addresses)
         };
         let text = |s: Status| {
-            encode(&Published {
-                announce: Some(std::sync::Arc::new(s)),
-                ..Published::default()
-            })
+            encode(
+                &Published {
+                    announce: Some(std::sync::Arc::new(s)),
+                    ..Published::default()
+                },
+                Detail::Aggregate,
+            )
         };
         let announced = text(status(State::Announced, None, &["10.0.0.1"]));
         for want in [
@@ -451,7 +574,7 @@ mod tests {
                 "no {want:?} in:\n{withdrawn}"
             );
         }
-        let before = encode(&Published::default());
+        let before = encode(&Published::default(), Detail::Aggregate);
         assert!(
             !before.contains("berth_drain_state"),
             "nothing before a decision"
@@ -473,7 +596,7 @@ mod tests {
             }),
             ..Published::default()
         };
-        let text = encode(&p);
+        let text = encode(&p, Detail::PerRoute);
         for want in [
             "# TYPE berth_conntrack_entries gauge",
             "berth_conntrack_entries 1000",
@@ -490,32 +613,36 @@ mod tests {
             "{text}"
         );
         // Without a datapath there is no conntrack to describe.
-        let text = encode(&Published::default());
+        let text = encode(&Published::default(), Detail::Aggregate);
         assert!(!text.contains("berth_conntrack"), "{text}");
+    }
+
+    /// The TCP service of gateway address 10.0.0.`addr` on `port`.
+    fn service(addr: u8, port: u16) -> crate::datapath::ServiceAddr {
+        crate::datapath::ServiceAddr {
+            addr: std::net::Ipv4Addr::new(10, 0, 0, addr).into(),
+            protocol: crate::datapath::Protocol::Tcp,
+            port,
+        }
+    }
+
+    /// TCPRoute team/`name`.
+    fn route(name: &str) -> std::sync::Arc<crate::planner::RouteId> {
+        std::sync::Arc::new(crate::planner::RouteId {
+            kind: "TCPRoute".into(),
+            namespace: "team".into(),
+            name: name.into(),
+        })
     }
 
     #[test]
     fn each_family_has_its_samples_together_with_many_routes() {
-        use std::{collections::BTreeSet, net::Ipv4Addr, sync::Arc};
+        use std::{collections::BTreeSet, sync::Arc};
 
-        use crate::{
-            datapath::{Protocol, ServiceAddr, Traffic},
-            planner::RouteId,
-        };
+        use crate::datapath::Traffic;
         // The hand-written text wrote each route's samples of every family in turn,
         // after all six HELP and TYPE lines: a family's samples must be one group.
-        let service = |port| ServiceAddr {
-            addr: Ipv4Addr::new(10, 0, 0, 1).into(),
-            protocol: Protocol::Tcp,
-            port,
-        };
-        let route = |name: &str| {
-            Arc::new(RouteId {
-                kind: "TCPRoute".into(),
-                namespace: "team".into(),
-                name: name.into(),
-            })
-        };
+        let service = |port| service(1, port);
         let p = Published {
             owners: Arc::new(
                 [(service(1), route("a")), (service(2), route("b"))]
@@ -528,7 +655,7 @@ mod tests {
                 .collect(),
             ..Published::default()
         };
-        let text = encode(&p);
+        let text = encode(&p, Detail::PerRoute);
         let mut seen = BTreeSet::new();
         let mut last = "";
         for line in text.lines().filter(|l| !l.starts_with('#')) {
@@ -547,5 +674,54 @@ mod tests {
                     address=\"10.0.0.1\",port=\"2\",direction=\"reply\"} 0"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn by_default_traffic_is_summed_per_address_without_a_series_per_route() {
+        use std::sync::Arc;
+
+        use crate::datapath::Traffic;
+        let traffic = |packets, active_flows| {
+            let mut t = Traffic {
+                active_flows,
+                ..Traffic::default()
+            };
+            t.stats.packets = packets;
+            t
+        };
+        let services = [service(1, 1), service(1, 2), service(2, 1)];
+        let p = Published {
+            owners: Arc::new(
+                services
+                    .iter()
+                    .zip(["a", "b", "c"])
+                    .map(|(s, name)| (*s, route(name)))
+                    .collect(),
+            ),
+            traffic: services
+                .iter()
+                .zip([traffic(3, 1), traffic(4, 2), traffic(5, 0)])
+                .map(|(s, t)| (*s, t))
+                .collect(),
+            ..Published::default()
+        };
+        let text = encode(&p, Detail::Aggregate);
+        for want in [
+            "# TYPE berth_address_routes gauge",
+            "berth_address_routes{address=\"10.0.0.1\",protocol=\"TCP\"} 2",
+            "berth_address_routes{address=\"10.0.0.2\",protocol=\"TCP\"} 1",
+            "# TYPE berth_address_packets_total counter",
+            "berth_address_packets_total{address=\"10.0.0.1\",protocol=\"TCP\",direction=\"forward\"} 7",
+            "berth_address_packets_total{address=\"10.0.0.2\",protocol=\"TCP\",direction=\"forward\"} 5",
+            "berth_address_active_flows{address=\"10.0.0.1\",protocol=\"TCP\"} 3",
+            "berth_address_unanswered_routes{address=\"10.0.0.1\",protocol=\"TCP\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == want), "no {want:?} in:\n{text}");
+        }
+        assert!(!text.contains("berth_route_"), "{text}");
+        // With the flag, the per-route series come besides the sums.
+        let text = encode(&p, Detail::PerRoute);
+        assert!(text.contains("berth_address_packets_total{"), "{text}");
+        assert!(text.contains("berth_route_packets_total{"), "{text}");
     }
 }

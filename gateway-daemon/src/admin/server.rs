@@ -28,7 +28,7 @@ use hyper::{
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::Semaphore};
 
-use super::{host::AllowedHosts, Endpoints, Resource};
+use super::{host::AllowedHosts, metrics::Detail, Endpoints, Resource};
 use crate::{announce::Control, publish::Shared};
 
 /// The most a request's line and headers may take: more gets 431 and the connection
@@ -57,6 +57,7 @@ pub const MAX_CONNECTIONS: usize = 1024;
 pub fn spawn(
     listeners: Vec<(std::net::TcpListener, Endpoints)>,
     admin_addr: &str,
+    detail: Detail,
     shared: Shared,
     control: Arc<Control>,
 ) -> std::io::Result<()> {
@@ -79,23 +80,41 @@ pub fn spawn(
         .spawn(move || {
             let servers = listeners.into_iter().map(|(l, endpoints)| {
                 let hosts = (endpoints == Endpoints::All).then(|| admin_hosts.clone());
-                serve(l, endpoints, hosts, shared.clone(), control.clone())
+                let serving = Serving {
+                    endpoints,
+                    hosts,
+                    detail,
+                };
+                serve(l, serving, shared.clone(), control.clone())
             });
             runtime.block_on(futures::future::join_all(servers));
         })?;
     Ok(())
 }
 
+/// What one listener serves, and to whom.
+#[derive(Clone, Debug)]
+pub struct Serving {
+    /// Which endpoints.
+    pub endpoints: Endpoints,
+    /// Only requests to these hosts (none: any host).
+    pub hosts: Option<AllowedHosts>,
+    /// How much `/metrics` says per route.
+    pub detail: Detail,
+}
+
+/// An answer this big leaves megabytes freed on the server's thread once written.
+const BIG_ANSWER: usize = 1 << 20;
+
 /// Serves `listener` for ever: each connection on a task of its own, HTTP/1.1 with
 /// keep-alive (and HTTP/1.0), within the limits above; with `hosts`, only requests
 /// to those hosts.
-pub async fn serve(
-    listener: TcpListener,
-    endpoints: Endpoints,
-    hosts: Option<AllowedHosts>,
-    shared: Shared,
-    control: Arc<Control>,
-) {
+pub async fn serve(listener: TcpListener, serving: Serving, shared: Shared, control: Arc<Control>) {
+    let Serving {
+        endpoints,
+        hosts,
+        detail,
+    } = serving;
     let slots_cap = connection_cap();
     let slots = Arc::new(Semaphore::new(slots_cap));
     // Connections refused since the last warning, and when that was.
@@ -131,11 +150,16 @@ pub async fn serve(
             continue;
         };
         let (shared, control, hosts) = (shared.clone(), control.clone(), hosts.clone());
+        let big = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answered_big = Arc::clone(&big);
         let service = service_fn(move |request: Request<Incoming>| {
             let response = match misdirected(&request, hosts.as_ref()) {
                 Some(refused) => refused,
-                None => respond(&request, endpoints, &shared, &control),
+                None => respond(&request, endpoints, detail, &shared, &control),
             };
+            if response.body().size_hint().exact().unwrap_or(0) >= BIG_ANSWER as u64 {
+                answered_big.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             async move { Ok::<_, Infallible>(response) }
         });
         let connection = http.serve_connection(TokioIo::new(stream), service);
@@ -148,6 +172,12 @@ pub async fn serve(
             {
                 connection.as_mut().graceful_shutdown();
                 let _ = tokio::time::timeout(HEADER_TIMEOUT, connection).await;
+            }
+            // A big answer (the routes of 100k routes are ~30 MiB, built from ~10 times
+            // that in rows) left its pages freed but held by this thread's heap: give
+            // them back (every task of the server runs on this one thread).
+            if big.load(std::sync::atomic::Ordering::Relaxed) {
+                crate::memory::release_freed();
             }
         });
     }
@@ -189,6 +219,7 @@ fn misdirected(
 fn respond(
     request: &Request<Incoming>,
     endpoints: Endpoints,
+    detail: Detail,
     shared: &Shared,
     control: &Control,
 ) -> Response<Full<Bytes>> {
@@ -234,7 +265,7 @@ fn respond(
         );
     }
     let published = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
-    let (status, content_type, body) = resource.answer(&published);
+    let (status, content_type, body) = resource.answer(&published, detail);
     response(status, content_type, body)
 }
 
