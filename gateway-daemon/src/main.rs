@@ -175,13 +175,14 @@ struct RunArgs {
     conntrack_size: u32,
     /// Services (gateway address, protocol, port) the datapath holds: a route takes
     /// one per port and address it is served on. Routes are served oldest first; those
-    /// beyond the limit keep their ports and wait (Programmed=False, DatapathFull). A
-    /// restart must give the size the pinned maps have.
+    /// beyond the limit keep their ports and wait (Programmed=False, DatapathFull). At
+    /// most 1048576 (2^20). A restart must give the size the pinned maps have.
     #[arg(long, value_name = "N", default_value_t = datapath::Limits::default().services, value_parser = parse_max_services)]
     max_services: u32,
     /// Backends the datapath holds over all services (an endpoint serving two
-    /// services counts twice). Routes beyond the limit wait as with --max-services. A
-    /// restart must give the size the pinned maps have.
+    /// services counts twice). Routes beyond the limit wait as with --max-services. It
+    /// also sizes the Maglev tables' pool: 128 entries (512 bytes) per backend, plus
+    /// one largest table. A restart must give the size the pinned maps have.
     #[arg(long, value_name = "N", default_value_t = datapath::Limits::default().backends, value_parser = parse_max_backends)]
     max_backends: u32,
     /// New flows per second per CPU above which new flows (and replies matched by
@@ -658,7 +659,10 @@ fn remove_address_interface(
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_announce_table, parse_conntrack_size, parse_port_range, Cli, Command};
+    use super::{
+        parse_announce_table, parse_conntrack_size, parse_max_services, parse_port_range, Cli,
+        Command,
+    };
     use clap::Parser as _;
 
     /// Each `(input, what the error says)` of `cases` is refused by `parse`, saying that.
@@ -682,6 +686,16 @@ mod tests {
                 ("-1", "not a number"),
                 ("1k", "not a number"),
             ],
+        );
+    }
+
+    #[test]
+    fn max_services_goes_up_to_2_to_the_20() {
+        assert_eq!(parse_max_services("131072"), Ok(1 << 17));
+        assert_eq!(parse_max_services("1048576"), Ok(1 << 20));
+        refuses(
+            parse_max_services,
+            &[("0", "0 services"), ("1048577", "beyond the 1048576")],
         );
     }
 

@@ -96,6 +96,72 @@ pub(crate) fn lookup_batch(
     }
 }
 
+/// Writes `values` into consecutive entries of a BPF array of `u32`, from index
+/// `first`, with one `BPF_MAP_UPDATE_BATCH` (a Maglev table is up to 65,521 entries:
+/// one syscall, not one per entry). The kernel writes the entries in order, each
+/// atomically; nothing reads them before the caller points a service at them.
+pub(crate) fn update_array_u32(
+    fd: std::os::fd::BorrowedFd<'_>,
+    first: u32,
+    values: &[u32],
+) -> io::Result<()> {
+    /// The `batch` member of `union bpf_attr` (uapi/linux/bpf.h).
+    #[repr(C)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+    let count = u32::try_from(values.len()).map_err(io::Error::other)?;
+    let keys: Vec<u32> = (0..count).map(|i| first.wrapping_add(i)).collect();
+    let mut attr = BatchAttr {
+        in_batch: 0,
+        out_batch: 0,
+        keys: keys.as_ptr() as u64,
+        values: values.as_ptr() as u64,
+        count,
+        map_fd: fd.as_raw_fd() as u32,
+        elem_flags: 0,
+        flags: 0,
+    };
+    // SAFETY: `keys` and `values` hold `count` u32s each, the array's key and value
+    // size; the kernel only reads them; `attr` and what it points to outlive the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_UPDATE_BATCH,
+            &mut attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if attr.count != count {
+        return Err(io::Error::other(format!(
+            "batch update wrote {} of {count} entries",
+            attr.count
+        )));
+    }
+    Ok(())
+}
+
+/// The kernel memory a BPF map takes, as the kernel accounts it (the `memlock:` line
+/// of the descriptor's fdinfo), in bytes.
+pub(crate) fn map_memlock(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("memlock:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| io::Error::other("no memlock line in the map's fdinfo"))
+}
+
 /// What kind of BPF object is pinned at `path` (`BPF_OBJ_GET`, then the `map_type:`,
 /// `prog_type:` or `link_type:` line of the descriptor's fdinfo): "map", "prog",
 /// "link", or another word for a kind this does not know.
