@@ -64,10 +64,16 @@ impl TablePool {
     /// else the first from the start.
     pub(super) fn alloc(&mut self, len: u32) -> Result<Region> {
         let fits = |(&start, &free_len): (&u32, &u32)| (free_len >= len).then_some(start);
-        let start = self
+        // The free region the cursor lies in (freed space merged before it) is used
+        // from the cursor on.
+        let at_cursor = self
             .free
-            .range(self.cursor..)
-            .find_map(fits)
+            .range(..self.cursor)
+            .next_back()
+            .filter(|(&start, &free_len)| start + free_len >= self.cursor.saturating_add(len))
+            .map(|_| self.cursor);
+        let start = at_cursor
+            .or_else(|| self.free.range(self.cursor..).find_map(fits))
             .or_else(|| self.free.range(..self.cursor).find_map(fits))
             .ok_or(DatapathError::Capacity {
                 what: "Maglev table entries",
@@ -211,17 +217,19 @@ mod tests {
         let mut tables: Vec<Region> = (0..backends)
             .map(|_| pool.alloc(maglev_size(1)).expect("room"))
             .collect();
-        for per_service in [4, 1, 2, 1] {
-            let services = backends / per_service;
-            let mut next = Vec::new();
-            for (i, old) in tables.drain(..).enumerate() {
-                if (i as u32) < services {
-                    next.push(pool.alloc(maglev_size(per_service)).expect("room"));
+        for per_service in [4, 1, 2, 64, 1, 3] {
+            let services = (backends / per_service) as usize;
+            let old = std::mem::take(&mut tables);
+            for i in 0..services.max(old.len()) {
+                if i < services {
+                    let room = pool.alloc(maglev_size(per_service));
+                    tables.push(room.unwrap_or_else(|e| panic!("{per_service}: {e}")));
                 }
-                pool.free(old);
+                if let Some(&r) = old.get(i) {
+                    pool.free(r);
+                }
             }
-            tables = next;
         }
-        assert_eq!(tables.len(), 64);
+        assert_eq!(tables.len(), 21);
     }
 }
