@@ -876,6 +876,28 @@ mod pod {
 mod tests {
     use super::*;
 
+    #[test]
+    fn maglev_sizes_are_increasing_primes_with_100_entries_per_backend() {
+        let prime = |n: u32| n > 1 && (2..).take_while(|d| d * d <= n).all(|d| n % d != 0);
+        assert!(MAGLEV_SIZES.iter().all(|&n| prime(n)), "{MAGLEV_SIZES:?}");
+        assert!(MAGLEV_SIZES.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(maglev_size(0), 0);
+        assert_eq!(maglev_size(1), 101);
+        assert_eq!(maglev_size(2), 211);
+        for n in 1..=1000 {
+            let size = maglev_size(n);
+            assert!(size >= (100 * n).min(MAGLEV_MAX_SIZE), "{n}: {size}");
+        }
+        assert_eq!(maglev_size(u32::MAX), MAGLEV_MAX_SIZE);
+    }
+
+    #[test]
+    fn a_service_table_word_holds_its_start_and_size() {
+        let word = Service::table(0x1fff_ffff, MAGLEV_MAX_SIZE);
+        assert_eq!(Service::table_start(word), 0x1fff_ffff);
+        assert_eq!(Service::table_size(word), MAGLEV_MAX_SIZE);
+    }
+
     /// `flow_hash` must give every node the same value for a tuple (see its doc): these
     /// values were computed outside this code, from the definition.
     #[test]
