@@ -18,9 +18,8 @@
 /// 16381 (`--bpf-lb-maglev-table-size`); Berth had 1021 for every service: sized by use,
 /// a service of one backend takes 101 entries (404 bytes) where it took 4 KiB.
 pub const MAGLEV_SIZES: [u32; 30] = [
-    101, 127, 163, 211, 269, 337, 431, 541, 677, 853, 1069, 1361, 1709, 2137, 2677, 3347,
-    4201, 5261, 6577, 8231, 10289, 12889, 16127, 20161, 25219, 31531, 39419, 49277, 61603,
-    65521,
+    101, 127, 163, 211, 269, 337, 431, 541, 677, 853, 1069, 1361, 1709, 2137, 2677, 3347, 4201,
+    5261, 6577, 8231, 10289, 12889, 16127, 20161, 25219, 31531, 39419, 49277, 61603, 65521,
 ];
 
 /// Entries of the Maglev pool a backend may need at most: no table is larger than this

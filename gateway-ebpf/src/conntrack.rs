@@ -5,9 +5,9 @@ use core::mem::MaybeUninit;
 use aya_ebpf::bindings::BPF_NOEXIST;
 use gateway_common::{
     config, flow_hash, proto, snat_port_slot, Addr, Backend, Counter, Flow, FlowKey, ReplyIndex,
-    Service, ServiceId, ServiceKey, BACKEND_LIVE, FLOW_REPLY_ENTRY, NAT_DST, NAT_MASQ,
-    NAT_SRC, NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT, SERVICE_REPLY_ENTRY,
-    SERVICE_SNAT, SNAT_PORT_TRIES,
+    Service, ServiceId, ServiceKey, BACKEND_LIVE, FLOW_REPLY_ENTRY, NAT_DST, NAT_MASQ, NAT_SRC,
+    NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT, SERVICE_REPLY_ENTRY, SERVICE_SNAT,
+    SNAT_PORT_TRIES,
 };
 
 use crate::{

@@ -378,8 +378,14 @@ fn maps_pinned_by_a_build_of_one_fixed_table_per_service_are_replaced_not_refuse
     let report = dp.apply(&state()).expect("apply over the new maps");
     assert_eq!(report.added, 3);
     let tables = berth::datapath::pinned_tables(&pin_dir).expect("tables");
-    assert_eq!(tables[&svc(1001)].len(), gateway_common::maglev_size(3) as usize);
-    assert_eq!(tables[&svc(1002)].len(), gateway_common::maglev_size(1) as usize);
+    assert_eq!(
+        tables[&svc(1001)].len(),
+        gateway_common::maglev_size(3) as usize
+    );
+    assert_eq!(
+        tables[&svc(1002)].len(),
+        gateway_common::maglev_size(1) as usize
+    );
 }
 
 #[test]
@@ -414,7 +420,10 @@ fn a_restart_keeps_every_table_where_it_is_and_rewrites_none() {
     next.services.insert(svc(1002), backends(5, 1).into());
     again.apply(&next).expect("apply");
     let after = berth::datapath::pinned_tables(&t.pin_dir).expect("tables");
-    assert_eq!(after[&svc(1002)].len(), gateway_common::maglev_size(5) as usize);
+    assert_eq!(
+        after[&svc(1002)].len(),
+        gateway_common::maglev_size(5) as usize
+    );
     assert_eq!(after[&svc(1000)], before[&svc(1000)]);
 }
 

@@ -22,9 +22,9 @@ use super::{
     family::{endpoint_of, service_of, Addr6, ByFamily, MapAddr},
     links, map_err,
     pool::{Region, TablePool},
-    xdp, Config, Datapath, DatapathError, IdPool, Installed, Limit, Limits, Result,
-    ServiceAddr, ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6,
-    REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
+    xdp, Config, Datapath, DatapathError, IdPool, Installed, Limit, Limits, Result, ServiceAddr,
+    ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM,
+    TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
 };
 use crate::sys;
 

@@ -56,9 +56,7 @@ use desired::BackendSet;
 pub use desired::{reserved_ports, Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
 pub use family::MapAddr;
 use family::{Addr6, ByFamily};
-use gateway_common::{
-    config, map_names, Backend, Flow, FlowKey, ServiceId, ServiceStats,
-};
+use gateway_common::{config, map_names, Backend, Flow, FlowKey, ServiceId, ServiceStats};
 use ids::{IdPool, ServiceIds};
 pub use inspect::{pinned_memory, pinned_tables};
 pub use links::{LinkChange, LinkKind};

@@ -179,7 +179,10 @@ mod tests {
         let mut pool = TablePool::new(300);
         pool.alloc(211).expect("room");
         let err = pool.alloc(101).expect_err("89 entries left");
-        assert!(matches!(err, DatapathError::Capacity { limit: 300, .. }), "{err:?}");
+        assert!(
+            matches!(err, DatapathError::Capacity { limit: 300, .. }),
+            "{err:?}"
+        );
     }
 
     #[test]
