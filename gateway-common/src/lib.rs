@@ -877,7 +877,12 @@ mod tests {
 
     #[test]
     fn maglev_sizes_are_increasing_primes_with_100_entries_per_backend() {
-        let prime = |n: u32| n > 1 && (2..).take_while(|d| d * d <= n).all(|d| n % d != 0);
+        let prime = |n: u32| {
+            n > 1
+                && (2..)
+                    .take_while(|d| d * d <= n)
+                    .all(|d| !n.is_multiple_of(d))
+        };
         assert!(MAGLEV_SIZES.iter().all(|&n| prime(n)), "{MAGLEV_SIZES:?}");
         assert!(MAGLEV_SIZES.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(maglev_size(0), 0);

@@ -181,8 +181,8 @@ struct RunArgs {
     max_services: u32,
     /// Backends the datapath holds over all services (an endpoint serving two
     /// services counts twice). Routes beyond the limit wait as with --max-services. It
-    /// also sizes the Maglev tables' pool: 128 entries (512 bytes) per backend, plus
-    /// one largest table. A restart must give the size the pinned maps have.
+    /// also sizes the Maglev tables' pool: 128 entries (1 KiB of kernel memory) per
+    /// backend, plus one largest table. A restart must give the size the pinned maps have.
     #[arg(long, value_name = "N", default_value_t = datapath::Limits::default().backends, value_parser = parse_max_backends)]
     max_backends: u32,
     /// New flows per second per CPU above which new flows (and replies matched by

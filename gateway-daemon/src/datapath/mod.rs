@@ -295,16 +295,16 @@ impl Limits {
     /// being counted with the backends).
     pub const MAX_SERVICES: u32 = ServiceId::SLOTS;
 
-    /// The most backends (`backends`): 2^22, about 660 bytes of kernel memory each
-    /// over the maps sized by it (512 of them the Maglev pool's), about 2.7 GB at the
-    /// most.
+    /// The most backends (`backends`): 2^22, about 1.2 KiB of kernel memory each over
+    /// the maps sized by it (1 KiB of it the Maglev pool's), about 5 GB at the most.
     pub const MAX_BACKENDS: u32 = 1 << 22;
 
     /// Entries of the Maglev pool (`berth_maglev`): `MAGLEV_POOL_ENTRIES_PER_BACKEND`
     /// (128) per backend, which holds the tables of any state within `backends` (no
     /// table takes more per backend taking new flows), plus one largest table
     /// (`MAGLEV_MAX_SIZE`) for the new table of the service being switched (written
-    /// before its old one is given back). 4 bytes each.
+    /// before its old one is given back). An entry is 4 bytes, but the kernel gives
+    /// each array value an 8-byte slot: 1 KiB of kernel memory per backend.
     pub fn maglev_pool_entries(&self) -> u32 {
         self.backends
             .saturating_mul(gateway_common::MAGLEV_POOL_ENTRIES_PER_BACKEND)
