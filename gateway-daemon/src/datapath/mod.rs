@@ -291,7 +291,7 @@ impl Limits {
     pub const MAX_FLOWS: u32 = 1 << 26;
 
     /// The most services (`services`): as many as a service id has slots (2^20; about
-    /// 100 bytes of kernel memory each over the maps sized by it, their Maglev tables
+    /// 300 bytes of kernel memory each over the maps sized by it, their Maglev tables
     /// being counted with the backends).
     pub const MAX_SERVICES: u32 = ServiceId::SLOTS;
 
