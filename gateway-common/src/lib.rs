@@ -6,15 +6,51 @@
 //! integer; "host" fields are ordinary native integers.
 #![no_std]
 
-/// Number of entries in one Maglev lookup table (prime, as the algorithm requires).
+/// Sizes a service's Maglev table may have (primes, as the algorithm requires), each
+/// about 1.25 times the one before: a service's table is the smallest of them with at
+/// least `MAGLEV_ENTRIES_PER_BACKEND` entries per backend taking new flows (capped at
+/// the last). The tables of all services share one array (`map_names::MAGLEV`), each a
+/// region of it (`Service::table`, `Service::table_size`).
 ///
-/// 1021 keeps the weight error of a service below 0.1 % per entry while letting a
-/// host hold thousands of services (each table costs 4 KiB).
-pub const MAGLEV_SIZE: u32 = 1021;
+/// A backend's share of a table is within one entry of its weight's share (see
+/// `maglev::table` in the daemon), so at 100 entries per backend a share is off by at
+/// most 1 % of an equal share. Katran fixes every table at 65537 entries, Cilium at
+/// 16381 (`--bpf-lb-maglev-table-size`); Berth had 1021 for every service: sized by use,
+/// a service of one backend takes 101 entries (404 bytes) where it took 4 KiB.
+pub const MAGLEV_SIZES: [u32; 30] = [
+    101, 127, 163, 211, 269, 337, 431, 541, 677, 853, 1069, 1361, 1709, 2137, 2677, 3347, 4201,
+    5261, 6577, 8231, 10289, 12889, 16127, 20161, 25219, 31531, 39419, 49277, 61603, 65521,
+];
 
-/// One service's Maglev lookup table: `hash % MAGLEV_SIZE` → backend id. A whole
-/// table is one map value, so userspace writes it with one update.
-pub type MaglevTable = [u32; MAGLEV_SIZE as usize];
+/// Entries of the Maglev pool a backend may need at most: no table is larger than this
+/// many entries per backend taking new flows (`maglev_size(n) <= 128 * n`, checked
+/// for every `n` by a test), so a pool of this many per `--max-backends` holds the
+/// tables of any state that fits the backends.
+pub const MAGLEV_POOL_ENTRIES_PER_BACKEND: u32 = 128;
+
+/// Entries a service's Maglev table has at least per backend taking new flows (the
+/// Maglev paper's "well above 100 times the backends"), up to the largest size.
+pub const MAGLEV_ENTRIES_PER_BACKEND: u32 = 100;
+
+/// The size of the Maglev table of a service with `active` backends taking new flows
+/// (0 for none: such a service has no table).
+pub const fn maglev_size(active: u32) -> u32 {
+    if active == 0 {
+        return 0;
+    }
+    let want = active.saturating_mul(MAGLEV_ENTRIES_PER_BACKEND);
+    let mut i = 0;
+    while i < MAGLEV_SIZES.len() {
+        if MAGLEV_SIZES[i] >= want {
+            return MAGLEV_SIZES[i];
+        }
+        i += 1;
+    }
+    MAGLEV_SIZES[MAGLEV_SIZES.len() - 1]
+}
+
+/// The largest Maglev table.
+pub const MAGLEV_MAX_SIZE: u32 = MAGLEV_SIZES[MAGLEV_SIZES.len() - 1];
 
 /// Names of the maps, which are also their file names under the pin directory.
 pub mod map_names {
@@ -22,7 +58,8 @@ pub mod map_names {
     pub const SERVICES: &str = "berth_services";
     /// Gateway address (network order) → number of services on it.
     pub const ADDRESSES: &str = "berth_addrs";
-    /// Table index → `MaglevTable`.
+    /// The Maglev tables of all services, one array of backend ids: a service's table
+    /// is the region `Service::table .. + Service::table_size`.
     pub const MAGLEV: &str = "berth_maglev";
     /// Backend id → `Backend`.
     pub const BACKENDS: &str = "berth_backends";
@@ -280,21 +317,27 @@ pub struct ServiceKey<A: Addr = u32> {
 /// removed; the generation changes every time the slot is given to a service, so a
 /// conntrack entry of a removed service never matches the service that took its slot
 /// (and the backend slots with it). Host order; the low `ServiceId::SLOT_BITS` bits are
-/// the slot, the high bits the generation. Ids written before generations existed are
-/// generation 0.
+/// the slot, the high `32 - SLOT_BITS` bits the generation (which wraps). Ids written
+/// before generations existed are generation 0; ids written by builds of 16 slot bits
+/// read as other slots and generations, which no service of theirs holds (the daemon
+/// notes every id it finds in the conntrack before handing out any).
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceId(u32);
 
 impl ServiceId {
-    /// Bits of the slot.
-    pub const SLOT_BITS: u32 = 16;
+    /// Bits of the slot: 2^20, over a million services.
+    pub const SLOT_BITS: u32 = 20;
     /// Number of slots: the most services one datapath can hold.
     pub const SLOTS: u32 = 1 << Self::SLOT_BITS;
+    /// Number of generations of a slot (the rest of the 32 bits) before they wrap.
+    pub const GENERATIONS: u32 = 1 << (32 - Self::SLOT_BITS);
 
-    /// The id of generation `generation` of slot `slot` (`slot` below `SLOTS`).
+    /// The id of generation `generation` of slot `slot` (`slot` below `SLOTS`;
+    /// `generation` is taken modulo `GENERATIONS`).
     pub const fn new(slot: u32, generation: u16) -> Self {
-        ServiceId(((generation as u32) << Self::SLOT_BITS) | (slot & (Self::SLOTS - 1)))
+        let generation = generation as u32 & (Self::GENERATIONS - 1);
+        ServiceId((generation << Self::SLOT_BITS) | (slot & (Self::SLOTS - 1)))
     }
 
     /// Index into per-service maps.
@@ -315,14 +358,35 @@ impl ServiceId {
 pub struct Service {
     /// Service id (its slot indexes the service statistics map).
     pub id: ServiceId,
-    /// Maglev table number, host order. Tables are written before a service points at
-    /// them, so switching the backend set is one atomic map update.
-    pub table: u32,
-    /// Number of backends that take new flows (weight > 0), host order. Zero: new
-    /// flows are dropped (`Counter::DropNoBackend`).
-    pub active: u32,
-    /// `SERVICE_SNAT` or 0, host order (0 in maps written before SNAT mode existed).
+    /// `SERVICE_SNAT`, `SERVICE_REPLY_ENTRY` or 0, host order.
     pub flags: u32,
+    /// The service's Maglev table, a region of the pool (`map_names::MAGLEV`): its
+    /// first entry in the low 32 bits, its entries (one of `MAGLEV_SIZES`, sized by the
+    /// backends that take new flows) in the high 32, host order (`Service::table`).
+    /// Size zero: no backend takes new flows, which are dropped
+    /// (`Counter::DropNoBackend`). One word, so the kernel program keeps it in one
+    /// register (or stack slot). Tables are written before a service points at them,
+    /// so switching the backend set is one atomic map update.
+    pub table: u64,
+}
+
+impl Service {
+    /// The `Service::table` word of the region of `size` entries from `start`.
+    pub const fn table(start: u32, size: u32) -> u64 {
+        ((size as u64) << 32) | start as u64
+    }
+
+    /// The first entry of a `Service::table` word's region.
+    #[inline(always)]
+    pub const fn table_start(table: u64) -> u32 {
+        table as u32
+    }
+
+    /// The entries of a `Service::table` word's region.
+    #[inline(always)]
+    pub const fn table_size(table: u64) -> u32 {
+        (table >> 32) as u32
+    }
 }
 
 /// `Service::flags` bit: SNAT mode. New flows also get their source rewritten to the
@@ -810,6 +874,33 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn maglev_sizes_are_increasing_primes_with_100_entries_per_backend() {
+        let prime = |n: u32| {
+            n > 1
+                && (2..)
+                    .take_while(|d| d * d <= n)
+                    .all(|d| !n.is_multiple_of(d))
+        };
+        assert!(MAGLEV_SIZES.iter().all(|&n| prime(n)), "{MAGLEV_SIZES:?}");
+        assert!(MAGLEV_SIZES.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(maglev_size(0), 0);
+        assert_eq!(maglev_size(1), 101);
+        assert_eq!(maglev_size(2), 211);
+        for n in 1..=1000 {
+            let size = maglev_size(n);
+            assert!(size >= (100 * n).min(MAGLEV_MAX_SIZE), "{n}: {size}");
+        }
+        assert_eq!(maglev_size(u32::MAX), MAGLEV_MAX_SIZE);
+    }
+
+    #[test]
+    fn a_service_table_word_holds_its_start_and_size() {
+        let word = Service::table(0x1fff_ffff, MAGLEV_MAX_SIZE);
+        assert_eq!(Service::table_start(word), 0x1fff_ffff);
+        assert_eq!(Service::table_size(word), MAGLEV_MAX_SIZE);
+    }
 
     /// `flow_hash` must give every node the same value for a tuple (see its doc): these
     /// values were computed outside this code, from the definition.

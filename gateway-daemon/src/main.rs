@@ -270,13 +270,14 @@ fn parse_conntrack_size(text: &str) -> Result<u32, String> {
 struct Room {
     /// Services (gateway address, protocol, port) the datapath holds: a route takes
     /// one per port and address it is served on. Routes are served oldest first; those
-    /// beyond the limit keep their ports and wait (Programmed=False, DatapathFull). A
-    /// restart must give the size the pinned maps have.
+    /// beyond the limit keep their ports and wait (Programmed=False, DatapathFull). At
+    /// most 1048576 (2^20). A restart must give the size the pinned maps have.
     #[arg(long, value_name = "N", default_value_t = datapath::Limits::default().services, value_parser = parse_max_services)]
     max_services: u32,
     /// Backends the datapath holds over all services (an endpoint serving two
-    /// services counts twice). Routes beyond the limit wait as with --max-services. A
-    /// restart must give the size the pinned maps have.
+    /// services counts twice). Routes beyond the limit wait as with --max-services. It
+    /// also sizes the Maglev tables' pool: 128 entries (1 KiB of kernel memory) per
+    /// backend, plus one largest table. A restart must give the size the pinned maps have.
     #[arg(long, value_name = "N", default_value_t = datapath::Limits::default().backends, value_parser = parse_max_backends)]
     max_backends: u32,
 }
@@ -718,7 +719,10 @@ fn remove_address_interface(
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_announce_table, parse_conntrack_size, parse_port_range, Cli, Command};
+    use super::{
+        parse_announce_table, parse_conntrack_size, parse_max_services, parse_port_range, Cli,
+        Command,
+    };
     use clap::Parser as _;
 
     /// Each `(input, what the error says)` of `cases` is refused by `parse`, saying that.
@@ -742,6 +746,16 @@ mod tests {
                 ("-1", "not a number"),
                 ("1k", "not a number"),
             ],
+        );
+    }
+
+    #[test]
+    fn max_services_goes_up_to_2_to_the_20() {
+        assert_eq!(parse_max_services("131072"), Ok(1 << 17));
+        assert_eq!(parse_max_services("1048576"), Ok(1 << 20));
+        refuses(
+            parse_max_services,
+            &[("0", "0 services"), ("1048577", "beyond the 1048576")],
         );
     }
 

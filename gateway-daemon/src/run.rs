@@ -333,9 +333,15 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
         limits: *limits,
     })
     .context("loading the datapath")?;
+    // The kernel's own accounting of the maps (best effort: only reported).
+    let kernel_memory_mib = berth::datapath::pinned_memory(pin_dir)
+        .map(|maps| maps.values().sum::<u64>() / (1 << 20))
+        .unwrap_or_default();
     tracing::info!(
         max_services = limits.services,
         max_backends = limits.backends,
+        conntrack_size,
+        kernel_memory_mib,
         "datapath sized: routes beyond it wait for room, oldest served first"
     );
     dp.set_new_flow_limit(*new_flow_limit)

@@ -5,9 +5,9 @@ use core::mem::MaybeUninit;
 use aya_ebpf::bindings::BPF_NOEXIST;
 use gateway_common::{
     config, flow_hash, proto, snat_port_slot, Addr, Backend, Counter, Flow, FlowKey, ReplyIndex,
-    Service, ServiceId, ServiceKey, BACKEND_LIVE, FLOW_REPLY_ENTRY, MAGLEV_SIZE, NAT_DST, NAT_MASQ,
-    NAT_SRC, NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT, SERVICE_REPLY_ENTRY,
-    SERVICE_SNAT, SNAT_PORT_TRIES,
+    Service, ServiceId, ServiceKey, BACKEND_LIVE, FLOW_REPLY_ENTRY, NAT_DST, NAT_MASQ, NAT_SRC,
+    NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT, SERVICE_REPLY_ENTRY, SERVICE_SNAT,
+    SNAT_PORT_TRIES,
 };
 
 use crate::{
@@ -457,7 +457,8 @@ fn maglev_match<A: Family>(
         }
         // In the map (a copy of an IPv6 key would take `berth_v6` past its stack).
         let svc = &index.services[i];
-        // SAFETY: the value is copied out at once.
+        // SAFETY: the value is copied out at once. (Read in place instead, LLVM stopped
+        // inlining the TC program's body and took `berth_v6` to 592 bytes of stack.)
         let service = match unsafe { A::services().get(svc) } {
             Some(service) if service.flags & SERVICE_SNAT == 0 => *service,
             _ => continue,
@@ -674,17 +675,22 @@ fn balance<A: Family>(
     service: &Service,
     out: &mut MaybeUninit<Flow<A>>,
 ) -> Result<(), Counter> {
-    if service.active == 0 {
+    let hash = flow_hash(t.src, t.dst, t.sport, t.dport, t.proto);
+    // The region is one word (see `Service::table`). No table: no backend takes new
+    // flows (and a zero size would make the modulo a panic).
+    let table = service.table;
+    let size = Service::table_size(table);
+    if size == 0 {
         return Err(Counter::DropNoBackend);
     }
-    let hash = flow_hash(t.src, t.dst, t.sport, t.dport, t.proto);
-    // LLVM turns the modulo into a multiply the verifier cannot bound, and then drops
-    // the index check as redundant; hiding the value keeps the check for the verifier.
-    // Hidden before the table lookup, the hash is computed before it: sunk past the
-    // helper call, its inputs (an IPv6 tuple's ten words) were spilled to the stack.
-    let slot = core::hint::black_box(hash % MAGLEV_SIZE) as usize;
-    let table = MAGLEV.get(service.table).ok_or(Counter::DropNoBackend)?;
-    let backend_id = *table.get(slot).ok_or(Counter::DropNoBackend)?;
+    // The table is a region of the pool, whose lookup bounds-checks the index. The slot
+    // is hidden from LLVM as when tables had a constant size (LLVM turned that modulo
+    // into a multiply the verifier could not bound and dropped the index check): so
+    // the hash is computed here, before the lookup, not sunk past the helper call,
+    // where its inputs (an IPv6 tuple's ten words) were spilled to the stack.
+    let slot = core::hint::black_box(hash % size);
+    let index = Service::table_start(table).wrapping_add(slot);
+    let backend_id = *MAGLEV.get(index).ok_or(Counter::DropNoBackend)?;
     let backend = BACKENDS.get(backend_id).ok_or(Counter::DropNoBackend)?;
     if backend.flags & BACKEND_LIVE == 0 {
         return Err(Counter::DropNoBackend);

@@ -18,8 +18,8 @@
 //!    serves) and is rewritten to the gateway address and port. Where the index cannot
 //!    tell (an endpoint of more than `REPLY_CANDIDATES` services) and in SNAT mode, a
 //!    reply entry is recorded too. A new flow to a service picks a backend with weighted
-//!    Maglev (`MAGLEV_SIZE` entries per service, built in userspace; weight 0 takes no
-//!    new flows); a TCP SYN to a router-mode service is balanced without a conntrack
+//!    Maglev (a table per service sized by its backends, `maglev_size`, a region of one
+//!    pool, built in userspace; weight 0 takes no new flows); a TCP SYN to a router-mode service is balanced without a conntrack
 //!    lookup (a retransmission gets the same backend). A tracked flow keeps its backend
 //!    while the backend is live; only if it was removed is the flow balanced again
 //!    (`backend_gone`). Above `config::NEW_FLOW_LIMIT` new flows per second on a CPU,

@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use gateway_common::{
     config, Addr, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragKey6, FragPorts,
-    MaglevTable, NextHop, ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats, ADDR_BACKEND,
+    NextHop, ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats, ADDR_BACKEND,
     ADDR_FILTER_SLOTS, ADDR_GATEWAY, SNAT_PORT_SLOTS, XMIT_SLOTS,
 };
 
@@ -22,9 +22,10 @@ pub static SERVICES: HashMap<ServiceKey, Service> = HashMap::with_max_entries(SE
 #[map(name = "berth_addrs")]
 pub static ADDRESSES: HashMap<u32, u32> = HashMap::with_max_entries(256, 0);
 
-/// Maglev tables: slot → backend id. Written by the daemon.
+/// Maglev tables of all services, one pool: entry → backend id. A service's table is
+/// the region its `Service` points at. Written by the daemon.
 #[map(name = "berth_maglev")]
-pub static MAGLEV: Array<MaglevTable> = Array::with_max_entries(SERVICES_MAX + 64, 0);
+pub static MAGLEV: Array<u32> = Array::with_max_entries(SERVICES_MAX * 128, 0);
 
 /// Backend id → endpoint and weight. Written by the daemon.
 #[map(name = "berth_backends")]

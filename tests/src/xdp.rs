@@ -460,7 +460,9 @@ pub fn maglev_pick(
             weight: b.weight,
         })
         .collect();
-    let size = gateway_common::MAGLEV_SIZE;
+    // Sized as the daemon sizes it: by the backends taking new flows.
+    let active = candidates.iter().filter(|c| c.weight > 0).count() as u32;
+    let size = gateway_common::maglev_size(active);
     let table = maglev::table(&candidates, size)?;
     let h = hash::<u32>(src, dst, proto).or_else(|| hash::<[u32; 4]>(src, dst, proto))?;
     Some(candidates[table[(h % size) as usize] as usize].endpoint)

@@ -343,6 +343,91 @@ fn a_conntrack_pinned_with_an_older_entry_layout_is_replaced_not_refused() {
 }
 
 #[test]
+fn maps_pinned_by_a_build_of_one_fixed_table_per_service_are_replaced_not_refused() {
+    // What an upgrade from a build of 1021-entry tables finds: `berth_maglev` with one
+    // 4084-byte table per service (and 64 spare), and service maps whose values read
+    // differently. The daemon must start, with the pool and the services afresh.
+    const BPF_MAP_TYPE_HASH: u32 = 1;
+    const BPF_MAP_TYPE_ARRAY: u32 = 2;
+    let limits = test_limits();
+    let pins = PinDir::new("pool");
+    let pin_dir = pins.0.clone();
+    let maglev = pin_dir.join(gateway_common::map_names::MAGLEV);
+    let services = pin_dir.join(gateway_common::map_names::SERVICES);
+    berth_tests::loadgen::create_pinned_map(
+        &maglev,
+        BPF_MAP_TYPE_ARRAY,
+        4,
+        1021 * 4,
+        limits.services + 64,
+    )
+    .expect("pinning an old-layout Maglev map");
+    berth_tests::loadgen::create_pinned_map(&services, BPF_MAP_TYPE_HASH, 8, 16, limits.services)
+        .expect("pinning an old service map");
+    let config = Config {
+        pin_dir: pin_dir.clone(),
+        limits,
+    };
+    let mut dp = Datapath::load(&config)
+        .unwrap_or_else(|e| panic!("loading over old tables: {}", berth::error_chain(&e)));
+    let info = aya::maps::MapInfo::from_pin(&maglev).expect("the new pool is pinned");
+    assert_eq!(
+        (info.value_size(), info.max_entries()),
+        (4, limits.maglev_pool_entries())
+    );
+    let report = dp.apply(&state()).expect("apply over the new maps");
+    assert_eq!(report.added, 3);
+    let tables = berth::datapath::pinned_tables(&pin_dir).expect("tables");
+    assert_eq!(
+        tables[&svc(1001)].len(),
+        gateway_common::maglev_size(3) as usize
+    );
+    assert_eq!(
+        tables[&svc(1002)].len(),
+        gateway_common::maglev_size(1) as usize
+    );
+}
+
+#[test]
+fn a_restart_keeps_every_table_where_it_is_and_rewrites_none() {
+    let mut t = TestDatapath::load();
+    t.dp.apply(&state()).expect("apply");
+    let before = berth::datapath::pinned_tables(&t.pin_dir).expect("tables");
+    let memory = berth::datapath::pinned_memory(&t.pin_dir).expect("memory");
+    assert!(
+        memory[gateway_common::map_names::MAGLEV]
+            >= 4 * u64::from(test_limits().maglev_pool_entries()),
+        "{memory:?}"
+    );
+    let config = Config {
+        pin_dir: t.pin_dir.clone(),
+        limits: test_limits(),
+    };
+    let mut again = Datapath::load(&config).expect("adopting the pinned maps");
+    assert_eq!(
+        again.apply(&state()).expect("apply"),
+        ApplyReport {
+            unchanged: 3,
+            ..Default::default()
+        }
+    );
+    assert_eq!(
+        berth::datapath::pinned_tables(&t.pin_dir).expect("tables"),
+        before
+    );
+    // A changed service gets a table of its new size beside the others.
+    let mut next = state();
+    next.services.insert(svc(1002), backends(5, 1).into());
+    again.apply(&next).expect("apply");
+    let after = berth::datapath::pinned_tables(&t.pin_dir).expect("tables");
+    assert_eq!(
+        after[&svc(1002)].len(),
+        gateway_common::maglev_size(5) as usize
+    );
+    assert_eq!(after[&svc(1000)], before[&svc(1000)]);
+}
+
+#[test]
 fn counters_pinned_by_a_build_with_fewer_counters_are_replaced() {
     // What an upgrade to a build with new counters (issue 26's ct_miss_midflow and
     // ct_miss_reply) finds: `berth_counters` two entries short. The daemon replaces it
@@ -688,7 +773,8 @@ fn maps_pinned_with_other_service_or_backend_limits_are_refused_naming_the_optio
                 backends: test_limits().backends / 2,
                 ..test_limits()
             },
-            gateway_common::map_names::BACKENDS,
+            // The Maglev pool, sized by the backends, is the first such map checked.
+            gateway_common::map_names::MAGLEV,
             "--max-backends",
             test_limits().backends,
             test_limits().backends / 2,

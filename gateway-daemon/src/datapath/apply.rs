@@ -9,14 +9,15 @@ use std::{
 
 use aya::maps::{HashMap, MapData, MapError, PerCpuValues};
 use gateway_common::{
-    map_names, Backend, MaglevTable, NextHop, Service, ServiceId, ServiceKey, ServiceStats,
-    BACKEND_LIVE, MAGLEV_SIZE,
+    maglev_size, map_names, Backend, NextHop, Service, ServiceId, ServiceKey, ServiceStats,
+    BACKEND_LIVE,
 };
 
 use super::{
     desired::BackendSet,
     family::{Addr6, ByFamily, MapAddr},
     held_back, maglev, map_err, nr_cpus,
+    pool::Region,
     roles::{Roles, ServiceView},
     ApplyReport, Capacity, Datapath, DatapathError, DesiredState, Installed, Limit, Result,
     ServiceAddr, Usage, WeightedBackend,
@@ -268,10 +269,10 @@ impl Datapath {
 
     fn add_service(&mut self, key: &ServiceAddr, want: &BackendSet, snat: bool) -> Result<()> {
         let id = self.service_ids.alloc()?;
-        let table = self.tables.alloc()?;
         let mut svc = Installed {
             id,
-            table,
+            table: Region::EMPTY,
+            table_lost: false,
             snat,
             backends: BTreeMap::new(),
         };
@@ -279,7 +280,7 @@ impl Datapath {
             let bid = self.new_backend(id, endpoint, weight, snat)?;
             svc.backends.insert(endpoint, (bid, weight));
         }
-        let active = self.write_table(&svc)?;
+        self.write_table(&mut svc)?;
         let zero =
             PerCpuValues::try_from(vec![ServiceStats::default(); nr_cpus()?]).map_err(|e| {
                 map_err(map_names::SERVICE_STATS)(MapError::SyscallError(aya::sys::SyscallError {
@@ -294,8 +295,7 @@ impl Datapath {
             key,
             Service {
                 id,
-                table,
-                active,
+                table: Service::table(svc.table.start, svc.table.len),
                 flags: service_flags(snat, self.roles.reply_entry(key)),
             },
         )?;
@@ -333,7 +333,8 @@ impl Datapath {
         };
         let mut svc = Installed {
             id: old.id,
-            table: self.tables.alloc()?,
+            table: Region::EMPTY,
+            table_lost: false,
             snat,
             backends: BTreeMap::new(),
         };
@@ -349,13 +350,12 @@ impl Datapath {
             };
             svc.backends.insert(endpoint, (bid, weight));
         }
-        let active = self.write_table(&svc)?;
+        self.write_table(&mut svc)?;
         self.services.insert(
             key,
             Service {
                 id: svc.id,
-                table: svc.table,
-                active,
+                table: Service::table(svc.table.start, svc.table.len),
                 flags: service_flags(snat, self.roles.reply_entry(key)),
             },
         )?;
@@ -366,7 +366,9 @@ impl Datapath {
                 self.clear_backend(bid)?;
             }
         }
-        self.tables.free(old.table);
+        if !old.table_lost {
+            self.tables.free(old.table);
+        }
         self.installed.insert(*key, svc);
         Ok(())
     }
@@ -380,29 +382,48 @@ impl Datapath {
             self.clear_backend(bid)?;
         }
         self.service_ids.free(svc.id);
-        self.tables.free(svc.table);
+        if !svc.table_lost {
+            self.tables.free(svc.table);
+        }
         Ok(())
     }
 
-    /// Writes the service's Maglev table; returns the number of backends taking new flows.
-    fn write_table(&mut self, svc: &Installed) -> Result<u32> {
+    /// Writes the service's Maglev table into a free region of the pool sized by its
+    /// backends taking new flows (none without any) and sets `svc.table` to it. The
+    /// service does not point at it yet.
+    fn write_table(&mut self, svc: &mut Installed) -> Result<()> {
         let candidates: Vec<maglev::Candidate> = svc
             .backends
             .iter()
             .map(|(&endpoint, &(_, weight))| maglev::Candidate { endpoint, weight })
             .collect();
+        let active = candidates.iter().filter(|c| c.weight > 0).count() as u32;
+        let size = maglev_size(active);
         let ids: Vec<u32> = svc.backends.values().map(|&(bid, _)| bid).collect();
-        let Some(table) = maglev::table(&candidates, MAGLEV_SIZE) else {
-            return Ok(0);
+        let Some(table) = maglev::table(&candidates, size) else {
+            svc.table = Region::EMPTY;
+            return Ok(());
         };
-        let mut entries: MaglevTable = [0; MAGLEV_SIZE as usize];
-        for (slot, &e) in entries.iter_mut().zip(&table) {
-            *slot = ids[e as usize];
+        let entries: Vec<u32> = table.iter().map(|&e| ids[e as usize]).collect();
+        let region = self.tables.alloc(size)?;
+        if let Err(e) = self.write_region(region, &entries) {
+            self.tables.free(region);
+            return Err(e);
         }
-        self.maglev
-            .set(svc.table, entries, 0)
-            .map_err(map_err(map_names::MAGLEV))?;
-        Ok(candidates.iter().filter(|c| c.weight > 0).count() as u32)
+        svc.table = region;
+        Ok(())
+    }
+
+    /// Writes `entries` into the pool's `region` with one batch update.
+    fn write_region(&mut self, region: Region, entries: &[u32]) -> Result<()> {
+        use aya::maps::IterableMap as _;
+        let fd = std::os::fd::AsFd::as_fd(self.maglev.map().fd());
+        crate::sys::bpf::update_array_u32(fd, region.start, entries).map_err(|io_error| {
+            map_err(map_names::MAGLEV)(MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_update_batch",
+                io_error,
+            }))
+        })
     }
 
     /// Gives a new backend an id: one that starts with no next hop (the kernel program
@@ -561,7 +582,9 @@ impl Datapath {
         self.backend_ids.clear();
         for svc in self.installed.values() {
             self.service_ids.mark(svc.id);
-            self.tables.mark(svc.table);
+            if !svc.table_lost {
+                self.tables.mark(svc.table);
+            }
             for &(bid, _) in svc.backends.values() {
                 self.backend_ids.mark(bid);
             }

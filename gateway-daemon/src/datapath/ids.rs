@@ -1,4 +1,4 @@
-//! Ids of map slots: services (slot and generation), Maglev tables, backends.
+//! Ids of map slots: services (slot and generation), backends.
 
 use gateway_common::ServiceId;
 
@@ -24,8 +24,9 @@ impl ServiceIds {
         let slot = self.slots.alloc()?;
         let generation = match self.generations.get_mut(slot as usize) {
             Some(g) => {
-                // Wraps after 65535 services in one slot; an entry that old is long gone.
-                *g = g.wrapping_add(1);
+                // Wraps after `GENERATIONS` (4096) services in one slot; a conntrack
+                // entry that old is long gone.
+                *g = (*g + 1) % ServiceId::GENERATIONS as u16;
                 *g
             }
             None => 0,
@@ -56,7 +57,7 @@ impl ServiceIds {
     }
 }
 
-/// The ids of one kind of map slot (services, Maglev tables, backends) in use. Handed
+/// The ids of one kind of map slot (services, backends) in use. Handed
 /// out next-fit, so that a freed id is not reused at once: a CPU may still be reading
 /// the slot through a lookup made just before it was freed.
 pub(super) struct IdPool {
@@ -140,5 +141,32 @@ mod tests {
         let mut ids = ServiceIds::new(1);
         ids.saw(ServiceId::new(0, 7));
         assert_eq!(ids.alloc().expect("a free slot"), ServiceId::new(0, 8));
+    }
+
+    #[test]
+    fn a_service_id_has_twenty_slot_bits_and_its_generation_wraps() {
+        let last = ServiceId::SLOTS - 1;
+        assert_eq!(ServiceId::SLOTS, 1 << 20);
+        let id = ServiceId::new(last, 4095);
+        assert_eq!((id.slot(), id.generation()), (last, 4095));
+        // The highest slot's generations wrap without touching the slot.
+        let mut ids = ServiceIds::new(1);
+        ids.saw(ServiceId::new(0, 4095));
+        let wrapped = ids.alloc().expect("a free slot");
+        assert_eq!((wrapped.slot(), wrapped.generation()), (0, 0));
+        assert_eq!(ServiceId::new(last, 4096), ServiceId::new(last, 0));
+    }
+
+    #[test]
+    fn an_id_a_16_bit_build_wrote_is_never_handed_out() {
+        // Generation 1 of slot 3 under 16 slot bits reads as slot 65539, generation 0:
+        // beyond a datapath of 65536 services, so never handed out; slot 3's own ids
+        // are untouched.
+        let old = ServiceId::new(3 | (1 << 16), 0);
+        let mut ids = ServiceIds::new(1 << 16);
+        ids.saw(old);
+        for _ in 0..(1 << 16) {
+            assert_ne!(ids.alloc().expect("a free slot"), old);
+        }
     }
 }

@@ -3,7 +3,7 @@
 use std::{collections::BTreeMap, net::SocketAddr, path::Path};
 
 use aya::maps::{Array, HashMap, Map, MapData};
-use gateway_common::{map_names, Backend, MaglevTable, Service, ServiceKey};
+use gateway_common::{map_names, Backend, Service, ServiceKey};
 
 use super::{
     family::{endpoint_of, Addr6, MapAddr},
@@ -16,7 +16,7 @@ use super::{
 /// with no backend taking new flows has an empty table.
 pub fn pinned_tables(pin_dir: &Path) -> Result<BTreeMap<ServiceAddr, Vec<SocketAddr>>> {
     let open = |name: &'static str| MapData::from_pin(pin_dir.join(name)).map_err(map_err(name));
-    let maglev: Array<MapData, MaglevTable> = Array::try_from(Map::Array(open(map_names::MAGLEV)?))
+    let maglev: Array<MapData, u32> = Array::try_from(Map::Array(open(map_names::MAGLEV)?))
         .map_err(map_err(map_names::MAGLEV))?;
     let backends: Array<MapData, Backend> = Array::try_from(Map::Array(open(map_names::BACKENDS)?))
         .map_err(map_err(map_names::BACKENDS))?;
@@ -42,11 +42,11 @@ pub fn pinned_tables(pin_dir: &Path) -> Result<BTreeMap<ServiceAddr, Vec<SocketA
         )?);
     for (key, svc) in services {
         let mut table = Vec::new();
-        if svc.active != 0 {
-            let ids = maglev
-                .get(&svc.table, 0)
-                .map_err(map_err(map_names::MAGLEV))?;
-            for id in ids {
+        {
+            // The service's region of the pool.
+            let start = Service::table_start(svc.table);
+            for i in start..start.saturating_add(Service::table_size(svc.table)) {
+                let id = maglev.get(&i, 0).map_err(map_err(map_names::MAGLEV))?;
                 table.push(endpoint(id, key.addr.is_ipv6())?);
             }
         }
@@ -60,4 +60,27 @@ fn services<A: MapAddr>(data: MapData, name: &'static str) -> Result<Vec<(Servic
     let map: HashMap<MapData, ServiceKey<A>, Service> =
         HashMap::try_from(Map::HashMap(data)).map_err(map_err(name))?;
     super::load::adopt_services(&map, name)
+}
+
+/// The kernel memory the maps pinned in `pin_dir` take, by map name, in bytes: the
+/// kernel's own accounting (the `memlock:` line of each map's fdinfo). Maps not pinned
+/// there are left out.
+pub fn pinned_memory(pin_dir: &Path) -> Result<BTreeMap<&'static str, u64>> {
+    use std::os::fd::AsFd as _;
+    let mut out = BTreeMap::new();
+    for name in map_names::ALL {
+        let path = pin_dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let data = MapData::from_pin(&path).map_err(map_err(name))?;
+        let bytes = crate::sys::bpf::map_memlock(data.fd().as_fd()).map_err(|io_error| {
+            map_err(name)(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                call: "fdinfo",
+                io_error,
+            }))
+        })?;
+        out.insert(name, bytes);
+    }
+    Ok(out)
 }

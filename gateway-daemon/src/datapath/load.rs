@@ -14,29 +14,23 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use gateway_common::{
-    map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, MaglevTable, ReplyIndex,
-    Service, ServiceKey, ServiceStats, BACKEND_LIVE,
+    map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, ReplyIndex, Service,
+    ServiceKey, ServiceStats, BACKEND_LIVE, MAGLEV_MAX_SIZE, MAGLEV_POOL_ENTRIES_PER_BACKEND,
 };
 
 use super::{
     family::{endpoint_of, service_of, Addr6, ByFamily, MapAddr},
-    links, map_err, xdp, Config, Datapath, DatapathError, IdPool, Installed, Limit, Limits, Result,
-    ServiceAddr, ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6,
-    REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
+    links, map_err,
+    pool::{Region, TablePool},
+    xdp, Config, Datapath, DatapathError, IdPool, Installed, Limit, Limits, Result, ServiceAddr,
+    ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM,
+    TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
 };
 use crate::sys;
-
-/// Maglev tables beyond one per service: a changed service's new table is written to a
-/// spare one before the service switches to it.
-const SPARE_TABLES: u32 = 64;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gateway"));
 
 impl Limits {
-    fn tables(&self) -> u32 {
-        self.services + SPARE_TABLES
-    }
-
     /// Entries of each reply index (backend endpoint → services): twice the backends,
     /// as a change writes the roles of what is installed and what is wanted together
     /// first (`roles.rs`), which full maps whose endpoints all change make twice as
@@ -49,7 +43,7 @@ impl Limits {
     /// The shape of every map.
     fn shapes(&self) -> [Shape; 26] {
         use std::mem::size_of;
-        let services = [map_names::SERVICES, map_names::SERVICES6, map_names::MAGLEV];
+        let services = [map_names::SERVICES, map_names::SERVICES6];
         let backends = [
             map_names::BACKENDS,
             map_names::BACKENDS6,
@@ -62,9 +56,15 @@ impl Limits {
             value_size,
             max_entries,
             sized_by: if services.contains(&name) {
-                Some((Limit::Services, max_entries - self.services))
+                Some(SizedBy::of(Limit::Services))
             } else if backends.contains(&name) {
-                Some((Limit::Backends, 0))
+                Some(SizedBy::of(Limit::Backends))
+            } else if name == map_names::MAGLEV {
+                Some(SizedBy {
+                    limit: Limit::Backends,
+                    per: MAGLEV_POOL_ENTRIES_PER_BACKEND,
+                    extra: MAGLEV_MAX_SIZE,
+                })
             } else {
                 None
             },
@@ -91,12 +91,7 @@ impl Limits {
                 self.services,
             ),
             shape(map_names::ADDRESSES, 4, 4, self.addresses),
-            shape(
-                map_names::MAGLEV,
-                4,
-                size_of::<MaglevTable>(),
-                self.tables(),
-            ),
+            shape(map_names::MAGLEV, 4, 4, self.maglev_pool_entries()),
             shape(map_names::BACKENDS, 4, size_of::<Backend>(), self.backends),
             shape(
                 map_names::CONNTRACK,
@@ -185,12 +180,40 @@ struct Shape {
     key_size: usize,
     value_size: usize,
     max_entries: u32,
-    /// The limit its entries follow (`--max-services`, `--max-backends`), and the
-    /// entries it has beyond it (a Maglev table per service, and spare ones).
-    sized_by: Option<(Limit, u32)>,
+    /// The limit its entries follow (`--max-services`, `--max-backends`).
+    sized_by: Option<SizedBy>,
     /// Replaced rather than refused when an earlier run's pin has another shape.
     disposable: bool,
 }
+
+/// How a map's entries follow a limit: `per` entries per unit of it, and `extra`.
+#[derive(Clone, Copy)]
+struct SizedBy {
+    limit: Limit,
+    per: u32,
+    extra: u32,
+}
+
+impl SizedBy {
+    fn of(limit: Limit) -> Self {
+        SizedBy {
+            limit,
+            per: 1,
+            extra: 0,
+        }
+    }
+
+    /// The limit a map of `entries` entries was made for.
+    fn limit_of(self, entries: u32) -> u32 {
+        entries.saturating_sub(self.extra) / self.per
+    }
+}
+
+/// The maps whose values changed meaning with the Maglev pool: the Maglev map went from
+/// one 1021-entry table per entry to one backend id per entry (its value size tells an
+/// earlier build's), and a service's third word from its number of backends to its
+/// table's size (the same size: replaced with the tables).
+const POOL_LAYOUT: [&str; 3] = [map_names::SERVICES, map_names::SERVICES6, map_names::MAGLEV];
 
 impl Datapath {
     /// Loads the program, creating the maps or adopting those an earlier run pinned.
@@ -235,6 +258,7 @@ impl Datapath {
 
         let shapes = limits.shapes();
         let paths: Vec<PathBuf> = shapes.iter().map(|s| pin_dir.join(s.name)).collect();
+        replace_pre_pool_maps(pin_dir, &shapes);
         for (shape, path) in shapes.iter().zip(&paths) {
             // Counters hold nothing a restart must keep: a build that counts more (or
             // differently) replaces them instead of refusing to start.
@@ -280,7 +304,7 @@ impl Datapath {
             // A map sized by --max-services or --max-backends: refused naming the
             // option and the size it was pinned with.
             if let (
-                Some((limit, extra)),
+                Some(sized_by),
                 Err(Ok(DatapathError::Incompatible {
                     what: "max entries",
                     found,
@@ -290,10 +314,10 @@ impl Datapath {
             {
                 return Err(DatapathError::LimitSize {
                     path: path.clone(),
-                    what: limit.name(),
-                    option: limit.option(),
-                    found: found.saturating_sub(extra),
-                    wanted: shape.max_entries - extra,
+                    what: sized_by.limit.name(),
+                    option: sized_by.limit.option(),
+                    found: sized_by.limit_of(found),
+                    wanted: sized_by.limit_of(shape.max_entries),
                     dir: pin_dir.clone(),
                 });
             }
@@ -383,7 +407,7 @@ impl Datapath {
             links: BTreeMap::new(),
             _pin_lock: pin_lock,
             service_ids: ServiceIds::new(limits.services),
-            tables: IdPool::new("Maglev tables", limits.tables()),
+            tables: TablePool::new(limits.maglev_pool_entries()),
             backend_ids: IdPool::new("backends", limits.backends),
         };
         dp.adopt()?;
@@ -400,17 +424,33 @@ impl Datapath {
             .chain(adopt_services(&self.services.v6, map_names::SERVICES6)?);
         for (key, svc) in services {
             by_id.insert(svc.id, key);
+            // The table stays where it is (its flows keep their backends, nothing is
+            // rewritten); one that cannot be kept is written afresh by the next apply.
+            let table = Region {
+                start: Service::table_start(svc.table),
+                len: Service::table_size(svc.table),
+            };
+            let table_lost = table.len != 0 && !self.tables.mark(table);
+            if table_lost {
+                tracing::warn!(
+                    service = %key,
+                    start = table.start,
+                    size = table.len,
+                    "an adopted service's Maglev table overlaps another or lies outside \
+                     the pool; it is written afresh"
+                );
+            }
             self.installed.insert(
                 key,
                 Installed {
                     id: svc.id,
-                    table: svc.table,
+                    table,
+                    table_lost,
                     snat: svc.flags & gateway_common::SERVICE_SNAT != 0,
                     backends: BTreeMap::new(),
                 },
             );
             self.service_ids.mark(svc.id);
-            self.tables.mark(svc.table);
         }
         let mut orphans = Vec::new();
         let mut adopted6 = std::collections::HashSet::new();
@@ -555,6 +595,43 @@ fn program_err(name: &'static str) -> impl Fn(ProgramError) -> DatapathError {
     move |source| DatapathError::Program { name, source }
 }
 
+/// An upgrade from a build of one 1021-entry Maglev table per service: its service maps
+/// and tables cannot be read by this program. They are replaced together rather than
+/// refused, so the upgrade starts; the services are written afresh by the first apply
+/// (new ids, tables sized by their backends). Until then packets to them pass untouched,
+/// and established flows, whose entries name the old ids, are balanced again by the new
+/// tables on their next forward packet (`ct_stale_service`): a flow to a service of
+/// several backends may move to another (its TCP connection breaks).
+fn replace_pre_pool_maps(pin_dir: &Path, shapes: &[Shape]) {
+    let older = shapes
+        .iter()
+        .filter(|s| POOL_LAYOUT.contains(&s.name))
+        .find_map(|s| match check_pinned(&pin_dir.join(s.name), pin_dir, s) {
+            Err(Ok(DatapathError::Incompatible {
+                what: "value size",
+                found,
+                wanted,
+                ..
+            })) => Some((s.name, found, wanted)),
+            _ => None,
+        });
+    let Some((map, found, wanted)) = older else {
+        return;
+    };
+    tracing::warn!(
+        map,
+        found,
+        wanted,
+        "the pinned service maps and Maglev tables have another layout (a build before \
+         tables sized by backends); replacing them: services are written afresh, and \
+         established flows are balanced again by the new tables (a flow to a service of \
+         several backends may move to another backend)"
+    );
+    for name in POOL_LAYOUT {
+        let _ = fs::remove_file(pin_dir.join(name));
+    }
+}
+
 /// Ports of the services in the maps pinned in `pin_dir` (none if nothing is pinned).
 pub fn pinned_service_ports(pin_dir: &Path) -> Result<std::collections::BTreeSet<u16>> {
     let mut ports = pinned_ports::<u32>(pin_dir, map_names::SERVICES)?;
@@ -571,12 +648,35 @@ fn pinned_ports<A: MapAddr>(
     if !path.exists() {
         return Ok(Default::default());
     }
+    // Read by keys alone: the values may have an earlier build's layout (`berth
+    // uninstall` after an upgrade of the binary).
     let data = MapData::from_pin(&path).map_err(map_err(name))?;
-    let map: HashMap<MapData, ServiceKey<A>, Service> =
-        HashMap::try_from(aya::maps::Map::HashMap(data)).map_err(map_err(name))?;
-    map.keys()
-        .map(|k| k.map(|k| u16::from_be(k.port)).map_err(map_err(name)))
-        .collect()
+    let info = MapInfo::from_pin(&path).map_err(map_err(name))?;
+    use std::os::fd::AsFd as _;
+    let mut ports = std::collections::BTreeSet::new();
+    let key_size = std::mem::size_of::<ServiceKey<A>>();
+    if info.key_size() as usize != key_size {
+        return Err(map_err(name)(MapError::InvalidKeySize {
+            size: info.key_size() as usize,
+            expected: key_size,
+        }));
+    }
+    sys::bpf::lookup_batch(
+        data.fd().as_fd(),
+        key_size,
+        info.value_size() as usize,
+        |k, _| {
+            let key: ServiceKey<A> = sys::bpf::read_pod(k);
+            ports.insert(u16::from_be(key.port));
+        },
+    )
+    .map_err(|io_error| {
+        map_err(name)(MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_lookup_batch",
+            io_error,
+        }))
+    })?;
+    Ok(ports)
 }
 
 /// The services of one family's service map, by `ServiceAddr`.

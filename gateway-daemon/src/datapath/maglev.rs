@@ -106,7 +106,11 @@ fn fnv1a(bytes: &[u8], seed: u64) -> u64 {
 mod tests {
     use super::*;
 
-    const M: u32 = gateway_common::MAGLEV_SIZE;
+    use gateway_common::{maglev_size, MAGLEV_SIZES};
+
+    /// The table size of a service of four backends, for the tests of properties that
+    /// hold at any size.
+    const M: u32 = maglev_size(4);
 
     fn backend(last: u8, weight: u16) -> Candidate {
         Candidate {
@@ -124,21 +128,79 @@ mod tests {
     }
 
     #[test]
-    fn equal_weights_share_the_table_evenly() {
+    fn equal_weights_share_the_table_evenly_at_every_size() {
         let c: Vec<_> = (1..=4).map(|i| backend(i, 1)).collect();
-        let t = table(&c, M).unwrap();
-        for share in shares(&t, 4) {
-            assert!(share.abs_diff(M as usize / 4) <= 1, "share {share}");
+        for size in MAGLEV_SIZES {
+            let t = table(&c, size).unwrap();
+            for share in shares(&t, 4) {
+                assert!(
+                    share.abs_diff(size as usize / 4) <= 1,
+                    "size {size}: share {share}"
+                );
+            }
         }
     }
 
     #[test]
-    fn shares_follow_weights() {
+    fn shares_follow_weights_at_every_size() {
         let c = [backend(1, 1), backend(2, 3), backend(3, 0)];
-        let t = table(&c, M).unwrap();
-        let s = shares(&t, 3);
-        assert_eq!(s[2], 0, "weight 0 gets no entries");
-        assert!(s[1].abs_diff(3 * s[0]) <= 3, "1:3 split, got {s:?}");
+        for size in MAGLEV_SIZES {
+            let t = table(&c, size).unwrap();
+            let s = shares(&t, 3);
+            assert_eq!(s[2], 0, "size {size}: weight 0 gets no entries");
+            assert!(
+                s[1].abs_diff(3 * s[0]) <= 3,
+                "size {size}: 1:3 split, got {s:?}"
+            );
+        }
+    }
+
+    /// Entries by which backend `i`'s share of `t` differs from its weight's exact share.
+    fn worst_error(c: &[Candidate], t: &[u32]) -> f64 {
+        let total: f64 = c.iter().map(|c| f64::from(c.weight)).sum();
+        let s = shares(t, c.len());
+        c.iter()
+            .zip(&s)
+            .map(|(c, &got)| (got as f64 - t.len() as f64 * f64::from(c.weight) / total).abs())
+            .fold(0.0, f64::max)
+    }
+
+    /// The bound the sizes rest on (`gateway_common::MAGLEV_SIZES`): a backend's share
+    /// is off its weight's by less than two entries, at every size and however unequal
+    /// the weights (a backend takes its turns in proportion to its weight, and the
+    /// table fills mid-round). With at least 100 entries per backend, that is within
+    /// 2 % of an equal share; a weight whose share is below an entry may get none.
+    #[test]
+    fn every_backend_is_within_two_entries_of_its_weights_share() {
+        let heavy_and_light = [backend(1, 1000), backend(2, 1)];
+        let mixed: Vec<_> = (1..=10).map(|i| backend(i, u16::from(i) * 7)).collect();
+        for c in [&heavy_and_light[..], &mixed] {
+            for size in MAGLEV_SIZES {
+                let t = table(c, size).unwrap();
+                let err = worst_error(c, &t);
+                assert!(err < 2.0, "size {size}: off by {err} entries");
+            }
+        }
+        // 1:1000 at the size two backends get: the light one's exact share is under an
+        // entry (211 / 1001); it gets at most one, the heavy one the rest.
+        let t = table(&heavy_and_light, maglev_size(2)).unwrap();
+        assert!(shares(&t, 2)[1] <= 1, "{:?}", shares(&t, 2));
+    }
+
+    #[test]
+    fn many_backends_share_the_largest_table_within_two_entries() {
+        // 700 backends: past 100 entries per backend, the table stops growing (65521).
+        let c: Vec<_> = (0..700u32)
+            .map(|i| Candidate {
+                endpoint: SocketAddr::new([10, 1, (i >> 8) as u8, i as u8].into(), 80),
+                weight: 1 + (i % 3) as u16,
+            })
+            .collect();
+        let size = maglev_size(700);
+        assert_eq!(size, gateway_common::MAGLEV_MAX_SIZE);
+        let t = table(&c, size).unwrap();
+        let err = worst_error(&c, &t);
+        assert!(err < 2.0, "off by {err} entries");
     }
 
     #[test]

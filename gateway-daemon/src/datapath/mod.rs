@@ -6,7 +6,8 @@
 //! killed) leaves the datapath serving, and a new one adopts it without a gap.
 //!
 //! Files: `load.rs` loads the object and adopts pinned maps; `apply.rs` applies a
-//! `DesiredState` as a minimal diff (`ids.rs` hands out service, table and backend ids);
+//! `DesiredState` as a minimal diff (`ids.rs` hands out service and backend ids, `pool.rs`
+//! the Maglev tables' regions of their pool);
 //! `traffic.rs` reads counters, service statistics and flows; `links.rs` attaches the
 //! programs; `addresses.rs` publishes the gateway addresses (the dummy interface, proxy
 //! neighbours, the announce table);
@@ -30,6 +31,7 @@ mod inspect;
 mod links;
 mod load;
 mod pins;
+mod pool;
 mod roles;
 mod snat;
 mod traffic;
@@ -54,11 +56,9 @@ use desired::BackendSet;
 pub use desired::{reserved_ports, Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
 pub use family::MapAddr;
 use family::{Addr6, ByFamily};
-use gateway_common::{
-    config, map_names, Backend, Flow, FlowKey, MaglevTable, ServiceId, ServiceStats,
-};
+use gateway_common::{config, map_names, Backend, Flow, FlowKey, ServiceId, ServiceStats};
 use ids::{IdPool, ServiceIds};
-pub use inspect::pinned_tables;
+pub use inspect::{pinned_memory, pinned_tables};
 pub use links::{LinkChange, LinkKind};
 pub use load::{pinned_service_ports, remove_pins};
 pub use pins::{PinDirError, PinnedDatapath, Removed};
@@ -271,7 +271,7 @@ fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DatapathError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Services (gateway address, protocol, port) (`berth run --max-services`): at
-    /// most `ServiceId::SLOTS`.
+    /// most `MAX_SERVICES`.
     pub services: u32,
     /// Backends over all services (`berth run --max-backends`): at most
     /// `MAX_BACKENDS`.
@@ -290,13 +290,26 @@ impl Limits {
     /// overhead: about 150 bytes).
     pub const MAX_FLOWS: u32 = 1 << 26;
 
-    /// The most services (`services`): as many as a service id has slots (2^16; a
-    /// Maglev table of 4 KiB each, about 270 MB of kernel memory at the most).
+    /// The most services (`services`): as many as a service id has slots (2^20; about
+    /// 300 bytes of kernel memory each over the maps sized by it, their Maglev tables
+    /// being counted with the backends).
     pub const MAX_SERVICES: u32 = ServiceId::SLOTS;
 
-    /// The most backends (`backends`): 2^22, about 150 bytes of kernel memory each
-    /// over the maps sized by it (about 600 MB at the most).
+    /// The most backends (`backends`): 2^22, about 1.2 KiB of kernel memory each over
+    /// the maps sized by it (1 KiB of it the Maglev pool's), about 5 GB at the most.
     pub const MAX_BACKENDS: u32 = 1 << 22;
+
+    /// Entries of the Maglev pool (`berth_maglev`): `MAGLEV_POOL_ENTRIES_PER_BACKEND`
+    /// (128) per backend, which holds the tables of any state within `backends` (no
+    /// table takes more per backend taking new flows), plus one largest table
+    /// (`MAGLEV_MAX_SIZE`) for the new table of the service being switched (written
+    /// before its old one is given back). An entry is 4 bytes, but the kernel gives
+    /// each array value an 8-byte slot: 1 KiB of kernel memory per backend.
+    pub fn maglev_pool_entries(&self) -> u32 {
+        self.backends
+            .saturating_mul(gateway_common::MAGLEV_POOL_ENTRIES_PER_BACKEND)
+            .saturating_add(gateway_common::MAGLEV_MAX_SIZE)
+    }
 }
 
 impl Default for Limits {
@@ -336,7 +349,11 @@ pub enum Attached {
 #[derive(Clone, Debug)]
 struct Installed {
     id: ServiceId,
-    table: u32,
+    /// The table's region of the Maglev pool (empty: no backend takes new flows).
+    table: pool::Region,
+    /// The adopted region could not be kept (overlapping another, or outside the
+    /// pool): the table is written afresh by the next apply.
+    table_lost: bool,
     /// SNAT mode (`Service::flags`).
     snat: bool,
     /// Endpoint → (backend id, weight).
@@ -345,7 +362,8 @@ struct Installed {
 
 impl Installed {
     fn same_backends(&self, want: &BackendSet) -> bool {
-        self.backends.len() == want.len()
+        !self.table_lost
+            && self.backends.len() == want.len()
             && self
                 .backends
                 .iter()
@@ -392,7 +410,7 @@ pub struct Datapath {
     limits: Limits,
     services: ByFamily<apply::ServiceMap<u32>, apply::ServiceMap<Addr6>>,
     addresses: ByFamily<HashMap<MapData, u32, u32>, HashMap<MapData, Addr6, u32>>,
-    maglev: Array<MapData, MaglevTable>,
+    maglev: Array<MapData, u32>,
     backends: Array<MapData, Backend>,
     /// The addresses of IPv6 backends (by backend id, as `backends`).
     backends6: Array<MapData, Addr6>,
@@ -417,7 +435,7 @@ pub struct Datapath {
     /// (`berth uninstall` refuses while anyone holds it).
     _pin_lock: pins::PinDirLock,
     service_ids: ServiceIds,
-    tables: IdPool,
+    tables: pool::TablePool,
     backend_ids: IdPool,
     /// SNAT mode's maps and what this process wrote into them.
     snat: snat::Snat,

@@ -15,6 +15,41 @@ pub(crate) fn read_pod<T: aya::Pod>(bytes: &[u8]) -> T {
     unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) }
 }
 
+/// The `batch` member of `union bpf_attr` (uapi/linux/bpf.h).
+#[repr(C)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Makes the batch command `cmd` of bpf(2) with `attr` (which the kernel updates).
+///
+/// # Safety
+/// Every buffer `attr` points to must hold what `cmd` reads or writes there, and live
+/// through the call.
+unsafe fn batch(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
+    // SAFETY: `attr` is a valid `bpf_attr` batch member; the caller vouches for what
+    // it points to.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Reads every entry of a BPF hash or array map with `BPF_MAP_LOOKUP_BATCH` (a few
 /// syscalls for the whole map, not two per entry), calling `f` on each key's and value's
 /// bytes (`value_size` as the kernel copies it: per-CPU maps give one 8-byte-aligned
@@ -26,18 +61,6 @@ pub(crate) fn lookup_batch(
     value_size: usize,
     mut f: impl FnMut(&[u8], &[u8]),
 ) -> io::Result<()> {
-    /// The `batch` member of `union bpf_attr` (uapi/linux/bpf.h).
-    #[repr(C)]
-    struct BatchAttr {
-        in_batch: u64,
-        out_batch: u64,
-        keys: u64,
-        values: u64,
-        count: u32,
-        map_fd: u32,
-        elem_flags: u64,
-        flags: u64,
-    }
     const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
     const CHUNK: usize = 1024;
     let mut keys = vec![0u8; CHUNK * key_size];
@@ -63,22 +86,10 @@ pub(crate) fn lookup_batch(
         // SAFETY: the buffers hold CHUNK keys and values of the sizes the kernel copies
         // (the caller passes the map's sizes); the cursors are 8 bytes, more than the 4
         // the kernel writes; `attr` and all it points to live through the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        let done = if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                return Err(e);
-            }
-            true
-        } else {
-            false
+        let done = match unsafe { batch(BPF_MAP_LOOKUP_BATCH, &mut attr) } {
+            Ok(()) => false,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            Err(e) => return Err(e),
         };
         let n = (attr.count as usize).min(CHUNK);
         for (k, v) in keys
@@ -94,6 +105,50 @@ pub(crate) fn lookup_batch(
         cursor_in = cursor_out;
         first = false;
     }
+}
+
+/// Writes `values` into consecutive entries of a BPF array of `u32`, from index
+/// `first`, with one `BPF_MAP_UPDATE_BATCH` (a Maglev table is up to 65,521 entries:
+/// one syscall, not one per entry). The kernel writes the entries in order, each
+/// atomically; nothing reads them before the caller points a service at them.
+pub(crate) fn update_array_u32(
+    fd: std::os::fd::BorrowedFd<'_>,
+    first: u32,
+    values: &[u32],
+) -> io::Result<()> {
+    const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+    let count = u32::try_from(values.len()).map_err(io::Error::other)?;
+    let keys: Vec<u32> = (0..count).map(|i| first.wrapping_add(i)).collect();
+    let mut attr = BatchAttr {
+        in_batch: 0,
+        out_batch: 0,
+        keys: keys.as_ptr() as u64,
+        values: values.as_ptr() as u64,
+        count,
+        map_fd: fd.as_raw_fd() as u32,
+        elem_flags: 0,
+        flags: 0,
+    };
+    // SAFETY: `keys` and `values` hold `count` u32s each, the array's key and value
+    // size; the kernel only reads them; `attr` and what it points to outlive the call.
+    unsafe { batch(BPF_MAP_UPDATE_BATCH, &mut attr) }?;
+    if attr.count != count {
+        return Err(io::Error::other(format!(
+            "batch update wrote {} of {count} entries",
+            attr.count
+        )));
+    }
+    Ok(())
+}
+
+/// The kernel memory a BPF map takes, as the kernel accounts it (the `memlock:` line
+/// of the descriptor's fdinfo), in bytes.
+pub(crate) fn map_memlock(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("memlock:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| io::Error::other("no memlock line in the map's fdinfo"))
 }
 
 /// What kind of BPF object is pinned at `path` (`BPF_OBJ_GET`, then the `map_type:`,

@@ -46,7 +46,7 @@ use berth::{
     datapath::{Limits, Protocol, ServiceAddr},
 };
 use berth_tests::{daemon::berth_binary, netns::Netns};
-use gateway_common::{map_names, Backend, MaglevTable, Service, ServiceKey};
+use gateway_common::{map_names, Backend, Service, ServiceKey};
 
 /// Ns measured when no `--routes` is given.
 const DEFAULT_ROUTES: [usize; 3] = [1_000, 10_000, 100_000];
@@ -364,7 +364,7 @@ fn timed_get(ns: &Netns, pid: u32, path: &str) -> (f64, f64, usize) {
 /// The pinned maps a change's effect is looked for in.
 struct Maps {
     services: HashMap<MapData, ServiceKey, Service>,
-    maglev: Array<MapData, MaglevTable>,
+    maglev: Array<MapData, u32>,
     backends: Array<MapData, Backend>,
     addresses: HashMap<MapData, u32, u32>,
 }
@@ -396,11 +396,12 @@ impl Maps {
     /// The backend a new flow to `key` goes to (the table's first slot), if any.
     fn backend(&self, key: &ServiceKey) -> Option<(Ipv4Addr, u16)> {
         let svc = self.services.get(key, 0).ok()?;
-        if svc.active == 0 {
+        // No table: no backend takes new flows.
+        if Service::table_size(svc.table) == 0 {
             return None;
         }
-        let table = self.maglev.get(&svc.table, 0).ok()?;
-        let b = self.backends.get(&table[0], 0).ok()?;
+        let first = self.maglev.get(&Service::table_start(svc.table), 0).ok()?;
+        let b = self.backends.get(&first, 0).ok()?;
         Some((Ipv4Addr::from(u32::from_be(b.addr)), u16::from_be(b.port)))
     }
 }

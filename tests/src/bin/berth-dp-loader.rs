@@ -4,12 +4,14 @@
 //! restart does to traffic.
 //!
 //! `berth-dp-loader [--netns NAME] --pin-dir DIR --state FILE [--interface IF]...
-//!  [--mode auto|native|skb] [--follow-xmit] [--default-limits]`
+//!  [--mode auto|native|skb] [--follow-xmit] [--default-limits] [--max-services N]
+//!  [--max-backends N]`
 //!
 //! `--follow-xmit` keeps the map of interfaces that take XDP frames current, as
 //! `berth run` does by default (without it the map stays empty: every packet takes the
 //! kernel's path). `--default-limits` sizes the maps as `berth run` does by default
-//! (262,144 conntrack entries, ...) instead of the tests' small limits.
+//! (262,144 conntrack entries, ...) instead of the tests' small limits; `--max-services`
+//! and `--max-backends` (after it) change those two (to measure the maps' memory).
 
 use std::path::PathBuf;
 
@@ -41,6 +43,8 @@ fn main() -> anyhow::Result<()> {
             }
             "--follow-xmit" => follow_xmit = true,
             "--default-limits" => limits = berth::datapath::Limits::default(),
+            "--max-services" => limits.services = value()?.parse()?,
+            "--max-backends" => limits.backends = value()?.parse()?,
             other => bail!("unknown argument {other}"),
         }
     }
