@@ -159,7 +159,11 @@ fn slice(i: usize, host: u8, ready: bool) -> EndpointSlice {
         metadata: m,
         address_type: "IPv4".into(),
         endpoints: vec![Endpoint {
-            addresses: vec![format!("10.{}.{}.{host}", 1 + i / 65536 % 200, i / 256 % 256)],
+            addresses: vec![format!(
+                "10.{}.{}.{host}",
+                1 + i / 65536 % 200,
+                i / 256 % 256
+            )],
             conditions: EndpointConditions {
                 ready: Some(ready),
                 ..EndpointConditions::default()
@@ -339,10 +343,16 @@ fn bench_world(n: usize, runs: usize, capacity: berth::datapath::Capacity) -> Ve
         let at = d.snap.routes.len() / 2;
         d.snap.routes.insert(at, route(next).into());
         d.snap.services.insert(at, service(next, false).into());
-        d.snap.endpoint_slices.insert(at, slice(next, 1, true).into());
+        d.snap
+            .endpoint_slices
+            .insert(at, slice(next, 1, true).into());
         let (t, p) = d.plan();
         next += 1;
-        assert_eq!(p.claims.len(), d.snap.routes.len(), "the new route gets a port");
+        assert_eq!(
+            p.claims.len(),
+            d.snap.routes.len(),
+            "the new route gets a port"
+        );
         t
     };
     times[1].push(add(&mut d));
@@ -379,7 +389,12 @@ fn main() {
     if std::env::args().any(|a| a == "--files") {
         return bench_files(10_000);
     }
-    let mut capacity = berth::datapath::Capacity::default();
+    // Room for every route (`berth run --max-services 262144 --max-backends 262144`):
+    // with the default room (16k services) routes wait, and every plan is a full one.
+    let mut capacity = berth::datapath::Capacity {
+        services: 262_144,
+        backends: 262_144,
+    };
     if let Ok(n) = std::env::var("BERTH_BENCH_MAX_SERVICES") {
         capacity.services = n.parse().expect("BERTH_BENCH_MAX_SERVICES: a number");
     }
