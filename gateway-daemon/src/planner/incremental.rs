@@ -86,6 +86,8 @@ pub(super) struct Last {
     /// The claims the plan changed from its input, but those it made bound for a route
     /// without one: a claim it released frees its port only for the next plan.
     changed: Vec<Arc<PortClaim>>,
+    /// The claims the plan made bound for a route without one.
+    made: Vec<Arc<PortClaim>>,
     now: SystemTime,
     default_addresses: super::DefaultAddresses,
     ephemeral_ports: Option<RangeInclusive<u16>>,
@@ -115,21 +117,17 @@ impl Last {
         backends: BackendIndex,
         contested: bool,
     ) -> Self {
-        let mut changed = Vec::new();
+        let (mut changed, mut made) = (Vec::new(), Vec::new());
         for pair in changed_claims(input.claims, &plan.claims) {
-            if let (None, Some(made)) = pair {
-                if made.is_bound() {
-                    // A plan of its own new claim is that plan: kept out, so that the
-                    // first change after a start (whose plan made every claim) is not a
-                    // full plan again.
-                    continue;
-                }
+            match pair {
+                (None, Some(c)) if c.is_bound() => made.push(Arc::clone(c)),
+                (a, b) => changed.extend(a.into_iter().chain(b).cloned()),
             }
-            changed.extend([pair.0, pair.1].into_iter().flatten().cloned());
         }
         Last {
             snapshot: input.snapshot.clone(),
             changed,
+            made,
             now: input.now,
             default_addresses: input.default_addresses,
             ephemeral_ports: input.ephemeral_ports.clone(),
@@ -231,6 +229,12 @@ impl Scope {
     fn add_claim(&mut self, c: &PortClaim, gateways: &Gateways) {
         let r = &c.spec.route;
         self.add_route(&r.kind, &r.namespace, &r.name);
+        self.touch_claim(c, gateways);
+    }
+
+    /// A claim's listener, and any range listener of its Gateway and protocol holding
+    /// its port.
+    fn touch_claim(&mut self, c: &PortClaim, gateways: &Gateways) {
         let Some(gi) = gateways.index(c.metadata.ns(), &c.spec.gateway) else {
             return;
         };
@@ -326,6 +330,13 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
     }
     for c in &last.changed {
         scope.add_claim(c, &gateways);
+    }
+    // A claim the last plan made for its route is that route's plan again: only the
+    // routes waiting on its listener may be planned otherwise now (a quota is full, a
+    // port taken). Re-planning their routes made the first change after a start (whose
+    // plan made every claim) a full plan again.
+    for c in &last.made {
+        scope.touch_claim(c, &gateways);
     }
     // Released claims whose cool-down ended since the last plan.
     for c in held.cooled_between(last.now, input.now) {
