@@ -143,6 +143,9 @@ impl BackendIndex {
     }
 }
 
+/// The objects of one name that left a list, and those that came in their place.
+type Swap<'a, T> = (Vec<&'a Arc<T>>, Vec<Arc<T>>);
+
 /// Follows `map` (objects by name, in list order) from list `old` to list `new`,
 /// adding to `changed` the names whose objects changed; `None` when an object comes in
 /// beside others of its name and its place among them is not known.
@@ -188,7 +191,7 @@ fn follow<T: PartialEq>(
     }
     // Objects came or went: by name, those of the window left are one run of their
     // name's list (the list is in snapshot order), and those come take its place.
-    let mut by: FastMap<ServiceKey, (Vec<&Arc<T>>, Vec<Arc<T>>)> = FastMap::default();
+    let mut by: FastMap<ServiceKey, Swap<'_, T>> = FastMap::default();
     for a in gone {
         if let Some(k) = key(a) {
             by.entry(k).or_default().0.push(a);
