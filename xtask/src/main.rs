@@ -48,7 +48,7 @@ const USAGE: &str =
   test             setup, then fmt and clippy checks and every test (needs root)
   demo             setup, then berth run on the examples in network namespaces (needs root)
   bench datapath   setup, then ns/packet of the XDP program under BPF_PROG_TEST_RUN
-  bench planner    setup, then planning time for 100, 1k and 10k routes
+  bench planner    setup, then planning time for 1k, 10k and 100k routes
   bench control-plane  setup, then berth run with 1k, 10k and 100k routes ([--routes N]...):
                    cold start, change latency, idle CPU, memory, get routes and /metrics
   bench e2e        setup, then two UDP loads (16 long flows; a new 5-tuple every packet)

@@ -31,6 +31,7 @@ use crate::{
 
 use super::{
     attach::{self, Attach, Attachments},
+    backend_index::BackendIndex,
     changes::claim_pairs,
     gateways::Gateways,
     ledger::{claim_key, ClaimIndex},
@@ -82,7 +83,11 @@ impl OnListeners {
 #[derive(Debug)]
 pub(super) struct Last {
     snapshot: Snapshot,
-    claims: Vec<Arc<PortClaim>>,
+    /// The claims the plan changed from its input, but those it made bound for a route
+    /// without one: a claim it released frees its port only for the next plan.
+    changed: Vec<Arc<PortClaim>>,
+    /// The claims the plan made bound for a route without one.
+    made: Vec<Arc<PortClaim>>,
     now: SystemTime,
     default_addresses: super::DefaultAddresses,
     ephemeral_ports: Option<RangeInclusive<u16>>,
@@ -94,6 +99,8 @@ pub(super) struct Last {
     held: ClaimIndex,
     on: OnListeners,
     served: Served,
+    /// The routes naming each Service, and the Services and slices of each.
+    backends: BackendIndex,
     /// Whether two routes contended for a datapath service (only a full plan settles
     /// which one wins once either changes).
     contested: bool,
@@ -107,11 +114,20 @@ impl Last {
         on: OnListeners,
         served: Served,
         held: ClaimIndex,
+        backends: BackendIndex,
         contested: bool,
     ) -> Self {
+        let (mut changed, mut made) = (Vec::new(), Vec::new());
+        for pair in changed_claims(input.claims, &plan.claims) {
+            match pair {
+                (None, Some(c)) if c.is_bound() => made.push(Arc::clone(c)),
+                (a, b) => changed.extend(a.into_iter().chain(b).cloned()),
+            }
+        }
         Last {
             snapshot: input.snapshot.clone(),
-            claims: input.claims.to_vec(),
+            changed,
+            made,
             now: input.now,
             default_addresses: input.default_addresses,
             ephemeral_ports: input.ephemeral_ports.clone(),
@@ -122,6 +138,7 @@ impl Last {
             held,
             on,
             served,
+            backends,
             contested,
         }
     }
@@ -129,17 +146,39 @@ impl Last {
     /// Whether everything but routes, Services, EndpointSlices, claims and the time
     /// is as in `input`.
     fn same_world(&self, input: &Input) -> bool {
-        let (a, b) = (&self.snapshot, input.snapshot);
-        a.gateway_classes == b.gateway_classes
-            && a.gateways == b.gateways
-            && a.gateway_configs == b.gateway_configs
-            && a.namespaces == b.namespaces
-            && a.reference_grants == b.reference_grants
-            && self.default_addresses == input.default_addresses
-            && self.ephemeral_ports == input.ephemeral_ports
-            && self.snat_ports == input.snat_ports
-            && self.capacity == input.capacity
-            && self.allocate == input.allocate
+        // Destructured: a new field of `Snapshot` or `Input` is a compile error here,
+        // where a list of fields would forget it silently.
+        let Snapshot {
+            gateway_classes,
+            gateways,
+            routes: _,
+            reference_grants,
+            services: _,
+            endpoint_slices: _,
+            namespaces,
+            gateway_configs,
+        } = input.snapshot;
+        let Input {
+            snapshot: _,
+            claims: _,
+            now: _,
+            default_addresses,
+            ephemeral_ports,
+            allocate,
+            snat_ports,
+            capacity,
+        } = input;
+        let a = &self.snapshot;
+        a.gateway_classes == *gateway_classes
+            && a.gateways == *gateways
+            && a.gateway_configs == *gateway_configs
+            && a.namespaces == *namespaces
+            && a.reference_grants == *reference_grants
+            && self.default_addresses == *default_addresses
+            && self.ephemeral_ports == *ephemeral_ports
+            && self.snat_ports == *snat_ports
+            && self.capacity == *capacity
+            && self.allocate == *allocate
     }
 }
 
@@ -190,6 +229,12 @@ impl Scope {
     fn add_claim(&mut self, c: &PortClaim, gateways: &Gateways) {
         let r = &c.spec.route;
         self.add_route(&r.kind, &r.namespace, &r.name);
+        self.touch_claim(c, gateways);
+    }
+
+    /// A claim's listener, and any range listener of its Gateway and protocol holding
+    /// its port.
+    fn touch_claim(&mut self, c: &PortClaim, gateways: &Gateways) {
         let Some(gi) = gateways.index(c.metadata.ns(), &c.spec.gateway) else {
             return;
         };
@@ -275,20 +320,34 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
         // The world is unchanged: it attached where it would attach now.
         scope.add_listeners_of(r, &gateways, &last.snapshot);
     }
-    // Claims changed in the input, or by the last plan itself.
-    let changed = changed_claims(&last.claims, input.claims)
-        .into_iter()
-        .chain(changed_claims(&last.claims, &last.plan.claims));
-    for (have, want) in changed {
+    let mut backends = std::mem::take(&mut last.backends);
+    backends.follow_routes(old_changed, new_changed);
+    // Claims changed in the input since the last plan, or by the last plan itself.
+    for (have, want) in changed_claims(&last.plan.claims, input.claims) {
         for c in have.into_iter().chain(want) {
             scope.add_claim(c, &gateways);
         }
+    }
+    for c in &last.changed {
+        scope.add_claim(c, &gateways);
+    }
+    // A claim the last plan made for its route is that route's plan again: only the
+    // routes waiting on its listener may be planned otherwise now (a quota is full, a
+    // port taken). Re-planning their routes made the first change after a start (whose
+    // plan made every claim) a full plan again.
+    for c in &last.made {
+        scope.touch_claim(c, &gateways);
     }
     // Released claims whose cool-down ended since the last plan.
     for c in held.cooled_between(last.now, input.now) {
         scope.add_claim(c, &gateways);
     }
-    add_backend_changes(&mut scope, &last.snapshot, snap);
+    // Routes naming a Service whose object or EndpointSlices changed.
+    for k in backends.follow(&last.snapshot, snap)? {
+        for r in backends.users(&k) {
+            scope.add_route(r.kind.name(), r.metadata.ns(), &r.metadata.name);
+        }
+    }
 
     // Every route waiting on, or fixed to, a touched listener, until no listener comes in.
     let limit = scope_limit(new.len());
@@ -320,13 +379,17 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
             break;
         }
     }
+    let routes = routes.unwrap_or_default();
+    // Only the Services and slices the routes planned name: resolving their backends
+    // indexes what it is given.
+    let (services, endpoint_slices) = backends.named_by_all(&routes);
     let part = Snapshot {
-        routes: routes.unwrap_or_default(),
+        routes,
         gateway_classes: snap.gateway_classes.clone(),
         gateways: snap.gateways.clone(),
         reference_grants: snap.reference_grants.clone(),
-        services: snap.services.clone(),
-        endpoint_slices: snap.endpoint_slices.clone(),
+        services,
+        endpoint_slices,
         namespaces: snap.namespaces.clone(),
         gateway_configs: snap.gateway_configs.clone(),
     };
@@ -382,13 +445,13 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
             };
         }
     }
-    memo.last = Some(Last::of(input, &plan, on, served, held, false));
+    memo.last = Some(Last::of(input, &plan, on, served, held, backends, false));
     Some(plan)
 }
 
 /// The lengths of the longest common head and tail of `a` and `b` (not overlapping),
 /// by `same`.
-fn common_ends<T>(a: &[T], b: &[T], same: impl Fn(&T, &T) -> bool) -> (usize, usize) {
+pub(super) fn common_ends<T>(a: &[T], b: &[T], same: impl Fn(&T, &T) -> bool) -> (usize, usize) {
     let head = a.iter().zip(b).take_while(|(x, y)| same(x, y)).count();
     let tail = a[head..]
         .iter()
@@ -580,65 +643,4 @@ fn splice(
         }
     }
     Some(part)
-}
-
-/// Adds to `scope` the routes whose backendRefs name a Service whose object or
-/// EndpointSlices changed from `old` to `new`.
-fn add_backend_changes(scope: &mut Scope, old: &Snapshot, new: &Snapshot) {
-    if old.services == new.services && old.endpoint_slices == new.endpoint_slices {
-        return;
-    }
-    fn by_key<'a, T>(
-        list: &'a [Arc<T>],
-        key: impl Fn(&'a T) -> Option<(&'a str, &'a str)>,
-        out: &mut BTreeMap<(&'a str, &'a str), Vec<&'a T>>,
-    ) {
-        for x in list {
-            if let Some(k) = key(x) {
-                out.entry(k).or_default().push(x);
-            }
-        }
-    }
-    fn service(s: &Service) -> Option<(&str, &str)> {
-        Some((s.metadata.ns(), s.metadata.name.as_str()))
-    }
-    fn slice(s: &EndpointSlice) -> Option<(&str, &str)> {
-        let name = s.metadata.labels.get("kubernetes.io/service-name")?;
-        Some((s.metadata.ns(), name.as_str()))
-    }
-    let mut changed: BTreeSet<(&str, &str)> = BTreeSet::new();
-    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
-    by_key(&old.services, service, &mut a);
-    by_key(&new.services, service, &mut b);
-    changed.extend(differing(&a, &b));
-    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
-    by_key(&old.endpoint_slices, slice, &mut a);
-    by_key(&new.endpoint_slices, slice, &mut b);
-    changed.extend(differing(&a, &b));
-    for r in &new.routes {
-        let ns = r.metadata.ns();
-        let names_changed = r
-            .spec
-            .rules
-            .iter()
-            .flat_map(|rule| &rule.backend_refs)
-            .any(|b| changed.contains(&(b.namespace.as_deref().unwrap_or(ns), b.name.as_str())));
-        if names_changed {
-            scope.add_route(r.kind.name(), ns, &r.metadata.name);
-        }
-    }
-}
-
-/// The keys whose objects differ between `a` and `b`.
-fn differing<'a, T: PartialEq>(
-    a: &BTreeMap<(&'a str, &'a str), Vec<&'a T>>,
-    b: &BTreeMap<(&'a str, &'a str), Vec<&'a T>>,
-) -> Vec<(&'a str, &'a str)> {
-    let mut out: Vec<(&str, &str)> = a
-        .iter()
-        .filter(|(k, v)| b.get(*k) != Some(*v))
-        .map(|(k, _)| *k)
-        .collect();
-    out.extend(b.keys().filter(|k| !a.contains_key(*k)).copied());
-    out
 }

@@ -8,6 +8,7 @@
 
 mod addresses;
 mod attach;
+mod backend_index;
 mod backends;
 mod bind;
 pub mod capacity;
@@ -264,6 +265,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
             run.on,
             served,
             claims,
+            backend_index::BackendIndex::of(input.snapshot),
             run.contested,
         ));
     }

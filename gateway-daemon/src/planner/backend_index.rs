@@ -1,0 +1,257 @@
+//! The memo's index of backends: the routes that name each Service, and the Services
+//! and EndpointSlices under each Service name. An incremental plan follows it from one
+//! snapshot to the next by a pointer walk over the lists (an unchanged object is the
+//! same allocation in both), so that finding the routes a changed Service or
+//! EndpointSlice affects, and handing the routes planned only the Services and slices
+//! they name, costs what the change costs, not what the world holds.
+//!
+//! It once rebuilt four string-keyed maps over every Service and EndpointSlice when any
+//! of them changed: half of a change's cost at 100k routes.
+
+use std::sync::Arc;
+
+use crate::model::*;
+
+use super::FastMap;
+
+/// A Service's identity: (namespace, name).
+pub(super) type ServiceKey = (String, String);
+
+/// The routes naming each Service, and the Services and EndpointSlices of each.
+#[derive(Debug, Default)]
+pub(super) struct BackendIndex {
+    /// The routes whose backendRefs name each Service (a route once per backendRef).
+    users: FastMap<ServiceKey, Vec<Arc<Route>>>,
+    /// The Services of each name, in snapshot order (two files may give one twice).
+    services: FastMap<ServiceKey, Vec<Arc<Service>>>,
+    /// The EndpointSlices of each Service, in snapshot order (the order of a route's
+    /// backends follows it).
+    slices: FastMap<ServiceKey, Vec<Arc<EndpointSlice>>>,
+}
+
+fn service_key(s: &Service) -> Option<ServiceKey> {
+    Some((s.metadata.ns().to_string(), s.metadata.name.clone()))
+}
+
+fn slice_key(s: &EndpointSlice) -> Option<ServiceKey> {
+    let name = s.metadata.labels.get("kubernetes.io/service-name")?;
+    Some((s.metadata.ns().to_string(), name.clone()))
+}
+
+/// The Services `route`'s backendRefs name (as `backends::resolve_backends` looks
+/// them up).
+pub(super) fn named_by(route: &Route) -> impl Iterator<Item = ServiceKey> + '_ {
+    let ns = route.metadata.ns();
+    let refs = route.spec.rules.iter().flat_map(|rule| &rule.backend_refs);
+    refs.map(move |b| {
+        let namespace = b.namespace.as_deref().unwrap_or(ns);
+        (namespace.to_string(), b.name.clone())
+    })
+}
+
+impl BackendIndex {
+    /// Indexes `snap`.
+    pub fn of(snap: &Snapshot) -> Self {
+        let mut out = BackendIndex::default();
+        for r in &snap.routes {
+            out.add_user(r);
+        }
+        for s in &snap.services {
+            if let Some(k) = service_key(s) {
+                out.services.entry(k).or_default().push(Arc::clone(s));
+            }
+        }
+        for s in &snap.endpoint_slices {
+            if let Some(k) = slice_key(s) {
+                out.slices.entry(k).or_default().push(Arc::clone(s));
+            }
+        }
+        out
+    }
+
+    fn add_user(&mut self, route: &Arc<Route>) {
+        for k in named_by(route) {
+            self.users.entry(k).or_default().push(Arc::clone(route));
+        }
+    }
+
+    /// Follows the routes from `gone` (of the last snapshot) to `came` (of this one).
+    pub fn follow_routes(&mut self, gone: &[Arc<Route>], came: &[Arc<Route>]) {
+        for r in gone {
+            for k in named_by(r) {
+                let Some(list) = self.users.get_mut(&k) else {
+                    continue;
+                };
+                // The index may hold an equal route parsed again (a new allocation).
+                if let Some(at) = list.iter().position(|x| Arc::ptr_eq(x, r) || x == r) {
+                    list.swap_remove(at);
+                }
+                if list.is_empty() {
+                    self.users.remove(&k);
+                }
+            }
+        }
+        for r in came {
+            self.add_user(r);
+        }
+    }
+
+    /// Follows the Services and EndpointSlices from `old` to `new`: the Services whose
+    /// object or slices changed, or `None` when where an object goes in the order of
+    /// its name's objects is not known (then a full plan indexes anew).
+    pub fn follow(&mut self, old: &Snapshot, new: &Snapshot) -> Option<Vec<ServiceKey>> {
+        let mut changed = Vec::new();
+        follow(
+            &mut self.services,
+            &old.services,
+            &new.services,
+            service_key,
+            &mut changed,
+        )?;
+        follow(
+            &mut self.slices,
+            &old.endpoint_slices,
+            &new.endpoint_slices,
+            slice_key,
+            &mut changed,
+        )?;
+        changed.sort_unstable();
+        changed.dedup();
+        Some(changed)
+    }
+
+    /// The routes naming Service `key`.
+    pub fn users(&self, key: &ServiceKey) -> &[Arc<Route>] {
+        self.users.get(key).map(Vec::as_slice).unwrap_or_default()
+    }
+
+    /// The Services and EndpointSlices `routes` name, in snapshot order for each name
+    /// (what `backends::Index` needs to resolve their backends as over the whole snapshot).
+    pub fn named_by_all(
+        &self,
+        routes: &[Arc<Route>],
+    ) -> (Vec<Arc<Service>>, Vec<Arc<EndpointSlice>>) {
+        let mut keys: Vec<ServiceKey> = routes.iter().flat_map(|r| named_by(r)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let (mut services, mut slices) = (Vec::new(), Vec::new());
+        for k in &keys {
+            services.extend(self.services.get(k).into_iter().flatten().cloned());
+            slices.extend(self.slices.get(k).into_iter().flatten().cloned());
+        }
+        (services, slices)
+    }
+}
+
+/// The objects of one name that left a list, and those that came in their place.
+type Swap<'a, T> = (Vec<&'a Arc<T>>, Vec<Arc<T>>);
+
+/// Follows `map` (objects by name, in list order) from list `old` to list `new`,
+/// adding to `changed` the names whose objects changed; `None` when an object comes in
+/// beside others of its name and its place among them is not known.
+fn follow<T: PartialEq>(
+    map: &mut FastMap<ServiceKey, Vec<Arc<T>>>,
+    old: &[Arc<T>],
+    new: &[Arc<T>],
+    key: impl Fn(&T) -> Option<ServiceKey>,
+    changed: &mut Vec<ServiceKey>,
+) -> Option<()> {
+    // Equal objects are the same: the Kubernetes source parses every object again for
+    // each plan (`Arc`'s `==` compares pointers first).
+    let (head, tail) = super::incremental::common_ends(old, new, |a, b| a == b);
+    let (gone, came) = (&old[head..old.len() - tail], &new[head..new.len() - tail]);
+    if gone.len() == came.len() {
+        // Objects changed in place (the usual case, also for changes far apart): each
+        // new one takes its old one's place.
+        for (a, b) in gone.iter().zip(came) {
+            if a == b {
+                continue;
+            }
+            let (ka, kb) = (key(a), key(b));
+            match (ka, kb) {
+                (Some(ka), Some(kb)) if ka == kb => {
+                    let list = map.get_mut(&ka)?;
+                    let at = list.iter().position(|x| x == a)?;
+                    list[at] = Arc::clone(b);
+                    changed.push(ka);
+                }
+                (ka, kb) => {
+                    if let Some(ka) = ka {
+                        remove(map, &ka, a)?;
+                        changed.push(ka);
+                    }
+                    if let Some(kb) = kb {
+                        insert(map, &kb, std::slice::from_ref(b))?;
+                        changed.push(kb);
+                    }
+                }
+            }
+        }
+        return Some(());
+    }
+    // Objects came or went: by name, those of the window left are one run of their
+    // name's list (the list is in snapshot order), and those come take its place.
+    let mut by: FastMap<ServiceKey, Swap<'_, T>> = FastMap::default();
+    for a in gone {
+        if let Some(k) = key(a) {
+            by.entry(k).or_default().0.push(a);
+        }
+    }
+    for b in came {
+        if let Some(k) = key(b) {
+            by.entry(k).or_default().1.push(Arc::clone(b));
+        }
+    }
+    for (k, (left, come)) in by {
+        let same = left.len() == come.len() && left.iter().zip(&come).all(|(a, b)| *a == b);
+        if same {
+            continue;
+        }
+        let list = map.entry(k.clone()).or_default();
+        let at = match left.first() {
+            Some(first) => list.iter().position(|x| x == *first)?,
+            None if list.is_empty() => 0,
+            None => return None,
+        };
+        let run = list.get(at..at + left.len())?;
+        if !run.iter().zip(&left).all(|(x, a)| x == *a) {
+            return None;
+        }
+        list.splice(at..at + left.len(), come);
+        if list.is_empty() {
+            map.remove(&k);
+        }
+        changed.push(k);
+    }
+    Some(())
+}
+
+/// Removes object `a` from the list of `k`.
+fn remove<T: PartialEq>(
+    map: &mut FastMap<ServiceKey, Vec<Arc<T>>>,
+    k: &ServiceKey,
+    a: &Arc<T>,
+) -> Option<()> {
+    let list = map.get_mut(k)?;
+    let at = list.iter().position(|x| x == a)?;
+    list.remove(at);
+    if list.is_empty() {
+        map.remove(k);
+    }
+    Some(())
+}
+
+/// Adds `items` as the list of `k`, which must have none (else their place among its
+/// objects is not known).
+fn insert<T>(
+    map: &mut FastMap<ServiceKey, Vec<Arc<T>>>,
+    k: &ServiceKey,
+    items: &[Arc<T>],
+) -> Option<()> {
+    let list = map.entry(k.clone()).or_default();
+    if !list.is_empty() {
+        return None;
+    }
+    list.extend(items.iter().cloned());
+    Some(())
+}
