@@ -137,7 +137,7 @@ fn teams_get_distinct_ports_static_requests_are_granted_or_refused_without_distu
     let topo = Topology::new(3);
     let _servers = topo.start_servers();
     let dirs = Dirs::with_examples();
-    let daemon = Daemon::start(&topo, &dirs);
+    let daemon = Daemon::start_with(&topo.gateway, &topo.gateway_ifaces, &dirs, PER_ROUTE);
     let rows = daemon.routes(&topo.gateway);
     assert_eq!(
         (row(&rows, "team-a").port, row(&rows, "team-b").port),
