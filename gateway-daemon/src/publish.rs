@@ -411,9 +411,11 @@ pub fn effects(
         conntrack: prev.conntrack,
         ..Published::default()
     };
+    let started = std::time::Instant::now();
     let mut held_back = Vec::new();
     if let Some(dp) = datapath {
         dp.apply(&plan.datapath)?;
+        let applied = started.elapsed();
         held_back = dp.held_back().to_vec();
         dp.keep_snat_sources_current();
         // Between plans counters are read every `TRAFFIC_REFRESH`; a plan reads them
@@ -422,7 +424,9 @@ pub fn effects(
         if traffic_due(prev, TRAFFIC_STALE) {
             read_traffic(&mut read, dp);
         }
+        tracing::debug!(apply = ?applied, read = ?(started.elapsed() - applied), "datapath");
     }
+    let t_datapath = started.elapsed();
     let Published {
         counters,
         traffic,
@@ -444,10 +448,19 @@ pub fn effects(
     } = plan;
     log_routes_without_backends(prev, &desired, &owners);
     log_waiting(&prev.waiting, &waiting);
+    let t_logs = started.elapsed();
     let mut state = StateDocument::after(gateways, routes, &claims, prev.state.as_deref());
+    let t_document = started.elapsed();
     if let Some(old) = &prev.state {
         state.carry_times_from(old);
     }
+    tracing::debug!(
+        datapath = ?t_datapath,
+        logs = ?(t_logs - t_datapath),
+        document = ?(t_document - t_logs),
+        carry_times = ?(started.elapsed() - t_document),
+        "effects"
+    );
     Ok(Published {
         state: Some(Arc::new(state)),
         datapath: Arc::new(desired),
