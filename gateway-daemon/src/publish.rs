@@ -413,8 +413,21 @@ pub fn effects(
     };
     let started = std::time::Instant::now();
     let mut held_back = Vec::new();
+    let Plan {
+        claims,
+        gateways,
+        routes,
+        datapath: desired,
+        owners,
+        usage,
+        released: _,
+        waiting,
+        used: _,
+    } = plan;
+    // Shared with the datapath, which keeps it as the state last applied.
+    let desired = Arc::new(desired);
     if let Some(dp) = datapath {
-        dp.apply(&plan.datapath)?;
+        dp.apply_shared(&desired)?;
         let applied = started.elapsed();
         held_back = dp.held_back().to_vec();
         dp.keep_snat_sources_current();
@@ -435,17 +448,6 @@ pub fn effects(
         conntrack,
         ..
     } = read;
-    let Plan {
-        claims,
-        gateways,
-        routes,
-        datapath: desired,
-        owners,
-        usage,
-        released: _,
-        waiting,
-        used: _,
-    } = plan;
     log_routes_without_backends(prev, &desired, &owners);
     log_waiting(&prev.waiting, &waiting);
     let t_logs = started.elapsed();
@@ -463,7 +465,7 @@ pub fn effects(
     );
     Ok(Published {
         state: Some(Arc::new(state)),
-        datapath: Arc::new(desired),
+        datapath: desired,
         broken: Vec::new(),
         warnings: Vec::new(),
         ignored_records: 0,

@@ -3,8 +3,10 @@
 //! and reserved ports that follow from them.
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
+    sync::Arc,
 };
 
 use aya::maps::{HashMap, MapData, MapError, PerCpuValues};
@@ -18,7 +20,6 @@ use super::{
     family::{Addr6, ByFamily, MapAddr},
     held_back, maglev, map_err, nr_cpus,
     pool::Region,
-    roles::{Roles, ServiceView},
     ApplyReport, Capacity, Datapath, DatapathError, DesiredState, Installed, Limit, Result,
     ServiceAddr, Usage, WeightedBackend,
 };
@@ -121,7 +122,17 @@ impl Datapath {
     /// backends are never disturbed; a changed service switches tables atomically.
     /// Services the kernel program does not serve are held back (`held_back`).
     pub fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
-        let (desired, held) = held_back::kernel_state(desired);
+        self.apply_shared(&Arc::new(desired.clone()))
+    }
+
+    /// `apply` of a state the caller shares: kept as the state last applied without a
+    /// copy (a copy of 100,000 services cost several milliseconds per change).
+    pub fn apply_shared(&mut self, desired: &Arc<DesiredState>) -> Result<ApplyReport> {
+        let (served, held) = held_back::kernel_state(desired);
+        let desired = match served {
+            Cow::Borrowed(_) => Arc::clone(desired),
+            Cow::Owned(served) => Arc::new(served),
+        };
         if held != self.held_back {
             log_held_back(&held);
             self.held_back = held;
@@ -134,7 +145,7 @@ impl Datapath {
         result
     }
 
-    fn apply_diff(&mut self, desired: &DesiredState) -> Result<ApplyReport> {
+    fn apply_diff(&mut self, desired: &Arc<DesiredState>) -> Result<ApplyReport> {
         self.check_capacity(desired)?;
         let mut report = ApplyReport::default();
         let snat = &desired.source_nat;
@@ -185,22 +196,25 @@ impl Datapath {
             (Some(want), Some(svc)) => (1, want.len() as i64 - svc.backends.len() as i64),
             (Some(_), None) => (2, 0),
         });
-        // The roles follow the services: recomputed (over every installed service) only
-        // when some service may change, its mode did, or they were never written exactly
-        // (a start writes the adopted services' kept with what was there).
+        // The roles follow the services: written for the endpoints and slots of the
+        // services that may change, or whose mode did (or in full when they were never
+        // written exactly: a start writes the adopted services' kept with what was there).
         let roles_due = !changes.is_empty() || snat_changed || !self.roles.is_exact();
+        // What each changing service is installed with, to take out of the roles after.
+        let before: Vec<Option<Vec<SocketAddr>>> = changes
+            .iter()
+            .map(|(key, _)| Some(self.installed.get(key)?.backends.keys().copied().collect()))
+            .collect();
         // The roles of what is installed and what is wanted, before either changes.
         if roles_due {
-            let union = Roles::of(self.role_views().chain(changes.iter().filter_map(
-                |(key, want)| {
-                    Some(ServiceView {
-                        service: *key,
-                        snat: snat.contains(key),
-                        endpoints: Box::new(want.as_ref()?.keys().copied()),
-                    })
-                },
-            )));
-            self.roles.write(union, true)?;
+            for (key, want) in &changes {
+                if let Some(want) = want {
+                    self.roles
+                        .book
+                        .add(*key, snat.contains(key), want.keys().copied());
+                }
+            }
+            self.roles.write(true)?;
         }
         for (key, want) in &changes {
             match (want, self.installed.get(key)) {
@@ -220,16 +234,33 @@ impl Datapath {
                 }
             }
         }
-        if snat_changed {
+        let switched = if snat_changed {
             // Only services whose backends are the same switch here (the others were
             // written with their mode above): counted as unchanged so far.
             let switched = self.sync_snat_flags(snat)?;
-            report.changed += switched;
-            report.unchanged = report.unchanged.saturating_sub(switched);
-        }
+            report.changed += switched.len();
+            report.unchanged = report.unchanged.saturating_sub(switched.len());
+            switched
+        } else {
+            Vec::new()
+        };
         if roles_due {
-            let exact = Roles::of(self.role_views());
-            for key in self.roles.write(exact, false)? {
+            // The book again holds exactly what is installed.
+            let book = &mut self.roles.book;
+            for ((key, want), old) in changes.iter().zip(before) {
+                book.remove(*key, old.into_iter().flatten());
+                book.remove(*key, want.iter().flat_map(|w| w.keys().copied()));
+                if let Some(svc) = self.installed.get(key) {
+                    book.add(*key, svc.snat, svc.backends.keys().copied());
+                }
+            }
+            for key in &switched {
+                if let Some(svc) = self.installed.get(key) {
+                    book.remove(*key, svc.backends.keys().copied());
+                    book.add(*key, svc.snat, svc.backends.keys().copied());
+                }
+            }
+            for key in self.roles.write(false)? {
                 self.write_flags(&key)?;
             }
         }
@@ -238,7 +269,7 @@ impl Datapath {
             self.sync_publication()?;
             self.sync_reserved_ports();
         }
-        self.applied = Some(desired.clone());
+        self.applied = Some(Arc::clone(desired));
         Ok(report)
     }
 
@@ -479,9 +510,9 @@ impl Datapath {
     }
 
     /// Switches installed services in or out of SNAT mode as `snat` says (sources
-    /// written before the flag that makes new flows use them); returns how many changed.
+    /// written before the flag that makes new flows use them); returns those switched.
     /// Established flows keep the translation they started with.
-    fn sync_snat_flags(&mut self, snat: &BTreeSet<ServiceAddr>) -> Result<usize> {
+    fn sync_snat_flags(&mut self, snat: &BTreeSet<ServiceAddr>) -> Result<Vec<ServiceAddr>> {
         let switch: Vec<ServiceAddr> = self
             .installed
             .iter()
@@ -501,7 +532,7 @@ impl Datapath {
             self.installed.insert(*key, svc);
             self.write_flags(key)?;
         }
-        Ok(switch.len())
+        Ok(switch)
     }
 
     /// Rewrites an installed service's `Service::flags` from its mode and role.
@@ -524,20 +555,19 @@ impl Datapath {
     /// first packet, even if an earlier build put them elsewhere. The first apply then
     /// writes exactly what is installed.
     pub(super) fn write_adopted_roles(&mut self) -> Result<()> {
-        let adopted = Roles::of(self.role_views());
-        for key in self.roles.write(adopted, true)? {
+        self.roles.reset(self.role_views());
+        for key in self.roles.write(true)? {
             self.write_flags(&key)?;
         }
         Ok(())
     }
 
-    /// The installed services as the roles see them.
-    fn role_views(&self) -> impl Iterator<Item = ServiceView<'_>> {
-        self.installed.iter().map(|(key, svc)| ServiceView {
-            service: *key,
-            snat: svc.snat,
-            endpoints: Box::new(svc.backends.keys().copied()),
-        })
+    /// The installed services as the roles see them: service, SNAT mode, endpoints.
+    fn role_views(&self) -> Vec<(ServiceAddr, bool, Vec<SocketAddr>)> {
+        self.installed
+            .iter()
+            .map(|(key, svc)| (*key, svc.snat, svc.backends.keys().copied().collect()))
+            .collect()
     }
 
     pub(super) fn clear_backend(&mut self, bid: u32) -> Result<()> {
@@ -575,8 +605,11 @@ impl Datapath {
         )
     }
 
-    /// Marks exactly the ids of installed services as used.
+    /// Marks exactly the ids of installed services as used, and starts the roles'
+    /// book afresh from them (a failed apply may have left wanted services in it).
     fn rebuild_pools(&mut self) {
+        let views = self.role_views();
+        self.roles.reset(views);
         self.service_ids.clear();
         self.tables.clear();
         self.backend_ids.clear();

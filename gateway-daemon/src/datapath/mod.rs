@@ -32,6 +32,7 @@ mod links;
 mod load;
 mod pins;
 mod pool;
+mod role_book;
 mod roles;
 mod snat;
 mod traffic;
@@ -421,7 +422,7 @@ pub struct Datapath {
     installed: BTreeMap<ServiceAddr, Installed>,
     /// The state last applied in full: what is installed, unless the maps were changed
     /// behind the daemon's back (only by the daemon itself, which forgets this first).
-    applied: Option<DesiredState>,
+    applied: Option<std::sync::Arc<DesiredState>>,
     /// The services of the state last applied that the kernel program does not serve.
     held_back: Vec<held_back::HeldBack>,
     /// Where and whether the gateway addresses are published (`addresses.rs`).

@@ -2,41 +2,34 @@
 //! the address filter (`addr_slot(address)` → is some gateway / backend address there;
 //! one array for both families) and the reply index of each family (backend endpoint →
 //! the router-mode services it serves, so a reply finds its flow's forward entry and no
-//! flow needs a second entry). Both follow from the installed services alone.
+//! flow needs a second entry). Both follow from the installed services alone, kept in a
+//! `Book` service by service.
 //!
-//! Written twice per change: before the services change, for the union of what is
-//! installed and what is wanted (a reply of a service being added or removed is found
-//! throughout), and after, for exactly what is installed.
+//! Written twice per change, for the keys the change touched alone: before the services
+//! change, for the union of what is installed and what is wanted (a reply of a service
+//! being added or removed is found throughout), and after, for exactly what is
+//! installed. At start, and after a failed write, every key is written.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
 };
 
 use aya::maps::{Array, HashMap, MapData};
-use gateway_common::{
-    addr_slot, map_names, ReplyIndex, ServiceKey, ADDR_BACKEND, ADDR_FILTER_SLOTS, ADDR_GATEWAY,
-    REPLY_INDEX_SNAT,
-};
+use gateway_common::{map_names, ReplyIndex, ServiceKey, ADDR_FILTER_SLOTS};
 
 use super::{
-    family::{key, Addr6, ByFamily, MapAddr},
-    map_err, Result, ServiceAddr,
+    family::{endpoint_of, key, Addr6, ByFamily, MapAddr},
+    map_err,
+    role_book::{Book, Endpoint, Touched},
+    Result, ServiceAddr,
 };
-
-/// One service as the roles see it: the service, whether it is in SNAT mode, its
-/// endpoints (of its family).
-pub(super) struct ServiceView<'a> {
-    pub service: ServiceAddr,
-    pub snat: bool,
-    pub endpoints: Box<dyn Iterator<Item = SocketAddr> + 'a>,
-}
 
 /// A reply index of one family.
 type Index<A> = BTreeMap<ServiceKey<A>, ReplyIndex<A>>;
 
-/// What the maps should hold, and which services' router-mode flows must record reply
-/// entries (an endpoint of theirs serves more services than `REPLY_CANDIDATES`).
+/// What the maps hold, and which services' router-mode flows record reply entries (an
+/// endpoint of theirs serves more services than `REPLY_CANDIDATES`).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Roles {
     pub index: ByFamily<Index<u32>, Index<Addr6>>,
@@ -44,86 +37,21 @@ pub(super) struct Roles {
     pub reply_entry: BTreeSet<ServiceAddr>,
 }
 
-/// The address-filter slot of `ip`, as the kernel program computes it.
-fn slot(ip: IpAddr) -> u32 {
-    match ip {
-        IpAddr::V4(_) => u32::of(ip).map_or(0, addr_slot),
-        IpAddr::V6(_) => Addr6::of(ip).map_or(0, addr_slot),
-    }
-}
-
-impl Roles {
-    /// The roles of `services` (each service once).
-    pub fn of<'a>(services: impl Iterator<Item = ServiceView<'a>>) -> Roles {
-        let mut roles = Roles::default();
-        // (Endpoint, protocol) → (its services, whether one is in SNAT mode).
-        type Serving = BTreeMap<(SocketAddr, u8), (BTreeSet<ServiceAddr>, bool)>;
-        let mut serving = Serving::new();
-        for svc in services {
-            *roles.filter.entry(slot(svc.service.addr)).or_default() |= ADDR_GATEWAY;
-            for endpoint in svc.endpoints {
-                *roles.filter.entry(slot(endpoint.ip())).or_default() |= ADDR_BACKEND;
-                // SNAT services are candidates too: flows a service started in router
-                // mode keep their one entry after it switched.
-                let proto = svc.service.protocol.number();
-                let (services, snat) = serving.entry((endpoint, proto)).or_default();
-                services.insert(svc.service);
-                *snat |= svc.snat;
-            }
-        }
-        for ((endpoint, proto), (services, snat)) in serving {
-            let overflow = &mut roles.reply_entry;
-            let (ip, port) = (endpoint.ip(), endpoint.port());
-            if let Some(at) = key::<u32>(ip, port, proto) {
-                roles.index.v4.insert(at, entry(services, snat, overflow));
-            } else if let Some(at) = key::<Addr6>(ip, port, proto) {
-                roles.index.v6.insert(at, entry(services, snat, overflow));
-            }
-        }
-        roles
-    }
-}
-
-/// The reply index entry of an endpoint serving `services`; those beyond the entry's
-/// candidates go to `overflow` (their flows record reply entries).
-fn entry<A: MapAddr>(
-    services: BTreeSet<ServiceAddr>,
-    snat: bool,
-    overflow: &mut BTreeSet<ServiceAddr>,
-) -> ReplyIndex<A> {
-    let mut entry = ReplyIndex::default();
-    if snat {
-        entry.flags |= REPLY_INDEX_SNAT;
-    }
-    let keyed = services.into_iter().filter_map(|s| {
-        let k = key::<A>(s.addr, s.port, s.protocol.number())?;
-        Some((s, k))
-    });
-    for (i, (service, k)) in keyed.enumerate() {
-        match entry.services.get_mut(i) {
-            Some(slot) => {
-                *slot = k;
-                entry.count += 1;
-            }
-            None => {
-                overflow.insert(service);
-            }
-        }
-    }
-    entry
-}
-
 /// A reply index map of one family.
 type IndexMap<A> = HashMap<MapData, ServiceKey<A>, ReplyIndex<A>>;
 
-/// The maps and what this process wrote into them.
+/// The maps, the book of the roles they should hold, and what this process wrote.
 pub(super) struct RoleMaps {
     index: ByFamily<IndexMap<u32>, IndexMap<Addr6>>,
     filter: Array<MapData, u32>,
+    /// The roles of the installed services (and, between the two writes of a change,
+    /// of the wanted ones).
+    pub book: Book,
     /// What the maps hold, once read or written by this process.
     written: Option<Roles>,
-    /// The last write was exact (not a union kept with what was there).
-    exact: bool,
+    /// The next write covers every key: the maps were not yet written exactly from
+    /// the book (at start, after a failure).
+    full_due: bool,
 }
 
 impl RoleMaps {
@@ -134,15 +62,25 @@ impl RoleMaps {
         RoleMaps {
             index,
             filter,
+            book: Book::default(),
             written: None,
-            exact: false,
+            full_due: true,
         }
     }
 
-    /// Whether the maps hold exactly what this process last wanted (its last write was
-    /// not a union).
+    /// Whether the maps hold exactly what the book said at the last write.
     pub fn is_exact(&self) -> bool {
-        self.written.is_some() && self.exact
+        self.written.is_some() && !self.full_due
+    }
+
+    /// Starts the book afresh from `services` (service, SNAT mode, endpoints); the
+    /// next write covers every key.
+    pub fn reset(
+        &mut self,
+        services: impl IntoIterator<Item = (ServiceAddr, bool, Vec<SocketAddr>)>,
+    ) {
+        self.book = Book::of(services);
+        self.full_due = true;
     }
 
     /// The router-mode services whose flows record a reply entry, as last written.
@@ -152,66 +90,96 @@ impl RoleMaps {
             .is_some_and(|w| w.reply_entry.contains(service))
     }
 
-    /// Makes the maps hold `want`; with `keep`, entries not in `want` stay (the union
-    /// written before services change). Returns the services whose reply-entry role
-    /// changed (their `Service::flags` are the caller's to rewrite).
-    pub fn write(&mut self, mut want: Roles, keep: bool) -> Result<BTreeSet<ServiceAddr>> {
-        let have = match self.written.take() {
+    /// Makes the maps hold what the book says for the keys it touched (every key
+    /// when due); with `keep`, entries the book no longer has stay (the union written
+    /// before services change) and the touched keys stay touched for the exact write
+    /// after. Returns the services whose reply-entry role changed (their
+    /// `Service::flags` are the caller's to rewrite).
+    pub fn write(&mut self, keep: bool) -> Result<BTreeSet<ServiceAddr>> {
+        let mut have = match self.written.take() {
             Some(have) => have,
-            None => self.read()?,
-        };
-        if keep {
-            keep_all(&mut want.index.v4, &have.index.v4);
-            keep_all(&mut want.index.v6, &have.index.v6);
-            for (slot, bits) in &have.filter {
-                *want.filter.entry(*slot).or_default() |= bits;
+            None => {
+                self.full_due = true;
+                self.read()?
             }
-            want.reply_entry.extend(have.reply_entry.iter().copied());
+        };
+        let mut scope = if keep {
+            self.book.touched().clone()
+        } else {
+            self.book.take_touched()
+        };
+        if self.full_due {
+            scope.extend(self.book.keys());
+            scope.extend(keys_of(&have));
         }
         // Additions before removals: a role is never missing in between.
-        add_changed(
+        let v4 = diff::<u32>(&self.book, &scope.endpoints, &have.index.v4);
+        let v6 = diff::<Addr6>(&self.book, &scope.endpoints, &have.index.v6);
+        let filter: Vec<(u32, u32)> = scope
+            .slots
+            .iter()
+            .map(|&slot| {
+                let kept = if keep {
+                    have.filter.get(&slot).copied().unwrap_or(0)
+                } else {
+                    0
+                };
+                (slot, self.book.bits(slot) | kept)
+            })
+            .filter(|(slot, bits)| have.filter.get(slot).copied().unwrap_or(0) != *bits)
+            .collect();
+        put(
             &mut self.index.v4,
-            &have.index.v4,
-            &want.index.v4,
+            &mut have.index.v4,
+            &v4,
             map_names::REPLY_INDEX,
         )?;
-        add_changed(
+        put(
             &mut self.index.v6,
-            &have.index.v6,
-            &want.index.v6,
+            &mut have.index.v6,
+            &v6,
             map_names::REPLY_INDEX6,
         )?;
-        for (slot, bits) in &want.filter {
-            if have.filter.get(slot) != Some(bits) {
+        for &(slot, bits) in filter.iter().filter(|(_, bits)| *bits != 0) {
+            self.filter
+                .set(slot, bits, 0)
+                .map_err(map_err(map_names::ADDR_FILTER))?;
+            have.filter.insert(slot, bits);
+        }
+        if !keep {
+            take(
+                &mut self.index.v4,
+                &mut have.index.v4,
+                &v4,
+                map_names::REPLY_INDEX,
+            )?;
+            take(
+                &mut self.index.v6,
+                &mut have.index.v6,
+                &v6,
+                map_names::REPLY_INDEX6,
+            )?;
+            for &(slot, _) in filter.iter().filter(|(_, bits)| *bits == 0) {
                 self.filter
-                    .set(*slot, bits, 0)
+                    .set(slot, 0, 0)
                     .map_err(map_err(map_names::ADDR_FILTER))?;
+                have.filter.remove(&slot);
             }
         }
-        remove_gone(
-            &mut self.index.v4,
-            &have.index.v4,
-            &want.index.v4,
-            map_names::REPLY_INDEX,
-        )?;
-        remove_gone(
-            &mut self.index.v6,
-            &have.index.v6,
-            &want.index.v6,
-            map_names::REPLY_INDEX6,
-        )?;
-        for slot in have.filter.keys().filter(|s| !want.filter.contains_key(s)) {
-            self.filter
-                .set(*slot, 0, 0)
-                .map_err(map_err(map_names::ADDR_FILTER))?;
+        let mut changed = BTreeSet::new();
+        for service in &scope.services {
+            let want = self.book.reply_entry(service);
+            if want && have.reply_entry.insert(*service) {
+                changed.insert(*service);
+            }
+            if !want && !keep && have.reply_entry.remove(service) {
+                changed.insert(*service);
+            }
         }
-        let changed = have
-            .reply_entry
-            .symmetric_difference(&want.reply_entry)
-            .copied()
-            .collect();
-        self.written = Some(want);
-        self.exact = !keep;
+        self.written = Some(have);
+        if !keep {
+            self.full_due = false;
+        }
         Ok(changed)
     }
 
@@ -238,37 +206,79 @@ impl RoleMaps {
     }
 }
 
-/// Adds to `want` the entries of `have` it lacks.
-fn keep_all<K: Ord + Copy, V: Copy>(want: &mut BTreeMap<K, V>, have: &BTreeMap<K, V>) {
-    for (k, v) in have {
-        want.entry(*k).or_insert(*v);
+impl Touched {
+    fn extend(&mut self, other: Touched) {
+        self.endpoints.extend(other.endpoints);
+        self.slots.extend(other.slots);
+        self.services.extend(other.services);
     }
 }
 
-/// Writes the entries of `want` that `have` lacks or holds otherwise.
-fn add_changed<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
-    map: &mut HashMap<MapData, K, V>,
-    have: &BTreeMap<K, V>,
-    want: &BTreeMap<K, V>,
+/// Every key `roles` holds.
+fn keys_of(roles: &Roles) -> Touched {
+    let endpoints = |index_v4: &Index<u32>, index_v6: &Index<Addr6>| -> BTreeSet<Endpoint> {
+        let v4 = index_v4
+            .keys()
+            .map(|k| (endpoint_of(k.addr, k.port), k.proto));
+        let v6 = index_v6
+            .keys()
+            .map(|k| (endpoint_of(k.addr, k.port), k.proto));
+        v4.chain(v6).collect()
+    };
+    Touched {
+        endpoints: endpoints(&roles.index.v4, &roles.index.v6),
+        slots: roles.filter.keys().copied().collect(),
+        services: roles.reply_entry.clone(),
+    }
+}
+
+/// The index entries of family `A` among `endpoints` that differ from `have`: the
+/// entry wanted, or `None` where the endpoint serves nothing any more.
+fn diff<A: MapAddr>(
+    book: &Book,
+    endpoints: &BTreeSet<Endpoint>,
+    have: &Index<A>,
+) -> Vec<(ServiceKey<A>, Option<ReplyIndex<A>>)> {
+    endpoints
+        .iter()
+        .filter_map(|e| {
+            let at = key::<A>(e.0.ip(), e.0.port(), e.1)?;
+            let want = book.entry::<A>(e);
+            (have.get(&at) != want.as_ref()).then_some((at, want))
+        })
+        .collect()
+}
+
+/// Writes the wanted entries of `changes`.
+fn put<A: MapAddr>(
+    map: &mut IndexMap<A>,
+    have: &mut Index<A>,
+    changes: &[(ServiceKey<A>, Option<ReplyIndex<A>>)],
     name: &'static str,
 ) -> Result<()> {
-    for (k, v) in want {
-        if have.get(k) != Some(v) {
+    for (k, want) in changes {
+        if let Some(v) = want {
             map.insert(k, v, 0).map_err(map_err(name))?;
+            have.insert(*k, *v);
         }
     }
     Ok(())
 }
 
-/// Removes the entries of `have` that `want` lacks.
-fn remove_gone<K: aya::Pod + Ord, V: aya::Pod>(
-    map: &mut HashMap<MapData, K, V>,
-    have: &BTreeMap<K, V>,
-    want: &BTreeMap<K, V>,
+/// Removes the entries `changes` no longer want.
+fn take<A: MapAddr>(
+    map: &mut IndexMap<A>,
+    have: &mut Index<A>,
+    changes: &[(ServiceKey<A>, Option<ReplyIndex<A>>)],
     name: &'static str,
 ) -> Result<()> {
-    for k in have.keys().filter(|k| !want.contains_key(k)) {
-        map.remove(k).map_err(map_err(name))?;
+    for (k, want) in changes {
+        if want.is_none() && have.remove(k).is_some() {
+            match map.remove(k) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(name)(e)),
+            }
+        }
     }
     Ok(())
 }
@@ -284,8 +294,8 @@ fn read_all<K: aya::Pod + Ord, V: aya::Pod>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datapath::Protocol;
-    use gateway_common::REPLY_CANDIDATES;
+    use crate::datapath::{role_book::slot, Protocol};
+    use gateway_common::{ADDR_BACKEND, ADDR_GATEWAY, REPLY_CANDIDATES, REPLY_INDEX_SNAT};
 
     fn service(addr: &str, port: u16) -> ServiceAddr {
         ServiceAddr {
@@ -295,23 +305,42 @@ mod tests {
         }
     }
 
-    fn view(service: ServiceAddr, snat: bool, endpoints: &[SocketAddr]) -> ServiceView<'_> {
-        ServiceView {
-            service,
-            snat,
-            endpoints: Box::new(endpoints.iter().copied()),
+    fn view(
+        service: ServiceAddr,
+        snat: bool,
+        endpoints: &[SocketAddr],
+    ) -> (ServiceAddr, bool, Vec<SocketAddr>) {
+        (service, snat, endpoints.to_vec())
+    }
+
+    /// The roles of `services` in full, as written at start.
+    fn roles_of(services: impl IntoIterator<Item = (ServiceAddr, bool, Vec<SocketAddr>)>) -> Roles {
+        let book = Book::of(services);
+        let keys = book.keys();
+        let mut roles = Roles::default();
+        for e in &keys.endpoints {
+            let (ip, port) = (e.0.ip(), e.0.port());
+            if let (Some(at), Some(v)) = (key::<u32>(ip, port, e.1), book.entry::<u32>(e)) {
+                roles.index.v4.insert(at, v);
+            }
+            if let (Some(at), Some(v)) = (key::<Addr6>(ip, port, e.1), book.entry::<Addr6>(e)) {
+                roles.index.v6.insert(at, v);
+            }
         }
+        roles.filter = keys.slots.iter().map(|&s| (s, book.bits(s))).collect();
+        roles.reply_entry = keys.services;
+        roles
     }
 
     #[test]
     fn endpoints_shared_beyond_the_index_record_reply_entries() {
         let shared = ["10.0.0.1:53".parse().unwrap()];
         let own = ["10.0.0.2:53".parse().unwrap()];
-        let mut services: Vec<ServiceView> = (0..REPLY_CANDIDATES as u16 + 1)
+        let mut services: Vec<_> = (0..REPLY_CANDIDATES as u16 + 1)
             .map(|i| view(service("192.0.2.1", 1000 + i), false, &shared))
             .collect();
         services.push(view(service("192.0.2.1", 2000), true, &own));
-        let roles = Roles::of(services.into_iter());
+        let roles = roles_of(services);
         let at = |e: SocketAddr| key::<u32>(e.ip(), e.port(), 17).unwrap();
         let entry = roles.index.v4[&at(shared[0])];
         assert_eq!(u32::from(entry.count), REPLY_CANDIDATES);
@@ -352,7 +381,7 @@ mod tests {
     fn ipv6_endpoints_go_to_the_ipv6_index_and_share_the_filter() {
         let v6 = service("2001:db8::100", 53);
         let backend: SocketAddr = "[2001:db8:1::5]:53".parse().unwrap();
-        let roles = Roles::of([view(v6, false, &[backend])].into_iter());
+        let roles = roles_of([view(v6, false, &[backend])]);
         assert!(roles.index.v4.is_empty());
         let entry = roles.index.v6[&key::<Addr6>(backend.ip(), 53, 17).unwrap()];
         assert_eq!(entry.count, 1);
