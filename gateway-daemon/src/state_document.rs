@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::planner::{GatewayEntry, Plan, RouteEntry};
+use crate::planner::{changes::common_ends, GatewayEntry, Plan, RouteEntry};
 
 /// The state document.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,12 +85,15 @@ impl StateDocument {
                 }
             }
         }
-        // Both lists are sorted by kind, namespace and name: one merge of the two.
+        // Both lists are sorted by kind, namespace and name: their common ends of
+        // shared entries carry the times already, the rest is one merge of the two.
         fn key(r: &RouteEntry) -> (&str, &str, &str) {
             (r.kind.as_str(), r.namespace.as_str(), r.name.as_str())
         }
-        let mut old_routes = old.routes.iter().peekable();
-        for r in &mut self.routes {
+        let (head, tail) = common_ends(&old.routes, &self.routes, std::sync::Arc::ptr_eq);
+        let mut old_routes = old.routes[head..old.routes.len() - tail].iter().peekable();
+        let end = self.routes.len() - tail;
+        for r in &mut self.routes[head..end] {
             while old_routes.next_if(|o| key(o) < key(r)).is_some() {}
             let Some(o) = old_routes.next_if(|o| key(o) == key(r)) else {
                 continue;
@@ -121,36 +124,44 @@ impl StateDocument {
         Self::after(gateways, routes, claims, None)
     }
 
-    /// Like `new`, sharing with `old` the claim entries that did not change (both
-    /// lists are by namespace, then name: one merge of the two).
+    /// Like `new`, sharing with `old` (the document made from the claims `old_claims`,
+    /// entry by entry) the claim entries that did not change: those of the claims both
+    /// lists share at their ends by pointer, and the rest by one merge (both lists are
+    /// by namespace, then name).
     pub fn after(
         gateways: Vec<GatewayEntry>,
         routes: Vec<std::sync::Arc<RouteEntry>>,
         claims: &[std::sync::Arc<crate::model::PortClaim>],
-        old: Option<&StateDocument>,
+        old: Option<(&StateDocument, &[std::sync::Arc<crate::model::PortClaim>])>,
     ) -> Self {
-        let mut old_claims = old
-            .map(|o| o.claims.as_slice())
-            .unwrap_or_default()
+        let (old, old_claims) = old
+            .filter(|(doc, made_of)| doc.claims.len() == made_of.len())
+            .map_or((&[][..], &[][..]), |(doc, made_of)| {
+                (doc.claims.as_slice(), made_of)
+            });
+        let (head, tail) = common_ends(old_claims, claims, std::sync::Arc::ptr_eq);
+        let mut old_middle = old[head..old.len() - tail].iter().peekable();
+        let middle = claims[head..claims.len() - tail].iter().map(|c| {
+            let key = (c.metadata.ns(), c.metadata.name.as_str());
+            while old_middle
+                .next_if(|e| (e.namespace.as_str(), e.name.as_str()) < key)
+                .is_some()
+            {}
+            match old_middle.next_if(|e| ClaimEntry::is(e, c)) {
+                Some(e) => std::sync::Arc::clone(e),
+                None => std::sync::Arc::new(ClaimEntry::of(c)),
+            }
+        });
+        let claims = old[..head]
             .iter()
-            .peekable();
+            .cloned()
+            .chain(middle)
+            .chain(old[old.len() - tail..].iter().cloned())
+            .collect();
         StateDocument {
             gateways,
             routes,
-            claims: claims
-                .iter()
-                .map(|c| {
-                    let key = (c.metadata.ns(), c.metadata.name.as_str());
-                    while old_claims
-                        .next_if(|e| (e.namespace.as_str(), e.name.as_str()) < key)
-                        .is_some()
-                    {}
-                    match old_claims.next_if(|e| ClaimEntry::is(e, c)) {
-                        Some(e) => std::sync::Arc::clone(e),
-                        None => std::sync::Arc::new(ClaimEntry::of(c)),
-                    }
-                })
-                .collect(),
+            claims,
         }
     }
 }
@@ -203,4 +214,44 @@ fn phase_of(c: &crate::model::PortClaim) -> crate::model::ClaimPhase {
 /// When a released claim was released.
 fn released_at(c: &crate::model::PortClaim) -> Option<String> {
     c.status.as_ref().and_then(|s| s.released_at.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::model::{ClaimRoute, PortClaim, PortClaimSpec};
+
+    fn claim(port: u16, route: &str) -> Arc<PortClaim> {
+        let route = ClaimRoute::new("TCPRoute", "a", route, None);
+        let mut c = PortClaim::bound(
+            "infra",
+            PortClaimSpec::new("gw", "pool", "TCP", port, route),
+        );
+        c.metadata.name = format!("gw-tcp-{port}");
+        Arc::new(c)
+    }
+
+    #[test]
+    fn a_document_after_a_change_shares_the_entries_of_unchanged_claims() {
+        let before: Vec<Arc<PortClaim>> = (1..=5).map(|p| claim(p, &format!("r{p}"))).collect();
+        let old = StateDocument::new(Vec::new(), Vec::new(), &before);
+        // Port 3 goes to another route, port 6 is new; the rest are the same claims.
+        let mut after = before.clone();
+        after[2] = claim(3, "other");
+        after.push(claim(6, "r6"));
+        let doc = StateDocument::after(Vec::new(), Vec::new(), &after, Some((&old, &before)));
+        assert_eq!(doc, StateDocument::new(Vec::new(), Vec::new(), &after));
+        for i in [0, 1, 3, 4] {
+            assert!(
+                Arc::ptr_eq(&doc.claims[i], &old.claims[i]),
+                "entry {i} shared"
+            );
+        }
+        assert_eq!(doc.claims[2].route.name, "other");
+        // Said to be made of a list that cannot be its own: merged by name alone.
+        let doc = StateDocument::after(Vec::new(), Vec::new(), &after, Some((&old, &after[..2])));
+        assert_eq!(doc, StateDocument::new(Vec::new(), Vec::new(), &after));
+    }
 }

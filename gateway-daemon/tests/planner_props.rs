@@ -257,7 +257,8 @@ proptest! {
         let mut claims: Vec<Arc<PortClaim>> = Vec::new();
         let mut now = 0u64;
         let mut memo = planner::Memo::default();
-        let mut published: Option<StateDocument> = None;
+        // The last document and the claims it was made from.
+        let mut published: Option<(StateDocument, Vec<Arc<PortClaim>>)> = None;
         let mut last: Option<berth::model::Snapshot> = None;
         for (step, op) in ops.iter().enumerate() {
             apply(op, &mut History { routes: &mut routes, now: &mut now, labelled: &mut labelled });
@@ -279,18 +280,18 @@ proptest! {
                 remembered.gateways,
                 remembered.routes,
                 &remembered.claims,
-                published.as_ref(),
+                published.as_ref().map(|(doc, made_of)| (doc, made_of.as_slice())),
             );
             let mut got = planned.clone();
-            if let Some(old) = &published {
+            if let Some((old, _)) = &published {
                 want.carry_times_from(old);
                 got.carry_times_from(old);
             }
             prop_assert_eq!(&want, &got);
             // The memo carried the routes' times already (Gateways it does not keep).
             prop_assert_eq!(&planned.routes, &got.routes);
-            claims = remembered.claims;
-            published = Some(got);
+            claims = remembered.claims.clone();
+            published = Some((got, remembered.claims));
             last = Some(snapshot);
         }
     }

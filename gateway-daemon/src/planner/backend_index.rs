@@ -158,7 +158,7 @@ fn follow<T: PartialEq>(
 ) -> Option<()> {
     // Equal objects are the same: the Kubernetes source parses every object again for
     // each plan (`Arc`'s `==` compares pointers first).
-    let (head, tail) = super::incremental::common_ends(old, new, |a, b| a == b);
+    let (head, tail) = super::changes::common_ends(old, new, |a, b| a == b);
     let (gone, came) = (&old[head..old.len() - tail], &new[head..new.len() - tail]);
     if gone.len() == came.len() {
         // Objects changed in place (the usual case, also for changes far apart): each

@@ -32,7 +32,7 @@ use crate::{
 use super::{
     attach::{self, Attach, Attachments},
     backend_index::BackendIndex,
-    changes::claim_pairs,
+    changes::{claim_pairs, common_ends},
     gateways::Gateways,
     ledger::{claim_key, ClaimIndex},
     project, FastMap, Input, Memo, Plan, RouteEntry, RouteId,
@@ -118,7 +118,7 @@ impl Last {
         contested: bool,
     ) -> Self {
         let (mut changed, mut made) = (Vec::new(), Vec::new());
-        for pair in changed_claims(input.claims, &plan.claims) {
+        for pair in claim_pairs(input.claims, &plan.claims) {
             match pair {
                 (None, Some(c)) if c.is_bound() => made.push(Arc::clone(c)),
                 (a, b) => changed.extend(a.into_iter().chain(b).cloned()),
@@ -323,7 +323,7 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
     let mut backends = std::mem::take(&mut last.backends);
     backends.follow_routes(old_changed, new_changed);
     // Claims changed in the input since the last plan, or by the last plan itself.
-    for (have, want) in changed_claims(&last.plan.claims, input.claims) {
+    for (have, want) in claim_pairs(&last.plan.claims, input.claims) {
         for c in have.into_iter().chain(want) {
             scope.add_claim(c, &gateways);
         }
@@ -447,29 +447,6 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
     }
     memo.last = Some(Last::of(input, &plan, on, served, held, backends, false));
     Some(plan)
-}
-
-/// The lengths of the longest common head and tail of `a` and `b` (not overlapping),
-/// by `same`.
-pub(super) fn common_ends<T>(a: &[T], b: &[T], same: impl Fn(&T, &T) -> bool) -> (usize, usize) {
-    let head = a.iter().zip(b).take_while(|(x, y)| same(x, y)).count();
-    let tail = a[head..]
-        .iter()
-        .rev()
-        .zip(b[head..].iter().rev())
-        .take_while(|(x, y)| same(x, y))
-        .count();
-    (head, tail)
-}
-
-/// The claims that differ between `a` and `b`: those between their longest common
-/// head and tail of shared allocations, paired by name.
-fn changed_claims<'a>(
-    a: &'a [Arc<PortClaim>],
-    b: &'a [Arc<PortClaim>],
-) -> Vec<super::changes::ClaimPair<'a, 'a>> {
-    let (head, tail) = common_ends(a, b, Arc::ptr_eq);
-    claim_pairs(&a[head..a.len() - tail], &b[head..b.len() - tail])
 }
 
 /// `old` (sorted by `less`) without the items at `gone`, with `fresh` (sorted) merged in.

@@ -27,29 +27,8 @@ pub fn cycle(
     let _lock = store.lock()?;
     // Routes without a creation time are ordered by when Berth first saw them.
     let now_text = humantime::format_rfc3339_seconds(now).to_string();
-    let (added, removed) = store.with_first_seen(|seen| {
-        seen.begin_pass();
-        let mut added: Vec<(String, String)> = Vec::new();
-        let mut key = String::new();
-        for r in &mut snapshot.routes {
-            key.clear();
-            crate::model::route_key(&mut key, r.kind.name(), r.metadata.ns(), &r.metadata.name);
-            let t = match seen.see(&key) {
-                Some(t) => t,
-                None => {
-                    added.push((key.clone(), now_text.clone()));
-                    &now_text
-                }
-            };
-            if r.metadata.creation_timestamp.is_none() {
-                // The route is moved back into its file with this time: only a route
-                // seen for the first time is copied here.
-                Arc::make_mut(r).metadata.creation_timestamp = Some(t.to_string());
-            }
-        }
-        // A route that is gone and comes back later is a new object with a new time.
-        (added, seen.unseen())
-    })?;
+    let (added, removed) =
+        store.with_first_seen(|seen| seen.pass(&mut snapshot.routes, &now_text))?;
     let mut seen_changed = !added.is_empty() || !removed.is_empty();
     let t_seen = started.elapsed();
     loop {

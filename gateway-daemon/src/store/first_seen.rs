@@ -2,7 +2,9 @@
 //! for the first time is a line `+`, the time and its key, a route gone a line `-` and
 //! its key), and the store's API for them, which keeps them in memory in step with it.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
+
+use crate::model::Route;
 
 use super::{
     claims::Compaction,
@@ -17,53 +19,103 @@ pub(super) struct FirstSeen {
     pub(super) lines: usize,
 }
 
-/// First-seen times of routes (`Kind/namespace/name` → RFC 3339), and which of them a
-/// pass over the routes present has seen: a pass costs one lookup per route and tells
-/// the routes that are gone without building a set of the present ones.
+/// First-seen times of routes (`Kind/namespace/name` → RFC 3339), and how many routes
+/// of the last pass over the routes present have each key. A pass reads only the routes
+/// that are not the same allocations as in the pass before (one file changed: its
+/// routes, not 100,000; 16 ms a change at 100k routes, measured) and tells the routes
+/// that are gone without building a set of the present ones.
 #[derive(Debug, Default)]
 pub struct FirstSeenTimes {
     times: crate::planner::FastMap<String, Seen>,
-    /// The current pass.
-    pass: u64,
-    /// Distinct keys seen in the current pass.
-    seen: usize,
+    /// The routes of the last pass, when every count follows them and what that pass
+    /// found was recorded (else the next pass reads every route).
+    last: Option<Vec<Arc<Route>>>,
+    /// The routes of a pass whose findings are not recorded yet.
+    unrecorded: Option<Vec<Arc<Route>>>,
 }
 
 #[derive(Debug)]
 struct Seen {
     time: String,
-    /// The last pass that saw this key.
-    pass: u64,
+    /// Routes of the last pass with this key.
+    routes: u32,
 }
 
+/// What a pass found: keys seen for the first time (with their time) and keys no route
+/// has any more.
+pub type Found = (Vec<(String, String)>, Vec<String>);
+
 impl FirstSeenTimes {
-    /// Starts a pass over the routes present.
-    pub fn begin_pass(&mut self) {
-        self.pass += 1;
-        self.seen = 0;
-    }
-
-    /// The first-seen time of `key`, marking it present in this pass.
-    pub fn see(&mut self, key: &str) -> Option<&str> {
-        let pass = self.pass;
-        let e = self.times.get_mut(key)?;
-        if e.pass != pass {
-            e.pass = pass;
-            self.seen += 1;
+    /// A pass over the routes present: gives each route without a creation time the
+    /// time its key was first seen (`now` for a key not seen before), and returns the
+    /// keys seen for the first time and those gone, for `Store::record_first_seen`.
+    pub fn pass(&mut self, routes: &mut [Arc<Route>], now: &str) -> Found {
+        self.unrecorded = None;
+        let full = self.last.is_none();
+        let (head, tail, last) = match self.last.take() {
+            Some(last) => {
+                let (head, tail) = crate::planner::changes::common_ends(&last, routes, Arc::ptr_eq);
+                (head, tail, last)
+            }
+            None => {
+                for seen in self.times.values_mut() {
+                    seen.routes = 0;
+                }
+                (0, 0, Vec::new())
+            }
+        };
+        let mut key = String::new();
+        let mut gone = Vec::new();
+        for r in &last[head..last.len() - tail] {
+            route_key(&mut key, r);
+            if let Some(seen) = self.times.get_mut(key.as_str()) {
+                seen.routes = seen.routes.saturating_sub(1);
+                if seen.routes == 0 {
+                    gone.push(key.clone());
+                }
+            }
         }
-        Some(&e.time)
-    }
-
-    /// Keys not seen in this pass.
-    pub fn unseen(&self) -> Vec<String> {
-        if self.seen == self.times.len() {
-            return Vec::new();
+        let mut added: Vec<(String, String)> = Vec::new();
+        let end = routes.len() - tail;
+        for r in &mut routes[head..end] {
+            route_key(&mut key, r);
+            let t = match self.times.get_mut(key.as_str()) {
+                Some(seen) => {
+                    seen.routes += 1;
+                    &seen.time
+                }
+                None => {
+                    added.push((key.clone(), now.to_string()));
+                    now
+                }
+            };
+            if r.metadata.creation_timestamp.is_none() {
+                // The route is moved back into its file with this time: only a route
+                // seen for the first time is copied here.
+                Arc::make_mut(r).metadata.creation_timestamp = Some(t.to_string());
+            }
         }
-        self.times
-            .iter()
-            .filter(|(_, e)| e.pass != self.pass)
-            .map(|(k, _)| k.clone())
-            .collect()
+        // A route that is gone and comes back later is a new object with a new time.
+        let removed: Vec<String> = if full {
+            self.times
+                .iter()
+                .filter(|(_, seen)| seen.routes == 0)
+                .map(|(k, _)| k.clone())
+                .collect()
+        } else {
+            gone.into_iter()
+                .filter(|k| self.times.get(k.as_str()).is_some_and(|s| s.routes == 0))
+                .collect()
+        };
+        let mut last = last;
+        last.splice(head..last.len() - tail, routes[head..end].iter().cloned());
+        // What this pass found is recorded before the next one, or the next reads all.
+        if added.is_empty() && removed.is_empty() {
+            self.last = Some(last);
+        } else {
+            self.unrecorded = Some(last);
+        }
+        (added, removed)
     }
 
     /// The first-seen time of `key`.
@@ -79,25 +131,37 @@ impl FirstSeenTimes {
             .collect()
     }
 
+    /// Records a key first seen: a route of the pass that found it has it.
     pub(super) fn insert(&mut self, key: String, time: String) {
-        // Recorded during a pass: the route is present.
-        let pass = self.pass;
-        if self.times.insert(key, Seen { time, pass }).is_none() {
-            self.seen += 1;
-        }
+        let seen = self.times.entry(key).or_insert(Seen {
+            time: String::new(),
+            routes: 0,
+        });
+        seen.time = time;
+        seen.routes += 1;
     }
 
     fn remove(&mut self, key: &str) {
-        if let Some(e) = self.times.remove(key) {
-            if e.pass == self.pass {
-                self.seen -= 1;
-            }
+        self.times.remove(key);
+    }
+
+    /// After the records of a pass are written: the next pass may skip what this one
+    /// read.
+    fn recorded(&mut self) {
+        if let Some(last) = self.unrecorded.take() {
+            self.last = Some(last);
         }
     }
 
     fn len(&self) -> usize {
         self.times.len()
     }
+}
+
+/// The first-seen key of `r` into `out`.
+fn route_key(out: &mut String, r: &Route) {
+    out.clear();
+    crate::model::route_key(out, r.kind.name(), r.metadata.ns(), &r.metadata.name);
 }
 
 /// One record of the first-seen journal.
@@ -209,6 +273,7 @@ impl Store {
         match written {
             Ok(()) => {
                 seen.lines = lines;
+                times.recorded();
                 Ok(())
             }
             Err(e) => {
@@ -251,5 +316,95 @@ impl Store {
             lines,
             records,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Meta, RouteKind, RouteSpec};
+
+    fn route(name: &str) -> Arc<Route> {
+        Arc::new(Route {
+            kind: RouteKind::Udp,
+            metadata: Meta {
+                name: name.into(),
+                namespace: Some("a".into()),
+                ..Meta::default()
+            },
+            spec: RouteSpec::default(),
+        })
+    }
+
+    /// A pass whose findings are recorded, as the cycle records them.
+    fn pass(times: &mut FirstSeenTimes, routes: &mut [Arc<Route>], now: &str) -> Found {
+        let (added, removed) = times.pass(routes, now);
+        for (k, t) in &added {
+            times.insert(k.clone(), t.clone());
+        }
+        for k in &removed {
+            times.remove(k);
+        }
+        times.recorded();
+        (added, removed)
+    }
+
+    fn keys(found: &[(String, String)]) -> Vec<&str> {
+        found.iter().map(|(k, _)| k.as_str()).collect()
+    }
+
+    #[test]
+    fn a_pass_reads_the_changed_routes_and_finds_what_a_full_pass_finds() {
+        let mut times = FirstSeenTimes::default();
+        let mut routes: Vec<Arc<Route>> = ["r0", "r1", "r2", "r3"].map(route).to_vec();
+        let (added, removed) = pass(&mut times, &mut routes, "t0");
+        assert_eq!(
+            keys(&added),
+            [
+                "UDPRoute/a/r0",
+                "UDPRoute/a/r1",
+                "UDPRoute/a/r2",
+                "UDPRoute/a/r3"
+            ]
+        );
+        assert!(removed.is_empty());
+        assert_eq!(
+            routes[1].metadata.creation_timestamp.as_deref(),
+            Some("t0"),
+            "a route without a creation time gets its first-seen time"
+        );
+        // Nothing changed: nothing found.
+        assert_eq!(pass(&mut times, &mut routes, "t1"), (vec![], vec![]));
+        // r1 replaced by r5, and a second r3 (the same name twice, as two files may
+        // have it) in the middle.
+        routes[1] = route("r5");
+        routes.insert(2, route("r3"));
+        let (added, removed) = pass(&mut times, &mut routes, "t2");
+        assert_eq!(keys(&added), ["UDPRoute/a/r5"]);
+        assert_eq!(removed, ["UDPRoute/a/r1"]);
+        assert_eq!(routes[1].metadata.creation_timestamp.as_deref(), Some("t2"));
+        assert_eq!(routes[2].metadata.creation_timestamp.as_deref(), Some("t0"));
+        // One of the two r3 goes: r3 is still there.
+        routes.remove(2);
+        assert_eq!(pass(&mut times, &mut routes, "t3"), (vec![], vec![]));
+        // The other goes too.
+        routes.pop();
+        assert_eq!(pass(&mut times, &mut routes, "t4").1, ["UDPRoute/a/r3"]);
+        assert_eq!(times.get("UDPRoute/a/r3"), None);
+        assert_eq!(times.get("UDPRoute/a/r5"), Some("t2"));
+    }
+
+    #[test]
+    fn findings_not_recorded_are_found_again_by_the_next_pass() {
+        let mut times = FirstSeenTimes::default();
+        let mut routes = vec![route("r0")];
+        pass(&mut times, &mut routes, "t0");
+        routes.push(route("r1"));
+        // The records of this pass are not written (a full disk).
+        let (added, _) = times.pass(&mut routes, "t1");
+        assert_eq!(keys(&added), ["UDPRoute/a/r1"]);
+        let (added, removed) = pass(&mut times, &mut routes, "t2");
+        assert_eq!(keys(&added), ["UDPRoute/a/r1"]);
+        assert!(removed.is_empty());
     }
 }
