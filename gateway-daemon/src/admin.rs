@@ -854,7 +854,7 @@ mod tests {
         traffic.stats.packets = 7;
         traffic.stats.reply_packets = 3;
         traffic.active_flows = 2;
-        p.traffic.insert(service, traffic);
+        std::sync::Arc::make_mut(&mut p.traffic).insert(service, traffic);
         let rows = route_rows(&p, None);
         let row = |name: &str| rows.iter().find(|r| r.name == name).expect("a row");
         let (old, new) = (row("old"), row("new"));

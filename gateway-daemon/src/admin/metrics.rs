@@ -314,7 +314,7 @@ fn address_families(p: &Published) -> [Family; 8] {
             .or_default()
             .routes += 1;
     }
-    for (service, traffic) in &p.traffic {
+    for (service, traffic) in p.traffic.iter() {
         if !p.owners.contains_key(service) {
             continue;
         }
@@ -436,7 +436,7 @@ fn route_families(p: &Published) -> [Family; 7] {
         ),
     ]
     .map(|(name, help, kind)| Family::new(name, help, kind));
-    for (service, traffic) in &p.traffic {
+    for (service, traffic) in p.traffic.iter() {
         let Some(o) = p.owners.get(service) else {
             continue;
         };
@@ -649,10 +649,12 @@ mod tests {
                     .into_iter()
                     .collect(),
             ),
-            traffic: [service(1), service(2)]
-                .into_iter()
-                .map(|s| (s, Traffic::default()))
-                .collect(),
+            traffic: Arc::new(
+                [service(1), service(2)]
+                    .into_iter()
+                    .map(|s| (s, Traffic::default()))
+                    .collect(),
+            ),
             ..Published::default()
         };
         let text = encode(&p, Detail::PerRoute);
@@ -698,11 +700,13 @@ mod tests {
                     .map(|(s, name)| (*s, route(name)))
                     .collect(),
             ),
-            traffic: services
-                .iter()
-                .zip([traffic(3, 1), traffic(4, 2), traffic(5, 0)])
-                .map(|(s, t)| (*s, t))
-                .collect(),
+            traffic: Arc::new(
+                services
+                    .iter()
+                    .zip([traffic(3, 1), traffic(4, 2), traffic(5, 0)])
+                    .map(|(s, t)| (*s, t))
+                    .collect(),
+            ),
             ..Published::default()
         };
         let text = encode(&p, Detail::Aggregate);

@@ -150,7 +150,9 @@ impl Datapath {
         // Per-CPU values come as one 8-byte-aligned slot per possible CPU.
         let slot = std::mem::size_of::<ServiceStats>().next_multiple_of(8);
         let cpus = nr_cpus()?;
-        let mut by_slot: StdHashMap<u32, ServiceStats> = StdHashMap::new();
+        // By slot, as the array holds them (a hash map of 100,000 entries cost more
+        // than reading them).
+        let mut by_slot: Vec<Option<ServiceStats>> = Vec::new();
         let fd = std::os::fd::AsFd::as_fd(self.service_stats.map().fd());
         lookup_batch(fd, 4, slot * cpus, |key, value| {
             let index = u32::from_ne_bytes(key.try_into().unwrap_or_default());
@@ -161,13 +163,22 @@ impl Datapath {
                     let s: ServiceStats = read_pod(v);
                     add_stats(a, &s)
                 });
-            by_slot.insert(index, sum);
+            let Ok(index) = usize::try_from(index) else {
+                return;
+            };
+            if by_slot.len() <= index {
+                by_slot.resize(index + 1, None);
+            }
+            by_slot[index] = Some(sum);
         })
         .map_err(batch_err(map_names::SERVICE_STATS))?;
         Ok(self
             .installed
             .iter()
-            .filter_map(|(service, svc)| Some((*service, by_slot.get(&svc.id.slot()).copied()?)))
+            .filter_map(|(service, svc)| {
+                let slot = usize::try_from(svc.id.slot()).ok()?;
+                Some((*service, by_slot.get(slot).copied().flatten()?))
+            })
             .collect())
     }
 
