@@ -261,19 +261,22 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath) {
         log_conntrack(p.conntrack.as_ref(), &counted);
         p.conntrack = Some(counted);
     }
+    // Both in service order: what was read before is found by one merge, not by a
+    // lookup per service.
+    let before = Arc::clone(&p.traffic);
+    let mut before = before.iter().peekable();
     let traffic = stats
         .into_iter()
         .map(|(service, stats)| {
+            while before.next_if(|(s, _)| **s < service).is_some() {}
+            let before = before.next_if(|(s, _)| **s == service).map(|(_, t)| t);
             let flows = match &active {
                 Some(scan) => scan.active.get(&service).copied().unwrap_or_default(),
-                None => p.traffic.get(&service).map_or_else(Default::default, |t| {
-                    crate::datapath::ActiveFlows {
-                        all: t.active_flows,
-                        snat: t.snat_flows,
-                    }
+                None => before.map_or_else(Default::default, |t| crate::datapath::ActiveFlows {
+                    all: t.active_flows,
+                    snat: t.snat_flows,
                 }),
             };
-            let before = p.traffic.get(&service);
             let traffic = crate::datapath::Traffic {
                 stats,
                 active_flows: flows.all,
@@ -399,8 +402,21 @@ fn log_routes_without_backends(
 /// with what was published.
 pub fn refresh_traffic(shared: &Shared, dp: &mut Datapath) {
     dp.keep_snat_sources_current();
+    refresh_traffic_older_than(shared, dp, TRAFFIC_REFRESH);
+}
+
+/// Right after a plan is published (both modes): counters are read if changes have kept
+/// coming for longer than `TRAFFIC_STALE`. Read here, after the plan is out, a read (60
+/// ms with 100,000 services) never delays the change that made the plan.
+pub fn refresh_stale_traffic(shared: &Shared, dp: &mut Datapath) {
+    refresh_traffic_older_than(shared, dp, TRAFFIC_STALE);
+}
+
+/// Publishes fresh counters and traffic if those published are older than `age` (or
+/// than `TRAFFIC_COST` times the last read took).
+fn refresh_traffic_older_than(shared: &Shared, dp: &mut Datapath, age: Duration) {
     let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
-    if !traffic_due(&prev, TRAFFIC_REFRESH.max(prev.traffic_read * TRAFFIC_COST)) {
+    if !traffic_due(&prev, age.max(prev.traffic_read * TRAFFIC_COST)) {
         return;
     }
     let mut p = Published::clone(&prev);
@@ -417,15 +433,6 @@ pub fn effects(
     datapath: Option<&mut Datapath>,
     prev: &Published,
 ) -> Result<Published, crate::datapath::DatapathError> {
-    let mut read = Published {
-        counters: prev.counters.clone(),
-        traffic: prev.traffic.clone(),
-        traffic_at: prev.traffic_at,
-        traffic_read: prev.traffic_read,
-        active_at: prev.active_at,
-        conntrack: prev.conntrack,
-        ..Published::default()
-    };
     let started = std::time::Instant::now();
     let mut held_back = Vec::new();
     let Plan {
@@ -446,24 +453,11 @@ pub fn effects(
         let applied = started.elapsed();
         held_back = dp.held_back().to_vec();
         dp.keep_snat_sources_current();
-        // Between plans counters are read every `TRAFFIC_REFRESH`; a plan reads them
-        // (several milliseconds with 10k routes) only if changes have kept coming for
-        // longer than `TRAFFIC_STALE`, so that reading never delays a change.
-        if traffic_due(prev, TRAFFIC_STALE) {
-            read_traffic(&mut read, dp);
-        }
-        tracing::debug!(apply = ?applied, read = ?(started.elapsed() - applied), "datapath");
+        // Counters are read between plans, and after one (`refresh_stale_traffic`).
+        tracing::debug!(apply = ?applied, "datapath");
     }
     let t_datapath = started.elapsed();
-    let Published {
-        counters,
-        traffic,
-        traffic_at,
-        traffic_read,
-        active_at,
-        conntrack,
-        ..
-    } = read;
+
     log_routes_without_backends(prev, &desired, &owners);
     log_waiting(&prev.waiting, &waiting);
     let t_logs = started.elapsed();
@@ -490,17 +484,17 @@ pub fn effects(
         warnings: Vec::new(),
         ignored_records: 0,
         cycles: prev.cycles + 1,
-        counters,
+        counters: prev.counters.clone(),
         last_error: None,
         owners: Arc::new(owners),
         usage,
-        traffic,
-        traffic_at,
-        traffic_read,
-        active_at,
+        traffic: Arc::clone(&prev.traffic),
+        traffic_at: prev.traffic_at,
+        traffic_read: prev.traffic_read,
+        active_at: prev.active_at,
         cooling: claims.iter().any(|c| c.is_released()),
         state_claims: Arc::new(claims),
-        conntrack,
+        conntrack: prev.conntrack,
         held_back,
         announce: prev.announce.clone(),
         waiting: Arc::new(waiting),

@@ -259,7 +259,8 @@ fn step(
     source.give_back(snapshot, layout);
     let plan = planned?;
     let t_cycle = started.elapsed();
-    let mut next = effects(plan, datapath, &prev)?;
+    let mut datapath = datapath;
+    let mut next = effects(plan, datapath.as_deref_mut(), &prev)?;
     let t_effects = started.elapsed();
     next.broken = source.broken();
     next.warnings = source.warnings();
@@ -268,6 +269,9 @@ fn step(
     crate::memory::release_freed();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     *last_plan = std::time::Instant::now();
+    if let Some(dp) = datapath {
+        crate::publish::refresh_stale_traffic(shared, dp);
+    }
     tracing::debug!(
         total = ?started.elapsed(),
         snapshot = ?t_snapshot,

@@ -517,6 +517,9 @@ async fn cycles(
                     // A plan of many routes frees megabytes: give them back.
                     crate::memory::release_freed();
                     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+                    if let Some(dp) = &mut datapath {
+                        publish::refresh_stale_traffic(shared, dp);
+                    }
                     (false, cooling)
                 }
                 Err(e) => {
