@@ -269,9 +269,6 @@ fn step(
     crate::memory::release_freed();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     *last_plan = std::time::Instant::now();
-    if let Some(dp) = datapath {
-        crate::publish::refresh_stale_traffic(shared, dp);
-    }
     tracing::debug!(
         total = ?started.elapsed(),
         snapshot = ?t_snapshot,
@@ -279,5 +276,8 @@ fn step(
         datapath_and_document = ?(t_effects - t_cycle),
         "planned"
     );
+    if let Some(dp) = datapath {
+        crate::publish::refresh_stale_traffic(shared, dp);
+    }
     Ok(())
 }
