@@ -19,8 +19,8 @@ use super::{
     held_back, maglev, map_err, nr_cpus,
     pool::Region,
     roles::{Roles, ServiceView},
-    ApplyReport, Capacity, Datapath, DatapathError, DesiredState, Installed, Limit, Result,
-    ServiceAddr, Usage, WeightedBackend,
+    ApplyReport, Capacity, Datapath, DatapathError, DesiredState, Installed, InstalledBackends,
+    Limit, Result, ServiceAddr, Usage, WeightedBackend,
 };
 
 /// The service map of one family.
@@ -274,12 +274,13 @@ impl Datapath {
             table: Region::EMPTY,
             table_lost: false,
             snat,
-            backends: BTreeMap::new(),
+            backends: InstalledBackends::default(),
         };
         for (&endpoint, &weight) in want {
             let bid = self.new_backend(id, endpoint, weight, snat)?;
             svc.backends.insert(endpoint, (bid, weight));
         }
+        svc.backends.shrink();
         self.write_table(&mut svc)?;
         let zero =
             PerCpuValues::try_from(vec![ServiceStats::default(); nr_cpus()?]).map_err(|e| {
@@ -336,7 +337,7 @@ impl Datapath {
             table: Region::EMPTY,
             table_lost: false,
             snat,
-            backends: BTreeMap::new(),
+            backends: InstalledBackends::default(),
         };
         // New and reweighted backends first, so the new table only names live ones.
         for (&endpoint, &weight) in want {
@@ -350,6 +351,7 @@ impl Datapath {
             };
             svc.backends.insert(endpoint, (bid, weight));
         }
+        svc.backends.shrink();
         self.write_table(&mut svc)?;
         self.services.insert(
             key,
