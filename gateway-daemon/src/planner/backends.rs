@@ -293,9 +293,25 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
             }
         }
     }
-    out.ipv4 = ipv4.into();
-    out.ipv6 = ipv6.into();
+    out.ipv4 = backends(ipv4);
+    out.ipv6 = backends(ipv6);
+    // Kept with the route's status until it changes: no spare room.
+    out.errors.shrink_to_fit();
+    out.families.shrink_to_fit();
+    out.notes.shrink_to_fit();
+    out.empty.shrink_to_fit();
     out
+}
+
+/// `list` as kept with a route's status: without spare room, and the one shared empty
+/// list when empty (most routes have endpoints of one family only).
+fn backends(mut list: Vec<WeightedBackend>) -> Backends {
+    static EMPTY: std::sync::LazyLock<Backends> = std::sync::LazyLock::new(Backends::default);
+    if list.is_empty() {
+        return Backends::clone(&EMPTY);
+    }
+    list.shrink_to_fit();
+    list.into()
 }
 
 /// A port's name as Kubernetes compares it: an absent name is the empty name.

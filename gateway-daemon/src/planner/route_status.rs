@@ -148,6 +148,8 @@ impl Context<'_, '_> {
                     }),
             );
         }
+        // Kept with the route's status until it changes: no spare room.
+        out.shrink_to_fit();
         out
     }
 
