@@ -319,6 +319,7 @@ fn run(
             fixed_attached: &fixed_attached,
             claims: &claims,
             known: &known,
+            ids: &routes.ids,
             index: &index,
             snat_ports: &input.snat_ports,
             capacity: &input.capacity,
