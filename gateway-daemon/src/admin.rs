@@ -356,10 +356,14 @@ fn row(
         let name = claim_name(&pr.name, &protocol.to_string(), port);
         let i = state
             .claims
-            .binary_search_by(|c| (c.namespace.as_str(), c.name.as_str()).cmp(&(gw_ns, &name)))
+            .binary_search_by(|c| {
+                let c = c.view();
+                (c.namespace, c.name).cmp(&(gw_ns, &name))
+            })
             .ok()?;
         let c = &state.claims[i];
-        is_route(&c.route.kind, &c.route.namespace, &c.route.name).then_some(c)
+        let r = c.view().route;
+        is_route(r.kind, r.namespace, r.name).then_some(c)
     });
     // The route's services: one per address its Gateway is served on.
     let mut shadowed_by = None;
@@ -417,7 +421,7 @@ fn row(
         gateway: pr.name.clone(),
         listener: on
             .map(|s| s.listener.clone())
-            .or_else(|| claim.map(|c| c.listener.clone()))
+            .or_else(|| claim.map(|c| c.view().listener.to_string()))
             .or_else(|| pr.section_name.clone())
             .unwrap_or_default(),
         port,

@@ -449,7 +449,7 @@ pub fn effects(
     log_routes_without_backends(prev, &desired, &owners);
     log_waiting(&prev.waiting, &waiting);
     let t_logs = started.elapsed();
-    let mut state = StateDocument::after(gateways, routes, &claims, prev.state.as_deref());
+    let mut state = StateDocument::new(gateways, routes, &claims);
     let t_document = started.elapsed();
     if let Some(old) = &prev.state {
         state.carry_times_from(old);
