@@ -429,7 +429,7 @@ fn row(
             .map(|c| format!("{} ({})", c.status, c.reason))
             .unwrap_or_default(),
         backends,
-        created: r.created.clone(),
+        created: r.created.as_deref().map(str::to_string),
         packets: traffic.stats.packets + traffic.stats.reply_packets,
         bytes: traffic.stats.bytes + traffic.stats.reply_bytes,
         active_flows: traffic.active_flows,

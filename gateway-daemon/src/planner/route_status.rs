@@ -39,7 +39,7 @@ pub(super) struct Context<'p, 'a> {
     /// This plan's number.
     pub pass: u64,
     pub index: &'p Index<'a>,
-    pub now_text: &'p str,
+    pub now_text: &'p Time,
 }
 
 /// The route statuses of a plan.
@@ -264,7 +264,7 @@ fn parent_status(
     gateways: &[GatewayView],
     decision: &Decision,
     (refs_ok, refs_reason, refs_message): (bool, Reason, String),
-    now_text: &str,
+    now_text: &Time,
 ) -> RouteParentStatus {
     let gw = &gateways[a.gw];
     let generation = a.route.metadata.generation;

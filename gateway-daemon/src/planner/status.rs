@@ -24,7 +24,7 @@ pub struct Condition {
     /// Human-readable message.
     pub message: String,
     /// RFC 3339 time of the last change.
-    pub last_transition_time: String,
+    pub last_transition_time: crate::model::Time,
     /// Generation of the object this condition was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -26,10 +26,10 @@ pub fn cycle(
     let started = std::time::Instant::now();
     let _lock = store.lock()?;
     // Routes without a creation time are ordered by when Berth first saw them.
-    let now_text = humantime::format_rfc3339_seconds(now).to_string();
+    let now_text: crate::model::Time = humantime::format_rfc3339_seconds(now).to_string().into();
     let (added, removed) = store.with_first_seen(|seen| {
         seen.begin_pass();
-        let mut added: Vec<(String, String)> = Vec::new();
+        let mut added: Vec<(String, crate::model::Time)> = Vec::new();
         let mut key = String::new();
         for r in &mut snapshot.routes {
             key.clear();
@@ -44,7 +44,7 @@ pub fn cycle(
             if r.metadata.creation_timestamp.is_none() {
                 // The route is moved back into its file with this time: only a route
                 // seen for the first time is copied here.
-                Arc::make_mut(r).metadata.creation_timestamp = Some(t.to_string());
+                Arc::make_mut(r).metadata.creation_timestamp = Some(Arc::clone(t));
             }
         }
         // A route that is gone and comes back later is a new object with a new time.

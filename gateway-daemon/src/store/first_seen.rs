@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::model::Time;
+
 use super::{
     claims::Compaction,
     journal::{self, Format, Journal},
@@ -31,7 +33,7 @@ pub struct FirstSeenTimes {
 
 #[derive(Debug)]
 struct Seen {
-    time: String,
+    time: Time,
     /// The last pass that saw this key.
     pass: u64,
 }
@@ -44,7 +46,7 @@ impl FirstSeenTimes {
     }
 
     /// The first-seen time of `key`, marking it present in this pass.
-    pub fn see(&mut self, key: &str) -> Option<&str> {
+    pub fn see(&mut self, key: &str) -> Option<&Time> {
         let pass = self.pass;
         let e = self.times.get_mut(key)?;
         if e.pass != pass {
@@ -68,18 +70,18 @@ impl FirstSeenTimes {
 
     /// The first-seen time of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.times.get(key).map(|e| e.time.as_str())
+        self.times.get(key).map(|e| &*e.time)
     }
 
     /// All times, by key.
     pub fn to_map(&self) -> BTreeMap<String, String> {
         self.times
             .iter()
-            .map(|(k, e)| (k.clone(), e.time.clone()))
+            .map(|(k, e)| (k.clone(), e.time.to_string()))
             .collect()
     }
 
-    pub(super) fn insert(&mut self, key: String, time: String) {
+    pub(super) fn insert(&mut self, key: String, time: Time) {
         // Recorded during a pass: the route is present.
         let pass = self.pass;
         if self.times.insert(key, Seen { time, pass }).is_none() {
@@ -165,8 +167,16 @@ impl Store {
             return self.import_first_seen_yaml();
         }
         let mut times = FirstSeenTimes::default();
+        // Routes first seen together have one time: one allocation for all of them.
+        let mut last: Option<Time> = None;
         let lines = journal.replay(|record, _| match record {
-            SeenRecord::Seen(key, time) => times.insert(key.to_string(), time.to_string()),
+            SeenRecord::Seen(key, time) => {
+                let time = match &last {
+                    Some(t) if **t == *time => Time::clone(t),
+                    _ => last.insert(Time::from(time)).clone(),
+                };
+                times.insert(key.to_string(), time)
+            }
             SeenRecord::Gone(key) => times.remove(key),
         })?;
         self.report_torn(journal.path(), lines.torn);
@@ -178,7 +188,7 @@ impl Store {
 
     /// Records routes seen for the first time and forgets routes that are gone. Call
     /// under the lock, after `begin_write`.
-    pub fn record_first_seen(&self, added: &[(String, String)], removed: &[String]) -> Result<()> {
+    pub fn record_first_seen(&self, added: &[(String, Time)], removed: &[String]) -> Result<()> {
         if added.is_empty() && removed.is_empty() {
             return Ok(());
         }
