@@ -486,7 +486,7 @@ fn warnings(w: Warned) -> Option<String> {
     out.extend(
         programmed
             .filter(|c| c.status == "False")
-            .map(|c| c.message.clone()),
+            .map(|c| c.message.to_string()),
     );
     if let Some(older) = shadowed_by {
         out.push(format!(
@@ -497,7 +497,7 @@ fn warnings(w: Warned) -> Option<String> {
     // A served route without a single backend was once silent (an unnamed Service port
     // unmatched): its packets are dropped, so it is always said.
     if !services.is_empty() && by_family.iter().all(|&(_, n)| n == 0) {
-        let why = resolved.map_or("", |c| c.message.as_str());
+        let why = resolved.map_or("", |c| &*c.message);
         out.push(format!("no backends: packets to it are dropped ({why})"));
     }
     out.extend(services.iter().filter_map(|s| {

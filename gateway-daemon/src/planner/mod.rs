@@ -228,7 +228,7 @@ fn condition(
     kind: &'static str,
     ok: bool,
     reason: Reason,
-    message: impl Into<String>,
+    message: impl Into<Text>,
     now: &Time,
     generation: Option<i64>,
 ) -> Condition {

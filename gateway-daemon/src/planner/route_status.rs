@@ -263,7 +263,7 @@ fn parent_status(
     a: &Attachment,
     gateways: &[GatewayView],
     decision: &Decision,
-    (refs_ok, refs_reason, refs_message): (bool, Reason, String),
+    (refs_ok, refs_reason, refs_message): (bool, Reason, Text),
     now_text: &Time,
 ) -> RouteParentStatus {
     let gw = &gateways[a.gw];
