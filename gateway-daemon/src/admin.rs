@@ -356,10 +356,14 @@ fn row(
         let name = claim_name(&pr.name, &protocol.to_string(), port);
         let i = state
             .claims
-            .binary_search_by(|c| (c.namespace.as_str(), c.name.as_str()).cmp(&(gw_ns, &name)))
+            .binary_search_by(|c| {
+                let c = c.view();
+                (c.namespace, c.name).cmp(&(gw_ns, &name))
+            })
             .ok()?;
         let c = &state.claims[i];
-        is_route(&c.route.kind, &c.route.namespace, &c.route.name).then_some(c)
+        let r = c.view().route;
+        is_route(r.kind, r.namespace, r.name).then_some(c)
     });
     // The route's services: one per address its Gateway is served on.
     let mut shadowed_by = None;
@@ -417,7 +421,7 @@ fn row(
         gateway: pr.name.clone(),
         listener: on
             .map(|s| s.listener.clone())
-            .or_else(|| claim.map(|c| c.listener.clone()))
+            .or_else(|| claim.map(|c| c.view().listener.to_string()))
             .or_else(|| pr.section_name.clone())
             .unwrap_or_default(),
         port,
@@ -425,7 +429,7 @@ fn row(
             .map(|c| format!("{} ({})", c.status, c.reason))
             .unwrap_or_default(),
         backends,
-        created: r.created.clone(),
+        created: r.created.as_deref().map(str::to_string),
         packets: traffic.stats.packets + traffic.stats.reply_packets,
         bytes: traffic.stats.bytes + traffic.stats.reply_bytes,
         active_flows: traffic.active_flows,
@@ -482,7 +486,7 @@ fn warnings(w: Warned) -> Option<String> {
     out.extend(
         programmed
             .filter(|c| c.status == "False")
-            .map(|c| c.message.clone()),
+            .map(|c| c.message.to_string()),
     );
     if let Some(older) = shadowed_by {
         out.push(format!(
@@ -493,7 +497,7 @@ fn warnings(w: Warned) -> Option<String> {
     // A served route without a single backend was once silent (an unnamed Service port
     // unmatched): its packets are dropped, so it is always said.
     if !services.is_empty() && by_family.iter().all(|&(_, n)| n == 0) {
-        let why = resolved.map_or("", |c| c.message.as_str());
+        let why = resolved.map_or("", |c| &*c.message);
         out.push(format!("no backends: packets to it are dropped ({why})"));
     }
     out.extend(services.iter().filter_map(|s| {

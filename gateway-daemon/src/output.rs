@@ -2,7 +2,7 @@
 //! `berth get gateways|routes|claims`. Each printer returns the text, newline-ended.
 //! And the line `berth drain` and `berth undrain` print.
 
-use std::{fmt::Write as _, sync::Arc, time::SystemTime};
+use std::{fmt::Write as _, time::SystemTime};
 
 use crate::{
     admin::RouteRow,
@@ -205,7 +205,7 @@ pub fn node_table(node: &crate::admin::NodeView) -> String {
 /// `berth get claims`: one row per claim, bound or cooling down after its release
 /// (STATE `Released`, with the time it was released: the port is free after the
 /// listener's cool-down).
-pub fn claim_table(claims: &[Arc<ClaimEntry>]) -> String {
+pub fn claim_table(claims: &[ClaimEntry]) -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = writeln!(
@@ -214,6 +214,7 @@ pub fn claim_table(claims: &[Arc<ClaimEntry>]) -> String {
         "NAMESPACE", "NAME", "GATEWAY", "LISTENER", "PROTO", "PORT", "STATE"
     );
     for c in claims {
+        let c = c.view();
         let state = match c.phase {
             crate::model::ClaimPhase::Bound => "Bound",
             crate::model::ClaimPhase::Released => "Released",
@@ -232,7 +233,7 @@ pub fn claim_table(claims: &[Arc<ClaimEntry>]) -> String {
             c.route.namespace,
             c.route.name
         );
-        if let Some(at) = &c.released_at {
+        if let Some(at) = c.released_at {
             let _ = write!(out, " (released {at}, cooling down)");
         }
         let _ = writeln!(out);
@@ -335,7 +336,7 @@ mod tests {
                     released_at: Some(at.into()),
                 });
             }
-            Arc::new(crate::state_document::ClaimEntry::of(&c))
+            crate::state_document::ClaimEntry::of(&std::sync::Arc::new(c))
         };
         let table = claim_table(&[
             claim(30000, None),
@@ -353,10 +354,10 @@ mod tests {
             "{table}"
         );
         // The JSON keeps the phase; a bound claim has no release time.
-        let json = serde_json::to_value(&*claim(30001, Some("t"))).expect("json");
+        let json = serde_json::to_value(claim(30001, Some("t"))).expect("json");
         assert_eq!(json["phase"], "Released");
         assert_eq!(json["releasedAt"], "t");
-        let json = serde_json::to_value(&*claim(30000, None)).expect("json");
+        let json = serde_json::to_value(claim(30000, None)).expect("json");
         assert_eq!(json["phase"], "Bound");
         assert!(json.get("releasedAt").is_none());
     }

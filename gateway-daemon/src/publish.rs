@@ -22,9 +22,6 @@ use crate::{
 pub struct Published {
     /// The state document.
     pub state: Option<Arc<StateDocument>>,
-    /// The claims the state document's claim entries were made from, entry by entry
-    /// (the next document shares the entries of the claims that did not change).
-    pub state_claims: Arc<Vec<Arc<crate::model::PortClaim>>>,
     /// The datapath's desired state.
     pub datapath: Arc<DesiredState>,
     /// Errors of broken manifest files.
@@ -461,11 +458,8 @@ pub fn effects(
     log_routes_without_backends(prev, &desired, &owners);
     log_waiting(&prev.waiting, &waiting);
     let t_logs = started.elapsed();
-    let old = prev
-        .state
-        .as_deref()
-        .map(|doc| (doc, prev.state_claims.as_slice()));
-    let mut state = StateDocument::after(gateways, routes, &claims, old);
+    let cooling = claims.iter().any(|c| c.is_released());
+    let mut state = StateDocument::new(gateways, routes, claims);
     let t_document = started.elapsed();
     if let Some(old) = &prev.state {
         state.carry_times_from(old);
@@ -492,8 +486,7 @@ pub fn effects(
         traffic_at: prev.traffic_at,
         traffic_read: prev.traffic_read,
         active_at: prev.active_at,
-        cooling: claims.iter().any(|c| c.is_released()),
-        state_claims: Arc::new(claims),
+        cooling,
         conntrack: prev.conntrack,
         held_back,
         announce: prev.announce.clone(),

@@ -14,54 +14,164 @@ pub struct StateDocument {
     /// Route statuses.
     pub routes: Vec<std::sync::Arc<RouteEntry>>,
     /// Claims held (bound or cooling down).
-    pub claims: Vec<std::sync::Arc<ClaimEntry>>,
+    pub claims: Vec<ClaimEntry>,
 }
 
-/// One claim in the document.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClaimEntry {
+/// One claim in the document: the plan's claim itself (shared, not copied: a copy
+/// took ten strings per claim), written as its flat [`ClaimView`].
+#[derive(Clone)]
+pub struct ClaimEntry(std::sync::Arc<crate::model::PortClaim>);
+
+/// A claim as the document shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClaimView<'a> {
     /// Namespace (the Gateway's).
-    pub namespace: String,
+    pub namespace: &'a str,
     /// Name (`<gateway>-<tcp|udp>-<port>`).
-    pub name: String,
+    pub name: &'a str,
     /// Gateway.
-    pub gateway: String,
+    pub gateway: &'a str,
     /// Listener.
-    pub listener: String,
+    pub listener: &'a str,
     /// `TCP` or `UDP`.
-    pub protocol: String,
+    pub protocol: &'a str,
     /// Port.
     pub port: u16,
     /// Holder.
-    pub route: ClaimRouteEntry,
-    /// `Bound`, or `Released` while the port cools down (its route let go of it); absent
-    /// from documents of older daemons, which meant bound.
-    #[serde(default)]
+    pub route: ClaimRouteView<'a>,
+    /// `Bound`, or `Released` while the port cools down (its route let go of it).
     pub phase: crate::model::ClaimPhase,
     /// When a released claim was released (RFC 3339): the port is free after the
     /// listener's cool-down.
-    #[serde(
-        default,
-        rename = "releasedAt",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub released_at: Option<String>,
+    #[serde(rename = "releasedAt", skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<&'a str>,
 }
 
 /// The route of a claim.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClaimRouteEntry {
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClaimRouteView<'a> {
     /// Kind.
-    pub kind: String,
+    pub kind: &'a str,
     /// Namespace.
-    pub namespace: String,
+    pub namespace: &'a str,
     /// Name.
-    pub name: String,
+    pub name: &'a str,
+}
+
+/// A claim as a document read back holds it (`berth get`).
+#[derive(Deserialize)]
+struct ClaimRecord {
+    namespace: String,
+    name: String,
+    gateway: String,
+    listener: String,
+    protocol: String,
+    port: u16,
+    route: ClaimRouteRecord,
+    /// Absent from documents of older daemons, which meant bound.
+    #[serde(default)]
+    phase: crate::model::ClaimPhase,
+    #[serde(default, rename = "releasedAt")]
+    released_at: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ClaimRouteRecord {
+    kind: String,
+    namespace: String,
+    name: String,
+}
+
+impl ClaimEntry {
+    /// The entry of a claim.
+    pub fn of(c: &std::sync::Arc<crate::model::PortClaim>) -> Self {
+        ClaimEntry(std::sync::Arc::clone(c))
+    }
+
+    /// The claim as the document shows it.
+    pub fn view(&self) -> ClaimView<'_> {
+        let c = &*self.0;
+        let r = &c.spec.route;
+        ClaimView {
+            namespace: c.metadata.ns(),
+            name: &c.metadata.name,
+            gateway: &c.spec.gateway,
+            listener: &c.spec.listener,
+            protocol: &c.spec.protocol,
+            port: c.spec.port,
+            route: ClaimRouteView {
+                kind: &r.kind,
+                namespace: &r.namespace,
+                name: &r.name,
+            },
+            phase: match c.is_released() {
+                true => crate::model::ClaimPhase::Released,
+                false => crate::model::ClaimPhase::Bound,
+            },
+            released_at: c.status.as_ref().and_then(|s| s.released_at.as_deref()),
+        }
+    }
+}
+
+impl PartialEq for ClaimEntry {
+    fn eq(&self, other: &Self) -> bool {
+        self.view() == other.view()
+    }
+}
+
+impl Eq for ClaimEntry {}
+
+impl std::fmt::Debug for ClaimEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.view().fmt(f)
+    }
+}
+
+impl Serialize for ClaimEntry {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.view().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ClaimEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use crate::model::{ClaimRoute, Meta, PortClaim, PortClaimSpec, PortClaimStatus};
+        let c = ClaimRecord::deserialize(d)?;
+        let route = ClaimRoute {
+            group: crate::model::GATEWAY_GROUP.to_string(),
+            kind: c.route.kind,
+            namespace: c.route.namespace,
+            name: c.route.name,
+            uid: None,
+        };
+        Ok(ClaimEntry(std::sync::Arc::new(PortClaim {
+            metadata: Meta {
+                name: c.name,
+                namespace: Some(c.namespace),
+                ..Meta::default()
+            },
+            spec: PortClaimSpec {
+                gateway: c.gateway,
+                listener: c.listener,
+                protocol: c.protocol,
+                port: c.port,
+                route,
+            },
+            status: Some(PortClaimStatus {
+                phase: c.phase,
+                released_at: c.released_at,
+            }),
+        })))
+    }
 }
 
 /// The document for a plan.
 pub fn document(plan: &Plan) -> StateDocument {
-    StateDocument::new(plan.gateways.clone(), plan.routes.clone(), &plan.claims)
+    StateDocument::new(
+        plan.gateways.clone(),
+        plan.routes.clone(),
+        plan.claims.clone(),
+    )
 }
 
 impl StateDocument {
@@ -119,139 +229,13 @@ impl StateDocument {
     pub fn new(
         gateways: Vec<GatewayEntry>,
         routes: Vec<std::sync::Arc<RouteEntry>>,
-        claims: &[std::sync::Arc<crate::model::PortClaim>],
+        claims: Vec<std::sync::Arc<crate::model::PortClaim>>,
     ) -> Self {
-        Self::after(gateways, routes, claims, None)
-    }
-
-    /// Like `new`, sharing with `old` (the document made from the claims `old_claims`,
-    /// entry by entry) the claim entries that did not change: those of the claims both
-    /// lists share at their ends by pointer, and the rest by one merge (both lists are
-    /// by namespace, then name).
-    pub fn after(
-        gateways: Vec<GatewayEntry>,
-        routes: Vec<std::sync::Arc<RouteEntry>>,
-        claims: &[std::sync::Arc<crate::model::PortClaim>],
-        old: Option<(&StateDocument, &[std::sync::Arc<crate::model::PortClaim>])>,
-    ) -> Self {
-        let (old, old_claims) = old
-            .filter(|(doc, made_of)| doc.claims.len() == made_of.len())
-            .map_or((&[][..], &[][..]), |(doc, made_of)| {
-                (doc.claims.as_slice(), made_of)
-            });
-        let (head, tail) = common_ends(old_claims, claims, std::sync::Arc::ptr_eq);
-        let mut old_middle = old[head..old.len() - tail].iter().peekable();
-        let middle = claims[head..claims.len() - tail].iter().map(|c| {
-            let key = (c.metadata.ns(), c.metadata.name.as_str());
-            while old_middle
-                .next_if(|e| (e.namespace.as_str(), e.name.as_str()) < key)
-                .is_some()
-            {}
-            match old_middle.next_if(|e| ClaimEntry::is(e, c)) {
-                Some(e) => std::sync::Arc::clone(e),
-                None => std::sync::Arc::new(ClaimEntry::of(c)),
-            }
-        });
-        let claims = old[..head]
-            .iter()
-            .cloned()
-            .chain(middle)
-            .chain(old[old.len() - tail..].iter().cloned())
-            .collect();
         StateDocument {
             gateways,
             routes,
-            claims,
+            // Moved in: an entry is the claim itself, without touching its count.
+            claims: claims.into_iter().map(ClaimEntry).collect(),
         }
-    }
-}
-
-impl ClaimEntry {
-    /// The entry of a claim.
-    pub fn of(c: &crate::model::PortClaim) -> Self {
-        ClaimEntry {
-            namespace: c.metadata.ns().to_string(),
-            name: c.metadata.name.clone(),
-            gateway: c.spec.gateway.clone(),
-            listener: c.spec.listener.clone(),
-            protocol: c.spec.protocol.clone(),
-            port: c.spec.port,
-            route: ClaimRouteEntry {
-                kind: c.spec.route.kind.clone(),
-                namespace: c.spec.route.namespace.clone(),
-                name: c.spec.route.name.clone(),
-            },
-            phase: phase_of(c),
-            released_at: released_at(c),
-        }
-    }
-
-    /// Whether this is the entry of `c`.
-    fn is(&self, c: &crate::model::PortClaim) -> bool {
-        let r = &c.spec.route;
-        self.namespace == c.metadata.ns()
-            && self.name == c.metadata.name
-            && self.gateway == c.spec.gateway
-            && self.listener == c.spec.listener
-            && self.protocol == c.spec.protocol
-            && self.port == c.spec.port
-            && self.route.kind == r.kind
-            && self.route.namespace == r.namespace
-            && self.route.name == r.name
-            && self.phase == phase_of(c)
-            && self.released_at == released_at(c)
-    }
-}
-
-/// A claim's phase (a claim without a status is bound).
-fn phase_of(c: &crate::model::PortClaim) -> crate::model::ClaimPhase {
-    match c.is_released() {
-        true => crate::model::ClaimPhase::Released,
-        false => crate::model::ClaimPhase::Bound,
-    }
-}
-
-/// When a released claim was released.
-fn released_at(c: &crate::model::PortClaim) -> Option<String> {
-    c.status.as_ref().and_then(|s| s.released_at.clone())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use super::*;
-    use crate::model::{ClaimRoute, PortClaim, PortClaimSpec};
-
-    fn claim(port: u16, route: &str) -> Arc<PortClaim> {
-        let route = ClaimRoute::new("TCPRoute", "a", route, None);
-        let mut c = PortClaim::bound(
-            "infra",
-            PortClaimSpec::new("gw", "pool", "TCP", port, route),
-        );
-        c.metadata.name = format!("gw-tcp-{port}");
-        Arc::new(c)
-    }
-
-    #[test]
-    fn a_document_after_a_change_shares_the_entries_of_unchanged_claims() {
-        let before: Vec<Arc<PortClaim>> = (1..=5).map(|p| claim(p, &format!("r{p}"))).collect();
-        let old = StateDocument::new(Vec::new(), Vec::new(), &before);
-        // Port 3 goes to another route, port 6 is new; the rest are the same claims.
-        let mut after = before.clone();
-        after[2] = claim(3, "other");
-        after.push(claim(6, "r6"));
-        let doc = StateDocument::after(Vec::new(), Vec::new(), &after, Some((&old, &before)));
-        assert_eq!(doc, StateDocument::new(Vec::new(), Vec::new(), &after));
-        for i in [0, 1, 3, 4] {
-            assert!(
-                Arc::ptr_eq(&doc.claims[i], &old.claims[i]),
-                "entry {i} shared"
-            );
-        }
-        assert_eq!(doc.claims[2].route.name, "other");
-        // Said to be made of a list that cannot be its own: merged by name alone.
-        let doc = StateDocument::after(Vec::new(), Vec::new(), &after, Some((&old, &after[..2])));
-        assert_eq!(doc, StateDocument::new(Vec::new(), Vec::new(), &after));
     }
 }

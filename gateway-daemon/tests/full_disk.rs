@@ -84,19 +84,11 @@ fn first_seen_times_the_full_disk_refused_are_not_held() {
     let fs = Tmpfs::new("seen", 256);
     let dir = fs.0.join("state");
     let store = Store::open(&dir).expect("open");
-    let first = vec![(
-        "TCPRoute/a/one".to_string(),
-        "2026-12-03T10:00:00Z".to_string(),
-    )];
+    let first = vec![("TCPRoute/a/one".to_string(), "2026-12-03T10:00:00Z".into())];
     store.record_first_seen(&first, &[]).expect("fits");
     let filler = fill(&fs.0, 0);
-    let many: Vec<(String, String)> = (0..200)
-        .map(|i| {
-            (
-                format!("TCPRoute/a/r{i}"),
-                "2026-12-03T11:00:00Z".to_string(),
-            )
-        })
+    let many: Vec<(String, berth::model::Time)> = (0..200)
+        .map(|i| (format!("TCPRoute/a/r{i}"), "2026-12-03T11:00:00Z".into()))
         .collect();
     store
         .record_first_seen(&many, &[])
@@ -209,7 +201,7 @@ fn temporary_files_of_writes_the_full_disk_refused_are_removed() {
     assert_eq!(ports(&store), (30000..30040).collect::<Vec<_>>());
 
     // And the same for the first-seen journal.
-    let many: Vec<(String, String)> = (0..200)
+    let many: Vec<(String, berth::model::Time)> = (0..200)
         .map(|i| (format!("TCPRoute/a/r{i}"), "2026-12-03T11:00:00Z".into()))
         .collect();
     store

@@ -222,7 +222,7 @@ fn our_parent(port: u16, accepted: bool, time: &str) -> RouteParentStatus {
         kind: kind.into(),
         status: if ok { "True" } else { "False" }.into(),
         reason: reason.into(),
-        message: message.into(),
+        message: message.to_string().into(),
         last_transition_time: time.into(),
         observed_generation: Some(1),
     };

@@ -257,8 +257,7 @@ proptest! {
         let mut claims: Vec<Arc<PortClaim>> = Vec::new();
         let mut now = 0u64;
         let mut memo = planner::Memo::default();
-        // The last document and the claims it was made from.
-        let mut published: Option<(StateDocument, Vec<Arc<PortClaim>>)> = None;
+        let mut published: Option<StateDocument> = None;
         let mut last: Option<berth::model::Snapshot> = None;
         for (step, op) in ops.iter().enumerate() {
             apply(op, &mut History { routes: &mut routes, now: &mut now, labelled: &mut labelled });
@@ -274,24 +273,22 @@ proptest! {
             prop_assert_eq!(&fresh.datapath, &remembered.datapath);
             prop_assert_eq!(&fresh.owners, &remembered.owners);
             prop_assert_eq!(&fresh.gateways, &remembered.gateways);
-            let mut want = StateDocument::new(fresh.gateways, fresh.routes, &fresh.claims);
-            // Claim entries shared with the last published state where unchanged.
-            let planned = StateDocument::after(
+            let mut want = StateDocument::new(fresh.gateways, fresh.routes, fresh.claims);
+            let planned = StateDocument::new(
                 remembered.gateways,
                 remembered.routes,
-                &remembered.claims,
-                published.as_ref().map(|(doc, made_of)| (doc, made_of.as_slice())),
+                remembered.claims.clone(),
             );
             let mut got = planned.clone();
-            if let Some((old, _)) = &published {
+            if let Some(old) = &published {
                 want.carry_times_from(old);
                 got.carry_times_from(old);
             }
             prop_assert_eq!(&want, &got);
             // The memo carried the routes' times already (Gateways it does not keep).
             prop_assert_eq!(&planned.routes, &got.routes);
-            claims = remembered.claims.clone();
-            published = Some((got, remembered.claims));
+            claims = remembered.claims;
+            published = Some(got);
             last = Some(snapshot);
         }
     }

@@ -20,8 +20,8 @@ use super::{
     family::{Addr6, ByFamily, MapAddr},
     held_back, maglev, map_err, nr_cpus,
     pool::Region,
-    ApplyReport, Capacity, Datapath, DatapathError, DesiredState, Installed, Limit, Result,
-    ServiceAddr, Usage, WeightedBackend,
+    ApplyReport, Capacity, Datapath, DatapathError, DesiredState, Installed, InstalledBackends,
+    Limit, Result, ServiceAddr, Usage, WeightedBackend,
 };
 
 /// The service map of one family.
@@ -305,12 +305,13 @@ impl Datapath {
             table: Region::EMPTY,
             table_lost: false,
             snat,
-            backends: BTreeMap::new(),
+            backends: InstalledBackends::default(),
         };
         for (&endpoint, &weight) in want {
             let bid = self.new_backend(id, endpoint, weight, snat)?;
             svc.backends.insert(endpoint, (bid, weight));
         }
+        svc.backends.shrink();
         self.write_table(&mut svc)?;
         let zero =
             PerCpuValues::try_from(vec![ServiceStats::default(); nr_cpus()?]).map_err(|e| {
@@ -367,7 +368,7 @@ impl Datapath {
             table: Region::EMPTY,
             table_lost: false,
             snat,
-            backends: BTreeMap::new(),
+            backends: InstalledBackends::default(),
         };
         // New and reweighted backends first, so the new table only names live ones.
         for (&endpoint, &weight) in want {
@@ -381,6 +382,7 @@ impl Datapath {
             };
             svc.backends.insert(endpoint, (bid, weight));
         }
+        svc.backends.shrink();
         self.write_table(&mut svc)?;
         self.services.insert(
             key,

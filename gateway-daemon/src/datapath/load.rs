@@ -22,9 +22,9 @@ use super::{
     family::{endpoint_of, service_of, Addr6, ByFamily, MapAddr},
     links, map_err,
     pool::{Region, TablePool},
-    xdp, Config, Datapath, DatapathError, IdPool, Installed, Limit, Limits, Result, ServiceAddr,
-    ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM,
-    TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
+    xdp, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limit, Limits,
+    Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6,
+    REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
 };
 use crate::sys;
 
@@ -447,7 +447,7 @@ impl Datapath {
                     table,
                     table_lost,
                     snat: svc.flags & gateway_common::SERVICE_SNAT != 0,
-                    backends: BTreeMap::new(),
+                    backends: InstalledBackends::default(),
                 },
             );
             self.service_ids.mark(svc.id);
@@ -477,12 +477,15 @@ impl Datapath {
                     if key.addr.is_ipv6() {
                         adopted6.insert(id);
                     }
-                    svc.backends.insert(endpoint, (id, b.weight));
+                    svc.backends.push_unordered(endpoint, (id, b.weight));
                     self.backend_ids.mark(id);
                 }
                 // A backend left behind by a run that died mid-update.
                 None => orphans.push(id),
             }
+        }
+        for svc in self.installed.values_mut() {
+            svc.backends.settle();
         }
         for id in orphans {
             self.clear_backend(id)?;

@@ -358,7 +358,90 @@ struct Installed {
     /// SNAT mode (`Service::flags`).
     snat: bool,
     /// Endpoint → (backend id, weight).
-    backends: BTreeMap<SocketAddr, (u32, u16)>,
+    backends: InstalledBackends,
+}
+
+/// A service's installed backends, endpoint → (backend id, weight), ordered by
+/// endpoint: one exact allocation, where a `BTreeMap` took a node of about 450 bytes for
+/// the single backend most services have (45 MB at 100,000 routes).
+#[derive(Clone, Debug, Default)]
+struct InstalledBackends(Vec<(SocketAddr, (u32, u16))>);
+
+impl InstalledBackends {
+    fn find(&self, endpoint: &SocketAddr) -> Result<usize, usize> {
+        self.0.binary_search_by(|(e, _)| e.cmp(endpoint))
+    }
+
+    /// Sets the backend of `endpoint` (in endpoint order, it is appended).
+    fn insert(&mut self, endpoint: SocketAddr, value: (u32, u16)) {
+        match self.find(&endpoint) {
+            Ok(i) => self.0[i].1 = value,
+            Err(i) => self.0.insert(i, (endpoint, value)),
+        }
+    }
+
+    /// Adds the backend of `endpoint` in any order: [`InstalledBackends::settle`] must
+    /// follow before any other use.
+    fn push_unordered(&mut self, endpoint: SocketAddr, value: (u32, u16)) {
+        self.0.push((endpoint, value));
+    }
+
+    /// Orders the backends pushed by endpoint (of an endpoint pushed twice, the last
+    /// stays, as [`InstalledBackends::insert`] keeps it) and gives back spare room.
+    fn settle(&mut self) {
+        self.0.sort_by_key(|(e, _)| *e);
+        let mut out: Vec<(SocketAddr, (u32, u16))> = Vec::with_capacity(self.0.len());
+        for (e, v) in self.0.drain(..) {
+            match out.last_mut() {
+                Some(last) if last.0 == e => last.1 = v,
+                _ => out.push((e, v)),
+            }
+        }
+        out.shrink_to_fit();
+        self.0 = out;
+    }
+
+    /// Gives back spare room (the backends of a service are written once).
+    fn shrink(&mut self) {
+        self.0.shrink_to_fit();
+    }
+
+    fn get(&self, endpoint: &SocketAddr) -> Option<&(u32, u16)> {
+        self.find(endpoint).ok().map(|i| &self.0[i].1)
+    }
+
+    fn contains_key(&self, endpoint: &SocketAddr) -> bool {
+        self.find(endpoint).is_ok()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Endpoint and (backend id, weight), ordered by endpoint.
+    fn iter(&self) -> impl Iterator<Item = (&SocketAddr, &(u32, u16))> {
+        self.0.iter().map(|(e, v)| (e, v))
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &SocketAddr> {
+        self.0.iter().map(|(e, _)| e)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &(u32, u16)> {
+        self.0.iter().map(|(_, v)| v)
+    }
+}
+
+impl<'a> IntoIterator for &'a InstalledBackends {
+    type Item = (&'a SocketAddr, &'a (u32, u16));
+    type IntoIter = std::iter::Map<
+        std::slice::Iter<'a, (SocketAddr, (u32, u16))>,
+        fn(&'a (SocketAddr, (u32, u16))) -> (&'a SocketAddr, &'a (u32, u16)),
+    >;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter().map(|(e, v)| (e, v))
+    }
 }
 
 impl Installed {

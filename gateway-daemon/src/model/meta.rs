@@ -21,7 +21,7 @@ pub struct Meta {
     pub generation: Option<i64>,
     /// RFC 3339 creation time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub creation_timestamp: Option<String>,
+    pub creation_timestamp: Option<super::Time>,
     /// Labels.
     #[serde(default, skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,

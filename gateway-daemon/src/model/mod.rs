@@ -25,6 +25,11 @@ pub use meta::*;
 pub use protocol::Protocol;
 pub use route::*;
 
+/// An RFC 3339 time as text, shared: the times a plan writes into its conditions,
+/// and the first-seen times of routes Berth first saw together, are one allocation
+/// for all of them.
+pub type Time = std::sync::Arc<str>;
+
 /// Appends a route's key, `Kind/namespace/name` (first-seen times and the planner's
 /// memo are keyed by it), to `out`.
 pub fn route_key(out: &mut String, kind: &str, ns: &str, name: &str) {

@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use super::addresses::{Families, Family};
 use super::FastMap;
-use super::Reason;
+use super::{status::Text, Reason};
 use crate::{
     datapath::{Backends, WeightedBackend},
     model::{EndpointSlice, Protocol, Route, Service, ServicePort, Snapshot, GATEWAY_GROUP},
@@ -51,7 +51,7 @@ impl Resolved {
     /// that serves `served`: (ok, reason, message). Endpoints of no family the Gateway
     /// serves are refused (`IPFamilyMismatch`); a family served without endpoints is
     /// named in the message.
-    pub fn status(&self, gateway: (&str, &str), served: Families) -> (bool, Reason, String) {
+    pub fn status(&self, gateway: (&str, &str), served: Families) -> (bool, Reason, Text) {
         let endpoints = self.endpoint_families();
         let mut errors: Vec<(Reason, String)> = Vec::new();
         let mut notes: Vec<String> = Vec::new();
@@ -98,12 +98,16 @@ impl Resolved {
         notes.extend(self.notes.iter().cloned());
         let errors: Vec<&(Reason, String)> = self.errors.iter().chain(&errors).collect();
         if errors.is_empty() {
-            let mut message = "all backend references resolved".to_string();
+            const RESOLVED: &str = "all backend references resolved";
+            if notes.is_empty() {
+                return (true, Reason::ResolvedRefs, Text::Borrowed(RESOLVED));
+            }
+            let mut message = RESOLVED.to_string();
             for n in &notes {
                 message.push_str("; ");
                 message.push_str(n);
             }
-            return (true, Reason::ResolvedRefs, message);
+            return (true, Reason::ResolvedRefs, message.into());
         }
         // Report the most serious reason; list every problem.
         let rank = |r: Reason| match r {
@@ -122,7 +126,7 @@ impl Resolved {
             .chain(notes.iter().map(String::as_str))
             .collect::<Vec<_>>()
             .join("; ");
-        (false, reason, message)
+        (false, reason, message.into())
     }
 }
 
@@ -293,9 +297,25 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
             }
         }
     }
-    out.ipv4 = ipv4.into();
-    out.ipv6 = ipv6.into();
+    out.ipv4 = backends(ipv4);
+    out.ipv6 = backends(ipv6);
+    // Kept with the route's status until it changes: no spare room.
+    out.errors.shrink_to_fit();
+    out.families.shrink_to_fit();
+    out.notes.shrink_to_fit();
+    out.empty.shrink_to_fit();
     out
+}
+
+/// `list` as kept with a route's status: without spare room, and the one shared empty
+/// list when empty (most routes have endpoints of one family only).
+fn backends(mut list: Vec<WeightedBackend>) -> Backends {
+    static EMPTY: std::sync::LazyLock<Backends> = std::sync::LazyLock::new(Backends::default);
+    if list.is_empty() {
+        return Backends::clone(&EMPTY);
+    }
+    list.shrink_to_fit();
+    list.into()
 }
 
 /// A port's name as Kubernetes compares it: an absent name is the empty name.

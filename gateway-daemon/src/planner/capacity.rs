@@ -113,7 +113,7 @@ pub(super) fn mark_waiting(
     snap: &Snapshot,
     gateways: &[GatewayView],
     capacity: &Capacity,
-    now_text: &str,
+    now_text: &Time,
 ) -> Vec<Waiting> {
     let mut waiting = Vec::with_capacity(left.len());
     for l in left {

@@ -26,7 +26,7 @@ pub(super) struct Context<'p, 'a> {
     pub claims: &'p [Option<Arc<PortClaim>>],
     /// The claims of the routes not planned, when only some are.
     pub others: Option<&'p ClaimIndex>,
-    pub now_text: &'p str,
+    pub now_text: &'p Time,
 }
 
 /// The status of every Gateway of ours.
@@ -145,7 +145,7 @@ impl Context<'_, '_> {
 
 /// A Gateway's `Programmed` condition: served on at least one address, or why not.
 /// Addresses it asked for but cannot have are named in the message either way.
-fn programmed(gw: &GatewayView, accepted: bool, now: &str, generation: Option<i64>) -> Condition {
+fn programmed(gw: &GatewayView, accepted: bool, now: &Time, generation: Option<i64>) -> Condition {
     let a = &gw.addresses;
     if !accepted {
         let message = "the Gateway is not accepted";
@@ -216,7 +216,7 @@ fn listener_serves(l: &ListenerView) -> bool {
 /// accepted (conflicted, or of an unsupported protocol) says `ListenersNotValid`, and
 /// naming them; it is accepted while some listener still serves, and rejected as a
 /// whole when none does.
-fn gateway_accepted(gw: &GatewayView, now: &str, generation: Option<i64>) -> Condition {
+fn gateway_accepted(gw: &GatewayView, now: &Time, generation: Option<i64>) -> Condition {
     if let Some(e) = &gw.params_error {
         return condition(
             "Accepted",
@@ -297,7 +297,7 @@ fn listener_conditions(
     l: &ListenerView,
     kinds: &RouteKinds,
     gateway_ok: bool,
-    now: &str,
+    now: &Time,
     generation: Option<i64>,
 ) -> Vec<Condition> {
     let range_note = l

@@ -245,7 +245,7 @@ fn timeless(mut plan: Plan) -> Plan {
     for r in &mut plan.routes {
         for p in &mut Arc::make_mut(r).status.parents {
             for c in &mut p.conditions {
-                c.last_transition_time.clear();
+                c.last_transition_time = "".into();
             }
         }
     }

@@ -195,7 +195,7 @@ pub struct RouteEntry {
     /// When the route was created (RFC 3339): its creation timestamp, or when Berth
     /// first saw it.
     #[serde(skip)]
-    pub created: Option<String>,
+    pub created: Option<Time>,
     /// The listeners each parent (in `status.parents` order) is served on, with their
     /// ports: `berth get routes` shows them. Upstream status has no place for them (a
     /// fixed listener's route has no port in its parentRef).
@@ -228,8 +228,8 @@ fn condition(
     kind: &'static str,
     ok: bool,
     reason: Reason,
-    message: impl Into<String>,
-    now: &str,
+    message: impl Into<Text>,
+    now: &Time,
     generation: Option<i64>,
 ) -> Condition {
     Condition {
@@ -237,7 +237,7 @@ fn condition(
         status: Cow::Borrowed(if ok { "True" } else { "False" }),
         reason: Cow::Borrowed(reason.as_str()),
         message: message.into(),
-        last_transition_time: now.to_string(),
+        last_transition_time: Time::clone(now),
         observed_generation: generation,
     }
 }
@@ -290,7 +290,7 @@ fn run(
     others: Option<&ledger::ClaimIndex>,
 ) -> Run {
     let snap = input.snapshot;
-    let now_text = format_time(input.now);
+    let now_text: Time = format_time(input.now).into();
     let gateways = gateways::ours(input);
     let (world_same, pass) = memo.begin(input);
     let known = memo.recall(&snap.routes);
@@ -319,6 +319,7 @@ fn run(
             fixed_attached: &fixed_attached,
             claims: &claims,
             known: &known,
+            ids: &routes.ids,
             index: &index,
             snat_ports: &input.snat_ports,
             capacity: &input.capacity,

@@ -31,6 +31,8 @@ pub(super) struct Context<'p, 'a> {
     pub claims: &'p [Option<Arc<PortClaim>>],
     /// What the memo remembers of each route, by route index.
     pub known: &'p [Option<&'a Remembered>],
+    /// The identity of each route planned (as remembered), by route index.
+    pub ids: &'p [Option<Arc<RouteId>>],
     pub index: &'p Index<'a>,
     /// The source ports SNAT flows may be given (`--snat-ports`).
     pub snat_ports: &'p RangeInclusive<u16>,
@@ -108,9 +110,10 @@ pub(super) fn project(cx: &Context, backends: &mut [Option<Arc<Resolved>>]) -> P
     let owners: BTreeMap<ServiceAddr, Arc<RouteId>> = with_backends
         .iter()
         .map(|(s, _)| {
-            let id = match cx.known[s.route] {
-                Some(k) => Arc::clone(&k.id),
-                None => Arc::new(route_id(&snap.routes[s.route])),
+            let id = match (cx.known[s.route], &cx.ids[s.route]) {
+                (Some(k), _) => Arc::clone(&k.id),
+                (None, Some(id)) => Arc::clone(id),
+                (None, None) => Arc::new(route_id(&snap.routes[s.route])),
             };
             (s.service, id)
         })

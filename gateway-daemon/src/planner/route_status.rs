@@ -39,7 +39,7 @@ pub(super) struct Context<'p, 'a> {
     /// This plan's number.
     pub pass: u64,
     pub index: &'p Index<'a>,
-    pub now_text: &'p str,
+    pub now_text: &'p Time,
 }
 
 /// The route statuses of a plan.
@@ -49,6 +49,9 @@ pub(super) struct Planned {
     pub entries: Vec<Arc<RouteEntry>>,
     /// Backends of the routes planned, by route index.
     pub backends: Vec<Option<Arc<Resolved>>>,
+    /// The identity of the routes planned, by route index (remembered when the memo
+    /// keeps): the plan's owners of datapath services share it.
+    pub ids: Vec<Option<Arc<RouteId>>>,
     /// Routes to remember from this plan (added to the memo once nothing borrows it).
     pub fresh: Vec<Remembered>,
     /// Routes remembered that this plan reused.
@@ -62,6 +65,7 @@ pub(super) fn route_statuses(cx: &Context) -> Planned {
         // One entry per route with a parent of ours.
         entries: Vec::with_capacity(snap.routes.len()),
         backends: vec![None; snap.routes.len()],
+        ids: vec![None; snap.routes.len()],
         fresh: Vec::new(),
         reused: 0,
     };
@@ -86,10 +90,12 @@ pub(super) fn route_statuses(cx: &Context) -> Planned {
                 out.reused += 1;
                 out.entries.push(Arc::clone(&old.entry));
                 out.backends[ri] = Some(Arc::clone(&old.backends));
+                out.ids[ri] = Some(Arc::clone(&old.id));
                 continue;
             }
         }
         let (entry, resolved, remembered) = cx.plan_route(ri, unique, &mut key);
+        out.ids[ri] = remembered.as_ref().map(|r| Arc::clone(&r.id));
         out.fresh.extend(remembered);
         out.backends[ri] = Some(resolved);
         out.entries.push(entry);
@@ -148,6 +154,8 @@ impl Context<'_, '_> {
                     }),
             );
         }
+        // Kept with the route's status until it changes: no spare room.
+        out.shrink_to_fit();
         out
     }
 
@@ -255,8 +263,8 @@ fn parent_status(
     a: &Attachment,
     gateways: &[GatewayView],
     decision: &Decision,
-    (refs_ok, refs_reason, refs_message): (bool, Reason, String),
-    now_text: &str,
+    (refs_ok, refs_reason, refs_message): (bool, Reason, Text),
+    now_text: &Time,
 ) -> RouteParentStatus {
     let gw = &gateways[a.gw];
     let generation = a.route.metadata.generation;

@@ -21,10 +21,10 @@ pub struct Condition {
     pub status: Text,
     /// Machine-readable reason.
     pub reason: Text,
-    /// Human-readable message.
-    pub message: String,
+    /// Human-readable message (most are one of a few constants, shared).
+    pub message: Text,
     /// RFC 3339 time of the last change.
-    pub last_transition_time: String,
+    pub last_transition_time: crate::model::Time,
     /// Generation of the object this condition was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

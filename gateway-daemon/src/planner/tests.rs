@@ -376,7 +376,7 @@ fn a_route_kind_or_namespace_the_named_listeners_refuse_is_not_allowed_by_listen
     let expect = |name: &str, reason: &str, message: &str| {
         let c = route_accepted(&plan, name);
         assert_eq!(
-            (&*c.status, &*c.reason, c.message.as_str()),
+            (&*c.status, &*c.reason, &*c.message),
             ("False", reason, message),
             "{name}"
         );
@@ -419,7 +419,7 @@ fn a_route_kind_or_namespace_the_named_listeners_refuse_is_not_allowed_by_listen
     // Without sectionName or port, the listeners that admit it are attached to.
     let whole = route_accepted(&plan, "whole");
     assert_eq!(
-        (&*whole.status, whole.message.as_str()),
+        (&*whole.status, &*whole.message),
         ("True", "attached to listener open")
     );
 }
@@ -440,7 +440,7 @@ fn a_kind_excluded_by_allowed_kinds_is_not_allowed_by_listeners() {
     let plan = plan_of(&text, &[]);
     let c = route_accepted(&plan, "r");
     assert_eq!(
-        (&*c.status, &*c.reason, c.message.as_str()),
+        (&*c.status, &*c.reason, &*c.message),
         (
             "False",
             "NotAllowedByListeners",
@@ -725,7 +725,7 @@ fn an_ipv6_gateway_refuses_a_route_with_only_ipv4_endpoints_and_serves_the_other
     assert_eq!(route_accepted(&plan, "dns").status, "True");
     let web = resolved_refs(&plan, "web");
     assert_eq!(
-        (&*web.status, web.message.as_str()),
+        (&*web.status, &*web.message),
         ("True", "all backend references resolved")
     );
     assert_eq!(

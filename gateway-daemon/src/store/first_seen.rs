@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use crate::model::Route;
+use crate::model::{Route, Time};
 
 use super::{
     claims::Compaction,
@@ -36,20 +36,20 @@ pub struct FirstSeenTimes {
 
 #[derive(Debug)]
 struct Seen {
-    time: String,
+    time: Time,
     /// Routes of the last pass with this key.
     routes: u32,
 }
 
 /// What a pass found: keys seen for the first time (with their time) and keys no route
 /// has any more.
-pub type Found = (Vec<(String, String)>, Vec<String>);
+pub type Found = (Vec<(String, Time)>, Vec<String>);
 
 impl FirstSeenTimes {
     /// A pass over the routes present: gives each route without a creation time the
     /// time its key was first seen (`now` for a key not seen before), and returns the
     /// keys seen for the first time and those gone, for `Store::record_first_seen`.
-    pub fn pass(&mut self, routes: &mut [Arc<Route>], now: &str) -> Found {
+    pub fn pass(&mut self, routes: &mut [Arc<Route>], now: &Time) -> Found {
         self.unrecorded = None;
         let full = self.last.is_none();
         let (head, tail, last) = match self.last.take() {
@@ -75,7 +75,7 @@ impl FirstSeenTimes {
                 }
             }
         }
-        let mut added: Vec<(String, String)> = Vec::new();
+        let mut added: Vec<(String, Time)> = Vec::new();
         let end = routes.len() - tail;
         for r in &mut routes[head..end] {
             route_key(&mut key, r);
@@ -85,14 +85,14 @@ impl FirstSeenTimes {
                     &seen.time
                 }
                 None => {
-                    added.push((key.clone(), now.to_string()));
+                    added.push((key.clone(), Time::clone(now)));
                     now
                 }
             };
             if r.metadata.creation_timestamp.is_none() {
                 // The route is moved back into its file with this time: only a route
                 // seen for the first time is copied here.
-                Arc::make_mut(r).metadata.creation_timestamp = Some(t.to_string());
+                Arc::make_mut(r).metadata.creation_timestamp = Some(Time::clone(t));
             }
         }
         // A route that is gone and comes back later is a new object with a new time.
@@ -120,21 +120,21 @@ impl FirstSeenTimes {
 
     /// The first-seen time of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.times.get(key).map(|e| e.time.as_str())
+        self.times.get(key).map(|e| &*e.time)
     }
 
     /// All times, by key.
     pub fn to_map(&self) -> BTreeMap<String, String> {
         self.times
             .iter()
-            .map(|(k, e)| (k.clone(), e.time.clone()))
+            .map(|(k, e)| (k.clone(), e.time.to_string()))
             .collect()
     }
 
     /// Records a key first seen: a route of the pass that found it has it.
-    pub(super) fn insert(&mut self, key: String, time: String) {
+    pub(super) fn insert(&mut self, key: String, time: Time) {
         let seen = self.times.entry(key).or_insert(Seen {
-            time: String::new(),
+            time: Time::clone(&time),
             routes: 0,
         });
         seen.time = time;
@@ -229,8 +229,16 @@ impl Store {
             return self.import_first_seen_yaml();
         }
         let mut times = FirstSeenTimes::default();
+        // Routes first seen together have one time: one allocation for all of them.
+        let mut last: Option<Time> = None;
         let lines = journal.replay(|record, _| match record {
-            SeenRecord::Seen(key, time) => times.insert(key.to_string(), time.to_string()),
+            SeenRecord::Seen(key, time) => {
+                let time = match &last {
+                    Some(t) if **t == *time => Time::clone(t),
+                    _ => last.insert(Time::from(time)).clone(),
+                };
+                times.insert(key.to_string(), time)
+            }
             SeenRecord::Gone(key) => times.remove(key),
         })?;
         self.report_torn(journal.path(), lines.torn);
@@ -242,7 +250,7 @@ impl Store {
 
     /// Records routes seen for the first time and forgets routes that are gone. Call
     /// under the lock, after `begin_write`.
-    pub fn record_first_seen(&self, added: &[(String, String)], removed: &[String]) -> Result<()> {
+    pub fn record_first_seen(&self, added: &[(String, Time)], removed: &[String]) -> Result<()> {
         if added.is_empty() && removed.is_empty() {
             return Ok(());
         }
@@ -338,7 +346,7 @@ mod tests {
 
     /// A pass whose findings are recorded, as the cycle records them.
     fn pass(times: &mut FirstSeenTimes, routes: &mut [Arc<Route>], now: &str) -> Found {
-        let (added, removed) = times.pass(routes, now);
+        let (added, removed) = times.pass(routes, &Time::from(now));
         for (k, t) in &added {
             times.insert(k.clone(), t.clone());
         }
@@ -349,7 +357,7 @@ mod tests {
         (added, removed)
     }
 
-    fn keys(found: &[(String, String)]) -> Vec<&str> {
+    fn keys(found: &[(String, Time)]) -> Vec<&str> {
         found.iter().map(|(k, _)| k.as_str()).collect()
     }
 
@@ -401,7 +409,7 @@ mod tests {
         pass(&mut times, &mut routes, "t0");
         routes.push(route("r1"));
         // The records of this pass are not written (a full disk).
-        let (added, _) = times.pass(&mut routes, "t1");
+        let (added, _) = times.pass(&mut routes, &Time::from("t1"));
         assert_eq!(keys(&added), ["UDPRoute/a/r1"]);
         let (added, removed) = pass(&mut times, &mut routes, "t2");
         assert_eq!(keys(&added), ["UDPRoute/a/r1"]);

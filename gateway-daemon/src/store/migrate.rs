@@ -48,7 +48,7 @@ impl Store {
         };
         let mut imported = FirstSeenTimes::default();
         for (key, time) in times {
-            imported.insert(key, time);
+            imported.insert(key, time.into());
         }
         Ok(FirstSeen {
             times: imported,

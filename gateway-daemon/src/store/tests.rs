@@ -242,10 +242,16 @@ fn first_seen_journal_survives_a_torn_append_and_compacts() {
     let store = Store::open(&dir).expect("open");
     let t = |s: &str| s.to_string();
     store
-        .record_first_seen(&[(t("TCPRoute/a/r"), t("2026-01-01T00:00:00Z"))], &[])
+        .record_first_seen(
+            &[(t("TCPRoute/a/r"), t("2026-01-01T00:00:00Z").into())],
+            &[],
+        )
         .expect("record");
     store
-        .record_first_seen(&[(t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z"))], &[])
+        .record_first_seen(
+            &[(t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z").into())],
+            &[],
+        )
         .expect("record");
     // A writer killed mid-append leaves a torn line: it is ignored, then cut off.
     let log = dir.join(FIRST_SEEN_LOG);
@@ -268,7 +274,10 @@ fn first_seen_journal_survives_a_torn_append_and_compacts() {
         let key = t("TCPRoute/c/x");
         reopened
             .record_first_seen(
-                &[(key.clone(), format!("2026-02-{:02}T00:00:00Z", i % 28 + 1))],
+                &[(
+                    key.clone(),
+                    format!("2026-02-{:02}T00:00:00Z", i % 28 + 1).into(),
+                )],
                 &[],
             )
             .expect("add");
