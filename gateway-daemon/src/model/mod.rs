@@ -30,6 +30,53 @@ pub use route::*;
 /// for all of them.
 pub type Time = std::sync::Arc<str>;
 
+/// The lengths of the longest common head and tail of `a` and `b` (not overlapping),
+/// by `same`.
+pub fn common_ends<T>(a: &[T], b: &[T], same: impl Fn(&T, &T) -> bool) -> (usize, usize) {
+    let head = a.iter().zip(b).take_while(|(x, y)| same(x, y)).count();
+    let tail = a[head..]
+        .iter()
+        .rev()
+        .zip(b[head..].iter().rev())
+        .take_while(|(x, y)| same(x, y))
+        .count();
+    (head, tail)
+}
+
+/// Makes `copy` hold the allocations `to` holds, replacing only what lies between
+/// their common head and tail of shared allocations (a change of one file touches its
+/// objects' counts, not 100,000 of them).
+pub fn follow_list<T>(copy: &mut Vec<std::sync::Arc<T>>, to: &[std::sync::Arc<T>]) {
+    let (head, tail) = common_ends(copy, to, std::sync::Arc::ptr_eq);
+    let end = copy.len() - tail;
+    copy.splice(head..end, to[head..to.len() - tail].iter().cloned());
+}
+
+impl Snapshot {
+    /// Makes this copy hold what `to` holds (`follow_list` for each kind).
+    pub fn follow(&mut self, to: &Snapshot) {
+        // Destructured: a new kind of object is a compile error here.
+        let Snapshot {
+            gateway_classes,
+            gateways,
+            routes,
+            reference_grants,
+            services,
+            endpoint_slices,
+            namespaces,
+            gateway_configs,
+        } = self;
+        follow_list(gateway_classes, &to.gateway_classes);
+        follow_list(gateways, &to.gateways);
+        follow_list(routes, &to.routes);
+        follow_list(reference_grants, &to.reference_grants);
+        follow_list(services, &to.services);
+        follow_list(endpoint_slices, &to.endpoint_slices);
+        follow_list(namespaces, &to.namespaces);
+        follow_list(gateway_configs, &to.gateway_configs);
+    }
+}
+
 /// Appends a route's key, `Kind/namespace/name` (first-seen times and the planner's
 /// memo are keyed by it), to `out`.
 pub fn route_key(out: &mut String, kind: &str, ns: &str, name: &str) {
@@ -99,5 +146,39 @@ impl Snapshot {
             Object::Namespace(o) => self.namespaces.push(o),
             Object::GatewayConfig(o) => self.gateway_configs.push(o),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn a_followed_copy_holds_the_new_allocations_and_keeps_the_shared_ones() {
+        let old: Vec<Arc<u32>> = (0..6).map(Arc::new).collect();
+        let mut copy = old.clone();
+        // 2 replaced, 7 added after 3, 4 removed.
+        let new: Vec<Arc<u32>> = vec![
+            old[0].clone(),
+            old[1].clone(),
+            Arc::new(2),
+            old[3].clone(),
+            Arc::new(7),
+            old[5].clone(),
+        ];
+        follow_list(&mut copy, &new);
+        assert_eq!(copy.len(), new.len());
+        assert!(copy.iter().zip(&new).all(|(a, b)| Arc::ptr_eq(a, b)));
+        // The copy let go of what left: only the caller's `old` holds 2 and 4.
+        assert_eq!(Arc::strong_count(&old[2]), 1);
+        assert_eq!(Arc::strong_count(&old[4]), 1);
+        // From empty, and to empty.
+        let mut empty = Vec::new();
+        follow_list(&mut empty, &new);
+        assert!(empty.iter().zip(&new).all(|(a, b)| Arc::ptr_eq(a, b)));
+        follow_list(&mut empty, &[]);
+        assert!(empty.is_empty());
     }
 }

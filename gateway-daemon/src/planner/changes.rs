@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+pub use crate::model::common_ends;
 use crate::model::PortClaim;
 
 /// One claim write that makes the store hold what the plan wants.
@@ -51,19 +52,6 @@ pub fn claim_pairs<'h, 'w>(
         &have[head..have.len() - tail],
         &want[head..want.len() - tail],
     )
-}
-
-/// The lengths of the longest common head and tail of `a` and `b` (not overlapping),
-/// by `same`.
-pub fn common_ends<T>(a: &[T], b: &[T], same: impl Fn(&T, &T) -> bool) -> (usize, usize) {
-    let head = a.iter().zip(b).take_while(|(x, y)| same(x, y)).count();
-    let tail = a[head..]
-        .iter()
-        .rev()
-        .zip(b[head..].iter().rev())
-        .take_while(|(x, y)| same(x, y))
-        .count();
-    (head, tail)
 }
 
 /// `claim_pairs` of lists with no common ends.

@@ -82,7 +82,6 @@ impl OnListeners {
 /// The last plan made with a memo, and what it was made from.
 #[derive(Debug)]
 pub(super) struct Last {
-    snapshot: Snapshot,
     /// The claims the plan changed from its input, but those it made bound for a route
     /// without one: a claim it released frees its port only for the next plan.
     changed: Vec<Arc<PortClaim>>,
@@ -125,7 +124,6 @@ impl Last {
             }
         }
         Last {
-            snapshot: input.snapshot.clone(),
             changed,
             made,
             now: input.now,
@@ -144,8 +142,8 @@ impl Last {
     }
 
     /// Whether everything but routes, Services, EndpointSlices, claims and the time
-    /// is as in `input`.
-    fn same_world(&self, input: &Input) -> bool {
+    /// is as in `input` (`a` is the snapshot this plan was made from).
+    fn same_world(&self, a: &Snapshot, input: &Input) -> bool {
         // Destructured: a new field of `Snapshot` or `Input` is a compile error here,
         // where a list of fields would forget it silently.
         let Snapshot {
@@ -168,7 +166,6 @@ impl Last {
             snat_ports,
             capacity,
         } = input;
-        let a = &self.snapshot;
         a.gateway_classes == *gateway_classes
             && a.gateways == *gateways
             && a.gateway_configs == *gateway_configs
@@ -278,13 +275,13 @@ fn scope_limit(routes: usize) -> usize {
     routes / 8 + 16
 }
 
-/// The plan of `input` made from the last plan in `memo`, or `None` when the change
-/// since is not small and local (then `memo` holds no last plan).
-pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
+/// The plan of `input` made from the last plan in `memo` (made from `before`), or
+/// `None` when the change since is not small and local (then `memo` holds no last plan).
+pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<Plan> {
     let mut last = memo.last.take().filter(|_| memo.incremental)?;
     // Which routes fit the datapath is decided over all of them, oldest first: while
     // some wait, every plan is a full one.
-    if last.contested || !last.plan.waiting.is_empty() || !last.same_world(input) {
+    if last.contested || !last.plan.waiting.is_empty() || !last.same_world(before, input) {
         return None;
     }
     let snap = input.snapshot;
@@ -307,7 +304,7 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
     }
     let mut scope = Scope::default();
     // Routes that changed: those between the longest common head and tail.
-    let (old, new) = (&last.snapshot.routes, &snap.routes);
+    let (old, new) = (&before.routes, &snap.routes);
     let (head, tail) = common_ends(old, new, |a, b| a == b);
     let (old_changed, new_changed) = (&old[head..old.len() - tail], &new[head..new.len() - tail]);
     if old_changed.len() + new_changed.len() > scope_limit(new.len()) {
@@ -318,7 +315,7 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
     }
     for r in old_changed {
         // The world is unchanged: it attached where it would attach now.
-        scope.add_listeners_of(r, &gateways, &last.snapshot);
+        scope.add_listeners_of(r, &gateways, before);
     }
     let mut backends = std::mem::take(&mut last.backends);
     backends.follow_routes(old_changed, new_changed);
@@ -343,7 +340,7 @@ pub(super) fn plan(input: &Input, memo: &mut Memo) -> Option<Plan> {
         scope.add_claim(c, &gateways);
     }
     // Routes naming a Service whose object or EndpointSlices changed.
-    for k in backends.follow(&last.snapshot, snap)? {
+    for k in backends.follow(before, snap)? {
         for r in backends.users(&k) {
             scope.add_route(r.kind.name(), r.metadata.ns(), &r.metadata.name);
         }

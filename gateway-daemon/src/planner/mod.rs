@@ -251,12 +251,19 @@ pub fn plan(input: &Input) -> Plan {
 /// made with it: when only routes, Services, EndpointSlices, claims and the time
 /// changed, only the routes a change can affect are planned again (see `incremental`).
 pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
-    if let Some(plan) = incremental::plan(input, memo) {
+    // The memo's copy of the last plan's snapshot follows this one (made once, then
+    // changed where the snapshot changed).
+    let mut copy = std::mem::take(&mut memo.snapshot);
+    if let Some(plan) = incremental::plan(input, &copy, memo) {
         memo.incremental_plans += 1;
+        copy.follow(input.snapshot);
+        memo.snapshot = copy;
         return plan;
     }
     let run = run(input, memo, None, None);
     if memo.keep {
+        copy.follow(input.snapshot);
+        memo.snapshot = copy;
         let served = incremental::served(&run.plan.owners);
         let claims = ledger::ClaimIndex::new(&run.plan.claims, &gateways::ours(input));
         memo.last = Some(incremental::Last::of(
