@@ -226,25 +226,36 @@ fn traffic_due(prev: &Published, every: Duration) -> bool {
 }
 
 /// Reads the datapath's counters and per-route traffic into `p` (which holds what was
-/// read before); active flows only every `ACTIVE_FLOW_REFRESH`, else kept.
-fn read_traffic(p: &mut Published, dp: &mut Datapath) {
+/// read before); active flows only every `ACTIVE_FLOW_REFRESH`, else kept. Gives way
+/// (returns `false`, `p`'s traffic as it was) once `stop` says something more urgent
+/// waits: a read of 100,000 services' statistics (40 ms) or of the conntrack (up to
+/// 100 ms) delayed a change that came meanwhile by as much.
+fn read_traffic(p: &mut Published, dp: &mut Datapath, stop: &dyn Fn() -> bool) -> bool {
     let started = std::time::Instant::now();
     p.counters = dp.counters().unwrap_or_default();
-    let stats = dp.service_stats().unwrap_or_default();
-    let active = p
+    let stats = match dp.service_stats_until(stop) {
+        Ok(stats) => stats,
+        Err(_) if stop() => return false,
+        Err(_) => Default::default(),
+    };
+    let due = p
         .active_at
-        .is_none_or(|t| t.elapsed() >= ACTIVE_FLOW_REFRESH)
-        .then(|| {
+        .is_none_or(|t| t.elapsed() >= ACTIVE_FLOW_REFRESH);
+    let active = match due.then(|| dp.scan_flows_until(ACTIVE_FLOW_WINDOW, stop)) {
+        None => None,
+        Some(Ok(scan)) => Some(scan),
+        // Given way: counted again at the next read.
+        Some(Err(_)) if stop() => None,
+        Some(Err(e)) => {
             // Every `ACTIVE_FLOW_REFRESH` at most: a failed scan also leaves idle SNAT
             // flows holding their ports, so it is said.
-            dp.scan_flows(ACTIVE_FLOW_WINDOW).unwrap_or_else(|e| {
-                tracing::warn!(
-                    error = %crate::error_chain(&e),
-                    "reading the conntrack (active flows, idle SNAT flows) failed"
-                );
-                Default::default()
-            })
-        });
+            tracing::warn!(
+                error = %crate::error_chain(&e),
+                "reading the conntrack (active flows, idle SNAT flows) failed"
+            );
+            Some(Default::default())
+        }
+    };
     let now = std::time::Instant::now();
     if let Some(scan) = &active {
         p.active_at = Some(now);
@@ -287,6 +298,7 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath) {
     p.traffic_at = Some(now);
     p.traffic_read = started.elapsed();
     tracing::debug!(took = ?started.elapsed(), "read traffic");
+    true
 }
 
 /// Since when a service's forwarded packets went unanswered, given what was read
@@ -397,27 +409,36 @@ fn log_routes_without_backends(
 /// Between plans (both modes): keeps the SNAT sources current, and publishes fresh
 /// counters and traffic when they are due (`TRAFFIC_REFRESH`), sharing everything else
 /// with what was published.
-pub fn refresh_traffic(shared: &Shared, dp: &mut Datapath) {
+/// `stop` says when a read is to give way (see `read_traffic`).
+pub fn refresh_traffic(shared: &Shared, dp: &mut Datapath, stop: &dyn Fn() -> bool) {
     dp.keep_snat_sources_current();
-    refresh_traffic_older_than(shared, dp, TRAFFIC_REFRESH);
+    refresh_traffic_older_than(shared, dp, TRAFFIC_REFRESH, stop);
 }
 
 /// Right after a plan is published (both modes): counters are read if changes have kept
 /// coming for longer than `TRAFFIC_STALE`. Read here, after the plan is out, a read (60
 /// ms with 100,000 services) never delays the change that made the plan.
-pub fn refresh_stale_traffic(shared: &Shared, dp: &mut Datapath) {
-    refresh_traffic_older_than(shared, dp, TRAFFIC_STALE);
+pub fn refresh_stale_traffic(shared: &Shared, dp: &mut Datapath, stop: &dyn Fn() -> bool) {
+    refresh_traffic_older_than(shared, dp, TRAFFIC_STALE, stop);
 }
 
 /// Publishes fresh counters and traffic if those published are older than `age` (or
 /// than `TRAFFIC_COST` times the last read took).
-fn refresh_traffic_older_than(shared: &Shared, dp: &mut Datapath, age: Duration) {
+fn refresh_traffic_older_than(
+    shared: &Shared,
+    dp: &mut Datapath,
+    age: Duration,
+    stop: &dyn Fn() -> bool,
+) {
     let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
     if !traffic_due(&prev, age.max(prev.traffic_read * TRAFFIC_COST)) {
         return;
     }
     let mut p = Published::clone(&prev);
-    read_traffic(&mut p, dp);
+    if !read_traffic(&mut p, dp, stop) {
+        tracing::debug!("read of the traffic gave way to a change");
+        return;
+    }
     log_losses(&prev, &p);
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(p);
 }
@@ -495,7 +516,7 @@ pub fn effects(
 }
 
 /// How many routes wait for room in the datapath, by the limit they meet.
-pub fn waiting_by_limit(waiting: &[crate::planner::Waiting]) -> [(Limit, u64); 2] {
+pub fn waiting_by_limit(waiting: &[crate::planner::Waiting]) -> [(Limit, u64); 3] {
     Limit::ALL.map(|l| (l, waiting.iter().filter(|w| w.limit == l).count() as u64))
 }
 
@@ -520,20 +541,27 @@ fn log_waiting(before: &[crate::planner::Waiting], after: &[crate::planner::Wait
     if after.len() > NAMED {
         first.push(format!("and {} more", after.len() - NAMED));
     }
-    let options: Vec<&str> = counts
+    let remedies: Vec<String> = counts
         .iter()
         .filter(|(_, n)| *n > 0)
-        .map(|(l, _)| l.option())
+        .map(|(l, _)| match l.option() {
+            Some(option) => format!("raise berth run {option}"),
+            None => format!(
+                "use at most {} gateway addresses of each IP family",
+                crate::datapath::Limits::ADDRESSES
+            ),
+        })
         .collect();
     tracing::warn!(
         waiting = after.len(),
         services = counts[0].1,
         backends = counts[1].1,
+        addresses = counts[2].1,
         routes = %first.join(", "),
         "routes wait for room in the datapath: they keep their ports and say so in their \
          status (Programmed=False, DatapathFull), older routes are served \
-         (berth_routes_waiting_for_capacity); raise berth run {}",
-        options.join(" and ")
+         (berth_routes_waiting_for_capacity); {}",
+        remedies.join(" and ")
     );
 }
 

@@ -109,6 +109,17 @@ impl DirWatch {
         }
     }
 
+    /// Whether a change of the directory or something on `wake` waits (without taking
+    /// it: the next `wait` does).
+    pub fn pending(&self, wake: Option<BorrowedFd<'_>>) -> bool {
+        use std::os::fd::AsFd;
+        let dir = self.fd.as_ref().map(|fd| fd.as_fd());
+        matches!(
+            sys::poll::poll([dir, wake], Duration::ZERO),
+            Ok([true, _] | [_, true])
+        )
+    }
+
     /// Polls for events (returning early when `wake` has something) and drains them:
     /// `None` if there were none, else whether the last event leaves a file being
     /// written (modified or created, not yet closed).
@@ -180,13 +191,17 @@ pub fn run_loop(
     shared: &Shared,
     announcer: &mut Announcer,
 ) {
-    let mut last_plan = std::time::Instant::now() - Duration::from_secs(3600);
+    let mut plans = Plans {
+        last: std::time::Instant::now() - Duration::from_secs(3600),
+        memo: planner::Memo::default(),
+    };
     let mut failing = false;
-    let mut memo = planner::Memo::default();
     let watch = DirWatch::new(&source.dir);
     let control = Arc::clone(announcer.control());
     // A drain kept from an earlier run, or a stop, holds before the first plan.
     announcer.step(datapath.as_deref_mut(), shared);
+    // A read of the counters gives way to a change of the manifests or a request.
+    let pending = || watch.pending(control.wake_fd());
     loop {
         match step(
             source,
@@ -194,8 +209,8 @@ pub fn run_loop(
             datapath.as_deref_mut(),
             settings,
             shared,
-            &mut last_plan,
-            &mut memo,
+            &mut plans,
+            &pending,
         ) {
             Ok(()) if failing => {
                 tracing::info!("recovered");
@@ -219,11 +234,17 @@ pub fn run_loop(
         // also while cycles fail).
         watch.wait(
             Duration::from_secs(1)
-                .saturating_sub(last_plan.elapsed())
+                .saturating_sub(plans.last.elapsed())
                 .max(POLL),
             control.wake_fd(),
         );
     }
+}
+
+/// What one plan leaves for the loop: when it was made, and the planner's memo.
+struct Plans {
+    last: std::time::Instant,
+    memo: planner::Memo,
 }
 
 fn step(
@@ -232,10 +253,12 @@ fn step(
     datapath: Option<&mut Datapath>,
     settings: &planner::Settings,
     shared: &Shared,
-    last_plan: &mut std::time::Instant,
-    memo: &mut planner::Memo,
+    plans: &mut Plans,
+    pending: &dyn Fn() -> bool,
 ) -> Result<(), CycleError> {
+    let refreshing = std::time::Instant::now();
     let (changed, errors) = source.refresh()?;
+    let t_refresh = refreshing.elapsed();
     for e in &errors {
         tracing::error!("{e} (the last good version of this file stays in force)");
     }
@@ -245,17 +268,23 @@ fn step(
     let due = changed
         || prev.cycles == 0
         || prev.last_error.is_some()
-        || (prev.cooling && last_plan.elapsed() >= Duration::from_secs(1));
+        || (prev.cooling && plans.last.elapsed() >= Duration::from_secs(1));
     if !due {
         if let Some(dp) = datapath {
-            refresh_traffic(shared, dp);
+            refresh_traffic(shared, dp, pending);
         }
         return Ok(());
     }
     let started = std::time::Instant::now();
     let (mut snapshot, layout) = source.take_snapshot();
     let t_snapshot = started.elapsed();
-    let planned = cycle(store, &mut snapshot, SystemTime::now(), settings, memo);
+    let planned = cycle(
+        store,
+        &mut snapshot,
+        SystemTime::now(),
+        settings,
+        &mut plans.memo,
+    );
     source.give_back(snapshot, layout);
     let plan = planned?;
     let t_cycle = started.elapsed();
@@ -268,16 +297,17 @@ fn step(
     // A plan of many routes frees megabytes: give them back (about a millisecond).
     crate::memory::release_freed();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
-    *last_plan = std::time::Instant::now();
+    plans.last = std::time::Instant::now();
     tracing::debug!(
         total = ?started.elapsed(),
+        refresh = ?t_refresh,
         snapshot = ?t_snapshot,
         plan_and_store = ?(t_cycle - t_snapshot),
         datapath_and_document = ?(t_effects - t_cycle),
         "planned"
     );
     if let Some(dp) = datapath {
-        crate::publish::refresh_stale_traffic(shared, dp);
+        crate::publish::refresh_stale_traffic(shared, dp, pending);
     }
     Ok(())
 }

@@ -731,8 +731,10 @@ fn check_room(
             .filter(|c| c.kind == "Programmed")
         {
             prop_assert_eq!((&*c.status, &*c.reason), ("False", "DatapathFull"));
-            let option = limit.map(|l| l.option()).unwrap_or_default();
-            prop_assert!(c.message.contains(option), "{}", c.message);
+            let says = limit
+                .and_then(|l| l.option())
+                .unwrap_or("gateway addresses");
+            prop_assert!(c.message.contains(says), "{}", c.message);
         }
     }
     // Oldest first: a route waits only when it did not fit beside the routes served,

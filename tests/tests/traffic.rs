@@ -138,6 +138,9 @@ fn curl_and_dig_reach_backends_through_the_gateway_address() {
         stats[&tcp_service()].reply_packets > 0 && stats[&udp_service()].reply_packets > 0,
         "{stats:?}"
     );
+    // A read asked to give way stops before its next batch, and says so.
+    let interrupted = lab.dp.dp.service_stats_until(&|| true);
+    assert!(interrupted.is_err(), "{interrupted:?}");
 }
 
 #[test]

@@ -14,17 +14,21 @@ pub enum Limit {
     /// Backend endpoints over all services (an endpoint of two services is two),
     /// `--max-backends`.
     Backends,
+    /// Gateway addresses of one IP family (`Limits::ADDRESSES`, no option). Not
+    /// additive: admission counts distinct addresses itself; a `Usage` holds none.
+    Addresses,
 }
 
 impl Limit {
-    /// Both, in the order they are checked.
-    pub const ALL: [Limit; 2] = [Limit::Services, Limit::Backends];
+    /// All, in the order they are checked.
+    pub const ALL: [Limit; 3] = [Limit::Services, Limit::Backends, Limit::Addresses];
 
-    /// The `berth run` option that sets it.
-    pub const fn option(self) -> &'static str {
+    /// The `berth run` option that sets it (none sets the addresses).
+    pub const fn option(self) -> Option<&'static str> {
         match self {
-            Limit::Services => "--max-services",
-            Limit::Backends => "--max-backends",
+            Limit::Services => Some("--max-services"),
+            Limit::Backends => Some("--max-backends"),
+            Limit::Addresses => None,
         }
     }
 
@@ -33,6 +37,7 @@ impl Limit {
         match self {
             Limit::Services => "services",
             Limit::Backends => "backends",
+            Limit::Addresses => "addresses",
         }
     }
 }
@@ -67,6 +72,7 @@ impl Capacity {
         match limit {
             Limit::Services => self.services,
             Limit::Backends => self.backends,
+            Limit::Addresses => Limits::ADDRESSES,
         }
     }
 }
@@ -124,6 +130,8 @@ impl Usage {
         match limit {
             Limit::Services => self.services,
             Limit::Backends => self.backends,
+            // Counted by admission, not summed (see `Limit::Addresses`).
+            Limit::Addresses => 0,
         }
     }
 

@@ -315,7 +315,8 @@ impl Datapath {
                 return Err(DatapathError::LimitSize {
                     path: path.clone(),
                     what: sized_by.limit.name(),
-                    option: sized_by.limit.option(),
+                    // Only maps sized by an option are `sized_by`.
+                    option: sized_by.limit.option().unwrap_or("--max-services"),
                     found: sized_by.limit_of(found),
                     wanted: sized_by.limit_of(shape.max_entries),
                     dir: pin_dir.clone(),

@@ -286,6 +286,10 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// Gateway addresses of each IP family the maps hold (a fixed size: a tier has a
+    /// few addresses, and the planner leaves the routes of any beyond it waiting).
+    pub const ADDRESSES: u32 = 256;
+
     /// The largest conntrack (`flows`) the daemon accepts: 2^26 entries, about 10 GB of
     /// kernel memory (an entry is a `FlowKey`, a `Flow` and the hash table's own
     /// overhead: about 150 bytes).
@@ -320,7 +324,7 @@ impl Default for Limits {
             backends: 65536,
             flows: 262_144,
             fragments: 8192,
-            addresses: 256,
+            addresses: Limits::ADDRESSES,
         }
     }
 }

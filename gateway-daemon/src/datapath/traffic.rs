@@ -13,7 +13,7 @@ use super::{
     snat::{expire_idle, SnatFlows},
     Conntrack, Datapath, DatapathError, Result, ServiceAddr,
 };
-use crate::sys::bpf::{lookup_batch, read_pod};
+use crate::sys::bpf::{lookup_batch_until, read_pod};
 
 /// A service's recently active flows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -146,6 +146,14 @@ impl Datapath {
 
     /// Statistics of every installed service, summed over CPUs.
     pub fn service_stats(&self) -> Result<BTreeMap<ServiceAddr, ServiceStats>> {
+        self.service_stats_until(&|| false)
+    }
+
+    /// `service_stats`, given up (an `Interrupted` error) once `stop` says so.
+    pub fn service_stats_until(
+        &self,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<BTreeMap<ServiceAddr, ServiceStats>> {
         use aya::maps::IterableMap as _;
         // Per-CPU values come as one 8-byte-aligned slot per possible CPU.
         let slot = std::mem::size_of::<ServiceStats>().next_multiple_of(8);
@@ -154,7 +162,7 @@ impl Datapath {
         // than reading them).
         let mut by_slot: Vec<Option<ServiceStats>> = Vec::new();
         let fd = std::os::fd::AsFd::as_fd(self.service_stats.map().fd());
-        lookup_batch(fd, 4, slot * cpus, |key, value| {
+        lookup_batch_until(fd, 4, slot * cpus, stop, |key, value| {
             let index = u32::from_ne_bytes(key.try_into().unwrap_or_default());
             let sum = value
                 .chunks_exact(slot)
@@ -199,6 +207,16 @@ impl Datapath {
     /// entries in the table; and, while some service is in SNAT mode, the idle SNAT
     /// flows it deleted (`expire_idle_snat_flows`: their node ports are free again).
     pub fn scan_flows(&mut self, window: std::time::Duration) -> Result<FlowScan> {
+        self.scan_flows_until(window, &|| false)
+    }
+
+    /// `scan_flows`, given up (an `Interrupted` error, nothing expired) once `stop`
+    /// says so.
+    pub fn scan_flows_until(
+        &mut self,
+        window: std::time::Duration,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<FlowScan> {
         let now = coarse_clock_units();
         let window = u32::try_from(window.as_nanos() >> 20).unwrap_or(u32::MAX);
         let mut per_id: StdHashMap<ServiceId, ActiveFlows> = StdHashMap::new();
@@ -208,8 +226,22 @@ impl Datapath {
             snat.then(SnatFlows::<Addr6>::default),
         );
         let entries = [
-            scan(&self.conntrack.v4, now, window, &mut per_id, snat4.as_mut())?,
-            scan(&self.conntrack.v6, now, window, &mut per_id, snat6.as_mut())?,
+            scan(
+                &self.conntrack.v4,
+                now,
+                window,
+                &mut per_id,
+                snat4.as_mut(),
+                stop,
+            )?,
+            scan(
+                &self.conntrack.v6,
+                now,
+                window,
+                &mut per_id,
+                snat6.as_mut(),
+                stop,
+            )?,
         ];
         let (e4, d4) = snat4.map_or((0, 0), |seen| expire_idle(&mut self.conntrack.v4, seen));
         let (e6, d6) = snat6.map_or((0, 0), |seen| expire_idle(&mut self.conntrack.v6, seen));
@@ -254,9 +286,10 @@ fn scan<A: MapAddr>(
     window: u32,
     per_id: &mut StdHashMap<ServiceId, ActiveFlows>,
     mut snat: Option<&mut SnatFlows<A>>,
+    stop: &dyn Fn() -> bool,
 ) -> Result<u64> {
     let mut entries = 0;
-    each_flow_in(conntrack, |k, f| {
+    each_flow_until(conntrack, stop, |k, f| {
         entries += 1;
         if f.kind == gateway_common::NAT_DST && now.wrapping_sub(f.seen) <= window {
             let counted = per_id.entry(f.service).or_default();
@@ -274,6 +307,15 @@ fn scan<A: MapAddr>(
 /// the whole table, not two per entry).
 pub(super) fn each_flow_in<A: MapAddr>(
     conntrack: &Conntrack<A>,
+    f: impl FnMut(&FlowKey<A>, &Flow<A>),
+) -> Result<()> {
+    each_flow_until(conntrack, &|| false, f)
+}
+
+/// `each_flow_in`, given up once `stop` says so.
+fn each_flow_until<A: MapAddr>(
+    conntrack: &Conntrack<A>,
+    stop: &dyn Fn() -> bool,
     mut f: impl FnMut(&FlowKey<A>, &Flow<A>),
 ) -> Result<()> {
     use aya::maps::IterableMap as _;
@@ -282,7 +324,7 @@ pub(super) fn each_flow_in<A: MapAddr>(
         std::mem::size_of::<FlowKey<A>>(),
         std::mem::size_of::<Flow<A>>(),
     );
-    lookup_batch(fd, key_size, value_size, |k, v| {
+    lookup_batch_until(fd, key_size, value_size, stop, |k, v| {
         // The map's key and value are a FlowKey and a Flow (sizes checked at load).
         let (k, v): (FlowKey<A>, Flow<A>) = (read_pod(k), read_pod(v));
         f(&k, &v)

@@ -490,7 +490,7 @@ async fn cycles(
         if !plan_due {
             // Nothing the plan depends on moved: only the counters are due.
             if let Some(dp) = &mut datapath {
-                publish::refresh_traffic(shared, dp);
+                publish::refresh_traffic(shared, dp, &|| false);
             }
         } else {
             let view = View::new(sources.objects());
@@ -518,7 +518,7 @@ async fn cycles(
                     crate::memory::release_freed();
                     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
                     if let Some(dp) = &mut datapath {
-                        publish::refresh_stale_traffic(shared, dp);
+                        publish::refresh_stale_traffic(shared, dp, &|| false);
                     }
                     (false, cooling)
                 }

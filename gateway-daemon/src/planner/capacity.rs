@@ -1,5 +1,6 @@
 //! Datapath capacity: which routes the datapath serves when their services do not all
-//! fit its maps (`berth run --max-services`, `--max-backends`; `datapath::Capacity`).
+//! fit its maps (`berth run --max-services`, `--max-backends`, and the 256 gateway
+//! addresses of each IP family; `datapath::Capacity`).
 //!
 //! Routes are admitted oldest first, in the order they compete for ports (creation
 //! time or first seen, then namespace/name), each whole or not at all: a route is
@@ -10,7 +11,7 @@
 //! it would be served on; every other route's status is as it would be without a
 //! limit. Pure, as the whole planner.
 
-use std::{collections::BTreeSet, sync::Arc};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use crate::{
     datapath::{Capacity, Limit, ServiceAddr, Usage},
@@ -59,6 +60,8 @@ pub(super) fn admit<K>(
     capacity: &Capacity,
 ) -> Admission<K> {
     let mut admitted: BTreeSet<ServiceAddr> = BTreeSet::new();
+    // The gateway addresses of the services admitted.
+    let mut addresses: BTreeSet<IpAddr> = BTreeSet::new();
     let mut out = Admission {
         waiting: Vec::new(),
         used: Usage::default(),
@@ -72,15 +75,63 @@ pub(super) fn admit<K>(
                 fresh.push(service);
             }
         }
-        match out.used.plus(need).exceeds(capacity) {
+        let mut new_addresses: Vec<IpAddr> = fresh
+            .iter()
+            .map(|s| s.addr)
+            .filter(|a| !addresses.contains(a))
+            .collect();
+        new_addresses.sort_unstable();
+        new_addresses.dedup();
+        let over = match out.used.plus(need).exceeds(capacity) {
+            None => addresses_over(&addresses, &new_addresses, capacity),
+            over => over,
+        };
+        match over {
             None => {
                 out.used = out.used.plus(need);
                 admitted.extend(fresh);
+                addresses.extend(new_addresses);
             }
             Some(limit) => out.waiting.push((route, limit, need)),
         }
     }
     out
+}
+
+/// `Limit::Addresses` if `held` and `more` together hold more gateway addresses of one
+/// IP family than the datapath does.
+fn addresses_over(held: &BTreeSet<IpAddr>, more: &[IpAddr], capacity: &Capacity) -> Option<Limit> {
+    let most = capacity.of_limit(Limit::Addresses) as usize;
+    let of = |v6: bool| {
+        held.iter()
+            .chain(more)
+            .filter(|a| a.is_ipv6() == v6)
+            .count()
+    };
+    (of(false) > most || of(true) > most).then_some(Limit::Addresses)
+}
+
+/// Gateway addresses of each family among `services` (ordered by address first: one
+/// look-up per distinct address, not one per service).
+pub(super) fn distinct_addresses<V>(
+    services: &std::collections::BTreeMap<ServiceAddr, V>,
+) -> [usize; 2] {
+    use std::ops::Bound::{Excluded, Unbounded};
+    let mut counts = [0, 0];
+    let mut next = services.keys().next().copied();
+    while let Some(s) = next {
+        counts[usize::from(s.addr.is_ipv6())] += 1;
+        let last_of_address = ServiceAddr {
+            addr: s.addr,
+            protocol: crate::model::Protocol::Udp,
+            port: u16::MAX,
+        };
+        next = services
+            .range((Excluded(last_of_address), Unbounded))
+            .next()
+            .map(|(k, _)| *k);
+    }
+    counts
 }
 
 /// A route of the plan left out by [`admit`]: its index in the snapshot, the limit,
@@ -94,12 +145,20 @@ pub(super) struct Left {
 
 /// The message of a waiting route's `Programmed` condition.
 pub fn message(limit: Limit, capacity: &Capacity, need: Usage) -> String {
+    let Some(option) = limit.option() else {
+        return format!(
+            "not programmed: the datapath holds at most {} gateway addresses of each IP \
+             family and older routes' Gateways use them all; this route's Gateway address \
+             is served once one is free (it keeps its port)",
+            capacity.of_limit(limit)
+        );
+    };
     format!(
         "not programmed: the datapath holds at most {} {limit} (berth run {}) and older \
          routes leave too few for the {} this route needs; it keeps its port and is served \
          once there is room",
         capacity.of_limit(limit),
-        limit.option(),
+        option,
         need.of_limit(limit)
     )
 }

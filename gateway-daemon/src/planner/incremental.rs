@@ -425,7 +425,12 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
         &gateways,
         input,
     )?;
-    if plan.used.exceeds(&input.capacity).is_some() {
+    let most = input.capacity.of_limit(crate::datapath::Limit::Addresses) as usize;
+    if plan.used.exceeds(&input.capacity).is_some()
+        || super::capacity::distinct_addresses(&plan.datapath.services)
+            .iter()
+            .any(|&n| n > most)
+    {
         // Some route must wait: which one, a full plan decides.
         return None;
     }

@@ -3,10 +3,15 @@
 //! service. Services of a Gateway in SNAT mode are marked so, and SNAT flows get the
 //! configured source ports minus every listener's.
 
-use std::{collections::BTreeMap, ops::RangeInclusive, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    ops::RangeInclusive,
+    sync::Arc,
+};
 
 use crate::{
-    datapath::{Backends, Capacity, DesiredState, ServiceAddr, Usage},
+    datapath::{Backends, Capacity, DesiredState, Limit, ServiceAddr, Usage},
     model::*,
 };
 
@@ -143,7 +148,12 @@ fn fit(
 ) -> (Vec<(Serving, Backends)>, Vec<Left>, Usage) {
     let usage: Vec<Usage> = serving.iter().map(|(_, b)| Usage::of_service(b)).collect();
     let total = usage.iter().fold(Usage::default(), |a, &u| a.plus(u));
-    if total.exceeds(cx.capacity).is_none() {
+    let addresses: BTreeSet<IpAddr> = serving.iter().map(|(s, _)| s.service.addr).collect();
+    let most = cx.capacity.of_limit(Limit::Addresses) as usize;
+    let addresses_fit = [false, true]
+        .iter()
+        .all(|&v6| addresses.iter().filter(|a| a.is_ipv6() == v6).count() <= most);
+    if total.exceeds(cx.capacity).is_none() && addresses_fit {
         return (serving, Vec::new(), total);
     }
     // The services of each route together, oldest route first.

@@ -133,6 +133,49 @@ fn a_fixed_listeners_service_shared_by_its_routes_takes_room_once_for_the_oldest
     assert_eq!(one.claims, two.claims, "room changes no claim");
 }
 
+#[test]
+fn gateway_addresses_beyond_the_datapaths_wait_with_their_routes_and_the_rest_are_served() {
+    // One Gateway more than the datapath has addresses of a family for, each with its
+    // own address and route: the youngest route waits, every other one is served.
+    let n = crate::datapath::Limits::ADDRESSES as usize + 1;
+    let fixed = format!("{{name: tcp, protocol: TCP, port: 80, {ALL}}}");
+    let mut text = CLASS.to_string();
+    for i in 0..n {
+        let address = format!("10.1.{}.{}", i / 200, i % 200 + 1);
+        text += &gateway(&format!("g{i:03}"), 1, &[&fixed], None).replace("10.0.0.1", &address);
+        text += &route(
+            "TCPRoute",
+            &format!("r{i:03}"),
+            1,
+            &format!("name: g{i:03}, namespace: infra"),
+        );
+    }
+    let p = plan_room(&text, Capacity::default());
+    let waiting: Vec<(&str, crate::datapath::Limit)> = p
+        .waiting
+        .iter()
+        .map(|w| (w.route.name.as_str(), w.limit))
+        .collect();
+    let last = format!("r{:03}", n - 1);
+    assert_eq!(
+        waiting,
+        [(last.as_str(), crate::datapath::Limit::Addresses)]
+    );
+    assert_eq!(p.datapath.services.len(), n - 1);
+    assert_eq!(
+        capacity::distinct_addresses(&p.datapath.services),
+        [n - 1, 0]
+    );
+    let entry = p.routes.iter().find(|r| r.name == last).expect("route");
+    let programmed = find(&entry.status.parents[0].conditions, capacity::PROGRAMMED);
+    assert_eq!(programmed.reason, "DatapathFull");
+    assert!(
+        programmed.message.contains("gateway addresses"),
+        "{}",
+        programmed.message
+    );
+}
+
 fn find<'a>(conditions: &'a [Condition], kind: &str) -> &'a Condition {
     conditions
         .iter()

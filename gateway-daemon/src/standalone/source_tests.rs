@@ -125,3 +125,15 @@ fn a_renamed_file_is_taken_at_once_and_its_old_name_goes_quietly() {
         "a.yaml's going takes nothing"
     );
 }
+
+#[test]
+fn a_change_of_the_directory_is_pending_until_the_watch_waits_for_it() {
+    let d = dir("pending");
+    let watch = super::DirWatch::new(&d.0);
+    assert!(!watch.pending(None), "nothing written yet");
+    std::fs::write(d.0.join("a.yaml"), route("x")).expect("write");
+    assert!(watch.pending(None), "a file written");
+    assert!(watch.pending(None), "still, until a wait takes it");
+    watch.wait(Duration::from_millis(10), None);
+    assert!(!watch.pending(None), "taken by the wait");
+}

@@ -59,6 +59,18 @@ pub(crate) fn lookup_batch(
     fd: std::os::fd::BorrowedFd<'_>,
     key_size: usize,
     value_size: usize,
+    f: impl FnMut(&[u8], &[u8]),
+) -> io::Result<()> {
+    lookup_batch_until(fd, key_size, value_size, &|| false, f)
+}
+
+/// `lookup_batch` that stops before a batch once `stop` says so, with an error of kind
+/// `Interrupted` (a read of a large map gives way to something more urgent).
+pub(crate) fn lookup_batch_until(
+    fd: std::os::fd::BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+    stop: &dyn Fn() -> bool,
     mut f: impl FnMut(&[u8], &[u8]),
 ) -> io::Result<()> {
     const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
@@ -69,6 +81,9 @@ pub(crate) fn lookup_batch(
     let (mut cursor_in, mut cursor_out) = (0u64, 0u64);
     let mut first = true;
     loop {
+        if stop() {
+            return Err(io::ErrorKind::Interrupted.into());
+        }
         let mut attr = BatchAttr {
             in_batch: if first {
                 0
