@@ -89,7 +89,12 @@ impl Datapath {
 
     /// The addresses of the installed services.
     pub fn served_addresses(&self) -> BTreeSet<IpAddr> {
-        self.installed.keys().map(|s| s.addr).collect()
+        self.keys.addresses().keys().copied().collect()
+    }
+
+    /// Whether the last sync of the publication failed (or was never made).
+    pub(super) fn publication_unsure(&self) -> bool {
+        self.publication.published.is_none()
     }
 
     /// The addresses published by the last sync that succeeded.

@@ -71,7 +71,7 @@ fn services_map(s: &ServiceAddr) -> &'static str {
 impl Datapath {
     /// Ports of the installed services.
     pub(super) fn installed_ports(&self) -> std::collections::BTreeSet<u16> {
-        self.installed.keys().map(|s| s.port).collect()
+        self.keys.ports()
     }
 
     /// Reserves the installed services' ports from the host's ephemeral ports (and
@@ -266,8 +266,14 @@ impl Datapath {
         }
         if report.added + report.removed > 0 {
             self.sync_addresses()?;
-            self.sync_publication()?;
-            self.sync_reserved_ports();
+            let (addresses, ports) = self.keys.take_changed();
+            // Also after a publication that failed (it is done again).
+            if addresses || self.publication_unsure() {
+                self.sync_publication()?;
+            }
+            if ports {
+                self.sync_reserved_ports();
+            }
         }
         self.applied = Some(Arc::clone(desired));
         Ok(report)
@@ -331,7 +337,9 @@ impl Datapath {
                 flags: service_flags(snat, self.roles.reply_entry(key)),
             },
         )?;
-        self.installed.insert(*key, svc);
+        if self.installed.insert(*key, svc).is_none() {
+            self.keys.count(key, true);
+        }
         Ok(())
     }
 
@@ -410,6 +418,7 @@ impl Datapath {
         let Some(svc) = self.installed.remove(key) else {
             return Ok(());
         };
+        self.keys.count(key, false);
         self.services.remove(key)?;
         for &(bid, _) in svc.backends.values() {
             self.clear_backend(bid)?;
@@ -590,11 +599,11 @@ impl Datapath {
     /// Keeps the gateway-address maps equal to the addresses of installed services.
     fn sync_addresses(&mut self) -> Result<()> {
         let mut want = ByFamily::<BTreeMap<u32, u32>, BTreeMap<Addr6, u32>>::default();
-        for service in self.installed.keys() {
-            if let Some(a) = u32::of(service.addr) {
-                *want.v4.entry(a).or_default() += 1;
-            } else if let Some(a) = Addr6::of(service.addr) {
-                *want.v6.entry(a).or_default() += 1;
+        for (&addr, &services) in self.keys.addresses() {
+            if let Some(a) = u32::of(addr) {
+                want.v4.insert(a, services);
+            } else if let Some(a) = Addr6::of(addr) {
+                want.v6.insert(a, services);
             }
         }
         let limit = self.limits.addresses;
@@ -612,6 +621,7 @@ impl Datapath {
     fn rebuild_pools(&mut self) {
         let views = self.role_views();
         self.roles.reset(views);
+        self.keys = super::keys::Keys::of(self.installed.keys());
         self.service_ids.clear();
         self.tables.clear();
         self.backend_ids.clear();

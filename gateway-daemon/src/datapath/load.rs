@@ -401,6 +401,7 @@ impl Datapath {
             pin_dir: pin_dir.clone(),
             limits: *limits,
             installed: BTreeMap::new(),
+            keys: Default::default(),
             applied: None,
             held_back: Vec::new(),
             publication: Default::default(),
@@ -412,6 +413,7 @@ impl Datapath {
             backend_ids: IdPool::new("backends", limits.backends),
         };
         dp.adopt()?;
+        dp.keys = super::keys::Keys::of(dp.installed.keys());
         dp.reserved = dp.installed_ports();
         dp.count_redirect_errors();
         Ok(dp)

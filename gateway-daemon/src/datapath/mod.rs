@@ -28,6 +28,7 @@ mod family;
 pub mod held_back;
 mod ids;
 mod inspect;
+mod keys;
 mod links;
 mod load;
 mod pins;
@@ -507,6 +508,8 @@ pub struct Datapath {
     counters: PerCpuArray<MapData, u64>,
     service_stats: PerCpuArray<MapData, ServiceStats>,
     installed: BTreeMap<ServiceAddr, Installed>,
+    /// Installed services per address and port.
+    keys: keys::Keys,
     /// The state last applied in full: what is installed, unless the maps were changed
     /// behind the daemon's back (only by the daemon itself, which forgets this first).
     applied: Option<std::sync::Arc<DesiredState>>,
