@@ -248,11 +248,12 @@ impl Datapath {
             // The book again holds exactly what is installed.
             let book = &mut self.roles.book;
             for ((key, want), old) in changes.iter().zip(before) {
-                book.remove(*key, old.into_iter().flatten());
-                book.remove(*key, want.iter().flat_map(|w| w.keys().copied()));
-                if let Some(svc) = self.installed.get(key) {
-                    book.add(*key, svc.snat, svc.backends.keys().copied());
-                }
+                let wanted = want.as_ref().map(|w| w.keys().copied().collect::<Vec<_>>());
+                let now = self.installed.get(key).map(|svc| {
+                    let endpoints: Vec<SocketAddr> = svc.backends.keys().copied().collect();
+                    (svc.snat, endpoints)
+                });
+                book.settle(*key, old, wanted, now);
             }
             for key in &switched {
                 if let Some(svc) = self.installed.get(key) {

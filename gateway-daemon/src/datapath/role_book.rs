@@ -105,7 +105,29 @@ impl Book {
         }
     }
 
-    /// Removes `service` from `endpoints` (those it is not at are left alone).
+    /// After `service` changed: takes out its installed view before (`was`) and the
+    /// view added for the union written before the change (`wanted`), and puts in what
+    /// it is installed with now (`now`: SNAT mode, endpoints). Each view comes out as
+    /// often as it went in: a service added counts its address once, a service removed
+    /// none (taking out a view never added took a shared address's count with it:
+    /// removing one route of a Gateway made the others' address pass untouched).
+    pub fn settle(
+        &mut self,
+        service: ServiceAddr,
+        was: Option<Vec<SocketAddr>>,
+        wanted: Option<Vec<SocketAddr>>,
+        now: Option<(bool, Vec<SocketAddr>)>,
+    ) {
+        for view in [was, wanted].into_iter().flatten() {
+            self.remove(service, view);
+        }
+        if let Some((snat, endpoints)) = now {
+            self.add(service, snat, endpoints);
+        }
+    }
+
+    /// Removes `service` from `endpoints` (those it is not at are left alone). Undoes
+    /// one `add` of the service: its address is counted out once per call.
     pub fn remove(
         &mut self,
         service: ServiceAddr,
@@ -307,6 +329,34 @@ mod tests {
             !kept.overflow.is_empty(),
             "the shared endpoints serve beyond the candidates"
         );
+    }
+
+    #[test]
+    fn changes_settled_as_apply_settles_them_keep_a_shared_gateway_address() {
+        // Two services on one gateway address; one is removed, one added, one
+        // changed, each as `apply` does it: the wanted view added for the union, then
+        // settled. The book equals one built afresh, and the address stays a gateway.
+        let a: SocketAddr = "10.0.0.1:53".parse().unwrap();
+        let b: SocketAddr = "10.0.0.2:53".parse().unwrap();
+        let mut book = Book::of([(service(1), false, vec![a]), (service(2), false, vec![b])]);
+        // Service 1 removed.
+        book.settle(service(1), Some(vec![a]), None, None);
+        // Service 3 added on a.
+        book.add(service(3), false, [a]);
+        book.settle(service(3), None, Some(vec![a]), Some((false, vec![a])));
+        // Service 2 moved from b to a.
+        book.add(service(2), false, [a]);
+        book.settle(
+            service(2),
+            Some(vec![b]),
+            Some(vec![a]),
+            Some((false, vec![a])),
+        );
+        let fresh = Book::of([(service(2), false, vec![a]), (service(3), false, vec![a])]);
+        assert_eq!(said(&book), said(&fresh));
+        let gw = slot(service(2).addr);
+        assert_eq!(book.bits(gw) & ADDR_GATEWAY, ADDR_GATEWAY);
+        assert_eq!(book.bits(slot(b.ip())), 0, "b serves nothing any more");
     }
 
     #[test]
