@@ -473,6 +473,17 @@ async fn announce_until(
     }
 }
 
+/// Whether a change is notified and not yet taken (the notification, taken to look,
+/// is stored again for the loop).
+fn change_pending(changed: &Notify) -> bool {
+    use futures::FutureExt as _;
+    let stored = changed.notified().now_or_never().is_some();
+    if stored {
+        changed.notify_one();
+    }
+    stored
+}
+
 /// Plans, writes and programs on every change, and applies the announce decision
 /// after each wake-up (at least every second), forever.
 async fn cycles(
@@ -486,11 +497,13 @@ async fn cycles(
     let control = Arc::clone(announcer.control());
     let mut reported = BTreeSet::new();
     let (mut plan_due, mut failing, mut cooling) = (true, false, false);
+    // A read of the counters gives way to a change of the objects.
+    let pending = || change_pending(changed);
     loop {
         if !plan_due {
             // Nothing the plan depends on moved: only the counters are due.
             if let Some(dp) = &mut datapath {
-                publish::refresh_traffic(shared, dp, &|| false);
+                publish::refresh_traffic(shared, dp, &pending);
             }
         } else {
             let view = View::new(sources.objects());
@@ -518,7 +531,7 @@ async fn cycles(
                     crate::memory::release_freed();
                     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
                     if let Some(dp) = &mut datapath {
-                        publish::refresh_stale_traffic(shared, dp, &|| false);
+                        publish::refresh_stale_traffic(shared, dp, &pending);
                     }
                     (false, cooling)
                 }
@@ -551,5 +564,25 @@ async fn cycles(
             _ = control.notified() => false,
             _ = tokio::time::sleep(wait) => failing || cooling,
         };
+    }
+}
+
+#[cfg(test)]
+mod pending_tests {
+    use super::*;
+
+    #[test]
+    fn a_pending_change_is_seen_and_left_for_the_loop() {
+        let changed = Notify::new();
+        assert!(!change_pending(&changed));
+        changed.notify_one();
+        assert!(change_pending(&changed));
+        assert!(change_pending(&changed), "still there after a look");
+        use futures::FutureExt as _;
+        assert!(
+            changed.notified().now_or_never().is_some(),
+            "the loop takes it"
+        );
+        assert!(!change_pending(&changed));
     }
 }
