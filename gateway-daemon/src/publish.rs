@@ -217,6 +217,11 @@ pub const TRAFFIC_REFRESH: Duration = Duration::from_secs(1);
 /// 100,000 services, measured, was 7 % every second).
 const TRAFFIC_COST: u32 = 20;
 
+/// The oldest counters may grow while every read gives way to a change: then a read is
+/// made whole (and SNAT flows idle past their time are expired, which the same read
+/// does).
+const TRAFFIC_STALE_MAX: Duration = Duration::from_secs(30);
+
 /// How old counters may grow while plans follow each other without a pause.
 pub const TRAFFIC_STALE: Duration = Duration::from_secs(5);
 
@@ -434,6 +439,13 @@ fn refresh_traffic_older_than(
     if !traffic_due(&prev, age.max(prev.traffic_read * TRAFFIC_COST)) {
         return;
     }
+    // Counters never go stale for good: under changes that never pause (a read gives
+    // way to each), a read older than `TRAFFIC_STALE_MAX` is made whole.
+    let never = || false;
+    let stop = match traffic_due(&prev, TRAFFIC_STALE_MAX) {
+        true => &never as &dyn Fn() -> bool,
+        false => stop,
+    };
     let mut p = Published::clone(&prev);
     if !read_traffic(&mut p, dp, stop) {
         tracing::debug!("read of the traffic gave way to a change");

@@ -272,7 +272,8 @@ impl Datapath {
             if addresses || self.publication_unsure() {
                 self.sync_publication()?;
             }
-            if ports {
+            // Also after an update of the setting that failed (tried again).
+            if ports || self.reserved != self.installed_ports() {
                 self.sync_reserved_ports();
             }
         }
