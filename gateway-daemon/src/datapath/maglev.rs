@@ -30,6 +30,10 @@ pub fn table(candidates: &[Candidate], size: u32) -> Option<Vec<u32>> {
     // same table from the same backends, however each learnt them.
     active.sort_by_key(|(_, c)| (c.endpoint, c.weight));
     let max_weight = u64::from(active.iter().map(|(_, c)| c.weight).max()?);
+    if size == 1 {
+        // One entry (one backend taking new flows): no permutation to walk.
+        return Some(vec![active[0].0 as u32]);
+    }
 
     struct Walker {
         index: u32,
@@ -207,6 +211,15 @@ mod tests {
     fn no_active_backend_gives_no_table() {
         assert_eq!(table(&[backend(1, 0)], M), None);
         assert_eq!(table(&[], M), None);
+    }
+
+    #[test]
+    fn one_backend_taking_new_flows_has_a_table_of_one_entry() {
+        // A draining backend (weight 0) beside it takes no entry.
+        let c = [backend(1, 0), backend(2, 3)];
+        let size = maglev_size(1);
+        assert_eq!(size, 1);
+        assert_eq!(table(&c, size), Some(vec![1]));
     }
 
     #[test]
