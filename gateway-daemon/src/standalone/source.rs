@@ -40,6 +40,8 @@ pub struct ManifestSource {
     lingering: HashMap<ObjectKey, PathBuf>,
     /// Whether some file was gone at the last look (its objects still in force).
     some_gone: bool,
+    /// What a look taken ahead (`read_ahead`) found, for the next `refresh` to report.
+    ahead: Option<(bool, Vec<String>)>,
 }
 
 struct Tracked {
@@ -73,12 +75,23 @@ impl ManifestSource {
             waiting: BTreeSet::new(),
             lingering: HashMap::new(),
             some_gone: false,
+            ahead: None,
+        }
+    }
+
+    /// Reads the directory ahead of the first cycle (while the daemon does something
+    /// else: the kernel verifying the datapath program); the next `refresh` reports
+    /// what it found. A directory that cannot be listed is left to that `refresh`.
+    pub fn read_ahead(&mut self) {
+        if let Ok(found) = self.refresh() {
+            self.ahead = Some(found);
         }
     }
 
     /// Re-reads files that changed; returns whether any file did (or was removed), and
     /// the errors of files newly found broken (their last good objects stay in force).
-    /// If the directory cannot be listed (it is gone), nothing changes.
+    /// If the directory cannot be listed (it is gone), nothing changes. What a read
+    /// ahead found is reported too.
     pub fn refresh(&mut self) -> Result<(bool, Vec<String>), CycleError> {
         let listed = manifests::list_dir(&self.dir).map_err(|e| CycleError::Manifests {
             dir: self.dir.clone(),
@@ -164,6 +177,10 @@ impl ManifestSource {
         // A file changed or removed may have let go of definitions others wait for.
         if changed && !self.waiting.is_empty() {
             self.admit_waiting(now);
+        }
+        if let Some((ahead_changed, ahead_errors)) = self.ahead.take() {
+            changed |= ahead_changed;
+            errors.splice(0..0, ahead_errors);
         }
         Ok((changed, errors))
     }

@@ -137,3 +137,22 @@ fn a_change_of_the_directory_is_pending_until_the_watch_waits_for_it() {
     watch.wait(Duration::from_millis(10), None);
     assert!(!watch.pending(None), "taken by the wait");
 }
+
+#[test]
+fn what_a_read_ahead_found_is_reported_by_the_next_refresh() {
+    let d = dir("ahead");
+    std::fs::write(d.0.join("a.yaml"), route("x")).expect("write");
+    std::fs::write(d.0.join("b.yaml"), "kind: [").expect("write");
+    let mut source = ManifestSource::new(&d.0, Duration::from_millis(300));
+    source.read_ahead();
+    assert_eq!(routes(&mut source), ["x"], "read ahead");
+    // A file written after the read ahead is read by the refresh too.
+    std::fs::write(d.0.join("c.yaml"), route("z")).expect("write");
+    let (changed, errors) = source.refresh().expect("refresh");
+    assert!(changed, "the files read ahead are a change");
+    assert_eq!(errors.len(), 1, "b.yaml's error, once: {errors:?}");
+    assert!(errors[0].contains("b.yaml"), "{errors:?}");
+    assert_eq!(routes(&mut source), ["x", "z"]);
+    let (changed, errors) = source.refresh().expect("refresh");
+    assert!(!changed && errors.is_empty(), "reported once: {errors:?}");
+}
