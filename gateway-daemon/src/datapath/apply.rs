@@ -9,16 +9,16 @@ use std::{
     sync::Arc,
 };
 
-use aya::maps::{HashMap, MapData, MapError, PerCpuValues};
+use aya::maps::{HashMap, IterableMap as _, MapData, MapError};
 use gateway_common::{
-    maglev_size, map_names, Backend, NextHop, Service, ServiceId, ServiceKey, ServiceStats,
-    BACKEND_LIVE,
+    maglev_size, map_names, Backend, NextHop, Service, ServiceId, ServiceKey, BACKEND_LIVE,
 };
 
 use super::{
     desired::BackendSet,
     family::{Addr6, ByFamily, MapAddr},
-    held_back, maglev, map_err, nr_cpus,
+    held_back, maglev, map_err,
+    new_services::batch_err,
     pool::Region,
     ApplyReport, Capacity, Datapath, DatapathError, DesiredState, Installed, InstalledBackends,
     Limit, Result, ServiceAddr, Usage, WeightedBackend,
@@ -216,6 +216,7 @@ impl Datapath {
             }
             self.roles.write(true)?;
         }
+        let mut adds = Vec::new();
         for (key, want) in &changes {
             match (want, self.installed.get(key)) {
                 (None, None) => {}
@@ -223,10 +224,8 @@ impl Datapath {
                     self.remove_service(key)?;
                     report.removed += 1;
                 }
-                (Some(backends), None) => {
-                    self.add_service(key, backends, snat.contains(key))?;
-                    report.added += 1;
-                }
+                // New services come last (sorted above): written together below.
+                (Some(backends), None) => adds.push((*key, backends, snat.contains(key))),
                 (Some(backends), Some(svc)) if svc.same_backends(backends) => report.unchanged += 1,
                 (Some(backends), Some(_)) => {
                     self.update_service(key, backends, snat.contains(key))?;
@@ -234,6 +233,8 @@ impl Datapath {
                 }
             }
         }
+        self.add_services(&adds)?;
+        report.added += adds.len();
         let switched = if snat_changed {
             // Only services whose backends are the same switch here (the others were
             // written with their mode above): counted as unchanged so far.
@@ -306,48 +307,9 @@ impl Datapath {
         }
     }
 
-    fn add_service(&mut self, key: &ServiceAddr, want: &BackendSet, snat: bool) -> Result<()> {
-        let id = self.service_ids.alloc()?;
-        let mut svc = Installed {
-            id,
-            table: Region::EMPTY,
-            table_lost: false,
-            snat,
-            backends: InstalledBackends::default(),
-        };
-        for (&endpoint, &weight) in want {
-            let bid = self.new_backend(id, endpoint, weight, snat)?;
-            svc.backends.insert(endpoint, (bid, weight));
-        }
-        svc.backends.shrink();
-        self.write_table(&mut svc)?;
-        let zero =
-            PerCpuValues::try_from(vec![ServiceStats::default(); nr_cpus()?]).map_err(|e| {
-                map_err(map_names::SERVICE_STATS)(MapError::SyscallError(aya::sys::SyscallError {
-                    call: "per-cpu values",
-                    io_error: e,
-                }))
-            })?;
-        self.service_stats
-            .set(id.slot(), zero, 0)
-            .map_err(map_err(map_names::SERVICE_STATS))?;
-        self.services.insert(
-            key,
-            Service {
-                id,
-                table: Service::table(svc.table.start, svc.table.len),
-                flags: service_flags(snat, self.roles.reply_entry(key)),
-            },
-        )?;
-        if self.installed.insert(*key, svc).is_none() {
-            self.keys.count(key, true);
-        }
-        Ok(())
-    }
-
     fn update_service(&mut self, key: &ServiceAddr, want: &BackendSet, snat: bool) -> Result<()> {
         let Some(old) = self.installed.get(key).cloned() else {
-            return self.add_service(key, want, snat);
+            return self.add_services(&[(*key, want, snat)]);
         };
         // New backends take ids before the removed ones give theirs back (a table must
         // only name live backends). With too few ids free (the maps nearly full), the
@@ -371,7 +333,7 @@ impl Datapath {
             self.update_service(key, &kept, snat)?;
         }
         let Some(old) = self.installed.get(key).cloned() else {
-            return self.add_service(key, want, snat);
+            return self.add_services(&[(*key, want, snat)]);
         };
         let mut svc = Installed {
             id: old.id,
@@ -394,14 +356,7 @@ impl Datapath {
         }
         svc.backends.shrink();
         self.write_table(&mut svc)?;
-        self.services.insert(
-            key,
-            Service {
-                id: svc.id,
-                table: Service::table(svc.table.start, svc.table.len),
-                flags: service_flags(snat, self.roles.reply_entry(key)),
-            },
-        )?;
+        self.services.insert(key, self.service_value(key, &svc))?;
         // Only now that no table names them: retire removed backends. Their flows are
         // balanced again by the kernel program on their next packet.
         for (endpoint, &(bid, _)) in &old.backends {
@@ -432,10 +387,34 @@ impl Datapath {
         Ok(())
     }
 
-    /// Writes the service's Maglev table into a free region of the pool sized by its
-    /// backends taking new flows (none without any) and sets `svc.table` to it. The
-    /// service does not point at it yet.
+    /// The map value of an installed service.
+    pub(super) fn service_value(&self, key: &ServiceAddr, svc: &Installed) -> Service {
+        Service {
+            id: svc.id,
+            table: Service::table(svc.table.start, svc.table.len),
+            flags: service_flags(svc.snat, self.roles.reply_entry(key)),
+        }
+    }
+
+    /// Writes the service's Maglev table into a free region of the pool (`new_table`)
+    /// and sets `svc.table` to it. The service does not point at it yet.
     fn write_table(&mut self, svc: &mut Installed) -> Result<()> {
+        let Some((region, entries)) = self.new_table(svc)? else {
+            svc.table = Region::EMPTY;
+            return Ok(());
+        };
+        let fd = std::os::fd::AsFd::as_fd(self.maglev.map().fd());
+        if let Err(e) = crate::sys::bpf::update_array_u32(fd, region.start, &entries) {
+            self.tables.free(region);
+            return Err(batch_err(map_names::MAGLEV)(e));
+        }
+        svc.table = region;
+        Ok(())
+    }
+
+    /// The service's Maglev table (backend ids), sized by its backends taking new
+    /// flows, and the free region of the pool taken for it; none without any.
+    pub(super) fn new_table(&mut self, svc: &Installed) -> Result<Option<(Region, Vec<u32>)>> {
         let candidates: Vec<maglev::Candidate> = svc
             .backends
             .iter()
@@ -443,31 +422,12 @@ impl Datapath {
             .collect();
         let active = candidates.iter().filter(|c| c.weight > 0).count() as u32;
         let size = maglev_size(active);
-        let ids: Vec<u32> = svc.backends.values().map(|&(bid, _)| bid).collect();
         let Some(table) = maglev::table(&candidates, size) else {
-            svc.table = Region::EMPTY;
-            return Ok(());
+            return Ok(None);
         };
+        let ids: Vec<u32> = svc.backends.values().map(|&(bid, _)| bid).collect();
         let entries: Vec<u32> = table.iter().map(|&e| ids[e as usize]).collect();
-        let region = self.tables.alloc(size)?;
-        if let Err(e) = self.write_region(region, &entries) {
-            self.tables.free(region);
-            return Err(e);
-        }
-        svc.table = region;
-        Ok(())
-    }
-
-    /// Writes `entries` into the pool's `region` with one batch update.
-    fn write_region(&mut self, region: Region, entries: &[u32]) -> Result<()> {
-        use aya::maps::IterableMap as _;
-        let fd = std::os::fd::AsFd::as_fd(self.maglev.map().fd());
-        crate::sys::bpf::update_array_u32(fd, region.start, entries).map_err(|io_error| {
-            map_err(map_names::MAGLEV)(MapError::SyscallError(aya::sys::SyscallError {
-                call: "bpf_map_update_batch",
-                io_error,
-            }))
-        })
+        Ok(Some((self.tables.alloc(size)?, entries)))
     }
 
     /// Gives a new backend an id: one that starts with no next hop (the kernel program
@@ -507,16 +467,10 @@ impl Datapath {
         if snat {
             self.write_snat_source(bid, e)?;
         }
+        let (value, addr6) = backend_entry(service, e, weight);
         self.backends6
-            .set(bid, Addr6::of(e.ip()).unwrap_or_default(), 0)
+            .set(bid, addr6, 0)
             .map_err(map_err(map_names::BACKENDS6))?;
-        let value = Backend {
-            addr: u32::of(e.ip()).unwrap_or(0),
-            port: e.port().to_be(),
-            weight,
-            service,
-            flags: BACKEND_LIVE,
-        };
         self.backends
             .set(bid, value, 0)
             .map_err(map_err(map_names::BACKENDS))
@@ -685,6 +639,19 @@ fn log_held_back(held: &[held_back::HeldBack]) {
         held_back = %list.join(", "),
         "services held back from the datapath (berth_services_held_back)"
     );
+}
+
+/// A live backend's entry in `BACKENDS`, and its address in `BACKENDS6` (none for
+/// an IPv4 backend).
+pub(super) fn backend_entry(service: ServiceId, e: SocketAddr, weight: u16) -> (Backend, Addr6) {
+    let entry = Backend {
+        addr: u32::of(e.ip()).unwrap_or(0),
+        port: e.port().to_be(),
+        weight,
+        service,
+        flags: BACKEND_LIVE,
+    };
+    (entry, Addr6::of(e.ip()).unwrap_or_default())
 }
 
 /// `Service::flags` for a service in SNAT mode or not, recording reply entries or not.

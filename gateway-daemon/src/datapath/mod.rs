@@ -31,6 +31,7 @@ mod inspect;
 mod keys;
 mod links;
 mod load;
+mod new_services;
 mod pins;
 mod pool;
 mod role_book;
@@ -267,6 +268,19 @@ type Conntrack<A> = HashMap<MapData, FlowKey<A>, Flow<A>>;
 
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DatapathError {
     move |source| DatapathError::Map { name, source }
+}
+
+/// A failed bpf(2) call `call` (one aya does not make: `sys::bpf`) on the map `name`.
+fn syscall_err(
+    name: &'static str,
+    call: &'static str,
+) -> impl FnOnce(std::io::Error) -> DatapathError {
+    move |io_error| {
+        map_err(name)(MapError::SyscallError(aya::sys::SyscallError {
+            call,
+            io_error,
+        }))
+    }
 }
 
 /// Sizes of the maps. A restarted daemon must use the same limits to adopt the maps.

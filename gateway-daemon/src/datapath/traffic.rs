@@ -4,14 +4,13 @@
 use std::collections::{BTreeMap, HashMap as StdHashMap};
 use std::io;
 
-use aya::maps::MapError;
 use gateway_common::{map_names, Counter, Flow, FlowKey, ServiceId, ServiceStats};
 
 use super::{
     family::{Addr6, MapAddr},
     map_err, nr_cpus,
     snat::{expire_idle, SnatFlows},
-    Conntrack, Datapath, DatapathError, Result, ServiceAddr,
+    syscall_err, Conntrack, Datapath, DatapathError, Result, ServiceAddr,
 };
 use crate::sys::bpf::{lookup_batch_until, read_pod};
 
@@ -337,11 +336,7 @@ fn coarse_clock_units() -> u32 {
     (crate::sys::clock::monotonic_coarse_ns() >> 20) as u32
 }
 
+/// A failed batch lookup of the map `name`.
 fn batch_err(name: &'static str) -> impl FnOnce(io::Error) -> DatapathError {
-    move |io_error| {
-        map_err(name)(MapError::SyscallError(aya::sys::SyscallError {
-            call: "bpf_map_lookup_batch",
-            io_error,
-        }))
-    }
+    syscall_err(name, "bpf_map_lookup_batch")
 }

@@ -1,5 +1,5 @@
-//! The bpf(2) calls aya does not make for us: batch lookups, and reading map values
-//! out of the byte buffers they fill.
+//! The bpf(2) calls aya does not make for us: batch lookups and updates, and reading
+//! map values out of the byte buffers they fill.
 
 use std::{io, os::fd::AsRawFd as _};
 
@@ -131,9 +131,82 @@ pub(crate) fn update_array_u32(
     first: u32,
     values: &[u32],
 ) -> io::Result<()> {
-    const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
     let count = u32::try_from(values.len()).map_err(io::Error::other)?;
     let keys: Vec<u32> = (0..count).map(|i| first.wrapping_add(i)).collect();
+    update_batch(fd, &keys, values)
+}
+
+/// Writes `keys[i]` → `values[i]` into a BPF map (hash or array; not per-CPU) with one
+/// `BPF_MAP_UPDATE_BATCH`: in order, each entry atomically, one syscall for all.
+/// `K` and `V` must be the map's key and value types.
+pub(crate) fn update_batch<K: aya::Pod, V: aya::Pod>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    keys: &[K],
+    values: &[V],
+) -> io::Result<()> {
+    assert_eq!(keys.len(), values.len(), "a value per key");
+    update_batch_bytes(fd, pod_bytes(keys), pod_bytes(values), keys.len())
+}
+
+/// Writes zeroed values for `keys` into a BPF map (of any type, per-CPU ones
+/// included: every CPU's value) with one `BPF_MAP_UPDATE_BATCH`.
+pub(crate) fn zero_batch<K: aya::Pod>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    keys: &[K],
+) -> io::Result<()> {
+    let (_, value_bytes) = entry_sizes(fd)?;
+    let zeroes = vec![0u8; value_bytes * keys.len()];
+    update_batch_bytes(fd, pod_bytes(keys), &zeroes, keys.len())
+}
+
+/// The sizes of a map's key and of a value as the kernel copies it from or to a
+/// buffer (for a per-CPU map, one 8-byte-aligned slot per possible CPU), from the
+/// descriptor's fdinfo.
+fn entry_sizes(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<(usize, usize)> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+    let field = |name: &str| -> Option<usize> {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let (Some(map_type), Some(key), Some(value)) =
+        (field("map_type:"), field("key_size:"), field("value_size:"))
+    else {
+        return Err(io::Error::other(
+            "no map_type, key_size or value_size in the map's fdinfo",
+        ));
+    };
+    // BPF_MAP_TYPE_PERCPU_HASH, _PERCPU_ARRAY, _LRU_PERCPU_HASH.
+    if matches!(map_type, 5 | 6 | 10) {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+        return Ok((key, value.next_multiple_of(8) * cpus));
+    }
+    Ok((key, value))
+}
+
+/// `BPF_MAP_UPDATE_BATCH` of `count` entries given as bytes, checked against the map's
+/// entry sizes (the kernel reads that many bytes per entry: a caller's smaller types
+/// would have it read past the buffers).
+fn update_batch_bytes(
+    fd: std::os::fd::BorrowedFd<'_>,
+    keys: &[u8],
+    values: &[u8],
+    count: usize,
+) -> io::Result<()> {
+    const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+    if count == 0 {
+        return Ok(());
+    }
+    let (key_size, value_size) = entry_sizes(fd)?;
+    if keys.len() != key_size * count || values.len() != value_size * count {
+        return Err(io::Error::other(format!(
+            "a batch of {count} entries in {} key and {} value bytes for a map of \
+             {key_size}-byte keys and {value_size}-byte values",
+            keys.len(),
+            values.len()
+        )));
+    }
+    let count = u32::try_from(count).map_err(io::Error::other)?;
     let mut attr = BatchAttr {
         in_batch: 0,
         out_batch: 0,
@@ -144,8 +217,9 @@ pub(crate) fn update_array_u32(
         elem_flags: 0,
         flags: 0,
     };
-    // SAFETY: `keys` and `values` hold `count` u32s each, the array's key and value
-    // size; the kernel only reads them; `attr` and what it points to outlive the call.
+    // SAFETY: `keys` and `values` hold `count` keys and values of the sizes the kernel
+    // reads (checked against the map above); it only reads them; `attr` and what it
+    // points to outlive the call.
     unsafe { batch(BPF_MAP_UPDATE_BATCH, &mut attr) }?;
     if attr.count != count {
         return Err(io::Error::other(format!(
@@ -154,6 +228,13 @@ pub(crate) fn update_array_u32(
         )));
     }
     Ok(())
+}
+
+/// The bytes of a slice of plain data.
+fn pod_bytes<T: aya::Pod>(items: &[T]) -> &[u8] {
+    // SAFETY: `T` is Pod (no padding with undefined contents, any bytes valid), so its
+    // memory may be read as bytes; the length covers exactly the slice.
+    unsafe { std::slice::from_raw_parts(items.as_ptr().cast(), std::mem::size_of_val(items)) }
 }
 
 /// The kernel memory a BPF map takes, as the kernel accounts it (the `memlock:` line
