@@ -17,12 +17,7 @@
 //! too large, two routes contending for a datapath service, routes waiting for room in
 //! the datapath before or after the change) falls back to the full plan.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    ops::RangeInclusive,
-    sync::Arc,
-    time::SystemTime,
-};
+use std::{collections::BTreeMap, ops::RangeInclusive, sync::Arc, time::SystemTime};
 
 use crate::{
     datapath::{ServiceAddr, Usage},
@@ -30,54 +25,17 @@ use crate::{
 };
 
 use super::{
-    attach::{self, Attach, Attachments},
     backend_index::BackendIndex,
     changes::{claim_pairs, common_ends},
     gateways::Gateways,
     ledger::{claim_key, ClaimIndex},
-    project, FastMap, Input, Memo, Plan, RouteEntry, RouteId,
+    project,
+    scope::{OnListeners, Scope},
+    FastMap, Input, Memo, Plan, RouteEntry, RouteId,
 };
 
 /// A listener in the plan's numbering: (Gateway index, listener index).
 pub(super) type ListenerAt = (usize, usize);
-
-/// A hash set with the planner's hasher.
-type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
-
-/// The routes (by `Kind/namespace/name`) on each listener that a change of it can
-/// move: those waiting for a port of a range listener, those attached to a fixed one.
-#[derive(Debug, Default)]
-pub(super) struct OnListeners {
-    waiting: FastMap<ListenerAt, Vec<String>>,
-    fixed: FastMap<ListenerAt, Vec<String>>,
-}
-
-impl OnListeners {
-    /// The routes waiting on, or attached to, each listener after `attachments` were bound.
-    pub fn of(attachments: &Attachments) -> Self {
-        let mut out = OnListeners::default();
-        let mut key = String::new();
-        for a in &attachments.list {
-            let Attach::Listeners { fixed, ranges, .. } = &*a.attach else {
-                continue;
-            };
-            let waiting = a.claim.is_none() && !ranges.is_empty();
-            if fixed.is_empty() && !waiting {
-                continue;
-            }
-            key.clear();
-            let m = &a.route.metadata;
-            route_key(&mut key, a.route.kind.name(), m.ns(), &m.name);
-            for &li in fixed {
-                out.fixed.entry((a.gw, li)).or_default().push(key.clone());
-            }
-            for &li in ranges.iter().filter(|_| waiting) {
-                out.waiting.entry((a.gw, li)).or_default().push(key.clone());
-            }
-        }
-        out
-    }
-}
 
 /// The last plan made with a memo, and what it was made from.
 #[derive(Debug)]
@@ -179,96 +137,6 @@ impl Last {
     }
 }
 
-/// The routes a plan re-plans (by `Kind/namespace/name`) and the listeners whose
-/// waiting and fixed routes are all among them.
-#[derive(Debug, Default)]
-pub(super) struct Scope {
-    routes: FastSet<String>,
-    touched: BTreeSet<ListenerAt>,
-    /// Listeners touched whose routes are not yet in `routes`.
-    fresh: Vec<ListenerAt>,
-    key: String,
-}
-
-impl Scope {
-    /// Whether the route `kind/namespace/name` is re-planned.
-    pub fn holds(&mut self, kind: &str, namespace: &str, name: &str) -> bool {
-        // A few keys are compared faster than one is hashed.
-        if self.routes.len() <= 8 {
-            return self.routes.iter().any(|k| is_key(k, kind, namespace, name));
-        }
-        self.key.clear();
-        route_key(&mut self.key, kind, namespace, name);
-        self.routes.contains(self.key.as_str())
-    }
-
-    /// The routes re-planned.
-    pub fn keys(&self) -> impl Iterator<Item = &String> {
-        self.routes.iter()
-    }
-
-    fn add_route(&mut self, kind: &str, namespace: &str, name: &str) {
-        self.key.clear();
-        route_key(&mut self.key, kind, namespace, name);
-        if !self.routes.contains(self.key.as_str()) {
-            self.routes.insert(self.key.clone());
-        }
-    }
-
-    fn touch(&mut self, at: ListenerAt) {
-        if self.touched.insert(at) {
-            self.fresh.push(at);
-        }
-    }
-
-    /// A claim that changed: its route, its listener, and any range listener of its
-    /// Gateway and protocol holding its port.
-    fn add_claim(&mut self, c: &PortClaim, gateways: &Gateways) {
-        let r = &c.spec.route;
-        self.add_route(&r.kind, &r.namespace, &r.name);
-        self.touch_claim(c, gateways);
-    }
-
-    /// A claim's listener, and any range listener of its Gateway and protocol holding
-    /// its port.
-    fn touch_claim(&mut self, c: &PortClaim, gateways: &Gateways) {
-        let Some(gi) = gateways.index(c.metadata.ns(), &c.spec.gateway) else {
-            return;
-        };
-        let protocol = Protocol::parse(&c.spec.protocol);
-        for (li, l) in gateways.views[gi].listeners.iter().enumerate() {
-            let holds_port = l.protocol == protocol
-                && l.range.is_some_and(|(x, y)| (x..=y).contains(&c.spec.port));
-            if l.spec.name == c.spec.listener || holds_port {
-                self.touch((gi, li));
-            }
-        }
-    }
-
-    /// The listeners `route` attaches to.
-    fn add_listeners_of(&mut self, route: &Route, gateways: &Gateways, snap: &Snapshot) {
-        let namespaces = attach::namespaces(snap);
-        attach::each_attachment(route, gateways, &namespaces, |_, _, gi, attach| {
-            if let Attach::Listeners { fixed, ranges, .. } = &attach {
-                for &li in fixed.iter().chain(ranges) {
-                    self.touch((gi, li));
-                }
-            }
-        });
-    }
-}
-
-/// Whether `key` is `kind/namespace/name`.
-fn is_key(key: &str, kind: &str, namespace: &str, name: &str) -> bool {
-    let (k, (a, b)) = (key.as_bytes(), (kind.len(), namespace.len()));
-    k.len() == a + b + name.len() + 2
-        && k.ends_with(name.as_bytes())
-        && k.starts_with(kind.as_bytes())
-        && k[a] == b'/'
-        && &k[a + 1..a + 1 + b] == namespace.as_bytes()
-        && k[a + 1 + b] == b'/'
-}
-
 /// The largest scope planned incrementally for `routes` routes: beyond it, a full plan
 /// costs little more.
 fn scope_limit(routes: usize) -> usize {
@@ -286,22 +154,8 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
     }
     let snap = input.snapshot;
     let gateways = super::gateways::ours(input);
-    // The last plan's claims, indexed, made the input's: the claims between the
-    // longest common head and tail changed.
     let mut held = std::mem::take(&mut last.held);
-    let (was, is) = (&last.plan.claims, input.claims);
-    let (head, tail) = common_ends(was, is, Arc::ptr_eq);
-    let window = &is[head.saturating_sub(1)..(is.len() - tail + 1).min(is.len())];
-    if !window.is_sorted_by(|a, b| claim_key(a) <= claim_key(b)) {
-        // The plan's claims are sorted: these are not, and a full plan sorts them.
-        return None;
-    }
-    for c in &was[head..was.len() - tail] {
-        held.remove(c, &gateways);
-    }
-    for c in &is[head..is.len() - tail] {
-        held.add(c, &gateways);
-    }
+    follow_claims(&mut held, &last.plan.claims, input.claims, &gateways)?;
     let mut scope = Scope::default();
     // Routes that changed: those between the longest common head and tail.
     let (old, new) = (&before.routes, &snap.routes);
@@ -347,36 +201,7 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
     }
 
     // Every route waiting on, or fixed to, a touched listener, until no listener comes in.
-    let limit = scope_limit(new.len());
-    let mut routes: Option<Vec<Arc<Route>>> = None;
-    loop {
-        let before = scope.routes.len();
-        for at in std::mem::take(&mut scope.fresh) {
-            let on = [last.on.waiting.get(&at), last.on.fixed.get(&at)];
-            for key in on.into_iter().flatten().flatten() {
-                scope.routes.insert(key.clone());
-            }
-        }
-        if scope.routes.len() > limit {
-            return None;
-        }
-        if routes.is_some() && scope.routes.len() == before {
-            break;
-        }
-        let list: Vec<Arc<Route>> = new
-            .iter()
-            .filter(|r| scope.holds(r.kind.name(), r.metadata.ns(), &r.metadata.name))
-            .cloned()
-            .collect();
-        for r in &list {
-            scope.add_listeners_of(r, &gateways, snap);
-        }
-        routes = Some(list);
-        if scope.fresh.is_empty() {
-            break;
-        }
-    }
-    let routes = routes.unwrap_or_default();
+    let routes = scope.close(&last.on, new, &gateways, snap, scope_limit(new.len()))?;
     // Only the Services and slices the routes planned name: resolving their backends
     // indexes what it is given.
     let (services, endpoint_slices) = backends.named_by_all(&routes);
@@ -435,20 +260,32 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
         return None;
     }
     // The touched listeners' waiting and fixed routes are all in scope: as planned now.
-    let mut fresh = planned.on;
-    for at in &scope.touched {
-        for (map, from) in [
-            (&mut on.waiting, &mut fresh.waiting),
-            (&mut on.fixed, &mut fresh.fixed),
-        ] {
-            match from.remove(at) {
-                Some(list) => map.insert(*at, list),
-                None => map.remove(at),
-            };
-        }
-    }
+    on.replace(planned.on, &scope.touched);
     memo.last = Some(Last::of(input, &plan, on, served, held, backends, false));
     Some(plan)
+}
+
+/// Makes `held`, the index of the claims `was`, the index of `is`: the claims between
+/// their longest common head and tail changed. `None` when `is` is not sorted there
+/// (the plan's claims are sorted; a full plan sorts them).
+fn follow_claims(
+    held: &mut ClaimIndex,
+    was: &[Arc<PortClaim>],
+    is: &[Arc<PortClaim>],
+    gateways: &Gateways,
+) -> Option<()> {
+    let (head, tail) = common_ends(was, is, Arc::ptr_eq);
+    let window = &is[head.saturating_sub(1)..(is.len() - tail + 1).min(is.len())];
+    if !window.is_sorted_by(|a, b| claim_key(a) <= claim_key(b)) {
+        return None;
+    }
+    for c in &was[head..was.len() - tail] {
+        held.remove(c, gateways);
+    }
+    for c in &is[head..is.len() - tail] {
+        held.add(c, gateways);
+    }
+    Some(())
 }
 
 /// `old` (sorted by `less`) without the items at `gone`, with `fresh` (sorted) merged in.

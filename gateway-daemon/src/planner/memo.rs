@@ -9,10 +9,7 @@ use std::{
 use crate::model::*;
 
 use super::{
-    attach::Attach,
-    backends::Resolved,
-    incremental::{Last, Scope},
-    route_status::Decision,
+    attach::Attach, backends::Resolved, incremental::Last, route_status::Decision, scope::Scope,
     FastMap, Input, RouteEntry, RouteId,
 };
 

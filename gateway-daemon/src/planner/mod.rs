@@ -24,6 +24,7 @@ mod overlaps;
 mod project;
 mod reason;
 mod route_status;
+mod scope;
 pub mod status;
 
 use std::{
@@ -283,7 +284,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
 struct Run {
     plan: Plan,
     /// The routes waiting on, or attached to, each listener (when the memo keeps).
-    on: incremental::OnListeners,
+    on: scope::OnListeners,
     /// Whether two routes contended for a datapath service.
     contested: bool,
 }
@@ -293,7 +294,7 @@ struct Run {
 fn run(
     input: &Input,
     memo: &mut Memo,
-    scope: Option<&mut incremental::Scope>,
+    scope: Option<&mut scope::Scope>,
     others: Option<&ledger::ClaimIndex>,
 ) -> Run {
     let snap = input.snapshot;
@@ -354,8 +355,8 @@ fn run(
     bind::sort_claims(&mut claims);
     let usage = gateway_status::listener_usage(&gateways.views, &claims, others);
     let on = match memo.keep {
-        true => incremental::OnListeners::of(&attachments),
-        false => incremental::OnListeners::default(),
+        true => scope::OnListeners::of(&attachments),
+        false => scope::OnListeners::default(),
     };
     drop(attachments);
     drop(known);
