@@ -62,6 +62,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         admin::metrics::Detail::Aggregate
     };
     init_logging(log_format);
+    berth::memory::starting();
     let default_addresses = berth::planner::DefaultAddresses::from_list(&addresses)?;
     // Both modes keep the operator's drain in the state directory (Kubernetes mode
     // keeps nothing else there).

@@ -15,4 +15,5 @@ pub(crate) mod inotify;
 pub(crate) mod netlink_socket;
 pub(crate) mod poll;
 pub(crate) mod rlimit;
+pub(crate) mod sched;
 pub(crate) mod signal;
