@@ -21,6 +21,18 @@ pub struct ServiceAddr {
     pub port: u16,
 }
 
+#[cfg(test)]
+impl ServiceAddr {
+    /// A service of tests: `addr` (an IP address's text), `protocol`, `port`.
+    pub(crate) fn of(addr: &str, protocol: Protocol, port: u16) -> Self {
+        ServiceAddr {
+            addr: addr.parse().expect("an IP address"),
+            protocol,
+            port,
+        }
+    }
+}
+
 impl fmt::Display for ServiceAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // `[2001:db8::1]:80` for IPv6, as `SocketAddr` writes it.

@@ -81,11 +81,7 @@ mod tests {
     use crate::datapath::{Protocol, WeightedBackend};
 
     fn service(addr: &str, port: u16) -> ServiceAddr {
-        ServiceAddr {
-            addr: addr.parse().expect("ip"),
-            protocol: Protocol::Tcp,
-            port,
-        }
+        ServiceAddr::of(addr, Protocol::Tcp, port)
     }
 
     fn backend(endpoint: &str) -> WeightedBackend {

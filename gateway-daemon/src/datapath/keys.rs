@@ -79,11 +79,7 @@ mod tests {
     use crate::datapath::Protocol;
 
     fn s(addr: &str, port: u16) -> ServiceAddr {
-        ServiceAddr {
-            addr: addr.parse().expect("ip"),
-            protocol: Protocol::Tcp,
-            port,
-        }
+        ServiceAddr::of(addr, Protocol::Tcp, port)
     }
 
     #[test]

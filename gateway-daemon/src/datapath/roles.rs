@@ -298,11 +298,7 @@ mod tests {
     use gateway_common::{ADDR_BACKEND, ADDR_GATEWAY, REPLY_CANDIDATES, REPLY_INDEX_SNAT};
 
     fn service(addr: &str, port: u16) -> ServiceAddr {
-        ServiceAddr {
-            addr: addr.parse().unwrap(),
-            protocol: Protocol::Udp,
-            port,
-        }
+        ServiceAddr::of(addr, Protocol::Udp, port)
     }
 
     fn view(
