@@ -639,7 +639,7 @@ mod tests {
             snat_ports: planner::DEFAULT_SNAT_PORTS,
             capacity,
         });
-        let (_, held) = held_back::kernel_state(&plan.datapath);
+        let (_, held) = held_back::kernel_state(&plan.datapath, None);
         let mut p = crate::publish::effects(plan, None, &Published::default()).expect("effects");
         p.held_back = held;
         p

@@ -38,7 +38,7 @@ pub struct Published {
     /// Why the last cycle failed, if it did.
     pub last_error: Option<String>,
     /// The route behind each datapath service.
-    pub owners: Arc<BTreeMap<crate::datapath::ServiceAddr, Arc<crate::planner::RouteId>>>,
+    pub owners: crate::planner::Owners,
     /// Port usage of range listeners.
     pub usage: Vec<crate::planner::ListenerUsage>,
     /// Per-service traffic counted by the XDP program (shared: every plan and every
@@ -387,20 +387,22 @@ fn log_losses(before: &Published, after: &Published) {
 fn log_routes_without_backends(
     prev: &Published,
     desired: &DesiredState,
-    owners: &BTreeMap<crate::datapath::ServiceAddr, Arc<crate::planner::RouteId>>,
+    owners: &crate::planner::Owners,
 ) {
-    let routes: std::collections::BTreeSet<&crate::planner::RouteId> = desired
+    use imbl::ordmap::DiffItem;
+    // What changed since the last plan (the maps' diff skips what they share).
+    let routes: std::collections::BTreeSet<&crate::planner::RouteId> = prev
+        .datapath
         .services
-        .iter()
-        .filter(|(s, b)| {
-            b.is_empty()
-                && prev
-                    .datapath
-                    .services
-                    .get(*s)
-                    .is_none_or(|before| !before.is_empty())
+        .diff(&desired.services)
+        .filter_map(|item| match item {
+            DiffItem::Add(s, b) if b.is_empty() => Some(s),
+            DiffItem::Update { old, new: (s, b) } if b.is_empty() && !old.1.is_empty() => {
+                Some(s)
+            }
+            _ => None,
         })
-        .filter_map(|(s, _)| owners.get(s).map(|o| &**o))
+        .filter_map(|s| owners.get(s).map(|o| &**o))
         .collect();
     for r in routes {
         tracing::warn!(
@@ -513,7 +515,7 @@ pub fn effects(
         cycles: prev.cycles + 1,
         counters: prev.counters.clone(),
         last_error: None,
-        owners: Arc::new(owners),
+        owners,
         usage,
         traffic: Arc::clone(&prev.traffic),
         traffic_at: prev.traffic_at,

@@ -644,11 +644,9 @@ mod tests {
         // after all six HELP and TYPE lines: a family's samples must be one group.
         let service = |port| service(1, port);
         let p = Published {
-            owners: Arc::new(
-                [(service(1), route("a")), (service(2), route("b"))]
-                    .into_iter()
-                    .collect(),
-            ),
+            owners: [(service(1), route("a")), (service(2), route("b"))]
+                .into_iter()
+                .collect(),
             traffic: Arc::new(
                 [service(1), service(2)]
                     .into_iter()
@@ -693,13 +691,11 @@ mod tests {
         };
         let services = [service(1, 1), service(1, 2), service(2, 1)];
         let p = Published {
-            owners: Arc::new(
-                services
-                    .iter()
-                    .zip(["a", "b", "c"])
-                    .map(|(s, name)| (*s, route(name)))
-                    .collect(),
-            ),
+            owners: services
+                .iter()
+                .zip(["a", "b", "c"])
+                .map(|(s, name)| (*s, route(name)))
+                .collect(),
             traffic: Arc::new(
                 services
                     .iter()

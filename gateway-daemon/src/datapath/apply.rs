@@ -4,7 +4,7 @@
 
 use std::{
     borrow::Cow,
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     net::{IpAddr, SocketAddr},
     sync::Arc,
 };
@@ -102,7 +102,7 @@ impl Datapath {
                     .iter()
                     .map(|(&endpoint, &(_, weight))| WeightedBackend { endpoint, weight })
                     .collect::<Vec<_>>();
-                (*service, backends.into())
+                (*service, super::Backends::from(backends))
             })
             .collect();
         let source_nat = self
@@ -128,7 +128,7 @@ impl Datapath {
     /// `apply` of a state the caller shares: kept as the state last applied without a
     /// copy (a copy of 100,000 services cost several milliseconds per change).
     pub fn apply_shared(&mut self, desired: &Arc<DesiredState>) -> Result<ApplyReport> {
-        let (served, held) = held_back::kernel_state(desired);
+        let (served, held) = held_back::kernel_state(desired, self.applied.as_deref());
         let desired = match served {
             Cow::Borrowed(_) => Arc::clone(desired),
             Cow::Owned(served) => Arc::new(served),
@@ -479,11 +479,11 @@ impl Datapath {
     /// Switches installed services in or out of SNAT mode as `snat` says (sources
     /// written before the flag that makes new flows use them); returns those switched.
     /// Established flows keep the translation they started with.
-    fn sync_snat_flags(&mut self, snat: &BTreeSet<ServiceAddr>) -> Result<Vec<ServiceAddr>> {
+    fn sync_snat_flags(&mut self, snat: &imbl::OrdSet<ServiceAddr>) -> Result<Vec<ServiceAddr>> {
         let switch: Vec<ServiceAddr> = self
             .installed
             .iter()
-            .filter(|(key, svc)| svc.snat != snat.contains(key))
+            .filter(|(key, svc)| svc.snat != snat.contains(*key))
             .map(|(key, _)| *key)
             .collect();
         for key in &switch {

@@ -61,11 +61,11 @@ pub struct DesiredState {
     /// without copying them, and a service whose backends are the same allocation as
     /// in the state applied before is unchanged without looking further).
     #[serde(with = "service_list")]
-    pub services: BTreeMap<ServiceAddr, Backends>,
+    pub services: Services,
     /// Services whose flows are source-NATed (`GatewayConfig.spec.sourceNAT`): the
     /// backend sees the node's address toward it and a port allocated per flow.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub source_nat: BTreeSet<ServiceAddr>,
+    #[serde(default, skip_serializing_if = "imbl::OrdSet::is_empty")]
+    pub source_nat: imbl::OrdSet<ServiceAddr>,
     /// The source ports SNAT flows are given (the `--snat-ports` range minus every
     /// listener's ports), in ascending non-overlapping ranges.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -74,6 +74,10 @@ pub struct DesiredState {
 
 /// The backends of one service.
 pub type Backends = std::sync::Arc<Vec<WeightedBackend>>;
+
+/// Services and their backends, in service order: a persistent map, so that a plan
+/// copies, compares and drops only the services it changed, however many it holds.
+pub type Services = imbl::OrdMap<ServiceAddr, Backends>;
 
 /// JSON/YAML form: a list of `{service, backends}` (map keys must be strings there).
 mod service_list {
@@ -86,10 +90,7 @@ mod service_list {
         backends: Backends,
     }
 
-    pub fn serialize<S: Serializer>(
-        map: &BTreeMap<ServiceAddr, Backends>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(map: &Services, s: S) -> Result<S::Ok, S::Error> {
         let list: Vec<Entry> = map
             .iter()
             .map(|(service, backends)| Entry {
@@ -100,9 +101,7 @@ mod service_list {
         list.serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<BTreeMap<ServiceAddr, Backends>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Services, D::Error> {
         let list = Vec::<Entry>::deserialize(d)?;
         Ok(list.into_iter().map(|e| (e.service, e.backends)).collect())
     }
@@ -149,46 +148,30 @@ impl DesiredState {
     }
 
     /// What differs from `last`: each service added or changed with its backends,
-    /// each removed with `None`; and how many are the same. One merge of the two maps;
+    /// each removed with `None`; and how many are the same. The maps' diff skips what
+    /// they share (a state planned from `last` shares all but what changed), and
     /// backends shared with `last` are the same without comparing them.
     pub(crate) fn changes_since(
         &self,
         last: &DesiredState,
     ) -> (Vec<(ServiceAddr, Option<BackendSet>)>, usize) {
-        let (mut old, mut new) = (
-            last.services.iter().peekable(),
-            self.services.iter().peekable(),
-        );
-        let (mut changes, mut same) = (Vec::new(), 0);
-        loop {
-            let order = match (old.peek(), new.peek()) {
-                (None, None) => return (changes, same),
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (Some((a, _)), Some((b, _))) => a.cmp(b),
-            };
-            match order {
-                std::cmp::Ordering::Less => {
-                    if let Some((service, _)) = old.next() {
-                        changes.push((*service, None));
-                    }
-                }
-                std::cmp::Ordering::Greater => {
-                    if let Some((service, backends)) = new.next() {
-                        changes.push((*service, Some(backend_set(backends))));
-                    }
-                }
-                std::cmp::Ordering::Equal => {
-                    if let (Some((_, was)), Some((service, backends))) = (old.next(), new.next()) {
-                        if std::sync::Arc::ptr_eq(was, backends) || was == backends {
-                            same += 1;
-                        } else {
-                            changes.push((*service, Some(backend_set(backends))));
-                        }
-                    }
+        use imbl::ordmap::DiffItem;
+        let mut changes = Vec::new();
+        let mut kept = self.services.len();
+        for item in last.services.diff(&self.services) {
+            match item {
+                DiffItem::Remove(service, _) => changes.push((*service, None)),
+                DiffItem::Add(service, backends)
+                | DiffItem::Update {
+                    new: (service, backends),
+                    ..
+                } => {
+                    kept -= 1;
+                    changes.push((*service, Some(backend_set(backends))));
                 }
             }
         }
+        (changes, kept)
     }
 }
 

@@ -41,21 +41,32 @@ impl fmt::Display for HeldBack {
 }
 
 /// Splits `desired` into the state the kernel program serves (`desired` itself when
-/// all of it is served) and the services held back, in service order.
-pub fn kernel_state(desired: &DesiredState) -> (Cow<'_, DesiredState>, Vec<HeldBack>) {
-    let held: Vec<HeldBack> = desired
-        .services
-        .iter()
-        .filter(|(service, backends)| {
-            backends
-                .iter()
-                .any(|b| b.endpoint.is_ipv4() != service.addr.is_ipv4())
-        })
-        .map(|(service, _)| HeldBack {
+/// all of it is served) and the services held back, in service order. `before` is the
+/// state served last, if any: only the services that differ from it are looked at (a
+/// service held back then differs from it still).
+pub fn kernel_state<'a>(
+    desired: &'a DesiredState,
+    before: Option<&DesiredState>,
+) -> (Cow<'a, DesiredState>, Vec<HeldBack>) {
+    use imbl::ordmap::DiffItem;
+    let mixed = |(service, backends): (&ServiceAddr, &super::Backends)| {
+        let other = |b: &super::WeightedBackend| b.endpoint.is_ipv4() != service.addr.is_ipv4();
+        backends.iter().any(other).then_some(HeldBack {
             service: *service,
             why: Why::MixedFamilies,
         })
-        .collect();
+    };
+    let held: Vec<HeldBack> = match before {
+        Some(before) => before
+            .services
+            .diff(&desired.services)
+            .filter_map(|item| match item {
+                DiffItem::Add(k, v) | DiffItem::Update { new: (k, v), .. } => mixed((k, v)),
+                DiffItem::Remove(..) => None,
+            })
+            .collect(),
+        None => desired.services.iter().filter_map(mixed).collect(),
+    };
     if held.is_empty() {
         return (Cow::Borrowed(desired), held);
     }
@@ -95,7 +106,7 @@ mod tests {
     fn an_ipv4_only_state_is_served_as_it_is() {
         let desired = DesiredState::default()
             .with_snat_service(service("10.0.0.1", 80), vec![backend("10.1.0.1:8080")]);
-        let (served, held) = kernel_state(&desired);
+        let (served, held) = kernel_state(&desired, None);
         assert!(matches!(served, Cow::Borrowed(_)));
         assert_eq!(*served, desired);
         assert!(held.is_empty());
@@ -114,15 +125,27 @@ mod tests {
                 vec![backend("[2001:db8:1::1]:8080")],
             )
             .with_snat_service(service("2001:db8::1", 81), vec![backend("10.1.0.1:8080")]);
-        let (served, held) = kernel_state(&desired);
+        let (served, held) = kernel_state(&desired, None);
         assert_eq!(*served, served_state, "both families are served");
+        let named = [
+            "TCP/10.0.0.1:81 (a backend of the other IP family (there is no NAT64))",
+            "TCP/[2001:db8::1]:81 (a backend of the other IP family (there is no NAT64))",
+        ];
         assert_eq!(
             held.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            [
-                "TCP/10.0.0.1:81 (a backend of the other IP family (there is no NAT64))",
-                "TCP/[2001:db8::1]:81 (a backend of the other IP family (there is no NAT64))",
-            ]
+            named
         );
         assert_eq!(count_by_family(&held), [("ipv4", 1), ("ipv6", 1)]);
+        // Looked at again against what was served: the same services, still held back.
+        let (again, held_again) = kernel_state(&desired, Some(&served));
+        assert_eq!(*again, served_state);
+        assert_eq!(held_again, held);
+        // A change elsewhere is seen, and the held back stay held back.
+        let changed = desired
+            .clone()
+            .with_service(service("10.0.0.1", 82), vec![backend("10.1.0.2:8080")]);
+        let (served_now, held_now) = kernel_state(&changed, Some(&served));
+        assert_eq!(served_now.services.len(), served_state.services.len() + 1);
+        assert_eq!(held_now, held);
     }
 }

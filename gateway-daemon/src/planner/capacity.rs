@@ -113,9 +113,7 @@ fn addresses_over(held: &BTreeSet<IpAddr>, more: &[IpAddr], capacity: &Capacity)
 
 /// Gateway addresses of each family among `services` (ordered by address first: one
 /// look-up per distinct address, not one per service).
-pub(super) fn distinct_addresses<V>(
-    services: &std::collections::BTreeMap<ServiceAddr, V>,
-) -> [usize; 2] {
+pub(super) fn distinct_addresses<V>(services: &imbl::OrdMap<ServiceAddr, V>) -> [usize; 2] {
     use std::ops::Bound::{Excluded, Unbounded};
     let mut counts = [0, 0];
     let mut next = services.keys().next().copied();

@@ -17,7 +17,7 @@
 //! too large, two routes contending for a datapath service, routes waiting for room in
 //! the datapath before or after the change) falls back to the full plan.
 
-use std::{collections::BTreeMap, ops::RangeInclusive, sync::Arc, time::SystemTime};
+use std::{ops::RangeInclusive, sync::Arc, time::SystemTime};
 
 use crate::{
     datapath::{ServiceAddr, Usage},
@@ -31,7 +31,7 @@ use super::{
     ledger::{claim_key, ClaimIndex},
     project,
     scope::{OnListeners, Scope},
-    FastMap, Input, Memo, Plan, RouteEntry, RouteId,
+    FastMap, Input, Memo, Owners, Plan, RouteEntry,
 };
 
 /// A listener in the plan's numbering: (Gateway index, listener index).
@@ -349,7 +349,7 @@ fn entry_key(e: &RouteEntry) -> (&str, &str, &str) {
 pub(super) type Served = FastMap<String, Vec<ServiceAddr>>;
 
 /// The datapath services each route of `owners` serves.
-pub(super) fn served(owners: &BTreeMap<ServiceAddr, Arc<RouteId>>) -> Served {
+pub(super) fn served(owners: &Owners) -> Served {
     let mut out = Served::default();
     let mut key = String::new();
     for (service, id) in owners {

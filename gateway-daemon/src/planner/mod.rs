@@ -29,7 +29,6 @@ pub mod status;
 
 use std::{
     borrow::Cow,
-    collections::BTreeMap,
     ops::RangeInclusive,
     sync::Arc,
     time::{Duration, SystemTime},
@@ -125,7 +124,7 @@ pub struct Plan {
     pub datapath: DesiredState,
     /// The route whose backends serve each datapath service.
     #[serde(skip)]
-    pub owners: BTreeMap<ServiceAddr, Arc<RouteId>>,
+    pub owners: Owners,
     /// Port usage of every range listener.
     #[serde(skip)]
     pub usage: Vec<ListenerUsage>,
@@ -142,6 +141,10 @@ pub struct Plan {
     #[serde(skip)]
     pub used: Usage,
 }
+
+/// The route whose backends serve each datapath service (persistent, as the services
+/// are: a plan shares all but what changed with the last one).
+pub type Owners = imbl::OrdMap<ServiceAddr, Arc<RouteId>>;
 
 /// A route's identity.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]

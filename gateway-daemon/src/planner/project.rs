@@ -62,7 +62,7 @@ struct Serving {
 /// What the datapath stage decides.
 pub(super) struct Projected {
     pub datapath: DesiredState,
-    pub owners: BTreeMap<ServiceAddr, Arc<RouteId>>,
+    pub owners: super::Owners,
     /// Whether two routes contended for a service (one lost).
     pub contested: bool,
     /// Routes left out for want of room, oldest first.
@@ -112,7 +112,7 @@ pub(super) fn project(cx: &Context, backends: &mut [Option<Arc<Resolved>>]) -> P
         .filter(|(s, _)| s.snat)
         .map(|(s, _)| s.service)
         .collect();
-    let owners: BTreeMap<ServiceAddr, Arc<RouteId>> = with_backends
+    let owners: super::Owners = with_backends
         .iter()
         .map(|(s, _)| {
             let id = match (cx.known[s.route], &cx.ids[s.route]) {

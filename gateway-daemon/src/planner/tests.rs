@@ -627,7 +627,7 @@ fn a_gateway_in_snat_mode_marks_its_services_and_snat_ports_skip_every_listener(
     assert_eq!(owner(&plan, 5432), Some("routed"));
     assert_eq!(
         plan.datapath.source_nat,
-        BTreeSet::from([tcp(40000)]),
+        imbl::OrdSet::from(vec![tcp(40000)]),
         "only the SNAT Gateway's service"
     );
     // The whole range of the SNAT listener, the UDP listener's port and the last port

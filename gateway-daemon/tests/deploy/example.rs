@@ -71,7 +71,7 @@ pub(super) fn example_errors(d: &Deploy) -> Vec<String> {
     let services = &plan.datapath.services;
     let routed: Vec<String> = services
         .keys()
-        .filter(|s| !plan.datapath.source_nat.contains(s))
+        .filter(|s| !plan.datapath.source_nat.contains(*s))
         .map(ToString::to_string)
         .collect();
     if services.is_empty() || !routed.is_empty() {
