@@ -300,20 +300,28 @@ fn each_route_row(p: &Published, namespace: Option<&str>, mut emit: impl FnMut(R
     // Routes are sorted by kind, namespace and name: a namespace's routes are found by
     // binary search within each kind, so asking for one namespace of many costs its own
     // rows only.
+    let list = &state.routes;
+    // The first index whose route is not `before` (the list is partitioned by it).
+    let first_not = |before: &dyn Fn(&RouteEntry) -> bool| {
+        list.binary_search_by(|r| match before(r) {
+            true => std::cmp::Ordering::Less,
+            false => std::cmp::Ordering::Greater,
+        })
+        .unwrap_or_else(|i| i)
+    };
     let mut routes: Vec<&RouteEntry> = Vec::new();
     let mut at = 0;
-    while at < state.routes.len() {
-        let kind = state.routes[at].kind.as_str();
-        let end = at + state.routes[at..].partition_point(|r| r.kind == kind);
-        let block = &state.routes[at..end];
+    while at < list.len() {
+        let kind = list[at].kind.as_str();
+        let end = first_not(&|r| r.kind.as_str() <= kind);
         let (lo, hi) = match namespace {
-            None => (0, block.len()),
+            None => (at, end),
             Some(ns) => (
-                block.partition_point(|r| r.namespace.as_str() < ns),
-                block.partition_point(|r| r.namespace.as_str() <= ns),
+                first_not(&|r| (r.kind.as_str(), r.namespace.as_str()) < (kind, ns)),
+                first_not(&|r| (r.kind.as_str(), r.namespace.as_str()) <= (kind, ns)),
             ),
         };
-        routes.extend(block[lo..hi].iter().map(|r| &**r));
+        routes.extend(list.focus().narrow(lo..hi).into_iter().map(|r| &**r));
         at = end;
     }
     for r in routes {
@@ -356,13 +364,10 @@ fn row(
         let name = claim_name(&pr.name, &protocol.to_string(), port);
         let i = state
             .claims
-            .binary_search_by(|c| {
-                let c = c.view();
-                (c.namespace, c.name).cmp(&(gw_ns, &name))
-            })
+            .binary_search_by(|c| (c.metadata.ns(), c.metadata.name.as_str()).cmp(&(gw_ns, &name)))
             .ok()?;
         let c = &state.claims[i];
-        let r = c.view().route;
+        let r = crate::state_document::ClaimView::of(c).route;
         is_route(r.kind, r.namespace, r.name).then_some(c)
     });
     // The route's services: one per address its Gateway is served on.
@@ -421,7 +426,7 @@ fn row(
         gateway: pr.name.clone(),
         listener: on
             .map(|s| s.listener.clone())
-            .or_else(|| claim.map(|c| c.view().listener.to_string()))
+            .or_else(|| claim.map(|c| c.spec.listener.to_string()))
             .or_else(|| pr.section_name.clone())
             .unwrap_or_default(),
         port,
@@ -631,7 +636,7 @@ mod tests {
         let snapshot = manifests::snapshot([&parsed]);
         let plan = planner::plan(&planner::Input {
             snapshot: &snapshot,
-            claims: &[],
+            claims: &Default::default(),
             now: humantime::parse_rfc3339("2026-01-01T00:00:00Z").expect("time"),
             default_addresses: planner::DefaultAddresses::default(),
             ephemeral_ports: None,

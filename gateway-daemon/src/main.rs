@@ -519,8 +519,8 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
         (What::Gateways, Output::Table) => print!(
             "{}",
             berth::output::state_tables(&StateDocument {
-                routes: vec![],
-                claims: vec![],
+                routes: Default::default(),
+                claims: Default::default(),
                 ..state()?
             })
         ),

@@ -7,7 +7,7 @@ use std::{fmt::Write as _, time::SystemTime};
 use crate::{
     admin::RouteRow,
     announce::{control::Request, Status},
-    state_document::{ClaimEntry, StateDocument},
+    state_document::{ClaimView, StateDocument},
 };
 
 /// The Gateways table of a document, then its routes table (none for a document without
@@ -205,7 +205,7 @@ pub fn node_table(node: &crate::admin::NodeView) -> String {
 /// `berth get claims`: one row per claim, bound or cooling down after its release
 /// (STATE `Released`, with the time it was released: the port is free after the
 /// listener's cool-down).
-pub fn claim_table(claims: &[ClaimEntry]) -> String {
+pub fn claim_table(claims: &crate::model::ClaimList) -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = writeln!(
@@ -214,7 +214,7 @@ pub fn claim_table(claims: &[ClaimEntry]) -> String {
         "NAMESPACE", "NAME", "GATEWAY", "LISTENER", "PROTO", "PORT", "STATE"
     );
     for c in claims {
-        let c = c.view();
+        let c = ClaimView::of(c);
         let state = match c.phase {
             crate::model::ClaimPhase::Bound => "Bound",
             crate::model::ClaimPhase::Released => "Released",
@@ -336,9 +336,9 @@ mod tests {
                     released_at: Some(at.into()),
                 });
             }
-            crate::state_document::ClaimEntry::of(&std::sync::Arc::new(c))
+            std::sync::Arc::new(c)
         };
-        let table = claim_table(&[
+        let table = claim_table(&imbl::vector![
             claim(30000, None),
             claim(30001, Some("2026-12-05T10:00:00Z")),
         ]);
@@ -354,10 +354,10 @@ mod tests {
             "{table}"
         );
         // The JSON keeps the phase; a bound claim has no release time.
-        let json = serde_json::to_value(claim(30001, Some("t"))).expect("json");
+        let json = serde_json::to_value(ClaimView::of(&claim(30001, Some("t")))).expect("json");
         assert_eq!(json["phase"], "Released");
         assert_eq!(json["releasedAt"], "t");
-        let json = serde_json::to_value(claim(30000, None)).expect("json");
+        let json = serde_json::to_value(ClaimView::of(&claim(30000, None))).expect("json");
         assert_eq!(json["phase"], "Bound");
         assert!(json.get("releasedAt").is_none());
     }
@@ -382,8 +382,8 @@ mod tests {
                 gateway("dual", vec![address("10.0.0.1"), address("2001:db8::1")]),
                 gateway("none", vec![]),
             ],
-            routes: Vec::new(),
-            claims: Vec::new(),
+            routes: Default::default(),
+            claims: Default::default(),
         };
         let table = state_tables(&doc);
         let lines: Vec<&str> = table.lines().collect();

@@ -397,9 +397,7 @@ fn log_routes_without_backends(
         .diff(&desired.services)
         .filter_map(|item| match item {
             DiffItem::Add(s, b) if b.is_empty() => Some(s),
-            DiffItem::Update { old, new: (s, b) } if b.is_empty() && !old.1.is_empty() => {
-                Some(s)
-            }
+            DiffItem::Update { old, new: (s, b) } if b.is_empty() && !old.1.is_empty() => Some(s),
             _ => None,
         })
         .filter_map(|s| owners.get(s).map(|o| &**o))

@@ -4,23 +4,64 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::planner::{changes::common_ends, GatewayEntry, Plan, RouteEntry};
+use crate::{
+    model::{common_ends_of, ClaimList},
+    planner::{GatewayEntry, Plan, RouteEntry},
+};
 
 /// The state document.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StateDocument {
     /// Gateway statuses.
     pub gateways: Vec<GatewayEntry>,
     /// Route statuses.
-    pub routes: Vec<std::sync::Arc<RouteEntry>>,
-    /// Claims held (bound or cooling down).
-    pub claims: Vec<ClaimEntry>,
+    pub routes: crate::planner::RouteList,
+    /// Claims held (bound or cooling down): the plan's claims themselves (shared, not
+    /// copied: a copy took ten strings per claim), each written as its flat
+    /// [`ClaimView`].
+    #[serde(with = "claim_views")]
+    pub claims: ClaimList,
 }
 
-/// One claim in the document: the plan's claim itself (shared, not copied: a copy
-/// took ten strings per claim), written as its flat [`ClaimView`].
-#[derive(Clone)]
-pub struct ClaimEntry(std::sync::Arc<crate::model::PortClaim>);
+impl PartialEq for StateDocument {
+    /// Claims compare as the document shows them.
+    fn eq(&self, other: &Self) -> bool {
+        self.gateways == other.gateways
+            && self.routes == other.routes
+            && self.claims.len() == other.claims.len()
+            && self
+                .claims
+                .iter()
+                .zip(&other.claims)
+                .all(|(a, b)| ClaimView::of(a) == ClaimView::of(b))
+    }
+}
+
+impl Eq for StateDocument {}
+
+/// The claims of the document as a list of [`ClaimView`]s (read back as claims
+/// holding just what the view shows).
+mod claim_views {
+    use serde::{ser::SerializeSeq, Deserialize, Deserializer, Serializer};
+
+    use super::{ClaimList, ClaimRecord, ClaimView};
+
+    pub fn serialize<S: Serializer>(claims: &ClaimList, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(claims.len()))?;
+        for c in claims {
+            seq.serialize_element(&ClaimView::of(c))?;
+        }
+        seq.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ClaimList, D::Error> {
+        let records = Vec::<ClaimRecord>::deserialize(d)?;
+        Ok(records
+            .into_iter()
+            .map(|r| std::sync::Arc::new(r.into_claim()))
+            .collect())
+    }
+}
 
 /// A claim as the document shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -82,15 +123,9 @@ struct ClaimRouteRecord {
     name: String,
 }
 
-impl ClaimEntry {
-    /// The entry of a claim.
-    pub fn of(c: &std::sync::Arc<crate::model::PortClaim>) -> Self {
-        ClaimEntry(std::sync::Arc::clone(c))
-    }
-
+impl<'a> ClaimView<'a> {
     /// The claim as the document shows it.
-    pub fn view(&self) -> ClaimView<'_> {
-        let c = &*self.0;
+    pub fn of(c: &'a crate::model::PortClaim) -> Self {
         let r = &c.spec.route;
         ClaimView {
             namespace: c.metadata.ns(),
@@ -113,30 +148,11 @@ impl ClaimEntry {
     }
 }
 
-impl PartialEq for ClaimEntry {
-    fn eq(&self, other: &Self) -> bool {
-        self.view() == other.view()
-    }
-}
-
-impl Eq for ClaimEntry {}
-
-impl std::fmt::Debug for ClaimEntry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.view().fmt(f)
-    }
-}
-
-impl Serialize for ClaimEntry {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.view().serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for ClaimEntry {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+impl ClaimRecord {
+    /// The claim holding what the record shows.
+    fn into_claim(self) -> crate::model::PortClaim {
         use crate::model::{ClaimRoute, Meta, PortClaim, PortClaimSpec, PortClaimStatus};
-        let c = ClaimRecord::deserialize(d)?;
+        let c = self;
         let route = ClaimRoute {
             group: crate::model::GATEWAY_GROUP.to_string(),
             kind: c.route.kind,
@@ -144,7 +160,7 @@ impl<'de> Deserialize<'de> for ClaimEntry {
             name: c.route.name,
             uid: None,
         };
-        Ok(ClaimEntry(std::sync::Arc::new(PortClaim {
+        PortClaim {
             metadata: Meta {
                 name: c.name,
                 namespace: Some(c.namespace),
@@ -161,7 +177,7 @@ impl<'de> Deserialize<'de> for ClaimEntry {
                 phase: c.phase,
                 released_at: c.released_at,
             }),
-        })))
+        }
     }
 }
 
@@ -200,10 +216,22 @@ impl StateDocument {
         fn key(r: &RouteEntry) -> (&str, &str, &str) {
             (r.kind.as_str(), r.namespace.as_str(), r.name.as_str())
         }
-        let (head, tail) = common_ends(&old.routes, &self.routes, std::sync::Arc::ptr_eq);
-        let mut old_routes = old.routes[head..old.routes.len() - tail].iter().peekable();
+        let (head, tail) = common_ends_of(&old.routes, &self.routes, std::sync::Arc::ptr_eq);
+        let mut old_routes = old
+            .routes
+            .focus()
+            .narrow(head..old.routes.len() - tail)
+            .into_iter()
+            .peekable();
         let end = self.routes.len() - tail;
-        for r in &mut self.routes[head..end] {
+        let mut carried = Vec::new();
+        for (i, r) in self
+            .routes
+            .focus()
+            .narrow(head..end)
+            .into_iter()
+            .enumerate()
+        {
             while old_routes.next_if(|o| key(o) < key(r)).is_some() {}
             let Some(o) = old_routes.next_if(|o| key(o) == key(r)) else {
                 continue;
@@ -212,30 +240,28 @@ impl StateDocument {
             if std::sync::Arc::ptr_eq(r, o) {
                 continue;
             }
-            if let Some(r) = std::sync::Arc::get_mut(r) {
-                crate::planner::carry_parent_times(&mut r.status.parents, &o.status.parents);
-                continue;
-            }
-            // Also held by the planner's memo, which carried the times already (copied
-            // only if some time still differs).
+            // The memo may have carried the times already (copied only if some time
+            // still differs).
             let mut parents = r.status.parents.clone();
             if crate::planner::carry_parent_times(&mut parents, &o.status.parents) {
-                std::sync::Arc::make_mut(r).status.parents = parents;
+                carried.push((head + i, parents));
             }
+        }
+        for (i, parents) in carried {
+            std::sync::Arc::make_mut(&mut self.routes[i]).status.parents = parents;
         }
     }
 
     /// The document of a plan's statuses (moved in) and claims.
     pub fn new(
         gateways: Vec<GatewayEntry>,
-        routes: Vec<std::sync::Arc<RouteEntry>>,
-        claims: Vec<std::sync::Arc<crate::model::PortClaim>>,
+        routes: crate::planner::RouteList,
+        claims: ClaimList,
     ) -> Self {
         StateDocument {
             gateways,
             routes,
-            // Moved in: an entry is the claim itself, without touching its count.
-            claims: claims.into_iter().map(ClaimEntry).collect(),
+            claims,
         }
     }
 }

@@ -13,7 +13,7 @@ use std::{path::Path, time::SystemTime};
 use berth::{
     manifests,
     model::PortClaim,
-    planner::{self, GatewayEntry, RouteEntry},
+    planner::{self, GatewayEntry},
 };
 use serde::Serialize;
 
@@ -22,8 +22,8 @@ const DEFAULT_NOW: &str = "2026-01-01T00:00:00Z";
 #[derive(Serialize)]
 struct Golden {
     gateways: Vec<GatewayEntry>,
-    routes: Vec<std::sync::Arc<RouteEntry>>,
-    claims: Vec<std::sync::Arc<PortClaim>>,
+    routes: berth::planner::RouteList,
+    claims: berth::model::ClaimList,
     datapath: Vec<DatapathEntry>,
 }
 
@@ -38,7 +38,7 @@ struct DatapathEntry {
 
 fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
     let text = std::fs::read_to_string(input).expect("read input");
-    let mut claims = Vec::new();
+    let mut claims = berth::model::ClaimList::new();
     let mut now = DEFAULT_NOW.to_string();
     let mut ephemeral_ports = None;
     let mut default_addresses = berth::planner::DefaultAddresses::default();
@@ -47,7 +47,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
     for de in serde_yaml::Deserializer::from_str(&text) {
         let value: serde_yaml::Value = serde::Deserialize::deserialize(de).expect("yaml");
         match value.get("kind").and_then(|k| k.as_str()) {
-            Some("PortClaim") => claims.push(std::sync::Arc::new(
+            Some("PortClaim") => claims.push_back(std::sync::Arc::new(
                 serde_yaml::from_value::<PortClaim>(value).expect("PortClaim"),
             )),
             Some("PlannerClock") => {

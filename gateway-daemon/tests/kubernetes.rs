@@ -273,7 +273,7 @@ fn our_entries(body: &Value) -> Vec<Value> {
 #[tokio::test]
 async fn a_claim_is_created_under_its_deterministic_name_then_marked_bound() {
     let (client, mut handle) = mock();
-    let want = vec![claim(30000, "web")];
+    let want = imbl::vector![claim(30000, "web")];
     let task = tokio::spawn(async move {
         let mut recent = Recent::default();
         let mut done = Vec::new();
@@ -691,7 +691,7 @@ async fn a_resource_version_conflict_is_retried_on_a_fresh_read_keeping_the_newe
 fn plan_of(view: &View) -> berth::planner::Plan {
     berth::planner::plan(&berth::planner::Input {
         snapshot: &view.snapshot,
-        claims: &[],
+        claims: &Default::default(),
         now: SystemTime::now(),
         default_addresses: berth::planner::DefaultAddresses::default(),
         ephemeral_ports: None,
@@ -1001,7 +1001,7 @@ async fn losing_the_lease_stops_writes_at_once() {
         &client,
         &leadership,
         &Held::default(),
-        &[claim(30000, "web")],
+        &imbl::vector![claim(30000, "web")],
         &mut Recent::default(),
         &mut done,
     )

@@ -1,6 +1,7 @@
 //! Property tests of the allocator: random sequences of route creations, deletions,
 //! edits and time steps, each followed by a plan that feeds its claims to the next.
 
+use berth::model::ClaimList;
 use std::{
     collections::BTreeMap,
     sync::Arc,
@@ -9,7 +10,7 @@ use std::{
 
 use berth::{
     manifests,
-    model::{ClaimPhase, PortClaim},
+    model::ClaimPhase,
     planner::{self, Input},
     state_document::StateDocument,
 };
@@ -108,11 +109,7 @@ fn sharing(
     next
 }
 
-fn input<'a>(
-    snapshot: &'a berth::model::Snapshot,
-    claims: &'a [Arc<PortClaim>],
-    now: u64,
-) -> Input<'a> {
+fn input<'a>(snapshot: &'a berth::model::Snapshot, claims: &'a ClaimList, now: u64) -> Input<'a> {
     Input {
         snapshot,
         claims,
@@ -125,11 +122,7 @@ fn input<'a>(
     }
 }
 
-fn run(
-    routes: &BTreeMap<usize, RouteState>,
-    claims: &[Arc<PortClaim>],
-    now: u64,
-) -> Vec<Arc<PortClaim>> {
+fn run(routes: &BTreeMap<usize, RouteState>, claims: &ClaimList, now: u64) -> ClaimList {
     planner::plan(&input(&snapshot(routes, false), claims, now)).claims
 }
 
@@ -165,7 +158,7 @@ fn apply(op: &Op, h: &mut History) -> Option<String> {
     None
 }
 
-fn bound(claims: &[Arc<PortClaim>]) -> BTreeMap<String, u16> {
+fn bound(claims: &ClaimList) -> BTreeMap<String, u16> {
     claims
         .iter()
         .filter(|c| {
@@ -183,7 +176,7 @@ proptest! {
     #[test]
     fn allocation_invariants_hold_over_random_histories(ops in proptest::collection::vec(op(), 1..40)) {
         let mut routes: BTreeMap<usize, RouteState> = BTreeMap::new();
-        let mut claims: Vec<Arc<PortClaim>> = Vec::new();
+        let mut claims = ClaimList::new();
         let mut now = 0u64;
         // port -> (route, released at) of releases still cooling down
         let mut released: BTreeMap<u16, (String, u64)> = BTreeMap::new();
@@ -254,7 +247,7 @@ proptest! {
     fn a_memo_changes_nothing_but_keeps_times(ops in proptest::collection::vec(op(), 1..40)) {
         let mut routes: BTreeMap<usize, RouteState> = BTreeMap::new();
         let mut labelled = false;
-        let mut claims: Vec<Arc<PortClaim>> = Vec::new();
+        let mut claims = ClaimList::new();
         let mut now = 0u64;
         let mut memo = planner::Memo::default();
         let mut published: Option<StateDocument> = None;
@@ -537,7 +530,7 @@ proptest! {
         use berth::datapath::{Protocol, ServiceAddr};
 
         let mut world = shared_address::World { now: 2, ..Default::default() };
-        let mut claims: Vec<Arc<PortClaim>> = Vec::new();
+        let mut claims = ClaimList::new();
         let mut memo = planner::Memo::default();
         let mut memo_small = planner::Memo::default();
         let room = berth::datapath::Capacity { services: room.0, backends: room.1 };

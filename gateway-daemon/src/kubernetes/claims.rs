@@ -138,7 +138,7 @@ pub async fn commit(
     client: &Client,
     leadership: &Leadership,
     held: &Held,
-    want: &[Arc<PortClaim>],
+    want: &crate::model::ClaimList,
     recent: &mut Recent,
     done: &mut Vec<Change>,
 ) -> Result<(), ClaimError> {

@@ -275,7 +275,7 @@ pub type Stored = (std::sync::Arc<PortClaim>, String);
 
 impl Held {
     /// The claims, for the planner.
-    pub fn list(&self) -> Vec<std::sync::Arc<PortClaim>> {
+    pub fn list(&self) -> crate::model::ClaimList {
         self.claims.values().map(|(c, _)| c.clone()).collect()
     }
 }

@@ -66,7 +66,7 @@ struct Kept {
 /// The stored claims, sorted, each kept as it is, released, or forgotten; a bound
 /// claim still held by an attachment is bound to it.
 fn keep_claims(input: &Input, gateways: &Gateways, attachments: &mut Attachments) -> Kept {
-    let mut claims: Vec<Arc<PortClaim>> = input.claims.to_vec();
+    let mut claims: Vec<Arc<PortClaim>> = input.claims.iter().cloned().collect();
     sort_claims(&mut claims);
     let mut kept = Vec::with_capacity(claims.len());
     let mut released = Vec::new();

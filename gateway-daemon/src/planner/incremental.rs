@@ -219,7 +219,7 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
     let claims = held.take(scope.keys(), &gateways);
     let part_input = Input {
         snapshot: &part,
-        claims: &claims,
+        claims: &claims.iter().cloned().collect(),
         now: input.now,
         default_addresses: input.default_addresses,
         ephemeral_ports: input.ephemeral_ports.clone(),
@@ -231,7 +231,7 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
     if planned.contested || !planned.plan.waiting.is_empty() {
         return None;
     }
-    for c in &planned.plan.claims {
+    for c in planned.plan.claims.iter() {
         held.add(c, &gateways);
     }
     let fresh = std::mem::take(&mut planned.plan.claims);
@@ -270,74 +270,54 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
 /// (the plan's claims are sorted; a full plan sorts them).
 fn follow_claims(
     held: &mut ClaimIndex,
-    was: &[Arc<PortClaim>],
-    is: &[Arc<PortClaim>],
+    was: &ClaimList,
+    is: &ClaimList,
     gateways: &Gateways,
 ) -> Option<()> {
-    let (head, tail) = common_ends(was, is, Arc::ptr_eq);
-    let window = &is[head.saturating_sub(1)..(is.len() - tail + 1).min(is.len())];
-    if !window.is_sorted_by(|a, b| claim_key(a) <= claim_key(b)) {
+    let (head, tail) = common_ends_of(was, is, Arc::ptr_eq);
+    let window = is
+        .focus()
+        .narrow(head.saturating_sub(1)..(is.len() - tail + 1).min(is.len()));
+    if !window
+        .into_iter()
+        .is_sorted_by(|a, b| claim_key(a) <= claim_key(b))
+    {
         return None;
     }
-    for c in &was[head..was.len() - tail] {
+    for c in was.focus().narrow(head..was.len() - tail) {
         held.remove(c, gateways);
     }
-    for c in &is[head..is.len() - tail] {
+    for c in is.focus().narrow(head..is.len() - tail) {
         held.add(c, gateways);
     }
     Some(())
 }
 
-/// `old` (sorted by `less`) without the items at `gone`, with `fresh` (sorted) merged in.
-fn merge_sorted<T>(
-    old: Vec<T>,
-    mut gone: Vec<usize>,
-    fresh: Vec<T>,
-    less: impl Fn(&T, &T) -> bool,
-) -> Vec<T> {
-    gone.sort_unstable();
-    let cuts: Vec<usize> = fresh
-        .iter()
-        .map(|f| old.partition_point(|o| less(o, f)))
-        .collect();
-    let mut out = Vec::with_capacity(old.len() + fresh.len());
-    let (mut fresh, mut gone) = (
-        fresh.into_iter().zip(cuts).peekable(),
-        gone.into_iter().peekable(),
-    );
-    for (i, e) in old.into_iter().enumerate() {
-        while let Some((f, _)) = fresh.next_if(|&(_, at)| at <= i) {
-            out.push(f);
-        }
-        if gone.next_if_eq(&i).is_none() {
-            out.push(e);
-        }
-    }
-    out.extend(fresh.map(|(f, _)| f));
-    out
-}
-
-/// The claims of a plan: `all` (the input's, sorted) without `taken` (sorted, each
-/// one of `all`: those of the routes planned) and with `fresh` (sorted: what the
-/// plan made of them). `None` when a claim of `taken` is not found in `all` (then
-/// `all` is not sorted: a full plan sorts it).
+/// The claims of a plan: `all` (the input's, sorted) without `taken` (each one of
+/// `all`: those of the routes planned) and with `fresh` (what the plan made of them),
+/// each where it belongs (`all` is shared, not copied). `None` when a claim of `taken`
+/// is not found in `all` (then `all` is not sorted: a full plan sorts it).
 fn replace_claims(
-    all: &[Arc<PortClaim>],
+    all: &ClaimList,
     taken: &[Arc<PortClaim>],
-    fresh: Vec<Arc<PortClaim>>,
-) -> Option<Vec<Arc<PortClaim>>> {
-    let gone = taken
-        .iter()
-        .map(|c| {
-            let at = all
-                .binary_search_by(|x| claim_key(x).cmp(&claim_key(c)))
-                .ok()?;
-            Arc::ptr_eq(&all[at], c).then_some(at)
-        })
-        .collect::<Option<Vec<usize>>>()?;
-    Some(merge_sorted(all.to_vec(), gone, fresh, |a, b| {
-        claim_key(a) < claim_key(b)
-    }))
+    fresh: ClaimList,
+) -> Option<ClaimList> {
+    let mut out = all.clone();
+    let at = |list: &ClaimList, c: &PortClaim| {
+        list.binary_search_by(|x| claim_key(x).cmp(&claim_key(c)))
+    };
+    for c in taken {
+        let i = at(&out, c).ok()?;
+        if !Arc::ptr_eq(&out[i], c) {
+            return None;
+        }
+        out.remove(i);
+    }
+    for c in fresh {
+        let i = at(&out, &c).unwrap_or_else(|i| i);
+        out.insert(i, c);
+    }
+    Some(out)
 }
 
 /// The key routes are sorted by in a plan.
@@ -378,19 +358,24 @@ fn splice(
     input: &Input,
 ) -> Option<Plan> {
     // Route entries: the last plan's outside the scope, and the scope's as planned now,
-    // merged by key (both are sorted).
-    let old = last.routes;
-    let gone: Vec<usize> = scope
-        .routes
-        .iter()
-        .filter_map(|k| {
-            let mut parts = k.splitn(3, '/');
-            let key = (parts.next()?, parts.next()?, parts.next()?);
-            old.binary_search_by(|e| entry_key(e).cmp(&key)).ok()
-        })
-        .collect();
-    let fresh = std::mem::take(&mut part.routes);
-    part.routes = merge_sorted(old, gone, fresh, |a, b| entry_key(a) < entry_key(b));
+    // each where it belongs by key (the last plan's list is shared, not copied).
+    let mut routes = last.routes;
+    for k in &scope.routes {
+        let mut parts = k.splitn(3, '/');
+        let (Some(kind), Some(ns), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        if let Ok(i) = routes.binary_search_by(|e| entry_key(e).cmp(&(kind, ns, name))) {
+            routes.remove(i);
+        }
+    }
+    for e in std::mem::take(&mut part.routes) {
+        let i = routes
+            .binary_search_by(|x| entry_key(x).cmp(&entry_key(&e)))
+            .unwrap_or_else(|i| i);
+        routes.insert(i, e);
+    }
+    part.routes = routes;
 
     // Datapath services: the last plan's served to routes outside the scope, and the
     // scope's as planned now.

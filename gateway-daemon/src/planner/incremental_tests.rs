@@ -227,7 +227,7 @@ fn time(t: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600 + t)
 }
 
-fn input<'a>(snapshot: &'a Snapshot, claims: &'a [Arc<PortClaim>], w: &World) -> Input<'a> {
+fn input<'a>(snapshot: &'a Snapshot, claims: &'a ClaimList, w: &World) -> Input<'a> {
     Input {
         snapshot,
         claims,
@@ -261,8 +261,8 @@ proptest! {
         let mut incremental = Memo::default();
         let mut full = Memo::full_only();
         let mut last: Option<Snapshot> = None;
-        let mut claims: Vec<Arc<PortClaim>> = Vec::new();
-        let mut read: Vec<Arc<PortClaim>> = Vec::new();
+        let mut claims = ClaimList::new();
+        let mut read = ClaimList::new();
         for (step, op) in ops.iter().enumerate() {
             let mut next_claims = None;
             match op {
@@ -307,10 +307,11 @@ proptest! {
                     };
                     let foreign = Arc::new(PortClaim::bound("infra", spec));
                     if !c.iter().any(|x| x.metadata.name == foreign.metadata.name) {
-                        c.push(foreign);
+                        c.push_back(foreign);
                     }
+                    let mut c: Vec<Arc<PortClaim>> = c.into_iter().collect();
                     bind::sort_claims(&mut c);
-                    next_claims = Some(c);
+                    next_claims = Some(c.into());
                 }
                 Op::Resize => world.small = !world.small,
                 Op::Relabel => world.labelled = !world.labelled,
@@ -349,7 +350,7 @@ fn a_one_route_change_is_planned_incrementally() {
     }
     let mut memo = Memo::default();
     let first = world.snapshot(None);
-    let planned = plan_with(&input(&first, &[], &world), &mut memo);
+    let planned = plan_with(&input(&first, &ClaimList::new(), &world), &mut memo);
     let claims = planned.claims;
     let planned = plan_with(&input(&first, &claims, &world), &mut memo);
     assert_eq!(
@@ -369,7 +370,7 @@ fn a_one_route_change_is_planned_incrementally() {
     let inc = plan_with(&input(&second, &planned.claims, &world), &mut memo);
     assert_eq!(memo.incremental_plans, 2);
     let mut full = Memo::full_only();
-    plan_with(&input(&first, &[], &world), &mut full);
+    plan_with(&input(&first, &ClaimList::new(), &world), &mut full);
     plan_with(&input(&first, &claims, &world), &mut full);
     let reference = plan_with(&input(&second, &planned.claims, &world), &mut full);
     assert_eq!(inc, reference);
@@ -399,7 +400,7 @@ fn the_first_change_after_a_start_is_planned_incrementally() {
     let mut world = with_routes(ROUTES - 1, |i| (i % 2) as u8);
     let mut memo = Memo::default();
     let first = world.snapshot(None);
-    let planned = plan_with(&input(&first, &[], &world), &mut memo);
+    let planned = plan_with(&input(&first, &ClaimList::new(), &world), &mut memo);
     assert_eq!(memo.incremental_plans, 0);
     world.endpoints[1] = 7;
     let second = world.snapshot(Some(&first));
@@ -419,7 +420,7 @@ fn a_service_change_replans_the_routes_naming_it() {
     let mut world = with_routes(ROUTES, |_| 0);
     let mut memo = Memo::default();
     let first = world.snapshot(None);
-    let claims = plan_with(&input(&first, &[], &world), &mut memo).claims;
+    let claims = plan_with(&input(&first, &ClaimList::new(), &world), &mut memo).claims;
     let before = plan_with(&input(&first, &claims, &world), &mut memo);
     let backends = |p: &Plan| {
         p.datapath

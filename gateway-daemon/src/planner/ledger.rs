@@ -291,7 +291,7 @@ pub(super) struct ClaimIndex {
 
 impl ClaimIndex {
     /// Indexes `claims` against `gateways`.
-    pub fn new(claims: &[Arc<PortClaim>], gateways: &Gateways) -> Self {
+    pub fn new(claims: &crate::model::ClaimList, gateways: &Gateways) -> Self {
         let mut index = ClaimIndex::default();
         index.by_route.reserve(claims.len());
         for c in claims {

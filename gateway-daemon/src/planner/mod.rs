@@ -88,7 +88,7 @@ pub struct Input<'a> {
     pub snapshot: &'a Snapshot,
     /// Claims as stored (shared: the plan keeps unchanged claims as the same
     /// allocations, so that comparing them with the stored ones is cheap).
-    pub claims: &'a [Arc<PortClaim>],
+    pub claims: &'a ClaimList,
     /// The current time.
     pub now: SystemTime,
     /// The addresses of Gateways whose `spec.addresses` has no address Berth serves
@@ -114,11 +114,11 @@ pub struct Input<'a> {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Plan {
     /// Every claim that should exist (bound, or released and cooling down), by name.
-    pub claims: Vec<Arc<PortClaim>>,
+    pub claims: ClaimList,
     /// Status of every Gateway of our classes.
     pub gateways: Vec<GatewayEntry>,
     /// Status of every route with a parent of ours.
-    pub routes: Vec<Arc<RouteEntry>>,
+    pub routes: RouteList,
     /// The datapath's desired state.
     #[serde(skip)]
     pub datapath: DesiredState,
@@ -145,6 +145,9 @@ pub struct Plan {
 /// The route whose backends serve each datapath service (persistent, as the services
 /// are: a plan shares all but what changed with the last one).
 pub type Owners = imbl::OrdMap<ServiceAddr, Arc<RouteId>>;
+
+/// Route statuses by kind, namespace and name: a persistent vector, as the claims are.
+pub type RouteList = imbl::Vector<Arc<RouteEntry>>;
 
 /// A route's identity.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -366,9 +369,9 @@ fn run(
     memo.remember(routes.fresh, routes.reused, pass, scope);
     Run {
         plan: Plan {
-            claims,
+            claims: claims.into(),
             gateways: gateway_entries,
-            routes: routes.entries,
+            routes: routes.entries.into(),
             datapath: projected.datapath,
             owners: projected.owners,
             usage,

@@ -29,14 +29,19 @@ fn world(routes: &[(&str, &str)]) -> String {
 }
 
 /// Plans `text` over `claims` at `seconds` after 2026-01-01T01:00:00Z.
-fn plan_at(text: &str, claims: &[Arc<PortClaim>], seconds: u64) -> Plan {
+fn plan_at<'c>(
+    text: &str,
+    claims: impl IntoIterator<Item = &'c Arc<PortClaim>>,
+    seconds: u64,
+) -> Plan {
+    let claims: ClaimList = claims.into_iter().cloned().collect();
     let parsed = manifests::parse_file(Path::new("quota.yaml"), text);
     assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
     let snapshot = manifests::snapshot([&parsed]);
     let start = humantime::parse_rfc3339("2026-01-01T01:00:00Z").expect("time");
     plan(&Input {
         snapshot: &snapshot,
-        claims,
+        claims: &claims,
         now: start + Duration::from_secs(seconds),
         default_addresses: DefaultAddresses::default(),
         ephemeral_ports: None,
@@ -62,7 +67,7 @@ fn outcome(plan: &Plan, name: &str) -> (String, Option<u16>) {
 fn a_team_renaming_its_route_hits_its_quota_and_leaves_the_range_to_others() {
     // Team a renames its one route ten times, a second apart: each name releases the
     // last one's port into its cool-down.
-    let mut claims: Vec<Arc<PortClaim>> = Vec::new();
+    let mut claims = ClaimList::new();
     for i in 0..10 {
         let name = format!("r{i}");
         let p = plan_at(&world(&[("a", &name)]), &claims, i);

@@ -53,12 +53,16 @@ fn route(kind: &str, name: &str, created: u64, parent: &str) -> String {
     )
 }
 
-fn plan_of(text: &str, claims: &[Arc<PortClaim>]) -> Plan {
+fn plan_of<'c>(text: &str, claims: impl IntoIterator<Item = &'c Arc<PortClaim>>) -> Plan {
     plan_snat(text, claims, DEFAULT_SNAT_PORTS)
 }
 
 /// The plan with `snat_ports` as the configured SNAT source ports.
-fn plan_snat(text: &str, claims: &[Arc<PortClaim>], snat_ports: RangeInclusive<u16>) -> Plan {
+fn plan_snat<'c>(
+    text: &str,
+    claims: impl IntoIterator<Item = &'c Arc<PortClaim>>,
+    snat_ports: RangeInclusive<u16>,
+) -> Plan {
     plan_for(text, claims, snat_ports, Capacity::default())
 }
 
@@ -67,18 +71,19 @@ fn plan_room(text: &str, capacity: Capacity) -> Plan {
     plan_for(text, &[], DEFAULT_SNAT_PORTS, capacity)
 }
 
-fn plan_for(
+fn plan_for<'c>(
     text: &str,
-    claims: &[Arc<PortClaim>],
+    claims: impl IntoIterator<Item = &'c Arc<PortClaim>>,
     snat_ports: RangeInclusive<u16>,
     capacity: Capacity,
 ) -> Plan {
+    let claims: ClaimList = claims.into_iter().cloned().collect();
     let parsed = manifests::parse_file(Path::new("test.yaml"), text);
     assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
     let snapshot = manifests::snapshot([&parsed]);
     plan(&Input {
         snapshot: &snapshot,
-        claims,
+        claims: &claims,
         now: humantime::parse_rfc3339("2026-01-01T01:00:00Z").expect("time"),
         default_addresses: DefaultAddresses::default(),
         ephemeral_ports: None,

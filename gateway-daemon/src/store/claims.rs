@@ -8,14 +8,14 @@ use super::{
     journal::{self, Format, Journal},
     Cache, Result, Store, StoreError, CLAIMS_LOG,
 };
-use crate::model::{claim_name, PortClaim};
+use crate::model::{claim_name, ClaimList, PortClaim};
 
 /// Claims as read from the journal (by namespace, then name; shared with readers
 /// until the next write), the journal's length in lines, and how many of its records
 /// were ignored when it was read.
 #[derive(Debug, Default)]
 pub(super) struct Claims {
-    list: Arc<Vec<Arc<PortClaim>>>,
+    list: ClaimList,
     lines: usize,
     ignored: usize,
 }
@@ -33,7 +33,7 @@ impl Claims {
     /// Applies `changes` in order: one at a time where it belongs, or, for many, by
     /// rebuilding the list once.
     fn apply(&mut self, changes: &[ClaimRecord]) {
-        let list = Arc::make_mut(&mut self.list);
+        let list = &mut self.list;
         if changes.len() > 64 {
             let mut by_name: BTreeMap<(String, String), Arc<PortClaim>> = std::mem::take(list)
                 .into_iter()
@@ -227,7 +227,7 @@ impl Replay {
     }
 
     /// The claims held, by namespace then name.
-    fn into_claims(self) -> Vec<Arc<PortClaim>> {
+    fn into_claims(self) -> ClaimList {
         self.by_name.into_values().map(|(c, _)| c).collect()
     }
 }
@@ -255,10 +255,10 @@ impl Store {
     }
 
     /// Every stored claim, by namespace then name, shared with the store (no copy; the
-    /// store's next write copies them if this is still held).
-    pub fn claims_shared(&self) -> Result<Arc<Vec<Arc<PortClaim>>>> {
+    /// store's next write copies only what it changes).
+    pub fn claims_shared(&self) -> Result<ClaimList> {
         let mut cache = self.fresh_cache()?;
-        Ok(Arc::clone(&self.loaded_claims(&mut cache)?.list))
+        Ok(self.loaded_claims(&mut cache)?.list.clone())
     }
 
     fn loaded_claims<'c>(&self, cache: &'c mut Cache) -> Result<&'c mut Claims> {
@@ -281,7 +281,7 @@ impl Store {
         })?;
         self.report_torn(journal.path(), lines.torn);
         Ok(Claims {
-            list: Arc::new(replay.into_claims()),
+            list: replay.into_claims(),
             lines: lines.count,
             ignored,
         })
@@ -369,7 +369,7 @@ impl Store {
         // first: with the disk full mid-append, the next cycle saw nothing left to write,
         // the records were never written, and a restart lost the claims.)
         let mut next = Claims {
-            list: Arc::clone(&claims.list),
+            list: claims.list.clone(),
             lines: claims.lines,
             ignored: claims.ignored,
         };

@@ -166,8 +166,8 @@ fn a_commit_deletes_updates_and_creates_in_one_append() {
         )
         .expect("commit");
     assert_eq!(
-        *shared,
-        vec![Arc::new(claim(30001)), Arc::new(claim(30002))],
+        shared,
+        imbl::vector![Arc::new(claim(30001)), Arc::new(claim(30002))],
         "a reader's list stays"
     );
     assert_eq!(

@@ -59,7 +59,7 @@ pub(super) fn example_errors(d: &Deploy) -> Vec<String> {
     let snapshot = berth::manifests::snapshot(&files);
     let plan = berth::planner::plan(&berth::planner::Input {
         snapshot: &snapshot,
-        claims: &[],
+        claims: &Default::default(),
         now: SystemTime::now(),
         default_addresses: berth::planner::DefaultAddresses::default(),
         ephemeral_ports: None,

@@ -283,7 +283,7 @@ const KINDS: [&str; 7] = [
 /// The planner's input as the daemon makes it.
 fn input<'a>(
     snapshot: &'a Snapshot,
-    claims: &'a [Arc<PortClaim>],
+    claims: &'a berth::model::ClaimList,
     now: SystemTime,
     capacity: berth::datapath::Capacity,
 ) -> Input<'a> {
@@ -302,7 +302,7 @@ fn input<'a>(
 /// The daemon's view of one world: its objects, the claims stored, the memo.
 struct Daemon {
     snap: Snapshot,
-    claims: Vec<Arc<PortClaim>>,
+    claims: berth::model::ClaimList,
     memo: Memo,
     now: SystemTime,
     capacity: berth::datapath::Capacity,
@@ -329,7 +329,7 @@ fn bench_world(n: usize, runs: usize, capacity: berth::datapath::Capacity) -> Ve
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); KINDS.len()];
     let mut d = Daemon {
         snap: snapshot(n),
-        claims: Vec::new(),
+        claims: Default::default(),
         memo: Memo::default(),
         now: SystemTime::now(),
         capacity,
