@@ -4,7 +4,7 @@
 //! address is also an address of the host, the reply to one of the host's own
 //! connections from such a port would be taken for client traffic and sent to a backend.
 
-use std::{collections::BTreeSet, fs, io, ops::RangeInclusive};
+use std::{fs, io, ops::RangeInclusive};
 
 const PORT_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
 const RESERVED: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
@@ -19,13 +19,82 @@ pub fn ephemeral_ports() -> Option<RangeInclusive<u16>> {
     }
 }
 
+/// A set of ports: one bit per port (8 KiB), so that sets of tens of thousands of
+/// gateway ports are compared, merged and listed in microseconds (as sorted trees,
+/// each change of 100,000 routes spent milliseconds rebuilding them).
+#[derive(Clone, PartialEq, Eq)]
+pub struct PortSet(Box<[u64; 1024]>);
+
+impl Default for PortSet {
+    fn default() -> Self {
+        PortSet(Box::new([0; 1024]))
+    }
+}
+
+impl std::fmt::Debug for PortSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.iter()).finish()
+    }
+}
+
+impl PortSet {
+    /// Adds `port`.
+    pub fn insert(&mut self, port: u16) {
+        self.0[usize::from(port / 64)] |= 1 << (port % 64);
+    }
+
+    /// Whether `port` is in the set.
+    pub fn contains(&self, port: u16) -> bool {
+        self.0[usize::from(port / 64)] & (1 << (port % 64)) != 0
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|&w| w == 0)
+    }
+
+    /// The ports, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = u16> + '_ {
+        self.0.iter().enumerate().flat_map(|(i, &w)| {
+            (0..64u16)
+                .filter(move |b| w & (1 << b) != 0)
+                .map(move |b| i as u16 * 64 + b)
+        })
+    }
+
+    /// The ports of `self` not in `other`.
+    pub fn minus(&self, other: &PortSet) -> PortSet {
+        let mut out = self.clone();
+        for (w, o) in out.0.iter_mut().zip(other.0.iter()) {
+            *w &= !o;
+        }
+        out
+    }
+
+    /// The ports of either set.
+    pub fn union(&self, other: &PortSet) -> PortSet {
+        let mut out = self.clone();
+        for (w, o) in out.0.iter_mut().zip(other.0.iter()) {
+            *w |= o;
+        }
+        out
+    }
+}
+
+impl FromIterator<u16> for PortSet {
+    fn from_iter<I: IntoIterator<Item = u16>>(ports: I) -> Self {
+        let mut out = PortSet::default();
+        ports.into_iter().for_each(|p| out.insert(p));
+        out
+    }
+}
+
 /// Updates the reserved ports: removes `release`, adds `reserve`, keeps every other
 /// entry (the operator's) as it was. Writes only when something changes.
-pub fn update_reserved_ports(release: &BTreeSet<u16>, reserve: &BTreeSet<u16>) -> io::Result<()> {
+pub fn update_reserved_ports(release: &PortSet, reserve: &PortSet) -> io::Result<()> {
     let text = fs::read_to_string(RESERVED)?;
     let have = parse_ports(&text);
-    let mut want: BTreeSet<u16> = have.difference(release).copied().collect();
-    want.extend(reserve);
+    let want = have.minus(release).union(reserve);
     if want != have {
         fs::write(RESERVED, format_ports(&want))?;
     }
@@ -76,21 +145,21 @@ pub fn ipv6_forwarding(iface: &str) -> io::Result<bool> {
 }
 
 /// Parses the kernel's list format: `1,2,10-20` (empty: none). Bad items are skipped.
-fn parse_ports(text: &str) -> BTreeSet<u16> {
-    let mut out = BTreeSet::new();
+fn parse_ports(text: &str) -> PortSet {
+    let mut out = PortSet::default();
     for item in text.trim().split(',').filter(|s| !s.is_empty()) {
         let (lo, hi) = item.split_once('-').unwrap_or((item, item));
         if let (Ok(lo), Ok(hi)) = (lo.trim().parse::<u16>(), hi.trim().parse::<u16>()) {
-            out.extend(lo..=hi);
+            (lo..=hi).for_each(|p| out.insert(p));
         }
     }
     out
 }
 
 /// Formats ports as the kernel's list, runs joined: `1,2,10-20`.
-fn format_ports(ports: &BTreeSet<u16>) -> String {
+fn format_ports(ports: &PortSet) -> String {
     let mut runs: Vec<(u16, u16)> = Vec::new();
-    for &p in ports {
+    for p in ports.iter() {
         match runs.last_mut() {
             Some((_, hi)) if hi.checked_add(1) == Some(p) => *hi = p,
             _ => runs.push((p, p)),
@@ -115,10 +184,22 @@ mod tests {
 
     #[test]
     fn reserved_port_lists_round_trip_with_runs_joined() {
-        let ports = parse_ports("30000-30002,8080, 9000\n");
-        assert_eq!(ports, BTreeSet::from([8080, 9000, 30000, 30001, 30002]));
-        assert_eq!(format_ports(&ports), "8080,9000,30000-30002\n");
+        let ports = parse_ports("30000-30002,8080, 9000,0,65535\n");
+        let want = [0, 8080, 9000, 30000, 30001, 30002, 65535];
+        assert_eq!(ports, PortSet::from_iter(want));
+        assert_eq!(ports.iter().collect::<Vec<_>>(), want);
+        assert!(ports.contains(65535) && !ports.contains(65534));
+        assert_eq!(format_ports(&ports), "0,8080,9000,30000-30002,65535\n");
         assert!(parse_ports("\n").is_empty());
-        assert_eq!(format_ports(&BTreeSet::new()), "\n");
+        assert_eq!(format_ports(&PortSet::default()), "\n");
+        let release = PortSet::from_iter([8080, 30001]);
+        assert_eq!(
+            ports
+                .minus(&release)
+                .union(&PortSet::from_iter([1]))
+                .iter()
+                .collect::<Vec<_>>(),
+            [0, 1, 9000, 30000, 30002, 65535]
+        );
     }
 }

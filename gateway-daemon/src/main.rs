@@ -677,7 +677,7 @@ fn uninstall(pin_dir: &Path, address_interface: &str) -> anyhow::Result<()> {
     };
     let ports = datapath::pinned_service_ports(pinned.dir())
         .with_context(|| format!("reading the services pinned in {}", pin_dir.display()))?;
-    berth::host::update_reserved_ports(&ports, &Default::default())
+    berth::host::update_reserved_ports(&ports.iter().copied().collect(), &Default::default())
         .context("releasing the reserved ports (net.ipv4.ip_local_reserved_ports)")?;
     if !ports.is_empty() {
         let list: Vec<String> = ports.iter().map(u16::to_string).collect();

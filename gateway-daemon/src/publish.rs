@@ -475,6 +475,7 @@ pub fn effects(
         released: _,
         waiting,
         used: _,
+        cooling,
     } = plan;
     // Shared with the datapath, which keeps it as the state last applied.
     let desired = Arc::new(desired);
@@ -491,7 +492,6 @@ pub fn effects(
     log_routes_without_backends(prev, &desired, &owners);
     log_waiting(&prev.waiting, &waiting);
     let t_logs = started.elapsed();
-    let cooling = claims.iter().any(|c| c.is_released());
     let mut state = StateDocument::new(gateways, routes, claims);
     let t_document = started.elapsed();
     if let Some(old) = &prev.state {

@@ -70,7 +70,7 @@ fn services_map(s: &ServiceAddr) -> &'static str {
 
 impl Datapath {
     /// Ports of the installed services.
-    pub(super) fn installed_ports(&self) -> std::collections::BTreeSet<u16> {
+    pub(super) fn installed_ports(&self) -> crate::host::PortSet {
         self.keys.ports()
     }
 
@@ -78,8 +78,7 @@ impl Datapath {
     /// releases those no longer installed), leaving the operator's entries alone.
     fn sync_reserved_ports(&mut self) {
         let want = self.installed_ports();
-        let release: std::collections::BTreeSet<u16> =
-            self.reserved.difference(&want).copied().collect();
+        let release = self.reserved.minus(&want);
         match crate::host::update_reserved_ports(&release, &want) {
             Ok(()) => self.reserved = want,
             Err(e) => tracing::warn!(error = %e, "updating net.ipv4.ip_local_reserved_ports"),
@@ -146,7 +145,7 @@ impl Datapath {
     }
 
     fn apply_diff(&mut self, desired: &Arc<DesiredState>) -> Result<ApplyReport> {
-        self.check_capacity(desired)?;
+        let backends = self.check_capacity(desired)?;
         let mut report = ApplyReport::default();
         let snat = &desired.source_nat;
         let snat_changed = self
@@ -279,17 +278,35 @@ impl Datapath {
             }
         }
         self.applied = Some(Arc::clone(desired));
+        self.applied_backends = backends;
         Ok(report)
     }
 
     /// Refuses a state that does not fit the maps before anything is touched. The
     /// planner plans only what fits (`planner::capacity`), so this is a defence.
-    fn check_capacity(&self, desired: &DesiredState) -> Result<()> {
+    /// Returns the backends of `desired` counted with duplicates.
+    fn check_capacity(&self, desired: &DesiredState) -> Result<u64> {
+        use imbl::ordmap::DiffItem;
         let capacity = Capacity::of(&self.limits);
         let services = desired.services.len() as u64;
         // Counting distinct endpoints costs a sort per service: only when the plain
-        // number of backends, which is never lower, passes the limit.
-        let at_most = desired.services.values().map(|b| b.len() as u64).sum();
+        // number of backends, which is never lower, passes the limit. That number
+        // follows the state last applied by what changed since (the diff skips what
+        // the two share).
+        let at_most = match &self.applied {
+            Some(last) => {
+                last.services
+                    .diff(&desired.services)
+                    .fold(self.applied_backends, |n, item| match item {
+                        DiffItem::Add(_, b) => n + b.len() as u64,
+                        DiffItem::Remove(_, b) => n.saturating_sub(b.len() as u64),
+                        DiffItem::Update { old, new } => {
+                            n.saturating_sub(old.1.len() as u64) + new.1.len() as u64
+                        }
+                    })
+            }
+            None => desired.services.values().map(|b| b.len() as u64).sum(),
+        };
         let quick = Usage {
             services,
             backends: at_most,
@@ -303,7 +320,7 @@ impl Datapath {
                 what: limit.name(),
                 limit: capacity.of_limit(limit),
             }),
-            None => Ok(()),
+            None => Ok(at_most),
         }
     }
 

@@ -403,6 +403,7 @@ impl Datapath {
             installed: BTreeMap::new(),
             keys: Default::default(),
             applied: None,
+            applied_backends: 0,
             held_back: Vec::new(),
             publication: Default::default(),
             reserved: Default::default(),

@@ -527,13 +527,16 @@ pub struct Datapath {
     /// The state last applied in full: what is installed, unless the maps were changed
     /// behind the daemon's back (only by the daemon itself, which forgets this first).
     applied: Option<std::sync::Arc<DesiredState>>,
+    /// The backends of `applied`'s services, counted with duplicates (a bound of the
+    /// distinct backends it takes, followed change by change).
+    applied_backends: u64,
     /// The services of the state last applied that the kernel program does not serve.
     held_back: Vec<held_back::HeldBack>,
     /// Where and whether the gateway addresses are published (`addresses.rs`).
     publication: addresses::Publication,
     /// Ports this process reserved from the host's ephemeral ports (at start: those of
     /// the services adopted, which the run before reserved).
-    reserved: std::collections::BTreeSet<u16>,
+    reserved: crate::host::PortSet,
     /// Links this process holds, by pin path.
     links: BTreeMap<PathBuf, FdLink>,
     /// The shared lock on the pin directory, held while this process uses it

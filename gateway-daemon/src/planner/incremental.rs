@@ -17,7 +17,7 @@
 //! too large, two routes contending for a datapath service, routes waiting for room in
 //! the datapath before or after the change) falls back to the full plan.
 
-use std::{ops::RangeInclusive, sync::Arc, time::SystemTime};
+use std::{collections::BTreeMap, ops::RangeInclusive, sync::Arc, time::SystemTime};
 
 use crate::{
     datapath::{ServiceAddr, Usage},
@@ -43,8 +43,9 @@ pub(super) struct Last {
     /// The claims the plan changed from its input, but those it made bound for a route
     /// without one: a claim it released frees its port only for the next plan.
     changed: Vec<Arc<PortClaim>>,
-    /// The claims the plan made bound for a route without one.
-    made: Vec<Arc<PortClaim>>,
+    /// Where the plan made bound claims for routes without one: per listener named
+    /// by a claim, the lowest and highest port made (a plan at start makes 100,000).
+    made: Vec<Made>,
     now: SystemTime,
     default_addresses: super::DefaultAddresses,
     ephemeral_ports: Option<RangeInclusive<u16>>,
@@ -74,13 +75,34 @@ impl Last {
         backends: BackendIndex,
         contested: bool,
     ) -> Self {
-        let (mut changed, mut made) = (Vec::new(), Vec::new());
+        let mut changed = Vec::new();
+        let mut made: BTreeMap<(&str, &str, &str, &str), (u16, u16)> = BTreeMap::new();
         for pair in claim_pairs(input.claims, &plan.claims) {
             match pair {
-                (None, Some(c)) if c.is_bound() => made.push(Arc::clone(c)),
+                (None, Some(c)) if c.is_bound() => {
+                    let (ns, spec) = (c.metadata.ns(), &c.spec);
+                    let key = (
+                        ns,
+                        spec.gateway.as_str(),
+                        spec.listener.as_str(),
+                        spec.protocol.as_str(),
+                    );
+                    let ports = made.entry(key).or_insert((spec.port, spec.port));
+                    *ports = (ports.0.min(spec.port), ports.1.max(spec.port));
+                }
                 (a, b) => changed.extend(a.into_iter().chain(b).cloned()),
             }
         }
+        let made = made
+            .into_iter()
+            .map(|((namespace, gateway, listener, protocol), ports)| Made {
+                namespace: namespace.to_string(),
+                gateway: gateway.to_string(),
+                listener: listener.to_string(),
+                protocol: Protocol::parse(protocol),
+                ports,
+            })
+            .collect();
         Last {
             changed,
             made,
@@ -137,6 +159,17 @@ impl Last {
     }
 }
 
+/// Claims a plan made on one listener: the listener (by Gateway namespace and name,
+/// listener name, protocol) and the lowest and highest port made.
+#[derive(Debug)]
+struct Made {
+    namespace: String,
+    gateway: String,
+    listener: String,
+    protocol: Option<Protocol>,
+    ports: (u16, u16),
+}
+
 /// The largest scope planned incrementally for `routes` routes: beyond it, a full plan
 /// costs little more.
 fn scope_limit(routes: usize) -> usize {
@@ -186,8 +219,15 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
     // routes waiting on its listener may be planned otherwise now (a quota is full, a
     // port taken). Re-planning their routes made the first change after a start (whose
     // plan made every claim) a full plan again.
-    for c in &last.made {
-        scope.touch_claim(c, &gateways);
+    for m in &last.made {
+        scope.touch_ports(
+            &m.namespace,
+            &m.gateway,
+            &m.listener,
+            m.protocol,
+            m.ports,
+            &gateways,
+        );
     }
     // Released claims whose cool-down ended since the last plan.
     for c in held.cooled_between(last.now, input.now) {
@@ -261,6 +301,9 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
     }
     // The touched listeners' waiting and fixed routes are all in scope: as planned now.
     on.replace(planned.on, &scope.touched);
+    // `held` indexes the plan's claims.
+    let mut plan = plan;
+    plan.cooling = held.cooling();
     memo.last = Some(Last::of(input, &plan, on, served, held, backends, false));
     Some(plan)
 }

@@ -300,6 +300,11 @@ impl ClaimIndex {
         index
     }
 
+    /// Whether some claim is released and cooling down.
+    pub fn cooling(&self) -> bool {
+        !self.cooling.is_empty()
+    }
+
     /// Adds claim `c` (claims are added in order, or after `take` of their route).
     pub fn add(&mut self, c: &Arc<PortClaim>, gateways: &Gateways) {
         self.update(c, gateways, true);

@@ -140,6 +140,9 @@ pub struct Plan {
     /// What the services of `datapath` take of the room.
     #[serde(skip)]
     pub used: Usage,
+    /// Some claim is released and cooling down (plan again when its cool-down ends).
+    #[serde(skip)]
+    pub cooling: bool,
 }
 
 /// The route whose backends serve each datapath service (persistent, as the services
@@ -367,8 +370,10 @@ fn run(
     drop(attachments);
     drop(known);
     memo.remember(routes.fresh, routes.reused, pass, scope);
+    let cooling = claims.iter().any(|c| c.is_released());
     Run {
         plan: Plan {
+            cooling,
             claims: claims.into(),
             gateways: gateway_entries,
             routes: routes.entries.into(),

@@ -120,14 +120,29 @@ impl Scope {
     /// A claim's listener, and any range listener of its Gateway and protocol holding
     /// its port.
     pub(super) fn touch_claim(&mut self, c: &PortClaim, gateways: &Gateways) {
-        let Some(gi) = gateways.index(c.metadata.ns(), &c.spec.gateway) else {
+        let (port, protocol) = (c.spec.port, Protocol::parse(&c.spec.protocol));
+        let (ns, gateway, listener) = (c.metadata.ns(), &c.spec.gateway, &c.spec.listener);
+        self.touch_ports(ns, gateway, listener, protocol, (port, port), gateways);
+    }
+
+    /// Listener `listener` of Gateway `namespace/gateway`, and any range listener of
+    /// that Gateway and `protocol` holding a port of `ports` (lowest, highest).
+    pub(super) fn touch_ports(
+        &mut self,
+        namespace: &str,
+        gateway: &str,
+        listener: &str,
+        protocol: Option<Protocol>,
+        (lo, hi): (u16, u16),
+        gateways: &Gateways,
+    ) {
+        let Some(gi) = gateways.index(namespace, gateway) else {
             return;
         };
-        let protocol = Protocol::parse(&c.spec.protocol);
         for (li, l) in gateways.views[gi].listeners.iter().enumerate() {
-            let holds_port = l.protocol == protocol
-                && l.range.is_some_and(|(x, y)| (x..=y).contains(&c.spec.port));
-            if l.spec.name == c.spec.listener || holds_port {
+            let holds_port =
+                l.protocol == protocol && l.range.is_some_and(|(x, y)| x <= hi && lo <= y);
+            if l.spec.name == listener || holds_port {
                 self.touch((gi, li));
             }
         }
