@@ -74,6 +74,11 @@ fn collapse_heap() {
             }
         }
     }
+    // From now on new memory comes in small pages again: a huge page fault may stall
+    // on compaction (`defrag` is `madvise` by default, and mimalloc asks for them),
+    // and it did: 33 ms in the first change after a start at 10,000 routes, where a
+    // change takes 5. What was collapsed stays in huge pages.
+    let _ = crate::sys::alloc::huge_pages(false);
     tracing::debug!(
         mib = collapsed >> 20,
         took = ?started.elapsed(),
