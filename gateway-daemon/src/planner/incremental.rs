@@ -267,7 +267,7 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
         snat_ports: input.snat_ports.clone(),
         capacity: input.capacity,
     };
-    let mut planned = super::run(&part_input, memo, Some(&mut scope), Some(&held));
+    let mut planned = super::run(&part_input, snap, memo, Some(&mut scope), Some(&held));
     if planned.contested || !planned.plan.waiting.is_empty() {
         return None;
     }

@@ -270,7 +270,7 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         memo.snapshot = copy;
         return plan;
     }
-    let run = run(input, memo, None, None);
+    let run = run(input, input.snapshot, memo, None, None);
     if memo.keep {
         copy.follow(input.snapshot);
         memo.snapshot = copy;
@@ -299,9 +299,11 @@ struct Run {
 }
 
 /// Runs every stage on `input`; with a `scope`, for the routes in it only (`input`
-/// holds those routes and their claims, `others` the claims of every other route).
+/// holds those routes and their claims, `others` the claims of every other route, and
+/// `world` the whole snapshot).
 fn run(
     input: &Input,
+    world: &Snapshot,
     memo: &mut Memo,
     scope: Option<&mut scope::Scope>,
     others: Option<&ledger::ClaimIndex>,
@@ -309,7 +311,7 @@ fn run(
     let snap = input.snapshot;
     let now_text: Time = format_time(input.now).into();
     let gateways = gateways::ours(input);
-    let (world_same, pass) = memo.begin(input);
+    let (world_same, pass) = memo.begin(world, input);
     let known = memo.recall(&snap.routes);
     let mut attachments = attach::attach_routes(snap, &known, world_same, &gateways);
     let bind::Bound { claims, released } = bind::bind(input, &gateways, &mut attachments, others);
