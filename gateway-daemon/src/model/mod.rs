@@ -49,7 +49,10 @@ pub fn common_ends<T>(a: &[T], b: &[T], same: impl Fn(&T, &T) -> bool) -> (usize
 pub type ClaimList = imbl::Vector<std::sync::Arc<PortClaim>>;
 
 /// The lengths of the longest common head and tail of `a` and `b` (not overlapping),
-/// by `same`, for persistent vectors.
+/// by `same` (reflexive), for persistent vectors. Leaves the two share (the same
+/// memory: a vector made from the other by a few changes shares all but the leaves
+/// they touched) are skipped whole; element by element, a walk over 100,000 claims
+/// took ~0.3 ms, five times a change.
 pub fn common_ends_of<T: Clone>(
     a: &imbl::Vector<T>,
     b: &imbl::Vector<T>,
@@ -58,12 +61,37 @@ pub fn common_ends_of<T: Clone>(
     if a.ptr_eq(b) {
         return (a.len(), 0);
     }
-    let head = a.iter().zip(b).take_while(|(x, y)| same(x, y)).count();
-    let tail = a
-        .iter()
+    let most = a.len().min(b.len());
+    let shared = |x: &[T], y: &[T]| std::ptr::eq(x, y);
+    // Whole shared leaves from the front, then element by element.
+    let mut head = 0;
+    for (x, y) in a.leaves().zip(b.leaves()) {
+        if !shared(x, y) {
+            break;
+        }
+        head += x.len();
+    }
+    head += a
+        .focus()
+        .narrow(head..)
+        .into_iter()
+        .zip(b.focus().narrow(head..))
+        .take_while(|(x, y)| same(x, y))
+        .count();
+    // The same from the back, never into the head.
+    let mut tail = 0;
+    for (x, y) in a.leaves().rev().zip(b.leaves().rev()) {
+        if !shared(x, y) || head + tail + x.len() > most {
+            break;
+        }
+        tail += x.len();
+    }
+    tail += a
+        .focus()
+        .narrow(head..a.len() - tail)
+        .into_iter()
         .rev()
-        .zip(b.iter().rev())
-        .take(a.len().min(b.len()) - head)
+        .zip(b.focus().narrow(head..b.len() - tail).into_iter().rev())
         .take_while(|(x, y)| same(x, y))
         .count();
     (head, tail)
@@ -180,6 +208,45 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+
+    #[test]
+    fn common_ends_of_persistent_vectors_skip_shared_leaves_and_match_a_plain_walk() {
+        let plain = |a: &imbl::Vector<Arc<u32>>, b: &imbl::Vector<Arc<u32>>| {
+            let (a, b): (Vec<_>, Vec<_>) =
+                (a.iter().cloned().collect(), b.iter().cloned().collect());
+            common_ends(&a, &b, Arc::ptr_eq)
+        };
+        let base: imbl::Vector<Arc<u32>> = (0..5000).map(Arc::new).collect();
+        let mut cases = vec![
+            (base.clone(), base.clone()),
+            (base.clone(), imbl::Vector::new()),
+        ];
+        for at in [0, 1, 63, 64, 65, 2500, 4999] {
+            let mut inserted = base.clone();
+            inserted.insert(at, Arc::new(9999));
+            let mut removed = base.clone();
+            removed.remove(at);
+            let mut replaced = base.clone();
+            replaced.set(at, Arc::new(at as u32));
+            cases.extend([
+                (base.clone(), inserted),
+                (base.clone(), removed),
+                (base.clone(), replaced),
+            ]);
+        }
+        // Equal contents, no shared memory: element by element.
+        cases.push((base.clone(), base.iter().cloned().collect()));
+        let mut both = base.clone();
+        both.remove(10);
+        both.insert(4000, Arc::new(1));
+        cases.push((base.clone(), both));
+        for (a, b) in &cases {
+            let want = plain(a, b);
+            assert_eq!(common_ends_of(a, b, Arc::ptr_eq), want);
+            assert_eq!(common_ends_of(b, a, Arc::ptr_eq), want);
+            assert!(want.0 + want.1 <= a.len().min(b.len()) || a.ptr_eq(b));
+        }
+    }
 
     #[test]
     fn a_followed_copy_holds_the_new_allocations_and_keeps_the_shared_ones() {
