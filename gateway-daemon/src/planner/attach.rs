@@ -187,11 +187,7 @@ fn created(snap: &Snapshot, known: &[Option<&Remembered>]) -> Vec<Option<SystemT
         .zip(known)
         .map(|(r, k)| match k {
             Some(k) => k.created,
-            None => r
-                .metadata
-                .creation_timestamp
-                .as_deref()
-                .and_then(parse_time),
+            None => r.created().and_then(|t| parse_time(t)),
         })
         .collect()
 }

@@ -199,7 +199,7 @@ impl Context<'_, '_> {
             namespace: m.ns().to_string(),
             name: m.name.clone(),
             status: RouteStatus { parents },
-            created: m.creation_timestamp.clone(),
+            created: route.created().cloned(),
             served_on,
         });
         let remembered = (unique && self.memo.keep).then(|| Remembered {

@@ -49,7 +49,7 @@ impl FirstSeenTimes {
     /// A pass over the routes present: gives each route without a creation time the
     /// time its key was first seen (`now` for a key not seen before), and returns the
     /// keys seen for the first time and those gone, for `Store::record_first_seen`.
-    pub fn pass(&mut self, routes: &mut [Arc<Route>], now: &Time) -> Found {
+    pub fn pass(&mut self, routes: &[Arc<Route>], now: &Time) -> Found {
         self.unrecorded = None;
         let full = self.last.is_none();
         let (head, tail, last) = match self.last.take() {
@@ -77,7 +77,7 @@ impl FirstSeenTimes {
         }
         let mut added: Vec<(String, Time)> = Vec::new();
         let end = routes.len() - tail;
-        for r in &mut routes[head..end] {
+        for r in &routes[head..end] {
             route_key(&mut key, r);
             let t = match self.times.get_mut(key.as_str()) {
                 Some(seen) => {
@@ -90,9 +90,8 @@ impl FirstSeenTimes {
                 }
             };
             if r.metadata.creation_timestamp.is_none() {
-                // The route is moved back into its file with this time: only a route
-                // seen for the first time is copied here.
-                Arc::make_mut(r).metadata.creation_timestamp = Some(Time::clone(t));
+                // Set once per allocation: a route unchanged keeps the time it has.
+                let _ = r.first_seen.set(Time::clone(t));
             }
         }
         // A route that is gone and comes back later is a new object with a new time.
@@ -341,11 +340,12 @@ mod tests {
                 ..Meta::default()
             },
             spec: RouteSpec::default(),
+            first_seen: Default::default(),
         })
     }
 
     /// A pass whose findings are recorded, as the cycle records them.
-    fn pass(times: &mut FirstSeenTimes, routes: &mut [Arc<Route>], now: &str) -> Found {
+    fn pass(times: &mut FirstSeenTimes, routes: &[Arc<Route>], now: &str) -> Found {
         let (added, removed) = times.pass(routes, &Time::from(now));
         for (k, t) in &added {
             times.insert(k.clone(), t.clone());
@@ -377,7 +377,7 @@ mod tests {
         );
         assert!(removed.is_empty());
         assert_eq!(
-            routes[1].metadata.creation_timestamp.as_deref(),
+            routes[1].created().map(|t| &**t),
             Some("t0"),
             "a route without a creation time gets its first-seen time"
         );
@@ -390,8 +390,8 @@ mod tests {
         let (added, removed) = pass(&mut times, &mut routes, "t2");
         assert_eq!(keys(&added), ["UDPRoute/a/r5"]);
         assert_eq!(removed, ["UDPRoute/a/r1"]);
-        assert_eq!(routes[1].metadata.creation_timestamp.as_deref(), Some("t2"));
-        assert_eq!(routes[2].metadata.creation_timestamp.as_deref(), Some("t0"));
+        assert_eq!(routes[1].created().map(|t| &**t), Some("t2"));
+        assert_eq!(routes[2].created().map(|t| &**t), Some("t0"));
         // One of the two r3 goes: r3 is still there.
         routes.remove(2);
         assert_eq!(pass(&mut times, &mut routes, "t3"), (vec![], vec![]));
