@@ -314,6 +314,7 @@ impl Serving {
 mod tests {
     use super::*;
     use crate::datapath::Protocol;
+    use std::collections::BTreeMap;
 
     fn service(port: u16) -> ServiceAddr {
         ServiceAddr {

@@ -27,8 +27,7 @@ pub fn cycle(
     let _lock = store.lock()?;
     // Routes without a creation time are ordered by when Berth first saw them.
     let now_text: crate::model::Time = humantime::format_rfc3339_seconds(now).to_string().into();
-    let (added, removed) =
-        store.with_first_seen(|seen| seen.pass(&snapshot.routes, &now_text))?;
+    let (added, removed) = store.with_first_seen(|seen| seen.pass(&snapshot.routes, &now_text))?;
     let mut seen_changed = !added.is_empty() || !removed.is_empty();
     let t_seen = started.elapsed();
     loop {
