@@ -90,6 +90,11 @@ impl Definitions {
     /// Makes `new` the definitions of `file` in place of `old` (its objects in force),
     /// unless `new` defines an object that another file (or another document of `new`)
     /// defines: then nothing changes, and the errors name both places.
+    #[expect(
+        clippy::mutable_key_type,
+        reason = "a key hashes and compares its object's kind, namespace and name, which \
+                  never change (a route's first-seen time, set once, is not part of it)"
+    )]
     pub fn replace(
         &mut self,
         file: &Path,

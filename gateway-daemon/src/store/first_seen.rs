@@ -365,7 +365,7 @@ mod tests {
     fn a_pass_reads_the_changed_routes_and_finds_what_a_full_pass_finds() {
         let mut times = FirstSeenTimes::default();
         let mut routes: Vec<Arc<Route>> = ["r0", "r1", "r2", "r3"].map(route).to_vec();
-        let (added, removed) = pass(&mut times, &mut routes, "t0");
+        let (added, removed) = pass(&mut times, &routes, "t0");
         assert_eq!(
             keys(&added),
             [
@@ -382,22 +382,22 @@ mod tests {
             "a route without a creation time gets its first-seen time"
         );
         // Nothing changed: nothing found.
-        assert_eq!(pass(&mut times, &mut routes, "t1"), (vec![], vec![]));
+        assert_eq!(pass(&mut times, &routes, "t1"), (vec![], vec![]));
         // r1 replaced by r5, and a second r3 (the same name twice, as two files may
         // have it) in the middle.
         routes[1] = route("r5");
         routes.insert(2, route("r3"));
-        let (added, removed) = pass(&mut times, &mut routes, "t2");
+        let (added, removed) = pass(&mut times, &routes, "t2");
         assert_eq!(keys(&added), ["UDPRoute/a/r5"]);
         assert_eq!(removed, ["UDPRoute/a/r1"]);
         assert_eq!(routes[1].created().map(|t| &**t), Some("t2"));
         assert_eq!(routes[2].created().map(|t| &**t), Some("t0"));
         // One of the two r3 goes: r3 is still there.
         routes.remove(2);
-        assert_eq!(pass(&mut times, &mut routes, "t3"), (vec![], vec![]));
+        assert_eq!(pass(&mut times, &routes, "t3"), (vec![], vec![]));
         // The other goes too.
         routes.pop();
-        assert_eq!(pass(&mut times, &mut routes, "t4").1, ["UDPRoute/a/r3"]);
+        assert_eq!(pass(&mut times, &routes, "t4").1, ["UDPRoute/a/r3"]);
         assert_eq!(times.get("UDPRoute/a/r3"), None);
         assert_eq!(times.get("UDPRoute/a/r5"), Some("t2"));
     }
@@ -406,12 +406,12 @@ mod tests {
     fn findings_not_recorded_are_found_again_by_the_next_pass() {
         let mut times = FirstSeenTimes::default();
         let mut routes = vec![route("r0")];
-        pass(&mut times, &mut routes, "t0");
+        pass(&mut times, &routes, "t0");
         routes.push(route("r1"));
         // The records of this pass are not written (a full disk).
-        let (added, _) = times.pass(&mut routes, &Time::from("t1"));
+        let (added, _) = times.pass(&routes, &Time::from("t1"));
         assert_eq!(keys(&added), ["UDPRoute/a/r1"]);
-        let (added, removed) = pass(&mut times, &mut routes, "t2");
+        let (added, removed) = pass(&mut times, &routes, "t2");
         assert_eq!(keys(&added), ["UDPRoute/a/r1"]);
         assert!(removed.is_empty());
     }
