@@ -129,6 +129,7 @@ fn route(i: usize) -> Route {
                 }],
             }],
         },
+        first_seen: Default::default(),
     }
 }
 
