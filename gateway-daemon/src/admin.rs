@@ -423,11 +423,11 @@ fn row(
         namespace: r.namespace.clone(),
         name: r.name.clone(),
         kind: r.kind.clone(),
-        gateway: pr.name.clone(),
+        gateway: pr.name.to_string(),
         listener: on
             .map(|s| s.listener.clone())
             .or_else(|| claim.map(|c| c.spec.listener.to_string()))
-            .or_else(|| pr.section_name.clone())
+            .or_else(|| pr.section_name.as_ref().map(ToString::to_string))
             .unwrap_or_default(),
         port,
         accepted: accepted

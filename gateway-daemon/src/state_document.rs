@@ -162,8 +162,8 @@ impl ClaimRecord {
         };
         PortClaim {
             metadata: Meta {
-                name: c.name,
-                namespace: Some(c.namespace),
+                name: c.name.into(),
+                namespace: Some(c.namespace.into()),
                 ..Meta::default()
             },
             spec: PortClaimSpec {

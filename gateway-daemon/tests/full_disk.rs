@@ -19,7 +19,7 @@ fn claim(port: u16) -> Arc<PortClaim> {
         "infra",
         PortClaimSpec::new("gw", "pool", "TCP", port, route),
     );
-    c.metadata.name = format!("gw-tcp-{port}");
+    c.metadata.name = format!("gw-tcp-{port}").into();
     Arc::new(c)
 }
 

@@ -350,7 +350,7 @@ impl Campaign {
         let mut holders: BTreeMap<(String, String, u16), String> = BTreeMap::new();
         for c in &claims {
             let key = (c.spec.gateway.clone(), c.spec.protocol.clone(), c.spec.port);
-            if let Some(other) = holders.insert(key, c.metadata.name.clone()) {
+            if let Some(other) = holders.insert(key, c.metadata.name.to_string()) {
                 self.tally.twice.push(format!(
                     "{} {}: claims {other} and {} (journal)",
                     c.spec.protocol, c.spec.port, c.metadata.name

@@ -588,7 +588,7 @@ proptest! {
                 for p in &r.status.parents {
                     let accepted = p.conditions.iter().find(|c| c.kind == "Accepted").expect("Accepted");
                     let ok = accepted.status == "True";
-                    *accepted_on.entry((r.name.clone(), p.parent_ref.name.clone())).or_default() |= ok;
+                    *accepted_on.entry((r.name.clone(), p.parent_ref.name.to_string())).or_default() |= ok;
                     if !ok || !accepted.message.starts_with("assigned port") {
                         continue;
                     }

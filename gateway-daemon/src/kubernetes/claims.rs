@@ -105,7 +105,7 @@ impl Recent {
 }
 
 fn key(c: &PortClaim) -> Key {
-    (c.metadata.ns().to_string(), c.metadata.name.clone())
+    (c.metadata.ns().to_string(), c.metadata.name.to_string())
 }
 
 /// The API object for a claim, at resourceVersion `rv` if given.

@@ -268,7 +268,7 @@ impl Controller {
             .gateway_classes
             .iter()
             .filter(|c| c.spec.controller_name == crate::model::CONTROLLER_NAME)
-            .filter_map(|c| view.classes.get(&c.metadata.name));
+            .filter_map(|c| view.classes.get(c.metadata.name.as_str()));
         for class in ours {
             let r = status::apply_gateway_class(&self.client, &self.leadership, class, &now_text);
             keep_first(&mut first_error, r.await)?;
@@ -365,7 +365,7 @@ fn keep_first<T>(
 }
 
 fn claim_key(c: &PortClaim) -> sources::Key {
-    (c.metadata.ns().to_string(), c.metadata.name.clone())
+    (c.metadata.ns().to_string(), c.metadata.name.to_string())
 }
 
 /// What `run` needs to know.

@@ -49,7 +49,11 @@ pub fn hints(view: &View) -> Vec<PortClaim> {
             ) else {
                 continue;
             };
-            let gw_ns = p.parent_ref.namespace.clone().unwrap_or_else(|| ns.clone());
+            let gw_ns = p
+                .parent_ref
+                .namespace
+                .clone()
+                .unwrap_or_else(|| ns.as_str().into());
             let gw_name = &p.parent_ref.name;
             let protocol = kind.protocol();
             let Some(listener) = range_listener(view, &gw_ns, gw_name, protocol, port) else {
@@ -76,11 +80,11 @@ pub fn hints(view: &View) -> Vec<PortClaim> {
             out.push(PortClaim::bound(
                 &gw_ns,
                 PortClaimSpec {
-                    gateway: gw_name.clone(),
+                    gateway: gw_name.to_string(),
                     listener,
                     protocol: protocol.to_string(),
                     port,
-                    route: ClaimRoute::new(kind.name(), ns, name, uid),
+                    route: ClaimRoute::new(kind.name(), ns, name, uid.map(String::from)),
                 },
             ));
         }

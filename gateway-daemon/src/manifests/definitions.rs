@@ -17,7 +17,7 @@ pub type ObjectKey = (&'static str, String, String);
 /// The identity of `o`.
 pub fn object_key(o: &Object) -> ObjectKey {
     let (kind, meta) = kind_and_meta(o);
-    (kind, meta.ns().to_string(), meta.name.clone())
+    (kind, meta.ns().to_string(), meta.name.to_string())
 }
 
 fn kind_and_meta(o: &Object) -> (&'static str, &Meta) {

@@ -284,7 +284,7 @@ fn json_files_are_read_one_value_or_list_or_several() {
         p.objects
             .iter()
             .map(|o| match o {
-                Object::Route(r) => r.metadata.name.clone(),
+                Object::Route(r) => r.metadata.name.to_string(),
                 _ => "?".to_string(),
             })
             .collect()

@@ -209,8 +209,8 @@ impl PortClaim {
     pub fn bound(gateway_ns: &str, spec: PortClaimSpec) -> Self {
         PortClaim {
             metadata: Meta {
-                name: claim_name(&spec.gateway, &spec.protocol, spec.port),
-                namespace: Some(gateway_ns.to_string()),
+                name: claim_name(&spec.gateway, &spec.protocol, spec.port).into(),
+                namespace: Some(gateway_ns.into()),
                 ..Meta::default()
             },
             spec,

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Meta;
+use super::{Meta, Str};
 
 /// Service (the parts Berth uses).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,12 +30,12 @@ pub struct ServiceSpec {
 pub struct ServicePort {
     /// Name.
     #[serde(default)]
-    pub name: Option<String>,
+    pub name: Option<Str>,
     /// Port.
     pub port: u16,
     /// Protocol (default TCP).
     #[serde(default)]
-    pub protocol: Option<String>,
+    pub protocol: Option<Str>,
     /// Target port number (a named target port is resolved through EndpointSlices).
     #[serde(default)]
     pub target_port: Option<serde_yaml::Value>,
@@ -48,7 +48,7 @@ pub struct EndpointSlice {
     /// Metadata (label `kubernetes.io/service-name` names the Service).
     pub metadata: Meta,
     /// `IPv4`, `IPv6` or `FQDN`.
-    pub address_type: String,
+    pub address_type: Str,
     /// Endpoints.
     #[serde(default)]
     pub endpoints: Vec<Endpoint>,
@@ -62,7 +62,7 @@ pub struct EndpointSlice {
 #[serde(rename_all = "camelCase")]
 pub struct Endpoint {
     /// Addresses.
-    pub addresses: Vec<String>,
+    pub addresses: Vec<Str>,
     /// Conditions.
     #[serde(default)]
     pub conditions: EndpointConditions,
@@ -89,12 +89,12 @@ pub struct EndpointConditions {
 pub struct EndpointPort {
     /// Name (matches the Service port's name).
     #[serde(default)]
-    pub name: Option<String>,
+    pub name: Option<Str>,
     /// Port.
     pub port: Option<u16>,
     /// Protocol.
     #[serde(default)]
-    pub protocol: Option<String>,
+    pub protocol: Option<Str>,
 }
 
 /// Namespace (for `allowedRoutes` selectors).

@@ -4,18 +4,20 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::Str;
+
 /// Object metadata.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Meta {
     /// Name.
-    pub name: String,
+    pub name: super::Str,
     /// Namespace; `default` when absent on a namespaced object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
+    pub namespace: Option<super::Str>,
     /// UID, if the object came from an API server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
+    pub uid: Option<super::Str>,
     /// Generation (for `observedGeneration`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<i64>,
@@ -31,11 +33,11 @@ pub struct Meta {
 /// a node of about 540 bytes for a single label (every EndpointSlice has one: 50 MB
 /// at 100,000 routes).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Labels(Box<[(String, String)]>);
+pub struct Labels(Box<[(Str, Str)]>);
 
 impl Labels {
     /// The value of label `key`.
-    pub fn get(&self, key: &str) -> Option<&String> {
+    pub fn get(&self, key: &str) -> Option<&Str> {
         self.0
             .binary_search_by(|(k, _)| k.as_str().cmp(key))
             .ok()
@@ -48,12 +50,12 @@ impl Labels {
     }
 
     /// The labels, ordered by key.
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &String)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&Str, &Str)> {
         self.0.iter().map(|(k, v)| (k, v))
     }
 
     /// Sets label `key` to `value`.
-    pub fn insert(&mut self, key: String, value: String) {
+    pub fn insert(&mut self, key: Str, value: Str) {
         *self = std::mem::take(self)
             .0
             .into_vec()
@@ -63,10 +65,10 @@ impl Labels {
     }
 }
 
-impl FromIterator<(String, String)> for Labels {
+impl FromIterator<(Str, Str)> for Labels {
     /// A key given twice keeps its last value, as in a map.
-    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Self {
-        let map: BTreeMap<String, String> = iter.into_iter().collect();
+    fn from_iter<I: IntoIterator<Item = (Str, Str)>>(iter: I) -> Self {
+        let map: BTreeMap<Str, Str> = iter.into_iter().collect();
         Labels(map.into_iter().collect())
     }
 }
@@ -79,7 +81,7 @@ impl Serialize for Labels {
 
 impl<'de> Deserialize<'de> for Labels {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let map = BTreeMap::<String, String>::deserialize(d)?;
+        let map = BTreeMap::<Str, Str>::deserialize(d)?;
         Ok(Labels(map.into_iter().collect()))
     }
 }
@@ -121,12 +123,12 @@ impl LabelSelector {
     pub fn matches(&self, labels: &Labels) -> bool {
         self.match_labels
             .iter()
-            .all(|(k, v)| labels.get(k) == Some(v))
+            .all(|(k, v)| labels.get(k).is_some_and(|l| l == v))
             && self.match_expressions.iter().all(|e| {
                 let value = labels.get(&e.key);
                 match e.operator.as_str() {
-                    "In" => value.is_some_and(|v| e.values.contains(v)),
-                    "NotIn" => value.is_none_or(|v| !e.values.contains(v)),
+                    "In" => value.is_some_and(|v| e.values.iter().any(|x| x == v)),
+                    "NotIn" => value.is_none_or(|v| !e.values.iter().any(|x| x == v)),
                     "Exists" => value.is_some(),
                     "DoesNotExist" => value.is_none(),
                     _ => false,
@@ -145,12 +147,12 @@ mod tests {
             "name: x\nlabels: {zone: b, app: web, kubernetes.io/service-name: s}",
         )
         .expect("meta");
-        assert_eq!(meta.labels.get("app").map(String::as_str), Some("web"));
-        assert_eq!(meta.labels.get("zone").map(String::as_str), Some("b"));
+        assert_eq!(meta.labels.get("app").map(|v| v.as_str()), Some("web"));
+        assert_eq!(meta.labels.get("zone").map(|v| v.as_str()), Some("b"));
         assert_eq!(
             meta.labels
                 .get("kubernetes.io/service-name")
-                .map(String::as_str),
+                .map(|v| v.as_str()),
             Some("s")
         );
         assert_eq!(meta.labels.get("ap"), None);

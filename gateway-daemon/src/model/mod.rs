@@ -30,6 +30,11 @@ pub use route::*;
 /// for all of them.
 pub type Time = std::sync::Arc<str>;
 
+/// A name, namespace, protocol or address of an object: kept inline up to 24 bytes,
+/// as nearly all are. At 100,000 routes the objects held millions of short strings,
+/// each `String` an allocation of its own.
+pub type Str = compact_str::CompactString;
+
 /// The lengths of the longest common head and tail of `a` and `b` (not overlapping),
 /// by `same`.
 pub fn common_ends<T>(a: &[T], b: &[T], same: impl Fn(&T, &T) -> bool) -> (usize, usize) {

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Meta, Protocol};
+use super::{Meta, Protocol, Str};
 
 /// TCPRoute or UDPRoute: the two share their shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -85,18 +85,18 @@ pub struct RouteSpec {
 pub struct ParentRef {
     /// Group (default `gateway.networking.k8s.io`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
+    pub group: Option<Str>,
     /// Kind (default `Gateway`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
+    pub kind: Option<Str>,
     /// Namespace (default: the route's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
+    pub namespace: Option<Str>,
     /// Gateway name.
-    pub name: String,
+    pub name: Str,
     /// Listener name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub section_name: Option<String>,
+    pub section_name: Option<Str>,
     /// Port: a listener's port, or a port requested from a range.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
@@ -117,15 +117,15 @@ pub struct RouteRule {
 pub struct BackendRef {
     /// Group (default core, `""`).
     #[serde(default)]
-    pub group: Option<String>,
+    pub group: Option<Str>,
     /// Kind (default `Service`).
     #[serde(default)]
-    pub kind: Option<String>,
+    pub kind: Option<Str>,
     /// Name.
-    pub name: String,
+    pub name: Str,
     /// Namespace (default: the route's).
     #[serde(default)]
-    pub namespace: Option<String>,
+    pub namespace: Option<Str>,
     /// Service port.
     #[serde(default)]
     pub port: Option<u16>,

@@ -251,7 +251,7 @@ pub(super) fn holds(claimed: &ClaimRoute, route: &Route) -> bool {
         && claimed.name == route.metadata.name
         && (claimed.uid.is_none()
             || route.metadata.uid.is_none()
-            || claimed.uid == route.metadata.uid)
+            || claimed.uid.as_deref() == route.metadata.uid.as_deref())
 }
 
 /// Which listeners of `gw` a parentRef of `route` attaches to.
@@ -275,7 +275,7 @@ fn attach(
     // `NotAllowedByListeners`, as upstream conformance expects.
     let mut candidates: Vec<usize> = (0..gw.listeners.len()).collect();
     if let Some(section) = &parent.section_name {
-        candidates.retain(|&i| &gw.listeners[i].spec.name == section);
+        candidates.retain(|&i| gw.listeners[i].spec.name == section.as_str());
         if candidates.is_empty() {
             return no_match(format!("the Gateway has no listener {section}"));
         }

@@ -15,7 +15,7 @@ use crate::model::*;
 use super::FastMap;
 
 /// A Service's identity: (namespace, name).
-pub(super) type ServiceKey = (String, String);
+pub(super) type ServiceKey = (Str, Str);
 
 /// The routes naming each Service, and the Services and EndpointSlices of each.
 #[derive(Debug, Default)]
@@ -44,12 +44,12 @@ impl Named {
 type List<T> = fn(&mut Named) -> &mut Vec<Arc<T>>;
 
 fn service_key(s: &Service) -> Option<ServiceKey> {
-    Some((s.metadata.ns().to_string(), s.metadata.name.clone()))
+    Some((s.metadata.ns().into(), s.metadata.name.clone()))
 }
 
 fn slice_key(s: &EndpointSlice) -> Option<ServiceKey> {
     let name = s.metadata.labels.get("kubernetes.io/service-name")?;
-    Some((s.metadata.ns().to_string(), name.clone()))
+    Some((s.metadata.ns().into(), name.clone()))
 }
 
 /// The Services `route`'s backendRefs name (as `backends::resolve_backends` looks
@@ -59,7 +59,7 @@ pub(super) fn named_by(route: &Route) -> impl Iterator<Item = ServiceKey> + '_ {
     let refs = route.spec.rules.iter().flat_map(|rule| &rule.backend_refs);
     refs.map(move |b| {
         let namespace = b.namespace.as_deref().unwrap_or(ns);
-        (namespace.to_string(), b.name.clone())
+        (namespace.into(), b.name.clone())
     })
 }
 

@@ -162,7 +162,7 @@ fn route_ref(route: &Route) -> ClaimRoute {
         route.kind.name(),
         route.metadata.ns(),
         &route.metadata.name,
-        route.metadata.uid.clone(),
+        route.metadata.uid.as_ref().map(ToString::to_string),
     )
 }
 

@@ -106,7 +106,7 @@ mod tests {
     fn claim(ns: &str, port: u16, route: &str) -> Arc<PortClaim> {
         let route = ClaimRoute::new("TCPRoute", "a", route, None);
         let mut c = PortClaim::bound(ns, PortClaimSpec::new("gw", "pool", "TCP", port, route));
-        c.metadata.name = format!("gw-tcp-{port}");
+        c.metadata.name = format!("gw-tcp-{port}").into();
         Arc::new(c)
     }
 

@@ -45,7 +45,7 @@ impl GatewayView<'_> {
     pub fn key(&self) -> (String, String) {
         (
             self.spec.metadata.ns().to_string(),
-            self.spec.metadata.name.clone(),
+            self.spec.metadata.name.to_string(),
         )
     }
 }

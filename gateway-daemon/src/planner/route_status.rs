@@ -197,7 +197,7 @@ impl Context<'_, '_> {
         let entry = Arc::new(RouteEntry {
             kind: route.kind.name().to_string(),
             namespace: m.ns().to_string(),
-            name: m.name.clone(),
+            name: m.name.to_string(),
             status: RouteStatus { parents },
             created: route.created().cloned(),
             served_on,
@@ -379,6 +379,6 @@ pub(super) fn route_id(r: &Route) -> RouteId {
     RouteId {
         kind: r.kind.name().to_string(),
         namespace: r.metadata.ns().to_string(),
-        name: r.metadata.name.clone(),
+        name: r.metadata.name.to_string(),
     }
 }

@@ -103,7 +103,7 @@ impl Writes {
             match change {
                 ClaimChange::Delete(c) => w
                     .deleted
-                    .push((c.metadata.ns().to_string(), c.metadata.name.clone())),
+                    .push((c.metadata.ns().to_string(), c.metadata.name.to_string())),
                 ClaimChange::Update(c) => w.updates.push(Arc::clone(c)),
                 ClaimChange::Create(c) => w.creates.push(Arc::clone(c)),
             }

@@ -19,7 +19,7 @@ fn routes(source: &mut ManifestSource) -> Vec<String> {
     let mut names: Vec<String> = snapshot
         .routes
         .iter()
-        .map(|r| r.metadata.name.clone())
+        .map(|r| r.metadata.name.to_string())
         .collect();
     source.give_back(snapshot, layout);
     names.sort();

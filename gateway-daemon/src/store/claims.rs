@@ -37,12 +37,17 @@ impl Claims {
         if changes.len() > 64 {
             let mut by_name: BTreeMap<(String, String), Arc<PortClaim>> = std::mem::take(list)
                 .into_iter()
-                .map(|c| ((c.metadata.ns().to_string(), c.metadata.name.clone()), c))
+                .map(|c| {
+                    (
+                        (c.metadata.ns().to_string(), c.metadata.name.to_string()),
+                        c,
+                    )
+                })
                 .collect();
             for change in changes {
                 match change {
                     ClaimRecord::Put(c) => {
-                        let key = (c.metadata.ns().to_string(), c.metadata.name.clone());
+                        let key = (c.metadata.ns().to_string(), c.metadata.name.to_string());
                         by_name.insert(key, Arc::clone(c));
                     }
                     ClaimRecord::Delete(ns, name) => {
@@ -176,7 +181,7 @@ impl Replay {
     ) -> std::result::Result<(), String> {
         match record {
             ClaimRecord::Put(c) => {
-                let name = (c.metadata.ns().to_string(), c.metadata.name.clone());
+                let name = (c.metadata.ns().to_string(), c.metadata.name.to_string());
                 let port = Self::port_key(&c);
                 if let Some(holder) = self.by_port.get(&port).filter(|h| **h != name.1) {
                     let (held, at) = &self.by_name[&(name.0.clone(), holder.clone())];
@@ -335,7 +340,7 @@ impl Store {
             None => Ok(()),
             Some(c) => Err(StoreError::AlreadyExists {
                 namespace: c.metadata.ns().to_string(),
-                name: c.metadata.name.clone(),
+                name: c.metadata.name.to_string(),
             }),
         }
     }

@@ -39,8 +39,8 @@ const NAMESPACES: usize = 100;
 
 fn meta(name: &str, ns: &str) -> Meta {
     Meta {
-        name: name.to_string(),
-        namespace: Some(ns.to_string()),
+        name: name.into(),
+        namespace: Some(ns.into()),
         ..Meta::default()
     }
 }
@@ -117,13 +117,13 @@ fn route(i: usize) -> Route {
         metadata: meta(&format!("r{i}"), &namespace(i)),
         spec: RouteSpec {
             parent_refs: vec![ParentRef {
-                name: format!("shared-{}", i % GATEWAYS),
+                name: format!("shared-{}", i % GATEWAYS).into(),
                 namespace: Some("infra".into()),
                 ..ParentRef::default()
             }],
             rules: vec![RouteRule {
                 backend_refs: vec![BackendRef {
-                    name: format!("svc-{i}"),
+                    name: format!("svc-{i}").into(),
                     port: Some(80),
                     ..BackendRef::default()
                 }],
@@ -154,17 +154,15 @@ fn service(i: usize, second_port: bool) -> Service {
 /// The EndpointSlice of `svc-i`: one endpoint whose address ends in `host`.
 fn slice(i: usize, host: u8, ready: bool) -> EndpointSlice {
     let mut m = meta(&format!("svc-{i}-x1"), &namespace(i));
-    m.labels
-        .insert("kubernetes.io/service-name".into(), format!("svc-{i}"));
+    m.labels.insert(
+        "kubernetes.io/service-name".into(),
+        format!("svc-{i}").into(),
+    );
     EndpointSlice {
         metadata: m,
         address_type: "IPv4".into(),
         endpoints: vec![Endpoint {
-            addresses: vec![format!(
-                "10.{}.{}.{host}",
-                1 + i / 65536 % 200,
-                i / 256 % 256
-            )],
+            addresses: vec![format!("10.{}.{}.{host}", 1 + i / 65536 % 200, i / 256 % 256).into()],
             conditions: EndpointConditions {
                 ready: Some(ready),
                 ..EndpointConditions::default()
