@@ -25,6 +25,7 @@ pub mod store;
     reason = "the system calls, each unsafe block with its SAFETY comment"
 )]
 mod sys;
+pub mod vec_map;
 
 /// An error and its sources on one line, `: `-separated (for logs and test failures).
 pub fn error_chain(e: &dyn std::error::Error) -> String {

@@ -114,7 +114,9 @@ pub fn reserved_ports(state: &DesiredState) -> BTreeSet<u16> {
 }
 
 /// Backends of one service keyed by endpoint (duplicates merged by adding weights).
-pub(crate) type BackendSet = BTreeMap<SocketAddr, u16>;
+/// A sorted vector: the first apply at 100,000 routes made one of each service, and
+/// the `BTreeMap` it was took 39 MB at the daemon's peak (heaptrack).
+pub(crate) type BackendSet = crate::vec_map::VecMap<SocketAddr, u16>;
 
 impl DesiredState {
     /// Adds a service, replacing any previous backends of the same address.
@@ -177,11 +179,11 @@ impl DesiredState {
 
 /// Backends by endpoint, duplicates merged by adding their weights.
 fn backend_set(backends: &[WeightedBackend]) -> BackendSet {
-    let mut set = BackendSet::new();
+    let mut set = BackendSet::default();
     for b in backends {
-        let w = set.entry(b.endpoint).or_default();
-        *w = w.saturating_add(b.weight);
+        set.push_unordered(b.endpoint, b.weight);
     }
+    set.settle_with(|w, more| *w = w.saturating_add(more));
     set
 }
 

@@ -257,58 +257,13 @@ impl Book {
 
 /// How many services of `set` come before `service`, counted up to `CANDIDATES`.
 fn rank(set: &Serving, service: &ServiceAddr) -> usize {
-    set.0.partition_point(|(s, _)| s < service).min(CANDIDATES)
+    set.rank(service).min(CANDIDATES)
 }
 
 /// The services one endpoint serves, in service order, with whether each is in SNAT
 /// mode. A sorted vector: an endpoint serves one service or a few, and a `BTreeMap`
 /// took a node of about 250 bytes for one (25 MB at 100,000 services).
-#[derive(Debug, Default)]
-struct Serving(Vec<(ServiceAddr, bool)>);
-
-impl Serving {
-    fn find(&self, service: &ServiceAddr) -> Result<usize, usize> {
-        self.0.binary_search_by(|(s, _)| s.cmp(service))
-    }
-
-    fn get_mut(&mut self, service: &ServiceAddr) -> Option<&mut bool> {
-        let at = self.find(service).ok()?;
-        Some(&mut self.0[at].1)
-    }
-
-    fn contains_key(&self, service: &ServiceAddr) -> bool {
-        self.find(service).is_ok()
-    }
-
-    fn insert(&mut self, service: ServiceAddr, snat: bool) {
-        match self.find(&service) {
-            Ok(at) => self.0[at].1 = snat,
-            Err(at) => self.0.insert(at, (service, snat)),
-        }
-    }
-
-    fn remove(&mut self, service: &ServiceAddr) {
-        if let Ok(at) = self.find(service) {
-            self.0.remove(at);
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    fn keys(&self) -> impl Iterator<Item = &ServiceAddr> {
-        self.0.iter().map(|(s, _)| s)
-    }
-
-    fn values(&self) -> impl Iterator<Item = &bool> {
-        self.0.iter().map(|(_, snat)| snat)
-    }
-}
+type Serving = crate::vec_map::VecMap<ServiceAddr, bool>;
 
 #[cfg(test)]
 mod tests {
