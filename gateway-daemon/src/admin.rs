@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     announce::control::Request,
     datapath::{Protocol, ServiceAddr},
-    model::claim_name,
+    model::{claim_name, RouteKind},
     planner::{status::RouteParentStatus, Family, RouteEntry, ServedOn},
     publish::Published,
     state_document::StateDocument,
@@ -312,13 +312,13 @@ fn each_route_row(p: &Published, namespace: Option<&str>, mut emit: impl FnMut(R
     let mut routes: Vec<&RouteEntry> = Vec::new();
     let mut at = 0;
     while at < list.len() {
-        let kind = list[at].kind.as_str();
-        let end = first_not(&|r| r.kind.as_str() <= kind);
+        let kind = list[at].kind;
+        let end = first_not(&|r| r.kind <= kind);
         let (lo, hi) = match namespace {
             None => (at, end),
             Some(ns) => (
-                first_not(&|r| (r.kind.as_str(), r.namespace.as_str()) < (kind, ns)),
-                first_not(&|r| (r.kind.as_str(), r.namespace.as_str()) <= (kind, ns)),
+                first_not(&|r| (r.kind, r.namespace.as_str()) < (kind, ns)),
+                first_not(&|r| (r.kind, r.namespace.as_str()) <= (kind, ns)),
             ),
         };
         routes.extend(list.focus().narrow(lo..hi).into_iter().map(|r| &**r));
@@ -352,13 +352,13 @@ fn row(
     // parentRef has no port, so the port is the listener's.
     let port = on.map(|s| s.port).or(pr.port);
     let gw_ns = pr.namespace.as_deref().unwrap_or(&r.namespace);
-    let protocol = if r.kind == "UDPRoute" {
+    let protocol = if r.kind == RouteKind::Udp {
         Protocol::Udp
     } else {
         Protocol::Tcp
     };
     let is_route = |kind: &str, namespace: &str, name: &str| {
-        kind == r.kind && namespace == r.namespace && name == r.name
+        kind == r.kind.name() && namespace == r.namespace && name == r.name
     };
     let claim = port.and_then(|port| {
         let name = claim_name(&pr.name, &protocol.to_string(), port);
@@ -391,7 +391,7 @@ fn row(
                     port,
                 })
                 .filter(|s| match p.owners.get(s) {
-                    Some(o) if is_route(&o.kind, &o.namespace, &o.name) => true,
+                    Some(o) if is_route(o.kind.name(), &o.namespace, &o.name) => true,
                     Some(o) => {
                         shadowed_by.get_or_insert_with(|| format!("{}/{}", o.namespace, o.name));
                         false
@@ -420,12 +420,12 @@ fn row(
         .filter_map(|s| p.traffic.get(s))
         .fold(crate::datapath::Traffic::default(), |a, t| a.plus(t));
     RouteRow {
-        namespace: r.namespace.clone(),
-        name: r.name.clone(),
-        kind: r.kind.clone(),
+        namespace: r.namespace.to_string(),
+        name: r.name.to_string(),
+        kind: r.kind.name().to_string(),
         gateway: pr.name.to_string(),
         listener: on
-            .map(|s| s.listener.clone())
+            .map(|s| s.listener.to_string())
             .or_else(|| claim.map(|c| c.spec.listener.to_string()))
             .or_else(|| pr.section_name.as_ref().map(ToString::to_string))
             .unwrap_or_default(),

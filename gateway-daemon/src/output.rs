@@ -74,7 +74,7 @@ pub fn state_tables(doc: &StateDocument) -> String {
                 "{:<16} {:<24} {:<9} {:<22} {:<7} {:<9} {}\n",
                 r.namespace,
                 r.name,
-                r.kind,
+                r.kind.name(),
                 p.parent_ref.name,
                 port,
                 accepted.map_or("Unknown", |c| &*c.status),

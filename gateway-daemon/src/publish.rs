@@ -369,7 +369,7 @@ fn log_losses(before: &Published, after: &Published) {
                         .is_none_or(|b| b.stats.kernel_packets < t.stats.kernel_packets)
             })
             .filter_map(|(s, _)| after.owners.get(s))
-            .map(|o| format!("{}/{}/{}", o.kind, o.namespace, o.name))
+            .map(|o| o.to_string())
             .collect();
         tracing::warn!(
             counter = name,
@@ -391,7 +391,7 @@ fn log_routes_without_backends(
 ) {
     use imbl::ordmap::DiffItem;
     // What changed since the last plan (the maps' diff skips what they share).
-    let routes: std::collections::BTreeSet<&crate::planner::RouteId> = prev
+    let routes: std::collections::BTreeSet<&crate::model::RouteKey> = prev
         .datapath
         .services
         .diff(&desired.services)
@@ -404,7 +404,7 @@ fn log_routes_without_backends(
         .collect();
     for r in routes {
         tracing::warn!(
-            route = %format_args!("{}/{}/{}", r.kind, r.namespace, r.name),
+            route = %format_args!("{}/{}/{}", r.kind.name(), r.namespace, r.name),
             "route has no backends: no ready endpoint of its Services matches its ports; \
              its packets are dropped (see berth get routes and its ResolvedRefs message)"
         );
@@ -548,7 +548,7 @@ fn log_waiting(before: &[crate::planner::Waiting], after: &[crate::planner::Wait
     let mut first: Vec<String> = after
         .iter()
         .take(NAMED)
-        .map(|w| format!("{}/{}/{}", w.route.kind, w.route.namespace, w.route.name))
+        .map(|w| w.route.to_string())
         .collect();
     if after.len() > NAMED {
         first.push(format!("and {} more", after.len() - NAMED));

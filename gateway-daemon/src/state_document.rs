@@ -213,8 +213,8 @@ impl StateDocument {
         }
         // Both lists are sorted by kind, namespace and name: their common ends of
         // shared entries carry the times already, the rest is one merge of the two.
-        fn key(r: &RouteEntry) -> (&str, &str, &str) {
-            (r.kind.as_str(), r.namespace.as_str(), r.name.as_str())
+        fn key(r: &RouteEntry) -> (crate::model::RouteKind, &str, &str) {
+            r.key()
         }
         let (head, tail) = common_ends_of(&old.routes, &self.routes, std::sync::Arc::ptr_eq);
         let mut old_routes = old

@@ -584,18 +584,18 @@ proptest! {
             let mut told: BTreeMap<ServiceAddr, String> = BTreeMap::new();
             let mut accepted_on: BTreeMap<(String, String), bool> = BTreeMap::new();
             for r in &plan.routes {
-                let protocol = if r.kind == "UDPRoute" { Protocol::Udp } else { Protocol::Tcp };
+                let protocol = if r.kind == berth::model::RouteKind::Udp { Protocol::Udp } else { Protocol::Tcp };
                 for p in &r.status.parents {
                     let accepted = p.conditions.iter().find(|c| c.kind == "Accepted").expect("Accepted");
                     let ok = accepted.status == "True";
-                    *accepted_on.entry((r.name.clone(), p.parent_ref.name.to_string())).or_default() |= ok;
+                    *accepted_on.entry((r.name.to_string(), p.parent_ref.name.to_string())).or_default() |= ok;
                     if !ok || !accepted.message.starts_with("assigned port") {
                         continue;
                     }
                     let port = p.parent_ref.port.expect("assigned port in parentRef");
                     for addr in addresses(&p.parent_ref.name) {
                         let service = ServiceAddr { addr, protocol, port };
-                        if let Some(other) = told.insert(service, r.name.clone()) {
+                        if let Some(other) = told.insert(service, r.name.to_string()) {
                             prop_assert!(false, "{service} told to {other} and {}", r.name);
                         }
                         prop_assert_eq!(
@@ -634,7 +634,7 @@ proptest! {
                 prop_assert!(gateway.is_some(), "{} served to {} without a claim", service, owner.name);
                 let gateway = gateway.expect("some").clone();
                 prop_assert_eq!(
-                    accepted_on.get(&(owner.name.clone(), gateway.clone())),
+                    accepted_on.get(&(owner.name.to_string(), gateway.clone())),
                     Some(&true),
                     "{} served to {} whose status on {} is not accepted", service, owner.name, gateway
                 );
@@ -667,17 +667,17 @@ fn check_room(
     // Each route's services without a limit, and what they take.
     let mut need: BTreeMap<String, Usage> = BTreeMap::new();
     for (service, owner) in &plan.owners {
-        let n = need.entry(owner.name.clone()).or_default();
+        let n = need.entry(owner.name.to_string()).or_default();
         *n = n.plus(Usage::of_service(&plan.datapath.services[service]));
     }
     let waiting: BTreeMap<String, Limit> = small
         .waiting
         .iter()
-        .map(|w| (w.route.name.clone(), w.limit))
+        .map(|w| (w.route.name.to_string(), w.limit))
         .collect();
     for (service, owner) in &plan.owners {
         let served = small.owners.get(service);
-        if waiting.contains_key(&owner.name) {
+        if waiting.contains_key(owner.name.as_str()) {
             prop_assert!(
                 served.is_none(),
                 "{service} of waiting {} is served",
@@ -714,7 +714,7 @@ fn check_room(
             "{} differs beyond Programmed",
             r.name
         );
-        let limit = waiting.get(&r.name);
+        let limit = waiting.get(r.name.as_str());
         prop_assert_eq!(marked > 0, limit.is_some(), "{}: {:?}", r.name, r.status);
         for c in r
             .status

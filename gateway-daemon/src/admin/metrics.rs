@@ -442,9 +442,9 @@ fn route_families(p: &Published) -> [Family; 7] {
         };
         let t = traffic.stats;
         let route = vec![
-            ("kind", o.kind.clone()),
-            ("namespace", o.namespace.clone()),
-            ("name", o.name.clone()),
+            ("kind", o.kind.name().to_string()),
+            ("namespace", o.namespace.to_string()),
+            ("name", o.name.to_string()),
             ("address", service.addr.to_string()),
             ("port", service.port.to_string()),
         ];
@@ -627,9 +627,9 @@ mod tests {
     }
 
     /// TCPRoute team/`name`.
-    fn route(name: &str) -> std::sync::Arc<crate::planner::RouteId> {
-        std::sync::Arc::new(crate::planner::RouteId {
-            kind: "TCPRoute".into(),
+    fn route(name: &str) -> std::sync::Arc<crate::model::RouteKey> {
+        std::sync::Arc::new(crate::model::RouteKey {
+            kind: crate::model::RouteKind::Tcp,
             namespace: "team".into(),
             name: name.into(),
         })

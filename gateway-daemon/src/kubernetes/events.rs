@@ -94,7 +94,7 @@ pub fn from_status(route: ClaimRoute, merged: &Merged) -> Vec<Notice> {
             Some(Notice {
                 route: route.clone(),
                 warning: true,
-                reason: reason.into_owned(),
+                reason: reason.to_string(),
                 note: format!("Gateway {gw_ns}/{}: {message}", p.parent_ref.name),
                 action: "Refuse",
             })

@@ -282,18 +282,13 @@ impl Controller {
         let mut targets: Vec<(crate::model::RouteKind, String, String, Vec<_>)> = plan
             .routes
             .iter()
-            .filter_map(|r| {
-                let kind = match r.kind.as_str() {
-                    "TCPRoute" => crate::model::RouteKind::Tcp,
-                    "UDPRoute" => crate::model::RouteKind::Udp,
-                    _ => return None,
-                };
-                Some((
-                    kind,
-                    r.namespace.clone(),
-                    r.name.clone(),
+            .map(|r| {
+                (
+                    r.kind,
+                    r.namespace.to_string(),
+                    r.name.to_string(),
                     r.status.parents.clone(),
-                ))
+                )
             })
             .collect();
         let planned: BTreeSet<_> = targets

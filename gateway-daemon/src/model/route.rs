@@ -24,6 +24,13 @@ impl RouteKind {
         }
     }
 
+    /// The kind named `name` (`TCPRoute` or `UDPRoute`).
+    pub fn of_name(name: &str) -> Option<Self> {
+        [RouteKind::Tcp, RouteKind::Udp]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+
     /// The listener protocol this kind attaches to.
     pub const fn protocol(self) -> Protocol {
         match self {
@@ -50,6 +57,37 @@ pub struct Route {
     /// at 100,000 routes).
     #[serde(skip)]
     pub first_seen: std::sync::OnceLock<super::Time>,
+}
+
+/// A route's identity inside the daemon: kind, namespace and name (ordered so, as
+/// statuses and the state document list routes). Names up to 24 bytes are inline:
+/// a key is made and compared without an allocation.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct RouteKey {
+    /// TCPRoute or UDPRoute.
+    pub kind: RouteKind,
+    /// Namespace.
+    pub namespace: Str,
+    /// Name.
+    pub name: Str,
+}
+
+impl RouteKey {
+    /// The key of `route`.
+    pub fn of(route: &Route) -> Self {
+        RouteKey {
+            kind: route.kind,
+            namespace: route.metadata.ns().into(),
+            name: route.metadata.name.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for RouteKey {
+    /// `Kind/namespace/name`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.kind.name(), self.namespace, self.name)
+    }
 }
 
 impl Route {

@@ -100,7 +100,7 @@ impl Resolved {
         if errors.is_empty() {
             const RESOLVED: &str = "all backend references resolved";
             if notes.is_empty() {
-                return (true, Reason::ResolvedRefs, Text::Borrowed(RESOLVED));
+                return (true, Reason::ResolvedRefs, Text::const_new(RESOLVED));
             }
             let mut message = RESOLVED.to_string();
             for n in &notes {

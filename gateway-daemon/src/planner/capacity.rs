@@ -18,9 +18,7 @@ use crate::{
     model::*,
 };
 
-use super::{
-    condition, gateways::GatewayView, route_status::route_id, Reason, RouteEntry, RouteId,
-};
+use super::{condition, gateways::GatewayView, Reason, RouteEntry, RouteKey};
 
 /// Route condition type: whether the route's services are programmed into the
 /// datapath. Present only while they are not (`False`, reason `DatapathFull`).
@@ -30,7 +28,7 @@ pub const PROGRAMMED: &str = "Programmed";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Waiting {
     /// The route.
-    pub route: Arc<RouteId>,
+    pub route: Arc<RouteKey>,
     /// The limit it does not fit in.
     pub limit: Limit,
 }
@@ -176,12 +174,10 @@ pub(super) fn mark_waiting(
     for l in left {
         let route = &snap.routes[l.route];
         let m = &route.metadata;
-        let key = (route.kind.name(), m.ns(), m.name.as_str());
-        let found = entries.binary_search_by(|e| {
-            (e.kind.as_str(), e.namespace.as_str(), e.name.as_str()).cmp(&key)
-        });
+        let key = (route.kind, m.ns(), m.name.as_str());
+        let found = entries.binary_search_by(|e| e.key().cmp(&key));
         waiting.push(Waiting {
-            route: Arc::new(route_id(route)),
+            route: Arc::new(RouteKey::of(route)),
             limit: l.limit,
         });
         let Ok(at) = found else {

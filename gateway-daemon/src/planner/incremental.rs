@@ -364,8 +364,8 @@ fn replace_claims(
 }
 
 /// The key routes are sorted by in a plan.
-fn entry_key(e: &RouteEntry) -> (&str, &str, &str) {
-    (e.kind.as_str(), e.namespace.as_str(), e.name.as_str())
+fn entry_key(e: &RouteEntry) -> (RouteKind, &str, &str) {
+    e.key()
 }
 
 /// The datapath services each route serves (by `Kind/namespace/name`).
@@ -377,7 +377,7 @@ pub(super) fn served(owners: &Owners) -> Served {
     let mut key = String::new();
     for (service, id) in owners {
         key.clear();
-        route_key(&mut key, &id.kind, &id.namespace, &id.name);
+        route_key(&mut key, id.kind.name(), &id.namespace, &id.name);
         match out.get_mut(key.as_str()) {
             Some(list) => list.push(*service),
             None => {
@@ -405,7 +405,11 @@ fn splice(
     let mut routes = last.routes;
     for k in &scope.routes {
         let mut parts = k.splitn(3, '/');
-        let (Some(kind), Some(ns), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
+        let (Some(kind), Some(ns), Some(name)) = (
+            parts.next().and_then(RouteKind::of_name),
+            parts.next(),
+            parts.next(),
+        ) else {
             continue;
         };
         if let Ok(i) = routes.binary_search_by(|e| entry_key(e).cmp(&(kind, ns, name))) {

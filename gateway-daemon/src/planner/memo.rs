@@ -10,7 +10,7 @@ use crate::model::*;
 
 use super::{
     attach::Attach, backends::Resolved, incremental::Last, route_status::Decision, scope::Scope,
-    FastMap, Input, RouteEntry, RouteId,
+    FastMap, Input, RouteEntry, RouteKey,
 };
 
 /// Everything but the routes: when it is unchanged, an unchanged route with unchanged
@@ -84,7 +84,7 @@ pub(super) struct Remembered {
     /// the memo's key, from being reused by another route.
     pub route: Arc<Route>,
     /// Its identity (for the owners of datapath services).
-    pub id: Arc<RouteId>,
+    pub id: Arc<RouteKey>,
     /// Its creation time, parsed.
     pub created: Option<SystemTime>,
     /// What each of its parentRefs to a Gateway of ours attaches to: the parentRef's

@@ -28,7 +28,6 @@ mod scope;
 pub mod status;
 
 use std::{
-    borrow::Cow,
     ops::RangeInclusive,
     sync::Arc,
     time::{Duration, SystemTime},
@@ -147,21 +146,10 @@ pub struct Plan {
 
 /// The route whose backends serve each datapath service (persistent, as the services
 /// are: a plan shares all but what changed with the last one).
-pub type Owners = imbl::OrdMap<ServiceAddr, Arc<RouteId>>;
+pub type Owners = imbl::OrdMap<ServiceAddr, Arc<RouteKey>>;
 
 /// Route statuses by kind, namespace and name: a persistent vector, as the claims are.
 pub type RouteList = imbl::Vector<Arc<RouteEntry>>;
-
-/// A route's identity.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct RouteId {
-    /// `TCPRoute` or `UDPRoute`.
-    pub kind: String,
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-}
 
 /// How full a range listener is.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -195,11 +183,11 @@ pub struct GatewayEntry {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouteEntry {
     /// `TCPRoute` or `UDPRoute`.
-    pub kind: String,
+    pub kind: RouteKind,
     /// Namespace.
-    pub namespace: String,
+    pub namespace: Str,
     /// Name.
-    pub name: String,
+    pub name: Str,
     /// Status.
     pub status: RouteStatus,
     /// When the route was created (RFC 3339): its creation timestamp, or when Berth
@@ -217,9 +205,16 @@ pub struct RouteEntry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServedOn {
     /// Listener name.
-    pub listener: String,
+    pub listener: Str,
     /// The port assigned from its range, or its own port (a fixed listener).
     pub port: u16,
+}
+
+impl RouteEntry {
+    /// Kind, namespace and name: the order of a plan's routes.
+    pub fn key(&self) -> (RouteKind, &str, &str) {
+        (self.kind, &self.namespace, &self.name)
+    }
 }
 
 fn parse_time(t: &str) -> Option<SystemTime> {
@@ -243,9 +238,9 @@ fn condition(
     generation: Option<i64>,
 ) -> Condition {
     Condition {
-        kind: Cow::Borrowed(kind),
-        status: Cow::Borrowed(if ok { "True" } else { "False" }),
-        reason: Cow::Borrowed(reason.as_str()),
+        kind: Text::const_new(kind),
+        status: Text::const_new(if ok { "True" } else { "False" }),
+        reason: Text::const_new(reason.as_str()),
         message: message.into(),
         last_transition_time: Time::clone(now),
         observed_generation: generation,

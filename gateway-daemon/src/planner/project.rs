@@ -22,8 +22,7 @@ use super::{
     capacity::{self, Demand, Left},
     gateways::{GatewayView, Gateways},
     memo::Remembered,
-    route_status::route_id,
-    RouteId,
+    RouteKey,
 };
 
 /// What the datapath stage reads.
@@ -37,7 +36,7 @@ pub(super) struct Context<'p, 'a> {
     /// What the memo remembers of each route, by route index.
     pub known: &'p [Option<&'a Remembered>],
     /// The identity of each route planned (as remembered), by route index.
-    pub ids: &'p [Option<Arc<RouteId>>],
+    pub ids: &'p [Option<Arc<RouteKey>>],
     pub index: &'p Index<'a>,
     /// The source ports SNAT flows may be given (`--snat-ports`).
     pub snat_ports: &'p RangeInclusive<u16>,
@@ -118,7 +117,7 @@ pub(super) fn project(cx: &Context, backends: &mut [Option<Arc<Resolved>>]) -> P
             let id = match (cx.known[s.route], &cx.ids[s.route]) {
                 (Some(k), _) => Arc::clone(&k.id),
                 (None, Some(id)) => Arc::clone(id),
-                (None, None) => Arc::new(route_id(&snap.routes[s.route])),
+                (None, None) => Arc::new(RouteKey::of(&snap.routes[s.route])),
             };
             (s.service, id)
         })

@@ -3,7 +3,6 @@
 //! backends of each route planned.
 
 use std::{
-    borrow::Cow,
     collections::BTreeMap,
     sync::{atomic::Ordering::Relaxed, Arc},
 };
@@ -20,7 +19,7 @@ use super::{
     memo::{Memo, Remembered},
     overlaps,
     status::*,
-    RouteEntry, RouteId, ServedOn,
+    RouteEntry, RouteKey, ServedOn,
 };
 
 /// What the route stage reads.
@@ -51,7 +50,7 @@ pub(super) struct Planned {
     pub backends: Vec<Option<Arc<Resolved>>>,
     /// The identity of the routes planned, by route index (remembered when the memo
     /// keeps): the plan's owners of datapath services share it.
-    pub ids: Vec<Option<Arc<RouteId>>>,
+    pub ids: Vec<Option<Arc<RouteKey>>>,
     /// Routes to remember from this plan (added to the memo once nothing borrows it).
     pub fresh: Vec<Remembered>,
     /// Routes remembered that this plan reused.
@@ -138,7 +137,7 @@ impl Context<'_, '_> {
         let claim = a.claim.and_then(|ci| self.claims[ci].as_ref());
         if let (Some(c), Some(port)) = (claim, d.port) {
             out.push(ServedOn {
-                listener: c.spec.listener.clone(),
+                listener: c.spec.listener.as_str().into(),
                 port,
             });
         }
@@ -149,7 +148,7 @@ impl Context<'_, '_> {
                     .map(|&li| &gw.listeners[li])
                     .filter(|l| l.yielded.is_empty())
                     .map(|l| ServedOn {
-                        listener: l.spec.name.clone(),
+                        listener: l.spec.name.as_str().into(),
                         port: l.spec.port,
                     }),
             );
@@ -195,15 +194,15 @@ impl Context<'_, '_> {
             .map(|(ai, d)| self.served_on(ai, d))
             .collect();
         let entry = Arc::new(RouteEntry {
-            kind: route.kind.name().to_string(),
-            namespace: m.ns().to_string(),
-            name: m.name.to_string(),
+            kind: route.kind,
+            namespace: m.ns().into(),
+            name: m.name.clone(),
             status: RouteStatus { parents },
             created: route.created().cloned(),
             served_on,
         });
         let remembered = (unique && self.memo.keep).then(|| Remembered {
-            id: Arc::new(route_id(route)),
+            id: Arc::new(RouteKey::of(route)),
             route: Arc::clone(route),
             created: self.attachments.created[ri],
             attaches: at
@@ -225,13 +224,7 @@ impl Context<'_, '_> {
 /// Sorts route entries by kind, namespace and name; the same route twice in the
 /// snapshot has one entry with the parents of both.
 fn merge_twice(routes: &mut Vec<Arc<RouteEntry>>) {
-    routes.sort_by(|a, b| {
-        (a.kind.as_str(), a.namespace.as_str(), a.name.as_str()).cmp(&(
-            b.kind.as_str(),
-            b.namespace.as_str(),
-            b.name.as_str(),
-        ))
-    });
+    routes.sort_by(|a, b| a.key().cmp(&b.key()));
     routes.dedup_by(|later, first| {
         let same = (later.kind == first.kind)
             && later.namespace == first.namespace
@@ -353,7 +346,7 @@ fn parent_status(
     );
     RouteParentStatus {
         parent_ref,
-        controller_name: Cow::Borrowed(CONTROLLER_NAME),
+        controller_name: Text::const_new(CONTROLLER_NAME),
         conditions: vec![accepted, resolved],
     }
 }
@@ -373,12 +366,4 @@ pub fn carry_parent_times(new: &mut [RouteParentStatus], old: &[RouteParentStatu
         }
     }
     changed
-}
-
-pub(super) fn route_id(r: &Route) -> RouteId {
-    RouteId {
-        kind: r.kind.name().to_string(),
-        namespace: r.metadata.ns().to_string(),
-        name: r.metadata.name.to_string(),
-    }
 }

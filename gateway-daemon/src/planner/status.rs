@@ -1,14 +1,13 @@
 //! Status shapes exactly as Gateway API defines them (camelCase JSON).
 
-use std::borrow::Cow;
-
 use serde::{Deserialize, Serialize};
 
 use crate::model::{ParentRef, RouteGroupKind};
 
 /// Text that is mostly one of a few constants (condition types, statuses, reasons):
-/// those are not copied for every condition of every route of every plan.
-pub type Text = Cow<'static, str>;
+/// those are not copied for every condition of every route of every plan
+/// (`Text::const_new`), and a short message (`assigned port 30001`) is inline.
+pub type Text = crate::model::Str;
 
 /// A status condition.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
