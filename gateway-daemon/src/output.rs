@@ -325,7 +325,7 @@ mod tests {
                         group: "gateway.networking.k8s.io".into(),
                         kind: "TCPRoute".into(),
                         namespace: "team-a".into(),
-                        name: format!("r{port}"),
+                        name: format!("r{port}").into(),
                         uid: None,
                     },
                 },

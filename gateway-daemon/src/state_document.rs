@@ -154,10 +154,10 @@ impl ClaimRecord {
         use crate::model::{ClaimRoute, Meta, PortClaim, PortClaimSpec, PortClaimStatus};
         let c = self;
         let route = ClaimRoute {
-            group: crate::model::GATEWAY_GROUP.to_string(),
-            kind: c.route.kind,
-            namespace: c.route.namespace,
-            name: c.route.name,
+            group: crate::model::Str::const_new(crate::model::GATEWAY_GROUP),
+            kind: c.route.kind.into(),
+            namespace: c.route.namespace.into(),
+            name: c.route.name.into(),
             uid: None,
         };
         PortClaim {
@@ -167,9 +167,9 @@ impl ClaimRecord {
                 ..Meta::default()
             },
             spec: PortClaimSpec {
-                gateway: c.gateway,
-                listener: c.listener,
-                protocol: c.protocol,
+                gateway: c.gateway.into(),
+                listener: c.listener.into(),
+                protocol: c.protocol.into(),
                 port: c.port,
                 route,
             },

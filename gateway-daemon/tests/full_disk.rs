@@ -175,7 +175,7 @@ fn temporary_files_of_writes_the_full_disk_refused_are_removed() {
     // file of ~9 KiB renamed over it): 40 claims, 2 * 40 + 64 lines.
     let mut updated = (*claims[0]).clone();
     for i in 0..104 {
-        updated.spec.listener = format!("pool-{i}");
+        updated.spec.listener = format!("pool-{i}").into();
         store.update(&updated).expect("update");
     }
 

@@ -349,7 +349,11 @@ impl Campaign {
             .expect("the killed daemon's journal reads");
         let mut holders: BTreeMap<(String, String, u16), String> = BTreeMap::new();
         for c in &claims {
-            let key = (c.spec.gateway.clone(), c.spec.protocol.clone(), c.spec.port);
+            let key = (
+                c.spec.gateway.to_string(),
+                c.spec.protocol.to_string(),
+                c.spec.port,
+            );
             if let Some(other) = holders.insert(key, c.metadata.name.to_string()) {
                 self.tally.twice.push(format!(
                     "{} {}: claims {other} and {} (journal)",
@@ -361,7 +365,8 @@ impl Campaign {
             self.tally.checked += 1;
             let held = claims.iter().any(|c| {
                 let r = &c.spec.route;
-                (&r.kind, &r.namespace, &r.name) == (&route.0, &route.1, &route.2)
+                (r.kind.as_str(), r.namespace.as_str(), r.name.as_str())
+                    == (route.0.as_str(), route.1.as_str(), route.2.as_str())
                     && c.spec.port == *port
             });
             if !held {

@@ -210,7 +210,12 @@ fn claim_json(port: u16, route: &str, phase: &str, rv: &str) -> Value {
 }
 
 fn claim(port: u16, route: &str) -> std::sync::Arc<PortClaim> {
-    let route = ClaimRoute::new("TCPRoute", "team", route, Some(format!("uid-{route}")));
+    let route = ClaimRoute::new(
+        "TCPRoute",
+        "team",
+        route,
+        Some(format!("uid-{route}").into()),
+    );
     std::sync::Arc::new(PortClaim::bound(
         "infra",
         PortClaimSpec::new("gw", "pool", "TCP", port, route),
@@ -476,7 +481,7 @@ async fn a_port_taken_meanwhile_is_reread_and_the_route_gets_another_without_a_d
     let ports: Vec<(String, u16)> = plan
         .claims
         .iter()
-        .map(|c| (c.spec.route.name.clone(), c.spec.port))
+        .map(|c| (c.spec.route.name.to_string(), c.spec.port))
         .collect();
     assert_eq!(ports, vec![("other".into(), 30000), ("web".into(), 30001)]);
     for l in log.iter().filter(|l| l.method == Method::PUT) {

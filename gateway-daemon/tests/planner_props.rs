@@ -166,7 +166,7 @@ fn bound(claims: &ClaimList) -> BTreeMap<String, u16> {
                 .as_ref()
                 .is_none_or(|s| s.phase == ClaimPhase::Bound)
         })
-        .map(|c| (c.spec.route.name.clone(), c.spec.port))
+        .map(|c| (c.spec.route.name.to_string(), c.spec.port))
         .collect()
 }
 
@@ -205,7 +205,7 @@ proptest! {
                 if let Some(at) = c.status.as_ref().and_then(|s| s.released_at.as_deref()) {
                     let at = humantime::parse_rfc3339(at).expect("releasedAt");
                     let at = at.duration_since(time(0)).expect("after start").as_secs();
-                    released.insert(c.spec.port, (c.spec.route.name.clone(), at));
+                    released.insert(c.spec.port, (c.spec.route.name.to_string(), at));
                 }
             }
             released.retain(|_, (_, at)| now < *at + COOLDOWN);
@@ -224,10 +224,10 @@ proptest! {
             // its quota notwithstanding.
             for c in claims_before.iter().filter(|c| c.is_released()) {
                 let name = &c.spec.route.name;
-                let back = routes.iter().any(|(i, r)| &format!("r{i}") == name && r.port.is_none_or(|p| p == c.spec.port));
+                let back = routes.iter().any(|(i, r)| format!("r{i}") == *name && r.port.is_none_or(|p| p == c.spec.port));
                 // Still held by its route (bound again, or cooling on): not forgotten.
-                let kept = claims.iter().any(|x| x.spec.port == c.spec.port && &x.spec.route.name == name);
-                prop_assert!(!(back && kept) || after.contains_key(name),
+                let kept = claims.iter().any(|x| x.spec.port == c.spec.port && x.spec.route.name == *name);
+                prop_assert!(!(back && kept) || after.contains_key(name.as_str()),
                     "{} came back within the cool-down and got no port: {:?}", name, claims);
             }
         }
@@ -569,7 +569,7 @@ proptest! {
             }) {
                 for addr in addresses(&c.spec.gateway) {
                     let service = ServiceAddr { addr, protocol: protocol_of(&c.spec.protocol), port: c.spec.port };
-                    let route = c.spec.route.name.clone();
+                    let route = c.spec.route.name.to_string();
                     if let Some(other) = claimed.insert(service, route.clone()) {
                         prop_assert!(false, "{service} claimed by {other} and {route}: {:?}", plan.claims);
                     }

@@ -121,10 +121,10 @@ pub async fn publish(recorder: &Recorder, versions: &Versions, notice: &Notice) 
     };
     let reference = ObjectReference {
         api_version: Some(versions.route(kind).api_version),
-        kind: Some(notice.route.kind.clone()),
-        namespace: Some(notice.route.namespace.clone()),
-        name: Some(notice.route.name.clone()),
-        uid: notice.route.uid.clone(),
+        kind: Some(notice.route.kind.to_string()),
+        namespace: Some(notice.route.namespace.to_string()),
+        name: Some(notice.route.name.to_string()),
+        uid: notice.route.uid.as_ref().map(ToString::to_string),
         ..ObjectReference::default()
     };
     let event = Event {

@@ -333,7 +333,7 @@ impl Controller {
                 continue;
             };
             let uid = cached.and_then(|o| o.metadata.uid.clone());
-            let route = ClaimRoute::new(kind.name(), &ns, &name, uid);
+            let route = ClaimRoute::new(kind.name(), &ns, &name, uid.map(Into::into));
             for n in events::from_status(route, &merged) {
                 events::publish(&self.recorder, &self.versions, &n).await;
             }

@@ -80,11 +80,11 @@ pub fn hints(view: &View) -> Vec<PortClaim> {
             out.push(PortClaim::bound(
                 &gw_ns,
                 PortClaimSpec {
-                    gateway: gw_name.to_string(),
-                    listener,
-                    protocol: protocol.to_string(),
+                    gateway: gw_name.as_str().into(),
+                    listener: listener.into(),
+                    protocol: protocol.to_string().into(),
                     port,
-                    route: ClaimRoute::new(kind.name(), ns, name, uid.map(String::from)),
+                    route: ClaimRoute::new(kind.name(), ns, name, uid),
                 },
             ));
         }

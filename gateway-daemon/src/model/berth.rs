@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Meta, GATEWAY_GROUP};
+use super::{Meta, Str, GATEWAY_GROUP};
 
 /// `berth.dev/v1alpha1` GatewayConfig.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,11 +119,14 @@ pub struct PortClaim {
 #[serde(rename_all = "camelCase")]
 pub struct PortClaimSpec {
     /// Gateway name (same namespace as the claim).
-    pub gateway: String,
+    #[schemars(with = "String")]
+    pub gateway: Str,
     /// Listener name.
-    pub listener: String,
+    #[schemars(with = "String")]
+    pub listener: Str,
     /// `TCP` or `UDP`.
-    pub protocol: String,
+    #[schemars(with = "String")]
+    pub protocol: Str,
     /// The port.
     pub port: u16,
     /// The route holding the port.
@@ -137,16 +140,21 @@ pub struct PortClaimSpec {
 #[serde(rename_all = "camelCase")]
 pub struct ClaimRoute {
     /// Group.
-    pub group: String,
+    #[schemars(with = "String")]
+    pub group: Str,
     /// Kind (`TCPRoute` or `UDPRoute`).
-    pub kind: String,
+    #[schemars(with = "String")]
+    pub kind: Str,
     /// Namespace.
-    pub namespace: String,
+    #[schemars(with = "String")]
+    pub namespace: Str,
     /// Name.
-    pub name: String,
+    #[schemars(with = "String")]
+    pub name: Str,
     /// UID, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
+    #[schemars(with = "Option<String>")]
+    pub uid: Option<Str>,
 }
 
 impl PortClaimSpec {
@@ -159,9 +167,9 @@ impl PortClaimSpec {
         route: ClaimRoute,
     ) -> Self {
         PortClaimSpec {
-            gateway: gateway.to_string(),
-            listener: listener.to_string(),
-            protocol: protocol.to_string(),
+            gateway: gateway.into(),
+            listener: listener.into(),
+            protocol: protocol.into(),
             port,
             route,
         }
@@ -170,12 +178,12 @@ impl PortClaimSpec {
 
 impl ClaimRoute {
     /// A Gateway API route (`TCPRoute` or `UDPRoute`) by kind, namespace and name.
-    pub fn new(kind: &str, namespace: &str, name: &str, uid: Option<String>) -> Self {
+    pub fn new(kind: &str, namespace: &str, name: &str, uid: Option<Str>) -> Self {
         ClaimRoute {
-            group: GATEWAY_GROUP.to_string(),
-            kind: kind.to_string(),
-            namespace: namespace.to_string(),
-            name: name.to_string(),
+            group: Str::const_new(GATEWAY_GROUP),
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
             uid,
         }
     }

@@ -162,7 +162,7 @@ fn route_ref(route: &Route) -> ClaimRoute {
         route.kind.name(),
         route.metadata.ns(),
         &route.metadata.name,
-        route.metadata.uid.as_ref().map(ToString::to_string),
+        route.metadata.uid.clone(),
     )
 }
 
@@ -317,9 +317,9 @@ fn allocate(
         };
         let (gw_ns, gw_name) = gw.key();
         let spec = PortClaimSpec {
-            gateway: gw_name,
-            listener: l.spec.name.clone(),
-            protocol: protocol.to_string(),
+            gateway: gw_name.into(),
+            listener: l.spec.name.as_str().into(),
+            protocol: Str::const_new(protocol.as_str()),
             port,
             route: me.clone(),
         };

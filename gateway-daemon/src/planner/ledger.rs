@@ -376,7 +376,7 @@ impl ClaimIndex {
             match namespaces.get_mut(r.namespace.as_str()) {
                 Some(n) => step(n),
                 None => {
-                    namespaces.insert(r.namespace.clone(), u32::from(add));
+                    namespaces.insert(r.namespace.to_string(), u32::from(add));
                 }
             }
         }

@@ -223,9 +223,9 @@ fn claim(gateway: &str, listener: &str, port: u16, route: &str) -> Arc<PortClaim
     Arc::new(PortClaim::bound(
         "infra",
         PortClaimSpec {
-            gateway: gateway.to_string(),
-            listener: listener.to_string(),
-            protocol: "TCP".to_string(),
+            gateway: gateway.into(),
+            listener: listener.into(),
+            protocol: "TCP".into(),
             port,
             route: ClaimRoute::new("TCPRoute", "team", route, None),
         },

@@ -167,8 +167,8 @@ impl Replay {
     fn port_key(c: &PortClaim) -> (String, String, String, u16) {
         (
             c.metadata.ns().to_string(),
-            c.spec.gateway.clone(),
-            c.spec.protocol.to_ascii_uppercase(),
+            c.spec.gateway.to_string(),
+            c.spec.protocol.to_ascii_uppercase().to_string(),
             c.spec.port,
         )
     }
