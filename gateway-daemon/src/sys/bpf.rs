@@ -154,9 +154,16 @@ pub(crate) fn zero_batch<K: aya::Pod>(
     fd: std::os::fd::BorrowedFd<'_>,
     keys: &[K],
 ) -> io::Result<()> {
+    // In chunks: the values of 100,000 per-CPU counters at once were 11 MB at the
+    // daemon's peak.
+    const CHUNK: usize = 4096;
     let (_, value_bytes) = entry_sizes(fd)?;
-    let zeroes = vec![0u8; value_bytes * keys.len()];
-    update_batch_bytes(fd, pod_bytes(keys), &zeroes, keys.len())
+    let zeroes = vec![0u8; value_bytes * keys.len().min(CHUNK)];
+    for chunk in keys.chunks(CHUNK) {
+        let values = &zeroes[..value_bytes * chunk.len()];
+        update_batch_bytes(fd, pod_bytes(chunk), values, chunk.len())?;
+    }
+    Ok(())
 }
 
 /// The sizes of a map's key and of a value as the kernel copies it from or to a
