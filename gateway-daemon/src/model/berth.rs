@@ -177,6 +177,15 @@ impl PortClaimSpec {
 }
 
 impl ClaimRoute {
+    /// The key of the route named; `None` for a kind other than TCPRoute and UDPRoute.
+    pub fn key(&self) -> Option<super::RouteKey> {
+        Some(super::RouteKey {
+            kind: super::RouteKind::of_name(&self.kind)?,
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        })
+    }
+
     /// A Gateway API route (`TCPRoute` or `UDPRoute`) by kind, namespace and name.
     pub fn new(kind: &str, namespace: &str, name: &str, uid: Option<Str>) -> Self {
         ClaimRoute {

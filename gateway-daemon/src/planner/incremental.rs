@@ -30,7 +30,7 @@ use super::{
     gateways::Gateways,
     ledger::{claim_key, ClaimIndex},
     project,
-    scope::{OnListeners, Scope},
+    scope::{self, OnListeners, Scope},
     FastMap, Input, Memo, Owners, Plan, RouteEntry,
 };
 
@@ -197,9 +197,23 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
     if old_changed.len() + new_changed.len() > scope_limit(new.len()) {
         return None;
     }
-    for r in old_changed.iter().chain(new_changed) {
-        scope.add_route(r.kind.name(), r.metadata.ns(), &r.metadata.name);
+    for r in new_changed {
+        scope.add_route(r);
     }
+    for r in old_changed {
+        scope.add_gone(r);
+    }
+    // The routes outside the changes are the allocations the last plan had (as the
+    // manifest source keeps them), or equal ones parsed again (as the Kubernetes
+    // source gives them): then routes are found in the snapshot by key, not address.
+    let shared = old[..head]
+        .iter()
+        .zip(&new[..head])
+        .all(|(a, b)| Arc::ptr_eq(a, b))
+        && old[old.len() - tail..]
+            .iter()
+            .zip(&new[new.len() - tail..])
+            .all(|(a, b)| Arc::ptr_eq(a, b));
     for r in old_changed {
         // The world is unchanged: it attached where it would attach now.
         scope.add_listeners_of(r, &gateways, before);
@@ -236,12 +250,14 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
     // Routes naming a Service whose object or EndpointSlices changed.
     for k in backends.follow(before, snap)? {
         for r in backends.users(&k) {
-            scope.add_route(r.kind.name(), r.metadata.ns(), &r.metadata.name);
+            scope.add_route(r);
         }
     }
 
     // Every route waiting on, or fixed to, a touched listener, until no listener comes in.
-    let routes = scope.close(&last.on, new, &gateways, snap, scope_limit(new.len()))?;
+    let find = |k: &RouteKey| memo.address_of(k);
+    let find = shared.then_some(&find as &scope::Find);
+    let routes = scope.close(&last.on, new, &gateways, snap, scope_limit(new.len()), find)?;
     // Only the Services and slices the routes planned name: resolving their backends
     // indexes what it is given.
     let (services, endpoint_slices) = backends.named_by_all(&routes);
@@ -368,20 +384,17 @@ fn entry_key(e: &RouteEntry) -> (RouteKind, &str, &str) {
     e.key()
 }
 
-/// The datapath services each route serves (by `Kind/namespace/name`).
-pub(super) type Served = FastMap<String, Vec<ServiceAddr>>;
+/// The datapath services each route serves.
+pub(super) type Served = FastMap<RouteKey, Vec<ServiceAddr>>;
 
 /// The datapath services each route of `owners` serves.
 pub(super) fn served(owners: &Owners) -> Served {
     let mut out = Served::default();
-    let mut key = String::new();
     for (service, id) in owners {
-        key.clear();
-        route_key(&mut key, id.kind.name(), &id.namespace, &id.name);
-        match out.get_mut(key.as_str()) {
+        match out.get_mut(&**id) {
             Some(list) => list.push(*service),
             None => {
-                out.insert(key.clone(), vec![*service]);
+                out.insert(RouteKey::clone(id), vec![*service]);
             }
         }
     }
@@ -404,15 +417,8 @@ fn splice(
     // each where it belongs by key (the last plan's list is shared, not copied).
     let mut routes = last.routes;
     for k in &scope.routes {
-        let mut parts = k.splitn(3, '/');
-        let (Some(kind), Some(ns), Some(name)) = (
-            parts.next().and_then(RouteKind::of_name),
-            parts.next(),
-            parts.next(),
-        ) else {
-            continue;
-        };
-        if let Ok(i) = routes.binary_search_by(|e| entry_key(e).cmp(&(kind, ns, name))) {
+        let key = (k.kind, k.namespace.as_str(), k.name.as_str());
+        if let Ok(i) = routes.binary_search_by(|e| entry_key(e).cmp(&key)) {
             routes.remove(i);
         }
     }
@@ -437,7 +443,7 @@ fn splice(
     };
     let mut snat_same = true;
     for key in &scope.routes {
-        for service in served.remove(key.as_str()).unwrap_or_default() {
+        for service in served.remove(key).unwrap_or_default() {
             snat_same &= on_listener(service.port);
             if let Some(gone) = services.remove(&service) {
                 used = used.minus(Usage::of_service(&gone));

@@ -21,7 +21,7 @@ use super::{
     FastMap as HashMap, DEFAULT_RELEASE_COOLDOWN,
 };
 
-use crate::model::{route_key, ClaimPhase, ClaimRoute, PortClaim, PortClaimStatus, Protocol};
+use crate::model::{ClaimPhase, ClaimRoute, PortClaim, PortClaimStatus, Protocol, RouteKey};
 
 /// Where a claim lies: its Gateway's index, its listener's (if the Gateway has it),
 /// its protocol.
@@ -276,7 +276,7 @@ impl<'g> Ledger<'g> {
 #[derive(Debug, Default)]
 pub(super) struct ClaimIndex {
     /// By route (`Kind/namespace/name`), sorted by namespace, then name.
-    by_route: HashMap<String, Vec<Arc<PortClaim>>>,
+    by_route: HashMap<RouteKey, Vec<Arc<PortClaim>>>,
     /// (gateway, protocol, port) → claim, bound or cooling down (ordered: the free
     /// ports are the gaps).
     by_port: BTreeMap<(usize, Protocol, u16), Arc<PortClaim>>,
@@ -318,16 +318,21 @@ impl ClaimIndex {
     /// Adds (`add`) or removes claim `c` from every index.
     fn update(&mut self, c: &Arc<PortClaim>, gateways: &Gateways, add: bool) {
         let r = &c.spec.route;
-        let mut key = String::new();
-        route_key(&mut key, &r.kind, &r.namespace, &r.name);
-        if add {
-            let list = self.by_route.entry(key).or_default();
-            let at = list.partition_point(|x| claim_key(x) <= claim_key(c));
-            list.insert(at, Arc::clone(c));
-        } else if let Some(list) = self.by_route.get_mut(key.as_str()) {
-            list.retain(|x| !Arc::ptr_eq(x, c));
-            if list.is_empty() {
-                self.by_route.remove(key.as_str());
+        // A claim of a kind Berth does not serve is no route's (nor in any scope).
+        match (r.key(), add) {
+            (None, _) => {}
+            (Some(key), true) => {
+                let list = self.by_route.entry(key).or_default();
+                let at = list.partition_point(|x| claim_key(x) <= claim_key(c));
+                list.insert(at, Arc::clone(c));
+            }
+            (Some(key), false) => {
+                if let Some(list) = self.by_route.get_mut(&key) {
+                    list.retain(|x| !Arc::ptr_eq(x, c));
+                    if list.is_empty() {
+                        self.by_route.remove(&key);
+                    }
+                }
             }
         }
         if c.is_released() {
@@ -382,15 +387,14 @@ impl ClaimIndex {
         }
     }
 
-    /// Takes out the claims of the routes `keys` (`Kind/namespace/name`), sorted by
-    /// namespace, then name.
+    /// Takes out the claims of the routes `keys`, sorted by namespace, then name.
     pub fn take<'k>(
         &mut self,
-        keys: impl Iterator<Item = &'k String>,
+        keys: impl Iterator<Item = &'k RouteKey>,
         gateways: &Gateways,
     ) -> Vec<Arc<PortClaim>> {
         let mut out: Vec<Arc<PortClaim>> = keys
-            .filter_map(|k| self.by_route.get(k.as_str()))
+            .filter_map(|k| self.by_route.get(k))
             .flatten()
             .cloned()
             .collect();

@@ -98,6 +98,10 @@ pub(super) struct Remembered {
     pub pass: std::sync::atomic::AtomicU64,
 }
 
+/// The address the memo knows a key of routes given twice under: no route's (an
+/// incremental plan looks for such routes by key).
+const TWICE: usize = 0;
+
 /// The memo's key of a route: the address of its shared allocation.
 fn address(route: &Arc<Route>) -> usize {
     Arc::as_ptr(route) as usize
@@ -116,9 +120,9 @@ pub struct Memo {
     world: Option<World>,
     /// By the address of the route's allocation.
     routes: FastMap<usize, Remembered>,
-    /// The address of the route last remembered under each `Kind/namespace/name`: a
-    /// changed route is a new allocation, and keeps its unchanged conditions' times.
-    names: FastMap<String, usize>,
+    /// The address of the route last remembered under each key: a changed route is a
+    /// new allocation, and keeps its unchanged conditions' times.
+    names: FastMap<RouteKey, usize>,
     /// The last plan and its input, for the next plan to be made incrementally.
     pub(super) last: Option<Last>,
     /// The snapshot of the last plan (when the memo keeps), kept by following each
@@ -169,14 +173,11 @@ impl Memo {
     /// its objects again for each plan (the Kubernetes reflectors) hands over new
     /// allocations: an equal route remembered under its name serves too.
     pub(super) fn recall(&self, routes: &[Arc<Route>]) -> Vec<Option<&Remembered>> {
-        let mut key = String::new();
         routes
             .iter()
             .map(|r| {
                 self.routes.get(&address(r)).or_else(|| {
-                    key.clear();
-                    route_key(&mut key, r.kind.name(), r.metadata.ns(), &r.metadata.name);
-                    let old = self.routes.get(self.names.get(key.as_str())?)?;
+                    let old = self.routes.get(self.names.get(&RouteKey::of(r))?)?;
                     (old.route == *r).then_some(old)
                 })
             })
@@ -184,26 +185,30 @@ impl Memo {
     }
 
     /// The route last remembered under the name of `route` (an earlier version of it).
-    pub(super) fn earlier(&self, route: &Route, key: &mut String) -> Option<&Remembered> {
-        let m = &route.metadata;
-        key.clear();
-        route_key(key, route.kind.name(), m.ns(), &m.name);
-        self.routes.get(self.names.get(key.as_str())?)
+    pub(super) fn earlier(&self, route: &Route) -> Option<&Remembered> {
+        self.routes.get(self.names.get(&RouteKey::of(route))?)
+    }
+
+    /// The address of the route last remembered under `key`.
+    pub(super) fn address_of(&self, key: &RouteKey) -> Option<usize> {
+        self.names.get(key).copied()
     }
 
     /// Keeps the routes this plan (`pass`) reused, `kept` of them, and adds `fresh`.
     /// A plan of the routes in `scope` only forgets those of them it did not reuse.
+    /// A key of routes given `twice` is known under address [`TWICE`], which is no
+    /// route's.
     pub(super) fn remember(
         &mut self,
         fresh: Vec<Remembered>,
         kept: usize,
         pass: u64,
         scope: Option<&mut Scope>,
+        twice: &[RouteKey],
     ) {
-        let mut key = String::new();
         if let Some(scope) = scope {
             for k in scope.keys() {
-                let Some(&at) = self.names.get(k.as_str()) else {
+                let Some(&at) = self.names.get(k) else {
                     continue;
                 };
                 if self
@@ -212,7 +217,7 @@ impl Memo {
                     .is_none_or(|r| r.pass.load(Relaxed) != pass)
                 {
                     self.routes.remove(&at);
-                    self.names.remove(k.as_str());
+                    self.names.remove(k);
                 }
             }
         } else if kept != self.routes.len() {
@@ -221,22 +226,20 @@ impl Memo {
                 if r.pass.load(Relaxed) == pass {
                     return true;
                 }
-                let m = &r.route.metadata;
-                key.clear();
-                route_key(&mut key, r.route.kind.name(), m.ns(), &m.name);
-                if names.get(key.as_str()) == Some(&at) {
-                    names.remove(key.as_str());
+                let key = RouteKey::of(&r.route);
+                if names.get(&key) == Some(&at) {
+                    names.remove(&key);
                 }
                 false
             });
         }
         for r in fresh {
-            let m = &r.route.metadata;
-            key.clear();
-            route_key(&mut key, r.route.kind.name(), m.ns(), &m.name);
             let at = address(&r.route);
-            self.names.insert(key.clone(), at);
+            self.names.insert(RouteKey::of(&r.route), at);
             self.routes.insert(at, r);
+        }
+        for key in twice {
+            self.names.insert(key.clone(), TWICE);
         }
     }
 }

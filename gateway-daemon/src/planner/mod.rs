@@ -361,12 +361,12 @@ fn run(
     bind::sort_claims(&mut claims);
     let usage = gateway_status::listener_usage(&gateways.views, &claims, others);
     let on = match memo.keep {
-        true => scope::OnListeners::of(&attachments),
+        true => scope::OnListeners::of(&attachments, &snap.routes),
         false => scope::OnListeners::default(),
     };
     drop(attachments);
     drop(known);
-    memo.remember(routes.fresh, routes.reused, pass, scope);
+    memo.remember(routes.fresh, routes.reused, pass, scope, &routes.twice);
     let cooling = claims.iter().any(|c| c.is_released());
     Run {
         plan: Plan {

@@ -55,6 +55,8 @@ pub(super) struct Planned {
     pub fresh: Vec<Remembered>,
     /// Routes remembered that this plan reused.
     pub reused: usize,
+    /// Keys of routes given twice (not remembered).
+    pub twice: Vec<RouteKey>,
 }
 
 /// Builds the status of every route with a parent of ours, oldest route first.
@@ -67,8 +69,8 @@ pub(super) fn route_statuses(cx: &Context) -> Planned {
         ids: vec![None; snap.routes.len()],
         fresh: Vec::new(),
         reused: 0,
+        twice: Vec::new(),
     };
-    let mut key = String::new();
     for &ri in &cx.attachments.order {
         let at = cx.attachments.of[ri].clone();
         if at.is_empty() {
@@ -76,6 +78,9 @@ pub(super) fn route_statuses(cx: &Context) -> Planned {
         }
         // A route given twice has one entry with the parents of both: not remembered.
         let unique = !cx.attachments.given_twice[ri];
+        if !unique {
+            out.twice.push(RouteKey::of(&snap.routes[ri]));
+        }
         if let Some(old) = cx.known[ri] {
             let same = unique
                 && cx.world_same
@@ -93,7 +98,7 @@ pub(super) fn route_statuses(cx: &Context) -> Planned {
                 continue;
             }
         }
-        let (entry, resolved, remembered) = cx.plan_route(ri, unique, &mut key);
+        let (entry, resolved, remembered) = cx.plan_route(ri, unique);
         out.ids[ri] = remembered.as_ref().map(|r| Arc::clone(&r.id));
         out.fresh.extend(remembered);
         out.backends[ri] = Some(resolved);
@@ -164,7 +169,6 @@ impl Context<'_, '_> {
         &self,
         ri: usize,
         unique: bool,
-        key: &mut String,
     ) -> (Arc<RouteEntry>, Arc<Resolved>, Option<Remembered>) {
         let snap = self.snap;
         let at = self.attachments.of[ri].clone();
@@ -184,7 +188,7 @@ impl Context<'_, '_> {
             })
             .collect();
         // The same route as planned last time, or an earlier version of it.
-        let earlier = self.known[ri].or_else(|| self.memo.earlier(route, key));
+        let earlier = self.known[ri].or_else(|| self.memo.earlier(route));
         if let Some(old) = earlier {
             carry_parent_times(&mut parents, &old.entry.status.parents);
         }
