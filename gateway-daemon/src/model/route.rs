@@ -41,7 +41,7 @@ impl RouteKind {
 }
 
 /// A TCPRoute or UDPRoute.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Route {
     /// Which of the two kinds.
@@ -89,6 +89,15 @@ impl std::fmt::Display for RouteKey {
         write!(f, "{}/{}/{}", self.kind.name(), self.namespace, self.name)
     }
 }
+
+/// Routes are equal as objects: the first-seen time is what Berth knows of them.
+impl PartialEq for Route {
+    fn eq(&self, other: &Self) -> bool {
+        (self.kind, &self.metadata, &self.spec) == (other.kind, &other.metadata, &other.spec)
+    }
+}
+
+impl Eq for Route {}
 
 impl Route {
     /// Its creation time (RFC 3339): `metadata.creationTimestamp`, else when Berth

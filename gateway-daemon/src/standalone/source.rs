@@ -222,6 +222,7 @@ impl ManifestSource {
         self.waiting.remove(path);
         let failed = if parsed.errors.is_empty() {
             let (parsed, lingering) = with_lingering(&t.objects, &t.lingering, parsed, now);
+            let parsed = share_unchanged(&t.objects, parsed);
             match self.definitions.replace(path, &t.objects, &parsed) {
                 Ok(()) => {
                     t.objects = parsed;
@@ -471,4 +472,17 @@ fn some_of(paths: &[PathBuf]) -> String {
         s.push(format!("and {} more", paths.len() - 5));
     }
     s.join(", ")
+}
+
+/// `new` with each object equal to the one at its place in `old` given as that very
+/// allocation: a file read again after a change of one object keeps the others as
+/// they were (the planner finds unchanged routes by address, and memory holds one of
+/// each).
+fn share_unchanged(old: &FileObjects, mut new: FileObjects) -> FileObjects {
+    for (n, o) in new.objects.iter_mut().zip(&old.objects) {
+        if n == o {
+            *n = o.clone();
+        }
+    }
+    new
 }
