@@ -24,6 +24,14 @@ fn claim_key(c: &PortClaim) -> (&str, &str) {
     (c.metadata.ns(), c.metadata.name.as_str())
 }
 
+/// The namespace and name of the claim a record changes.
+fn record_key<'a>(r: &'a ClaimRecord<'_>) -> (&'a str, &'a str) {
+    match r {
+        ClaimRecord::Put(c) => claim_key(c),
+        ClaimRecord::Delete(ns, name) => (ns, name),
+    }
+}
+
 impl Claims {
     fn find(&self, namespace: &str, name: &str) -> std::result::Result<usize, usize> {
         self.list
@@ -31,38 +39,35 @@ impl Claims {
     }
 
     /// Applies `changes` in order: one at a time where it belongs, or, for many, by
-    /// rebuilding the list once.
+    /// merging them, sorted, into the list once (a map of copied names took 16 MB
+    /// for the 100,000 claims of a first plan).
     fn apply(&mut self, changes: &[ClaimRecord]) {
         let list = &mut self.list;
         if changes.len() > 64 {
-            let mut by_name: BTreeMap<(String, String), Arc<PortClaim>> = std::mem::take(list)
-                .into_iter()
-                .map(|c| {
-                    (
-                        (c.metadata.ns().to_string(), c.metadata.name.to_string()),
-                        c,
-                    )
-                })
-                .collect();
-            for change in changes {
-                match change {
-                    ClaimRecord::Put(c) => {
-                        let key = (c.metadata.ns().to_string(), c.metadata.name.to_string());
-                        by_name.insert(key, Arc::clone(c));
-                    }
-                    ClaimRecord::Delete(ns, name) => {
-                        by_name.remove(&(ns.to_string(), name.to_string()));
-                    }
+            // The last change of each name, in name order (the sort is stable).
+            let mut last: Vec<&ClaimRecord> = changes.iter().collect();
+            last.sort_by(|a, b| record_key(a).cmp(&record_key(b)));
+            last.reverse();
+            last.dedup_by(|later, kept| record_key(later) == record_key(kept));
+            last.reverse();
+            let mut old = std::mem::take(list).into_iter().peekable();
+            let mut merged: Vec<Arc<PortClaim>> = Vec::with_capacity(old.len() + last.len());
+            for change in last {
+                let key = record_key(change);
+                while let Some(c) = old.next_if(|c| claim_key(c) < key) {
+                    merged.push(c);
+                }
+                old.next_if(|c| claim_key(c) == key);
+                if let ClaimRecord::Put(c) = change {
+                    merged.push(Arc::clone(c));
                 }
             }
-            *list = by_name.into_values().collect();
+            merged.extend(old);
+            *list = merged.into_iter().collect();
             return;
         }
         for change in changes {
-            let (ns, name) = match change {
-                ClaimRecord::Put(c) => claim_key(c),
-                ClaimRecord::Delete(ns, name) => (*ns, *name),
-            };
+            let (ns, name) = record_key(change);
             match (
                 change,
                 list.binary_search_by(|c| claim_key(c).cmp(&(ns, name))),
@@ -365,7 +370,6 @@ impl Store {
         if changes.is_empty() {
             return Ok(());
         }
-        let text = journal.text(&changes)?;
         self.begin_write()?;
         let mut cache = self.fresh_cache()?;
         let claims = self.loaded_claims(&mut cache)?;
@@ -388,7 +392,7 @@ impl Store {
             journal.rewrite(&whole)
         } else {
             next.lines = lines;
-            journal.append(&text)
+            journal.append(&changes)
         };
         match written {
             Ok(()) => *claims = next,

@@ -264,7 +264,6 @@ impl Store {
             .map(|(key, time)| SeenRecord::Seen(key, time))
             .chain(removed.iter().map(|key| SeenRecord::Gone(key)))
             .collect();
-        let text = journal.text(&records)?;
         for (key, time) in added {
             times.insert(key.clone(), time.clone());
         }
@@ -275,7 +274,7 @@ impl Store {
         let (written, lines) = if journal::worth_rewriting(lines, times.len()) {
             (self.rewrite_first_seen(times), times.len())
         } else {
-            (journal.append(&text), lines)
+            (journal.append(&records), lines)
         };
         match written {
             Ok(()) => {

@@ -81,8 +81,10 @@ impl<F: Format> Journal<F> {
         Ok(text)
     }
 
-    /// Appends `text` (whole lines), durably, first cutting off a torn last line.
-    pub(super) fn append(&self, text: &str) -> Result<()> {
+    /// Appends the lines of `records`, durably, first cutting off a torn last line.
+    /// The lines are made and written some thousands at a time: the 100,000 claims of
+    /// a first plan were 30 MB of text at once, at the daemon's peak.
+    pub(super) fn append(&self, records: &[F::Record<'_>]) -> Result<()> {
         use std::io::{Seek, SeekFrom};
         let path = &self.path;
         let mut f = OpenOptions::new()
@@ -116,11 +118,17 @@ impl<F: Format> Journal<F> {
         let before = f
             .seek(SeekFrom::End(0))
             .map_err(io_err("appending to", path))?;
-        if let Err(e) = f.write_all(text.as_bytes()).and_then(|()| f.sync_data()) {
+        let written = records.chunks(4096).try_for_each(|chunk| {
+            let text = self.text(chunk)?;
+            f.write_all(text.as_bytes())
+                .map_err(io_err("appending to", path))
+        });
+        let written = written.and_then(|()| f.sync_data().map_err(io_err("appending to", path)));
+        if let Err(e) = written {
             // Leave the journal as it was (a failed batch is not half held); if even
             // that fails, the reader ignores a torn last line and the next append cuts it.
             let _ = f.set_len(before).and_then(|()| f.sync_data());
-            return Err(io_err("appending to", path)(e));
+            return Err(e);
         }
         if len == 0 {
             sync_dir(&self.dir)?;
