@@ -174,10 +174,11 @@ impl Datapath {
             }
             None => {
                 let want = desired.normalized();
+                let wanted = |k: &ServiceAddr| want.binary_search_by(|(s, _)| s.cmp(k)).is_ok();
                 let gone: Vec<(ServiceAddr, Option<BackendSet>)> = self
                     .installed
                     .keys()
-                    .filter(|k| !want.contains_key(k))
+                    .filter(|k| !wanted(k))
                     .map(|&k| (k, None))
                     .collect();
                 gone.into_iter()

