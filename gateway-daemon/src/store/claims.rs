@@ -39,8 +39,8 @@ impl Claims {
     }
 
     /// Applies `changes` in order: one at a time where it belongs, or, for many, by
-    /// merging them, sorted, into the list once (a map of copied names took 16 MB
-    /// for the 100,000 claims of a first plan).
+    /// merging them, sorted, into the list once (a `BTreeMap` keyed by copied names,
+    /// for the 100,000 claims of a first plan: an estimated 15 MB, not measured alone).
     fn apply(&mut self, changes: &[ClaimRecord]) {
         let list = &mut self.list;
         if changes.len() > 64 {

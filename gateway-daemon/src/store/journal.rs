@@ -83,7 +83,7 @@ impl<F: Format> Journal<F> {
 
     /// Appends the lines of `records`, durably, first cutting off a torn last line.
     /// The lines are made and written some thousands at a time: the 100,000 claims of
-    /// a first plan were 30 MB of text at once, at the daemon's peak.
+    /// a first plan were 26 MB of text at once (the journal's size after it).
     pub(super) fn append(&self, records: &[F::Record<'_>]) -> Result<()> {
         use std::io::{Seek, SeekFrom};
         let path = &self.path;
