@@ -12,7 +12,7 @@ mod source;
 mod source_tests;
 
 pub use cycle::cycle;
-pub use source::ManifestSource;
+pub use source::{Look, ManifestSource};
 
 use std::{
     os::fd::BorrowedFd,
@@ -36,12 +36,15 @@ pub const POLL: Duration = Duration::from_millis(200);
 
 /// Wakes the loop as soon as the manifest directory changes (inotify), or after a
 /// timeout; without inotify it simply waits `POLL`. A directory deleted (or moved away)
-/// and created again is watched again once it is back.
+/// and created again is watched again once it is back. The events say which files to
+/// look at (`take_look`).
 pub struct DirWatch {
     fd: Option<std::os::fd::OwnedFd>,
     path: std::ffi::CString,
     /// The directory is no longer watched (it was deleted or moved).
     lost: std::cell::Cell<bool>,
+    /// What the events drained since the last `take_look` name.
+    look: std::cell::RefCell<Option<Look>>,
 }
 
 impl DirWatch {
@@ -53,6 +56,7 @@ impl DirWatch {
             fd: None,
             path,
             lost: false.into(),
+            look: None.into(),
         };
         if path.is_empty() {
             return none(path);
@@ -64,6 +68,7 @@ impl DirWatch {
             fd: Some(fd),
             path,
             lost: false.into(),
+            look: None.into(),
         };
         // A directory missing at the start is watched once it appears.
         watch.lost.set(!watch.add());
@@ -109,6 +114,46 @@ impl DirWatch {
         }
     }
 
+    /// What the next look at the directory needs to read: the files the events since
+    /// the last call named, or every file when no event came (a wake by the timer:
+    /// the look every second also finds what inotify cannot see, such as a manifest
+    /// that links to a file elsewhere), when the queue overflowed, the directory was
+    /// lost, or a directory or link in it changed (a ConfigMap volume swaps its
+    /// `..data` link).
+    pub fn take_look(&self) -> Look {
+        self.look.take().unwrap_or(Look::All)
+    }
+
+    /// Notes what one event says to look at.
+    fn note(&self, mask: u32, name: &[u8]) {
+        use std::os::unix::ffi::OsStrExt;
+        let mut look = self.look.borrow_mut();
+        let name = std::ffi::OsStr::from_bytes(name.split(|b| *b == 0).next().unwrap_or_default());
+        let whole = libc::IN_Q_OVERFLOW
+            | libc::IN_ISDIR
+            | libc::IN_IGNORED
+            | libc::IN_MOVE_SELF
+            | libc::IN_DELETE_SELF;
+        let current = look.get_or_insert_with(|| Look::Names(Default::default()));
+        let Look::Names(names) = current else {
+            return;
+        };
+        if mask & whole != 0 || name.is_empty() {
+            *current = Look::All;
+            return;
+        }
+        if crate::manifests::is_manifest_name(std::path::Path::new(name)) {
+            names.insert(name.to_os_string());
+            return;
+        }
+        // Other files (written aside, then renamed to a manifest's name) are not read;
+        // a link or directory may be where manifests point.
+        let dir = std::path::Path::new(std::ffi::OsStr::from_bytes(self.path.as_bytes()));
+        if std::fs::symlink_metadata(dir.join(name)).is_ok_and(|m| !m.is_file()) {
+            *current = Look::All;
+        }
+    }
+
     /// Whether a change of the directory or something on `wake` waits (without taking
     /// it: the next `wait` does).
     pub fn pending(&self, wake: Option<BorrowedFd<'_>>) -> bool {
@@ -151,6 +196,7 @@ impl DirWatch {
                 };
                 let (mask, len) = (field(4), field(12) as usize);
                 writing = Some(mask & (libc::IN_MODIFY | libc::IN_CREATE) != 0);
+                self.note(mask, buf.get(at + 16..at + 16 + len).unwrap_or_default());
                 if mask & (libc::IN_IGNORED | libc::IN_MOVE_SELF) != 0 {
                     self.lost.set(true);
                 }
@@ -203,14 +249,18 @@ pub fn run_loop(
     // A read of the counters gives way to a change of the manifests or a request.
     let pending = || watch.pending(control.wake_fd());
     loop {
+        let woken = Woken {
+            look: watch.take_look(),
+            pending: &pending,
+        };
         match step(
             source,
+            woken,
             store,
             datapath.as_deref_mut(),
             settings,
             shared,
             &mut plans,
-            &pending,
         ) {
             Ok(()) if failing => {
                 tracing::info!("recovered");
@@ -247,17 +297,25 @@ struct Plans {
     memo: planner::Memo,
 }
 
+/// What a wake of the loop brings: where to look for changed files, and whether
+/// something else waits already (a read of the counters gives way to it).
+struct Woken<'a> {
+    look: Look,
+    pending: &'a dyn Fn() -> bool,
+}
+
 fn step(
     source: &mut ManifestSource,
+    woken: Woken,
     store: &Store,
     datapath: Option<&mut Datapath>,
     settings: &planner::Settings,
     shared: &Shared,
     plans: &mut Plans,
-    pending: &dyn Fn() -> bool,
 ) -> Result<(), CycleError> {
+    let Woken { look, pending } = woken;
     let refreshing = std::time::Instant::now();
-    let (changed, errors) = source.refresh()?;
+    let (changed, errors) = source.refresh_looking(look)?;
     let t_refresh = refreshing.elapsed();
     for e in &errors {
         tracing::error!("{e} (the last good version of this file stays in force)");
@@ -276,17 +334,13 @@ fn step(
         return Ok(());
     }
     let started = std::time::Instant::now();
-    let (mut snapshot, layout) = source.take_snapshot();
-    let t_snapshot = started.elapsed();
-    let planned = cycle(
+    let plan = cycle(
         store,
-        &mut snapshot,
+        source.snapshot(),
         SystemTime::now(),
         settings,
         &mut plans.memo,
-    );
-    source.give_back(snapshot, layout);
-    let plan = planned?;
+    )?;
     let t_cycle = started.elapsed();
     let mut datapath = datapath;
     let mut next = effects(plan, datapath.as_deref_mut(), &prev)?;
@@ -302,8 +356,7 @@ fn step(
     tracing::debug!(
         total = ?started.elapsed(),
         refresh = ?t_refresh,
-        snapshot = ?t_snapshot,
-        plan_and_store = ?(t_cycle - t_snapshot),
+        plan_and_store = ?t_cycle,
         datapath_and_document = ?(t_effects - t_cycle),
         "planned"
     );

@@ -52,13 +52,21 @@ pub fn read_files(paths: &[PathBuf]) -> Vec<FileObjects> {
     })
 }
 
+/// Whether `path` is named as a manifest file is: `*.yaml`, `*.yml` or `*.json`.
+pub fn is_manifest_name(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "json")
+    )
+}
+
 /// The `*.yaml`/`*.yml`/`*.json` files of a directory, sorted by name.
 pub fn list_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(Result::ok)
         .filter(|e| {
             let p = e.path();
-            matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"))
+            is_manifest_name(&p)
                 // The entry's type comes with the listing: a `stat` only for links.
                 && e.file_type().is_ok_and(|t| t.is_file() || (t.is_symlink() && p.is_file()))
         })

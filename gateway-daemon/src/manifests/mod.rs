@@ -22,8 +22,8 @@ mod snapshot;
 mod unknown_fields;
 
 pub use definitions::{object_key, Definitions, ObjectKey};
-pub use directory::{list_dir, load_dir, read_files};
-pub use snapshot::{give_back, snapshot, take_snapshot, Layout};
+pub use directory::{is_manifest_name, list_dir, load_dir, read_files};
+pub use snapshot::{snapshot, splice, Counts};
 
 use names::{check_listener_names, check_names};
 use unknown_fields::unknown_fields;

@@ -1,4 +1,6 @@
-//! Snapshots of parsed files: copied, or taken from the files and given back.
+//! Snapshots of parsed files: copied whole, or kept and patched file by file.
+
+use std::sync::Arc;
 
 use super::FileObjects;
 use crate::model::{Object, Snapshot};
@@ -14,45 +16,43 @@ pub fn snapshot<'a>(files: impl IntoIterator<Item = &'a FileObjects>) -> Snapsho
     s
 }
 
-/// Where each object of a taken snapshot came from: per file, the kinds in order.
-#[derive(Debug, Default)]
-pub struct Layout(Vec<Vec<u8>>);
+/// How many objects of each kind (in the order of `Snapshot`'s fields) a run of files
+/// holds: where a file's objects lie in a snapshot of files in order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts([usize; 8]);
 
-fn kind_of(o: &Object) -> u8 {
-    match o {
-        Object::GatewayClass(_) => 0,
-        Object::Gateway(_) => 1,
-        Object::Route(_) => 2,
-        Object::ReferenceGrant(_) => 3,
-        Object::Service(_) => 4,
-        Object::EndpointSlice(_) => 5,
-        Object::Namespace(_) => 6,
-        Object::GatewayConfig(_) => 7,
-    }
-}
+impl std::ops::Add for Counts {
+    type Output = Counts;
 
-/// Moves the objects of `files` into one snapshot, copying none of them; `give_back`
-/// returns them to the same files (in the same order), changed or not.
-pub fn take_snapshot<'a>(
-    files: impl IntoIterator<Item = &'a mut FileObjects>,
-) -> (Snapshot, Layout) {
-    let mut s = Snapshot::default();
-    let mut layout = Layout::default();
-    for f in files {
-        layout.0.push(f.objects.iter().map(kind_of).collect());
-        for o in f.objects.drain(..) {
-            s.push(o);
+    fn add(mut self, other: Counts) -> Counts {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a += b;
         }
+        self
     }
-    (s, layout)
 }
 
-/// Gives the objects of a snapshot made by `take_snapshot` back to their files.
-pub fn give_back<'a>(
-    files: impl IntoIterator<Item = &'a mut FileObjects>,
-    snapshot: Snapshot,
-    layout: Layout,
-) {
+/// Replaces, in `s`, the objects of one file (`old` of each kind, from `at`) by `new`;
+/// returns the counts of `new`. A change of one file moves pointers in the snapshot's
+/// lists, and touches no other file's objects (taking 100,000 routes out of their
+/// files and putting them back was a quarter of a change's cost).
+pub fn splice(s: &mut Snapshot, at: Counts, old: Counts, new: &[Object]) -> Counts {
+    let mut part = Snapshot::default();
+    for o in new {
+        part.push(o.clone());
+    }
+    fn put<T>(
+        list: &mut Vec<Arc<T>>,
+        kind: usize,
+        at: Counts,
+        old: Counts,
+        new: Vec<Arc<T>>,
+    ) -> usize {
+        let (start, len) = (at.0[kind], new.len());
+        list.splice(start..start + old.0[kind], new);
+        len
+    }
+    // Destructured: a new kind of object is a compile error here.
     let Snapshot {
         gateway_classes,
         gateways,
@@ -62,28 +62,15 @@ pub fn give_back<'a>(
         endpoint_slices,
         namespaces,
         gateway_configs,
-    } = snapshot;
-    let mut gateway_classes = gateway_classes.into_iter();
-    let mut gateways = gateways.into_iter();
-    let mut routes = routes.into_iter();
-    let mut reference_grants = reference_grants.into_iter();
-    let mut services = services.into_iter();
-    let mut endpoint_slices = endpoint_slices.into_iter();
-    let mut namespaces = namespaces.into_iter();
-    let mut gateway_configs = gateway_configs.into_iter();
-    for (f, kinds) in files.into_iter().zip(layout.0) {
-        f.objects = kinds
-            .into_iter()
-            .filter_map(|k| match k {
-                0 => gateway_classes.next().map(Object::GatewayClass),
-                1 => gateways.next().map(Object::Gateway),
-                2 => routes.next().map(Object::Route),
-                3 => reference_grants.next().map(Object::ReferenceGrant),
-                4 => services.next().map(Object::Service),
-                5 => endpoint_slices.next().map(Object::EndpointSlice),
-                6 => namespaces.next().map(Object::Namespace),
-                _ => gateway_configs.next().map(Object::GatewayConfig),
-            })
-            .collect();
-    }
+    } = part;
+    Counts([
+        put(&mut s.gateway_classes, 0, at, old, gateway_classes),
+        put(&mut s.gateways, 1, at, old, gateways),
+        put(&mut s.routes, 2, at, old, routes),
+        put(&mut s.reference_grants, 3, at, old, reference_grants),
+        put(&mut s.services, 4, at, old, services),
+        put(&mut s.endpoint_slices, 5, at, old, endpoint_slices),
+        put(&mut s.namespaces, 6, at, old, namespaces),
+        put(&mut s.gateway_configs, 7, at, old, gateway_configs),
+    ])
 }

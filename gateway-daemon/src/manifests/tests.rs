@@ -1,30 +1,41 @@
 use super::*;
+use crate::model::Snapshot;
 
 #[test]
-fn a_taken_snapshot_equals_a_copied_one_and_goes_back_where_it_came_from() {
-    let a = parse_file(
-        Path::new("a.yaml"),
+fn a_snapshot_patched_file_by_file_equals_one_copied_whole() {
+    let parse = |name: &str, text: &str| parse_file(Path::new(name), text);
+    let a = parse(
+        "a.yaml",
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\n\
              apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
              metadata: {name: web, namespace: a}\nspec: {parentRefs: [{name: gw}]}\n---\n\
              apiVersion: v1\nkind: Namespace\nmetadata: {name: b}\n",
     );
-    let b = parse_file(
-        Path::new("b.yaml"),
+    let b = parse(
+        "b.yaml",
         "apiVersion: gateway.networking.k8s.io/v1\nkind: UDPRoute\n\
              metadata: {name: dns, namespace: b}\nspec: {parentRefs: [{name: gw}]}\n",
     );
-    let (before_a, before_b) = (a.objects.clone(), b.objects.clone());
-    let copied = snapshot([&a, &b]);
-    let mut files = [a, b];
-    let (taken, layout) = take_snapshot(files.iter_mut());
-    assert_eq!(taken, copied);
-    assert!(files.iter().all(|f| f.objects.is_empty()));
-    give_back(files.iter_mut(), taken, layout);
-    assert_eq!(
-        (&files[0].objects, &files[1].objects),
-        (&before_a, &before_b)
+    let a2 = parse(
+        "a.yaml",
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+             metadata: {name: db, namespace: a}\nspec: {parentRefs: [{name: gw}]}\n---\n\
+             apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+             metadata: {name: web, namespace: a}\nspec: {parentRefs: [{name: gw}]}\n",
     );
+    let none = Counts::default();
+    let mut s = Snapshot::default();
+    let ca = splice(&mut s, none, none, &a.objects);
+    let cb = splice(&mut s, ca, none, &b.objects);
+    assert_eq!(s, snapshot([&a, &b]));
+    // a.yaml changes: b's objects stay after a's new ones.
+    let ca2 = splice(&mut s, none, ca, &a2.objects);
+    assert_eq!(s, snapshot([&a2, &b]));
+    // b.yaml goes, then a.yaml.
+    splice(&mut s, ca2, cb, &[]);
+    assert_eq!(s, snapshot([&a2]));
+    splice(&mut s, none, ca2, &[]);
+    assert_eq!(s, Snapshot::default());
 }
 
 #[test]

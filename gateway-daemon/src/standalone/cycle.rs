@@ -18,7 +18,7 @@ use crate::{
 /// Plans once from `snapshot`, commits the claim changes and returns the plan.
 pub fn cycle(
     store: &Store,
-    snapshot: &mut Snapshot,
+    snapshot: &Snapshot,
     now: SystemTime,
     settings: &planner::Settings,
     memo: &mut planner::Memo,

@@ -13,15 +13,20 @@ fn route(name: &str) -> String {
     )
 }
 
-/// The routes in force, by name, sorted.
+/// The routes in force, by name, sorted (after checking that the snapshot patched
+/// file by file is the one made afresh).
 fn routes(source: &mut ManifestSource) -> Vec<String> {
-    let (snapshot, layout) = source.take_snapshot();
-    let mut names: Vec<String> = snapshot
+    assert_eq!(
+        source.snapshot(),
+        &source.rebuilt(),
+        "the snapshot patched file by file differs from one made afresh"
+    );
+    let mut names: Vec<String> = source
+        .snapshot()
         .routes
         .iter()
         .map(|r| r.metadata.name.to_string())
         .collect();
-    source.give_back(snapshot, layout);
     names.sort();
     names
 }
@@ -155,4 +160,143 @@ fn what_a_read_ahead_found_is_reported_by_the_next_refresh() {
     assert_eq!(routes(&mut source), ["x", "z"]);
     let (changed, errors) = source.refresh().expect("refresh");
     assert!(!changed && errors.is_empty(), "reported once: {errors:?}");
+}
+
+fn service(name: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: a}}\n\
+         spec: {{ports: [{{port: 80}}]}}\n"
+    )
+}
+
+#[test]
+fn the_snapshot_follows_files_changed_broken_waiting_and_removed() {
+    let d = dir("follows");
+    let write = |name: &str, text: String| std::fs::write(d.0.join(name), text).expect("write");
+    write("a.yaml", route("a1") + &service("s1") + &route("a2"));
+    write("b.yaml", service("s2") + &route("b1"));
+    write("c.yaml", route("c1") + &service("s3"));
+    let mut source = ManifestSource::new(&d.0, Duration::from_millis(200));
+    source.refresh().expect("refresh");
+    assert_eq!(routes(&mut source), ["a1", "a2", "b1", "c1"]);
+    let services = |source: &ManifestSource| -> Vec<String> {
+        let s = source.snapshot();
+        s.services
+            .iter()
+            .map(|s| s.metadata.name.to_string())
+            .collect()
+    };
+    assert_eq!(services(&source), ["s1", "s2", "s3"], "in file order");
+
+    // The middle file grows and shrinks by kind; the first breaks (its objects stay).
+    write(
+        "b.yaml",
+        route("b0") + &service("s2") + &service("s2b") + &route("b1"),
+    );
+    write("a.yaml", "kind: [".to_string());
+    let (_, errors) = source.refresh().expect("refresh");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(routes(&mut source), ["a1", "a2", "b0", "b1", "c1"]);
+    assert_eq!(services(&source), ["s1", "s2", "s2b", "s3"]);
+
+    // d.yaml defines c1 again and waits; c.yaml gone, then d.yaml is admitted.
+    write("d.yaml", route("c1") + &route("d1"));
+    let (_, errors) = source.refresh().expect("refresh");
+    assert!(!errors.is_empty(), "c1 defined twice");
+    assert_eq!(routes(&mut source), ["a1", "a2", "b0", "b1", "c1"]);
+    std::fs::remove_file(d.0.join("c.yaml")).expect("rm");
+    source.refresh().expect("refresh");
+    assert_eq!(
+        routes(&mut source),
+        ["a1", "a2", "b0", "b1", "c1"],
+        "settling"
+    );
+    std::thread::sleep(Duration::from_millis(250));
+    source.refresh().expect("refresh");
+    assert_eq!(routes(&mut source), ["a1", "a2", "b0", "b1", "c1", "d1"]);
+    assert_eq!(
+        services(&source),
+        ["s1", "s2", "s2b"],
+        "s3 went with c.yaml"
+    );
+    assert!(
+        source.broken().iter().all(|e| e.contains("a.yaml")),
+        "{:?}",
+        source.broken()
+    );
+}
+
+fn names(names: &[&str]) -> super::Look {
+    super::Look::Names(names.iter().map(std::ffi::OsString::from).collect())
+}
+
+#[test]
+fn a_look_at_named_files_reads_those_and_leaves_the_rest_as_they_were() {
+    let d = dir("named");
+    let write = |name: &str, text: String| std::fs::write(d.0.join(name), text).expect("write");
+    write("a.yaml", route("a1"));
+    write("b.yaml", route("b1"));
+    let mut source = ManifestSource::new(&d.0, Duration::from_millis(200));
+    source.refresh().expect("refresh");
+
+    write("a.yaml", route("a1") + &route("a2"));
+    write("b.yaml", route("b1") + &route("b2"));
+    write("c.yaml", route("c1"));
+    let (changed, _) = source
+        .refresh_looking(names(&["b.yaml", "c.yaml"]))
+        .expect("look");
+    assert!(changed);
+    assert_eq!(
+        routes(&mut source),
+        ["a1", "b1", "b2", "c1"],
+        "a.yaml not looked at"
+    );
+    let (changed, _) = source.refresh_looking(names(&[])).expect("look");
+    assert!(!changed, "nothing named, nothing read");
+
+    // A named file gone, or a directory by a manifest's name: gone, for the settle time.
+    std::fs::remove_file(d.0.join("b.yaml")).expect("rm");
+    std::fs::remove_file(d.0.join("c.yaml")).expect("rm");
+    std::fs::create_dir(d.0.join("c.yaml")).expect("mkdir");
+    source
+        .refresh_looking(names(&["b.yaml", "c.yaml"]))
+        .expect("look");
+    assert_eq!(routes(&mut source), ["a1", "b1", "b2", "c1"], "settling");
+    std::thread::sleep(Duration::from_millis(250));
+    let (changed, _) = source.refresh_looking(names(&[])).expect("look");
+    assert!(changed, "the settle time ends without a look at the files");
+    assert_eq!(routes(&mut source), ["a1"]);
+    source.refresh().expect("refresh");
+    assert_eq!(
+        routes(&mut source),
+        ["a1", "a2"],
+        "a look at all finds a.yaml's change"
+    );
+}
+
+#[test]
+fn the_watch_names_the_manifests_written_and_looks_at_all_for_links_and_directories() {
+    let d = dir("look");
+    let watch = super::DirWatch::new(&d.0);
+    assert_eq!(
+        watch.take_look(),
+        super::Look::All,
+        "no event: a look at all"
+    );
+    // Written aside, then renamed: only the manifest is named.
+    std::fs::write(d.0.join("a.tmp"), route("x")).expect("write");
+    std::fs::rename(d.0.join("a.tmp"), d.0.join("a.yaml")).expect("mv");
+    std::fs::write(d.0.join("b.json"), "{}").expect("write");
+    std::fs::remove_file(d.0.join("b.json")).expect("rm");
+    watch.wait(Duration::from_secs(1), None);
+    assert_eq!(watch.take_look(), names(&["a.yaml", "b.json"]));
+    assert_eq!(watch.take_look(), super::Look::All, "taken");
+    // A ConfigMap volume's update: a new directory and a link swapped.
+    std::fs::create_dir(d.0.join("..2026_12_06")).expect("mkdir");
+    watch.wait(Duration::from_secs(1), None);
+    assert_eq!(watch.take_look(), super::Look::All, "a directory");
+    std::os::unix::fs::symlink("..2026_12_06", d.0.join("..data")).expect("ln");
+    std::fs::write(d.0.join("c.yaml"), route("y")).expect("write");
+    watch.wait(Duration::from_secs(1), None);
+    assert_eq!(watch.take_look(), super::Look::All, "a link");
 }
