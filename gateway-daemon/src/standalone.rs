@@ -348,8 +348,6 @@ fn step(
     next.broken = source.broken();
     next.warnings = source.warnings();
     next.ignored_records = store.ignored_records();
-    // A plan of many routes frees megabytes: give them back (about a millisecond).
-    crate::memory::release_freed();
     crate::memory::published();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     plans.last = std::time::Instant::now();

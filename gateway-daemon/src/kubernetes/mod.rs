@@ -522,8 +522,6 @@ async fn cycles(
                     }
                     next.broken = view.errors.clone();
                     let cooling = next.cooling;
-                    // A plan of many routes frees megabytes: give them back.
-                    crate::memory::release_freed();
                     crate::memory::published();
                     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
                     if let Some(dp) = &mut datapath {

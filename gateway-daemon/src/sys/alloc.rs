@@ -8,13 +8,34 @@ use mimalloc as _;
 extern "C" {
     /// mimalloc's `void mi_collect(bool force)`.
     fn mi_collect(force: bool);
+    /// mimalloc's `void mi_option_set(mi_option_t option, long value)`.
+    fn mi_option_set(option: libc::c_int, value: libc::c_long);
+    /// mimalloc's `long mi_option_get(mi_option_t option)`.
+    fn mi_option_get(option: libc::c_int) -> libc::c_long;
 }
+
+/// `mi_option_purge_delay` in the mimalloc (v3) the `mimalloc` crate builds (checked
+/// against its default in a test): milliseconds before freed memory is given back.
+const MI_OPTION_PURGE_DELAY: libc::c_int = 15;
 
 /// mimalloc's `mi_collect(true)`: returns the pages freed on this thread (and abandoned
 /// by finished threads) to the operating system.
 pub(crate) fn collect() {
     // SAFETY: no arguments beyond a flag; safe to call at any time from any thread.
     unsafe { mi_collect(true) }
+}
+
+/// How long (in milliseconds; times mimalloc's arena multiplier, 1 by default) freed
+/// memory stays for reuse before it is given back to the operating system.
+pub(crate) fn set_purge_delay(ms: i64) {
+    // SAFETY: sets a process-wide option (an atomic store); any thread, any time.
+    unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, ms as libc::c_long) }
+}
+
+/// The purge delay in force (`set_purge_delay`).
+pub(crate) fn purge_delay() -> i64 {
+    // SAFETY: reads a process-wide option; any thread, any time.
+    unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) as i64 }
 }
 
 /// Allows or forbids transparent huge pages for this process's future page faults
@@ -40,4 +61,17 @@ pub(crate) fn collapse(start: usize, len: usize) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_purge_delay_option_is_mimallocs_with_its_default_of_a_second() {
+        // Read before any test sets it (none does); the environment may set it.
+        let want = std::env::var("MIMALLOC_PURGE_DELAY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        assert_eq!(super::purge_delay(), want);
+    }
 }
