@@ -51,6 +51,11 @@ pub enum Resource {
     State,
     /// `/api/v1/routes[/NS]`: the rows of `berth get routes`, of one namespace or all.
     Routes(Option<String>),
+    /// `/api/v1/tables/routes[/NS]`: the same rows as `berth get routes` prints them
+    /// (as Kubernetes' API server prints tables for kubectl: at 100,000 routes the
+    /// JSON of the rows is 30 MiB, and reading it took the command longer than the
+    /// daemon took to write it).
+    RouteTable(Option<String>),
     /// `/api/v1/announce`: whether the node announces its addresses (`announce::Status`).
     Announce,
     /// `/api/v1/node`: this node in a tier (`berth get node`): `NodeView`.
@@ -68,11 +73,15 @@ impl Resource {
             "/metrics" => Resource::Metrics,
             "/api/v1/state" => Resource::State,
             "/api/v1/routes" => Resource::Routes(None),
+            "/api/v1/tables/routes" => Resource::RouteTable(None),
             "/api/v1/announce" => Resource::Announce,
             "/api/v1/node" => Resource::Node,
             "/api/v1/drain" => Resource::Request(Request::Drain),
             "/api/v1/undrain" => Resource::Request(Request::Undrain),
-            other => Resource::Routes(Some(other.strip_prefix("/api/v1/routes/")?.to_string())),
+            other => match other.strip_prefix("/api/v1/tables/routes/") {
+                Some(ns) => Resource::RouteTable(Some(ns.to_string())),
+                None => Resource::Routes(Some(other.strip_prefix("/api/v1/routes/")?.to_string())),
+            },
         };
         let monitoring = matches!(
             resource,
@@ -115,6 +124,11 @@ impl Resource {
                 StatusCode::OK,
                 JSON,
                 route_rows_json(p, namespace.as_deref()),
+            ),
+            Resource::RouteTable(namespace) => (
+                StatusCode::OK,
+                "text/plain; charset=utf-8",
+                route_table_text(p, namespace.as_deref()),
             ),
             Resource::Announce => document(p.announce.as_deref(), "not decided yet\n"),
             Resource::Node => (
@@ -289,6 +303,15 @@ pub fn route_rows_json(p: &Published, namespace: Option<&str>) -> String {
         out.push_str(&serde_json::to_string(&r).unwrap_or_default());
     });
     out.push(']');
+    out
+}
+
+/// The table `berth get routes` prints, of one namespace or all.
+pub fn route_table_text(p: &Published, namespace: Option<&str>) -> String {
+    let mut out = crate::output::route_table_head();
+    each_route_row(p, namespace, |r| {
+        crate::output::route_table_row(&mut out, &r)
+    });
     out
 }
 
@@ -669,6 +692,37 @@ mod tests {
         }
         assert!(!route_rows(&p, None).is_empty());
         assert_eq!(route_rows_json(&Published::default(), None), "[]");
+    }
+
+    #[test]
+    fn the_route_table_written_row_by_row_is_the_table_of_the_rows() {
+        let p = published_with(
+            "a-full-datapath-serves-the-oldest-routes-and-the-rest-keep-their-ports-and-say-why",
+            crate::datapath::Capacity {
+                services: 2,
+                ..Default::default()
+            },
+        );
+        for namespace in [None, Some("team-a"), Some("nobody")] {
+            let rows = route_rows(&p, namespace);
+            assert_eq!(
+                route_table_text(&p, namespace),
+                crate::output::route_table(&rows),
+                "{namespace:?}"
+            );
+        }
+        let all = Resource::at("/api/v1/tables/routes", Endpoints::All);
+        assert_eq!(all, Some(Resource::RouteTable(None)));
+        let (code, _, text) = Resource::RouteTable(None).answer(&p, metrics::Detail::Aggregate);
+        assert_eq!(code, StatusCode::OK);
+        assert!(
+            text.starts_with("NAMESPACE") && text.contains("oldest"),
+            "{text}"
+        );
+        assert_eq!(
+            Resource::at("/api/v1/tables/routes/team-a", Endpoints::All),
+            Some(Resource::RouteTable(Some("team-a".into())))
+        );
     }
 
     #[test]

@@ -507,12 +507,20 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
         Ok(serde_json::from_str(&text)?)
     };
     match (what, output) {
+        // The table as the daemon prints it (a daemon from before it did: the rows,
+        // printed here).
+        (What::Routes, Output::Table) => match admin::get(addr, "/api/v1/tables/routes") {
+            Ok(table) => print!("{table}"),
+            Err(e) if e.to_string().contains(" 404 ") => {
+                let rows: Vec<RouteRow> =
+                    serde_json::from_str(&admin::get(addr, "/api/v1/routes")?)?;
+                print!("{}", berth::output::route_table(&rows));
+            }
+            Err(e) => return Err(e.into()),
+        },
         (What::Routes, _) => {
             let rows: Vec<RouteRow> = serde_json::from_str(&admin::get(addr, "/api/v1/routes")?)?;
-            match output {
-                Output::Table => print!("{}", berth::output::route_table(&rows)),
-                _ => print_value(&rows, output)?,
-            }
+            print_value(&rows, output)?;
         }
         (What::Claims, Output::Table) => print!("{}", berth::output::claim_table(&state()?.claims)),
         (What::Claims, _) => print_value(&state()?.claims, output)?,

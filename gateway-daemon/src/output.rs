@@ -88,6 +88,16 @@ pub fn state_tables(doc: &StateDocument) -> String {
 /// `berth get routes`: one row per route with its traffic, and below a row the reason
 /// its packets take the kernel's way and any warning.
 pub fn route_table(rows: &[RouteRow]) -> String {
+    let mut out = route_table_head();
+    for r in rows {
+        route_table_row(&mut out, r);
+    }
+    out
+}
+
+/// The head line of `route_table` (its columns have fixed widths: rows follow one by
+/// one, as the daemon writes them for `/api/v1/tables/routes`).
+pub fn route_table_head() -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = writeln!(
@@ -105,7 +115,12 @@ pub fn route_table(rows: &[RouteRow]) -> String {
         "MODE",
         "PATH"
     );
-    for r in rows {
+    out
+}
+
+/// Appends the line of row `r` of `route_table` (and the lines below it) to `out`.
+pub fn route_table_row(out: &mut String, r: &RouteRow) {
+    {
         let port = r.port.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
         let path = if r.path.starts_with("kernel") {
             "kernel"
@@ -143,7 +158,6 @@ pub fn route_table(rows: &[RouteRow]) -> String {
             let _ = writeln!(out, "  ↳ warning: {w}");
         }
     }
-    out
 }
 
 /// For the commands that print (not `berth run`): a reader that closes the pipe early
