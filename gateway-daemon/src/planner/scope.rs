@@ -230,6 +230,13 @@ impl Scope {
                 by_key = now.len() != found.len();
             }
             if by_key {
+                // Correct, at the cost of reading every route's names: said, so that a
+                // change that always takes this way shows in the log.
+                tracing::debug!(
+                    in_scope = self.routes.len(),
+                    routes = routes.len(),
+                    "incremental plan: routes found by key (some route not by address)"
+                );
                 let keys = &self.routes;
                 let by_key = routes.iter().filter(|r| keys.contains(&RouteKey::of(r)));
                 now = by_key.cloned().collect();

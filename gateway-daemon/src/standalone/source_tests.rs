@@ -300,3 +300,28 @@ fn the_watch_names_the_manifests_written_and_looks_at_all_for_links_and_director
     watch.wait(Duration::from_secs(1), None);
     assert_eq!(watch.take_look(), super::Look::All, "a link");
 }
+
+#[test]
+fn a_file_read_again_keeps_its_unchanged_objects_as_the_same_allocations() {
+    let d = dir("shared");
+    let file = d.0.join("a.yaml");
+    std::fs::write(&file, route("x") + &route("y")).expect("write");
+    let mut source = ManifestSource::new(&d.0, Duration::from_secs(5));
+    source.refresh().expect("refresh");
+    let before = source.snapshot().routes.clone();
+    // y's spec changes (and the file's length with it); x is as it was.
+    let y = route("y").replace("spec: {}", "spec: {parentRefs: [{name: gw}]}");
+    std::fs::write(&file, route("x") + &y).expect("write");
+    let (changed, _) = source.refresh().expect("refresh");
+    assert!(changed);
+    let after = &source.snapshot().routes;
+    assert!(
+        std::sync::Arc::ptr_eq(&before[0], &after[0]),
+        "x unchanged: the same allocation"
+    );
+    assert!(
+        !std::sync::Arc::ptr_eq(&before[1], &after[1]),
+        "y changed: a new one"
+    );
+    assert_eq!(routes(&mut source), ["x", "y"]);
+}
