@@ -20,11 +20,13 @@ pub fn release_freed() {
 /// A change after the start frees what it allocated, and the next change allocates
 /// about as much again. Given back soon (mimalloc's default is after a second, and a
 /// forced collect followed every plan), each change faulted its pages in anew, and
-/// where they had been huge pages the give-back split them: at 100,000 routes a change
-/// took 31 ms (median) where it takes 17 with freed memory kept, and the first change
-/// after 10 s idle 89 ms where it takes 46 (bench control-plane, same window). Kept
-/// for a minute, they cost a few megabytes while changes come, and are given back
-/// when they stop.
+/// give-backs split the heap's collapsed huge pages. Kept for a minute, they cost a few
+/// megabytes while changes come, and are given back when they stop. Measured at
+/// 100,000 routes (bench control-plane, three runs each, alternated with a collect
+/// per plan): new route p50 9.6-14.8 ms against 9.8-12.0, the first change after 10 s
+/// idle 108-175 against 121-187, RSS at ready and peak the same; within this VM's
+/// noise, for a forced collect less per plan. Never giving back (`-1`) made the first
+/// change 87-104 ms but held 50 MiB more from the start on.
 const KEEP_FREED_MS: i64 = 60_000;
 
 /// Before the first plan: new memory in small pages.
