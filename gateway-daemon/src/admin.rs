@@ -559,7 +559,7 @@ pub fn post(addr: &str, path: &str) -> std::io::Result<String> {
 }
 
 /// `method path` against the admin endpoint at `addr`: the body of a 2xx answer (200
-/// for GET).
+/// for GET); a 404 is an error of kind `NotFound`.
 fn call(method: &str, addr: &str, path: &str) -> std::io::Result<String> {
     let url = format!("http://{addr}{path}");
     let named = |e: std::io::Error| match e.kind() {
@@ -577,10 +577,16 @@ fn call(method: &str, addr: &str, path: &str) -> std::io::Result<String> {
         _ => code.len() == 3 && code.starts_with('2'),
     };
     if !ok {
-        return Err(std::io::Error::other(format!(
-            "{method} {url}: {status}: {}",
-            body.trim()
-        )));
+        // A path the daemon does not serve is told apart by its kind (an older daemon
+        // without a newer endpoint).
+        let kind = match code {
+            "404" => std::io::ErrorKind::NotFound,
+            _ => std::io::ErrorKind::Other,
+        };
+        return Err(std::io::Error::new(
+            kind,
+            format!("{method} {url}: {status}: {}", body.trim()),
+        ));
     }
     Ok(body)
 }
@@ -708,6 +714,31 @@ mod tests {
         assert_eq!(
             Resource::at("/api/v1/tables/routes/team-a", Endpoints::All),
             Some(Resource::RouteTable(Some("team-a".into())))
+        );
+    }
+
+    #[test]
+    fn the_client_tells_a_path_the_daemon_does_not_serve_by_its_kind() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let shared: crate::publish::Shared = Default::default();
+        server::spawn(
+            vec![(listener, Endpoints::All)],
+            &addr,
+            metrics::Detail::Aggregate,
+            shared,
+            Default::default(),
+        )
+        .expect("serve");
+        let table = get(&addr, "/api/v1/tables/routes").expect("the table");
+        assert!(table.starts_with("NAMESPACE"), "{table}");
+        let missing = get(&addr, "/api/v1/tables/nothing").expect_err("404");
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound, "{missing}");
+        let unavailable = get(&addr, "/api/v1/state").expect_err("503: no plan yet");
+        assert_ne!(
+            unavailable.kind(),
+            std::io::ErrorKind::NotFound,
+            "{unavailable}"
         );
     }
 

@@ -511,7 +511,7 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
         // printed here).
         (What::Routes, Output::Table) => match admin::get(addr, "/api/v1/tables/routes") {
             Ok(table) => print!("{table}"),
-            Err(e) if e.to_string().contains(" 404 ") => {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let rows: Vec<RouteRow> =
                     serde_json::from_str(&admin::get(addr, "/api/v1/routes")?)?;
                 print!("{}", berth::output::route_table(&rows));
