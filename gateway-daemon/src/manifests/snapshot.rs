@@ -32,6 +32,44 @@ impl std::ops::Add for Counts {
     }
 }
 
+impl std::ops::Sub for Counts {
+    type Output = Counts;
+
+    fn sub(mut self, other: Counts) -> Counts {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a -= b;
+        }
+        self
+    }
+}
+
+impl Counts {
+    /// How many objects of each kind `s` holds.
+    pub fn of(s: &Snapshot) -> Counts {
+        // Destructured: a new kind of object is a compile error here.
+        let Snapshot {
+            gateway_classes,
+            gateways,
+            routes,
+            reference_grants,
+            services,
+            endpoint_slices,
+            namespaces,
+            gateway_configs,
+        } = s;
+        Counts([
+            gateway_classes.len(),
+            gateways.len(),
+            routes.len(),
+            reference_grants.len(),
+            services.len(),
+            endpoint_slices.len(),
+            namespaces.len(),
+            gateway_configs.len(),
+        ])
+    }
+}
+
 /// Replaces, in `s`, the objects of one file (`old` of each kind, from `at`) by `new`;
 /// returns the counts of `new`. A change of one file moves pointers in the snapshot's
 /// lists, and touches no other file's objects (taking 100,000 routes out of their

@@ -470,10 +470,13 @@ impl ManifestSource {
     /// Puts `objects` in force for `file` (tracked), in the snapshot too: after the
     /// objects of the files before it.
     fn put(&mut self, file: &Path, objects: FileObjects) {
-        let at = self
+        // What the snapshot holds less the objects of this file and the files after it:
+        // files read in order (the first look at a directory) each cost their own.
+        let from_here = self
             .files
-            .range::<Path, _>((Bound::Unbounded, Bound::Excluded(file)))
-            .fold(manifests::Counts::default(), |at, (_, t)| at + t.counts);
+            .range::<Path, _>((Bound::Included(file), Bound::Unbounded))
+            .fold(manifests::Counts::default(), |n, (_, t)| n + t.counts);
+        let at = manifests::Counts::of(&self.snapshot) - from_here;
         let Some(t) = self.files.get_mut(file) else {
             return;
         };
