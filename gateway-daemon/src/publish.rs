@@ -11,7 +11,7 @@ use std::{
 };
 
 use crate::{
-    datapath::{Datapath, DesiredState, Limit},
+    datapath::{Datapath, DesiredState, Limit, ServiceAddr, Traffic},
     planner::Plan,
     state_document::StateDocument,
 };
@@ -41,9 +41,10 @@ pub struct Published {
     pub owners: crate::planner::Owners,
     /// Port usage of range listeners.
     pub usage: Vec<crate::planner::ListenerUsage>,
-    /// Per-service traffic counted by the XDP program (shared: every plan and every
-    /// read of the counters publishes anew, and 100,000 services are megabytes).
-    pub traffic: Arc<BTreeMap<crate::datapath::ServiceAddr, crate::datapath::Traffic>>,
+    /// Per-service traffic counted by the XDP program: the services that counted a
+    /// packet or have active flows (a service not here counted nothing). Shared: every
+    /// plan and every read of the counters publishes anew.
+    pub traffic: Arc<BTreeMap<ServiceAddr, Traffic>>,
     /// How long the last read of the traffic took (reads are spaced by at least
     /// `TRAFFIC_COST` times that).
     pub traffic_read: Duration,
@@ -274,31 +275,40 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath, stop: &dyn Fn() -> bool) -
         log_conntrack(p.conntrack.as_ref(), &counted);
         p.conntrack = Some(counted);
     }
+    // The services that counted a packet and (when the conntrack was scanned) those
+    // with active flows: the others are all zero and left out, so what is held grows
+    // with the services in use, not with those installed.
+    let mut traffic: BTreeMap<ServiceAddr, Traffic> = stats
+        .into_iter()
+        .map(|(service, stats)| {
+            let t = Traffic {
+                stats,
+                ..Traffic::default()
+            };
+            (service, t)
+        })
+        .collect();
+    if let Some(scan) = &active {
+        for (service, flows) in &scan.active {
+            let t = traffic.entry(*service).or_default();
+            (t.active_flows, t.snat_flows) = (flows.all, flows.snat);
+        }
+    }
     // Both in service order: what was read before is found by one merge, not by a
     // lookup per service.
     let before = Arc::clone(&p.traffic);
     let mut before = before.iter().peekable();
-    let traffic = stats
-        .into_iter()
-        .map(|(service, stats)| {
-            while before.next_if(|(s, _)| **s < service).is_some() {}
-            let before = before.next_if(|(s, _)| **s == service).map(|(_, t)| t);
-            let flows = match &active {
-                Some(scan) => scan.active.get(&service).copied().unwrap_or_default(),
-                None => before.map_or_else(Default::default, |t| crate::datapath::ActiveFlows {
-                    all: t.active_flows,
-                    snat: t.snat_flows,
-                }),
-            };
-            let traffic = crate::datapath::Traffic {
-                stats,
-                active_flows: flows.all,
-                snat_flows: flows.snat,
-                unanswered_since: unanswered_since(before, &stats, now),
-            };
-            (service, traffic)
-        })
-        .collect();
+    for (service, t) in &mut traffic {
+        while before.next_if(|(s, _)| *s < service).is_some() {}
+        let before = before.next_if(|(s, _)| *s == service).map(|(_, t)| t);
+        if active.is_none() {
+            // Not scanned this time: as counted before.
+            if let Some(b) = before {
+                (t.active_flows, t.snat_flows) = (b.active_flows, b.snat_flows);
+            }
+        }
+        t.unanswered_since = unanswered_since(before, &t.stats, now);
+    }
     p.traffic = Arc::new(traffic);
     p.traffic_at = Some(now);
     p.traffic_read = started.elapsed();

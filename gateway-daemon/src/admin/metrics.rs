@@ -170,7 +170,8 @@ fn families(p: &Published, detail: Detail) -> Families {
         }
     }
     out.push(ports);
-    if !p.traffic.is_empty() {
+    // Once the counters were read (a service without traffic has no entry).
+    if p.traffic_at.is_some() {
         out.extend(address_families(p));
         if detail == Detail::PerRoute {
             out.extend(route_families(p));
@@ -436,10 +437,11 @@ fn route_families(p: &Published) -> [Family; 7] {
         ),
     ]
     .map(|(name, help, kind)| Family::new(name, help, kind));
-    for (service, traffic) in p.traffic.iter() {
-        let Some(o) = p.owners.get(service) else {
-            continue;
-        };
+    // Every route's series, also of one without traffic (then zero, as the datapath
+    // counted it).
+    let none = crate::datapath::Traffic::default();
+    for (service, o) in p.owners.iter() {
+        let traffic = p.traffic.get(service).unwrap_or(&none);
         let t = traffic.stats;
         let route = vec![
             ("kind", o.kind.name().to_string()),
@@ -637,9 +639,8 @@ mod tests {
 
     #[test]
     fn each_family_has_its_samples_together_with_many_routes() {
-        use std::{collections::BTreeSet, sync::Arc};
+        use std::collections::BTreeSet;
 
-        use crate::datapath::Traffic;
         // The hand-written text wrote each route's samples of every family in turn,
         // after all six HELP and TYPE lines: a family's samples must be one group.
         let service = |port| service(1, port);
@@ -647,12 +648,8 @@ mod tests {
             owners: [(service(1), route("a")), (service(2), route("b"))]
                 .into_iter()
                 .collect(),
-            traffic: Arc::new(
-                [service(1), service(2)]
-                    .into_iter()
-                    .map(|s| (s, Traffic::default()))
-                    .collect(),
-            ),
+            // Read, and neither service counted anything (so neither is listed).
+            traffic_at: Some(std::time::Instant::now()),
             ..Published::default()
         };
         let text = encode(&p, Detail::PerRoute);
@@ -703,6 +700,7 @@ mod tests {
                     .map(|(s, t)| (*s, t))
                     .collect(),
             ),
+            traffic_at: Some(std::time::Instant::now()),
             ..Published::default()
         };
         let text = encode(&p, Detail::Aggregate);
