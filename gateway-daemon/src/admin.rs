@@ -13,6 +13,7 @@ pub mod server;
 use std::{
     io::{Read, Write},
     net::TcpStream,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -290,29 +291,119 @@ pub fn route_rows(p: &Published, namespace: Option<&str>) -> Vec<RouteRow> {
     rows
 }
 
-/// [`route_rows`] as the JSON array `/api/v1/routes` answers, each row written as it
-/// is made: the rows of 100k routes in memory at once took ~10 times their ~30 MiB of
-/// JSON, which the daemon's heap then kept.
+/// [`route_rows`] as the JSON array `/api/v1/routes` answers, whole.
 pub fn route_rows_json(p: &Published, namespace: Option<&str>) -> String {
-    let mut out = String::from("[");
-    each_route_row(p, namespace, |r| {
-        if out.len() > 1 {
-            out.push(',');
-        }
-        // A row is strings and numbers: serializing it cannot fail.
-        out.push_str(&serde_json::to_string(&r).unwrap_or_default());
-    });
-    out.push(']');
-    out
+    RouteRowParts::new(Arc::new(p.clone()), namespace, RowFormat::Json).whole()
 }
 
-/// The table `berth get routes` prints, of one namespace or all.
+/// The table `berth get routes` prints, of one namespace or all, whole.
 pub fn route_table_text(p: &Published, namespace: Option<&str>) -> String {
-    let mut out = crate::output::route_table_head();
-    each_route_row(p, namespace, |r| {
-        crate::output::route_table_row(&mut out, &r)
-    });
-    out
+    RouteRowParts::new(Arc::new(p.clone()), namespace, RowFormat::Table).whole()
+}
+
+/// How [`RouteRowParts`] writes the rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowFormat {
+    /// The JSON array `/api/v1/routes` answers.
+    Json,
+    /// The table `berth get routes` prints (`/api/v1/tables/routes`).
+    Table,
+}
+
+/// The rows of `berth get routes`, written a part of about [`PART_BYTES`] at a time as
+/// the server sends them. At 100k routes they are ~30 MiB of JSON (16 MiB of table):
+/// built whole, the answer (and a string doubling its way there) raised the daemon's
+/// peak memory by 35 MiB; each row at once in memory once took ~10 times that.
+pub struct RouteRowParts {
+    p: Arc<Published>,
+    format: RowFormat,
+    /// The indices in the state's routes still to write, by kind.
+    ranges: std::vec::IntoIter<std::ops::Range<usize>>,
+    current: std::ops::Range<usize>,
+    /// Whether the start (`[`, the table's head) is written, whether a row is, and
+    /// whether the end is.
+    opened: bool,
+    rows: bool,
+    closed: bool,
+    /// A part ends once it holds this many bytes (the row that passes it included).
+    part_bytes: usize,
+}
+
+/// About how many bytes one part of a streamed answer holds.
+pub const PART_BYTES: usize = 64 * 1024;
+
+impl RouteRowParts {
+    /// The rows of snapshot `p`, of one namespace or all.
+    pub fn new(p: Arc<Published>, namespace: Option<&str>, format: RowFormat) -> Self {
+        let ranges = p
+            .state
+            .as_ref()
+            .map(|state| route_ranges(&state.routes, namespace))
+            .unwrap_or_default();
+        RouteRowParts {
+            p,
+            format,
+            ranges: ranges.into_iter(),
+            current: 0..0,
+            opened: false,
+            rows: false,
+            closed: false,
+            part_bytes: PART_BYTES,
+        }
+    }
+
+    /// The next part of the text, none once it is all written.
+    pub fn next_part(&mut self) -> Option<Vec<u8>> {
+        if self.closed {
+            return None;
+        }
+        let mut out = Vec::with_capacity(self.part_bytes + 1024);
+        if !self.opened {
+            match self.format {
+                RowFormat::Json => out.push(b'['),
+                RowFormat::Table => out.extend(crate::output::route_table_head().bytes()),
+            }
+            self.opened = true;
+        }
+        let p = &*self.p;
+        let mut line = String::new();
+        while out.len() < self.part_bytes {
+            let next = self.current.next().or_else(|| {
+                self.current = self.ranges.next()?;
+                self.current.next()
+            });
+            let (Some(i), Some(state)) = (next, &p.state) else {
+                if self.format == RowFormat::Json {
+                    out.push(b']');
+                }
+                self.closed = true;
+                break;
+            };
+            rows_of(p, state, &state.routes[i], |r| match self.format {
+                RowFormat::Json => {
+                    if self.rows {
+                        out.push(b',');
+                    }
+                    self.rows = true;
+                    // A row is strings and numbers, written to memory: this cannot fail.
+                    let _ = serde_json::to_writer(&mut out, &r);
+                }
+                RowFormat::Table => {
+                    line.clear();
+                    crate::output::route_table_row(&mut line, &r);
+                    out.extend(line.bytes());
+                }
+            });
+        }
+        Some(out)
+    }
+
+    /// All the parts, as one text.
+    fn whole(mut self) -> String {
+        let bytes: Vec<u8> = std::iter::from_fn(|| self.next_part()).flatten().collect();
+        // Both formats are written as UTF-8 text.
+        String::from_utf8(bytes).unwrap_or_default()
+    }
 }
 
 /// Hands each row of `berth get routes` (of one namespace or all) to `emit`, in order.
@@ -320,10 +411,21 @@ fn each_route_row(p: &Published, namespace: Option<&str>, mut emit: impl FnMut(R
     let Some(state) = &p.state else {
         return;
     };
-    // Routes are sorted by kind, namespace and name: a namespace's routes are found by
-    // binary search within each kind, so asking for one namespace of many costs its own
-    // rows only.
-    let list = &state.routes;
+    for range in route_ranges(&state.routes, namespace) {
+        for i in range {
+            rows_of(p, state, &state.routes[i], &mut emit);
+        }
+    }
+}
+
+/// The indices of `list`'s routes of one namespace or all, one range per kind.
+/// Routes are sorted by kind, namespace and name: a namespace's routes are found by
+/// binary search within each kind, so asking for one namespace of many costs its own
+/// rows only.
+fn route_ranges(
+    list: &crate::planner::RouteList,
+    namespace: Option<&str>,
+) -> Vec<std::ops::Range<usize>> {
     // The first index whose route is not `before` (the list is partitioned by it).
     let first_not = |before: &dyn Fn(&RouteEntry) -> bool| {
         list.binary_search_by(|r| match before(r) {
@@ -332,31 +434,33 @@ fn each_route_row(p: &Published, namespace: Option<&str>, mut emit: impl FnMut(R
         })
         .unwrap_or_else(|i| i)
     };
-    let mut routes: Vec<&RouteEntry> = Vec::new();
+    let mut ranges = Vec::new();
     let mut at = 0;
     while at < list.len() {
         let kind = list[at].kind;
         let end = first_not(&|r| r.kind <= kind);
-        let (lo, hi) = match namespace {
-            None => (at, end),
-            Some(ns) => (
-                first_not(&|r| (r.kind, r.namespace.as_str()) < (kind, ns)),
-                first_not(&|r| (r.kind, r.namespace.as_str()) <= (kind, ns)),
-            ),
-        };
-        routes.extend(list.focus().narrow(lo..hi).into_iter().map(|r| &**r));
+        ranges.push(match namespace {
+            None => at..end,
+            Some(ns) => {
+                first_not(&|r| (r.kind, r.namespace.as_str()) < (kind, ns))..first_not(&|r| {
+                    (r.kind, r.namespace.as_str()) <= (kind, ns)
+                })
+            }
+        });
         at = end;
     }
-    for r in routes {
-        for (i, parent) in r.status.parents.iter().enumerate() {
-            // One row per listener the parent is served on (a range port, a fixed
-            // listener); one row saying why when it is served on none.
-            match r.served_on.get(i).map(Vec::as_slice).unwrap_or_default() {
-                [] => emit(row(p, state, r, parent, None)),
-                on => on
-                    .iter()
-                    .for_each(|s| emit(row(p, state, r, parent, Some(s)))),
-            }
+    ranges
+}
+
+/// Hands the rows of route `r` to `emit`: one per listener each parent is served on (a
+/// range port, a fixed listener), one saying why for a parent served on none.
+fn rows_of(p: &Published, state: &StateDocument, r: &RouteEntry, mut emit: impl FnMut(RouteRow)) {
+    for (i, parent) in r.status.parents.iter().enumerate() {
+        match r.served_on.get(i).map(Vec::as_slice).unwrap_or_default() {
+            [] => emit(row(p, state, r, parent, None)),
+            on => on
+                .iter()
+                .for_each(|s| emit(row(p, state, r, parent, Some(s)))),
         }
     }
 }
@@ -703,6 +807,16 @@ mod tests {
         }
         assert!(!route_rows(&p, None).is_empty());
         assert_eq!(route_rows_json(&Published::default(), None), "[]");
+        // Written a row a part, the parts make the same text.
+        let p = Arc::new(p);
+        for format in [RowFormat::Json, RowFormat::Table] {
+            let mut parts = RouteRowParts::new(Arc::clone(&p), None, format);
+            parts.part_bytes = 1;
+            let parts: Vec<Vec<u8>> = std::iter::from_fn(|| parts.next_part()).collect();
+            assert!(parts.len() > 3, "{format:?}: {} parts", parts.len());
+            let whole = RouteRowParts::new(Arc::clone(&p), None, format).whole();
+            assert_eq!(String::from_utf8(parts.concat()).expect("text"), whole);
+        }
         let all = Resource::at("/api/v1/tables/routes", Endpoints::All);
         assert_eq!(all, Some(Resource::RouteTable(None)));
         let (code, _, text) = Resource::RouteTable(None).answer(&p, metrics::Detail::Aggregate);
@@ -715,6 +829,54 @@ mod tests {
             Resource::at("/api/v1/tables/routes/team-a", Endpoints::All),
             Some(Resource::RouteTable(Some("team-a".into())))
         );
+    }
+
+    #[test]
+    fn the_routes_are_sent_as_written_to_http_1_0_and_chunked_to_http_1_1_clients() {
+        let p = published("dynamic-routes-get-the-lowest-free-ports-in-source-order");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let shared: crate::publish::Shared = Default::default();
+        *shared.lock().expect("lock") = Arc::new(p.clone());
+        server::spawn(
+            vec![(listener, Endpoints::All)],
+            &addr,
+            metrics::Detail::Aggregate,
+            shared,
+            Default::default(),
+        )
+        .expect("serve");
+        let json = route_rows_json(&p, None);
+        assert!(json.len() > 2, "{json}");
+        // berth's own client asks in HTTP/1.0: the answer ends with the connection.
+        assert_eq!(get(&addr, "/api/v1/routes").expect("routes"), json);
+        assert_eq!(
+            get(&addr, "/api/v1/tables/routes").expect("table"),
+            route_table_text(&p, None)
+        );
+        // curl and Prometheus ask in HTTP/1.1: chunks.
+        let mut s = TcpStream::connect(&addr).expect("connect");
+        s.write_all(b"GET /api/v1/routes HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .expect("request");
+        let mut text = String::new();
+        s.read_to_string(&mut text).expect("answer");
+        let (head, mut rest) = text.split_once("\r\n\r\n").expect("head and body");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("transfer-encoding: chunked"),
+            "{head}"
+        );
+        let mut body = String::new();
+        loop {
+            let (size, after) = rest.split_once("\r\n").expect("chunk size");
+            let size = usize::from_str_radix(size, 16).expect("hex size");
+            if size == 0 {
+                break;
+            }
+            body.push_str(&after[..size]);
+            rest = after[size..].strip_prefix("\r\n").expect("chunk end");
+        }
+        assert_eq!(body, json);
     }
 
     #[test]
