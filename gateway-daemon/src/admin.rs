@@ -831,13 +831,11 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_routes_are_sent_as_written_to_http_1_0_and_chunked_to_http_1_1_clients() {
-        let p = published("dynamic-routes-get-the-lowest-free-ports-in-source-order");
+    /// The real admin server on a free loopback port, serving snapshot `p`; its address.
+    fn serve(p: Published) -> String {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
-        let shared: crate::publish::Shared = Default::default();
-        *shared.lock().expect("lock") = Arc::new(p.clone());
+        let shared: crate::publish::Shared = Arc::new(std::sync::Mutex::new(Arc::new(p)));
         server::spawn(
             vec![(listener, Endpoints::All)],
             &addr,
@@ -846,6 +844,13 @@ mod tests {
             Default::default(),
         )
         .expect("serve");
+        addr
+    }
+
+    #[test]
+    fn the_routes_are_sent_as_written_to_http_1_0_and_chunked_to_http_1_1_clients() {
+        let p = published("dynamic-routes-get-the-lowest-free-ports-in-source-order");
+        let addr = serve(p.clone());
         let json = route_rows_json(&p, None);
         assert!(json.len() > 2, "{json}");
         // berth's own client asks in HTTP/1.0: the answer ends with the connection.
@@ -881,17 +886,7 @@ mod tests {
 
     #[test]
     fn the_client_tells_a_path_the_daemon_does_not_serve_by_its_kind() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("addr").to_string();
-        let shared: crate::publish::Shared = Default::default();
-        server::spawn(
-            vec![(listener, Endpoints::All)],
-            &addr,
-            metrics::Detail::Aggregate,
-            shared,
-            Default::default(),
-        )
-        .expect("serve");
+        let addr = serve(Published::default());
         let table = get(&addr, "/api/v1/tables/routes").expect("the table");
         assert!(table.starts_with("NAMESPACE"), "{table}");
         let missing = get(&addr, "/api/v1/tables/nothing").expect_err("404");
