@@ -368,10 +368,17 @@ impl RouteRowParts {
         let p = &*self.p;
         let mut line = String::new();
         while out.len() < self.part_bytes {
-            let next = self.current.next().or_else(|| {
-                self.current = self.ranges.next()?;
-                self.current.next()
-            });
+            // The next index, past ranges left empty (a kind without routes in the
+            // namespace asked for).
+            let next = loop {
+                match self.current.next() {
+                    Some(i) => break Some(i),
+                    None => match self.ranges.next() {
+                        Some(range) => self.current = range,
+                        None => break None,
+                    },
+                }
+            };
             let (Some(i), Some(state)) = (next, &p.state) else {
                 if self.format == RowFormat::Json {
                     out.push(b']');
@@ -764,7 +771,12 @@ mod tests {
             .split("\n---\n")
             .filter(|doc| !doc.contains("kind: PlannerClock"))
             .collect();
-        let parsed = manifests::parse_file(&path, &text.join("\n---\n"));
+        published_of(&path, &text.join("\n---\n"), capacity)
+    }
+
+    /// What a daemon publishes for the manifests `text` (read as file `path`).
+    fn published_of(path: &Path, text: &str, capacity: crate::datapath::Capacity) -> Published {
+        let parsed = manifests::parse_file(path, text);
         assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
         let snapshot = manifests::snapshot([&parsed]);
         let plan = planner::plan(&planner::Input {
@@ -845,6 +857,43 @@ mod tests {
         )
         .expect("serve");
         addr
+    }
+
+    #[test]
+    fn a_namespace_with_routes_of_the_second_kind_only_gets_its_rows_in_parts() {
+        // The examples: team-a has a TCPRoute, team-b a UDPRoute. Written in parts, the
+        // rows of team-b once came out empty: the TCPRoutes' range of team-b is empty,
+        // and an empty range ended the rows.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let text: Vec<String> = ["gateway.yaml", "team-a.yaml", "team-b.yaml"]
+            .iter()
+            .map(|f| std::fs::read_to_string(dir.join(f)).expect("example"))
+            .collect();
+        let p = Arc::new(published_of(
+            &dir.join("all.yaml"),
+            &text.join("\n---\n"),
+            Default::default(),
+        ));
+        let all = route_rows(&p, None);
+        assert!(all
+            .iter()
+            .any(|r| r.kind == "UDPRoute" && r.namespace == "team-b"));
+        for namespace in ["team-a", "team-b"] {
+            let want: Vec<RouteRow> = all
+                .iter()
+                .filter(|r| r.namespace == namespace)
+                .cloned()
+                .collect();
+            assert!(!want.is_empty(), "{namespace}");
+            for part_bytes in [1, PART_BYTES] {
+                let mut parts =
+                    RouteRowParts::new(Arc::clone(&p), Some(namespace), RowFormat::Json);
+                parts.part_bytes = part_bytes;
+                let json: Vec<u8> = std::iter::from_fn(|| parts.next_part()).flatten().collect();
+                let rows: Vec<RouteRow> = serde_json::from_slice(&json).expect("json");
+                assert_eq!(rows, want, "{namespace}, parts of {part_bytes} bytes");
+            }
+        }
     }
 
     #[test]
