@@ -77,6 +77,53 @@ fn applying_touches_only_what_changed() {
 }
 
 #[test]
+fn a_start_on_empty_maps_installs_many_services_in_parts_reported_as_one_apply() {
+    // More than two of `apply_in_parts`' parts (8,192 services each).
+    const N: u16 = 20_000;
+    let limits = Limits {
+        services: 32_768,
+        backends: 65_536,
+        ..test_limits()
+    };
+    let mut t = TestDatapath::load_with(limits);
+    let endpoint = |i: u16| WeightedBackend {
+        endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 253, (i >> 8) as u8, i as u8), 53).into(),
+        weight: 1,
+    };
+    let mut want = DesiredState::default();
+    for i in 0..N {
+        want.services
+            .insert(svc(20_000 + i), vec![endpoint(i), endpoint(i + 1)].into());
+    }
+    assert_eq!(
+        t.dp.apply(&want).expect("apply"),
+        ApplyReport {
+            added: usize::from(N),
+            ..Default::default()
+        }
+    );
+    assert_eq!(t.dp.installed(), want, "every part installed");
+    // A restart adopts them all, and a change after the parts is a change of one.
+    t.restart();
+    assert_eq!(
+        t.dp.apply(&want).expect("apply"),
+        ApplyReport {
+            unchanged: usize::from(N),
+            ..Default::default()
+        }
+    );
+    want.services.remove(&svc(20_000));
+    assert_eq!(
+        t.dp.apply(&want).expect("apply"),
+        ApplyReport {
+            removed: 1,
+            unchanged: usize::from(N) - 1,
+            ..Default::default()
+        }
+    );
+}
+
+#[test]
 fn ipv6_services_are_programmed_beside_ipv4_ones_and_adopted_after_a_restart() {
     use berth::datapath::held_back::{HeldBack, Why};
     let mut t = TestDatapath::load();
