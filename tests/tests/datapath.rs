@@ -124,6 +124,34 @@ fn a_start_on_empty_maps_installs_many_services_in_parts_reported_as_one_apply()
 }
 
 #[test]
+fn a_start_beyond_the_limits_in_parts_is_refused_before_any_part_is_written() {
+    // 10,000 services of two backends: the first part (8,192 services, 16,384 backends)
+    // fits the limits alone, the whole state does not.
+    let limits = Limits {
+        services: 16_384,
+        backends: 16_384,
+        ..test_limits()
+    };
+    let mut t = TestDatapath::load_with(limits);
+    let endpoint = |i: u16| WeightedBackend {
+        endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 254, (i >> 8) as u8, i as u8), 53).into(),
+        weight: 1,
+    };
+    let mut want = DesiredState::default();
+    for i in 0..10_000u16 {
+        want.services.insert(
+            svc(20_000 + i),
+            vec![endpoint(2 * i), endpoint(2 * i + 1)].into(),
+        );
+    }
+    match t.dp.apply(&want) {
+        Err(DatapathError::Capacity { .. }) => {}
+        other => panic!("a state beyond the backends' limit: {other:?}"),
+    }
+    assert_eq!(t.dp.installed(), DesiredState::default(), "nothing written");
+}
+
+#[test]
 fn ipv6_services_are_programmed_beside_ipv4_ones_and_adopted_after_a_restart() {
     use berth::datapath::held_back::{HeldBack, Why};
     let mut t = TestDatapath::load();

@@ -157,8 +157,11 @@ impl Datapath {
     /// applied as a change from the one before. What an apply stages (its list of
     /// changes and their order, the roles' keys and changes) is then held for one part
     /// at a time: for 100,000 services at once it was ~27 MB at the daemon's peak.
-    /// After a failure the part applied last is what the next apply starts from.
+    /// A state beyond the maps' limits is refused before any part is written (each
+    /// part alone may fit); after a failure the parts written stay installed, and the
+    /// next apply compares everything with them.
     fn apply_in_parts(&mut self, desired: &Arc<DesiredState>) -> Result<ApplyReport> {
+        self.check_capacity(desired)?;
         let mut added = 0;
         let mut services = START_PART;
         while services < desired.services.len() {
