@@ -16,9 +16,11 @@ use serde::de::DeserializeOwned;
 use crate::model::{Object, Route, RouteKind, BERTH_GROUP, GATEWAY_GROUP};
 
 mod definitions;
+mod direct;
 mod directory;
 mod names;
 mod snapshot;
+mod strict;
 mod unknown_fields;
 
 pub use definitions::{object_key, Definitions, ObjectKey};
@@ -79,6 +81,17 @@ pub fn is_json(file: &Path) -> bool {
 
 /// Parses the documents of one file: YAML documents, or for `*.json` JSON values.
 pub fn parse_file(file: &Path, text: &str) -> FileObjects {
+    if !is_json(file) {
+        if let Some(out) = direct::parse_clean(file, text) {
+            return out;
+        }
+    }
+    parse_through_values(file, text)
+}
+
+/// [`parse_file`] with every document read as a value first: what it reports is the
+/// reference the direct reading keeps to.
+fn parse_through_values(file: &Path, text: &str) -> FileObjects {
     let mut out = FileObjects::default();
     // Each document as a YAML value (JSON is YAML), or why it is not one.
     let documents: Box<dyn Iterator<Item = Result<serde_yaml::Value, String>> + '_> =

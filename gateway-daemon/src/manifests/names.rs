@@ -18,6 +18,22 @@ pub(super) fn check_names(kind: &str, meta: Option<&serde_yaml::Value>) -> Resul
             .as_str()
             .ok_or_else(|| "field metadata.name: not a string".to_string())?,
     };
+    let namespace = match field("namespace") {
+        None => None,
+        Some(ns) => Some(
+            ns.as_str()
+                .ok_or_else(|| "field metadata.namespace: not a string".to_string())?,
+        ),
+    };
+    check_object_names(kind, name, namespace)
+}
+
+/// [`check_names`] for a name and namespace read already.
+pub(super) fn check_object_names(
+    kind: &str,
+    name: &str,
+    namespace: Option<&str>,
+) -> Result<(), String> {
     let problem = match kind {
         "Namespace" => dns_label_problem(name),
         "Service" => dns1035_label_problem(name),
@@ -26,10 +42,7 @@ pub(super) fn check_names(kind: &str, meta: Option<&serde_yaml::Value>) -> Resul
     if let Some(p) = problem {
         return Err(format!("field metadata.name: {name:?} {p}"));
     }
-    if let Some(ns) = field("namespace") {
-        let ns = ns
-            .as_str()
-            .ok_or_else(|| "field metadata.namespace: not a string".to_string())?;
+    if let Some(ns) = namespace {
         if let Some(p) = dns_label_problem(ns) {
             return Err(format!("field metadata.namespace: {ns:?} {p}"));
         }

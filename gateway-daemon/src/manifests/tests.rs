@@ -432,3 +432,96 @@ fn files_read_on_several_threads_come_back_in_the_order_given_with_their_own_err
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every YAML file of the repository (examples, deployment, golden inputs).
+fn repository_yaml() -> Vec<PathBuf> {
+    let top = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = Vec::new();
+    let mut dirs = vec![
+        top.join("examples"),
+        top.join("deploy"),
+        top.join("gateway-daemon/tests/golden"),
+    ];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml")
+            ) {
+                found.push(path);
+            }
+        }
+    }
+    assert!(found.len() > 100, "{} YAML files", found.len());
+    found
+}
+
+#[test]
+fn reading_straight_into_types_gives_what_reading_through_values_gives() {
+    let mut straight = 0;
+    for path in repository_yaml() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if let Some(direct) = direct::parse_clean(&path, &text) {
+            straight += 1;
+            assert_eq!(
+                direct,
+                parse_through_values(&path, &text),
+                "{}",
+                path.display()
+            );
+        }
+    }
+    assert!(straight > 50, "{straight} files read straight");
+}
+
+#[test]
+fn documents_read_straight_only_where_values_would_say_nothing_more() {
+    let route = "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n";
+    let service = "apiVersion: v1\nkind: Service\n";
+    let slice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n";
+    let cases: &[(&str, String)] = &[
+        // Read straight.
+        ("straight", format!("{route}metadata: {{name: r, namespace: a}}\nspec: {{parentRefs: [{{name: gw, sectionName: tcp}}], rules: [{{name: x, backendRefs: [{{name: s, port: 80}}]}}]}}\nstatus: {{parents: [{{anything: 1}}]}}\n")),
+        ("straight", format!("{service}metadata: {{name: s, namespace: a, annotations: {{a: b}}, resourceVersion: '1', finalizers: [x]}}\nspec: {{type: ClusterIP, clusterIP: 10.0.0.1, clusterIPs: [10.0.0.1], selector: {{app: a}}, ipFamilies: [IPv4], ipFamilyPolicy: SingleStack, sessionAffinity: None, internalTrafficPolicy: Cluster, ports: [{{name: p, port: 80, targetPort: 8080, protocol: TCP, appProtocol: http}}]}}\n")),
+        ("straight", format!("{slice}metadata: {{name: s-1, namespace: a, labels: {{kubernetes.io/service-name: s}}, generateName: s-}}\naddressType: IPv4\nendpoints: [{{addresses: [10.1.0.1], conditions: {{ready: true}}, nodeName: n1, zone: z, hostname: h}}]\nports: [{{name: p, port: 8080, protocol: TCP, appProtocol: http}}]\n")),
+        // Another kind or another order: that document through a value, the rest straight.
+        ("straight", "apiVersion: v1\nkind: Namespace\nmetadata: {name: a, labels: {team: a}}\n".to_string()),
+        ("straight", format!("kind: TCPRoute\nmetadata: {{name: r, namespace: a}}\napiVersion: gateway.networking.k8s.io/v1\nspec: {{parentRefs: [{{name: gw}}]}}\n---\n{route}metadata: {{name: r2, namespace: a}}\nspec: {{}}\n")),
+        ("straight", "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Service, metadata: {name: s}, spec: {ports: [{port: 80}]}}\n".to_string()),
+        ("straight", "---\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n".to_string()),
+        ("straight", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: h}\n".to_string()),
+        // Through values, the whole file: errors, warnings, fields with fields to check.
+        ("values", format!("{route}metadata: {{name: r, namespace: a}}\nspec: {{parentRefs: [{{name: 80}}]}}\n")),
+        ("values", format!("{slice}metadata: {{name: s-1, namespace: a, labels: {{version: 1}}}}\naddressType: IPv4\n")),
+        ("values", format!("{route}metadata: {{name: r, namespace: a}}\nspec: {{parentRef: [{{name: gw}}]}}\n")),
+        ("values", format!("{route}metadata: {{name: R, namespace: a}}\nspec: {{}}\n")),
+        ("values", format!("{route}metadata: {{name: r, namespace: a}}\nspec: {{parentRefs: [{{name: gw, sectionName: Tcp}}]}}\n")),
+        ("values", format!("{route}metadata: {{name: r, namespace: a, ownerReferences: [{{apiVersion: v1, kind: X, name: x, uid: u, controler: true}}]}}\nspec: {{}}\n")),
+        ("values", format!("{slice}metadata: {{name: s-1, namespace: a}}\naddressType: IPv4\nendpoints: [{{addresses: [10.1.0.1], targetRef: {{kind: Pod, nmae: p}}}}]\n")),
+        ("values", format!("{service}metadata: {{name: s, namespace: a}}\nspec: {{ports: [{{port: 80}}]}}\nstatus: {{loadBalancer: {{ingres: []}}}}\n")),
+        ("values", format!("{service}metadata: {{name: s, namespace: a}}\nspec: {{ports: [{{port: '80'}}]}}\n")),
+        ("values", format!("{service}metadata: {{name: s, namespace: a}}\nspec: {{ports: [{{port: 80}}]}}\nspec: {{}}\n")),
+        ("values", format!("{route}metadata: {{name: r}}\n---\n{route}metadata: [\n")),
+    ];
+    for (how, text) in cases {
+        let path = Path::new("t.yaml");
+        let direct = direct::parse_clean(path, text);
+        assert_eq!(direct.is_some(), *how == "straight", "{how}: {text}");
+        let reference = parse_through_values(path, text);
+        assert_eq!(parse_file(path, text), reference, "{text}");
+        if *how == "straight" {
+            assert!(
+                reference.errors.is_empty() && reference.warnings.is_empty(),
+                "{reference:?}"
+            );
+        } else {
+            assert!(
+                !reference.errors.is_empty() || !reference.warnings.is_empty(),
+                "{text}"
+            );
+        }
+    }
+}

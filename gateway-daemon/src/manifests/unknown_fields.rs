@@ -36,40 +36,52 @@ pub(super) fn unknown_fields(group: &str, kind: &str, value: &serde_yaml::Value)
 /// The paths of the fields a complete type `T` ignores when `value` is read as one,
 /// under `prefix`. (A value `T` refuses was reported by the parse already.)
 fn ignored_fields<T: DeserializeOwned>(value: &serde_yaml::Value, prefix: &str) -> Vec<String> {
-    fn show(path: &serde_ignored::Path, out: &mut String) {
-        use serde_ignored::Path as P;
-        match path {
-            P::Root => {}
-            P::Seq { parent, index } => {
-                show(parent, out);
-                out.push_str(&format!("[{index}]"));
-            }
-            P::Map { parent, key } => {
-                show(parent, out);
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(key);
-            }
-            P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => {
-                show(parent, out)
-            }
-        }
-    }
     let mut unknown = Vec::new();
     let _: Result<T, _> = serde_ignored::deserialize(value, |path| {
         let mut shown = prefix.to_string();
-        show(&path, &mut shown);
+        push_path(&path, Items::Indexed, &mut shown);
         unknown.push(shown);
     });
     unknown
 }
 
+/// How a path names a list's items: `[0]` as a document does, `[]` as the CRDs do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Items {
+    Indexed,
+    Any,
+}
+
+/// Appends `path` (`spec.parentRefs[0].name`, or `spec.parentRefs[].name`) to `out`.
+pub(super) fn push_path(path: &serde_ignored::Path, items: Items, out: &mut String) {
+    use serde_ignored::Path as P;
+    match path {
+        P::Root => {}
+        P::Seq { parent, index } => {
+            push_path(parent, items, out);
+            match items {
+                Items::Indexed => out.push_str(&format!("[{index}]")),
+                Items::Any => out.push_str("[]"),
+            }
+        }
+        P::Map { parent, key } => {
+            push_path(parent, items, out);
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(key);
+        }
+        P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => {
+            push_path(parent, items, out)
+        }
+    }
+}
+
 /// `Kind path` lines: every field path of the upstream Gateway API CRDs (all
 /// versions; `[]` for a list's items, `*` for a map's keys, `**` for anything below).
-const UPSTREAM_FIELDS: &str = include_str!("../upstream-fields.txt");
+pub(super) const UPSTREAM_FIELDS: &str = include_str!("../upstream-fields.txt");
 
-fn upstream_field(kind: &str, path: &str) -> bool {
+pub(super) fn upstream_field(kind: &str, path: &str) -> bool {
     static FIELDS: std::sync::LazyLock<std::collections::HashSet<(&str, &str)>> =
         std::sync::LazyLock::new(|| {
             UPSTREAM_FIELDS

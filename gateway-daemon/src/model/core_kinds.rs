@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Meta, Str};
+use super::{exact_list, Meta, Str};
 
 /// Service (the parts Berth uses).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,7 +20,7 @@ pub struct Service {
 #[serde(rename_all = "camelCase")]
 pub struct ServiceSpec {
     /// Ports.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "exact_list")]
     pub ports: Vec<ServicePort>,
 }
 
@@ -50,10 +50,10 @@ pub struct EndpointSlice {
     /// `IPv4`, `IPv6` or `FQDN`.
     pub address_type: Str,
     /// Endpoints.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "exact_list")]
     pub endpoints: Vec<Endpoint>,
     /// Ports.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "exact_list")]
     pub ports: Vec<EndpointPort>,
 }
 
@@ -62,6 +62,7 @@ pub struct EndpointSlice {
 #[serde(rename_all = "camelCase")]
 pub struct Endpoint {
     /// Addresses.
+    #[serde(deserialize_with = "exact_list")]
     pub addresses: Vec<Str>,
     /// Conditions.
     #[serde(default)]

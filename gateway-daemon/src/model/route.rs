@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Meta, Protocol, Str};
+use super::{exact_list, Meta, Protocol, Str};
 
 /// TCPRoute or UDPRoute: the two share their shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -119,10 +119,10 @@ fn default_kind() -> RouteKind {
 #[serde(rename_all = "camelCase")]
 pub struct RouteSpec {
     /// Parents (Gateways) to attach to.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "exact_list")]
     pub parent_refs: Vec<ParentRef>,
     /// Rules (Berth forwards to the backends of all rules).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "exact_list")]
     pub rules: Vec<RouteRule>,
 }
 
@@ -154,7 +154,7 @@ pub struct ParentRef {
 #[serde(rename_all = "camelCase")]
 pub struct RouteRule {
     /// Backends.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "exact_list")]
     pub backend_refs: Vec<BackendRef>,
 }
 
