@@ -64,6 +64,15 @@ impl ByFamily<ServiceMap<u32>, ServiceMap<Addr6>> {
 /// many as `add_services` writes in one batch.
 const START_PART: usize = 8192;
 
+/// What an apply writes.
+enum Scope {
+    /// What differs from the state last applied (or, when that is unknown, from what
+    /// is installed); the state is then the one last applied.
+    Whole,
+    /// One part of a start (`apply_in_parts`): these changes only.
+    Part(Vec<(ServiceAddr, Option<BackendSet>)>),
+}
+
 /// The name of the service map `s` is in.
 fn services_map(s: &ServiceAddr) -> &'static str {
     match s.addr {
@@ -143,7 +152,7 @@ impl Datapath {
         let result = if self.applied.is_none() && self.installed.is_empty() {
             self.apply_in_parts(&desired)
         } else {
-            self.apply_diff(&desired)
+            self.apply_diff(&desired, Scope::Whole)
         };
         if result.is_err() {
             // Ids handed out to what was not installed in the end are free again.
@@ -152,41 +161,52 @@ impl Datapath {
         result
     }
 
-    /// Installs `desired` on empty maps (a start on fresh pins) as growing parts of it:
-    /// its first [`START_PART`] services, then as many more, and so on, each part
-    /// applied as a change from the one before. What an apply stages (its list of
-    /// changes and their order, the roles' keys and changes) is then held for one part
-    /// at a time: for 100,000 services at once it was ~27 MB at the daemon's peak.
-    /// A state beyond the maps' limits is refused before any part is written (each
-    /// part alone may fit); after a failure the parts written stay installed, and the
-    /// next apply compares everything with them.
+    /// Installs `desired` on empty maps (a start on fresh pins) in parts: its first
+    /// [`START_PART`] services, then the next, and so on, each part applied as the
+    /// services it adds. What an apply stages (its list of changes and their order, the
+    /// roles' keys and changes) is then held for one part at a time: for 100,000
+    /// services at once it was ~27 MB at the daemon's peak. (Parts made as growing
+    /// copies of the state, each a change from the one before, held two copies of
+    /// ~90,000 services at the end: the last 15 MB of the peak.) A state beyond the
+    /// maps' limits is refused before any part is written (each part alone may fit);
+    /// the state counts as applied once every part is: after a failure the parts
+    /// written stay installed, and the next apply compares everything with them.
     fn apply_in_parts(&mut self, desired: &Arc<DesiredState>) -> Result<ApplyReport> {
-        self.check_capacity(desired)?;
-        let mut added = 0;
-        let mut services = START_PART;
-        while services < desired.services.len() {
-            let part = DesiredState {
-                services: desired.services.take(services),
-                ..DesiredState::clone(desired)
-            };
-            added += self.apply_diff(&Arc::new(part))?.added;
-            services += START_PART;
+        if desired.services.len() <= START_PART {
+            return self.apply_diff(desired, Scope::Whole);
         }
-        let mut report = self.apply_diff(desired)?;
-        // The last part counted the parts before it as unchanged.
-        report.unchanged = report.unchanged.saturating_sub(added);
-        report.added += added;
+        let backends = self.check_capacity(desired)?;
+        let mut report = ApplyReport::default();
+        for part in desired.parts(START_PART) {
+            let done = self.apply_diff(desired, Scope::Part(part))?;
+            report.added += done.added;
+            report.changed += done.changed;
+            report.removed += done.removed;
+            report.unchanged += done.unchanged;
+        }
+        self.applied = Some(Arc::clone(desired));
+        self.applied_backends = backends;
         Ok(report)
     }
 
-    fn apply_diff(&mut self, desired: &Arc<DesiredState>) -> Result<ApplyReport> {
-        let backends = self.check_capacity(desired)?;
+    fn apply_diff(&mut self, desired: &Arc<DesiredState>, scope: Scope) -> Result<ApplyReport> {
+        let whole = matches!(scope, Scope::Whole);
+        let backends = if whole {
+            self.check_capacity(desired)?
+        } else {
+            0
+        };
         let mut report = ApplyReport::default();
         let snat = &desired.source_nat;
-        let snat_changed = self
-            .applied
-            .as_ref()
-            .is_none_or(|last| last.source_nat != desired.source_nat);
+        // The parts of a start add each service in its mode: only the first may find
+        // the SNAT setting new.
+        let snat_changed = match &scope {
+            Scope::Whole => self
+                .applied
+                .as_ref()
+                .is_none_or(|last| last.source_nat != desired.source_nat),
+            Scope::Part(_) => self.installed.is_empty(),
+        };
         // Ports first: a service switched to SNAT mode below takes them at once.
         let ports_changed = self.sync_snat_ports(&desired.snat_ports)?;
         if (ports_changed || snat_changed)
@@ -201,25 +221,28 @@ impl Datapath {
         }
         // The services that may differ from what is installed: those that changed since
         // the state last applied in full, or (after a failure, and at first) all.
-        let changes: Vec<(ServiceAddr, Option<BackendSet>)> = match self.applied.take() {
-            Some(last) => {
-                let (changes, same) = desired.changes_since(&last);
-                report.unchanged = same;
-                changes
-            }
-            None => {
-                let want = desired.normalized();
-                let wanted = |k: &ServiceAddr| want.binary_search_by(|(s, _)| s.cmp(k)).is_ok();
-                let gone: Vec<(ServiceAddr, Option<BackendSet>)> = self
-                    .installed
-                    .keys()
-                    .filter(|k| !wanted(k))
-                    .map(|&k| (k, None))
-                    .collect();
-                gone.into_iter()
-                    .chain(want.into_iter().map(|(k, set)| (k, Some(set))))
-                    .collect()
-            }
+        let changes: Vec<(ServiceAddr, Option<BackendSet>)> = match scope {
+            Scope::Part(changes) => changes,
+            Scope::Whole => match self.applied.take() {
+                Some(last) => {
+                    let (changes, same) = desired.changes_since(&last);
+                    report.unchanged = same;
+                    changes
+                }
+                None => {
+                    let want = desired.normalized();
+                    let wanted = |k: &ServiceAddr| want.binary_search_by(|(s, _)| s.cmp(k)).is_ok();
+                    let gone: Vec<(ServiceAddr, Option<BackendSet>)> = self
+                        .installed
+                        .keys()
+                        .filter(|k| !wanted(k))
+                        .map(|&k| (k, None))
+                        .collect();
+                    gone.into_iter()
+                        .chain(want.into_iter().map(|(k, set)| (k, Some(set))))
+                        .collect()
+                }
+            },
         };
         // Removals first, then changed services (those giving backends back before
         // those taking more), then new ones: a state that fits the limits fits them at
@@ -313,8 +336,10 @@ impl Datapath {
                 self.sync_reserved_ports();
             }
         }
-        self.applied = Some(Arc::clone(desired));
-        self.applied_backends = backends;
+        if whole {
+            self.applied = Some(Arc::clone(desired));
+            self.applied_backends = backends;
+        }
         Ok(report)
     }
 

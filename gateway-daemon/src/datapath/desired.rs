@@ -151,6 +151,23 @@ impl DesiredState {
             .collect()
     }
 
+    /// The services in parts of `size`, in service order, each with its backends
+    /// merged by endpoint: the changes that install them on empty maps.
+    pub(crate) fn parts(
+        &self,
+        size: usize,
+    ) -> impl Iterator<Item = Vec<(ServiceAddr, Option<BackendSet>)>> + '_ {
+        let mut services = self.services.iter();
+        std::iter::from_fn(move || {
+            let part: Vec<_> = services
+                .by_ref()
+                .take(size)
+                .map(|(service, backends)| (*service, Some(backend_set(backends))))
+                .collect();
+            (!part.is_empty()).then_some(part)
+        })
+    }
+
     /// What differs from `last`: each service added or changed with its backends,
     /// each removed with `None`; and how many are the same. The maps' diff skips what
     /// they share (a state planned from `last` shares all but what changed), and
