@@ -525,3 +525,46 @@ fn documents_read_straight_only_where_values_would_say_nothing_more() {
         }
     }
 }
+
+#[test]
+fn a_file_that_defines_nothing_more_gives_its_place_back_and_others_keep_theirs() {
+    let route = |name: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\n\
+             metadata: {{name: {name}, namespace: a}}\nspec: {{}}\n"
+        )
+    };
+    let parse = |name: &str, text: &str| parse_file(Path::new(name), text);
+    let (a, b) = (
+        parse("a.yaml", &route("one")),
+        parse("b.yaml", &route("two")),
+    );
+    let mut d = Definitions::default();
+    d.replace(Path::new("a.yaml"), &FileObjects::default(), &a)
+        .unwrap();
+    d.replace(Path::new("b.yaml"), &FileObjects::default(), &b)
+        .unwrap();
+    // a.yaml emptied: its index is free, b.yaml's objects still say where they are.
+    d.replace(Path::new("a.yaml"), &a, &FileObjects::default())
+        .unwrap();
+    assert_eq!(d.file_of(&a.objects[0]), None);
+    assert_eq!(d.file_of(&b.objects[0]), Some(Path::new("b.yaml")));
+    // c.yaml takes the free index; defining b's route again is an error naming b.yaml.
+    let c = parse("c.yaml", &format!("{}---\n{}", route("one"), route("two")));
+    let errors = d
+        .replace(Path::new("c.yaml"), &FileObjects::default(), &c)
+        .unwrap_err();
+    assert_eq!(errors.len(), 1);
+    assert!(
+        errors[0].message.contains("b.yaml document 1"),
+        "{errors:?}"
+    );
+    let c = parse("c.yaml", &route("one"));
+    d.replace(Path::new("c.yaml"), &FileObjects::default(), &c)
+        .unwrap();
+    assert_eq!(d.file_of(&c.objects[0]), Some(Path::new("c.yaml")));
+    assert_eq!(d.file_of(&b.objects[0]), Some(Path::new("b.yaml")));
+    // Read again as it is, a file keeps its definitions.
+    d.replace(Path::new("c.yaml"), &c, &c).unwrap();
+    assert_eq!(d.file_of(&c.objects[0]), Some(Path::new("c.yaml")));
+}
