@@ -389,7 +389,8 @@ pub(super) type Served = FastMap<RouteKey, Vec<ServiceAddr>>;
 
 /// The datapath services each route of `owners` serves.
 pub(super) fn served(owners: &Owners) -> Served {
-    let mut out = Served::default();
+    // About one service a route: sized at once, not grown by rehashing.
+    let mut out = Served::with_capacity_and_hasher(owners.len(), Default::default());
     for (service, id) in owners {
         match out.get_mut(&**id) {
             Some(list) => list.push(*service),

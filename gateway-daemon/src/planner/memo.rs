@@ -233,6 +233,10 @@ impl Memo {
                 false
             });
         }
+        // Room for what comes at once: a first plan of 100,000 routes grew both maps by
+        // 16 rehashes, each holding the old table beside the new one.
+        self.names.reserve(fresh.len());
+        self.routes.reserve(fresh.len());
         for r in fresh {
             let at = address(&r.route);
             self.names.insert(RouteKey::of(&r.route), at);
