@@ -85,6 +85,9 @@ pub struct Definitions {
     files: Vec<Option<DefiningFile>>,
     /// The index of each file that defines objects.
     index: HashMap<Arc<Path>, u32>,
+    /// Indices free again (searching `files` for one walked every file per new file:
+    /// quadratic in the files of a start).
+    free: Vec<u32>,
 }
 
 impl Definitions {
@@ -117,17 +120,16 @@ impl Definitions {
             path: Arc::clone(&path),
             objects: 0,
         });
-        let i = match self.files.iter().position(Option::is_none) {
+        let i = match self.free.pop() {
             Some(free) => {
-                self.files[free] = entry;
+                self.files[free as usize] = entry;
                 free
             }
             None => {
                 self.files.push(entry);
-                self.files.len() - 1
+                u32::try_from(self.files.len() - 1).expect("fewer than 2^32 manifest files")
             }
         };
-        let i = u32::try_from(i).expect("fewer than 2^32 manifest files");
         self.index.insert(path, i);
         i
     }
@@ -142,6 +144,7 @@ impl Definitions {
         if file.objects == 0 {
             self.index.remove(&file.path);
             self.files[i as usize] = None;
+            self.free.push(i);
         }
     }
 
