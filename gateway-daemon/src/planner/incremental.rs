@@ -159,6 +159,77 @@ impl Last {
     }
 }
 
+/// A full plan as the next plan will need it, before it is indexed (`Memo::settle`):
+/// the plan's input but its snapshot (the memo's copy is that snapshot), the plan, and
+/// what its stages left for the next plan.
+#[derive(Debug)]
+pub(super) struct Pending {
+    claims: ClaimList,
+    now: SystemTime,
+    default_addresses: super::DefaultAddresses,
+    ephemeral_ports: Option<RangeInclusive<u16>>,
+    snat_ports: RangeInclusive<u16>,
+    capacity: crate::datapath::Capacity,
+    allocate: bool,
+    plan: Plan,
+    on: OnListeners,
+    contested: bool,
+}
+
+impl Pending {
+    /// What a full plan of `input` leaves to be indexed.
+    pub(super) fn of(input: &Input, plan: &Plan, on: OnListeners, contested: bool) -> Self {
+        // Destructured: a new field of `Input` is a compile error here.
+        let Input {
+            snapshot: _,
+            claims,
+            now,
+            default_addresses,
+            ephemeral_ports,
+            allocate,
+            snat_ports,
+            capacity,
+        } = input;
+        Pending {
+            claims: ClaimList::clone(claims),
+            now: *now,
+            default_addresses: *default_addresses,
+            ephemeral_ports: ephemeral_ports.clone(),
+            snat_ports: snat_ports.clone(),
+            capacity: *capacity,
+            allocate: *allocate,
+            plan: plan.clone(),
+            on,
+            contested,
+        }
+    }
+
+    /// Indexes the plan of `snapshot` (the one it was made from) for the next plan.
+    pub(super) fn settle(self, snapshot: &Snapshot) -> Last {
+        let input = Input {
+            snapshot,
+            claims: &self.claims,
+            now: self.now,
+            default_addresses: self.default_addresses,
+            ephemeral_ports: self.ephemeral_ports.clone(),
+            allocate: self.allocate,
+            snat_ports: self.snat_ports.clone(),
+            capacity: self.capacity,
+        };
+        let served = served(&self.plan.owners);
+        let held = ClaimIndex::new(&self.plan.claims, &super::gateways::ours(&input));
+        Last::of(
+            &input,
+            &self.plan,
+            self.on,
+            served,
+            held,
+            BackendIndex::of(snapshot),
+            self.contested,
+        )
+    }
+}
+
 /// Claims a plan made on one listener: the listener (by Gateway namespace and name,
 /// listener name, protocol) and the lowest and highest port made.
 #[derive(Debug)]

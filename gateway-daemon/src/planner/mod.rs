@@ -256,6 +256,7 @@ pub fn plan(input: &Input) -> Plan {
 /// made with it: when only routes, Services, EndpointSlices, claims and the time
 /// changed, only the routes a change can affect are planned again (see `incremental`).
 pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
+    memo.settle();
     // The memo's copy of the last plan's snapshot follows this one (made once, then
     // changed where the snapshot changed).
     let mut copy = std::mem::take(&mut memo.snapshot);
@@ -269,15 +270,10 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     if memo.keep {
         copy.follow(input.snapshot);
         memo.snapshot = copy;
-        let served = incremental::served(&run.plan.owners);
-        let claims = ledger::ClaimIndex::new(&run.plan.claims, &gateways::ours(input));
-        memo.last = Some(incremental::Last::of(
+        memo.pending = Some(incremental::Pending::of(
             input,
             &run.plan,
             run.on,
-            served,
-            claims,
-            backend_index::BackendIndex::of(input.snapshot),
             run.contested,
         ));
     }
