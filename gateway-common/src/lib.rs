@@ -517,12 +517,32 @@ pub struct Flow<A: Addr = u32> {
     /// A forward entry: when it last forwarded a packet, in the units of
     /// `NextHop::checked_at`, updated about once a second (`NEXT_HOP_REFRESH`).
     pub seen: u32,
-    /// Always zero.
-    pub pad3: u32,
+    /// A TCP forward entry: when its flow ended (`FLOW_RST`, or `FLOW_FIN_FORWARD` and
+    /// `FLOW_FIN_REPLY`), in the units of `NextHop::checked_at` (never 0 once ended);
+    /// 0 while it lives.
+    pub ended: u32,
 }
 
 /// `Flow::flags` bit: the flow records a reply entry too (`SERVICE_REPLY_ENTRY`).
 pub const FLOW_REPLY_ENTRY: u8 = 1;
+
+/// `Flow::flags` bit of a TCP forward entry: the client sent FIN.
+pub const FLOW_FIN_FORWARD: u8 = 2;
+
+/// `Flow::flags` bit of a TCP forward entry: the backend sent FIN.
+pub const FLOW_FIN_REPLY: u8 = 4;
+
+/// `Flow::flags` bit of a TCP forward entry: either end sent RST.
+pub const FLOW_RST: u8 = 8;
+
+/// A TCP flow that ended (`Flow::ended`) is over this many units of
+/// `NextHop::checked_at` later (about 10 s: the last ACK and retransmissions of the
+/// FINs pass meanwhile). Until then a backend that left its service keeps serving it.
+pub const FLOW_LINGER: u32 = (10_000_000_000u64 >> 20) as u32;
+
+/// TCP flags byte (byte 13 of the header) bits that change a flow's state
+/// (`Flow::note_tcp`): FIN, SYN, RST.
+pub const TCP_STATE_FLAGS: u8 = 0x07;
 
 impl<A: Addr> Flow<A> {
     /// An entry of `kind` that writes `nat` (address, port; network order) for a flow
@@ -548,7 +568,7 @@ impl<A: Addr> Flow<A> {
             peer_port: 0,
             pad2: 0,
             seen: 0,
-            pad3: 0,
+            ended: 0,
         }
     }
 
@@ -564,6 +584,54 @@ impl<A: Addr> Flow<A> {
     #[inline(always)]
     pub fn is_snat(&self) -> bool {
         !self.peer_addr.is_zero()
+    }
+
+    /// Notes a TCP segment of this forward entry's flow with flags `tcp_flags` (byte 13
+    /// of its header) from the client (`reply` false) or the backend, at coarse time
+    /// `now`. A FIN or RST marks the flow, and the flow ends (`ended`) with an RST, or
+    /// a FIN each way; a SYN from the client (the tuple opens a new connection) clears
+    /// the marks. Only segments with one of `TCP_STATE_FLAGS` change anything.
+    #[inline(always)]
+    pub fn note_tcp(&mut self, tcp_flags: u8, reply: bool, now: u32) {
+        const FIN: u8 = 0x01;
+        const SYN: u8 = 0x02;
+        const RST: u8 = 0x04;
+        const ACK: u8 = 0x10;
+        let marks = FLOW_FIN_FORWARD | FLOW_FIN_REPLY | FLOW_RST;
+        if !reply && tcp_flags & (SYN | ACK) == SYN {
+            if self.flags & marks != 0 || self.ended != 0 {
+                self.flags &= !marks;
+                self.ended = 0;
+            }
+            return;
+        }
+        let mut bits = 0;
+        if tcp_flags & RST != 0 {
+            bits |= FLOW_RST;
+        }
+        if tcp_flags & FIN != 0 {
+            bits |= if reply {
+                FLOW_FIN_REPLY
+            } else {
+                FLOW_FIN_FORWARD
+            };
+        }
+        if bits == 0 || self.flags & bits == bits {
+            return;
+        }
+        self.flags |= bits;
+        let fins = FLOW_FIN_FORWARD | FLOW_FIN_REPLY;
+        if self.ended == 0 && (self.flags & FLOW_RST != 0 || self.flags & fins == fins) {
+            self.ended = if now == 0 { 1 } else { now };
+        }
+    }
+
+    /// Whether this forward entry's flow is over at coarse time `now`: ended more than
+    /// `FLOW_LINGER` ago, or idle (no forward packet, `seen`) for more than `idle`
+    /// units.
+    pub fn is_over(&self, now: u32, idle: u32) -> bool {
+        (self.ended != 0 && now.wrapping_sub(self.ended) > FLOW_LINGER)
+            || now.wrapping_sub(self.seen) > idle
     }
 }
 

@@ -235,7 +235,8 @@ pub struct RouteRow {
     pub port: Option<u16>,
     /// Accepted condition status and reason.
     pub accepted: String,
-    /// Backend endpoints in the datapath for this port.
+    /// Backend endpoints in the datapath for this port that take new flows (those
+    /// not ready or terminating keep their established flows only).
     pub backends: usize,
     /// First seen (RFC 3339), if known.
     pub created: Option<String>,
@@ -251,6 +252,10 @@ pub struct RouteRow {
     /// Of those, the flows in SNAT mode.
     #[serde(default)]
     pub snat_flows: u64,
+    /// TCP connections still on backends that left the route's Services (kept until
+    /// they end).
+    #[serde(default)]
+    pub removed_backend_flows: u64,
     /// How the route's services forward: "snat" (GatewayConfig sourceNAT: true) or
     /// "router" (the backends see the client's address).
     #[serde(default)]
@@ -543,7 +548,15 @@ fn row(
         services
             .iter()
             .find(|s| Family::of(&s.addr) == family)
-            .map(|s| (s, p.datapath.services.get(s).map_or(0, |b| b.len())))
+            .map(|s| {
+                (
+                    s,
+                    p.datapath
+                        .services
+                        .get(s)
+                        .map_or(0, |b| b.iter().filter(|w| w.weight > 0).count()),
+                )
+            })
     };
     let by_family: Vec<(&ServiceAddr, usize)> =
         Family::ALL.into_iter().filter_map(of_family).collect();
@@ -573,6 +586,7 @@ fn row(
         bytes: traffic.stats.bytes + traffic.stats.reply_bytes,
         active_flows: traffic.active_flows,
         snat_flows: traffic.snat_flows,
+        removed_backend_flows: traffic.removed_backend_flows,
         mode: if snat { "snat" } else { "router" }.to_string(),
         reply_packets: traffic.stats.reply_packets,
         kernel_packets: traffic.stats.kernel_packets,

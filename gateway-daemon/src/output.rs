@@ -154,6 +154,13 @@ pub fn route_table_row(out: &mut String, r: &RouteRow) {
         if let Some(why) = r.path.strip_prefix("kernel: ") {
             let _ = writeln!(out, "  ↳ forwarded by the kernel: {why}");
         }
+        if r.removed_backend_flows > 0 {
+            let _ = writeln!(
+                out,
+                "  ↳ {} connection(s) still on backends that left its Services",
+                r.removed_backend_flows
+            );
+        }
         if let Some(w) = &r.warning {
             let _ = writeln!(out, "  ↳ warning: {w}");
         }

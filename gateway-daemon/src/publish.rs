@@ -293,6 +293,9 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath, stop: &dyn Fn() -> bool) -
             let t = traffic.entry(*service).or_default();
             (t.active_flows, t.snat_flows) = (flows.all, flows.snat);
         }
+        for (service, &n) in &scan.on_removed_backends {
+            traffic.entry(*service).or_default().removed_backend_flows = n;
+        }
     }
     // Both in service order: what was read before is found by one merge, not by a
     // lookup per service.
@@ -305,6 +308,7 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath, stop: &dyn Fn() -> bool) -
             // Not scanned this time: as counted before.
             if let Some(b) = before {
                 (t.active_flows, t.snat_flows) = (b.active_flows, b.snat_flows);
+                t.removed_backend_flows = b.removed_backend_flows;
             }
         }
         t.unanswered_since = unanswered_since(before, &t.stats, now);

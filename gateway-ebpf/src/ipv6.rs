@@ -19,7 +19,7 @@ use crate::{
     conntrack::{lookup_or_balance, Found, MIDFLOW},
     family::Family,
     frag, icmp, malformed,
-    maps::{count, is_gateway_address, Addr6, Roles, OPAQUE, PROGRAMS, PROG_ICMP6},
+    maps::{count, is_gateway_address, Addr6, Roles, OPAQUE, PROGRAMS, PROG_ICMP6, TUPLE6},
     nat::L4,
     origin::Origin,
     packet::{ptr_at, Eth, ExtHdr, FragHdr, Ipv6, ETH_LEN, IPV6_LEN},
@@ -185,28 +185,27 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
             }
         }
     };
-    let t = FlowKey {
-        src,
-        dst,
-        sport,
-        dport,
-        proto,
-        pad: [0; 3],
+    let Some(t) = TUPLE6.get_ptr_mut(0) else {
+        return PASS;
     };
+    // SAFETY: per-CPU slot, used only by this CPU while the program runs.
+    let t = unsafe { &mut *t };
+    (t.src, t.dst, t.sport, t.dport, t.proto, t.pad) = (src, dst, sport, dport, proto, [0; 3]);
+    let t: &FlowKey<Addr6> = t;
     let Some(new) = Family::scratch() else {
         return PASS;
     };
     // SAFETY: `eth` comes from `ptr_at`.
     let origin = unsafe { Origin::xdp(ctx, eth) };
-    let found = lookup_or_balance(&t, roles, flags, &origin, new)?;
+    let found = lookup_or_balance(t, roles, flags, &origin, new)?;
     if found.found == Found::Miss {
         if first_fragment && is_gateway_address(dst) {
-            frag::remember(&t, frag_id);
+            frag::remember(t, frag_id);
         }
         return PASS;
     }
     if first_fragment {
-        frag::remember(&t, frag_id);
+        frag::remember(t, frag_id);
     }
     if later {
         count(Counter::FragmentTranslated);
@@ -218,7 +217,7 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         len: end - ETH_LEN,
     };
     // SAFETY: every pointer in `pkt` comes from `ptr_at`; `found` is this run's.
-    Ok(unsafe { translate(ctx, &pkt, &t, found, new) })
+    Ok(unsafe { translate(ctx, &pkt, t, found, new) })
 }
 
 /// Handles an ICMPv6 frame (`berth_icmp6`): an error about a flow is translated like

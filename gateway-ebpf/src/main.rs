@@ -134,7 +134,7 @@ use aya_ebpf::{
     macros::{classifier, tracepoint, xdp},
     programs::{TcContext, TracePointContext, XdpContext},
 };
-use gateway_common::{proto, Counter, Flow, FlowKey, NextHop, NAT_DST};
+use gateway_common::{proto, Counter, Flow, FlowKey, NextHop, NAT_DST, TCP_STATE_FLAGS};
 
 use crate::{
     conntrack::{lookup_or_balance, Found, Lookup},
@@ -412,6 +412,15 @@ unsafe fn translate<A: Family>(
             (flow, &raw mut (*flow).next_hop, true)
         }
     };
+    // A TCP segment's state flags (a later fragment has none to read), noted first:
+    // nothing of the lookup stays live across the calls below (`berth_v6` has no
+    // stack to spare for it).
+    if let Some(l4) = pkt.l4.filter(|_| key.proto == proto::TCP) {
+        let flags = l4.tcp_flags();
+        if flags & TCP_STATE_FLAGS != 0 {
+            conntrack::note_tcp(key, &found, &mut *flow, flags);
+        }
+    }
     let now = fwd::coarse_now();
     let hop = if (*flow).kind == NAT_DST {
         conntrack::seen(&mut *flow, now);

@@ -286,6 +286,11 @@ pub static FRAGMENTS6: LruHashMap<FragKey6, FragPorts> = LruHashMap::with_max_en
 #[map(name = "berth_scratch6")]
 pub static SCRATCH6: PerCpuArray<Flow<Addr6>> = PerCpuArray::with_max_entries(1, 0);
 
+/// The IPv6 program's per-CPU slot for the packet's tuple: on the stack it took the
+/// 40 bytes `berth_v6` needed to note TCP state (issue 30).
+#[map(name = "berth_tuple6")]
+pub static TUPLE6: PerCpuArray<FlowKey<Addr6>> = PerCpuArray::with_max_entries(1, 0);
+
 /// Programs entered by tail call, filled by the loader: slot `PROG_V6` is `berth_v6`,
 /// which the gateway program enters for IPv6 frames (its own 512-byte stack), slot
 /// `PROG_ICMP6` is `berth_icmp6`, which `berth_v6` enters for ICMPv6 (the error

@@ -70,6 +70,16 @@ impl L4 {
             ((*self.ports).src, (*self.ports).dst, *self.check, flags)
         }
     }
+
+    /// The TCP flags (byte 13 of the TCP header; 0 for UDP).
+    #[inline(always)]
+    pub fn tcp_flags(&self) -> u8 {
+        if self.udp {
+            return 0;
+        }
+        // SAFETY: `at` checked the whole header.
+        unsafe { *(self.ports as *const u8).add(13) }
+    }
 }
 
 /// Which address and port of a packet a rewrite changes.

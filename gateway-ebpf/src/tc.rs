@@ -27,13 +27,14 @@ use aya_ebpf::{
 };
 use gateway_common::{
     proto::{self, ipv6_ext},
-    Counter, Flow, FlowKey, NAT_MASQ, NAT_SRC,
+    Counter, Flow, FlowKey, NAT_MASQ, NAT_SRC, TCP_STATE_FLAGS,
 };
 
 use crate::{
-    conntrack::{applies, find, holds_port, tuple, NoEntry, Spoofed},
+    conntrack::{applies, find, holds_port, note_reply_tcp, tuple, NoEntry, Spoofed},
     family::Family,
     frag,
+    fwd::coarse_now,
     icmp::{quoted_check_off, quoted_transport, translate, Quote},
     maps::{account, account_kernel, count, Addr6, Direction, PROG_TC_ICMP6, PROG_V6, TC_PROGRAMS},
     nat::{Endpoint, Side},
@@ -163,8 +164,18 @@ fn translate_packet<A: Family>(
     if first_of_more {
         frag::remember(&key, id);
     }
+    // A reply's TCP state (the forward packets' XDP noted).
+    if !later && proto == proto::TCP && flow.kind == NAT_SRC {
+        let flags: u8 = ctx.load(l4_off + TCP_FLAGS_OFF).map_err(|_| Untouched)?;
+        if flags & TCP_STATE_FLAGS != 0 {
+            note_reply_tcp(&key, &flow, flags, coarse_now());
+        }
+    }
     translate_source(ctx, &key, &flow, l4_off, !later, len)
 }
+
+/// Offset of the flags byte in a TCP header.
+const TCP_FLAGS_OFF: usize = 13;
 
 /// The ICMPv6 part of `egress6` (run by `berth_tc_icmp6`): an ICMPv6 error right
 /// after the IPv6 header (a fragmented one is not parsed, as for IPv4).

@@ -298,7 +298,7 @@ fn listener_labels(namespace: &str, gateway: &str, listener: &str) -> Labels {
 /// The per-address families: each route's traffic summed per gateway address and
 /// protocol, so that their size does not grow with the routes. A sum falls when a
 /// route goes away, which Prometheus' `rate()` takes as a counter reset.
-fn address_families(p: &Published) -> [Family; 8] {
+fn address_families(p: &Published) -> [Family; 9] {
     use std::collections::BTreeMap;
     use MetricType::{Counter, Gauge};
 
@@ -323,7 +323,7 @@ fn address_families(p: &Published) -> [Family; 8] {
         sum.traffic = sum.traffic.plus(traffic);
         sum.unanswered += u64::from(unanswered(traffic).is_some());
     }
-    let [mut routes, mut packets, mut bytes, mut flows, mut active, mut snat, mut kernel, mut silent] =
+    let [mut routes, mut packets, mut bytes, mut flows, mut active, mut snat, mut removed, mut kernel, mut silent] =
         [
             (
                 "berth_address_routes",
@@ -354,6 +354,12 @@ fn address_families(p: &Published) -> [Family; 8] {
                 "berth_address_snat_flows",
                 "Tracked SNAT flows of a gateway address that forwarded a packet in the last \
              minute.",
+                Gauge,
+            ),
+            (
+                "berth_address_removed_backend_flows",
+                "TCP connections of a gateway address's routes still on backends that left \
+             their Services (kept until they end; berth get routes names the routes).",
                 Gauge,
             ),
             (
@@ -390,53 +396,63 @@ fn address_families(p: &Published) -> [Family; 8] {
         flows = flows.with(at.clone(), t.new_flows);
         active = active.with(at.clone(), sum.traffic.active_flows);
         snat = snat.with(at.clone(), sum.traffic.snat_flows);
+        removed = removed.with(at.clone(), sum.traffic.removed_backend_flows);
         kernel = kernel.with(at.clone(), t.kernel_packets);
         silent = silent.with(at, sum.unanswered);
     }
-    [routes, packets, bytes, flows, active, snat, kernel, silent]
+    [
+        routes, packets, bytes, flows, active, snat, removed, kernel, silent,
+    ]
 }
 
 /// The per-route families: one sample per datapath service (route and address).
-fn route_families(p: &Published) -> [Family; 7] {
+fn route_families(p: &Published) -> [Family; 8] {
     use MetricType::{Counter, Gauge};
-    let [mut packets, mut bytes, mut flows, mut active, mut snat, mut kernel, mut silent] = [
-        (
-            "berth_route_packets",
-            "Packets through a route's port, by direction.",
-            Counter,
-        ),
-        (
-            "berth_route_bytes",
-            "Bytes through a route's port, by direction.",
-            Counter,
-        ),
-        (
-            "berth_route_flows",
-            "Flows balanced to a route's backends.",
-            Counter,
-        ),
-        (
-            "berth_route_active_flows",
-            "Tracked flows of a route that forwarded a packet in the last minute.",
-            Gauge,
-        ),
-        (
-            "berth_route_snat_flows",
-            "Tracked SNAT flows of a route that forwarded a packet in the last minute.",
-            Gauge,
-        ),
-        (
-            "berth_route_kernel_packets",
-            "Packets of a route the kernel forwarded instead of XDP, by the last reason.",
-            Counter,
-        ),
-        (
-            "berth_route_unanswered",
-            "1 while a route forwards packets and no reply has come back for 10 s or more.",
-            Gauge,
-        ),
-    ]
-    .map(|(name, help, kind)| Family::new(name, help, kind));
+    let [mut packets, mut bytes, mut flows, mut active, mut snat, mut removed, mut kernel, mut silent] =
+        [
+            (
+                "berth_route_packets",
+                "Packets through a route's port, by direction.",
+                Counter,
+            ),
+            (
+                "berth_route_bytes",
+                "Bytes through a route's port, by direction.",
+                Counter,
+            ),
+            (
+                "berth_route_flows",
+                "Flows balanced to a route's backends.",
+                Counter,
+            ),
+            (
+                "berth_route_active_flows",
+                "Tracked flows of a route that forwarded a packet in the last minute.",
+                Gauge,
+            ),
+            (
+                "berth_route_snat_flows",
+                "Tracked SNAT flows of a route that forwarded a packet in the last minute.",
+                Gauge,
+            ),
+            (
+                "berth_route_removed_backend_flows",
+                "TCP connections of a route still on backends that left its Services (kept \
+             until they end).",
+                Gauge,
+            ),
+            (
+                "berth_route_kernel_packets",
+                "Packets of a route the kernel forwarded instead of XDP, by the last reason.",
+                Counter,
+            ),
+            (
+                "berth_route_unanswered",
+                "1 while a route forwards packets and no reply has come back for 10 s or more.",
+                Gauge,
+            ),
+        ]
+        .map(|(name, help, kind)| Family::new(name, help, kind));
     // Every route's series, also of one without traffic (then zero, as the datapath
     // counted it).
     let none = crate::datapath::Traffic::default();
@@ -466,11 +482,12 @@ fn route_families(p: &Published) -> [Family; 7] {
         flows = flows.with(route.clone(), t.new_flows);
         active = active.with(route.clone(), traffic.active_flows);
         snat = snat.with(route.clone(), traffic.snat_flows);
+        removed = removed.with(route.clone(), traffic.removed_backend_flows);
         let path = traffic.path().unwrap_or_default();
         kernel = kernel.with(with(("path", path)), t.kernel_packets);
         silent = silent.with(route, u64::from(unanswered(traffic).is_some()));
     }
-    [packets, bytes, flows, active, snat, kernel, silent]
+    [packets, bytes, flows, active, snat, removed, kernel, silent]
 }
 
 #[cfg(test)]

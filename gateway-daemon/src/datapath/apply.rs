@@ -258,10 +258,17 @@ impl Datapath {
         // services that may change, or whose mode did (or in full when they were never
         // written exactly: a start writes the adopted services' kept with what was there).
         let roles_due = !changes.is_empty() || snat_changed || !self.roles.is_exact();
+        // Backends that left their services give their ids back if the changes need
+        // them (before the views below are taken).
+        self.free_backend_ids(self.backends_added(&changes))?;
         // What each changing service is installed with, to take out of the roles after.
         let before: Vec<Option<Vec<SocketAddr>>> = changes
             .iter()
-            .map(|(key, _)| Some(self.installed.get(key)?.backends.keys().copied().collect()))
+            .map(|(key, _)| {
+                self.installed
+                    .contains_key(key)
+                    .then(|| self.indexed_endpoints(key))
+            })
             .collect();
         // The roles of what is installed and what is wanted, before either changes.
         if roles_due {
@@ -305,19 +312,19 @@ impl Datapath {
         };
         if roles_due {
             // The book again holds exactly what is installed.
-            let book = &mut self.roles.book;
             for ((key, want), old) in changes.iter().zip(before) {
                 let wanted = want.as_ref().map(|w| w.keys().copied().collect::<Vec<_>>());
-                let now = self.installed.get(key).map(|svc| {
-                    let endpoints: Vec<SocketAddr> = svc.backends.keys().copied().collect();
-                    (svc.snat, endpoints)
-                });
-                book.settle(*key, old, wanted, now);
+                let now = self
+                    .installed
+                    .get(key)
+                    .map(|svc| (svc.snat, self.indexed_endpoints(key)));
+                self.roles.book.settle(*key, old, wanted, now);
             }
             for key in &switched {
                 if let Some(svc) = self.installed.get(key) {
-                    book.remove(*key, svc.backends.keys().copied());
-                    book.add(*key, svc.snat, svc.backends.keys().copied());
+                    let (snat, endpoints) = (svc.snat, self.indexed_endpoints(key));
+                    self.roles.book.remove(*key, endpoints.iter().copied());
+                    self.roles.book.add(*key, snat, endpoints);
                 }
             }
             for key in self.roles.write(false)? {
@@ -428,18 +435,26 @@ impl Datapath {
                     self.write_backend(bid, svc.id, endpoint, weight, snat)?;
                     bid
                 }
-                None => self.new_backend(svc.id, endpoint, weight, snat)?,
+                None => match self.unretire(key, &endpoint) {
+                    // Back before its connections ended: a backend again, same id.
+                    Some(bid) => {
+                        self.write_backend(bid, svc.id, endpoint, weight, snat)?;
+                        bid
+                    }
+                    None => self.new_backend(svc.id, endpoint, weight, snat)?,
+                },
             };
             svc.backends.insert(endpoint, (bid, weight));
         }
         svc.backends.shrink();
         self.write_table(&mut svc)?;
         self.services.insert(key, self.service_value(key, &svc))?;
-        // Only now that no table names them: retire removed backends. Their flows are
-        // balanced again by the kernel program on their next packet.
-        for (endpoint, &(bid, _)) in &old.backends {
-            if !svc.backends.contains_key(endpoint) {
-                self.clear_backend(bid)?;
+        // Only now that no table names them: removed backends go, a TCP service's once
+        // their connections ended (`retired`); a UDP flow is balanced again by the
+        // kernel program on its next packet.
+        for (&endpoint, &backend) in &old.backends {
+            if !svc.backends.contains_key(&endpoint) {
+                self.retire_backend(key, (svc.id, snat), endpoint, backend)?;
             }
         }
         if !old.table_lost {
@@ -458,6 +473,7 @@ impl Datapath {
         for &(bid, _) in svc.backends.values() {
             self.clear_backend(bid)?;
         }
+        self.clear_retired(key)?;
         self.service_ids.free(svc.id);
         if !svc.table_lost {
             self.tables.free(svc.table);
@@ -534,7 +550,7 @@ impl Datapath {
     /// there named the id's next (IPv4) backend, so a reply of the old backend's flow
     /// cached its next hop for the new one, whose own replies were then dropped as
     /// forged (`reply_spoofed`; the fuzzer found it).
-    fn write_backend(
+    pub(super) fn write_backend(
         &mut self,
         bid: u32,
         service: ServiceId,
@@ -581,7 +597,7 @@ impl Datapath {
     }
 
     /// Rewrites an installed service's `Service::flags` from its mode and role.
-    fn write_flags(&mut self, key: &ServiceAddr) -> Result<()> {
+    pub(super) fn write_flags(&mut self, key: &ServiceAddr) -> Result<()> {
         let Some(svc) = self.installed.get(key) else {
             return Ok(());
         };

@@ -412,6 +412,7 @@ impl Datapath {
             service_ids: ServiceIds::new(limits.services),
             tables: TablePool::new(limits.maglev_pool_entries()),
             backend_ids: IdPool::new("backends", limits.backends),
+            retirees: Default::default(),
         };
         dp.adopt()?;
         dp.keys = super::keys::Keys::of(dp.installed.keys());

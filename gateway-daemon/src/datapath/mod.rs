@@ -34,6 +34,7 @@ mod load;
 mod new_services;
 mod pins;
 mod pool;
+mod retired;
 mod role_book;
 mod roles;
 mod snat;
@@ -467,6 +468,8 @@ pub struct Datapath {
     service_ids: ServiceIds,
     tables: pool::TablePool,
     backend_ids: IdPool,
+    /// Backends that left their TCP services and still carry connections.
+    retirees: retired::Retirees,
     /// SNAT mode's maps and what this process wrote into them.
     snat: snat::Snat,
     /// The address filter and the reply index.

@@ -8,8 +8,8 @@ use gateway_common::{map_names, Counter, Flow, FlowKey, ServiceId, ServiceStats}
 
 use super::{
     family::{Addr6, MapAddr},
-    map_err, nr_cpus,
-    snat::{expire_idle, SnatFlows},
+    map_err, nr_cpus, retired,
+    snat::{expire_idle, SnatFlows, SNAT_IDLE_TCP},
     syscall_err, Conntrack, Datapath, DatapathError, Result, ServiceAddr,
 };
 use crate::sys::bpf::{lookup_batch_until, read_pod};
@@ -35,6 +35,9 @@ pub struct FlowScan {
     pub fullest: u64,
     /// Idle SNAT flows whose entries the scan deleted.
     pub snat_expired: usize,
+    /// Per TCP service with backends that left it, the connections they still carry
+    /// (`retired`).
+    pub on_removed_backends: BTreeMap<ServiceAddr, u64>,
 }
 
 /// What the datapath counted for one service.
@@ -46,6 +49,9 @@ pub struct Traffic {
     pub active_flows: u64,
     /// Of those, the flows in SNAT mode.
     pub snat_flows: u64,
+    /// TCP connections still on backends that left the service (they keep them until
+    /// they end).
+    pub removed_backend_flows: u64,
     /// Since when packets were forwarded to the backends without a reply coming back
     /// (None: replies keep up, or nothing was forwarded).
     pub unanswered_since: Option<std::time::Instant>,
@@ -58,6 +64,7 @@ impl Traffic {
             stats: add_stats(self.stats, &other.stats),
             active_flows: self.active_flows + other.active_flows,
             snat_flows: self.snat_flows + other.snat_flows,
+            removed_backend_flows: self.removed_backend_flows + other.removed_backend_flows,
             unanswered_since: match (self.unanswered_since, other.unanswered_since) {
                 (Some(x), Some(y)) => Some(x.min(y)),
                 (x, y) => x.or(y),
@@ -230,24 +237,27 @@ impl Datapath {
             snat.then(SnatFlows::<u32>::default),
             snat.then(SnatFlows::<Addr6>::default),
         );
+        let installed = &self.installed;
+        let mut retired = self
+            .retirees
+            .scan_begins(|s| installed.get(s).map(|svc| svc.id));
+        let mut seen = Seen {
+            now,
+            window,
+            per_id: &mut per_id,
+            retired: &mut retired,
+        };
         let entries = [
-            scan(
-                &self.conntrack.v4,
-                now,
-                window,
-                &mut per_id,
-                snat4.as_mut(),
-                stop,
-            )?,
-            scan(
-                &self.conntrack.v6,
-                now,
-                window,
-                &mut per_id,
-                snat6.as_mut(),
-                stop,
-            )?,
+            scan(&self.conntrack.v4, &mut seen, snat4.as_mut(), stop)?,
+            scan(&self.conntrack.v6, &mut seen, snat6.as_mut(), stop)?,
         ];
+        let on_removed_backends = self.flows_on_retired(&retired);
+        if let Err(e) = self.release_idle_retired(&retired) {
+            tracing::warn!(
+                error = %crate::error_chain(&e),
+                "releasing backends that left their services failed"
+            );
+        }
         let (e4, d4) = snat4.map_or((0, 0), |seen| expire_idle(&mut self.conntrack.v4, seen));
         let (e6, d6) = snat6.map_or((0, 0), |seen| expire_idle(&mut self.conntrack.v6, seen));
         self.snat.deleted += d4 + d6;
@@ -268,6 +278,7 @@ impl Datapath {
             entries: entries.iter().sum(),
             fullest: entries.iter().copied().max().unwrap_or(0),
             snat_expired,
+            on_removed_backends,
         })
     }
 
@@ -283,24 +294,36 @@ impl Datapath {
     }
 }
 
-/// One family's part of `Datapath::scan_flows`: counts each service's recently active
-/// flows into `per_id`, notes SNAT entries into `snat`; returns the entries seen.
-fn scan<A: MapAddr>(
-    conntrack: &Conntrack<A>,
+/// What one scan counts, at coarse time `now`: per service, the flows that forwarded
+/// a packet within `window`; the live flows of retired backends.
+struct Seen<'a> {
     now: u32,
     window: u32,
-    per_id: &mut StdHashMap<ServiceId, ActiveFlows>,
+    per_id: &'a mut StdHashMap<ServiceId, ActiveFlows>,
+    retired: &'a mut retired::ScanOf,
+}
+
+/// A TCP flow's idle timeout in coarse clock units (a flow on a backend that left its
+/// service is over after it).
+const TCP_IDLE_UNITS: u32 = (SNAT_IDLE_TCP.as_nanos() >> 20) as u32;
+
+/// One family's part of `Datapath::scan_flows`: counts into `seen`, notes SNAT entries
+/// into `snat`; returns the entries seen.
+fn scan<A: MapAddr>(
+    conntrack: &Conntrack<A>,
+    seen: &mut Seen,
     mut snat: Option<&mut SnatFlows<A>>,
     stop: &dyn Fn() -> bool,
 ) -> Result<u64> {
     let mut entries = 0;
     each_flow_until(conntrack, stop, |k, f| {
         entries += 1;
-        if f.kind == gateway_common::NAT_DST && now.wrapping_sub(f.seen) <= window {
-            let counted = per_id.entry(f.service).or_default();
+        if f.kind == gateway_common::NAT_DST && seen.now.wrapping_sub(f.seen) <= seen.window {
+            let counted = seen.per_id.entry(f.service).or_default();
             counted.all += 1;
             counted.snat += u64::from(f.is_snat());
         }
+        seen.retired.see(f, seen.now, TCP_IDLE_UNITS);
         if let Some(snat) = snat.as_deref_mut() {
             snat.see(k, f);
         }

@@ -243,8 +243,15 @@ pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolv
                 for e in &slice.endpoints {
                     let c = &e.conditions;
                     let ready = c.ready != Some(false);
-                    let draining =
-                        !ready && c.terminating == Some(true) && c.serving != Some(false);
+                    // Not ready: no new flows (weight 0), but established ones stay.
+                    // A TCP connection keeps its backend while the backend is listed
+                    // in any condition, as kube-proxy keeps established connections
+                    // (they were reset here when a readiness probe failed); a UDP flow
+                    // moves to a live backend, unless its backend is terminating and
+                    // still serving (draining).
+                    let draining = !ready
+                        && (protocol == Protocol::Tcp
+                            || (c.terminating == Some(true) && c.serving != Some(false)));
                     if !ready && !draining {
                         continue;
                     }
