@@ -1944,6 +1944,9 @@ fn from_elsewhere(side: Side, f: &[u8], model: &Model) -> bool {
 struct Expect {
     /// Backends of the service the packet is addressed to (state in force).
     backends: Vec<SocketAddr>,
+    /// A TCP service's backends in any state: a connection keeps a backend that left
+    /// its service until it ends (issue 30).
+    kept_backends: Vec<SocketAddr>,
     /// Backend addresses of any service on the packet's destination (for fragments).
     backend_addrs: BTreeSet<IpAddr>,
     /// Services (address, port) whose backend the source is, in any state.
@@ -2049,6 +2052,7 @@ impl Facts {
             from_elsewhere: false,
             model: Expect {
                 backends: Vec::new(),
+                kept_backends: Vec::new(),
                 backend_addrs: BTreeSet::new(),
                 services_of_source: BTreeSet::new(),
                 snat: false,
@@ -2105,6 +2109,12 @@ impl Facts {
                             && backends.iter().any(|b| b.endpoint == src)
                         {
                             facts.model.services_of_source.insert(service_addr(service));
+                        }
+                        if ip.proto == proto::TCP && service_addr(service) == dst {
+                            facts
+                                .model
+                                .kept_backends
+                                .extend(backends.iter().map(|b| b.endpoint));
                         }
                     }
                 }
@@ -2645,7 +2655,10 @@ fn check_forward_destination(
     match out_ports {
         Some((_, dport)) => {
             let to = SocketAddr::new(out.dst, dport);
-            if !facts.model.backends.contains(&to) {
+            // A TCP flow's entry keeps a backend that left its service.
+            let kept = facts.tracked.is_some_and(|t| t.kind == NAT_DST && t.nat == to)
+                && facts.model.kept_backends.contains(&to);
+            if !facts.model.backends.contains(&to) && !kept {
                 problems.push(format!(
                     "forwarded to {to}, not a backend of the service addressed (backends {:?})",
                     facts.model.backends
