@@ -61,6 +61,8 @@ pub enum Resource {
     Announce,
     /// `/api/v1/node`: this node in a tier (`berth get node`): `NodeView`.
     Node,
+    /// `/api/v1/backends`: the health of checked endpoints (`berth get backends`).
+    Backends,
     /// `POST /api/v1/drain` or `/api/v1/undrain`: the operator's request.
     Request(crate::announce::control::Request),
 }
@@ -77,6 +79,7 @@ impl Resource {
             "/api/v1/tables/routes" => Resource::RouteTable(None),
             "/api/v1/announce" => Resource::Announce,
             "/api/v1/node" => Resource::Node,
+            "/api/v1/backends" => Resource::Backends,
             "/api/v1/drain" => Resource::Request(Request::Drain),
             "/api/v1/undrain" => Resource::Request(Request::Undrain),
             other => match other.strip_prefix("/api/v1/tables/routes/") {
@@ -137,6 +140,14 @@ impl Resource {
                 JSON,
                 serde_json::to_string_pretty(&NodeView::of(p)).unwrap_or_default(),
             ),
+            Resource::Backends => {
+                let rows = p.health.as_ref().map(|h| h.rows()).unwrap_or_default();
+                (
+                    StatusCode::OK,
+                    JSON,
+                    serde_json::to_string_pretty(&rows).unwrap_or_default(),
+                )
+            }
             Resource::Request(_) => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 TEXT,

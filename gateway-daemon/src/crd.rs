@@ -1,17 +1,19 @@
-//! Our CustomResourceDefinitions (`berth.dev/v1alpha1` GatewayConfig and PortClaim),
+//! Our CustomResourceDefinitions (`berth.dev/v1alpha1` GatewayConfig, PortClaim and
+//! BackendHealthPolicy),
 //! generated from the spec types in `model`. `deploy/crds.yaml` is their committed
 //! output; a test keeps it current.
 
 use kube::CustomResourceExt;
 
-use crate::model::{GatewayConfigResource, PortClaimResource};
+use crate::model::{BackendHealthPolicyResource, GatewayConfigResource, PortClaimResource};
 
-/// Both CRDs as one multi-document YAML.
+/// The CRDs as one multi-document YAML.
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     let a = serde_yaml::to_string(&GatewayConfigResource::crd())?;
     let b = serde_yaml::to_string(&PortClaimResource::crd())?;
+    let c = serde_yaml::to_string(&BackendHealthPolicyResource::crd())?;
     Ok(format!(
         "# Generated from gateway-daemon/src/model.rs; do not edit.\n\
-         # Regenerate: BLESS=1 cargo test -p gateway-daemon --test crds\n{a}---\n{b}"
+         # Regenerate: BLESS=1 cargo test -p gateway-daemon --test crds\n{a}---\n{b}---\n{c}"
     ))
 }

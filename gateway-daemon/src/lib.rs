@@ -8,6 +8,7 @@ pub mod admin;
 pub mod announce;
 pub mod crd;
 pub mod datapath;
+pub mod health;
 pub mod host;
 pub mod kubernetes;
 pub mod manifests;

@@ -359,6 +359,8 @@ enum What {
     Claims,
     /// This node in a tier: announced or drained, and flows picked up from others.
     Node,
+    /// Endpoints checked by BackendHealthPolicies: health, last check, latency.
+    Backends,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -533,6 +535,14 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
             })
         ),
         (What::Gateways, _) => print_value(&state()?.gateways, output)?,
+        (What::Backends, _) => {
+            let rows: Vec<berth::health::BackendRow> =
+                serde_json::from_str(&admin::get(addr, "/api/v1/backends")?)?;
+            match output {
+                Output::Table => print!("{}", berth::output::backend_table(&rows)),
+                _ => print_value(&rows, output)?,
+            }
+        }
         (What::Node, _) => {
             let node: admin::NodeView = serde_json::from_str(&admin::get(addr, "/api/v1/node")?)?;
             match output {

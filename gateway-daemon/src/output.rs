@@ -167,6 +167,37 @@ pub fn route_table_row(out: &mut String, r: &RouteRow) {
     }
 }
 
+/// `berth get backends`: each endpoint a BackendHealthPolicy checks.
+pub fn backend_table(rows: &[crate::health::BackendRow]) -> String {
+    let mut out = format!(
+        "{:<16} {:<20} {:<20} {:<24} {:<30} {:<10} {}\n",
+        "NAMESPACE", "SERVICE", "POLICY", "ENDPOINT", "HEALTH", "LATENCY", "LAST CHECK"
+    );
+    for r in rows {
+        let latency = r
+            .latency_ms
+            .map(|ms| format!("{ms:.1}ms"))
+            .unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "{:<16} {:<20} {:<20} {:<24} {:<30} {:<10} {}{}",
+            r.namespace,
+            r.service,
+            r.policy,
+            r.endpoint,
+            r.health,
+            latency,
+            r.last_check.as_deref().unwrap_or("-"),
+            if r.detail.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", r.detail)
+            }
+        );
+    }
+    out
+}
+
 /// For the commands that print (not `berth run`): a reader that closes the pipe early
 /// (`berth check -o json | head`) ends the command quietly, as it ends `cat`, instead
 /// of a panic on the failed write.

@@ -65,6 +65,9 @@ pub struct Published {
     /// Routes whose services wait for room in the datapath (`--max-services`,
     /// `--max-backends`), oldest first.
     pub waiting: Arc<Vec<crate::planner::Waiting>>,
+    /// The health checker, when a BackendHealthPolicy asked for checks (`berth get
+    /// backends`, `/metrics`).
+    pub health: Option<crate::health::Health>,
 }
 
 impl Published {
@@ -538,6 +541,7 @@ pub fn effects(
         held_back,
         announce: prev.announce.clone(),
         waiting: Arc::new(waiting),
+        health: prev.health.clone(),
     })
 }
 

@@ -237,13 +237,17 @@ pub fn run_loop(
     shared: &Shared,
     announcer: &mut Announcer,
 ) {
+    let control = Arc::clone(announcer.control());
     let mut plans = Plans {
         last: std::time::Instant::now() - Duration::from_secs(3600),
         memo: planner::Memo::default(),
+        health: Checker::new({
+            let control = Arc::clone(&control);
+            move || control.wake_loop()
+        }),
     };
     let mut failing = false;
     let watch = DirWatch::new(&source.dir);
-    let control = Arc::clone(announcer.control());
     // A drain kept from an earlier run, or a stop, holds before the first plan.
     announcer.step(datapath.as_deref_mut(), shared);
     // A read of the counters gives way to a change of the manifests or a request.
@@ -291,10 +295,58 @@ pub fn run_loop(
     }
 }
 
-/// What one plan leaves for the loop: when it was made, and the planner's memo.
+/// What one plan leaves for the loop: when it was made, the planner's memo, and the
+/// health checks.
 struct Plans {
     last: std::time::Instant,
     memo: planner::Memo,
+    health: Checker,
+}
+
+/// The health checker, started when a BackendHealthPolicy first asks for checks, and
+/// the generation of its results the last plan was made with.
+struct Checker {
+    health: Option<crate::health::Health>,
+    planned: u64,
+    wake: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Checker {
+    fn new(wake: impl Fn() + Send + Sync + 'static) -> Self {
+        Checker {
+            health: None,
+            planned: 0,
+            wake: Arc::new(wake),
+        }
+    }
+
+    /// Follows what `snapshot`'s policies ask.
+    fn follow(&mut self, snapshot: &crate::model::Snapshot) {
+        if self.health.is_none() && !snapshot.backend_health_policies.is_empty() {
+            let wake = Arc::clone(&self.wake);
+            match crate::health::Health::start(move || wake()) {
+                Ok(h) => self.health = Some(h),
+                Err(e) => tracing::error!(error = %e, "health checks cannot start"),
+            }
+        }
+        if let Some(h) = &self.health {
+            h.set(crate::health::checks::wanted(snapshot));
+        }
+    }
+
+    /// Whether an endpoint's health changed since the last plan.
+    fn moved(&self) -> bool {
+        self.health
+            .as_ref()
+            .is_some_and(|h| h.generation() != self.planned)
+    }
+
+    /// The snapshot to plan with: `snapshot` as the checks make it.
+    fn overlay(&mut self, snapshot: &crate::model::Snapshot) -> Option<crate::model::Snapshot> {
+        let h = self.health.as_ref()?;
+        self.planned = h.generation();
+        h.overlay(snapshot)
+    }
 }
 
 /// What a wake of the loop brings: where to look for changed files, and whether
@@ -321,9 +373,14 @@ fn step(
         tracing::error!("{e} (the last good version of this file stays in force)");
     }
     let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
-    // Plan on a change, after a failure, and (about every second) while a released
-    // port cools down; otherwise nothing the plan depends on has moved.
+    if changed || prev.cycles == 0 {
+        plans.health.follow(source.snapshot());
+    }
+    // Plan on a change (of the objects, or of an endpoint's health), after a failure,
+    // and (about every second) while a released port cools down; otherwise nothing the
+    // plan depends on has moved.
     let due = changed
+        || plans.health.moved()
         || prev.cycles == 0
         || prev.last_error.is_some()
         || (prev.cooling && plans.last.elapsed() >= Duration::from_secs(1));
@@ -334,9 +391,10 @@ fn step(
         return Ok(());
     }
     let started = std::time::Instant::now();
+    let checked = plans.health.overlay(source.snapshot());
     let plan = cycle(
         store,
-        source.snapshot(),
+        checked.as_ref().unwrap_or_else(|| source.snapshot()),
         SystemTime::now(),
         settings,
         &mut plans.memo,
@@ -358,6 +416,7 @@ fn step(
     next.broken = source.broken();
     next.warnings = source.warnings();
     next.ignored_records = store.ignored_records();
+    next.health = plans.health.health.clone();
     crate::memory::published();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     plans.last = std::time::Instant::now();

@@ -2656,7 +2656,9 @@ fn check_forward_destination(
         Some((_, dport)) => {
             let to = SocketAddr::new(out.dst, dport);
             // A TCP flow's entry keeps a backend that left its service.
-            let kept = facts.tracked.is_some_and(|t| t.kind == NAT_DST && t.nat == to)
+            let kept = facts
+                .tracked
+                .is_some_and(|t| t.kind == NAT_DST && t.nat == to)
                 && facts.model.kept_backends.contains(&to);
             if !facts.model.backends.contains(&to) && !kept {
                 problems.push(format!(

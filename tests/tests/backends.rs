@@ -1,7 +1,8 @@
 //! Backends come and go (issue 30): a TCP connection keeps its backend while the
 //! backend is listed in any condition and, after it left its slice, until the
-//! connection ends; a UDP flow moves to a live backend. `berth run` with the XDP
-//! datapath in network namespaces, nginx and dnsmasq as backends. Needs root.
+//! connection ends; a UDP flow moves to a live backend; BackendHealthPolicy checks take
+//! a dead backend out of new flows and put it back, and fail open. `berth run` with the
+//! XDP datapath in network namespaces, nginx and dnsmasq as backends. Needs root.
 
 use std::{
     net::{SocketAddrV4, TcpStream},
@@ -177,5 +178,195 @@ fn a_backend_turning_not_ready_then_leaving_keeps_its_tcp_connections_and_udp_mo
         let again = http_request(c).expect("a connection to backend 1");
         assert_eq!(again.trim(), body);
     }
+    drop(daemon);
+}
+
+/// Health checks of both teams' Services, four times a second, two in a row to turn.
+const POLICIES: &str = "\
+apiVersion: berth.dev/v1alpha1
+kind: BackendHealthPolicy
+metadata: {name: web-health, namespace: team-a}
+spec:
+  targetRefs: [{group: '', kind: Service, name: web}]
+  check: {type: HTTP, http: {path: /, expectedStatuses: [200]}}
+  interval: 250ms
+  timeout: 200ms
+  healthyThreshold: 2
+  unhealthyThreshold: 2
+---
+apiVersion: berth.dev/v1alpha1
+kind: BackendHealthPolicy
+metadata: {name: dns-health, namespace: team-b}
+spec:
+  targetRefs: [{kind: Service, name: dns}]
+  # A DNS query for `x.` (any answer passes).
+  check: {type: UDP, udp: {sendHex: '1234 0100 0001 0000 0000 0000 0178 00 0001 0001'}}
+  interval: 250ms
+  timeout: 200ms
+  healthyThreshold: 2
+  unhealthyThreshold: 2
+";
+
+/// `berth get backends` as JSON: (namespace, endpoint) → health.
+fn health(topo: &Topology) -> Vec<(String, String, String)> {
+    let text = topo
+        .gateway
+        .enter(|| berth::admin::get("127.0.0.1:9470", "/api/v1/backends"))
+        .expect("/api/v1/backends");
+    let rows: Vec<berth::health::BackendRow> = serde_json::from_str(&text).expect("rows");
+    rows.into_iter()
+        .map(|r| (r.namespace, r.endpoint, r.health))
+        .collect()
+}
+
+/// Backend `n`'s firewall accepts what belongs to established connections first (the
+/// connections opened before it is stopped, once tracked from their start: a
+/// connection the firewall first sees mid-stream counts as new).
+fn track_connections(topo: &Topology, n: usize) {
+    topo.backends[n - 1].exec(&[
+        "iptables",
+        "-A",
+        "INPUT",
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "ESTABLISHED,RELATED",
+        "-j",
+        "ACCEPT",
+    ]);
+}
+
+/// Backend `n` refuses new connections to its web port and answers its DNS port with
+/// port unreachable (as a stopped process would); its established connections go on
+/// (`track_connections`).
+fn stop_backend(topo: &Topology, n: usize, stopped: bool) {
+    let op = if stopped { "-A" } else { "-D" };
+    let ns = &topo.backends[n - 1];
+    ns.exec(&[
+        "iptables",
+        op,
+        "INPUT",
+        "-p",
+        "tcp",
+        "--dport",
+        "8080",
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "NEW",
+        "-j",
+        "REJECT",
+        "--reject-with",
+        "tcp-reset",
+    ]);
+    ns.exec(&[
+        "iptables", op, "INPUT", "-p", "udp", "--dport", "5353", "-j", "REJECT",
+    ]);
+}
+
+#[test]
+fn health_checks_take_a_dead_backend_out_of_new_flows_and_back_and_fail_open() {
+    let topo = Topology::new(3);
+    let _servers = topo.start_servers();
+    let dirs = teams();
+    std::fs::write(dirs.manifests.join("health.yaml"), POLICIES).expect("policies");
+    for n in [1, 2] {
+        track_connections(&topo, n);
+    }
+    let daemon = Daemon::start(&topo, &dirs);
+    let web_at = SocketAddrV4::new(GW, 30000);
+    let dns_at = SocketAddrV4::new(GW, 30053);
+    let row = |ns: &str, endpoint: &str, health: &str| {
+        (ns.to_string(), endpoint.to_string(), health.to_string())
+    };
+    let all_healthy = vec![
+        row("team-a", "10.251.11.2:8080", "healthy"),
+        row("team-a", "10.251.12.2:8080", "healthy"),
+        row("team-b", "10.251.12.2:5353", "healthy"),
+        row("team-b", "10.251.13.2:5353", "healthy"),
+    ];
+    wait_until(
+        "every endpoint checked healthy",
+        Duration::from_secs(10),
+        || health(&topo) == all_healthy,
+    );
+    // A keep-alive connection on backend 2, and UDP flows spread over 2 and 3.
+    let mut kept = (0..32)
+        .find_map(|_| {
+            let mut c = topo
+                .client
+                .enter(|| TcpStream::connect_timeout(&web_at.into(), TIMEOUT).expect("connect"));
+            c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+            let body = http_request(&mut c).expect("request");
+            (body.trim() == "backend-2").then_some(c)
+        })
+        .expect("a connection on backend 2");
+
+    // Backend 2 stops: unhealthy after two checks, no new flow goes there.
+    stop_backend(&topo, 2, true);
+    wait_until(
+        "backend 2 checked unhealthy",
+        Duration::from_secs(10),
+        || {
+            health(&topo)
+                .iter()
+                .filter(|(_, e, h)| e.starts_with("10.251.12.2") && h == "unhealthy")
+                .count()
+                == 2
+        },
+    );
+    wait_until(
+        "the web route to take new flows on backend 1 only",
+        Duration::from_secs(10),
+        || web(&daemon, &topo).backends == 1,
+    );
+    let fresh = fresh_answers(&topo, web_at, 20);
+    assert!(
+        fresh.iter().all(|b| b == "backend-1"),
+        "new connections avoid the unhealthy backend: {fresh:?}"
+    );
+    let answers: Vec<usize> = (0..20)
+        .filter_map(|_| topo.client.enter(|| Flow::new(dns_at, TIMEOUT).ask()))
+        .map(backend_of_marker)
+        .collect();
+    assert!(
+        answers.len() == 20 && answers.iter().all(|&b| b == 3),
+        "new UDP flows go to backend 3 only: {answers:?}"
+    );
+    let again = http_request(&mut kept).expect("the established connection to backend 2");
+    assert_eq!(again.trim(), "backend-2", "it keeps its backend");
+
+    // Backend 2 is back: healthy after two checks, new flows reach it again.
+    stop_backend(&topo, 2, false);
+    wait_until("backend 2 healthy again", Duration::from_secs(10), || {
+        health(&topo) == all_healthy
+    });
+    wait_until(
+        "new connections to reach backend 2 again",
+        Duration::from_secs(10),
+        || {
+            fresh_answers(&topo, web_at, 20)
+                .iter()
+                .any(|b| b == "backend-2")
+        },
+    );
+
+    // Both web backends stop: every endpoint unhealthy, so all are served (fail open).
+    stop_backend(&topo, 1, true);
+    stop_backend(&topo, 2, true);
+    wait_until(
+        "the web Service to fail open",
+        Duration::from_secs(10),
+        || {
+            health(&topo)
+                .iter()
+                .filter(|(ns, _, h)| ns == "team-a" && h == "unhealthy (served: fail open)")
+                .count()
+                == 2
+        },
+    );
+    assert_eq!(web(&daemon, &topo).backends, 2, "both served");
+    stop_backend(&topo, 1, false);
+    stop_backend(&topo, 2, false);
     drop(daemon);
 }

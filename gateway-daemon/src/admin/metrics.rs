@@ -177,6 +177,31 @@ fn families(p: &Published, detail: Detail) -> Families {
             out.extend(route_families(p));
         }
     }
+    if let Some(h) = &p.health {
+        let c = h.counts();
+        let mut endpoints = Family::new(
+            "berth_health_checked_endpoints",
+            "Endpoints BackendHealthPolicies check, by health (berth get backends lists \
+             them).",
+            Gauge,
+        );
+        for (health, n) in [
+            ("healthy", c.endpoints - c.unhealthy),
+            ("unhealthy", c.unhealthy),
+        ] {
+            endpoints = endpoints.with(vec![("health", health.to_string())], n);
+        }
+        out.push(endpoints);
+        let mut checks = Family::new(
+            "berth_health_checks",
+            "Health checks made, by result.",
+            MetricType::Counter,
+        );
+        for (result, n) in [("passed", c.checks - c.failed), ("failed", c.failed)] {
+            checks = checks.with(vec![("result", result.to_string())], n);
+        }
+        out.push(checks);
+    }
     let mut held = Family::new(
         "berth_services_held_back",
         "Services (address, protocol, port) of the plan the datapath does not program, \

@@ -116,6 +116,11 @@ impl Control {
         self.notify.notified().await;
     }
 
+    /// Wakes the loop (something it plans from changed: an endpoint's health).
+    pub fn wake_loop(&self) {
+        self.wake();
+    }
+
     fn wake(&self) {
         // `notify_one` keeps a permit when no one waits, so a request made while the
         // loop is busy wakes its next wait.

@@ -30,6 +30,7 @@ fn kind_and_meta(o: &Object) -> (&'static str, &Meta) {
         Object::EndpointSlice(x) => ("EndpointSlice", &x.metadata),
         Object::Namespace(x) => ("Namespace", &x.metadata),
         Object::GatewayConfig(x) => ("GatewayConfig", &x.metadata),
+        Object::BackendHealthPolicy(x) => ("BackendHealthPolicy", &x.metadata),
     }
 }
 

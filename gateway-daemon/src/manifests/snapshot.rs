@@ -19,7 +19,7 @@ pub fn snapshot<'a>(files: impl IntoIterator<Item = &'a FileObjects>) -> Snapsho
 /// How many objects of each kind (in the order of `Snapshot`'s fields) a run of files
 /// holds: where a file's objects lie in a snapshot of files in order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counts([usize; 8]);
+pub struct Counts([usize; 9]);
 
 impl std::ops::Add for Counts {
     type Output = Counts;
@@ -56,6 +56,7 @@ impl Counts {
             endpoint_slices,
             namespaces,
             gateway_configs,
+            backend_health_policies,
         } = s;
         Counts([
             gateway_classes.len(),
@@ -66,6 +67,7 @@ impl Counts {
             endpoint_slices.len(),
             namespaces.len(),
             gateway_configs.len(),
+            backend_health_policies.len(),
         ])
     }
 }
@@ -100,6 +102,7 @@ pub fn splice(s: &mut Snapshot, at: Counts, old: Counts, new: &[Object]) -> Coun
         endpoint_slices,
         namespaces,
         gateway_configs,
+        backend_health_policies,
     } = part;
     Counts([
         put(&mut s.gateway_classes, 0, at, old, gateway_classes),
@@ -110,5 +113,12 @@ pub fn splice(s: &mut Snapshot, at: Counts, old: Counts, new: &[Object]) -> Coun
         put(&mut s.endpoint_slices, 5, at, old, endpoint_slices),
         put(&mut s.namespaces, 6, at, old, namespaces),
         put(&mut s.gateway_configs, 7, at, old, gateway_configs),
+        put(
+            &mut s.backend_health_policies,
+            8,
+            at,
+            old,
+            backend_health_policies,
+        ),
     ])
 }

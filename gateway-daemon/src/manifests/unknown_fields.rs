@@ -8,8 +8,8 @@ use crate::model::BERTH_GROUP;
 /// The fields of `value` (paths like `spec.parentRefs[0].sectionname`) that its kind
 /// does not define, as kubectl's strict field validation reports them. Fields the kind
 /// defines upstream but Berth does not use are not reported: core kinds are checked
-/// against k8s-openapi's complete types and GatewayConfig against the type behind our
-/// CRD (unknown fields are the ones they ignore, found with `serde_ignored`), Gateway API
+/// against k8s-openapi's complete types and Berth's kinds against the types behind our
+/// CRDs (unknown fields are the ones they ignore, found with `serde_ignored`), Gateway API
 /// kinds against the field paths of the upstream CRDs (`upstream-fields.txt`, checked
 /// against them by the `upstream_schemas` test) and their metadata against ObjectMeta.
 pub(super) fn unknown_fields(group: &str, kind: &str, value: &serde_yaml::Value) -> Vec<String> {
@@ -19,8 +19,13 @@ pub(super) fn unknown_fields(group: &str, kind: &str, value: &serde_yaml::Value)
         ("", "Namespace") => ignored_fields::<core::Namespace>(value, ""),
         ("discovery.k8s.io", _) => ignored_fields::<discovery::EndpointSlice>(value, ""),
         (BERTH_GROUP, _) => {
-            // kube's generated type takes its apiVersion and kind as given.
-            let mut unknown = ignored_fields::<crate::model::GatewayConfigResource>(value, "");
+            // kube's generated types take their apiVersion and kind as given.
+            let mut unknown = match kind {
+                "BackendHealthPolicy" => {
+                    ignored_fields::<crate::model::BackendHealthPolicyResource>(value, "")
+                }
+                _ => ignored_fields::<crate::model::GatewayConfigResource>(value, ""),
+            };
             unknown.retain(|f| f != "apiVersion" && f != "kind");
             unknown
         }

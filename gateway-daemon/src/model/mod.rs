@@ -14,6 +14,7 @@ pub const BERTH_GROUP: &str = "berth.dev";
 mod berth;
 mod core_kinds;
 mod gateway;
+mod health;
 mod meta;
 mod protocol;
 mod route;
@@ -21,6 +22,7 @@ mod route;
 pub use berth::*;
 pub use core_kinds::*;
 pub use gateway::*;
+pub use health::*;
 pub use meta::*;
 pub use protocol::Protocol;
 pub use route::*;
@@ -156,6 +158,7 @@ impl Snapshot {
             endpoint_slices,
             namespaces,
             gateway_configs,
+            backend_health_policies,
         } = self;
         follow_list(gateway_classes, &to.gateway_classes);
         follow_list(gateways, &to.gateways);
@@ -165,6 +168,7 @@ impl Snapshot {
         follow_list(endpoint_slices, &to.endpoint_slices);
         follow_list(namespaces, &to.namespaces);
         follow_list(gateway_configs, &to.gateway_configs);
+        follow_list(backend_health_policies, &to.backend_health_policies);
     }
 }
 
@@ -201,6 +205,9 @@ pub struct Snapshot {
     pub namespaces: Vec<std::sync::Arc<Namespace>>,
     /// GatewayConfigs.
     pub gateway_configs: Vec<std::sync::Arc<GatewayConfig>>,
+    /// BackendHealthPolicies. Not the planner's: their checks' results reach it as the
+    /// endpoints' readiness (`health`).
+    pub backend_health_policies: Vec<std::sync::Arc<BackendHealthPolicy>>,
 }
 
 /// One parsed object.
@@ -222,6 +229,8 @@ pub enum Object {
     Namespace(std::sync::Arc<Namespace>),
     /// GatewayConfig.
     GatewayConfig(std::sync::Arc<GatewayConfig>),
+    /// BackendHealthPolicy.
+    BackendHealthPolicy(std::sync::Arc<BackendHealthPolicy>),
 }
 
 impl Snapshot {
@@ -236,6 +245,7 @@ impl Snapshot {
             Object::EndpointSlice(o) => self.endpoint_slices.push(o),
             Object::Namespace(o) => self.namespaces.push(o),
             Object::GatewayConfig(o) => self.gateway_configs.push(o),
+            Object::BackendHealthPolicy(o) => self.backend_health_policies.push(o),
         }
     }
 }

@@ -135,6 +135,8 @@ impl Last {
             endpoint_slices: _,
             namespaces,
             gateway_configs,
+            // Not the planner's: their results are in the slices (`health`).
+            backend_health_policies: _,
         } = input.snapshot;
         let Input {
             snapshot: _,
@@ -341,6 +343,7 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
         endpoint_slices,
         namespaces: snap.namespaces.clone(),
         gateway_configs: snap.gateway_configs.clone(),
+        backend_health_policies: Vec::new(),
     };
     // The routes in scope are planned with their claims, and every other claim held.
     let claims = held.take(scope.keys(), &gateways);

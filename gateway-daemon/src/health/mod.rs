@@ -1,0 +1,382 @@
+//! Active health checks (issue 30): a BackendHealthPolicy's checks of its target
+//! Services' endpoints, run from the gateway, and their results as the endpoints'
+//! readiness.
+//!
+//! Data flow: after each read of the objects the loop hands the checker what they ask
+//! (`checks::wanted`, pure); the checker (a thread running a current-thread tokio
+//! runtime) checks every endpoint once an interval, each at its own offset in the
+//! interval (spread in time), at most `MAX_IN_FLIGHT` at once, and keeps each
+//! endpoint's health (`state`: thresholds). When one turns healthy or unhealthy it logs
+//! the change and wakes the loop, which plans with the slices as the results make them
+//! (`overlay`): an unhealthy endpoint is not ready, so a TCP route keeps its
+//! connections to it and gives it no new flow, a UDP route's flows move. If no endpoint
+//! of a Service is left that is ready and healthy, the checks are not applied to it
+//! (fail open: all its endpoints are served, as Envoy's panic threshold does), and that
+//! is said.
+
+pub mod checks;
+mod overlay;
+mod probe;
+pub mod state;
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use checks::{Owner, Target, Wanted};
+use state::{EndpointHealth, Outcome};
+
+/// Checks running at once, at most (a dead backend holds one for its timeout).
+const MAX_IN_FLIGHT: usize = 256;
+
+/// The checker: what it checks and what it found, shared with the loop.
+#[derive(Clone)]
+pub struct Health {
+    shared: Arc<Mutex<Table>>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("counts", &self.counts())
+            .finish()
+    }
+}
+
+/// What the checker holds.
+#[derive(Default)]
+struct Table {
+    /// What to check.
+    wanted: Wanted,
+    /// Per endpoint of a policy: its health, and when it is checked next.
+    endpoints: HashMap<Key, Checked>,
+    /// Counts every change of an endpoint's health.
+    generation: u64,
+    /// Checks made, and failed, since the start.
+    made: u64,
+    failed: u64,
+    /// The Services served in full because none of their endpoints is healthy (fail
+    /// open), as last said.
+    open: Vec<Arc<Owner>>,
+}
+
+/// An endpoint of a policy's target.
+type Key = (Arc<Owner>, SocketAddr);
+
+struct Checked {
+    health: EndpointHealth,
+    next: Instant,
+    running: bool,
+}
+
+/// One row of `berth get backends`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BackendRow {
+    /// Namespace.
+    pub namespace: String,
+    /// The Service.
+    pub service: String,
+    /// The policy checking it.
+    pub policy: String,
+    /// Endpoint address and the port checked.
+    pub endpoint: String,
+    /// `healthy`, `unhealthy`, or `unhealthy (served: fail open)`.
+    pub health: String,
+    /// RFC 3339 time of the last check, if any.
+    pub last_check: Option<String>,
+    /// Its latency in milliseconds.
+    pub latency_ms: Option<f64>,
+    /// Why it failed ("" when it passed).
+    pub detail: String,
+}
+
+/// The checker's counters, for `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Endpoints checked.
+    pub endpoints: u64,
+    /// Of those, unhealthy.
+    pub unhealthy: u64,
+    /// Checks made since the start.
+    pub checks: u64,
+    /// Of those, failed.
+    pub failed: u64,
+}
+
+impl Health {
+    /// Starts the checker thread; `wake` wakes the loop after a change of health.
+    pub fn start(wake: impl Fn() + Send + Sync + 'static) -> std::io::Result<Self> {
+        let health = Health {
+            shared: Arc::new(Mutex::new(Table::default())),
+        };
+        let checker = health.clone();
+        std::thread::Builder::new()
+            .name("health".into())
+            .spawn(move || checker.run(wake))?;
+        Ok(health)
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Checks what `wanted` asks from now on; endpoints still asked keep their health.
+    /// New problems are logged.
+    pub fn set(&self, wanted: Wanted) {
+        let mut t = self.table();
+        if t.wanted == wanted {
+            return;
+        }
+        for p in wanted
+            .problems
+            .iter()
+            .filter(|p| !t.wanted.problems.contains(p))
+        {
+            tracing::warn!("BackendHealthPolicy {p} (not checked)");
+        }
+        let now = Instant::now();
+        let mut endpoints = HashMap::with_capacity(wanted.targets.len());
+        for target in &wanted.targets {
+            let key = (Arc::clone(&target.owner), target.endpoint);
+            let kept = t.endpoints.remove(&key);
+            let checked = kept.unwrap_or_else(|| Checked {
+                health: EndpointHealth::new(SystemTime::now()),
+                // Spread: each endpoint at its own offset within the interval.
+                next: now + offset(&key, target.check.interval),
+                running: false,
+            });
+            endpoints.insert(key, checked);
+        }
+        // An endpoint no longer checked that was unhealthy changes what the loop plans.
+        if t.endpoints.values().any(|c| !c.health.healthy) {
+            t.generation += 1;
+        }
+        t.endpoints = endpoints;
+        t.wanted = wanted;
+    }
+
+    /// Counts every change of health (the loop plans again when it moved).
+    pub fn generation(&self) -> u64 {
+        self.table().generation
+    }
+
+    /// `snapshot` as the checks make it, if they change it (see the module doc).
+    pub fn overlay(&self, snapshot: &crate::model::Snapshot) -> Option<crate::model::Snapshot> {
+        let mut t = self.table();
+        let unhealthy: Vec<(&Arc<Owner>, SocketAddr)> = t
+            .endpoints
+            .iter()
+            .filter(|(_, c)| !c.health.healthy)
+            .map(|((o, e), _)| (o, *e))
+            .collect();
+        if unhealthy.is_empty() {
+            t.open.clear();
+            return None;
+        }
+        let (out, open) = overlay::apply(snapshot, &unhealthy);
+        if open != t.open {
+            for o in open.iter().filter(|o| !t.open.contains(o)) {
+                tracing::warn!(
+                    "Service {}/{}: every endpoint fails BackendHealthPolicy {}'s checks: all \
+                     are served (fail open)",
+                    o.namespace,
+                    o.service,
+                    o.policy
+                );
+            }
+            t.open = open;
+        }
+        out
+    }
+
+    /// The rows of `berth get backends`.
+    pub fn rows(&self) -> Vec<BackendRow> {
+        let t = self.table();
+        let mut rows: Vec<BackendRow> = t
+            .endpoints
+            .iter()
+            .map(|((o, e), c)| {
+                let h = &c.health;
+                let health = match (h.healthy, t.open.contains(o)) {
+                    (true, _) => "healthy",
+                    (false, true) => "unhealthy (served: fail open)",
+                    (false, false) => "unhealthy",
+                };
+                BackendRow {
+                    namespace: o.namespace.to_string(),
+                    service: o.service.to_string(),
+                    policy: o.policy.to_string(),
+                    endpoint: e.to_string(),
+                    health: health.into(),
+                    last_check: h
+                        .last
+                        .as_ref()
+                        .map(|l| humantime::format_rfc3339_millis(l.at).to_string()),
+                    latency_ms: h.last.as_ref().map(|l| l.latency.as_secs_f64() * 1000.0),
+                    detail: h
+                        .last
+                        .as_ref()
+                        .map(|l| l.detail.clone())
+                        .unwrap_or_default(),
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            (&a.namespace, &a.service, &a.policy, &a.endpoint).cmp(&(
+                &b.namespace,
+                &b.service,
+                &b.policy,
+                &b.endpoint,
+            ))
+        });
+        rows
+    }
+
+    /// The checker's counters.
+    pub fn counts(&self) -> Counts {
+        let t = self.table();
+        Counts {
+            endpoints: t.endpoints.len() as u64,
+            unhealthy: t.endpoints.values().filter(|c| !c.health.healthy).count() as u64,
+            checks: t.made,
+            failed: t.failed,
+        }
+    }
+
+    /// The checker thread: starts the checks that are due, at most `MAX_IN_FLIGHT` at
+    /// once, and sleeps until the next is due (a tenth of a second at most, so that new
+    /// targets start soon).
+    fn run(self, wake: impl Fn() + Send + Sync + 'static) {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "health checks cannot run");
+                return;
+            }
+        };
+        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(wake);
+        let limit = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+        runtime.block_on(async move {
+            loop {
+                let due = self.take_due(limit.available_permits());
+                for target in due {
+                    let Ok(permit) = Arc::clone(&limit).acquire_owned().await else {
+                        return;
+                    };
+                    let (me, wake) = (self.clone(), Arc::clone(&wake));
+                    tokio::spawn(async move {
+                        let started = Instant::now();
+                        let check = &target.check;
+                        let result = probe::run(&check.kind, target.endpoint, check.timeout).await;
+                        drop(permit);
+                        if me.record(&target, result, started.elapsed()) {
+                            wake();
+                        }
+                    });
+                }
+                let sleep = self.until_next().min(Duration::from_millis(100));
+                tokio::time::sleep(sleep).await;
+            }
+        });
+    }
+
+    /// The targets due now (at most `room`), marked running.
+    fn take_due(&self, room: usize) -> Vec<Target> {
+        let now = Instant::now();
+        let mut t = self.table();
+        let Table {
+            wanted, endpoints, ..
+        } = &mut *t;
+        let mut due = Vec::new();
+        for target in &wanted.targets {
+            if due.len() >= room {
+                break;
+            }
+            let key = (Arc::clone(&target.owner), target.endpoint);
+            if let Some(c) = endpoints.get_mut(&key) {
+                if !c.running && c.next <= now {
+                    c.running = true;
+                    due.push(target.clone());
+                }
+            }
+        }
+        due
+    }
+
+    /// How long until the next check is due.
+    fn until_next(&self) -> Duration {
+        let now = Instant::now();
+        self.table()
+            .endpoints
+            .values()
+            .filter(|c| !c.running)
+            .map(|c| c.next.saturating_duration_since(now))
+            .min()
+            .unwrap_or(Duration::from_millis(100))
+    }
+
+    /// Records a check of `target`; logs a change of health and says whether there was
+    /// one.
+    fn record(&self, target: &Target, result: Result<(), String>, latency: Duration) -> bool {
+        let mut t = self.table();
+        t.made += 1;
+        t.failed += u64::from(result.is_err());
+        let key = (Arc::clone(&target.owner), target.endpoint);
+        // Gone from the targets meanwhile: nothing to record.
+        let Some(c) = t.endpoints.get_mut(&key) else {
+            return false;
+        };
+        c.running = false;
+        c.next = Instant::now() + target.check.interval;
+        let outcome = Outcome {
+            at: SystemTime::now(),
+            passed: result.is_ok(),
+            latency,
+            detail: result.err().unwrap_or_default(),
+        };
+        let detail = outcome.detail.clone();
+        if !c.health.record(outcome, &target.check) {
+            return false;
+        }
+        {
+            let healthy = c.health.healthy;
+            t.generation += 1;
+            let o = &target.owner;
+            if healthy {
+                tracing::info!(
+                    "backend {} of Service {}/{} is healthy again (BackendHealthPolicy {})",
+                    target.endpoint,
+                    o.namespace,
+                    o.service,
+                    o.policy
+                );
+            } else {
+                tracing::warn!(
+                    "backend {} of Service {}/{} is unhealthy: {detail} (BackendHealthPolicy \
+                     {}): it takes no new flows",
+                    target.endpoint,
+                    o.namespace,
+                    o.service,
+                    o.policy
+                );
+            }
+        }
+        true
+    }
+}
+
+/// Where in `interval` an endpoint's checks fall: a hash of its key, so that checks of
+/// many endpoints spread over the interval.
+fn offset(key: &Key, interval: Duration) -> Duration {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    let millis = interval.as_millis().max(1) as u64;
+    Duration::from_millis(h.finish() % millis)
+}
