@@ -241,7 +241,7 @@ pub fn run_loop(
     let mut plans = Plans {
         last: std::time::Instant::now() - Duration::from_secs(3600),
         memo: planner::Memo::default(),
-        health: Checker::new({
+        health: crate::health::Checker::new({
             let control = Arc::clone(&control);
             move || control.wake_loop()
         }),
@@ -300,53 +300,7 @@ pub fn run_loop(
 struct Plans {
     last: std::time::Instant,
     memo: planner::Memo,
-    health: Checker,
-}
-
-/// The health checker, started when a BackendHealthPolicy first asks for checks, and
-/// the generation of its results the last plan was made with.
-struct Checker {
-    health: Option<crate::health::Health>,
-    planned: u64,
-    wake: Arc<dyn Fn() + Send + Sync>,
-}
-
-impl Checker {
-    fn new(wake: impl Fn() + Send + Sync + 'static) -> Self {
-        Checker {
-            health: None,
-            planned: 0,
-            wake: Arc::new(wake),
-        }
-    }
-
-    /// Follows what `snapshot`'s policies ask.
-    fn follow(&mut self, snapshot: &crate::model::Snapshot) {
-        if self.health.is_none() && !snapshot.backend_health_policies.is_empty() {
-            let wake = Arc::clone(&self.wake);
-            match crate::health::Health::start(move || wake()) {
-                Ok(h) => self.health = Some(h),
-                Err(e) => tracing::error!(error = %e, "health checks cannot start"),
-            }
-        }
-        if let Some(h) = &self.health {
-            h.set(crate::health::checks::wanted(snapshot));
-        }
-    }
-
-    /// Whether an endpoint's health changed since the last plan.
-    fn moved(&self) -> bool {
-        self.health
-            .as_ref()
-            .is_some_and(|h| h.generation() != self.planned)
-    }
-
-    /// The snapshot to plan with: `snapshot` as the checks make it.
-    fn overlay(&mut self, snapshot: &crate::model::Snapshot) -> Option<crate::model::Snapshot> {
-        let h = self.health.as_ref()?;
-        self.planned = h.generation();
-        h.overlay(snapshot)
-    }
+    health: crate::health::Checker,
 }
 
 /// What a wake of the loop brings: where to look for changed files, and whether
@@ -416,7 +370,7 @@ fn step(
     next.broken = source.broken();
     next.warnings = source.warnings();
     next.ignored_records = store.ignored_records();
-    next.health = plans.health.health.clone();
+    next.health = plans.health.handle();
     crate::memory::published();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     plans.last = std::time::Instant::now();

@@ -20,7 +20,8 @@ mod probe;
 pub mod state;
 
 use std::{
-    collections::HashMap,
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
@@ -53,6 +54,11 @@ struct Table {
     wanted: Wanted,
     /// Per endpoint of a policy: its health, and when it is checked next.
     endpoints: HashMap<Key, Checked>,
+    /// When each target (by its index in `wanted`) is checked next, soonest first.
+    queue: BinaryHeap<Reverse<(Instant, usize)>>,
+    /// Counts the `set`s: a check started before the last one does not queue its
+    /// target again (`set` queued every target).
+    epoch: u64,
     /// Counts every change of an endpoint's health.
     generation: u64,
     /// Checks made, and failed, since the start.
@@ -139,7 +145,8 @@ impl Health {
         }
         let now = Instant::now();
         let mut endpoints = HashMap::with_capacity(wanted.targets.len());
-        for target in &wanted.targets {
+        let mut queue = BinaryHeap::with_capacity(wanted.targets.len());
+        for (i, target) in wanted.targets.iter().enumerate() {
             let key = (Arc::clone(&target.owner), target.endpoint);
             let kept = t.endpoints.remove(&key);
             let checked = kept.unwrap_or_else(|| Checked {
@@ -148,6 +155,7 @@ impl Health {
                 next: now + offset(&key, target.check.interval),
                 running: false,
             });
+            queue.push(Reverse((checked.next, i)));
             endpoints.insert(key, checked);
         }
         // An endpoint no longer checked that was unhealthy changes what the loop plans.
@@ -155,6 +163,8 @@ impl Health {
             t.generation += 1;
         }
         t.endpoints = endpoints;
+        t.queue = queue;
+        t.epoch += 1;
         t.wanted = wanted;
     }
 
@@ -264,8 +274,8 @@ impl Health {
         let limit = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
         runtime.block_on(async move {
             loop {
-                let due = self.take_due(limit.available_permits());
-                for target in due {
+                let (epoch, due) = self.take_due(limit.available_permits());
+                for (i, target) in due {
                     let Ok(permit) = Arc::clone(&limit).acquire_owned().await else {
                         return;
                     };
@@ -275,55 +285,76 @@ impl Health {
                         let check = &target.check;
                         let result = probe::run(&check.kind, target.endpoint, check.timeout).await;
                         drop(permit);
-                        if me.record(&target, result, started.elapsed()) {
+                        let took = started.elapsed();
+                        if me.record((epoch, i), &target, result, took) {
                             wake();
                         }
                     });
                 }
-                let sleep = self.until_next().min(Duration::from_millis(100));
+                // Checks due within a few milliseconds start together.
+                let sleep = self
+                    .until_next()
+                    .clamp(Duration::from_millis(5), Duration::from_millis(100));
                 tokio::time::sleep(sleep).await;
             }
         });
     }
 
-    /// The targets due now (at most `room`), marked running.
-    fn take_due(&self, room: usize) -> Vec<Target> {
+    /// The targets due now (at most `room`, with their index), marked running, and the
+    /// epoch they were taken in.
+    fn take_due(&self, room: usize) -> (u64, Vec<(usize, Target)>) {
         let now = Instant::now();
         let mut t = self.table();
         let Table {
-            wanted, endpoints, ..
+            wanted,
+            endpoints,
+            queue,
+            epoch,
+            ..
         } = &mut *t;
         let mut due = Vec::new();
-        for target in &wanted.targets {
-            if due.len() >= room {
-                break;
+        while due.len() < room {
+            match queue.peek() {
+                Some(Reverse((at, _))) if *at <= now => {}
+                _ => break,
             }
+            let Some(Reverse((_, i))) = queue.pop() else {
+                break;
+            };
+            let Some(target) = wanted.targets.get(i) else {
+                continue;
+            };
             let key = (Arc::clone(&target.owner), target.endpoint);
             if let Some(c) = endpoints.get_mut(&key) {
-                if !c.running && c.next <= now {
+                if !c.running {
                     c.running = true;
-                    due.push(target.clone());
+                    due.push((i, target.clone()));
                 }
             }
         }
-        due
+        (*epoch, due)
     }
 
     /// How long until the next check is due.
     fn until_next(&self) -> Duration {
         let now = Instant::now();
         self.table()
-            .endpoints
-            .values()
-            .filter(|c| !c.running)
-            .map(|c| c.next.saturating_duration_since(now))
-            .min()
-            .unwrap_or(Duration::from_millis(100))
+            .queue
+            .peek()
+            .map_or(Duration::from_millis(100), |Reverse((at, _))| {
+                at.saturating_duration_since(now)
+            })
     }
 
     /// Records a check of `target`; logs a change of health and says whether there was
     /// one.
-    fn record(&self, target: &Target, result: Result<(), String>, latency: Duration) -> bool {
+    fn record(
+        &self,
+        (epoch, i): (u64, usize),
+        target: &Target,
+        result: Result<(), String>,
+        latency: Duration,
+    ) -> bool {
         let mut t = self.table();
         t.made += 1;
         t.failed += u64::from(result.is_err());
@@ -334,6 +365,13 @@ impl Health {
         };
         c.running = false;
         c.next = Instant::now() + target.check.interval;
+        let next = c.next;
+        if epoch == t.epoch {
+            t.queue.push(Reverse((next, i)));
+        }
+        let Some(c) = t.endpoints.get_mut(&key) else {
+            return false;
+        };
         let outcome = Outcome {
             at: SystemTime::now(),
             passed: result.is_ok(),
@@ -368,6 +406,58 @@ impl Health {
             }
         }
         true
+    }
+}
+
+/// A loop's health checker (either mode), started when a BackendHealthPolicy first
+/// asks for checks, and the generation of its results the last plan was made with.
+pub struct Checker {
+    health: Option<Health>,
+    planned: u64,
+    wake: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Checker {
+    /// A checker that wakes the loop with `wake` when an endpoint's health changes.
+    pub fn new(wake: impl Fn() + Send + Sync + 'static) -> Self {
+        Checker {
+            health: None,
+            planned: 0,
+            wake: Arc::new(wake),
+        }
+    }
+
+    /// Follows what `snapshot`'s policies ask.
+    pub fn follow(&mut self, snapshot: &crate::model::Snapshot) {
+        if self.health.is_none() && !snapshot.backend_health_policies.is_empty() {
+            let wake = Arc::clone(&self.wake);
+            match Health::start(move || wake()) {
+                Ok(h) => self.health = Some(h),
+                Err(e) => tracing::error!(error = %e, "health checks cannot start"),
+            }
+        }
+        if let Some(h) = &self.health {
+            h.set(checks::wanted(snapshot));
+        }
+    }
+
+    /// The checker, once started.
+    pub fn handle(&self) -> Option<Health> {
+        self.health.clone()
+    }
+
+    /// Whether an endpoint's health changed since the last plan.
+    pub fn moved(&self) -> bool {
+        self.health
+            .as_ref()
+            .is_some_and(|h| h.generation() != self.planned)
+    }
+
+    /// The snapshot to plan with: `snapshot` as the checks make it.
+    pub fn overlay(&mut self, snapshot: &crate::model::Snapshot) -> Option<crate::model::Snapshot> {
+        let h = self.health.as_ref()?;
+        self.planned = h.generation();
+        h.overlay(snapshot)
     }
 }
 

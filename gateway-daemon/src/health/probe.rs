@@ -25,14 +25,21 @@ pub async fn run(kind: &CheckKind, endpoint: SocketAddr, timeout: Duration) -> R
 async fn attempt(kind: &CheckKind, endpoint: SocketAddr) -> Result<(), String> {
     match kind {
         CheckKind::Tcp => {
-            TcpStream::connect(endpoint)
+            let s = TcpStream::connect(endpoint)
                 .await
                 .map_err(|e| format!("connect: {e}"))?;
+            reset(s);
             Ok(())
         }
         CheckKind::Udp { send, expect } => udp(endpoint, send, expect).await,
         CheckKind::Http { path, statuses } => http(endpoint, path, statuses).await,
     }
+}
+
+/// Closes a check's connection with an RST: no FIN exchange, and no socket left in
+/// TIME_WAIT on the gateway (10,000 endpoints checked every 5 s would keep 120,000).
+fn reset(s: TcpStream) {
+    let _ = s.set_zero_linger();
 }
 
 /// Sends `send`, waits for an answer beginning with `expect` (a refused port answers
@@ -89,6 +96,7 @@ async fn http(endpoint: SocketAddr, path: &str, statuses: &[u16]) -> Result<(), 
         }
         head.extend_from_slice(&buf[..n]);
     }
+    reset(s);
     let line = String::from_utf8_lossy(&head);
     let code: u16 = line
         .lines()

@@ -490,6 +490,10 @@ async fn cycles(
     mut announcer: Announcer,
 ) {
     let control = Arc::clone(announcer.control());
+    let mut health = crate::health::Checker::new({
+        let control = Arc::clone(&control);
+        move || control.wake_loop()
+    });
     let mut reported = BTreeSet::new();
     let (mut plan_due, mut failing, mut cooling) = (true, false, false);
     // A read of the counters gives way to a change of the objects.
@@ -501,7 +505,13 @@ async fn cycles(
                 publish::refresh_traffic(shared, dp, &pending);
             }
         } else {
-            let view = View::new(sources.objects());
+            let mut view = View::new(sources.objects());
+            // Health checks add to the endpoints' readiness: the plan sees the slices
+            // as they make them (Berth never writes slices).
+            health.follow(&view.snapshot);
+            if let Some(checked) = health.overlay(&view.snapshot) {
+                view.snapshot = checked;
+            }
             for e in &view.errors {
                 if !reported.contains(e) {
                     tracing::error!("{e} (the object is left out until it is fixed)");
@@ -521,6 +531,7 @@ async fn cycles(
                         tracing::info!("recovered");
                     }
                     next.broken = view.errors.clone();
+                    next.health = health.handle();
                     let cooling = next.cooling;
                     crate::memory::published();
                     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
@@ -555,7 +566,8 @@ async fn cycles(
                 settle(changed).await;
                 true
             }
-            _ = control.notified() => false,
+            // The operator asked something, or an endpoint's health changed.
+            _ = control.notified() => health.moved(),
             _ = tokio::time::sleep(wait) => failing || cooling,
         };
     }

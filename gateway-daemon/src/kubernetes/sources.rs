@@ -41,11 +41,13 @@ pub enum Kind {
     GatewayConfig,
     /// berth.dev PortClaim.
     PortClaim,
+    /// berth.dev BackendHealthPolicy.
+    BackendHealthPolicy,
 }
 
 impl Kind {
     /// Every kind, in the order they are started.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::GatewayClass,
         Kind::Gateway,
         Kind::TcpRoute,
@@ -56,6 +58,7 @@ impl Kind {
         Kind::Namespace,
         Kind::GatewayConfig,
         Kind::PortClaim,
+        Kind::BackendHealthPolicy,
     ];
 
     /// Group, kind name and plural.
@@ -71,6 +74,9 @@ impl Kind {
             Kind::Namespace => ("", "Namespace", "namespaces"),
             Kind::GatewayConfig => (BERTH_GROUP, "GatewayConfig", "gatewayconfigs"),
             Kind::PortClaim => (BERTH_GROUP, "PortClaim", "portclaims"),
+            Kind::BackendHealthPolicy => {
+                (BERTH_GROUP, "BackendHealthPolicy", "backendhealthpolicies")
+            }
         }
     }
 
@@ -118,7 +124,7 @@ impl Versions {
             Kind::TcpRoute => &self.tcp_route,
             Kind::UdpRoute => &self.udp_route,
             Kind::ReferenceGrant => &self.reference_grant,
-            Kind::GatewayConfig | Kind::PortClaim => "v1alpha1",
+            Kind::GatewayConfig | Kind::PortClaim | Kind::BackendHealthPolicy => "v1alpha1",
             _ => "v1",
         };
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, name), plural)
@@ -343,6 +349,9 @@ impl View {
                 Kind::EndpointSlice => convert(kind.name(), &obj).map(model::Object::EndpointSlice),
                 Kind::Namespace => convert(kind.name(), &obj).map(model::Object::Namespace),
                 Kind::GatewayConfig => convert(kind.name(), &obj).map(model::Object::GatewayConfig),
+                Kind::BackendHealthPolicy => {
+                    convert(kind.name(), &obj).map(model::Object::BackendHealthPolicy)
+                }
                 Kind::PortClaim => {
                     match convert::<PortClaim>(kind.name(), &obj) {
                         Ok(c) => {
