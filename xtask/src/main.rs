@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup|test|demo|bench datapath|planner|control-plane|e2e|fuzz
+//! Project tasks: `cargo xtask setup|test|demo|bench datapath|planner|health|control-plane|e2e|fuzz
 //! datapath`.
 //!
 //! `setup` installs what a fresh machine lacks and is idempotent: Debian packages the
@@ -42,13 +42,15 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/local/lib/berth-llvm";
 
 const USAGE: &str =
-    "usage: cargo xtask <setup | test | demo | bench datapath|planner|control-plane|e2e | fuzz datapath>
+    "usage: cargo xtask <setup | test | demo | bench datapath|planner|health|control-plane|e2e | fuzz datapath>
   setup            install what this machine lacks (idempotent; needs root), and build
                    Kubernetes' binaries for the tests (kube-toolchain; needs Go)
   test             setup, then fmt and clippy checks and every test (needs root)
   demo             setup, then berth run on the examples in network namespaces (needs root)
   bench datapath   setup, then ns/packet of the XDP program under BPF_PROG_TEST_RUN
   bench planner    setup, then planning time for 1k, 10k and 100k routes
+  bench health     setup, then the health checker's CPU for 10,000 endpoints checked
+                   every 5 s (TCP, loopback in a namespace; [--endpoints N] [--interval D])
   bench control-plane  setup, then berth run with 1k, 10k and 100k routes ([--routes N]...):
                    cold start, change latency, idle CPU, memory, get routes and /metrics
   bench e2e        setup, then two UDP loads (16 long flows; a new 5-tuple every packet)
@@ -71,6 +73,9 @@ fn main() -> ExitCode {
         ["demo"] => setup().and_then(|()| demo()),
         ["bench", "datapath"] => setup().and_then(|()| run_bin("berth-bench-datapath")),
         ["bench", "planner"] => setup().and_then(|()| run_bin("berth-bench-planner")),
+        ["bench", "health", rest @ ..] => {
+            setup().and_then(|()| run_bin_with("berth-bench-health", rest))
+        }
         ["bench", "control-plane", rest @ ..] => setup().and_then(|()| {
             build_berth()?;
             run_bin_with("berth-bench-control-plane", rest)
