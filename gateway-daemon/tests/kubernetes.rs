@@ -1356,7 +1356,8 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
                         || p == "/api/v1/services"
                         || p == "/api/v1/namespaces"
                         || p == "/apis/discovery.k8s.io/v1/endpointslices"
-                        || p == "/apis/berth.dev/v1alpha1/portclaims" =>
+                        || p == "/apis/berth.dev/v1alpha1/portclaims"
+                        || p == "/apis/berth.dev/v1alpha1/backendhealthpolicies" =>
                 {
                     (200, list("Any", vec![]))
                 }
@@ -1456,7 +1457,8 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
         .filter(|l| l.query.contains("limit="))
         .count();
     assert_eq!(
-        lists, 10,
+        lists,
+        berth::kubernetes::sources::Kind::ALL.len(),
         "every kind is listed before anything is written: {log:?}"
     );
     assert!(

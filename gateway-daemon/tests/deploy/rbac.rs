@@ -31,6 +31,7 @@ pub(super) const NEEDED: &[(Scope, &str, &str, &[&str])] = &[
     (Scope::Cluster, "", "namespaces", READ),
     (Scope::Cluster, "discovery.k8s.io", "endpointslices", READ),
     (Scope::Cluster, "berth.dev", "gatewayconfigs", READ),
+    (Scope::Cluster, "berth.dev", "backendhealthpolicies", READ),
     (
         Scope::Cluster,
         "berth.dev",
