@@ -47,11 +47,7 @@ pub(super) struct Last {
     /// by a claim, the lowest and highest port made (a plan at start makes 100,000).
     made: Vec<Made>,
     now: SystemTime,
-    default_addresses: super::DefaultAddresses,
-    ephemeral_ports: Option<RangeInclusive<u16>>,
-    snat_ports: RangeInclusive<u16>,
-    capacity: crate::datapath::Capacity,
-    allocate: bool,
+    settings: Settings,
     plan: Plan,
     /// The plan's claims, indexed.
     held: ClaimIndex,
@@ -107,11 +103,7 @@ impl Last {
             changed,
             made,
             now: input.now,
-            default_addresses: input.default_addresses,
-            ephemeral_ports: input.ephemeral_ports.clone(),
-            snat_ports: input.snat_ports.clone(),
-            capacity: input.capacity,
-            allocate: input.allocate,
+            settings: Settings::of(input),
             plan: plan.clone(),
             held,
             on,
@@ -124,8 +116,8 @@ impl Last {
     /// Whether everything but routes, Services, EndpointSlices, claims and the time
     /// is as in `input` (`a` is the snapshot this plan was made from).
     fn same_world(&self, a: &Snapshot, input: &Input) -> bool {
-        // Destructured: a new field of `Snapshot` or `Input` is a compile error here,
-        // where a list of fields would forget it silently.
+        // Destructured: a new field of `Snapshot` is a compile error here (and of
+        // `Input` in `Settings::of`), where a list of fields would forget it silently.
         let Snapshot {
             gateway_classes,
             gateways,
@@ -138,26 +130,12 @@ impl Last {
             // Not the planner's: their results are in the slices (`health`).
             backend_health_policies: _,
         } = input.snapshot;
-        let Input {
-            snapshot: _,
-            claims: _,
-            now: _,
-            default_addresses,
-            ephemeral_ports,
-            allocate,
-            snat_ports,
-            capacity,
-        } = input;
         a.gateway_classes == *gateway_classes
             && a.gateways == *gateways
             && a.gateway_configs == *gateway_configs
             && a.namespaces == *namespaces
             && a.reference_grants == *reference_grants
-            && self.default_addresses == *default_addresses
-            && self.ephemeral_ports == *ephemeral_ports
-            && self.snat_ports == *snat_ports
-            && self.capacity == *capacity
-            && self.allocate == *allocate
+            && self.settings == Settings::of(input)
     }
 }
 
@@ -168,11 +146,7 @@ impl Last {
 pub(super) struct Pending {
     claims: ClaimList,
     now: SystemTime,
-    default_addresses: super::DefaultAddresses,
-    ephemeral_ports: Option<RangeInclusive<u16>>,
-    snat_ports: RangeInclusive<u16>,
-    capacity: crate::datapath::Capacity,
-    allocate: bool,
+    settings: Settings,
     plan: Plan,
     on: OnListeners,
     contested: bool,
@@ -181,25 +155,10 @@ pub(super) struct Pending {
 impl Pending {
     /// What a full plan of `input` leaves to be indexed.
     pub(super) fn of(input: &Input, plan: &Plan, on: OnListeners, contested: bool) -> Self {
-        // Destructured: a new field of `Input` is a compile error here.
-        let Input {
-            snapshot: _,
-            claims,
-            now,
-            default_addresses,
-            ephemeral_ports,
-            allocate,
-            snat_ports,
-            capacity,
-        } = input;
         Pending {
-            claims: ClaimList::clone(claims),
-            now: *now,
-            default_addresses: *default_addresses,
-            ephemeral_ports: ephemeral_ports.clone(),
-            snat_ports: snat_ports.clone(),
-            capacity: *capacity,
-            allocate: *allocate,
+            claims: ClaimList::clone(input.claims),
+            now: input.now,
+            settings: Settings::of(input),
             plan: plan.clone(),
             on,
             contested,
@@ -208,16 +167,7 @@ impl Pending {
 
     /// Indexes the plan of `snapshot` (the one it was made from) for the next plan.
     pub(super) fn settle(self, snapshot: &Snapshot) -> Last {
-        let input = Input {
-            snapshot,
-            claims: &self.claims,
-            now: self.now,
-            default_addresses: self.default_addresses,
-            ephemeral_ports: self.ephemeral_ports.clone(),
-            allocate: self.allocate,
-            snat_ports: self.snat_ports.clone(),
-            capacity: self.capacity,
-        };
+        let input = self.settings.input(snapshot, &self.claims, self.now);
         let served = served(&self.plan.owners);
         let held = ClaimIndex::new(&self.plan.claims, &super::gateways::ours(&input));
         Last::of(
@@ -229,6 +179,60 @@ impl Pending {
             BackendIndex::of(snapshot),
             self.contested,
         )
+    }
+}
+
+/// What a plan's input holds besides the objects, the claims and the time: the same in
+/// the next input, or the next plan is a full one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Settings {
+    default_addresses: super::DefaultAddresses,
+    ephemeral_ports: Option<RangeInclusive<u16>>,
+    snat_ports: RangeInclusive<u16>,
+    capacity: crate::datapath::Capacity,
+    allocate: bool,
+}
+
+impl Settings {
+    /// `input`'s settings.
+    fn of(input: &Input) -> Self {
+        // Destructured: a new field of `Input` is a compile error here.
+        let Input {
+            snapshot: _,
+            claims: _,
+            now: _,
+            default_addresses,
+            ephemeral_ports,
+            allocate,
+            snat_ports,
+            capacity,
+        } = input;
+        Settings {
+            default_addresses: *default_addresses,
+            ephemeral_ports: ephemeral_ports.clone(),
+            snat_ports: snat_ports.clone(),
+            capacity: *capacity,
+            allocate: *allocate,
+        }
+    }
+
+    /// An input of `snapshot`, `claims` and `now` with these settings.
+    fn input<'a>(
+        &self,
+        snapshot: &'a Snapshot,
+        claims: &'a ClaimList,
+        now: SystemTime,
+    ) -> Input<'a> {
+        Input {
+            snapshot,
+            claims,
+            now,
+            default_addresses: self.default_addresses,
+            ephemeral_ports: self.ephemeral_ports.clone(),
+            allocate: self.allocate,
+            snat_ports: self.snat_ports.clone(),
+            capacity: self.capacity,
+        }
     }
 }
 
@@ -347,16 +351,8 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
     };
     // The routes in scope are planned with their claims, and every other claim held.
     let claims = held.take(scope.keys(), &gateways);
-    let part_input = Input {
-        snapshot: &part,
-        claims: &claims.iter().cloned().collect(),
-        now: input.now,
-        default_addresses: input.default_addresses,
-        ephemeral_ports: input.ephemeral_ports.clone(),
-        allocate: input.allocate,
-        snat_ports: input.snat_ports.clone(),
-        capacity: input.capacity,
-    };
+    let held_claims: ClaimList = claims.iter().cloned().collect();
+    let part_input = Settings::of(input).input(&part, &held_claims, input.now);
     let mut planned = super::run(&part_input, snap, memo, Some(&mut scope), Some(&held));
     if planned.contested || !planned.plan.waiting.is_empty() {
         return None;
