@@ -119,9 +119,14 @@ pub mod map_names {
     pub const SNAT_SOURCES6: &str = "berth_snat_src6";
     /// `FragKey6` → `FragPorts`: ports of fragmented IPv6 datagrams.
     pub const FRAGMENTS6: &str = "berth_frags6";
+    /// `AffinityKey` → `Affinity`: the backend of each client of a service with session
+    /// affinity (LRU, `AFFINITY_ENTRIES`).
+    pub const AFFINITY: &str = "berth_affinity";
+    /// IPv6: `AffinityKey<[u32; 4]>` → `Affinity`.
+    pub const AFFINITY6: &str = "berth_affinity6";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 26] = [
+    pub const ALL: [&str; 28] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -148,6 +153,8 @@ pub mod map_names {
         BACKENDS6,
         SNAT_SOURCES6,
         FRAGMENTS6,
+        AFFINITY,
+        AFFINITY6,
     ];
 }
 
@@ -393,6 +400,12 @@ impl Service {
     pub const fn table_size(table: u64) -> u32 {
         (table >> 32) as u32
     }
+
+    /// The session-affinity timeout (seconds; 0: none) `Service::flags` holds.
+    #[inline(always)]
+    pub const fn affinity_secs(flags: u32) -> u32 {
+        flags >> SERVICE_AFFINITY_SHIFT
+    }
 }
 
 /// `Service::flags` bit: SNAT mode. New flows also get their source rewritten to the
@@ -403,6 +416,14 @@ pub const SERVICE_SNAT: u32 = 1;
 /// `Service::flags` bit (router mode): a new flow also records a reply entry, because a
 /// backend of the service serves more services than the reply index holds.
 pub const SERVICE_REPLY_ENTRY: u32 = 2;
+/// `Service::flags` bits from this one up: the service's session-affinity timeout in
+/// seconds (`Service::affinity_secs`; 0: no affinity). A new flow of such a service
+/// goes to the backend its client's last new flow went to (`map_names::AFFINITY`), if
+/// that was within the timeout and the backend takes new flows; otherwise Maglev picks
+/// by the client's address alone (the same backend on every gateway of a fleet).
+pub const SERVICE_AFFINITY_SHIFT: u32 = 8;
+/// The longest session-affinity timeout `Service::flags` holds, in seconds.
+pub const SERVICE_AFFINITY_MAX_SECS: u32 = u32::MAX >> SERVICE_AFFINITY_SHIFT;
 
 /// Entries of the `map_names::SNAT_PORTS` array: slot 0 and up to 65535 ports.
 pub const SNAT_PORT_SLOTS: u32 = 65536;
@@ -534,6 +555,36 @@ pub const FLOW_FIN_REPLY: u8 = 4;
 
 /// `Flow::flags` bit of a TCP forward entry: either end sent RST.
 pub const FLOW_RST: u8 = 8;
+
+/// `Flow::flags` bit of a new forward entry: its service keeps clients on their
+/// backend, so recording the flow notes its client's backend (`map_names::AFFINITY`).
+pub const FLOW_AFFINITY: u8 = 16;
+
+/// Key of the session-affinity maps: a client (its address, network order) of a
+/// service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AffinityKey<A: Addr = u32> {
+    /// The service's id (generation included: a removed service's clients are not
+    /// another's).
+    pub service: ServiceId,
+    /// The client's address, network order.
+    pub client: A,
+}
+
+/// Value of the session-affinity maps: the backend a client's last new flow went to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Affinity {
+    /// Backend id, host order.
+    pub backend: u32,
+    /// When, in the units of `NextHop::checked_at`.
+    pub at: u32,
+}
+
+/// Entries of each session-affinity map (clients of every service with affinity; the
+/// least recently used are forgotten beyond, and go where Maglev says).
+pub const AFFINITY_ENTRIES: u32 = 65536;
 
 /// A TCP flow that ended (`Flow::ended`) is over this many units of
 /// `NextHop::checked_at` later (about 10 s: the last ACK and retransmissions of the
@@ -909,6 +960,9 @@ const _: () = {
     assert!(core::mem::size_of::<FragPorts>() == 4);
     assert!(core::mem::size_of::<ServiceStats>() == 56);
     assert!(core::mem::size_of::<FloodWindow>() == 8);
+    assert!(core::mem::size_of::<AffinityKey>() == 8);
+    assert!(core::mem::size_of::<AffinityKey<[u32; 4]>>() == 20);
+    assert!(core::mem::size_of::<Affinity>() == 8);
 };
 
 #[cfg(feature = "user")]
@@ -932,9 +986,10 @@ mod pod {
         )*};
     }
 
-    pod_addr!(ServiceKey, FlowKey, Flow, ReplyIndex);
+    pod_addr!(ServiceKey, FlowKey, Flow, ReplyIndex, AffinityKey);
     pod!(
         Service,
+        Affinity,
         Backend,
         NextHop,
         FragKey,

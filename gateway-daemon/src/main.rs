@@ -477,6 +477,13 @@ fn check_cmd(
     for why in &plan.released {
         eprintln!("warning: {why}");
     }
+    let mut plan = plan;
+    // No checks run here: BackendHealthPolicies say whether they are accepted only.
+    let now = humantime::format_rfc3339_seconds(SystemTime::now())
+        .to_string()
+        .into();
+    let health = berth::health::status::entries(&snapshot, None, &now);
+    planner::traffic::add_policies(&mut plan, health);
     print_document(&state_document::document(&plan), output)
 }
 

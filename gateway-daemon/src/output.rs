@@ -436,6 +436,7 @@ mod tests {
             ],
             routes: Default::default(),
             claims: Default::default(),
+            policies: Vec::new(),
         };
         let table = state_tables(&doc);
         let lines: Vec<&str> = table.lines().collect();

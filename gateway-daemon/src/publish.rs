@@ -493,6 +493,7 @@ pub fn effects(
         waiting,
         used: _,
         cooling,
+        policies,
     } = plan;
     // Shared with the datapath, which keeps it as the state last applied.
     let desired = Arc::new(desired);
@@ -510,6 +511,7 @@ pub fn effects(
     log_waiting(&prev.waiting, &waiting);
     let t_logs = started.elapsed();
     let mut state = StateDocument::new(gateways, routes, claims);
+    state.policies = policies;
     let t_document = started.elapsed();
     if let Some(old) = &prev.state {
         state.carry_times_from(old);

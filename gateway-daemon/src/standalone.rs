@@ -346,13 +346,16 @@ fn step(
     }
     let started = std::time::Instant::now();
     let checked = plans.health.overlay(source.snapshot());
-    let plan = cycle(
+    let now = SystemTime::now();
+    let mut plan = cycle(
         store,
         checked.as_ref().unwrap_or_else(|| source.snapshot()),
-        SystemTime::now(),
+        now,
         settings,
         &mut plans.memo,
     )?;
+    let health = plans.health.policy_entries(source.snapshot(), now);
+    planner::traffic::add_policies(&mut plan, health);
     let t_cycle = started.elapsed();
     let mut datapath = datapath;
     // The plan is indexed for the next one on a second thread while its effects run

@@ -21,6 +21,10 @@ pub struct StateDocument {
     /// [`ClaimView`].
     #[serde(with = "claim_views")]
     pub claims: ClaimList,
+    /// Statuses of Berth's policies (RouteTrafficPolicy, BackendHealthPolicy), by kind,
+    /// namespace and name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<crate::planner::traffic::PolicyEntry>,
 }
 
 impl PartialEq for StateDocument {
@@ -28,6 +32,7 @@ impl PartialEq for StateDocument {
     fn eq(&self, other: &Self) -> bool {
         self.gateways == other.gateways
             && self.routes == other.routes
+            && self.policies == other.policies
             && self.claims.len() == other.claims.len()
             && self
                 .claims
@@ -183,11 +188,13 @@ impl ClaimRecord {
 
 /// The document for a plan.
 pub fn document(plan: &Plan) -> StateDocument {
-    StateDocument::new(
+    let mut doc = StateDocument::new(
         plan.gateways.clone(),
         plan.routes.clone(),
         plan.claims.clone(),
-    )
+    );
+    doc.policies = plan.policies.clone();
+    doc
 }
 
 impl StateDocument {
@@ -250,6 +257,25 @@ impl StateDocument {
         for (i, parents) in carried {
             std::sync::Arc::make_mut(&mut self.routes[i]).status.parents = parents;
         }
+        for p in &mut self.policies {
+            let Some(o) = old
+                .policies
+                .iter()
+                .find(|o| (&o.kind, &o.namespace, &o.name) == (&p.kind, &p.namespace, &p.name))
+            else {
+                continue;
+            };
+            for a in &mut p.status.ancestors {
+                if let Some(oa) = o
+                    .status
+                    .ancestors
+                    .iter()
+                    .find(|oa| oa.ancestor_ref == a.ancestor_ref)
+                {
+                    carry_times(&mut a.conditions, &oa.conditions);
+                }
+            }
+        }
     }
 
     /// The document of a plan's statuses (moved in) and claims.
@@ -262,6 +288,7 @@ impl StateDocument {
             gateways,
             routes,
             claims,
+            policies: Vec::new(),
         }
     }
 }

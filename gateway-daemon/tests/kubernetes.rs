@@ -332,7 +332,7 @@ fn spawn_leader_cycle(
             "node-a",
             Default::default(),
         );
-        c.reconcile(&view, SystemTime::now()).await
+        c.reconcile(&view, SystemTime::now(), Vec::new()).await
     })
 }
 
@@ -1140,7 +1140,7 @@ async fn a_follower_writes_nothing_and_programs_only_stored_claims() {
         Default::default(),
     );
     let plan = c
-        .reconcile(&view, SystemTime::now())
+        .reconcile(&view, SystemTime::now(), Vec::new())
         .await
         .expect("follower cycle");
     let ports: Vec<u16> = plan.datapath.services.keys().map(|s| s.port).collect();
@@ -1357,7 +1357,8 @@ async fn the_daemon_lists_every_kind_then_leads_allocates_and_publishes_its_stat
                         || p == "/api/v1/namespaces"
                         || p == "/apis/discovery.k8s.io/v1/endpointslices"
                         || p == "/apis/berth.dev/v1alpha1/portclaims"
-                        || p == "/apis/berth.dev/v1alpha1/backendhealthpolicies" =>
+                        || p == "/apis/berth.dev/v1alpha1/backendhealthpolicies"
+                        || p == "/apis/berth.dev/v1alpha1/routetrafficpolicies" =>
                 {
                     (200, list("Any", vec![]))
                 }

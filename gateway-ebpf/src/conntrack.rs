@@ -5,12 +5,13 @@ use core::mem::MaybeUninit;
 use aya_ebpf::bindings::BPF_NOEXIST;
 use gateway_common::{
     config, flow_hash, proto, snat_port_slot, Addr, Backend, Counter, Flow, FlowKey, ReplyIndex,
-    Service, ServiceId, ServiceKey, BACKEND_LIVE, FLOW_REPLY_ENTRY, NAT_DST, NAT_MASQ, NAT_SRC,
-    NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT, SERVICE_REPLY_ENTRY, SERVICE_SNAT,
-    SNAT_PORT_TRIES,
+    Service, ServiceId, ServiceKey, BACKEND_LIVE, FLOW_AFFINITY, FLOW_REPLY_ENTRY, NAT_DST,
+    NAT_MASQ, NAT_SRC, NEXT_HOP_REFRESH, REPLY_CANDIDATES, REPLY_INDEX_SNAT, SERVICE_REPLY_ENTRY,
+    SERVICE_SNAT, SNAT_PORT_TRIES,
 };
 
 use crate::{
+    affinity,
     family::Family,
     fwd::coarse_now,
     maps::{
@@ -200,7 +201,12 @@ pub fn lookup_or_balance<A: Family>(
             Counter::CtStaleService
         });
     }
-    balance(t, &service, new)?;
+    // A new flow of a service with session affinity: its client's backend, if kept.
+    let kept = match Service::affinity_secs(service.flags) {
+        0 => None,
+        secs => affinity::kept(service.id, t.src, secs, coarse_now()),
+    };
+    balance(t, &service, new, kept)?;
     if t.proto == proto::TCP && !syn {
         count(Counter::CtMissMidflow);
     }
@@ -470,7 +476,7 @@ fn maglev_match<A: Family>(
         pending.key = tuple((t.dst, t.dport), (svc.addr, svc.port), t.proto);
         // SAFETY: `MaybeUninit<Flow>` has `Flow`'s layout; `balance` writes a whole flow.
         let out = unsafe { &mut *(&raw mut pending.flow).cast::<MaybeUninit<Flow<A>>>() };
-        if balance(&pending.key, &service, out).is_err() {
+        if balance(&pending.key, &service, out, None).is_err() {
             continue;
         }
         let flow = &mut pending.flow;
@@ -727,13 +733,15 @@ fn ends<A: Addr>(key: &FlowKey<A>, flow: &Flow<A>) -> ((A, u16), (A, u16)) {
     }
 }
 
-/// Picks a backend with the service's Maglev table; the new flow is written to `out`
-/// (in place: an IPv6 flow is too large to pass around on the stack).
+/// Picks a backend with the service's Maglev table (or takes `kept`, the backend session
+/// affinity keeps for the client); the new flow is written to `out` (in place: an IPv6
+/// flow is too large to pass around on the stack).
 #[inline(always)]
 fn balance<A: Family>(
     t: &FlowKey<A>,
     service: &Service,
     out: &mut MaybeUninit<Flow<A>>,
+    kept: Option<u32>,
 ) -> Result<(), Counter> {
     let hash = flow_hash(t.src, t.dst, t.sport, t.dport, t.proto);
     // The region is one word (see `Service::table`). No table: no backend takes new
@@ -743,14 +751,28 @@ fn balance<A: Family>(
     if size == 0 {
         return Err(Counter::DropNoBackend);
     }
-    // The table is a region of the pool, whose lookup bounds-checks the index. The slot
-    // is hidden from LLVM as when tables had a constant size (LLVM turned that modulo
-    // into a multiply the verifier could not bound and dropped the index check): so
-    // the hash is computed here, before the lookup, not sunk past the helper call,
-    // where its inputs (an IPv6 tuple's ten words) were spilled to the stack.
-    let slot = core::hint::black_box(hash % size);
-    let index = Service::table_start(table).wrapping_add(slot);
-    let backend_id = *MAGLEV.get(index).ok_or(Counter::DropNoBackend)?;
+    // With session affinity, the client's backend while it is kept (`kept`); else
+    // Maglev by the client's address alone. (The SNAT port below still follows the
+    // whole tuple.)
+    let affinity = Service::affinity_secs(service.flags);
+    let pick = match affinity {
+        0 => hash,
+        _ => flow_hash(t.src, t.dst, 0, t.dport, t.proto),
+    };
+    let backend_id = match kept {
+        Some(id) => id,
+        None => {
+            // The table is a region of the pool, whose lookup bounds-checks the index.
+            // The slot is hidden from LLVM as when tables had a constant size (LLVM
+            // turned that modulo into a multiply the verifier could not bound and
+            // dropped the index check): so the hash is computed here, before the
+            // lookup, not sunk past the helper call, where its inputs (an IPv6 tuple's
+            // ten words) were spilled to the stack.
+            let slot = core::hint::black_box(pick % size);
+            let index = Service::table_start(table).wrapping_add(slot);
+            *MAGLEV.get(index).ok_or(Counter::DropNoBackend)?
+        }
+    };
     let backend = BACKENDS.get(backend_id).ok_or(Counter::DropNoBackend)?;
     if backend.flags & BACKEND_LIVE == 0 {
         return Err(Counter::DropNoBackend);
@@ -763,6 +785,9 @@ fn balance<A: Family>(
     ));
     if service.flags & SERVICE_REPLY_ENTRY != 0 {
         flow.flags = FLOW_REPLY_ENTRY;
+    }
+    if affinity != 0 {
+        flow.flags |= FLOW_AFFINITY;
     }
     if service.flags & SERVICE_SNAT != 0 {
         let (addr, port) = claim_source(t, flow, backend, hash)?;
@@ -826,6 +851,9 @@ pub fn record<A: Family>(key: &FlowKey<A>, flow: &Flow<A>, now: u32) {
     count(Counter::NewFlow);
     if !flow.is_snat() && !may_record(now) {
         return;
+    }
+    if flow.flags & FLOW_AFFINITY != 0 {
+        affinity::note(flow.service, key.src, flow.backend, now);
     }
     if flow.flags & FLOW_REPLY_ENTRY != 0 {
         // The reply entry goes first so that a reply can never arrive before it exists.

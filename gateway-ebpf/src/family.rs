@@ -12,15 +12,16 @@ use aya_ebpf::{
 };
 use gateway_common::{
     proto::{self, ipv6_ext},
-    Addr, Backend, Flow, FlowKey, FragKey, FragKey6, FragPorts, ReplyIndex, Service, ServiceKey,
+    Addr, Affinity, AffinityKey, Backend, Flow, FlowKey, FragKey, FragKey6, FragPorts, ReplyIndex,
+    Service, ServiceKey,
 };
 
 use crate::{
     csum::{replace2, replace4},
     maps::{
-        Addr6, Pending, ADDRESSES, ADDRESSES6, BACKENDS6, CONNTRACK, CONNTRACK6, FRAGMENTS,
-        FRAGMENTS6, PENDING, PENDING6, REPLY_INDEX, REPLY_INDEX6, SCRATCH, SCRATCH6, SERVICES,
-        SERVICES6, SNAT_SOURCES, SNAT_SOURCES6,
+        Addr6, Pending, ADDRESSES, ADDRESSES6, AFFINITY, AFFINITY6, BACKENDS6, CONNTRACK,
+        CONNTRACK6, FRAGMENTS, FRAGMENTS6, PENDING, PENDING6, REPLY_INDEX, REPLY_INDEX6, SCRATCH,
+        SCRATCH6, SERVICES, SERVICES6, SNAT_SOURCES, SNAT_SOURCES6,
     },
     nat::Side,
     packet::{Ipv4, Ipv6, IPV6_LEN},
@@ -38,6 +39,8 @@ pub trait Family: Addr + 'static {
     fn addresses() -> &'static HashMap<Self, u32>;
     /// The conntrack.
     fn conntrack() -> &'static LruHashMap<FlowKey<Self>, Flow<Self>>;
+    /// A client of a service with session affinity → its backend.
+    fn affinity() -> &'static LruHashMap<AffinityKey<Self>, Affinity>;
     /// Backend endpoint → the router-mode services it serves.
     fn reply_index() -> &'static HashMap<ServiceKey<Self>, ReplyIndex<Self>>;
     /// This CPU's scratch flow slot (see `maps::SCRATCH`).
@@ -163,6 +166,11 @@ impl Family for u32 {
     #[inline(always)]
     fn conntrack() -> &'static LruHashMap<FlowKey, Flow> {
         &CONNTRACK
+    }
+
+    #[inline(always)]
+    fn affinity() -> &'static LruHashMap<AffinityKey, Affinity> {
+        &AFFINITY
     }
 
     #[inline(always)]
@@ -320,6 +328,11 @@ impl Family for Addr6 {
     #[inline(always)]
     fn conntrack() -> &'static LruHashMap<FlowKey<Addr6>, Flow<Addr6>> {
         &CONNTRACK6
+    }
+
+    #[inline(always)]
+    fn affinity() -> &'static LruHashMap<AffinityKey<Addr6>, Affinity> {
+        &AFFINITY6
     }
 
     #[inline(always)]

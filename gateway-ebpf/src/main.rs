@@ -114,6 +114,7 @@
     reason = "aya's program macros drop the doc comments of the functions they export"
 )]
 
+mod affinity;
 mod conntrack;
 mod csum;
 mod family;

@@ -7,9 +7,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use gateway_common::{
-    config, Addr, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey, FragKey6, FragPorts,
-    NextHop, ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats, ADDR_BACKEND,
-    ADDR_FILTER_SLOTS, ADDR_GATEWAY, SNAT_PORT_SLOTS, XMIT_SLOTS,
+    config, Addr, Affinity, AffinityKey, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey,
+    FragKey6, FragPorts, NextHop, ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats,
+    ADDR_BACKEND, ADDR_FILTER_SLOTS, ADDR_GATEWAY, AFFINITY_ENTRIES, SNAT_PORT_SLOTS, XMIT_SLOTS,
 };
 
 const SERVICES_MAX: u32 = 1024;
@@ -44,6 +44,12 @@ pub static SNAT_PORTS: Array<u32> = Array::with_max_entries(SNAT_PORT_SLOTS, 0);
 /// Conntrack: 5-tuple → translation. Written by the XDP program (new flows).
 #[map(name = "berth_ct")]
 pub static CONNTRACK: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(65536, 0);
+
+/// A client of a service with session affinity → its backend. Written by the XDP
+/// program (new flows).
+#[map(name = "berth_affinity")]
+pub static AFFINITY: LruHashMap<AffinityKey, Affinity> =
+    LruHashMap::with_max_entries(AFFINITY_ENTRIES, 0);
 
 /// Fragmented datagrams → their ports. Written by both programs.
 #[map(name = "berth_frags")]
@@ -277,6 +283,11 @@ pub static BACKENDS6: Array<Addr6> = Array::with_max_entries(16384, 0);
 /// Written by the daemon.
 #[map(name = "berth_snat_src6")]
 pub static SNAT_SOURCES6: Array<Addr6> = Array::with_max_entries(16384, 0);
+
+/// IPv6: a client of a service with session affinity → its backend.
+#[map(name = "berth_affinity6")]
+pub static AFFINITY6: LruHashMap<AffinityKey<Addr6>, Affinity> =
+    LruHashMap::with_max_entries(AFFINITY_ENTRIES, 0);
 
 /// Fragmented IPv6 datagrams → their ports. Written by the programs.
 #[map(name = "berth_frags6")]

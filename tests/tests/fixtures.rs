@@ -1037,6 +1037,8 @@ fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
     );
 }
 
+#[path = "fixtures/affinity.rs"]
+mod affinity;
 #[path = "fixtures/ecmp.rs"]
 mod ecmp;
 #[path = "fixtures/entries.rs"]

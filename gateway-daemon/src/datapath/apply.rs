@@ -20,8 +20,8 @@ use super::{
     held_back, maglev, map_err,
     new_services::batch_err,
     pool::Region,
-    ApplyReport, Capacity, Datapath, DatapathError, DesiredState, Installed, InstalledBackends,
-    Limit, Result, ServiceAddr, Usage, WeightedBackend,
+    ApplyReport, Capacity, Datapath, DatapathError, DesiredState, FlowSettings, Installed,
+    InstalledBackends, Limit, Result, ServiceAddr, Usage, WeightedBackend,
 };
 
 /// The service map of one family.
@@ -127,6 +127,7 @@ impl Datapath {
             services,
             source_nat,
             snat_ports: self.snat.ports_written(),
+            traffic: self.traffic.clone(),
         }
     }
 
@@ -219,6 +220,8 @@ impl Datapath {
                  ports): every new SNAT flow is dropped (counted drop_snat_ports_exhausted)"
             );
         }
+        // Before the services: those added below take their affinity with them.
+        self.sync_traffic(&desired.traffic)?;
         // The services that may differ from what is installed: those that changed since
         // the state last applied in full, or (after a failure, and at first) all.
         let changes: Vec<(ServiceAddr, Option<BackendSet>)> = match scope {
@@ -486,7 +489,7 @@ impl Datapath {
         Service {
             id: svc.id,
             table: Service::table(svc.table.start, svc.table.len),
-            flags: service_flags(svc.snat, self.roles.reply_entry(key)),
+            flags: service_flags(svc.snat, self.roles.reply_entry(key), self.affinity(key)),
         }
     }
 
@@ -596,12 +599,44 @@ impl Datapath {
         Ok(switch)
     }
 
+    /// The session-affinity timeout of a service, in seconds (0: none).
+    fn affinity(&self, key: &ServiceAddr) -> u32 {
+        self.traffic
+            .get(key)
+            .and_then(|t| t.affinity_secs)
+            .unwrap_or(0)
+    }
+
+    /// Takes `want` as the flow settings in force; rewrites the flags of the installed
+    /// services whose affinity it changes.
+    fn sync_traffic(&mut self, want: &imbl::OrdMap<ServiceAddr, FlowSettings>) -> Result<()> {
+        use imbl::ordmap::DiffItem;
+        if self.traffic.ptr_eq(want) {
+            return Ok(());
+        }
+        let old = std::mem::replace(&mut self.traffic, want.clone());
+        let switched: Vec<ServiceAddr> = old
+            .diff(want)
+            .filter_map(|item| match item {
+                DiffItem::Add(k, new) => new.affinity_secs.is_some().then_some(*k),
+                DiffItem::Remove(k, old) => old.affinity_secs.is_some().then_some(*k),
+                DiffItem::Update { old, new } => {
+                    (old.1.affinity_secs != new.1.affinity_secs).then_some(*new.0)
+                }
+            })
+            .collect();
+        for key in &switched {
+            self.write_flags(key)?;
+        }
+        Ok(())
+    }
+
     /// Rewrites an installed service's `Service::flags` from its mode and role.
     pub(super) fn write_flags(&mut self, key: &ServiceAddr) -> Result<()> {
         let Some(svc) = self.installed.get(key) else {
             return Ok(());
         };
-        let flags = service_flags(svc.snat, self.roles.reply_entry(key));
+        let flags = service_flags(svc.snat, self.roles.reply_entry(key), self.affinity(key));
         let mut value = self.services.get(key)?;
         if value.flags != flags {
             value.flags = flags;
@@ -748,13 +783,16 @@ pub(super) fn backend_entry(service: ServiceId, e: SocketAddr, weight: u16) -> (
     (entry, Addr6::of(e.ip()).unwrap_or_default())
 }
 
-/// `Service::flags` for a service in SNAT mode or not, recording reply entries or not.
-fn service_flags(snat: bool, reply_entry: bool) -> u32 {
-    if snat {
+/// `Service::flags` for a service in SNAT mode or not, recording reply entries or not,
+/// with a session-affinity timeout of `affinity_secs` (0: none).
+fn service_flags(snat: bool, reply_entry: bool, affinity_secs: u32) -> u32 {
+    let mode = if snat {
         gateway_common::SERVICE_SNAT
     } else if reply_entry {
         gateway_common::SERVICE_REPLY_ENTRY
     } else {
         0
-    }
+    };
+    let affinity = affinity_secs.min(gateway_common::SERVICE_AFFINITY_MAX_SECS);
+    mode | affinity << gateway_common::SERVICE_AFFINITY_SHIFT
 }

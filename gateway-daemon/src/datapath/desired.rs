@@ -70,6 +70,24 @@ pub struct DesiredState {
     /// listener's ports), in ascending non-overlapping ranges.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snat_ports: Vec<std::ops::RangeInclusive<u16>>,
+    /// Flow settings of the services whose route a RouteTrafficPolicy governs (the
+    /// others have the defaults).
+    #[serde(default, skip_serializing_if = "imbl::OrdMap::is_empty")]
+    pub traffic: imbl::OrdMap<ServiceAddr, FlowSettings>,
+}
+
+/// A service's flow settings (from a RouteTrafficPolicy of its route).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowSettings {
+    /// Whole seconds after which a flow without a packet either way is over (the
+    /// service's protocol's timeout; `None`: the default, `SNAT_IDLE_UDP`/`SNAT_IDLE_TCP`
+    /// in SNAT mode, none in router mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_secs: Option<u32>,
+    /// Session affinity by client address: whole seconds a client's backend is kept
+    /// after its last new flow (`None`: no affinity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_secs: Option<u32>,
 }
 
 /// The backends of one service.

@@ -41,7 +41,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 26] {
+    fn shapes(&self) -> [Shape; 28] {
         use std::mem::size_of;
         let services = [map_names::SERVICES, map_names::SERVICES6];
         let backends = [
@@ -80,6 +80,10 @@ impl Limits {
                 map_names::PROGRAMS,
                 map_names::TC_PROGRAMS,
                 map_names::REPLY_INDEX6,
+                // Clients' backends: lost, a client's next flow goes where Maglev
+                // says by its address.
+                map_names::AFFINITY,
+                map_names::AFFINITY6,
             ]
             .contains(&name),
         };
@@ -169,6 +173,18 @@ impl Limits {
                 size_of::<gateway_common::FragKey6>(),
                 size_of::<FragPorts>(),
                 self.fragments,
+            ),
+            shape(
+                map_names::AFFINITY,
+                size_of::<gateway_common::AffinityKey>(),
+                size_of::<gateway_common::Affinity>(),
+                gateway_common::AFFINITY_ENTRIES,
+            ),
+            shape(
+                map_names::AFFINITY6,
+                size_of::<gateway_common::AffinityKey<Addr6>>(),
+                size_of::<gateway_common::Affinity>(),
+                gateway_common::AFFINITY_ENTRIES,
             ),
         ]
     }
@@ -413,6 +429,7 @@ impl Datapath {
             tables: TablePool::new(limits.maglev_pool_entries()),
             backend_ids: IdPool::new("backends", limits.backends),
             retirees: Default::default(),
+            traffic: Default::default(),
         };
         dp.adopt()?;
         dp.keys = super::keys::Keys::of(dp.installed.keys());
@@ -455,6 +472,15 @@ impl Datapath {
                     backends: InstalledBackends::default(),
                 },
             );
+            // Its session affinity stays in force until the first apply says otherwise.
+            let affinity = Service::affinity_secs(svc.flags);
+            if affinity != 0 {
+                let adopted = super::FlowSettings {
+                    idle_secs: None,
+                    affinity_secs: Some(affinity),
+                };
+                self.traffic.insert(key, adopted);
+            }
             self.service_ids.mark(svc.id);
         }
         let mut orphans = Vec::new();

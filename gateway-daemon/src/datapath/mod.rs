@@ -57,7 +57,9 @@ use aya::{
 };
 pub use capacity::{Capacity, Limit, Usage};
 use desired::BackendSet;
-pub use desired::{reserved_ports, Backends, DesiredState, Protocol, ServiceAddr, WeightedBackend};
+pub use desired::{
+    reserved_ports, Backends, DesiredState, FlowSettings, Protocol, ServiceAddr, WeightedBackend,
+};
 pub use family::MapAddr;
 use family::{Addr6, ByFamily};
 use gateway_common::{config, map_names, Backend, Flow, FlowKey, ServiceId, ServiceStats};
@@ -474,6 +476,9 @@ pub struct Datapath {
     snat: snat::Snat,
     /// The address filter and the reply index.
     roles: roles::RoleMaps,
+    /// The flow settings in force (`DesiredState::traffic` as last applied): the
+    /// services' affinity in their flags, their idle timeouts in the conntrack scan.
+    traffic: imbl::OrdMap<ServiceAddr, FlowSettings>,
 }
 
 impl Datapath {

@@ -259,22 +259,27 @@ impl Datapath {
 }
 
 /// Deletes from `conntrack` the entries of the SNAT flows `seen` (by the conntrack
-/// scan) idle both ways for `SNAT_IDLE_UDP` / `SNAT_IDLE_TCP` (forward packets by
+/// scan) idle both ways for their service's timeout in `idle_of` (clock units), else
+/// `SNAT_IDLE_UDP` / `SNAT_IDLE_TCP` (forward packets by
 /// `Flow::seen`, replies by the reply entry's next-hop time), so their node ports are
 /// free again; returns how many flows, and how many entries were deleted. The flow's
 /// next packet, if one comes, is a new flow with a port of its own.
 pub(super) fn expire_idle<A: MapAddr>(
     conntrack: &mut Conntrack<A>,
     seen: SnatFlows<A>,
+    idle_of: &HashMap<gateway_common::ServiceId, u32>,
 ) -> (usize, u64) {
     let units = |d: Duration| u32::try_from(d.as_nanos() >> 20).unwrap_or(u32::MAX);
     let now = (crate::sys::clock::monotonic_coarse_ns() >> 20) as u32;
     let (mut expired, mut deleted) = (0, 0);
     for (reply_key, r) in seen.replies {
-        let idle = units(if reply_key.proto == proto::UDP {
-            SNAT_IDLE_UDP
-        } else {
-            SNAT_IDLE_TCP
+        // The route's own timeout (a RouteTrafficPolicy), else the protocol's default.
+        let idle = idle_of.get(&r.service).copied().unwrap_or_else(|| {
+            units(if reply_key.proto == proto::UDP {
+                SNAT_IDLE_UDP
+            } else {
+                SNAT_IDLE_TCP
+            })
         });
         let quiet = |t: u32| t == 0 || now.wrapping_sub(t) > idle;
         let key = |src: (A, u16), dst: (A, u16)| FlowKey {

@@ -238,6 +238,12 @@ impl Datapath {
             snat.then(SnatFlows::<Addr6>::default),
         );
         let installed = &self.installed;
+        // The idle timeouts a RouteTrafficPolicy sets, by service id, in clock units.
+        let idle_of: StdHashMap<ServiceId, u32> = self
+            .traffic
+            .iter()
+            .filter_map(|(s, t)| Some((installed.get(s)?.id, secs_to_units(t.idle_secs?))))
+            .collect();
         let mut retired = self
             .retirees
             .scan_begins(|s| installed.get(s).map(|svc| svc.id));
@@ -246,11 +252,33 @@ impl Datapath {
             window,
             per_id: &mut per_id,
             retired: &mut retired,
+            idle_of: &idle_of,
         };
+        let (mut idle4, mut idle6) = (Vec::new(), Vec::new());
         let entries = [
-            scan(&self.conntrack.v4, &mut seen, snat4.as_mut(), stop)?,
-            scan(&self.conntrack.v6, &mut seen, snat6.as_mut(), stop)?,
+            scan(
+                &self.conntrack.v4,
+                &mut seen,
+                snat4.as_mut(),
+                &mut idle4,
+                stop,
+            )?,
+            scan(
+                &self.conntrack.v6,
+                &mut seen,
+                snat6.as_mut(),
+                &mut idle6,
+                stop,
+            )?,
         ];
+        let idle_expired = expire_router_flows(&mut self.conntrack.v4, idle4)
+            + expire_router_flows(&mut self.conntrack.v6, idle6);
+        if idle_expired > 0 {
+            tracing::debug!(
+                flows = idle_expired,
+                "router-mode flows past their route's idle timeout were forgotten"
+            );
+        }
         let on_removed_backends = self.flows_on_retired(&retired);
         if let Err(e) = self.release_idle_retired(&retired) {
             tracing::warn!(
@@ -258,8 +286,12 @@ impl Datapath {
                 "releasing backends that left their services failed"
             );
         }
-        let (e4, d4) = snat4.map_or((0, 0), |seen| expire_idle(&mut self.conntrack.v4, seen));
-        let (e6, d6) = snat6.map_or((0, 0), |seen| expire_idle(&mut self.conntrack.v6, seen));
+        let (e4, d4) = snat4.map_or((0, 0), |seen| {
+            expire_idle(&mut self.conntrack.v4, seen, &idle_of)
+        });
+        let (e6, d6) = snat6.map_or((0, 0), |seen| {
+            expire_idle(&mut self.conntrack.v6, seen, &idle_of)
+        });
         self.snat.deleted += d4 + d6;
         let snat_expired = e4 + e6;
         if snat_expired > 0 {
@@ -301,6 +333,8 @@ struct Seen<'a> {
     window: u32,
     per_id: &'a mut StdHashMap<ServiceId, ActiveFlows>,
     retired: &'a mut retired::ScanOf,
+    /// The idle timeouts a RouteTrafficPolicy sets, by service id (clock units).
+    idle_of: &'a StdHashMap<ServiceId, u32>,
 }
 
 /// A TCP flow's idle timeout in coarse clock units (a flow on a backend that left its
@@ -308,22 +342,39 @@ struct Seen<'a> {
 const TCP_IDLE_UNITS: u32 = (SNAT_IDLE_TCP.as_nanos() >> 20) as u32;
 
 /// One family's part of `Datapath::scan_flows`: counts into `seen`, notes SNAT entries
-/// into `snat`; returns the entries seen.
+/// into `snat` and the router-mode flows past their service's idle timeout into
+/// `idle`; returns the entries seen.
 fn scan<A: MapAddr>(
     conntrack: &Conntrack<A>,
     seen: &mut Seen,
     mut snat: Option<&mut SnatFlows<A>>,
+    idle: &mut Vec<(FlowKey<A>, Flow<A>)>,
     stop: &dyn Fn() -> bool,
 ) -> Result<u64> {
     let mut entries = 0;
+    let now = seen.now;
     each_flow_until(conntrack, stop, |k, f| {
         entries += 1;
-        if f.kind == gateway_common::NAT_DST && seen.now.wrapping_sub(f.seen) <= seen.window {
+        let forward = f.kind == gateway_common::NAT_DST;
+        if forward && now.wrapping_sub(f.seen) <= seen.window {
             let counted = seen.per_id.entry(f.service).or_default();
             counted.all += 1;
             counted.snat += u64::from(f.is_snat());
         }
-        seen.retired.see(f, seen.now, TCP_IDLE_UNITS);
+        let limit = match seen.idle_of.is_empty() {
+            true => None,
+            false => seen.idle_of.get(&f.service).copied(),
+        };
+        seen.retired.see(f, now, limit.unwrap_or(TCP_IDLE_UNITS));
+        // Quiet both ways: forward packets by `seen`, replies by the hop they refresh.
+        let quiet = |limit: u32| {
+            [f.seen, f.next_hop.checked_at]
+                .iter()
+                .all(|&t| now.wrapping_sub(t) > limit)
+        };
+        if limit.is_some_and(|l| forward && !f.is_snat() && quiet(l)) {
+            idle.push((*k, *f));
+        }
         if let Some(snat) = snat.as_deref_mut() {
             snat.see(k, f);
         }
@@ -358,6 +409,37 @@ fn each_flow_until<A: MapAddr>(
         f(&k, &v)
     })
     .map_err(batch_err(map_names::CONNTRACK))
+}
+
+/// Forgets router-mode flows past their route's idle timeout (`scan`): their forward
+/// entries, and their reply entries where they have one. The next packet of such a
+/// flow is balanced again. Returns how many flows.
+fn expire_router_flows<A: MapAddr>(
+    conntrack: &mut Conntrack<A>,
+    idle: Vec<(FlowKey<A>, Flow<A>)>,
+) -> usize {
+    let mut forgotten = 0;
+    for (k, f) in idle {
+        if f.flags & gateway_common::FLOW_REPLY_ENTRY != 0 {
+            // Keyed as the kernel program records it: backend → client.
+            let reply = FlowKey {
+                src: f.nat_addr,
+                sport: f.nat_port,
+                dst: k.src,
+                dport: k.sport,
+                proto: k.proto,
+                pad: [0; 3],
+            };
+            let _ = conntrack.remove(&reply);
+        }
+        forgotten += usize::from(conntrack.remove(&k).is_ok());
+    }
+    forgotten
+}
+
+/// Whole seconds in the units of the coarse clock (2^20 ns).
+pub(super) fn secs_to_units(secs: u32) -> u32 {
+    u32::try_from((u64::from(secs) * 1_000_000_000) >> 20).unwrap_or(u32::MAX)
 }
 
 /// `bpf_ktime_get_coarse_ns() >> 20` as the program computes it (CLOCK_MONOTONIC_COARSE).

@@ -111,22 +111,8 @@ pub fn wanted(snapshot: &Snapshot) -> Wanted {
             }
         };
         for (i, t) in policy.spec.target_refs.iter().enumerate() {
-            if !t.group.is_empty() || t.kind != "Service" {
-                out.problems.push(format!(
-                    "{ns}/{name}: spec.targetRefs[{i}]: {}/{} is not a Service",
-                    t.group, t.kind
-                ));
-                continue;
-            }
-            if !snapshot
-                .services
-                .iter()
-                .any(|s| s.metadata.ns() == ns && s.metadata.name == t.name)
-            {
-                out.problems.push(format!(
-                    "{ns}/{name}: spec.targetRefs[{i}]: Service {ns}/{} not found",
-                    t.name
-                ));
+            if let Err((_, problem)) = target_of(snapshot, ns, i, t) {
+                out.problems.push(format!("{ns}/{name}: {problem}"));
                 continue;
             }
             let owner = Arc::new(Owner {
@@ -163,6 +149,36 @@ pub fn wanted(snapshot: &Snapshot) -> Wanted {
     out.targets
         .dedup_by(|a, b| a.owner == b.owner && a.endpoint == b.endpoint);
     out
+}
+
+/// Whether target `i` of a policy in namespace `ns` is a Service there; if not, the
+/// status reason (`Invalid`, `TargetNotFound`) and what is wrong.
+pub fn target_of(
+    snapshot: &Snapshot,
+    ns: &str,
+    i: usize,
+    t: &crate::model::PolicyTargetRef,
+) -> Result<(), (&'static str, String)> {
+    if !t.group.is_empty() || t.kind != "Service" {
+        return Err((
+            "Invalid",
+            format!(
+                "spec.targetRefs[{i}]: {}/{} is not a Service",
+                t.group, t.kind
+            ),
+        ));
+    }
+    if !snapshot
+        .services
+        .iter()
+        .any(|s| s.metadata.ns() == ns && s.metadata.name == t.name)
+    {
+        return Err((
+            "TargetNotFound",
+            format!("spec.targetRefs[{i}]: Service {ns}/{} not found", t.name),
+        ));
+    }
+    Ok(())
 }
 
 /// The addresses of `slice`'s endpoints (every condition: a check says whether one is

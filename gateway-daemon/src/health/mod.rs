@@ -18,6 +18,7 @@ pub mod checks;
 mod overlay;
 mod probe;
 pub mod state;
+pub mod status;
 
 use std::{
     cmp::Reverse,
@@ -245,6 +246,25 @@ impl Health {
         rows
     }
 
+    /// Per target Service of each policy: its endpoints, how many are healthy, and
+    /// whether it is served in full for want of any (fail open).
+    pub fn results(&self) -> status::Results {
+        let t = self.table();
+        let mut out = status::Results::new();
+        for ((o, _), c) in &t.endpoints {
+            let key = (
+                o.namespace.as_str().into(),
+                o.policy.as_str().into(),
+                o.service.as_str().into(),
+            );
+            let found = out.entry(key).or_default();
+            found.endpoints += 1;
+            found.healthy += u64::from(c.health.healthy);
+            found.open = t.open.contains(o);
+        }
+        out
+    }
+
     /// The checker's counters.
     pub fn counts(&self) -> Counts {
         let t = self.table();
@@ -451,6 +471,21 @@ impl Checker {
         self.health
             .as_ref()
             .is_some_and(|h| h.generation() != self.planned)
+    }
+
+    /// The status of `snapshot`'s BackendHealthPolicies with the checks' results (see
+    /// `status`), as of `now`.
+    pub fn policy_entries(
+        &self,
+        snapshot: &crate::model::Snapshot,
+        now: std::time::SystemTime,
+    ) -> Vec<crate::planner::traffic::PolicyEntry> {
+        if snapshot.backend_health_policies.is_empty() {
+            return Vec::new();
+        }
+        let results = self.health.as_ref().map(Health::results);
+        let now = humantime::format_rfc3339_seconds(now).to_string().into();
+        status::entries(snapshot, Some(&results.unwrap_or_default()), &now)
     }
 
     /// The snapshot to plan with: `snapshot` as the checks make it.

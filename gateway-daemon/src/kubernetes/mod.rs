@@ -186,7 +186,12 @@ impl Controller {
     /// One cycle over `view`: plan; as the leader, commit claims (planning again after
     /// a race), then write statuses and publish events. Returns the plan to program:
     /// a follower plans without assigning ports, so its plan holds stored claims only.
-    pub async fn reconcile(&mut self, view: &View, now: SystemTime) -> Result<Plan, CycleError> {
+    pub async fn reconcile(
+        &mut self,
+        view: &View,
+        now: SystemTime,
+        health: Vec<crate::planner::traffic::PolicyEntry>,
+    ) -> Result<Plan, CycleError> {
         let hints = repair::hints(view);
         for _ in 0..MAX_RACES {
             let mut held = view.held.clone();
@@ -202,7 +207,7 @@ impl Controller {
                         .map(|h| Arc::new(h.clone())),
                 );
             }
-            let plan = planner::plan_with(
+            let mut plan = planner::plan_with(
                 &planner::Input {
                     snapshot: &view.snapshot,
                     claims: &input,
@@ -215,6 +220,7 @@ impl Controller {
                 },
                 &mut self.memo,
             );
+            planner::traffic::add_policies(&mut plan, health.clone());
             if !leader {
                 return Ok(plan);
             }
@@ -276,6 +282,15 @@ impl Controller {
         for g in &plan.gateways {
             let current = view.gateways.get(&(g.namespace.clone(), g.name.clone()));
             let r = status::apply_gateway(&self.client, &self.leadership, g, current.map(|o| &**o));
+            keep_first(&mut first_error, r.await)?;
+        }
+        for p in &plan.policies {
+            let key = |kind: &'static str| (kind, p.namespace.to_string(), p.name.to_string());
+            let current = ["BackendHealthPolicy", "RouteTrafficPolicy"]
+                .into_iter()
+                .find(|k| *k == p.kind.as_str())
+                .and_then(|k| view.policies.get(&key(k)));
+            let r = status::apply_policy(&self.client, &self.leadership, p, current.map(|o| &**o));
             keep_first(&mut first_error, r.await)?;
         }
         // Every route of the plan, and every route that still shows entries of ours.
@@ -519,7 +534,9 @@ async fn cycles(
             }
             reported = view.errors.iter().cloned().collect();
             let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
-            let result = match controller.reconcile(&view, SystemTime::now()).await {
+            let now = SystemTime::now();
+            let checked = health.policy_entries(&view.snapshot, now);
+            let result = match controller.reconcile(&view, now, checked).await {
                 Ok(plan) => {
                     publish::effects(plan, datapath.as_mut(), &prev).map_err(CycleError::from)
                 }

@@ -43,11 +43,13 @@ pub enum Kind {
     PortClaim,
     /// berth.dev BackendHealthPolicy.
     BackendHealthPolicy,
+    /// berth.dev RouteTrafficPolicy.
+    RouteTrafficPolicy,
 }
 
 impl Kind {
     /// Every kind, in the order they are started.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::GatewayClass,
         Kind::Gateway,
         Kind::TcpRoute,
@@ -59,6 +61,7 @@ impl Kind {
         Kind::GatewayConfig,
         Kind::PortClaim,
         Kind::BackendHealthPolicy,
+        Kind::RouteTrafficPolicy,
     ];
 
     /// Group, kind name and plural.
@@ -77,6 +80,7 @@ impl Kind {
             Kind::BackendHealthPolicy => {
                 (BERTH_GROUP, "BackendHealthPolicy", "backendhealthpolicies")
             }
+            Kind::RouteTrafficPolicy => (BERTH_GROUP, "RouteTrafficPolicy", "routetrafficpolicies"),
         }
     }
 
@@ -124,7 +128,10 @@ impl Versions {
             Kind::TcpRoute => &self.tcp_route,
             Kind::UdpRoute => &self.udp_route,
             Kind::ReferenceGrant => &self.reference_grant,
-            Kind::GatewayConfig | Kind::PortClaim | Kind::BackendHealthPolicy => "v1alpha1",
+            Kind::GatewayConfig
+            | Kind::PortClaim
+            | Kind::BackendHealthPolicy
+            | Kind::RouteTrafficPolicy => "v1alpha1",
             _ => "v1",
         };
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, name), plural)
@@ -299,6 +306,9 @@ pub struct View {
     pub gateways: BTreeMap<Key, Arc<DynamicObject>>,
     /// Routes as stored (for their current status and resourceVersion).
     pub routes: BTreeMap<(RouteKind, String, String), Arc<DynamicObject>>,
+    /// Berth's policies as stored (for their current status), by kind name,
+    /// namespace and name.
+    pub policies: BTreeMap<(&'static str, String, String), Arc<DynamicObject>>,
     /// Objects that could not be read, each naming the object and field.
     pub errors: Vec<String>,
 }
@@ -350,7 +360,12 @@ impl View {
                 Kind::Namespace => convert(kind.name(), &obj).map(model::Object::Namespace),
                 Kind::GatewayConfig => convert(kind.name(), &obj).map(model::Object::GatewayConfig),
                 Kind::BackendHealthPolicy => {
+                    view.policies.insert((kind.name(), ns, name), obj.clone());
                     convert(kind.name(), &obj).map(model::Object::BackendHealthPolicy)
+                }
+                Kind::RouteTrafficPolicy => {
+                    view.policies.insert((kind.name(), ns, name), obj.clone());
+                    convert(kind.name(), &obj).map(model::Object::RouteTrafficPolicy)
                 }
                 Kind::PortClaim => {
                     match convert::<PortClaim>(kind.name(), &obj) {

@@ -93,6 +93,49 @@ pub async fn apply_gateway(
     Ok(true)
 }
 
+/// The status of one of Berth's policies to apply, or `None` when `current` already
+/// shows it (conditions that did not change keep their times).
+pub fn policy_status(
+    entry: &crate::planner::traffic::PolicyEntry,
+    current: Option<&DynamicObject>,
+) -> Option<crate::model::PolicyStatus> {
+    let mut status = entry.status.clone();
+    let Some(old) = current.and_then(current_status::<crate::model::PolicyStatus>) else {
+        return Some(status);
+    };
+    for a in &mut status.ancestors {
+        if let Some(o) = old
+            .ancestors
+            .iter()
+            .find(|o| o.ancestor_ref == a.ancestor_ref)
+        {
+            carry_times(&mut a.conditions, &o.conditions);
+        }
+    }
+    (status != old).then_some(status)
+}
+
+/// Applies a policy's status (server-side apply, forced: a policy of Berth's group is
+/// ours). Returns whether anything was written.
+pub async fn apply_policy(
+    client: &Client,
+    leadership: &Leadership,
+    entry: &crate::planner::traffic::PolicyEntry,
+    current: Option<&DynamicObject>,
+) -> Result<bool, StatusError> {
+    let Some(status) = policy_status(entry, current) else {
+        return Ok(false);
+    };
+    let kind = match entry.kind.as_str() {
+        "BackendHealthPolicy" => Kind::BackendHealthPolicy,
+        _ => Kind::RouteTrafficPolicy,
+    };
+    let status = serde_json::to_value(status).unwrap_or_default();
+    let (ns, name) = (entry.namespace.as_str(), entry.name.as_str());
+    apply_status(client, leadership, kind, Some(ns), name, status).await?;
+    Ok(true)
+}
+
 /// Server-side applies `status` to an object of ours (forced: the status is ours).
 async fn apply_status(
     client: &Client,

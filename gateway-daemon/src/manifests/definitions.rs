@@ -31,6 +31,7 @@ fn kind_and_meta(o: &Object) -> (&'static str, &Meta) {
         Object::Namespace(x) => ("Namespace", &x.metadata),
         Object::GatewayConfig(x) => ("GatewayConfig", &x.metadata),
         Object::BackendHealthPolicy(x) => ("BackendHealthPolicy", &x.metadata),
+        Object::RouteTrafficPolicy(x) => ("RouteTrafficPolicy", &x.metadata),
     }
 }
 

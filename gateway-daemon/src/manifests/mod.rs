@@ -256,6 +256,9 @@ fn parse_object(value: serde_yaml::Value) -> Result<Parsed, (String, String)> {
         (BERTH_GROUP, "v1alpha1", "BackendHealthPolicy") => {
             typed(Object::BackendHealthPolicy(de(value).map_err(fail)?))
         }
+        (BERTH_GROUP, "v1alpha1", "RouteTrafficPolicy") => {
+            typed(Object::RouteTrafficPolicy(de(value).map_err(fail)?))
+        }
         // A Gateway API kind Berth does not serve (HTTPRoute, GRPCRoute, TLSRoute...): the
         // file's other objects are served. (A file with an HTTPRoute beside a TCPRoute
         // once failed as a whole, and the TCPRoute was never applied.)
@@ -284,7 +287,10 @@ fn parsed_kind(group: &str, kind: &str) -> bool {
             "GatewayClass" | "Gateway" | "TCPRoute" | "UDPRoute" | "ReferenceGrant"
         ) | ("", "Service" | "Namespace")
             | ("discovery.k8s.io", "EndpointSlice")
-            | (BERTH_GROUP, "GatewayConfig" | "BackendHealthPolicy")
+            | (
+                BERTH_GROUP,
+                "GatewayConfig" | "BackendHealthPolicy" | "RouteTrafficPolicy"
+            )
     )
 }
 

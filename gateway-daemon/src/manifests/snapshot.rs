@@ -19,7 +19,7 @@ pub fn snapshot<'a>(files: impl IntoIterator<Item = &'a FileObjects>) -> Snapsho
 /// How many objects of each kind (in the order of `Snapshot`'s fields) a run of files
 /// holds: where a file's objects lie in a snapshot of files in order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counts([usize; 9]);
+pub struct Counts([usize; 10]);
 
 impl std::ops::Add for Counts {
     type Output = Counts;
@@ -57,6 +57,7 @@ impl Counts {
             namespaces,
             gateway_configs,
             backend_health_policies,
+            route_traffic_policies,
         } = s;
         Counts([
             gateway_classes.len(),
@@ -68,6 +69,7 @@ impl Counts {
             namespaces.len(),
             gateway_configs.len(),
             backend_health_policies.len(),
+            route_traffic_policies.len(),
         ])
     }
 }
@@ -103,6 +105,7 @@ pub fn splice(s: &mut Snapshot, at: Counts, old: Counts, new: &[Object]) -> Coun
         namespaces,
         gateway_configs,
         backend_health_policies,
+        route_traffic_policies,
     } = part;
     Counts([
         put(&mut s.gateway_classes, 0, at, old, gateway_classes),
@@ -119,6 +122,13 @@ pub fn splice(s: &mut Snapshot, at: Counts, old: Counts, new: &[Object]) -> Coun
             at,
             old,
             backend_health_policies,
+        ),
+        put(
+            &mut s.route_traffic_policies,
+            9,
+            at,
+            old,
+            route_traffic_policies,
         ),
     ])
 }

@@ -24,6 +24,9 @@ pub(super) fn unknown_fields(group: &str, kind: &str, value: &serde_yaml::Value)
                 "BackendHealthPolicy" => {
                     ignored_fields::<crate::model::BackendHealthPolicyResource>(value, "")
                 }
+                "RouteTrafficPolicy" => {
+                    ignored_fields::<crate::model::RouteTrafficPolicyResource>(value, "")
+                }
                 _ => ignored_fields::<crate::model::GatewayConfigResource>(value, ""),
             };
             unknown.retain(|f| f != "apiVersion" && f != "kind");

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Meta;
+use super::{Meta, PolicyStatus};
 
 /// `berth.dev/v1alpha1` BackendHealthPolicy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +34,7 @@ pub struct BackendHealthPolicy {
     version = "v1alpha1",
     kind = "BackendHealthPolicy",
     root = "BackendHealthPolicyResource",
+    status = "PolicyStatus",
     namespaced
 )]
 #[serde(rename_all = "camelCase")]
@@ -61,10 +62,10 @@ pub struct BackendHealthPolicySpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyTargetRef {
-    /// API group: `""` (core) for a Service.
+    /// API group: `""` (core) for a Service, `gateway.networking.k8s.io` for a route.
     #[serde(default)]
     pub group: String,
-    /// Kind: `Service`.
+    /// Kind: `Service`, `TCPRoute` or `UDPRoute`.
     pub kind: String,
     /// Name, in the policy's namespace.
     pub name: String,

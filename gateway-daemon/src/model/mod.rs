@@ -12,20 +12,24 @@ pub const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
 pub const BERTH_GROUP: &str = "berth.dev";
 
 mod berth;
+mod condition;
 mod core_kinds;
 mod gateway;
 mod health;
 mod meta;
 mod protocol;
 mod route;
+mod traffic;
 
 pub use berth::*;
+pub use condition::Condition;
 pub use core_kinds::*;
 pub use gateway::*;
 pub use health::*;
 pub use meta::*;
 pub use protocol::Protocol;
 pub use route::*;
+pub use traffic::*;
 
 /// An RFC 3339 time as text, shared: the times a plan writes into its conditions,
 /// and the first-seen times of routes Berth first saw together, are one allocation
@@ -159,6 +163,7 @@ impl Snapshot {
             namespaces,
             gateway_configs,
             backend_health_policies,
+            route_traffic_policies,
         } = self;
         follow_list(gateway_classes, &to.gateway_classes);
         follow_list(gateways, &to.gateways);
@@ -169,6 +174,7 @@ impl Snapshot {
         follow_list(namespaces, &to.namespaces);
         follow_list(gateway_configs, &to.gateway_configs);
         follow_list(backend_health_policies, &to.backend_health_policies);
+        follow_list(route_traffic_policies, &to.route_traffic_policies);
     }
 }
 
@@ -208,6 +214,9 @@ pub struct Snapshot {
     /// BackendHealthPolicies. Not the planner's: their checks' results reach it as the
     /// endpoints' readiness (`health`).
     pub backend_health_policies: Vec<std::sync::Arc<BackendHealthPolicy>>,
+    /// RouteTrafficPolicies. Read after planning, into the datapath's per-service
+    /// settings of the routes they target (`planner::traffic`).
+    pub route_traffic_policies: Vec<std::sync::Arc<RouteTrafficPolicy>>,
 }
 
 /// One parsed object.
@@ -231,6 +240,8 @@ pub enum Object {
     GatewayConfig(std::sync::Arc<GatewayConfig>),
     /// BackendHealthPolicy.
     BackendHealthPolicy(std::sync::Arc<BackendHealthPolicy>),
+    /// RouteTrafficPolicy.
+    RouteTrafficPolicy(std::sync::Arc<RouteTrafficPolicy>),
 }
 
 impl Snapshot {
@@ -246,6 +257,7 @@ impl Snapshot {
             Object::Namespace(o) => self.namespaces.push(o),
             Object::GatewayConfig(o) => self.gateway_configs.push(o),
             Object::BackendHealthPolicy(o) => self.backend_health_policies.push(o),
+            Object::RouteTrafficPolicy(o) => self.route_traffic_policies.push(o),
         }
     }
 }

@@ -129,6 +129,8 @@ impl Last {
             gateway_configs,
             // Not the planner's: their results are in the slices (`health`).
             backend_health_policies: _,
+            // Read after every plan, full or not (`traffic`).
+            route_traffic_policies: _,
         } = input.snapshot;
         a.gateway_classes == *gateway_classes
             && a.gateways == *gateways
@@ -348,6 +350,7 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
         namespaces: snap.namespaces.clone(),
         gateway_configs: snap.gateway_configs.clone(),
         backend_health_policies: Vec::new(),
+        route_traffic_policies: Vec::new(),
     };
     // The routes in scope are planned with their claims, and every other claim held.
     let claims = held.take(scope.keys(), &gateways);

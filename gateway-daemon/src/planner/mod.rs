@@ -26,6 +26,7 @@ mod reason;
 mod route_status;
 mod scope;
 pub mod status;
+pub mod traffic;
 
 use std::{
     ops::RangeInclusive,
@@ -142,6 +143,9 @@ pub struct Plan {
     /// Some claim is released and cooling down (plan again when its cool-down ends).
     #[serde(skip)]
     pub cooling: bool,
+    /// Status of every RouteTrafficPolicy (`traffic`), by namespace and name.
+    #[serde(skip)]
+    pub policies: Vec<traffic::PolicyEntry>,
 }
 
 /// The route whose backends serve each datapath service (persistent, as the services
@@ -260,13 +264,19 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
     // The memo's copy of the last plan's snapshot follows this one (made once, then
     // changed where the snapshot changed).
     let mut copy = std::mem::take(&mut memo.snapshot);
-    if let Some(plan) = incremental::plan(input, &copy, memo) {
+    if let Some(mut plan) = incremental::plan(input, &copy, memo) {
         memo.incremental_plans += 1;
         copy.follow(input.snapshot);
         memo.snapshot = copy;
+        traffic::apply(input.snapshot, &mut plan, &format_time(input.now).into());
         return plan;
     }
-    let run = run(input, input.snapshot, memo, None, None);
+    let mut run = run(input, input.snapshot, memo, None, None);
+    traffic::apply(
+        input.snapshot,
+        &mut run.plan,
+        &format_time(input.now).into(),
+    );
     if memo.keep {
         copy.follow(input.snapshot);
         memo.snapshot = copy;
@@ -376,6 +386,7 @@ fn run(
             released,
             waiting,
             used: projected.used,
+            policies: Vec::new(),
         },
         on,
         contested: projected.contested,
@@ -386,3 +397,5 @@ fn run(
 mod quota_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod traffic_tests;

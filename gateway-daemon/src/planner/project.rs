@@ -131,6 +131,8 @@ pub(super) fn project(cx: &Context, backends: &mut [Option<Arc<Resolved>>]) -> P
             services,
             source_nat,
             snat_ports,
+            // Filled once the plan is made (`traffic`).
+            traffic: Default::default(),
         },
         owners,
         contested,

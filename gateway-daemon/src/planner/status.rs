@@ -9,25 +9,7 @@ use crate::model::{ParentRef, RouteGroupKind};
 /// (`Text::const_new`), and a short message (`assigned port 30001`) is inline.
 pub type Text = crate::model::Str;
 
-/// A status condition.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Condition {
-    /// Condition type.
-    #[serde(rename = "type")]
-    pub kind: Text,
-    /// `True`, `False` or `Unknown`.
-    pub status: Text,
-    /// Machine-readable reason.
-    pub reason: Text,
-    /// Human-readable message (most are one of a few constants, shared).
-    pub message: Text,
-    /// RFC 3339 time of the last change.
-    pub last_transition_time: crate::model::Time,
-    /// Generation of the object this condition was computed from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-}
+pub use crate::model::Condition;
 
 /// Keeps the `lastTransitionTime` of conditions whose type and status are unchanged:
 /// the time says when a condition last changed, not when it was last computed.

@@ -6,13 +6,18 @@ use std::{collections::BTreeSet, net::Ipv4Addr, ops::RangeInclusive, path::Path}
 use super::*;
 use crate::{datapath::Capacity, manifests, model::Protocol};
 
-const CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\n\
+pub(super) const CLASS: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\n\
     metadata: {name: berth}\nspec: {controllerName: berth.dev/gateway-controller}\n";
 
 /// A Gateway `name` in `infra` on 10.0.0.1, created at `created` (seconds), with
 /// `listeners` (YAML flow items) and, for `range = Some((listener, end))`, a
 /// GatewayConfig making that listener a range.
-fn gateway(name: &str, created: u64, listeners: &[&str], range: Option<(&str, u16)>) -> String {
+pub(super) fn gateway(
+    name: &str,
+    created: u64,
+    listeners: &[&str],
+    range: Option<(&str, u16)>,
+) -> String {
     let params = match range {
         Some(_) => format!(
             "  infrastructure:\n    parametersRef: {{group: berth.dev, kind: GatewayConfig, name: {name}}}\n"
@@ -45,7 +50,7 @@ fn range_gateway(name: &str, created: u64, listener: &str, first: u16, last: u16
 }
 
 /// A route `kind/team/name` with one parentRef (YAML flow mapping body).
-fn route(kind: &str, name: &str, created: u64, parent: &str) -> String {
+pub(super) fn route(kind: &str, name: &str, created: u64, parent: &str) -> String {
     format!(
         "---\napiVersion: gateway.networking.k8s.io/v1\nkind: {kind}\n\
          metadata: {{name: {name}, namespace: team, creationTimestamp: \"2026-01-01T00:01:{created:02}Z\"}}\n\
@@ -53,7 +58,10 @@ fn route(kind: &str, name: &str, created: u64, parent: &str) -> String {
     )
 }
 
-fn plan_of<'c>(text: &str, claims: impl IntoIterator<Item = &'c Arc<PortClaim>>) -> Plan {
+pub(super) fn plan_of<'c>(
+    text: &str,
+    claims: impl IntoIterator<Item = &'c Arc<PortClaim>>,
+) -> Plan {
     plan_snat(text, claims, DEFAULT_SNAT_PORTS)
 }
 
@@ -232,7 +240,7 @@ fn claim(gateway: &str, listener: &str, port: u16, route: &str) -> Arc<PortClaim
     ))
 }
 
-const ALL: &str = "allowedRoutes: {namespaces: {from: All}}";
+pub(super) const ALL: &str = "allowedRoutes: {namespaces: {from: All}}";
 
 #[test]
 fn a_partly_overlapping_newer_listener_is_port_unavailable_and_keeps_its_other_ports() {

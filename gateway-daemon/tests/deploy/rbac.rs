@@ -32,6 +32,20 @@ pub(super) const NEEDED: &[(Scope, &str, &str, &[&str])] = &[
     (Scope::Cluster, "discovery.k8s.io", "endpointslices", READ),
     (Scope::Cluster, "berth.dev", "gatewayconfigs", READ),
     (Scope::Cluster, "berth.dev", "backendhealthpolicies", READ),
+    (Scope::Cluster, "berth.dev", "routetrafficpolicies", READ),
+    // Server-side apply of the policies' status (conditions per target).
+    (
+        Scope::Cluster,
+        "berth.dev",
+        "backendhealthpolicies/status",
+        &["patch"],
+    ),
+    (
+        Scope::Cluster,
+        "berth.dev",
+        "routetrafficpolicies/status",
+        &["patch"],
+    ),
     (
         Scope::Cluster,
         "berth.dev",
