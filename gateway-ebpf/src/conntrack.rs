@@ -743,7 +743,14 @@ fn balance<A: Family>(
     out: &mut MaybeUninit<Flow<A>>,
     kept: Option<u32>,
 ) -> Result<(), Counter> {
-    let hash = flow_hash(t.src, t.dst, t.sport, t.dport, t.proto);
+    // With session affinity, Maglev picks by the client's address alone: the source
+    // port is masked out of the hash (`sticky`: 1 for such a service, else 0). Made
+    // without a branch: a branch here, and one on the same condition below, doubled
+    // the verifier's states for the rest of the path in every Maglev reply match and
+    // took the program past its limit of 1M instructions.
+    let sticky = sticky(service.flags);
+    let sport = t.sport & (sticky as u16).wrapping_sub(1);
+    let hash = flow_hash(t.src, t.dst, sport, t.dport, t.proto);
     // The region is one word (see `Service::table`). No table: no backend takes new
     // flows (and a zero size would make the modulo a panic).
     let table = service.table;
@@ -751,14 +758,6 @@ fn balance<A: Family>(
     if size == 0 {
         return Err(Counter::DropNoBackend);
     }
-    // With session affinity, the client's backend while it is kept (`kept`); else
-    // Maglev by the client's address alone. (The SNAT port below still follows the
-    // whole tuple.)
-    let affinity = Service::affinity_secs(service.flags);
-    let pick = match affinity {
-        0 => hash,
-        _ => flow_hash(t.src, t.dst, 0, t.dport, t.proto),
-    };
     let backend_id = match kept {
         Some(id) => id,
         None => {
@@ -768,7 +767,7 @@ fn balance<A: Family>(
             // dropped the index check): so the hash is computed here, before the
             // lookup, not sunk past the helper call, where its inputs (an IPv6 tuple's
             // ten words) were spilled to the stack.
-            let slot = core::hint::black_box(pick % size);
+            let slot = core::hint::black_box(hash % size);
             let index = Service::table_start(table).wrapping_add(slot);
             *MAGLEV.get(index).ok_or(Counter::DropNoBackend)?
         }
@@ -786,15 +785,27 @@ fn balance<A: Family>(
     if service.flags & SERVICE_REPLY_ENTRY != 0 {
         flow.flags = FLOW_REPLY_ENTRY;
     }
-    if affinity != 0 {
-        flow.flags |= FLOW_AFFINITY;
-    }
+    flow.flags |= (sticky as u8) * FLOW_AFFINITY;
     if service.flags & SERVICE_SNAT != 0 {
+        // The port follows the whole tuple (a client's flows share the Maglev hash
+        // under affinity, and would try the same ports); hashed again rather than
+        // chosen by a branch (see above).
+        let hash = flow_hash(t.src, t.dst, t.sport, t.dport, t.proto);
         let (addr, port) = claim_source(t, flow, backend, hash)?;
         flow.peer_addr = addr;
         flow.peer_port = port;
     }
     Ok(())
+}
+
+/// 1 if `Service::flags` `flags` give the service session affinity, else 0, computed
+/// without a branch (see `balance`): `m | -m` has its top bit set exactly when `m` is
+/// not zero (`m` < 2^31), and the negation is hidden from LLVM, which would fold the
+/// expression back into a comparison (a branch in BPF).
+#[inline(always)]
+fn sticky(flags: u32) -> u32 {
+    let m = Service::affinity_secs(flags);
+    (m | core::hint::black_box(m.wrapping_neg())) >> 31
 }
 
 /// SNAT mode: picks the node's address toward the backend and a source port for the

@@ -219,6 +219,37 @@ fn health(topo: &Topology) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// The `berth.dev/Healthy` condition of BackendHealthPolicy `name`'s target in the
+/// state document: (status, reason, message).
+fn healthy_condition(topo: &Topology, name: &str) -> Option<(String, String, String)> {
+    let text = topo
+        .gateway
+        .enter(|| berth::admin::get("127.0.0.1:9470", "/api/v1/state"))
+        .ok()?;
+    let doc: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let policy = doc["policies"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == name && p["kind"] == "BackendHealthPolicy")?
+        .clone();
+    let c = policy["status"]["ancestors"][0]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "berth.dev/Healthy")?
+        .clone();
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    Some((text(&c["status"]), text(&c["reason"]), text(&c["message"])))
+}
+
+/// Waits until policy `name`'s target says `reason` in the state document.
+fn wait_healthy_reason(topo: &Topology, name: &str, reason: &str) {
+    wait_until(
+        &format!("{name}'s status to say {reason}"),
+        Duration::from_secs(10),
+        || healthy_condition(topo, name).is_some_and(|(_, r, _)| r == reason),
+    );
+}
+
 /// Backend `n`'s firewall accepts what belongs to established connections first (the
 /// connections opened before it is stopped, once tracked from their start: a
 /// connection the firewall first sees mid-stream counts as new).
@@ -290,6 +321,7 @@ fn health_checks_take_a_dead_backend_out_of_new_flows_and_back_and_fail_open() {
         Duration::from_secs(10),
         || health(&topo) == all_healthy,
     );
+    wait_healthy_reason(&topo, "web-health", "Healthy");
     // A keep-alive connection on backend 2, and UDP flows spread over 2 and 3.
     let mut kept = (0..32)
         .find_map(|_| {
@@ -325,6 +357,10 @@ fn health_checks_take_a_dead_backend_out_of_new_flows_and_back_and_fail_open() {
         fresh.iter().all(|b| b == "backend-1"),
         "new connections avoid the unhealthy backend: {fresh:?}"
     );
+    wait_healthy_reason(&topo, "web-health", "Unhealthy");
+    let (status, _, message) = healthy_condition(&topo, "web-health").expect("condition");
+    assert_eq!(status, "False");
+    assert!(message.starts_with("1 of 2 endpoints pass"), "{message}");
     let answers: Vec<usize> = (0..20)
         .filter_map(|_| topo.client.enter(|| Flow::new(dns_at, TIMEOUT).ask()))
         .map(backend_of_marker)
@@ -366,6 +402,7 @@ fn health_checks_take_a_dead_backend_out_of_new_flows_and_back_and_fail_open() {
         },
     );
     assert_eq!(web(&daemon, &topo).backends, 2, "both served");
+    wait_healthy_reason(&topo, "web-health", "FailOpen");
     stop_backend(&topo, 1, false);
     stop_backend(&topo, 2, false);
     drop(daemon);

@@ -682,6 +682,66 @@ fn reference_grant_added_and_removed() {
     });
 }
 
+/// A RouteTrafficPolicy of team A's route, and one with a bad value.
+const POLICIES: &str = "\
+apiVersion: berth.dev/v1alpha1
+kind: RouteTrafficPolicy
+metadata: {name: sticky, namespace: team-a}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: TCPRoute, name: echo}]
+  sessionAffinity: {type: ClientIP}
+---
+apiVersion: berth.dev/v1alpha1
+kind: RouteTrafficPolicy
+metadata: {name: hasty, namespace: team-a}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: TCPRoute, name: echo}]
+  tcpIdleTimeout: soon
+";
+
+/// Berth's policies report their status per target in a real cluster (server-side
+/// applied by the allocator, as deploy/rbac.yaml allows): accepted, or why not, naming
+/// the field.
+#[test]
+fn route_traffic_policies_report_their_status_per_target() {
+    let (cp, _berth) = two_teams();
+    cp.block_on(|client| async move {
+        assigned_ports(&client).await;
+        apply_yaml(&client, POLICIES).await;
+        let (policies, _) = api_for(
+            &client,
+            "berth.dev/v1alpha1",
+            "RouteTrafficPolicy",
+            Some("team-a"),
+        )
+        .await
+        .expect("the RouteTrafficPolicies API");
+        for (name, want, message) in [
+            ("sticky", ("True", "Accepted"), "session affinity"),
+            (
+                "hasty",
+                ("False", "Invalid"),
+                "spec.tcpIdleTimeout \"soon\"",
+            ),
+        ] {
+            let policies = &policies;
+            eventually(&format!("{name}'s status"), SETTLE, || async move {
+                let p = policies.get(name).await.map_err(|e| e.to_string())?;
+                let v = serde_json::to_value(&p).expect("JSON");
+                let a = &v["status"]["ancestors"][0];
+                let c = &a["conditions"][0];
+                let ok = a["ancestorRef"]["name"] == "echo"
+                    && a["controllerName"] == "berth.dev/gateway-controller"
+                    && c["type"] == "Accepted"
+                    && (c["status"].as_str(), c["reason"].as_str()) == (Some(want.0), Some(want.1))
+                    && c["message"].as_str().is_some_and(|m| m.contains(message));
+                ok.then_some(()).ok_or(format!("{}", v["status"]))
+            })
+            .await;
+        }
+    });
+}
+
 /// The holder of the allocators' Lease (`berth-system/berth-allocator`), if any.
 async fn lease_holder(client: &Client) -> Option<String> {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
