@@ -77,6 +77,8 @@ pub mod map_names {
     pub const COUNTERS: &str = "berth_counters";
     /// Service id → per-CPU `ServiceStats`.
     pub const SERVICE_STATS: &str = "berth_svc_stats";
+    /// Backend id → per-CPU `BackendStats`.
+    pub const BACKEND_STATS: &str = "berth_backend_stats";
     /// Interface index → `XMIT_OK` when the interface accepts XDP frames redirected into it.
     pub const XMIT: &str = "berth_xmit";
     /// Slot 0: id of the loaded gateway program (for the redirect-error tracepoint).
@@ -126,7 +128,7 @@ pub mod map_names {
     pub const AFFINITY6: &str = "berth_affinity6";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 28] = [
+    pub const ALL: [&str; 29] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -155,6 +157,7 @@ pub mod map_names {
         FRAGMENTS6,
         AFFINITY,
         AFFINITY6,
+        BACKEND_STATS,
     ];
 }
 
@@ -751,6 +754,23 @@ pub struct ServiceStats {
     pub pad: u32,
 }
 
+/// Per-CPU value of the backend statistics map, indexed by backend id: what its flows
+/// carried (`ipvsadm --stats` per real server). Zeroed when an id is given to a backend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendStats {
+    /// Packets client → backend, host order.
+    pub packets: u64,
+    /// Bytes (IP length) client → backend, host order.
+    pub bytes: u64,
+    /// Packets backend → client, host order.
+    pub reply_packets: u64,
+    /// Bytes backend → client, host order.
+    pub reply_bytes: u64,
+    /// Flows it was given, host order.
+    pub new_flows: u64,
+}
+
 macro_rules! counters {
     ($($(#[doc = $doc:literal])* $variant:ident = $name:literal,)*) => {
         /// Named per-CPU counters: every verdict other than "pass untouched" counts one.
@@ -963,6 +983,7 @@ const _: () = {
     assert!(core::mem::size_of::<AffinityKey>() == 8);
     assert!(core::mem::size_of::<AffinityKey<[u32; 4]>>() == 20);
     assert!(core::mem::size_of::<Affinity>() == 8);
+    assert!(core::mem::size_of::<BackendStats>() == 40);
 };
 
 #[cfg(feature = "user")]
@@ -991,6 +1012,7 @@ mod pod {
         Service,
         Affinity,
         Backend,
+        BackendStats,
         NextHop,
         FragKey,
         FragKey6,

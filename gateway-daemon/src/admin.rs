@@ -6,6 +6,7 @@
 //! over HTTP, [`metrics`] encodes `/metrics`, [`get`] and [`post`] are the clients of
 //! `berth get`, `berth drain` and `berth undrain`.
 
+pub mod backends;
 pub mod host;
 pub mod metrics;
 pub mod server;
@@ -140,14 +141,11 @@ impl Resource {
                 JSON,
                 serde_json::to_string_pretty(&NodeView::of(p)).unwrap_or_default(),
             ),
-            Resource::Backends => {
-                let rows = p.health.as_ref().map(|h| h.rows()).unwrap_or_default();
-                (
-                    StatusCode::OK,
-                    JSON,
-                    serde_json::to_string_pretty(&rows).unwrap_or_default(),
-                )
-            }
+            Resource::Backends => (
+                StatusCode::OK,
+                JSON,
+                serde_json::to_string_pretty(&backends::view(p)).unwrap_or_default(),
+            ),
             Resource::Request(_) => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 TEXT,

@@ -543,11 +543,11 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
         ),
         (What::Gateways, _) => print_value(&state()?.gateways, output)?,
         (What::Backends, _) => {
-            let rows: Vec<berth::health::BackendRow> =
+            let view: admin::backends::BackendsView =
                 serde_json::from_str(&admin::get(addr, "/api/v1/backends")?)?;
             match output {
-                Output::Table => print!("{}", berth::output::backend_table(&rows)),
-                _ => print_value(&rows, output)?,
+                Output::Table => print!("{}", berth::output::backend_table(&view)),
+                _ => print_value(&view, output)?,
             }
         }
         (What::Node, _) => {

@@ -82,7 +82,47 @@ pub fn state_tables(doc: &StateDocument) -> String {
             ));
         }
     }
+    policy_table(&mut out, doc);
     out
+}
+
+/// The policies' table of `state_tables` (none without policies): one row per target,
+/// with its conditions as `status/reason` and the first message that is not `True`.
+fn policy_table(out: &mut String, doc: &StateDocument) {
+    if doc.policies.is_empty() {
+        return;
+    }
+    out.push('\n');
+    out.push_str(&format!(
+        "{:<16} {:<24} {:<20} {:<24} {:<26} {:<26} {}\n",
+        "NAMESPACE", "POLICY", "KIND", "TARGET", "ACCEPTED", "HEALTHY", "MESSAGE"
+    ));
+    for p in &doc.policies {
+        for a in &p.status.ancestors {
+            let cond = |t: &str| {
+                a.conditions
+                    .iter()
+                    .find(|c| c.kind == t)
+                    .map_or("-".to_string(), |c| format!("{}/{}", c.status, c.reason))
+            };
+            let message = a
+                .conditions
+                .iter()
+                .find(|c| c.status != "True")
+                .or(a.conditions.first())
+                .map_or("", |c| &*c.message);
+            out.push_str(&format!(
+                "{:<16} {:<24} {:<20} {:<24} {:<26} {:<26} {}\n",
+                p.namespace,
+                p.name,
+                p.kind,
+                format!("{}/{}", a.ancestor_ref.kind, a.ancestor_ref.name),
+                cond("Accepted"),
+                cond(crate::health::status::HEALTHY),
+                message
+            ));
+        }
+    }
 }
 
 /// `berth get routes`: one row per route with its traffic, and below a row the reason
@@ -167,8 +207,54 @@ pub fn route_table_row(out: &mut String, r: &RouteRow) {
     }
 }
 
-/// `berth get backends`: each endpoint a BackendHealthPolicy checks.
-pub fn backend_table(rows: &[crate::health::BackendRow]) -> String {
+/// `berth get backends`: every backend of every served route with what its flows
+/// carried, then (when a BackendHealthPolicy checks some) each endpoint checked.
+pub fn backend_table(view: &crate::admin::backends::BackendsView) -> String {
+    let mut out = format!(
+        "{:<16} {:<24} {:<26} {:<24} {:<6} {:<13} {:<10} {:>6} {:>8} {:>10} {:>12} {:>10} {:>12}\n",
+        "NAMESPACE",
+        "ROUTE",
+        "SERVICE",
+        "ENDPOINT",
+        "WEIGHT",
+        "STATE",
+        "HEALTH",
+        "ACTIVE",
+        "FLOWS",
+        "INPKTS",
+        "INBYTES",
+        "OUTPKTS",
+        "OUTBYTES"
+    );
+    for r in &view.backends {
+        let _ = writeln!(
+            out,
+            "{:<16} {:<24} {:<26} {:<24} {:<6} {:<13} {:<10} {:>6} {:>8} {:>10} {:>12} {:>10} {:>12}",
+            r.namespace,
+            r.route,
+            r.service,
+            r.endpoint,
+            r.weight,
+            r.state,
+            r.health,
+            r.active_flows,
+            r.new_flows,
+            r.packets,
+            r.bytes,
+            r.reply_packets,
+            r.reply_bytes
+        );
+    }
+    if !view.checks.is_empty() {
+        out.push('\n');
+        out.push_str(&check_table(&view.checks));
+    }
+    out
+}
+
+/// The health checks' table of `backend_table`: each endpoint a BackendHealthPolicy
+/// checks.
+fn check_table(rows: &[crate::health::BackendRow]) -> String {
     let mut out = format!(
         "{:<16} {:<20} {:<20} {:<24} {:<30} {:<10} {}\n",
         "NAMESPACE", "SERVICE", "POLICY", "ENDPOINT", "HEALTH", "LATENCY", "LAST CHECK"

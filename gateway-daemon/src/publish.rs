@@ -45,6 +45,9 @@ pub struct Published {
     /// packet or have active flows (a service not here counted nothing). Shared: every
     /// plan and every read of the counters publishes anew.
     pub traffic: Arc<BTreeMap<ServiceAddr, Traffic>>,
+    /// Per backend of a service (by service and endpoint), what its flows carried: the
+    /// backends that counted something or have active flows.
+    pub backends: Arc<BTreeMap<(ServiceAddr, std::net::SocketAddr), BackendTraffic>>,
     /// How long the last read of the traffic took (reads are spaced by at least
     /// `TRAFFIC_COST` times that).
     pub traffic_read: Duration,
@@ -265,7 +268,39 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath, stop: &dyn Fn() -> bool) -
             Some(Default::default())
         }
     };
+    let backend_stats = match dp.backend_stats_until(stop) {
+        Ok(stats) => stats,
+        Err(_) if stop() => return false,
+        Err(_) => Default::default(),
+    };
     let now = std::time::Instant::now();
+    let mut backends: BTreeMap<_, BackendTraffic> = backend_stats
+        .into_iter()
+        .map(|(at, stats)| {
+            (
+                at,
+                BackendTraffic {
+                    stats,
+                    active_flows: 0,
+                },
+            )
+        })
+        .collect();
+    let active_of = |b: &BTreeMap<_, BackendTraffic>, at| b.get(at).map_or(0, |t| t.active_flows);
+    match &active {
+        Some(scan) => {
+            for (at, &n) in &scan.per_backend {
+                backends.entry(*at).or_default().active_flows = n;
+            }
+        }
+        // Not scanned this time: as counted before.
+        None => {
+            for (at, t) in backends.iter_mut() {
+                t.active_flows = active_of(&p.backends, at);
+            }
+        }
+    }
+    p.backends = Arc::new(backends);
     if let Some(scan) = &active {
         p.active_at = Some(now);
         let capacity = u64::from(dp.conntrack_capacity());
@@ -321,6 +356,15 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath, stop: &dyn Fn() -> bool) -
     p.traffic_read = started.elapsed();
     tracing::debug!(took = ?started.elapsed(), "read traffic");
     true
+}
+
+/// What one backend's flows carried (`ipvsadm --stats` per real server).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendTraffic {
+    /// Packets, bytes and flows, summed over CPUs.
+    pub stats: gateway_common::BackendStats,
+    /// Tracked flows that forwarded a packet recently.
+    pub active_flows: u64,
 }
 
 /// Since when a service's forwarded packets went unanswered, given what was read
@@ -535,6 +579,7 @@ pub fn effects(
         owners,
         usage,
         traffic: Arc::clone(&prev.traffic),
+        backends: Arc::clone(&prev.backends),
         traffic_at: prev.traffic_at,
         traffic_read: prev.traffic_read,
         active_at: prev.active_at,

@@ -430,12 +430,13 @@ unsafe fn translate<A: Family>(
         reply_hop
     };
     let (forward, service, snat) = ((*flow).kind == NAT_DST, (*flow).service, (*flow).is_snat());
+    let backend = (*flow).backend;
     let (dst, src) = halves(&*flow);
     if let Some(dst) = dst {
         rewrite::<A>(pkt.ip, pkt.l4, Side::Dst, dst);
     }
     if forward {
-        account(service, Direction::Forward, pkt.len as u64, is_new);
+        account(service, backend, Direction::Forward, pkt.len as u64, is_new);
     }
     let verdict = match fwd::path::<A>(ctx, pkt.ip, &mut *hop, now) {
         Path::Redirect => {
@@ -443,7 +444,7 @@ unsafe fn translate<A: Family>(
                 rewrite::<A>(pkt.ip, pkt.l4, Side::Src, src);
             }
             if !forward {
-                account(service, Direction::Reply, pkt.len as u64, false);
+                account(service, backend, Direction::Reply, pkt.len as u64, false);
             }
             fwd::send::<A>(ctx, pkt.eth, pkt.ip, &*hop)
         }

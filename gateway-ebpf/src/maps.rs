@@ -7,9 +7,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use gateway_common::{
-    config, Addr, Affinity, AffinityKey, Backend, Counter, FloodWindow, Flow, FlowKey, FragKey,
-    FragKey6, FragPorts, NextHop, ReplyIndex, Service, ServiceId, ServiceKey, ServiceStats,
-    ADDR_BACKEND, ADDR_FILTER_SLOTS, ADDR_GATEWAY, AFFINITY_ENTRIES, SNAT_PORT_SLOTS, XMIT_SLOTS,
+    config, Addr, Affinity, AffinityKey, Backend, BackendStats, Counter, FloodWindow, Flow,
+    FlowKey, FragKey, FragKey6, FragPorts, NextHop, ReplyIndex, Service, ServiceId, ServiceKey,
+    ServiceStats, ADDR_BACKEND, ADDR_FILTER_SLOTS, ADDR_GATEWAY, AFFINITY_ENTRIES, SNAT_PORT_SLOTS,
+    XMIT_SLOTS,
 };
 
 const SERVICES_MAX: u32 = 1024;
@@ -142,6 +143,11 @@ pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::C
 pub static SERVICE_STATS: PerCpuArray<ServiceStats> =
     PerCpuArray::with_max_entries(SERVICES_MAX, 0);
 
+/// Backend id → what its flows carried (per CPU). Written by the programs (zeroed by the
+/// daemon when it gives an id to a backend).
+#[map(name = "berth_backend_stats")]
+pub static BACKEND_STATS: PerCpuArray<BackendStats> = PerCpuArray::with_max_entries(16384, 0);
+
 /// Interface index → `XMIT_OK` if it accepts redirected XDP frames. Written by the
 /// daemon as the kernel announces link and `xdp-features` changes.
 #[map(name = "berth_xmit")]
@@ -172,26 +178,39 @@ pub enum Direction {
     Reply,
 }
 
-/// Accounts one packet of `len` bytes to a service.
+/// Accounts one packet of `len` bytes to a service and to its backend (`backend`: its
+/// id).
 #[inline(always)]
-pub fn account(service: ServiceId, dir: Direction, len: u64, new_flow: bool) {
-    let Some(stats) = SERVICE_STATS.get_ptr_mut(service.slot()) else {
-        return;
-    };
-    // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
-    let stats = unsafe { &mut *stats };
-    match dir {
-        Direction::Forward => {
-            stats.packets += 1;
-            stats.bytes += len;
+pub fn account(service: ServiceId, backend: u32, dir: Direction, len: u64, new_flow: bool) {
+    if let Some(stats) = SERVICE_STATS.get_ptr_mut(service.slot()) {
+        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+        let stats = unsafe { &mut *stats };
+        match dir {
+            Direction::Forward => {
+                stats.packets += 1;
+                stats.bytes += len;
+            }
+            Direction::Reply => {
+                stats.reply_packets += 1;
+                stats.reply_bytes += len;
+            }
         }
-        Direction::Reply => {
-            stats.reply_packets += 1;
-            stats.reply_bytes += len;
-        }
+        stats.new_flows += u64::from(new_flow);
     }
-    if new_flow {
-        stats.new_flows += 1;
+    if let Some(stats) = BACKEND_STATS.get_ptr_mut(backend) {
+        // SAFETY: as above.
+        let stats = unsafe { &mut *stats };
+        match dir {
+            Direction::Forward => {
+                stats.packets += 1;
+                stats.bytes += len;
+            }
+            Direction::Reply => {
+                stats.reply_packets += 1;
+                stats.reply_bytes += len;
+            }
+        }
+        stats.new_flows += u64::from(new_flow);
     }
 }
 

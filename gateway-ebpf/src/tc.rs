@@ -267,7 +267,13 @@ fn translate_source<A: Family>(
         count(Counter::TcMasq);
         return Ok(());
     }
-    account(flow.service, Direction::Reply, len as u64, false);
+    account(
+        flow.service,
+        flow.backend,
+        Direction::Reply,
+        len as u64,
+        false,
+    );
     account_kernel(flow.service, Counter::TcReply);
     count(Counter::TcReply);
     Ok(())

@@ -213,8 +213,9 @@ fn health(topo: &Topology) -> Vec<(String, String, String)> {
         .gateway
         .enter(|| berth::admin::get("127.0.0.1:9470", "/api/v1/backends"))
         .expect("/api/v1/backends");
-    let rows: Vec<berth::health::BackendRow> = serde_json::from_str(&text).expect("rows");
-    rows.into_iter()
+    let view: berth::admin::backends::BackendsView = serde_json::from_str(&text).expect("rows");
+    view.checks
+        .into_iter()
         .map(|r| (r.namespace, r.endpoint, r.health))
         .collect()
 }

@@ -210,6 +210,22 @@ fn a_udp_client_silent_for_10_minutes_keeps_its_snat_port_under_a_15_minute_time
     drop(daemon);
 }
 
+/// Flows given to each of team A's web backends so far (`berth get backends`), by
+/// endpoint.
+fn web_flows(topo: &Topology) -> std::collections::BTreeMap<String, u64> {
+    let text = topo
+        .gateway
+        .enter(|| berth::admin::get("127.0.0.1:9470", "/api/v1/backends"))
+        .expect("/api/v1/backends");
+    let view: berth::admin::backends::BackendsView = serde_json::from_str(&text).expect("view");
+    view.backends
+        .into_iter()
+        .filter(|r| r.route == "TCPRoute/web")
+        .inspect(|r| assert!(r.weight > 0 && r.state == "serving", "{r:?}"))
+        .map(|r| (r.endpoint, r.new_flows))
+        .collect()
+}
+
 /// The backends that answered `n` new connections of the client.
 fn answers(topo: &Topology, n: usize) -> Vec<String> {
     (0..n)
@@ -248,6 +264,20 @@ fn session_affinity_keeps_100_connections_of_a_client_on_one_backend() {
     wait_until("the policy to be accepted", Duration::from_secs(10), || {
         policy_status(&topo, "sticky").is_some_and(|s| s.len() == 1 && s[0].0 == "True")
     });
+    // The counters are read about every second: settled once two reads agree.
+    let settled = || {
+        poll("the backends' counters", Duration::from_secs(10), || {
+            let a = web_flows(&topo);
+            std::thread::sleep(Duration::from_millis(1500));
+            let b = web_flows(&topo);
+            if a == b && a.len() == 2 {
+                Ok(a)
+            } else {
+                Err(format!("{a:?} then {b:?}"))
+            }
+        })
+    };
+    let before = settled();
     let sticky = answers(&topo, 100);
     let backends: BTreeSet<&String> = sticky.iter().collect();
     assert_eq!(
@@ -256,5 +286,15 @@ fn session_affinity_keeps_100_connections_of_a_client_on_one_backend() {
         "100 connections of one client, one backend: {backends:?}"
     );
     assert!(sticky[0].starts_with("backend-"), "{sticky:?}");
+    // `berth get backends` counts them on that backend alone.
+    let after = settled();
+    let added: Vec<u64> = after.iter().map(|(e, n)| n - before[e]).collect();
+    let mut sorted = added.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        vec![0, 100],
+        "new flows per backend: {before:?} -> {after:?}"
+    );
     drop(daemon);
 }

@@ -541,6 +541,9 @@ impl Datapath {
         self.backend_hops
             .set(bid, NextHop::default(), 0)
             .map_err(map_err(map_names::BACKEND_HOPS))?;
+        // Its counters start from zero (an earlier holder's stay otherwise).
+        let fd = std::os::fd::AsFd::as_fd(self.backend_stats.map().fd());
+        crate::sys::bpf::zero_batch(fd, &[bid]).map_err(batch_err(map_names::BACKEND_STATS))?;
         self.write_backend(bid, service, e, weight, snat)?;
         Ok(bid)
     }

@@ -41,7 +41,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 28] {
+    fn shapes(&self) -> [Shape; 29] {
         use std::mem::size_of;
         let services = [map_names::SERVICES, map_names::SERVICES6];
         let backends = [
@@ -49,6 +49,7 @@ impl Limits {
             map_names::BACKENDS6,
             map_names::SNAT_SOURCES,
             map_names::SNAT_SOURCES6,
+            map_names::BACKEND_STATS,
         ];
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
@@ -84,6 +85,7 @@ impl Limits {
                 // says by its address.
                 map_names::AFFINITY,
                 map_names::AFFINITY6,
+                map_names::BACKEND_STATS,
             ]
             .contains(&name),
         };
@@ -173,6 +175,12 @@ impl Limits {
                 size_of::<gateway_common::FragKey6>(),
                 size_of::<FragPorts>(),
                 self.fragments,
+            ),
+            shape(
+                map_names::BACKEND_STATS,
+                4,
+                size_of::<gateway_common::BackendStats>(),
+                self.backends,
             ),
             shape(
                 map_names::AFFINITY,
@@ -399,6 +407,7 @@ impl Datapath {
             },
             counters: take(&mut ebpf, map_names::COUNTERS)?,
             service_stats: take(&mut ebpf, map_names::SERVICE_STATS)?,
+            backend_stats: take(&mut ebpf, map_names::BACKEND_STATS)?,
             snat: super::snat::Snat::new(
                 ByFamily {
                     v4: take(&mut ebpf, map_names::SNAT_SOURCES)?,

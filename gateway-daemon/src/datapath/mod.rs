@@ -446,6 +446,8 @@ pub struct Datapath {
     conntrack: ByFamily<Conntrack<u32>, Conntrack<Addr6>>,
     counters: PerCpuArray<MapData, u64>,
     service_stats: PerCpuArray<MapData, ServiceStats>,
+    /// Per backend id: what its flows carried (zeroed when an id is given out).
+    backend_stats: PerCpuArray<MapData, gateway_common::BackendStats>,
     installed: BTreeMap<ServiceAddr, Installed>,
     /// Installed services per address and port.
     keys: keys::Keys,

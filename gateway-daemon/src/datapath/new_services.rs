@@ -123,6 +123,8 @@ impl Datapath {
         )?;
         crate::sys::bpf::zero_batch(self.service_stats.map().fd().as_fd(), &s.stats)
             .map_err(batch_err(map_names::SERVICE_STATS))?;
+        crate::sys::bpf::zero_batch(self.backend_stats.map().fd().as_fd(), &s.backend_ids)
+            .map_err(batch_err(map_names::BACKEND_STATS))?;
         write(
             self.services.v4.map().fd().as_fd(),
             map_names::SERVICES,

@@ -49,6 +49,13 @@ impl Retirees {
         self.by_service.get(service).map_or(&[], Vec::as_slice)
     }
 
+    /// Every retired backend, with its service.
+    pub fn all(&self) -> impl Iterator<Item = (&ServiceAddr, &Retired)> {
+        self.by_service
+            .iter()
+            .flat_map(|(s, list)| list.iter().map(move |r| (s, r)))
+    }
+
     /// Retired backends in all.
     pub fn len(&self) -> usize {
         self.by_service.values().map(Vec::len).sum()

@@ -38,6 +38,9 @@ pub struct FlowScan {
     /// Per TCP service with backends that left it, the connections they still carry
     /// (`retired`).
     pub on_removed_backends: BTreeMap<ServiceAddr, u64>,
+    /// Per backend (of a service, or that left one and carries connections), its
+    /// recently active flows (those with none are left out).
+    pub per_backend: BTreeMap<(ServiceAddr, std::net::SocketAddr), u64>,
 }
 
 /// What the datapath counted for one service.
@@ -202,6 +205,61 @@ impl Datapath {
             .collect())
     }
 
+    /// Statistics of the backends that counted something (those of the installed
+    /// services, and those that left a service and still carry connections), summed
+    /// over CPUs, by service and endpoint; given up (an `Interrupted` error) once
+    /// `stop` says so.
+    pub fn backend_stats_until(
+        &self,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<BTreeMap<(ServiceAddr, std::net::SocketAddr), gateway_common::BackendStats>> {
+        use aya::maps::IterableMap as _;
+        use gateway_common::BackendStats;
+        let slot = std::mem::size_of::<BackendStats>().next_multiple_of(8);
+        let cpus = nr_cpus()?;
+        let mut counted: StdHashMap<u32, BackendStats> = StdHashMap::new();
+        let fd = std::os::fd::AsFd::as_fd(self.backend_stats.map().fd());
+        lookup_batch_until(fd, 4, slot * cpus, stop, |key, value| {
+            let bid = u32::from_ne_bytes(key.try_into().unwrap_or_default());
+            let sum = value
+                .chunks_exact(slot)
+                .fold(BackendStats::default(), |a, v| {
+                    let s: BackendStats = read_pod(v);
+                    BackendStats {
+                        packets: a.packets + s.packets,
+                        bytes: a.bytes + s.bytes,
+                        reply_packets: a.reply_packets + s.reply_packets,
+                        reply_bytes: a.reply_bytes + s.reply_bytes,
+                        new_flows: a.new_flows + s.new_flows,
+                    }
+                });
+            if sum != BackendStats::default() {
+                counted.insert(bid, sum);
+            }
+        })
+        .map_err(batch_err(map_names::BACKEND_STATS))?;
+        if counted.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        Ok(self
+            .backends_by_id()
+            .filter_map(|(bid, at)| Some((at, *counted.get(&bid)?)))
+            .collect())
+    }
+
+    /// Every backend id in use with its service and endpoint: the installed services'
+    /// backends and those that left a service and still carry connections.
+    fn backends_by_id(
+        &self,
+    ) -> impl Iterator<Item = (u32, (ServiceAddr, std::net::SocketAddr))> + '_ {
+        let installed = self.installed.iter().flat_map(|(s, svc)| {
+            svc.backends
+                .iter()
+                .map(move |(&endpoint, &(bid, _))| (bid, (*s, endpoint)))
+        });
+        installed.chain(self.retirees.all().map(|(s, r)| (r.bid, (*s, r.endpoint))))
+    }
+
     /// Tracked IPv4 flows, client → gateway direction only.
     pub fn flows(&self) -> Result<Vec<(FlowKey, Flow)>> {
         let mut out = Vec::new();
@@ -247,10 +305,12 @@ impl Datapath {
         let mut retired = self
             .retirees
             .scan_begins(|s| installed.get(s).map(|svc| svc.id));
+        let mut per_bid: StdHashMap<u32, u64> = StdHashMap::new();
         let mut seen = Seen {
             now,
             window,
             per_id: &mut per_id,
+            per_bid: &mut per_bid,
             retired: &mut retired,
             idle_of: &idle_of,
         };
@@ -305,12 +365,20 @@ impl Datapath {
             .iter()
             .filter_map(|(service, svc)| Some((*service, *per_id.get(&svc.id)?)))
             .collect();
+        let per_backend = match per_bid.is_empty() {
+            true => BTreeMap::new(),
+            false => self
+                .backends_by_id()
+                .filter_map(|(bid, at)| Some((at, *per_bid.get(&bid)?)))
+                .collect(),
+        };
         Ok(FlowScan {
             active,
             entries: entries.iter().sum(),
             fullest: entries.iter().copied().max().unwrap_or(0),
             snat_expired,
             on_removed_backends,
+            per_backend,
         })
     }
 
@@ -332,6 +400,8 @@ struct Seen<'a> {
     now: u32,
     window: u32,
     per_id: &'a mut StdHashMap<ServiceId, ActiveFlows>,
+    /// The same per backend id.
+    per_bid: &'a mut StdHashMap<u32, u64>,
     retired: &'a mut retired::ScanOf,
     /// The idle timeouts a RouteTrafficPolicy sets, by service id (clock units).
     idle_of: &'a StdHashMap<ServiceId, u32>,
@@ -360,6 +430,7 @@ fn scan<A: MapAddr>(
             let counted = seen.per_id.entry(f.service).or_default();
             counted.all += 1;
             counted.snat += u64::from(f.is_snat());
+            *seen.per_bid.entry(f.backend).or_default() += 1;
         }
         let limit = match seen.idle_of.is_empty() {
             true => None,
