@@ -19,6 +19,7 @@ mod overlay;
 mod probe;
 pub mod state;
 pub mod status;
+mod tcp;
 
 use std::{
     cmp::Reverse,
@@ -278,7 +279,9 @@ impl Health {
 
     /// The checker thread: starts the checks that are due, at most `MAX_IN_FLIGHT` at
     /// once, and sleeps until the next is due (a tenth of a second at most, so that new
-    /// targets start soon).
+    /// targets start soon), a TCP check answers or one times out. TCP checks run on
+    /// `tcp::Checks` (no task, timer or runtime registration each: see there), the
+    /// others each in a task.
     fn run(self, wake: impl Fn() + Send + Sync + 'static) {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -293,12 +296,28 @@ impl Health {
         let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(wake);
         let limit = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
         runtime.block_on(async move {
+            let mut tcp = match tcp::Checks::new() {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "health checks cannot run");
+                    return;
+                }
+            };
+            let mut done = Vec::new();
+            let sleep = tokio::time::sleep(Duration::ZERO);
+            tokio::pin!(sleep);
             loop {
                 let (epoch, due) = self.take_due(limit.available_permits());
                 for (i, target) in due {
                     let Ok(permit) = Arc::clone(&limit).acquire_owned().await else {
                         return;
                     };
+                    if let checks::CheckKind::Tcp = target.check.kind {
+                        let (endpoint, timeout) = (target.endpoint, target.check.timeout);
+                        let with = (permit, (epoch, i), target);
+                        done.extend(tcp.start(endpoint, timeout, with));
+                        continue;
+                    }
                     let (me, wake) = (self.clone(), Arc::clone(&wake));
                     tokio::spawn(async move {
                         let started = Instant::now();
@@ -311,11 +330,42 @@ impl Health {
                         }
                     });
                 }
+                let now = Instant::now();
+                let timeout = tcp.finish(now, &mut done);
+                let mut changed = false;
+                for tcp::Done {
+                    with: (permit, at, target),
+                    result,
+                    took,
+                } in done.drain(..)
+                {
+                    drop(permit);
+                    changed |= self.record(at, &target, result, took);
+                }
+                if changed {
+                    wake();
+                }
                 // Checks due within a few milliseconds start together.
-                let sleep = self
+                let mut until = self
                     .until_next()
                     .clamp(Duration::from_millis(5), Duration::from_millis(100));
-                tokio::time::sleep(sleep).await;
+                if let Some(t) = timeout {
+                    until = until.min(t.saturating_duration_since(now));
+                }
+                // Kept when it is no later (woken by an answer): a timer moved is work.
+                let at = tokio::time::Instant::from_std(now + until);
+                if sleep.is_elapsed() || sleep.deadline() > at {
+                    sleep.as_mut().reset(at);
+                }
+                tokio::select! {
+                    r = tcp.ready(), if !tcp.idle() => {
+                        if let Err(e) = r {
+                            tracing::error!(error = %e, "health checks cannot run");
+                            return;
+                        }
+                    }
+                    () = &mut sleep => {}
+                }
             }
         });
     }

@@ -12,28 +12,26 @@ use tokio::{
 use super::checks::CheckKind;
 
 /// Runs `kind` against `endpoint` within `timeout`: `Ok` if it passed, else why not.
+/// (The checker thread runs TCP checks many at once, in `tcp`.)
 pub async fn run(kind: &CheckKind, endpoint: SocketAddr, timeout: Duration) -> Result<(), String> {
-    match tokio::time::timeout(timeout, attempt(kind, endpoint)).await {
+    let attempt = match kind {
+        CheckKind::Tcp => return super::tcp::once(endpoint, timeout).await,
+        CheckKind::Udp { send, expect } => {
+            futures::future::Either::Left(udp(endpoint, send, expect))
+        }
+        CheckKind::Http { path, statuses } => {
+            futures::future::Either::Right(http(endpoint, path, statuses))
+        }
+    };
+    match tokio::time::timeout(timeout, attempt).await {
         Ok(r) => r,
-        Err(_) => Err(format!(
-            "no answer within {}",
-            humantime::format_duration(timeout)
-        )),
+        Err(_) => Err(no_answer(timeout)),
     }
 }
 
-async fn attempt(kind: &CheckKind, endpoint: SocketAddr) -> Result<(), String> {
-    match kind {
-        CheckKind::Tcp => {
-            let s = TcpStream::connect(endpoint)
-                .await
-                .map_err(|e| format!("connect: {e}"))?;
-            reset(s);
-            Ok(())
-        }
-        CheckKind::Udp { send, expect } => udp(endpoint, send, expect).await,
-        CheckKind::Http { path, statuses } => http(endpoint, path, statuses).await,
-    }
+/// Why a check not answered within `timeout` failed.
+pub fn no_answer(timeout: Duration) -> String {
+    format!("no answer within {}", humantime::format_duration(timeout))
 }
 
 /// Closes a check's connection with an RST: no FIN exchange, and no socket left in

@@ -29,3 +29,16 @@ pub(crate) fn poll(fds: [Option<BorrowedFd<'_>>; 2], timeout: Duration) -> io::R
     }
     Ok(pollfds.map(|p| p.revents != 0))
 }
+
+/// An epoll of mio's (the health checker's TCP checks), registered with the current
+/// tokio runtime: readable there when one of its descriptors is ready. Within a
+/// runtime with IO.
+pub(crate) fn register_epoll(epoll: mio::Poll) -> io::Result<tokio::io::unix::AsyncFd<mio::Poll>> {
+    // SAFETY: a `mio::Poll` owns its epoll descriptor, open for as long as it lives
+    // (the `AsyncFd` owns it, so it outlives the registration), and `as_raw_fd` always
+    // returns that one descriptor.
+    unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(epoll, tokio::io::Interest::READABLE)
+    }
+    .map_err(io::Error::from)
+}
