@@ -1,7 +1,8 @@
 //! Backends come and go (issue 30): a TCP connection keeps its backend while the
 //! backend is listed in any condition and, after it left its slice, until the
 //! connection ends; a UDP flow moves to a live backend; BackendHealthPolicy checks take
-//! a dead backend out of new flows and put it back, and fail open. `berth run` with the
+//! a dead backend (its process stopped, or its namespace deleted) out of new flows and
+//! put it back, and fail open. `berth run` with the
 //! XDP datapath in network namespaces, nginx and dnsmasq as backends. Needs root.
 
 use std::{
@@ -296,6 +297,43 @@ fn stop_backend(topo: &Topology, n: usize, stopped: bool) {
     ]);
 }
 
+/// Waits until backend 2 is checked unhealthy in both teams, then checks that new flows
+/// avoid it: 20 new connections answered by backend 1, 20 new UDP flows by backend 3.
+fn backend_2_takes_no_new_flows(topo: &Topology, daemon: &Daemon) {
+    wait_until(
+        "backend 2 checked unhealthy in both teams",
+        Duration::from_secs(15),
+        || {
+            health(topo)
+                .iter()
+                .filter(|(_, e, h)| e.starts_with("10.251.12.2") && h == "unhealthy")
+                .count()
+                == 2
+        },
+    );
+    wait_until(
+        "the web route to take new flows on backend 1 only",
+        Duration::from_secs(10),
+        || web(daemon, topo).backends == 1,
+    );
+    let fresh = fresh_answers(topo, SocketAddrV4::new(GW, 30000), 20);
+    assert!(
+        fresh.iter().all(|b| b == "backend-1"),
+        "new connections avoid backend 2: {fresh:?}"
+    );
+    let answers: Vec<usize> = (0..20)
+        .filter_map(|_| {
+            topo.client
+                .enter(|| Flow::new(SocketAddrV4::new(GW, 30053), TIMEOUT).ask())
+        })
+        .map(backend_of_marker)
+        .collect();
+    assert!(
+        answers.len() == 20 && answers.iter().all(|&b| b == 3),
+        "every new UDP flow answered, by backend 3: {answers:?}"
+    );
+}
+
 #[test]
 fn health_checks_take_a_dead_backend_out_of_new_flows_and_back_and_fail_open() {
     let topo = Topology::new(3);
@@ -307,7 +345,6 @@ fn health_checks_take_a_dead_backend_out_of_new_flows_and_back_and_fail_open() {
     }
     let daemon = Daemon::start(&topo, &dirs);
     let web_at = SocketAddrV4::new(GW, 30000);
-    let dns_at = SocketAddrV4::new(GW, 30053);
     let row = |ns: &str, endpoint: &str, health: &str| {
         (ns.to_string(), endpoint.to_string(), health.to_string())
     };
@@ -337,39 +374,11 @@ fn health_checks_take_a_dead_backend_out_of_new_flows_and_back_and_fail_open() {
 
     // Backend 2 stops: unhealthy after two checks, no new flow goes there.
     stop_backend(&topo, 2, true);
-    wait_until(
-        "backend 2 checked unhealthy",
-        Duration::from_secs(10),
-        || {
-            health(&topo)
-                .iter()
-                .filter(|(_, e, h)| e.starts_with("10.251.12.2") && h == "unhealthy")
-                .count()
-                == 2
-        },
-    );
-    wait_until(
-        "the web route to take new flows on backend 1 only",
-        Duration::from_secs(10),
-        || web(&daemon, &topo).backends == 1,
-    );
-    let fresh = fresh_answers(&topo, web_at, 20);
-    assert!(
-        fresh.iter().all(|b| b == "backend-1"),
-        "new connections avoid the unhealthy backend: {fresh:?}"
-    );
+    backend_2_takes_no_new_flows(&topo, &daemon);
     wait_healthy_reason(&topo, "web-health", "Unhealthy");
     let (status, _, message) = healthy_condition(&topo, "web-health").expect("condition");
     assert_eq!(status, "False");
     assert!(message.starts_with("1 of 2 endpoints pass"), "{message}");
-    let answers: Vec<usize> = (0..20)
-        .filter_map(|_| topo.client.enter(|| Flow::new(dns_at, TIMEOUT).ask()))
-        .map(backend_of_marker)
-        .collect();
-    assert!(
-        answers.len() == 20 && answers.iter().all(|&b| b == 3),
-        "new UDP flows go to backend 3 only: {answers:?}"
-    );
     let again = http_request(&mut kept).expect("the established connection to backend 2");
     assert_eq!(again.trim(), "backend-2", "it keeps its backend");
 
@@ -406,5 +415,33 @@ fn health_checks_take_a_dead_backend_out_of_new_flows_and_back_and_fail_open() {
     wait_healthy_reason(&topo, "web-health", "FailOpen");
     stop_backend(&topo, 1, false);
     stop_backend(&topo, 2, false);
+    drop(daemon);
+}
+
+/// A backend's namespace deleted while its slices still list it (as a node's pods can
+/// vanish): its link goes with it. Without a check a share of new flows would be lost
+/// until the slices change; with BackendHealthPolicies it turns unhealthy after two
+/// checks and new TCP and UDP flows avoid it.
+#[test]
+fn a_backend_whose_namespace_is_deleted_is_taken_out_by_its_health_checks() {
+    let topo = Topology::new(3);
+    let _servers = topo.start_servers();
+    let dirs = teams();
+    std::fs::write(dirs.manifests.join("health.yaml"), POLICIES).expect("policies");
+    let daemon = Daemon::start(&topo, &dirs);
+    wait_until(
+        "every endpoint checked healthy",
+        Duration::from_secs(10),
+        || {
+            health(&topo)
+                .iter()
+                .filter(|(_, _, h)| h == "healthy")
+                .count()
+                == 4
+        },
+    );
+    // Backend 2's namespace goes: its end of the link, and with it the pair.
+    topo.backends[1].ip(&["link", "del", "eth0"]);
+    backend_2_takes_no_new_flows(&topo, &daemon);
     drop(daemon);
 }
