@@ -62,8 +62,10 @@ pub enum Resource {
     Announce,
     /// `/api/v1/node`: this node in a tier (`berth get node`): `NodeView`.
     Node,
-    /// `/api/v1/backends`: the health of checked endpoints (`berth get backends`).
+    /// `/api/v1/backends`: every backend's traffic and the checks (`berth get backends`).
     Backends,
+    /// `/api/v1/listeners`: how full each range listener is (`berth get listeners`).
+    Listeners,
     /// `POST /api/v1/drain` or `/api/v1/undrain`: the operator's request.
     Request(crate::announce::control::Request),
 }
@@ -81,6 +83,7 @@ impl Resource {
             "/api/v1/announce" => Resource::Announce,
             "/api/v1/node" => Resource::Node,
             "/api/v1/backends" => Resource::Backends,
+            "/api/v1/listeners" => Resource::Listeners,
             "/api/v1/drain" => Resource::Request(Request::Drain),
             "/api/v1/undrain" => Resource::Request(Request::Undrain),
             other => match other.strip_prefix("/api/v1/tables/routes/") {
@@ -145,6 +148,11 @@ impl Resource {
                 StatusCode::OK,
                 JSON,
                 serde_json::to_string_pretty(&backends::view(p)).unwrap_or_default(),
+            ),
+            Resource::Listeners => (
+                StatusCode::OK,
+                JSON,
+                serde_json::to_string_pretty(&p.usage).unwrap_or_default(),
             ),
             Resource::Request(_) => (
                 StatusCode::METHOD_NOT_ALLOWED,

@@ -359,8 +359,10 @@ enum What {
     Claims,
     /// This node in a tier: announced or drained, and flows picked up from others.
     Node,
-    /// Endpoints checked by BackendHealthPolicies: health, last check, latency.
+    /// Every backend: weight, state, health, flows, packets, bytes; then the checks.
     Backends,
+    /// Every range listener: ports used, cooling down, free.
+    Listeners,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -548,6 +550,14 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
             match output {
                 Output::Table => print!("{}", berth::output::backend_table(&view)),
                 _ => print_value(&view, output)?,
+            }
+        }
+        (What::Listeners, _) => {
+            let usage: Vec<berth::planner::ListenerUsage> =
+                serde_json::from_str(&admin::get(addr, "/api/v1/listeners")?)?;
+            match output {
+                Output::Table => print!("{}", berth::output::listener_table(&usage)),
+                _ => print_value(&usage, output)?,
             }
         }
         (What::Node, _) => {

@@ -284,6 +284,31 @@ fn check_table(rows: &[crate::health::BackendRow]) -> String {
     out
 }
 
+/// `berth get listeners`: each range listener's ports, bound, cooling down and free.
+pub fn listener_table(usage: &[crate::planner::ListenerUsage]) -> String {
+    let mut out = format!(
+        "{:<16} {:<24} {:<16} {:<13} {:>6} {:>6} {:>8} {:>6} {:>5}\n",
+        "NAMESPACE", "GATEWAY", "LISTENER", "RANGE", "SIZE", "USED", "COOLING", "FREE", "USE%"
+    );
+    for u in usage {
+        let last = u32::from(u.first) + u.size.saturating_sub(1);
+        let _ = writeln!(
+            out,
+            "{:<16} {:<24} {:<16} {:<13} {:>6} {:>6} {:>8} {:>6} {:>5}",
+            u.namespace,
+            u.gateway,
+            u.listener,
+            format!("{}-{last}", u.first),
+            u.size,
+            u.bound,
+            u.cooling,
+            u.size.saturating_sub(u.bound + u.cooling),
+            u.percent()
+        );
+    }
+    out
+}
+
 /// For the commands that print (not `berth run`): a reader that closes the pipe early
 /// (`berth check -o json | head`) ends the command quietly, as it ends `cat`, instead
 /// of a panic on the failed write.

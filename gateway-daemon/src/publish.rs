@@ -553,6 +553,7 @@ pub fn effects(
 
     log_routes_without_backends(prev, &desired, &owners);
     log_waiting(&prev.waiting, &waiting);
+    log_nearly_full(&prev.usage, &usage);
     let t_logs = started.elapsed();
     let mut state = StateDocument::new(gateways, routes, claims);
     state.policies = policies;
@@ -590,6 +591,43 @@ pub fn effects(
         waiting: Arc::new(waiting),
         health: prev.health.clone(),
     })
+}
+
+/// Logs a range listener passing `NEARLY_FULL_PERCENT` % of its ports bound or cooling
+/// down (a warning), and one falling back below it.
+fn log_nearly_full(
+    before: &[crate::planner::ListenerUsage],
+    after: &[crate::planner::ListenerUsage],
+) {
+    use crate::planner::NEARLY_FULL_PERCENT as LIMIT;
+    for u in after {
+        let was = before
+            .iter()
+            .find(|b| {
+                (&b.namespace, &b.gateway, &b.listener) == (&u.namespace, &u.gateway, &u.listener)
+            })
+            .is_some_and(|b| b.percent() >= LIMIT);
+        let is = u.percent() >= LIMIT;
+        let listener = format!("{}/{}/{}", u.namespace, u.gateway, u.listener);
+        let used = u.bound + u.cooling;
+        match (was, is) {
+            (false, true) => tracing::warn!(
+                listener,
+                used,
+                size = u.size,
+                "a range listener is {} % full (bound or cooling down): routes will wait \
+                 with PortRangeExhausted once it is full",
+                u.percent()
+            ),
+            (true, false) => tracing::info!(
+                listener,
+                used,
+                size = u.size,
+                "a range listener is below {LIMIT} % full again"
+            ),
+            _ => {}
+        }
+    }
 }
 
 /// How many routes wait for room in the datapath, by the limit they meet.

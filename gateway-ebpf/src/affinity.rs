@@ -15,7 +15,7 @@ use crate::{family::Family, maps::BACKENDS};
 pub fn kept<A: Family>(service: ServiceId, client: A, secs: u32, now: u32) -> Option<u32> {
     let key = AffinityKey { service, client };
     // SAFETY: the value is copied out at once.
-    let last = *unsafe { A::affinity().get(&key) }?;
+    let last = *unsafe { A::affinity().get(key) }?;
     if now.wrapping_sub(last.at) > units(secs) {
         return None;
     }
@@ -28,7 +28,7 @@ pub fn kept<A: Family>(service: ServiceId, client: A, secs: u32, now: u32) -> Op
 #[inline(always)]
 pub fn note<A: Family>(service: ServiceId, client: A, backend: u32, now: u32) {
     let key = AffinityKey { service, client };
-    let _ = A::affinity().insert(&key, &Affinity { backend, at: now }, 0);
+    let _ = A::affinity().insert(key, Affinity { backend, at: now }, 0);
 }
 
 /// `secs` seconds in the units of the coarse clock (2^20 ns).

@@ -527,6 +527,7 @@ mod tests {
                 namespace: "a\"b".into(),
                 gateway: "c\\d".into(),
                 listener: "e\nf".into(),
+                first: 30000,
                 size: 10,
                 bound: 3,
                 cooling: 1,

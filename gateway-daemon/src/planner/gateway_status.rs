@@ -480,6 +480,7 @@ pub(super) fn listener_usage(
                 namespace: namespace.clone(),
                 gateway: gateway.clone(),
                 listener: l.spec.name.clone(),
+                first,
                 size: u32::from(last - first) + 1,
                 bound,
                 cooling,

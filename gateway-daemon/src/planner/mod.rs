@@ -22,6 +22,7 @@ mod ledger;
 mod memo;
 mod overlaps;
 mod project;
+mod range_use;
 mod reason;
 mod route_status;
 mod scope;
@@ -46,12 +47,17 @@ use status::*;
 pub use addresses::{DefaultAddresses, Families, Family, TwiceForOneFamily};
 pub use capacity::Waiting;
 pub use memo::Memo;
+pub use range_use::NEARLY_FULL_PERCENT;
 pub use reason::Reason;
 pub use route_status::carry_parent_times;
 
 /// Listener condition type: some of the listener's ports are among the host's
 /// ephemeral ports (present only then; the ports assigned are reserved from them).
 pub const EPHEMERAL_PORT_OVERLAP: &str = "berth.dev/EphemeralPortOverlap";
+
+/// Listener condition type: at least `range_use::NEARLY_FULL_PERCENT` % of a range
+/// listener's ports are bound or cooling down (present only then).
+pub const RANGE_NEARLY_FULL: &str = "berth.dev/RangeNearlyFull";
 
 /// Cool-down when a GatewayConfig does not set `releaseCooldown`.
 pub const DEFAULT_RELEASE_COOLDOWN: Duration = Duration::from_secs(300);
@@ -156,7 +162,7 @@ pub type Owners = imbl::OrdMap<ServiceAddr, Arc<RouteKey>>;
 pub type RouteList = imbl::Vector<Arc<RouteEntry>>;
 
 /// How full a range listener is.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListenerUsage {
     /// Gateway namespace.
     pub namespace: String,
@@ -164,6 +170,9 @@ pub struct ListenerUsage {
     pub gateway: String,
     /// Listener name.
     pub listener: String,
+    /// The range's first port.
+    #[serde(default)]
+    pub first: u16,
     /// Ports in the range.
     pub size: u32,
     /// Ports held by bound claims.
@@ -268,15 +277,15 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         memo.incremental_plans += 1;
         copy.follow(input.snapshot);
         memo.snapshot = copy;
-        traffic::apply(input.snapshot, &mut plan, &format_time(input.now).into());
+        let now: Time = format_time(input.now).into();
+        traffic::apply(input.snapshot, &mut plan, &now);
+        range_use::mark_nearly_full(&mut plan, &now);
         return plan;
     }
     let mut run = run(input, input.snapshot, memo, None, None);
-    traffic::apply(
-        input.snapshot,
-        &mut run.plan,
-        &format_time(input.now).into(),
-    );
+    let now: Time = format_time(input.now).into();
+    traffic::apply(input.snapshot, &mut run.plan, &now);
+    range_use::mark_nearly_full(&mut run.plan, &now);
     if memo.keep {
         copy.follow(input.snapshot);
         memo.snapshot = copy;

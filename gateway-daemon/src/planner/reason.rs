@@ -56,6 +56,8 @@ pub enum Reason {
     /// Berth's own: a route's services are not programmed, as the datapath's maps are
     /// full of older routes' (`berth run --max-services`, `--max-backends`).
     DatapathFull,
+    /// Berth's own: most of a range listener's ports are bound or cooling down.
+    RangeNearlyFull,
 }
 
 impl Reason {
@@ -86,6 +88,7 @@ impl Reason {
             Reason::PortRangeExhausted => "PortRangeExhausted",
             Reason::OverlapsEphemeralPorts => "OverlapsEphemeralPorts",
             Reason::DatapathFull => "DatapathFull",
+            Reason::RangeNearlyFull => "RangeNearlyFull",
         }
     }
 }

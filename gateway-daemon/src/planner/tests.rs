@@ -44,7 +44,13 @@ pub(super) fn gateway(
 
 /// A Gateway `name` with one TCP range listener `listener` (`first..=last`) that
 /// takes routes from every namespace.
-fn range_gateway(name: &str, created: u64, listener: &str, first: u16, last: u16) -> String {
+pub(super) fn range_gateway(
+    name: &str,
+    created: u64,
+    listener: &str,
+    first: u16,
+    last: u16,
+) -> String {
     let spec = format!("{{name: {listener}, protocol: TCP, port: {first}, {ALL}}}");
     gateway(name, created, &[&spec], Some((listener, last)))
 }
