@@ -233,14 +233,27 @@ impl Datapath {
                     let fd = FdLink::try_from(link).map_err(|e| link_err(e.to_string()))?;
                     let pinned = fd.pin(&path).map_err(|e| link_err(e.to_string()))?;
                     self.links.insert(path, FdLink::from(pinned));
+                    // Native refused: said, with why (generic mode costs more per packet).
+                    if let Some(e) = last.take() {
+                        let why = native_refusal(iface, e);
+                        tracing::warn!(
+                            iface,
+                            reason = %crate::error_chain(&why),
+                            "native XDP refused; attached in generic (skb) mode"
+                        );
+                    }
                     return Ok(Attached::New(used));
                 }
-                Err(e) => last = Some(e),
+                Err(e) if used == AttachMode::Native => last = Some(e),
+                Err(e) => return Err(attach_err(e)),
             }
         }
-        Err(attach_err(last.unwrap_or(ProgramError::UnknownInterface {
-            name: iface.to_string(),
-        })))
+        Err(match last {
+            Some(e) => native_refusal(iface, e),
+            None => attach_err(ProgramError::UnknownInterface {
+                name: iface.to_string(),
+            }),
+        })
     }
 
     /// Attaches the TC program to `iface`'s egress; true if a new link was made.
@@ -364,6 +377,20 @@ fn ifname(ifindex: u32) -> Option<String> {
 }
 
 /// An attach error, made specific when another program already holds the hook.
+/// Why native XDP refused `iface`: its MTU when the driver said so (`ERANGE`), else as
+/// `attach_error` says.
+fn native_refusal(iface: &str, source: ProgramError) -> DatapathError {
+    if !errno_in(&source, libc::ERANGE) {
+        return attach_error(iface, "XDP", source);
+    }
+    let mtu = crate::sys::iface::mtu(iface).map_or_else(|| "?".into(), |m| m.to_string());
+    DatapathError::XdpMtu {
+        iface: iface.to_string(),
+        mtu,
+        source: Box::new(source),
+    }
+}
+
 fn attach_error(iface: &str, what: &'static str, source: ProgramError) -> DatapathError {
     if errno_in(&source, libc::EEXIST) || errno_in(&source, libc::EBUSY) {
         return DatapathError::Occupied {

@@ -182,6 +182,23 @@ pub enum DatapathError {
         #[source]
         source: ProgramError,
     },
+    /// Native XDP refused the interface's MTU (a program without multi-buffer support
+    /// takes frames of one page at most).
+    #[error(
+        "attaching the XDP program to interface {iface} in native mode: its MTU ({mtu}; \
+         on a veth, its peer's counts) is larger than its driver's native XDP takes for a \
+         program without multi-buffer support (about 3,500 bytes on veth); lower the MTU \
+         or use --xdp-mode skb (auto falls back to it)"
+    )]
+    XdpMtu {
+        /// Interface name.
+        iface: String,
+        /// Its MTU (`?` if it could not be read).
+        mtu: String,
+        /// Cause.
+        #[source]
+        source: Box<ProgramError>,
+    },
     /// An interface to attach to does not exist.
     #[error("interface {iface} does not exist (in this network namespace)")]
     NoInterface {
