@@ -681,6 +681,9 @@ fn warnings(w: Warned) -> Option<String> {
         }));
     }
     out.extend(unanswered(traffic));
+    out.extend(services.iter().filter_map(|s| {
+        crate::host_listeners::conflict(&p.host_listeners, s.protocol, s.addr, s.port)
+    }));
     (!out.is_empty()).then(|| out.join("; "))
 }
 

@@ -10,6 +10,7 @@ pub mod crd;
 pub mod datapath;
 pub mod health;
 pub mod host;
+pub mod host_listeners;
 pub mod kubernetes;
 pub mod manifests;
 pub mod memory;

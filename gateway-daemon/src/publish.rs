@@ -48,6 +48,8 @@ pub struct Published {
     /// Per backend of a service (by service and endpoint), what its flows carried: the
     /// backends that counted something or have active flows.
     pub backends: Arc<BTreeMap<(ServiceAddr, std::net::SocketAddr), BackendTraffic>>,
+    /// Ports host processes listen on (read with the conntrack scan).
+    pub host_listeners: Arc<crate::host_listeners::Listeners>,
     /// How long the last read of the traffic took (reads are spaced by at least
     /// `TRAFFIC_COST` times that).
     pub traffic_read: Duration,
@@ -301,6 +303,12 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath, stop: &dyn Fn() -> bool) -
         }
     }
     p.backends = Arc::new(backends);
+    if active.is_some() && !p.datapath.services.is_empty() {
+        if let Some(listeners) = crate::host_listeners::read() {
+            log_host_listeners(&p.datapath, &p.host_listeners, &listeners);
+            p.host_listeners = Arc::new(listeners);
+        }
+    }
     if let Some(scan) = &active {
         p.active_at = Some(now);
         let capacity = u64::from(dp.conntrack_capacity());
@@ -356,6 +364,24 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath, stop: &dyn Fn() -> bool) -
     p.traffic_read = started.elapsed();
     tracing::debug!(took = ?started.elapsed(), "read traffic");
     true
+}
+
+/// Logs each service that a host listener newly shares a port with (see
+/// `host_listeners`).
+fn log_host_listeners(
+    datapath: &DesiredState,
+    before: &crate::host_listeners::Listeners,
+    now: &crate::host_listeners::Listeners,
+) {
+    use crate::host_listeners::conflict;
+    for s in datapath.services.keys() {
+        let Some(said) = conflict(now, s.protocol, s.addr, s.port) else {
+            continue;
+        };
+        if conflict(before, s.protocol, s.addr, s.port).is_none() {
+            tracing::warn!(service = %s, "{said}");
+        }
+    }
 }
 
 /// What one backend's flows carried (`ipvsadm --stats` per real server).
@@ -581,6 +607,7 @@ pub fn effects(
         usage,
         traffic: Arc::clone(&prev.traffic),
         backends: Arc::clone(&prev.backends),
+        host_listeners: Arc::clone(&prev.host_listeners),
         traffic_at: prev.traffic_at,
         traffic_read: prev.traffic_read,
         active_at: prev.active_at,

@@ -1,0 +1,62 @@
+//! Cases that once said nothing (issue 31), each where the operator looks: native XDP
+//! on an interface whose MTU its driver cannot take in one page (a 9000-byte MTU on a
+//! veth) is refused naming the MTU and the way out, where the kernel said only
+//! "Numerical result out of range"; a route given a port a host process listens on says
+//! so in `berth get routes`. Needs root.
+
+use std::{net::TcpListener, time::Duration};
+
+use berth_tests::{
+    daemon::{Daemon, Dirs},
+    netns::wait_until,
+    topo::Topology,
+};
+
+#[test]
+fn native_xdp_on_an_interface_with_a_9000_byte_mtu_is_refused_naming_the_mtu() {
+    let topo = Topology::new(1);
+    // Both ends: the kernel checks the peer's MTU, the largest frame that can arrive.
+    topo.gateway.ip(&["link", "set", "c0", "mtu", "9000"]);
+    topo.client.ip(&["link", "set", "eth0", "mtu", "9000"]);
+    let dirs = Dirs::with_examples();
+    let stderr = dirs.refused_start(&topo, &["--xdp-mode", "native"]);
+    assert!(
+        stderr.contains("interface c0 in native mode: its MTU (9000;")
+            && stderr.contains("--xdp-mode skb"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_route_on_a_port_a_host_process_listens_on_says_so() {
+    let topo = Topology::new(2);
+    let _servers = topo.start_servers();
+    let dirs = Dirs::with_examples();
+    // A host process of the gateway listens on team A's port (30000) on every address.
+    let _host = topo
+        .gateway
+        .enter(|| TcpListener::bind("0.0.0.0:30000").expect("listen"));
+    let daemon = Daemon::start(&topo, &dirs);
+    let want = "a host process listens on TCP 0.0.0.0:30000";
+    wait_until(
+        "team A's route to say a host process listens on its port",
+        Duration::from_secs(30),
+        || {
+            daemon.routes(&topo.gateway).iter().any(|r| {
+                r.namespace == "team-a" && r.warning.as_deref().is_some_and(|w| w.contains(want))
+            })
+        },
+    );
+    let dns = daemon
+        .routes(&topo.gateway)
+        .into_iter()
+        .find(|r| r.namespace == "team-b")
+        .expect("team B's route");
+    assert!(
+        dns.warning
+            .as_deref()
+            .is_none_or(|w| !w.contains("host process")),
+        "{dns:?}"
+    );
+    drop(daemon);
+}
