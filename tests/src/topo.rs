@@ -608,6 +608,27 @@ pub fn http_get(addr: impl Into<SocketAddr>) -> std::io::Result<String> {
     http_request(&mut s)
 }
 
+/// The bodies (trimmed; empty for a request that failed) of one GET on each of `n` new
+/// connections from the client of `topo` to `at`, each within `timeout`.
+pub fn fresh_answers(
+    topo: &Topology,
+    at: std::net::SocketAddrV4,
+    n: usize,
+    timeout: Duration,
+) -> Vec<String> {
+    (0..n)
+        .map(|_| {
+            topo.client.enter(|| {
+                let mut c = TcpStream::connect_timeout(&at.into(), timeout).expect("connect");
+                c.set_read_timeout(Some(timeout)).expect("timeout");
+                http_request(&mut c)
+                    .map(|b| b.trim().to_string())
+                    .unwrap_or_default()
+            })
+        })
+        .collect()
+}
+
 /// Sends a keep-alive GET on `s` and reads one response; returns the body.
 pub fn http_request(s: &mut TcpStream) -> std::io::Result<String> {
     s.write_all(b"GET / HTTP/1.1\r\nHost: berth\r\nConnection: keep-alive\r\n\r\n")?;

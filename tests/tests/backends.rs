@@ -68,17 +68,7 @@ fn web(daemon: &Daemon, topo: &Topology) -> berth::admin::RouteRow {
 
 /// Backends the answers of `n` new connections came from.
 fn fresh_answers(topo: &Topology, web: SocketAddrV4, n: usize) -> Vec<String> {
-    (0..n)
-        .map(|_| {
-            topo.client.enter(|| {
-                let mut c = TcpStream::connect_timeout(&web.into(), TIMEOUT).expect("connect");
-                c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
-                http_request(&mut c)
-                    .map(|b| b.trim().to_string())
-                    .unwrap_or_default()
-            })
-        })
-        .collect()
+    berth_tests::topo::fresh_answers(topo, web, n, TIMEOUT)
 }
 
 #[test]

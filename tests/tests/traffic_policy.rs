@@ -228,17 +228,7 @@ fn web_flows(topo: &Topology) -> std::collections::BTreeMap<String, u64> {
 
 /// The backends that answered `n` new connections of the client.
 fn answers(topo: &Topology, n: usize) -> Vec<String> {
-    (0..n)
-        .map(|_| {
-            topo.client.enter(|| {
-                let mut c = TcpStream::connect_timeout(&WEB.into(), TIMEOUT).expect("connect");
-                c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
-                http_request(&mut c)
-                    .map(|b| b.trim().to_string())
-                    .unwrap_or_default()
-            })
-        })
-        .collect()
+    berth_tests::topo::fresh_answers(topo, WEB, n, TIMEOUT)
 }
 
 #[test]
@@ -247,11 +237,17 @@ fn session_affinity_keeps_100_connections_of_a_client_on_one_backend() {
     let _servers = topo.start_servers();
     let dirs = manifests(false, "");
     let daemon = Daemon::start(&topo, &dirs);
+    // Every connection the test makes, to know when the counters have them all.
+    let made = std::cell::Cell::new(0u64);
+    let connect = |n: usize| {
+        made.set(made.get() + n as u64);
+        answers(&topo, n)
+    };
     let spread: BTreeSet<String> = poll(
         "connections spread over both web backends",
         Duration::from_secs(10),
         || {
-            let seen: BTreeSet<String> = answers(&topo, 20).into_iter().collect();
+            let seen: BTreeSet<String> = connect(20).into_iter().collect();
             match seen.len() {
                 2 => Ok(seen),
                 _ => Err(format!("{seen:?}")),
@@ -264,21 +260,19 @@ fn session_affinity_keeps_100_connections_of_a_client_on_one_backend() {
     wait_until("the policy to be accepted", Duration::from_secs(10), || {
         policy_status(&topo, "sticky").is_some_and(|s| s.len() == 1 && s[0].0 == "True")
     });
-    // The counters are read about every second: settled once two reads agree.
+    // The counters are read about every second: settled once they count every
+    // connection made.
     let settled = || {
         poll("the backends' counters", Duration::from_secs(10), || {
-            let a = web_flows(&topo);
-            std::thread::sleep(Duration::from_millis(1500));
-            let b = web_flows(&topo);
-            if a == b && a.len() == 2 {
-                Ok(a)
-            } else {
-                Err(format!("{a:?} then {b:?}"))
+            let flows = web_flows(&topo);
+            match flows.values().sum::<u64>() == made.get() && flows.len() == 2 {
+                true => Ok(flows),
+                false => Err(format!("{flows:?}, {} connections made", made.get())),
             }
         })
     };
     let before = settled();
-    let sticky = answers(&topo, 100);
+    let sticky = connect(100);
     let backends: BTreeSet<&String> = sticky.iter().collect();
     assert_eq!(
         backends.len(),
