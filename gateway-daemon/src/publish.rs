@@ -33,6 +33,9 @@ pub struct Published {
     pub ignored_records: u64,
     /// Plans made.
     pub cycles: u64,
+    /// Milliseconds spent in the cycles that made them (objects read, plan, claims
+    /// stored, datapath programmed), summed.
+    pub cycle_millis: u64,
     /// Datapath counters, when a datapath is attached.
     pub counters: BTreeMap<&'static str, u64>,
     /// Why the last cycle failed, if it did.
@@ -601,6 +604,8 @@ pub fn effects(
         warnings: Vec::new(),
         ignored_records: 0,
         cycles: prev.cycles + 1,
+        // The caller adds the cycle's own.
+        cycle_millis: prev.cycle_millis,
         counters: prev.counters.clone(),
         last_error: None,
         owners,

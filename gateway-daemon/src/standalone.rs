@@ -374,6 +374,7 @@ fn step(
     next.warnings = source.warnings();
     next.ignored_records = store.ignored_records();
     next.health = plans.health.handle();
+    next.cycle_millis += started.elapsed().as_millis() as u64;
     crate::memory::published();
     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     plans.last = std::time::Instant::now();

@@ -31,6 +31,9 @@ const PACKAGES: &[(&str, &str)] = &[
     // The end-to-end benchmark's kernel NAT baselines.
     ("iptables", "iptables-legacy"),
     ("nftables", "nft"),
+    // The monitoring test: deploy/monitoring's rules and dashboard queries against a
+    // real Prometheus scraping a daemon (tests/tests/monitoring.rs).
+    ("prometheus", "promtool"),
 ];
 
 /// The file at the workspace root that names the pinned nightly (`nightly-YYYY-MM-DD`),

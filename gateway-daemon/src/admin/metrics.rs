@@ -108,6 +108,23 @@ fn families(p: &Published, detail: Detail) -> Families {
     let mut out = vec![
         Family::new("berth_plans", "Plans made since start.", Counter).with(vec![], p.cycles),
         Family::new(
+            "berth_plan_cycle_milliseconds",
+            "Time spent in the cycles that made the plans (read, plan, store, program): \
+             divided by berth_plans_total, the mean cycle.",
+            Counter,
+        )
+        .with(vec![], p.cycle_millis),
+        Family::new(
+            "berth_ready",
+            "1 while /readyz says ready (a plan is programmed and the addresses are \
+             announced), else 0.",
+            Gauge,
+        )
+        .with(
+            vec![],
+            u64::from(crate::admin::readiness(p, std::time::SystemTime::now()).is_none()),
+        ),
+        Family::new(
             "berth_manifest_errors",
             "Manifest files whose current version is broken.",
             Gauge,

@@ -535,6 +535,7 @@ async fn cycles(
             reported = view.errors.iter().cloned().collect();
             let prev = Arc::clone(&shared.lock().unwrap_or_else(|e| e.into_inner()));
             let now = SystemTime::now();
+            let started = std::time::Instant::now();
             let checked = health.policy_entries(&view.snapshot, now);
             let result = match controller.reconcile(&view, now, checked).await {
                 Ok(plan) => {
@@ -549,6 +550,7 @@ async fn cycles(
                     }
                     next.broken = view.errors.clone();
                     next.health = health.handle();
+                    next.cycle_millis += started.elapsed().as_millis() as u64;
                     let cooling = next.cooling;
                     crate::memory::published();
                     *shared.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
