@@ -273,39 +273,33 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath, stop: &dyn Fn() -> bool) -
             Some(Default::default())
         }
     };
-    let backend_stats = match dp.backend_stats_until(stop) {
-        Ok(stats) => stats,
-        Err(_) if stop() => return false,
-        Err(_) => Default::default(),
-    };
-    let now = std::time::Instant::now();
-    let mut backends: BTreeMap<_, BackendTraffic> = backend_stats
-        .into_iter()
-        .map(|(at, stats)| {
-            (
-                at,
-                BackendTraffic {
-                    stats,
-                    active_flows: 0,
-                },
-            )
-        })
-        .collect();
-    let active_of = |b: &BTreeMap<_, BackendTraffic>, at| b.get(at).map_or(0, |t| t.active_flows);
-    match &active {
-        Some(scan) => {
-            for (at, &n) in &scan.per_backend {
-                backends.entry(*at).or_default().active_flows = n;
-            }
+    // Every backend's counters and flows, with the conntrack scan (every
+    // `ACTIVE_FLOW_REFRESH`): a read of the per-CPU counters of every backend id
+    // (5 MiB at the default --max-backends on 2 CPUs) every second was not worth it.
+    if let Some(scan) = &active {
+        let stats = match dp.backend_stats_until(stop) {
+            Ok(stats) => stats,
+            Err(_) if stop() => return false,
+            Err(_) => Default::default(),
+        };
+        let mut backends: BTreeMap<_, BackendTraffic> = stats
+            .into_iter()
+            .map(|(at, stats)| {
+                (
+                    at,
+                    BackendTraffic {
+                        stats,
+                        active_flows: 0,
+                    },
+                )
+            })
+            .collect();
+        for (at, &n) in &scan.per_backend {
+            backends.entry(*at).or_default().active_flows = n;
         }
-        // Not scanned this time: as counted before.
-        None => {
-            for (at, t) in backends.iter_mut() {
-                t.active_flows = active_of(&p.backends, at);
-            }
-        }
+        p.backends = Arc::new(backends);
     }
-    p.backends = Arc::new(backends);
+    let now = std::time::Instant::now();
     if active.is_some() && !p.datapath.services.is_empty() {
         if let Some(listeners) = crate::host_listeners::read() {
             log_host_listeners(&p.datapath, &p.host_listeners, &listeners);

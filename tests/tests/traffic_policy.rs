@@ -260,10 +260,10 @@ fn session_affinity_keeps_100_connections_of_a_client_on_one_backend() {
     wait_until("the policy to be accepted", Duration::from_secs(10), || {
         policy_status(&topo, "sticky").is_some_and(|s| s.len() == 1 && s[0].0 == "True")
     });
-    // The counters are read about every second: settled once they count every
+    // The backends' counters are read every 10 s: settled once they count every
     // connection made.
     let settled = || {
-        poll("the backends' counters", Duration::from_secs(10), || {
+        poll("the backends' counters", Duration::from_secs(30), || {
             let flows = web_flows(&topo);
             match flows.values().sum::<u64>() == made.get() && flows.len() == 2 {
                 true => Ok(flows),
