@@ -372,3 +372,35 @@ pub fn uninstall(gateway: &Netns, dirs: &Dirs) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A policy's status in the state document of the daemon in `gateway`
+/// (`/api/v1/state`): per target, the (status, reason, message) of its condition of
+/// type `condition`. `None` until the document lists the policy.
+pub fn policy_conditions(
+    gateway: &Netns,
+    kind: &str,
+    name: &str,
+    condition: &str,
+) -> Option<Vec<(String, String, String)>> {
+    let text = gateway
+        .enter(|| berth::admin::get("127.0.0.1:9470", "/api/v1/state"))
+        .ok()?;
+    let doc: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let policy = doc["policies"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == name && p["kind"] == kind)?
+        .clone();
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    policy["status"]["ancestors"]
+        .as_array()?
+        .iter()
+        .map(|a| {
+            let c = a["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == condition)?;
+            Some((text(&c["status"]), text(&c["reason"]), text(&c["message"])))
+        })
+        .collect()
+}

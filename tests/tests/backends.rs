@@ -214,23 +214,10 @@ fn health(topo: &Topology) -> Vec<(String, String, String)> {
 /// The `berth.dev/Healthy` condition of BackendHealthPolicy `name`'s target in the
 /// state document: (status, reason, message).
 fn healthy_condition(topo: &Topology, name: &str) -> Option<(String, String, String)> {
-    let text = topo
-        .gateway
-        .enter(|| berth::admin::get("127.0.0.1:9470", "/api/v1/state"))
-        .ok()?;
-    let doc: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let policy = doc["policies"]
-        .as_array()?
-        .iter()
-        .find(|p| p["name"] == name && p["kind"] == "BackendHealthPolicy")?
-        .clone();
-    let c = policy["status"]["ancestors"][0]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == "berth.dev/Healthy")?
-        .clone();
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
-    Some((text(&c["status"]), text(&c["reason"]), text(&c["message"])))
+    let kind = "BackendHealthPolicy";
+    berth_tests::daemon::policy_conditions(&topo.gateway, kind, name, "berth.dev/Healthy")?
+        .into_iter()
+        .next()
 }
 
 /// Waits until policy `name`'s target says `reason` in the state document.

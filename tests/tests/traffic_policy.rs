@@ -123,30 +123,10 @@ fn age(ct: &mut Conntrack, client: SocketAddrV4, by: Duration) {
     ct.insert(rk, r, 0).expect("age the reply entry");
 }
 
-/// The state document's status of policy `name`: per target, (status, reason, message)
-/// of its first condition.
+/// The state document's status of RouteTrafficPolicy `name`: per target, (status,
+/// reason, message) of its Accepted condition.
 fn policy_status(topo: &Topology, name: &str) -> Option<Vec<(String, String, String)>> {
-    let text = topo
-        .gateway
-        .enter(|| berth::admin::get("127.0.0.1:9470", "/api/v1/state"))
-        .ok()?;
-    let doc: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let policy = doc["policies"]
-        .as_array()?
-        .iter()
-        .find(|p| p["name"] == name)?
-        .clone();
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
-    Some(
-        policy["status"]["ancestors"]
-            .as_array()?
-            .iter()
-            .map(|a| {
-                let c = &a["conditions"][0];
-                (text(&c["status"]), text(&c["reason"]), text(&c["message"]))
-            })
-            .collect(),
-    )
+    berth_tests::daemon::policy_conditions(&topo.gateway, "RouteTrafficPolicy", name, "Accepted")
 }
 
 #[test]
