@@ -126,9 +126,11 @@ pub mod map_names {
     pub const AFFINITY: &str = "berth_affinity";
     /// IPv6: `AffinityKey<[u32; 4]>` → `Affinity`.
     pub const AFFINITY6: &str = "berth_affinity6";
+    /// Ring buffer of `MonitorEvent`s for `berth monitor` (`config::MONITOR`).
+    pub const EVENTS: &str = "berth_events";
 
     /// Every map, in a fixed order.
-    pub const ALL: [&str; 29] = [
+    pub const ALL: [&str; 30] = [
         SERVICES,
         ADDRESSES,
         MAGLEV,
@@ -158,6 +160,7 @@ pub mod map_names {
         AFFINITY,
         AFFINITY6,
         BACKEND_STATS,
+        EVENTS,
     ];
 }
 
@@ -264,8 +267,59 @@ pub mod config {
     pub const REPLY_ORIGIN_BACKEND: u32 = 0;
     /// `REPLY_ORIGIN`: replies may come from anywhere.
     pub const REPLY_ORIGIN_ANY: u32 = 1;
+    /// The process id of the `berth monitor` reading `map_names::EVENTS`; 0: nobody
+    /// listens, and the program records no event (two array reads a packet).
+    pub const MONITOR: u32 = 3;
+    /// Which counters are events (`Counter::is_event`) the monitor wants: bit `i` of
+    /// `MONITOR_REASONS_LO` (`i` < 32) or of `MONITOR_REASONS_HI` (`i - 32`).
+    pub const MONITOR_REASONS_LO: u32 = 4;
+    /// See `MONITOR_REASONS_LO`.
+    pub const MONITOR_REASONS_HI: u32 = 5;
+    /// One event in this many is sent (0 and 1: every one), per CPU.
+    pub const MONITOR_SAMPLE: u32 = 6;
+    /// Events sent a second, per CPU, at most; the rest are counted
+    /// (`Counter::MonitorLost`).
+    pub const MONITOR_RATE: u32 = 7;
+    /// A number the listener picks anew each time it starts: a CPU's count of events
+    /// sent in the current second starts again for a new listener.
+    pub const MONITOR_SESSION: u32 = 8;
     /// Entries of the array.
-    pub const SLOTS: u32 = 8;
+    pub const SLOTS: u32 = 16;
+}
+
+/// Bytes of a packet's head a `MonitorEvent` holds, as it entered and as it left.
+pub const MONITOR_BYTES: usize = 128;
+
+/// Size of the `map_names::EVENTS` ring buffer: a few thousand events for a reader
+/// that falls behind for a moment.
+pub const EVENTS_BYTES: u32 = 1 << 20;
+
+/// An event of the gateway program for `berth monitor`: a packet the program dropped,
+/// handed to the kernel, or carried otherwise than a tracked flow's packets are
+/// (`Counter::is_event`), with its head as it entered and as it left the program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MonitorEvent {
+    /// `bpf_ktime_get_ns` when sent.
+    pub time_ns: u64,
+    /// The `Counter` it was counted as, host order.
+    pub reason: u32,
+    /// The program's verdict (`XDP_DROP` 1, `XDP_PASS` 2, `XDP_TX` 3, `XDP_REDIRECT` 4).
+    pub action: u32,
+    /// The interface it arrived on.
+    pub ifindex: u32,
+    /// The CPU that carried it.
+    pub cpu: u32,
+    /// The packet's length as it left (Ethernet header included).
+    pub len: u32,
+    /// Bytes of `entered` set (its length as it entered, at most `MONITOR_BYTES`).
+    pub entered_len: u16,
+    /// Bytes of `left` set.
+    pub left_len: u16,
+    /// The packet's head as it entered.
+    pub entered: [u8; MONITOR_BYTES],
+    /// The packet's head as it left.
+    pub left: [u8; MONITOR_BYTES],
 }
 
 /// Value of the per-CPU `map_names::FLOOD` array: the new flows one CPU saw in one
@@ -918,9 +972,34 @@ counters! {
     /// A packet to a service that would open a flow whose source is a gateway address
     /// (one Berth serves): forged, or looping (XDP_DROP).
     DropGatewaySource = "drop_gateway_source",
+    /// An event `berth monitor` asked for that was not sent: over its CPU's rate
+    /// (`config::MONITOR_RATE`) or the ring buffer was full.
+    MonitorLost = "monitor_lost",
 }
 
 impl Counter {
+    /// Whether a packet counted so is an event for `berth monitor`: what the XDP
+    /// program counts but the ordinary course of a flow (sent by XDP, recorded) and the
+    /// monitor's own loss. (The TC programs' counters are not events.)
+    pub const fn is_event(self) -> bool {
+        !matches!(
+            self,
+            Counter::Redirect
+                | Counter::Tx
+                | Counter::NewFlow
+                | Counter::FragmentTranslated
+                | Counter::TcReply
+                | Counter::TcMasq
+                | Counter::TcIcmp
+                | Counter::TcUntranslated
+                | Counter::TcRedirectDropped
+                | Counter::SnatNewFlow
+                | Counter::CtCreated
+                | Counter::RedirectError
+                | Counter::MonitorLost
+        )
+    }
+
     /// The counter with index `i`, if any.
     pub fn from_index(i: u32) -> Option<Counter> {
         Counter::ALL.get(i as usize).copied()
@@ -984,6 +1063,9 @@ const _: () = {
     assert!(core::mem::size_of::<AffinityKey<[u32; 4]>>() == 20);
     assert!(core::mem::size_of::<Affinity>() == 8);
     assert!(core::mem::size_of::<BackendStats>() == 40);
+    assert!(core::mem::size_of::<MonitorEvent>() == 288);
+    // The monitor's reasons are two 32-bit masks (`config::MONITOR_REASONS_LO`).
+    assert!(Counter::COUNT <= 64);
 };
 
 #[cfg(feature = "user")]

@@ -15,6 +15,7 @@ pub mod kubernetes;
 pub mod manifests;
 pub mod memory;
 pub mod model;
+pub mod monitor;
 pub mod netlink;
 pub mod output;
 pub mod planner;

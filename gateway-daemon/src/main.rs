@@ -91,6 +91,10 @@ enum Command {
         #[arg(long, default_value = DEFAULT_ADMIN)]
         admin_addr: String,
     },
+    /// Show the datapath's events live: packets dropped, handed to the kernel, or
+    /// carried otherwise than a tracked flow's (mid-flow misses, ICMP errors, floods),
+    /// with their headers as they entered and left; sampled and limited in the kernel.
+    Monitor(Box<MonitorArgs>),
     /// Show what a running daemon holds.
     Get {
         /// What to show.
@@ -103,6 +107,59 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+}
+
+/// The options of `berth monitor`.
+#[derive(Args)]
+struct MonitorArgs {
+    /// Only events of this reason (a counter's name, as on /metrics); repeatable.
+    #[arg(long = "reason", value_parser = berth::monitor::reason)]
+    reasons: Vec<gateway_common::Counter>,
+    /// Only packets of this route (NAMESPACE/NAME; its ports and endpoints, asked of
+    /// the daemon); repeatable.
+    #[arg(long = "route")]
+    routes: Vec<String>,
+    /// Only packets from or to this address; repeatable.
+    #[arg(long = "address")]
+    addresses: Vec<IpAddr>,
+    /// Only packets from or to this port; repeatable.
+    #[arg(long = "port")]
+    ports: Vec<u16>,
+    /// Send one event in N (per CPU).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    sample: u32,
+    /// Send at most N events a second per CPU; the rest are counted as monitor_lost.
+    #[arg(long, default_value_t = 1000)]
+    rate: u32,
+    /// Output format of the lines.
+    #[arg(short, long, value_enum, default_value_t = MonitorOutput::Text)]
+    output: MonitorOutput,
+    /// Also write the packets (their first 128 bytes, as they entered and, if
+    /// rewritten, as they left) to this pcap file; `-`: to standard output instead of
+    /// the lines (`berth monitor --pcap - | tshark -r -`).
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// End after N events.
+    #[arg(long)]
+    count: Option<u64>,
+    /// End after this long (`30s`, `5m`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<std::time::Duration>,
+    /// Where the datapath's maps are pinned.
+    #[arg(long, default_value = datapath::DEFAULT_PIN_DIR)]
+    pin_dir: PathBuf,
+    /// The daemon's admin endpoint (for --route).
+    #[arg(long, default_value = DEFAULT_ADMIN)]
+    admin_addr: String,
+}
+
+/// `berth monitor`'s line format.
+#[derive(Clone, Copy, ValueEnum)]
+enum MonitorOutput {
+    /// A line of text an event.
+    Text,
+    /// A JSON object a line.
+    Json,
 }
 
 /// The options of `berth run`.
@@ -429,6 +486,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Drain { admin_addr } => drain_cmd(&admin_addr, Request::Drain),
         Command::Undrain { admin_addr } => drain_cmd(&admin_addr, Request::Undrain),
         Command::Run(args) => run::run(*args),
+        Command::Monitor(args) => berth::monitor::run(&berth::monitor::Options {
+            pin_dir: args.pin_dir,
+            admin_addr: args.admin_addr,
+            reasons: args.reasons,
+            routes: args.routes,
+            addresses: args.addresses,
+            ports: args.ports,
+            sample: args.sample,
+            rate: args.rate,
+            json: matches!(args.output, MonitorOutput::Json),
+            pcap: args.pcap,
+            count: args.count,
+            duration: args.duration,
+        }),
     }
 }
 

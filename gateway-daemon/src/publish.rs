@@ -299,6 +299,14 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath, stop: &dyn Fn() -> bool) -
         }
         p.backends = Arc::new(backends);
     }
+    if active.is_some() {
+        if let Ok(Some(pid)) = dp.forget_gone_monitor() {
+            tracing::info!(
+                pid,
+                "berth monitor ended without turning the datapath's events off: turned off"
+            );
+        }
+    }
     let now = std::time::Instant::now();
     if active.is_some() && !p.datapath.services.is_empty() {
         if let Some(listeners) = crate::host_listeners::read() {

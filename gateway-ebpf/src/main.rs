@@ -123,6 +123,7 @@ mod fwd;
 mod icmp;
 mod ipv6;
 mod maps;
+mod monitor;
 mod nat;
 mod origin;
 mod packet;
@@ -156,7 +157,8 @@ use crate::{
 #[xdp]
 #[inline(always)]
 pub fn berth(ctx: XdpContext) -> u32 {
-    verdict(try_berth(&ctx))
+    monitor::entered(&ctx);
+    verdict(&ctx, try_berth(&ctx))
 }
 
 /// The IPv6 half of the gateway program, entered by tail call from `berth`
@@ -164,7 +166,7 @@ pub fn berth(ctx: XdpContext) -> u32 {
 #[xdp]
 #[inline(always)]
 pub fn berth_v6(ctx: XdpContext) -> u32 {
-    verdict(ipv6::try_berth(&ctx))
+    verdict(&ctx, ipv6::try_berth(&ctx))
 }
 
 /// The ICMPv6 part of the gateway program, entered by tail call from `berth_v6`
@@ -172,19 +174,29 @@ pub fn berth_v6(ctx: XdpContext) -> u32 {
 #[xdp]
 #[inline(always)]
 pub fn berth_icmp6(ctx: XdpContext) -> u32 {
-    verdict(ipv6::try_icmp(&ctx))
+    verdict(&ctx, ipv6::try_icmp(&ctx))
 }
 
-/// An XDP verdict: a dropped packet's reason is counted.
+/// Sends the event of the packet in hand (`monitor.rs`), entered by tail call from the
+/// gateway programs' verdict (`maps::PROG_MONITOR`) while `berth monitor` listens.
+#[xdp]
 #[inline(always)]
-fn verdict(result: Result<u32, Counter>) -> u32 {
-    match result {
+pub fn berth_monitor(ctx: XdpContext) -> u32 {
+    monitor::send(&ctx)
+}
+
+/// An XDP verdict: a dropped packet's reason is counted; the packet's event, if it has
+/// one and someone listens, is sent.
+#[inline(always)]
+fn verdict(ctx: &XdpContext, result: Result<u32, Counter>) -> u32 {
+    let action = match result {
         Ok(action) => action,
         Err(reason) => {
             count(reason);
             xdp_action::XDP_DROP
         }
-    }
+    };
+    monitor::flush(ctx, action)
 }
 
 /// The reverse-NAT program on the `--interface`s' egress (tcx): translates replies the

@@ -160,6 +160,9 @@ pub fn count(counter: Counter) {
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
         unsafe { *slot += 1 };
     }
+    if counter.is_event() {
+        crate::monitor::note(counter);
+    }
 }
 
 /// Whether `addr` (network order) is a gateway address of some service.
@@ -325,13 +328,16 @@ pub static TUPLE6: PerCpuArray<FlowKey<Addr6>> = PerCpuArray::with_max_entries(1
 /// which the gateway program enters for IPv6 frames (its own 512-byte stack), slot
 /// `PROG_ICMP6` is `berth_icmp6`, which `berth_v6` enters for ICMPv6 (the error
 /// translation does not fit beside the rest of `berth_v6` in one stack).
+/// Slot `PROG_MONITOR` is `berth_monitor`, which sends an event (`monitor.rs`).
 #[map(name = "berth_progs")]
-pub static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(2, 0);
+pub static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(3, 0);
 
 /// `berth_progs` slot of the IPv6 gateway program.
 pub const PROG_V6: u32 = 0;
 /// `berth_progs` slot of the ICMPv6 program.
 pub const PROG_ICMP6: u32 = 1;
+/// `berth_progs` slot of the monitor's program.
+pub const PROG_MONITOR: u32 = 2;
 
 /// The TC program's tail-call slots, filled by the loader: slot `PROG_V6` is
 /// `berth_tc_v6`, which `berth_tc` enters for IPv6 frames (a TC program cannot enter

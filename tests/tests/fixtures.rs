@@ -1045,6 +1045,8 @@ mod ecmp;
 mod entries;
 #[path = "fixtures/ipv6.rs"]
 mod ipv6;
+#[path = "fixtures/monitor.rs"]
+mod monitor;
 #[path = "fixtures/snat.rs"]
 mod snat;
 #[path = "fixtures/spoof.rs"]

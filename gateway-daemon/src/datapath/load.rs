@@ -23,8 +23,8 @@ use super::{
     links, map_err,
     pool::{Region, TablePool},
     xdp, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limit, Limits,
-    Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, PROGRAM, PROGRAM_ICMP6, PROGRAM_V6,
-    REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
+    Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM, PROGRAM_ICMP6,
+    PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
 };
 use crate::sys;
 
@@ -41,7 +41,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    fn shapes(&self) -> [Shape; 29] {
+    fn shapes(&self) -> [Shape; 30] {
         use std::mem::size_of;
         let services = [map_names::SERVICES, map_names::SERVICES6];
         let backends = [
@@ -86,6 +86,7 @@ impl Limits {
                 map_names::AFFINITY,
                 map_names::AFFINITY6,
                 map_names::BACKEND_STATS,
+                map_names::EVENTS,
             ]
             .contains(&name),
         };
@@ -147,7 +148,7 @@ impl Limits {
                 size_of::<gateway_common::NextHop>(),
                 self.backends,
             ),
-            shape(map_names::PROGRAMS, 4, 4, 2),
+            shape(map_names::PROGRAMS, 4, 4, 3),
             shape(map_names::TC_PROGRAMS, 4, 4, 2),
             shape(
                 map_names::SERVICES6,
@@ -194,6 +195,7 @@ impl Limits {
                 size_of::<gateway_common::Affinity>(),
                 gateway_common::AFFINITY_ENTRIES,
             ),
+            shape(map_names::EVENTS, 0, 0, gateway_common::EVENTS_BYTES),
         ]
     }
 }
@@ -359,7 +361,13 @@ impl Datapath {
             loader.map_pin_path(shape.name, path.as_path());
         }
         let mut ebpf = loader.load(OBJECT).map_err(DatapathError::Load)?;
-        for name in [PROGRAM, PROGRAM_V6, PROGRAM_ICMP6, FLOOR_PROGRAM] {
+        for name in [
+            PROGRAM,
+            PROGRAM_V6,
+            PROGRAM_ICMP6,
+            MONITOR_PROGRAM,
+            FLOOR_PROGRAM,
+        ] {
             xdp(&mut ebpf, name)?
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
@@ -598,7 +606,7 @@ impl Datapath {
 }
 
 /// Puts the IPv6 programs in their tail-call slots: `berth_v6` (slot 0) and
-/// `berth_icmp6` (slot 1) of `map_names::PROGRAMS`, the TC program's IPv6 half and its
+/// `berth_icmp6` (slot 1) of `map_names::PROGRAMS` (and `berth_monitor` in slot 2), the TC program's IPv6 half and its
 /// ICMPv6 part in slots 0 and 1 of `map_names::TC_PROGRAMS`; the IPv4 programs enter them for IPv6 frames (an empty
 /// slot passes them, counted `ipv6_no_program`). A pinned array's slots are
 /// overwritten: from now on this build's programs run.
@@ -609,6 +617,7 @@ fn enter_v6(ebpf: &mut Ebpf) -> Result<()> {
     };
     let v6 = clone(PROGRAM_V6, xdp(ebpf, PROGRAM_V6)?.fd())?;
     let icmp6 = clone(PROGRAM_ICMP6, xdp(ebpf, PROGRAM_ICMP6)?.fd())?;
+    let monitor = clone(MONITOR_PROGRAM, xdp(ebpf, MONITOR_PROGRAM)?.fd())?;
     let tc_v6 = clone(TC_PROGRAM_V6, links::classifier(ebpf, TC_PROGRAM_V6)?.fd())?;
     let tc_icmp6 = clone(
         TC_PROGRAM_ICMP6,
@@ -617,6 +626,7 @@ fn enter_v6(ebpf: &mut Ebpf) -> Result<()> {
     for (name, slot, fd) in [
         (map_names::PROGRAMS, 0, &v6),
         (map_names::PROGRAMS, 1, &icmp6),
+        (map_names::PROGRAMS, 2, &monitor),
         (map_names::TC_PROGRAMS, 0, &tc_v6),
         (map_names::TC_PROGRAMS, 1, &tc_icmp6),
     ] {

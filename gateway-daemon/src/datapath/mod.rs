@@ -77,6 +77,9 @@ pub const PROGRAM: &str = "berth";
 pub const PROGRAM_V6: &str = "berth_v6";
 /// Name of the ICMPv6 program, entered by tail call from `PROGRAM_V6`.
 pub const PROGRAM_ICMP6: &str = "berth_icmp6";
+/// Name of the program sending `berth monitor`'s events, entered by tail call from the
+/// gateway programs' verdicts.
+pub const MONITOR_PROGRAM: &str = "berth_monitor";
 /// Name of the program counting the kernel's refused redirects (tracepoint).
 pub const REDIRECT_ERR_PROGRAM: &str = "berth_redirect_err";
 /// Name of the reverse-NAT program attached to the interfaces' egress (tcx).
@@ -535,8 +538,29 @@ impl Datapath {
         self.set_config(config::REPLY_ORIGIN, value)
     }
 
+    /// Turns the monitor's events off if the `berth monitor` that turned them on is
+    /// gone (killed before it could): its process id, then.
+    pub fn forget_gone_monitor(&mut self) -> Result<Option<u32>> {
+        let pid = self
+            .config()?
+            .get(&config::MONITOR, 0)
+            .map_err(map_err(map_names::CONFIG))?;
+        if pid == 0 || Path::new(&format!("/proc/{pid}")).exists() {
+            return Ok(None);
+        }
+        self.set_config(config::MONITOR, 0)?;
+        Ok(Some(pid))
+    }
+
     /// Writes `value` into slot `slot` of the program's config map.
     fn set_config(&mut self, slot: u32, value: u32) -> Result<()> {
+        self.config()?
+            .set(slot, value, 0)
+            .map_err(map_err(map_names::CONFIG))
+    }
+
+    /// The program's config map.
+    fn config(&mut self) -> Result<Array<&mut MapData, u32>> {
         let name = map_names::CONFIG;
         let map = self.ebpf.map_mut(name).ok_or(DatapathError::Map {
             name,
@@ -544,8 +568,7 @@ impl Datapath {
                 name: name.to_string(),
             },
         })?;
-        let mut config: Array<&mut MapData, u32> = Array::try_from(map).map_err(map_err(name))?;
-        config.set(slot, value, 0).map_err(map_err(name))
+        Array::try_from(map).map_err(map_err(name))
     }
 }
 

@@ -11,3 +11,23 @@ pub(crate) fn default_sigpipe() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
+
+/// Set by SIGINT and SIGTERM once `catch_interrupts` installed its handler.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn interrupted(_signal: libc::c_int) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Catches SIGINT and SIGTERM: instead of ending the process they set the flag
+/// returned, and interrupt a blocking call (a command that must undo something before
+/// it ends, as `berth monitor` turns the datapath's events off).
+pub(crate) fn catch_interrupts() -> &'static std::sync::atomic::AtomicBool {
+    let handler = interrupted as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+    &INTERRUPTED
+}

@@ -1,0 +1,193 @@
+//! Events for `berth monitor`: packets the program dropped, handed to the kernel, or
+//! carried otherwise than a tracked flow's packets are (`Counter::is_event`), sent
+//! through a ring buffer (`berth_events`) with their heads as they entered and left.
+//!
+//! Nobody listening (`config::MONITOR` 0) costs two array reads a packet: one as it
+//! enters (`entered`), one at its verdict (`flush`). With a listener, every packet's
+//! head is copied as it enters (into this CPU's `berth_monitor_cpu`); a counter that is an
+//! event and that the listener asked for (`config::MONITOR_REASONS_*`) notes its
+//! reason (`note`, from `maps::count`), and the verdict enters `berth_monitor` by tail
+//! call, which samples (`config::MONITOR_SAMPLE`), limits the rate per CPU
+//! (`config::MONITOR_RATE`, the rest counted `monitor_lost`) and sends the event. The
+//! event's work stays out of the gateway program, whose every path the verifier walks.
+
+use aya_ebpf::{
+    bindings::xdp_action,
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_xdp_load_bytes},
+    macros::map,
+    maps::{PerCpuArray, RingBuf},
+    programs::XdpContext,
+};
+use gateway_common::{config, Counter, MonitorEvent, EVENTS_BYTES, MONITOR_BYTES};
+
+use crate::maps::{count, CONFIG, PROGRAMS, PROG_MONITOR};
+
+/// The events, read by `berth monitor`. Pinned.
+#[map(name = "berth_events")]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+
+/// One CPU's monitor state: the packet in hand's head as it entered and the event it
+/// makes, and the CPU's sampling and rate counts.
+#[repr(C)]
+pub struct MonitorCpu {
+    /// `Counter` + 1 of the packet in hand's event; 0: none.
+    pending: u32,
+    /// The verdict `berth_monitor` returns.
+    action: u32,
+    /// Events seen, for sampling.
+    seen: u32,
+    /// The listener (`config::MONITOR_SESSION`) and the second (`bpf_ktime_get_ns` >>
+    /// 30) `sent` counts for.
+    listener: u32,
+    window: u32,
+    /// Events sent in `window`.
+    sent: u32,
+    /// Bytes of `entered` set.
+    entered_len: u32,
+    /// The packet in hand's head as it entered.
+    entered: [u8; MONITOR_BYTES],
+}
+
+/// This CPU's monitor state. Written by the gateway programs.
+#[map(name = "berth_monitor_cpu")]
+static MONITOR: PerCpuArray<MonitorCpu> = PerCpuArray::with_max_entries(1, 0);
+
+/// Whether someone listens.
+#[inline(always)]
+fn listening() -> bool {
+    CONFIG.get(config::MONITOR).is_some_and(|pid| *pid != 0)
+}
+
+/// Copies up to `MONITOR_BYTES` of the packet's head to `buf`; returns how many.
+///
+/// # Safety
+/// `buf` must have room for `MONITOR_BYTES`.
+#[inline(always)]
+unsafe fn head(ctx: &XdpContext, buf: *mut u8) -> u32 {
+    // Bounded in 64 bits, as the verifier reads the register the helper is given.
+    let len = (ctx.data_end() - ctx.data()).min(MONITOR_BYTES);
+    if len == 0 {
+        return 0;
+    }
+    // SAFETY: `buf` has room for `len` <= `MONITOR_BYTES` bytes.
+    if unsafe { bpf_xdp_load_bytes(ctx.ctx, 0, buf.cast(), len as u32) } == 0 {
+        len as u32
+    } else {
+        0
+    }
+}
+
+/// A packet enters the gateway program: with a listener, its head is kept.
+#[inline(always)]
+pub fn entered(ctx: &XdpContext) {
+    if !listening() {
+        return;
+    }
+    let Some(m) = MONITOR.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot, only this CPU writes it while the program runs.
+    unsafe {
+        (*m).pending = 0;
+        (*m).entered_len = head(ctx, (&raw mut (*m).entered).cast());
+    }
+}
+
+/// `counter` counted the packet in hand: its event, if the listener wants it. The first
+/// event of a packet is its event.
+#[inline(always)]
+pub fn note(counter: Counter) {
+    if !listening() {
+        return;
+    }
+    let bit = counter as u32;
+    let (slot, bit) = if bit < 32 {
+        (config::MONITOR_REASONS_LO, bit)
+    } else {
+        (config::MONITOR_REASONS_HI, bit - 32)
+    };
+    if CONFIG.get(slot).is_none_or(|mask| mask & (1 << bit) == 0) {
+        return;
+    }
+    let Some(m) = MONITOR.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: as in `entered`.
+    unsafe {
+        if (*m).pending == 0 {
+            (*m).pending = counter as u32 + 1;
+        }
+    }
+}
+
+/// The packet in hand's verdict: its event, if it has one, is sent by `berth_monitor`
+/// (entered by tail call, which returns `action`).
+#[inline(always)]
+pub fn flush(ctx: &XdpContext, action: u32) -> u32 {
+    if !listening() {
+        return action;
+    }
+    let Some(m) = MONITOR.get_ptr_mut(0) else {
+        return action;
+    };
+    // SAFETY: as in `entered`.
+    unsafe {
+        if (*m).pending == 0 {
+            return action;
+        }
+        (*m).action = action;
+        // Returns only if it failed (an empty slot): no event.
+        PROGRAMS.tail_call(ctx, PROG_MONITOR);
+        (*m).pending = 0;
+    }
+    action
+}
+
+/// `berth_monitor`: sends the packet in hand's event, sampled and within the rate;
+/// returns the gateway program's verdict.
+#[inline(always)]
+pub fn send(ctx: &XdpContext) -> u32 {
+    let Some(m) = MONITOR.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: as in `entered`; the ring buffer entry is ours until submitted.
+    unsafe {
+        let (reason, action) = ((*m).pending.wrapping_sub(1), (*m).action);
+        (*m).pending = 0;
+        (*m).seen = (*m).seen.wrapping_add(1);
+        let every = CONFIG.get(config::MONITOR_SAMPLE).copied().unwrap_or(1);
+        if every > 1 && (*m).seen % every != 0 {
+            return action;
+        }
+        let now = bpf_ktime_get_ns();
+        let window = (now >> 30) as u32;
+        let listener = CONFIG.get(config::MONITOR_SESSION).copied().unwrap_or(0);
+        if (*m).window != window || (*m).listener != listener {
+            (*m).window = window;
+            (*m).listener = listener;
+            (*m).sent = 0;
+        }
+        let rate = CONFIG.get(config::MONITOR_RATE).copied().unwrap_or(0);
+        if (*m).sent >= rate {
+            count(Counter::MonitorLost);
+            return action;
+        }
+        let Some(mut event) = EVENTS.reserve::<MonitorEvent>(0) else {
+            count(Counter::MonitorLost);
+            return action;
+        };
+        (*m).sent += 1;
+        let e = event.as_mut_ptr();
+        (*e).time_ns = now;
+        (*e).reason = reason;
+        (*e).action = action;
+        (*e).ifindex = ctx.ingress_ifindex() as u32;
+        (*e).cpu = bpf_get_smp_processor_id();
+        (*e).len = (ctx.data_end() - ctx.data()) as u32;
+        (*e).entered_len = (*m).entered_len as u16;
+        (*e).entered = (*m).entered;
+        (*e).left_len = head(ctx, (&raw mut (*e).left).cast()) as u16;
+        event.submit(0);
+        action
+    }
+}
