@@ -157,7 +157,6 @@ use crate::{
 #[xdp]
 #[inline(always)]
 pub fn berth(ctx: XdpContext) -> u32 {
-    monitor::entered(&ctx);
     verdict(&ctx, try_berth(&ctx))
 }
 
@@ -185,18 +184,20 @@ pub fn berth_monitor(ctx: XdpContext) -> u32 {
     monitor::send(&ctx)
 }
 
-/// An XDP verdict: a dropped packet's reason is counted; the packet's event, if it has
-/// one and someone listens, is sent.
+/// An XDP verdict: a dropped packet's reason is counted. A packet that is none of the
+/// program's business (`MISS`) passes without asking whether `berth monitor` listens;
+/// another one is an event if it listens and the packet was counted as one.
 #[inline(always)]
 fn verdict(ctx: &XdpContext, result: Result<u32, Counter>) -> u32 {
-    let action = match result {
+    match result {
+        Ok(action) if action & MISS_BIT != 0 => xdp_action::XDP_PASS,
+        Ok(action) if monitor::listening() => monitor::flush(ctx, action),
         Ok(action) => action,
         Err(reason) => {
             count(reason);
-            xdp_action::XDP_DROP
+            monitor::dropped(ctx, reason)
         }
-    };
-    monitor::flush(ctx, action)
+    }
 }
 
 /// The reverse-NAT program on the `--interface`s' egress (tcx): translates replies the
@@ -256,6 +257,12 @@ pub fn berth_pass(_ctx: XdpContext) -> u32 {
 
 const PASS: Result<u32, Counter> = Ok(xdp_action::XDP_PASS);
 
+/// Set in a verdict of a packet that is none of the program's business (`MISS`).
+const MISS_BIT: u32 = 1 << 31;
+
+/// A packet that is none of the program's business: passes, and is no event.
+const MISS: Result<u32, Counter> = Ok(xdp_action::XDP_PASS | MISS_BIT);
+
 /// Whether an IPv6 frame is none of the program's business before the tail call into
 /// `berth_v6`: a TCP/UDP (or extension-header) packet whose addresses have neither role
 /// passes as `berth_v6` would pass it, without the tail call, which was most of an
@@ -274,7 +281,7 @@ fn ipv6_has_no_role(ctx: &XdpContext) -> bool {
 #[inline(always)]
 fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let Some(eth) = ptr_at::<Eth>(ctx, 0) else {
-        return PASS;
+        return MISS;
     };
     // Every header pointer below comes from `ptr_at`, which checked that the whole
     // header lies inside the packet.
@@ -283,16 +290,18 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     if ether_type != ETH_P_IP {
         if ether_type == ETH_P_IPV6 {
             if ipv6_has_no_role(ctx) {
-                return PASS;
+                return MISS;
             }
+            monitor::entered(ctx);
             // SAFETY: a tail call into the IPv6 program; returns only if it failed.
             unsafe { PROGRAMS.tail_call(ctx, PROG_V6) };
             count(Counter::Ipv6NoProgram);
+            return PASS;
         }
-        return PASS;
+        return MISS;
     }
     let Some(ip) = ptr_at::<Ipv4>(ctx, ETH_LEN) else {
-        return PASS;
+        return MISS;
     };
     // SAFETY: `ip` comes from `ptr_at`.
     let (vihl, ip_proto, src, dst, frag, tot_len) = unsafe {
@@ -320,15 +329,17 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         proto::ICMP if frag & (IP_MF | IP_OFFSET) == 0 => {
             // An ICMP error about a flow is addressed to its client or backend, which
             // have no role: ICMP is not filtered by roles.
+            monitor::entered(ctx);
             // SAFETY: `eth` and `ip` come from `ptr_at`.
             return Ok(unsafe { icmp::handle::<u32>(ctx, eth, ip, l4_off, ETH_LEN + tot_len) });
         }
-        _ => return PASS,
+        _ => return MISS,
     };
     let roles = Roles::of(src, dst);
     if roles.none() {
-        return PASS;
+        return MISS;
     }
+    monitor::entered(ctx);
 
     // SAFETY: `ip` comes from `ptr_at`.
     let id = u32::from(unsafe { (*ip).id });

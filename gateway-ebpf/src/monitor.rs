@@ -2,14 +2,16 @@
 //! carried otherwise than a tracked flow's packets are (`Counter::is_event`), sent
 //! through a ring buffer (`berth_events`) with their heads as they entered and left.
 //!
-//! Nobody listening (`config::MONITOR` 0) costs two array reads a packet: one as it
-//! enters (`entered`), one at its verdict (`flush`). With a listener, every packet's
-//! head is copied as it enters (into this CPU's `berth_monitor_cpu`); a counter that is an
-//! event and that the listener asked for (`config::MONITOR_REASONS_*`) notes its
-//! reason (`note`, from `maps::count`), and the verdict enters `berth_monitor` by tail
-//! call, which samples (`config::MONITOR_SAMPLE`), limits the rate per CPU
-//! (`config::MONITOR_RATE`, the rest counted `monitor_lost`) and sends the event. The
-//! event's work stays out of the gateway program, whose every path the verifier walks.
+//! A packet that is none of the program's business (a miss) never asks whether anyone
+//! listens (`config::MONITOR`); one that is ours asks as it is found to be (`entered`)
+//! and at its verdict.
+//! With a listener, an ours packet's head is copied as it enters (into this CPU's
+//! `berth_monitor_cpu`); a counter that is an event and that the listener asked for
+//! (`config::MONITOR_REASONS_*`) notes its reason (`note`, from `maps::count`), and
+//! the verdict enters `berth_monitor` by tail call, which samples
+//! (`config::MONITOR_SAMPLE`), limits the rate per CPU (`config::MONITOR_RATE`, the
+//! rest counted `monitor_lost`) and sends the event. The event's work stays out of the
+//! gateway program, whose every path the verifier walks.
 
 use aya_ebpf::{
     bindings::xdp_action,
@@ -54,7 +56,7 @@ static MONITOR: PerCpuArray<MonitorCpu> = PerCpuArray::with_max_entries(1, 0);
 
 /// Whether someone listens.
 #[inline(always)]
-fn listening() -> bool {
+pub fn listening() -> bool {
     CONFIG.get(config::MONITOR).is_some_and(|pid| *pid != 0)
 }
 
@@ -77,7 +79,8 @@ unsafe fn head(ctx: &XdpContext, buf: *mut u8) -> u32 {
     }
 }
 
-/// A packet enters the gateway program: with a listener, its head is kept.
+/// A packet found to be ours, before anything in it changed: with a listener, its head
+/// is kept.
 #[inline(always)]
 pub fn entered(ctx: &XdpContext) {
     if !listening() {
@@ -93,20 +96,23 @@ pub fn entered(ctx: &XdpContext) {
     }
 }
 
-/// `counter` counted the packet in hand: its event, if the listener wants it. The first
-/// event of a packet is its event.
+/// Whether the listener asked for `counter`'s events.
 #[inline(always)]
-pub fn note(counter: Counter) {
-    if !listening() {
-        return;
-    }
+fn wanted(counter: Counter) -> bool {
     let bit = counter as u32;
     let (slot, bit) = if bit < 32 {
         (config::MONITOR_REASONS_LO, bit)
     } else {
         (config::MONITOR_REASONS_HI, bit - 32)
     };
-    if CONFIG.get(slot).is_none_or(|mask| mask & (1 << bit) == 0) {
+    CONFIG.get(slot).is_some_and(|mask| mask & (1 << bit) != 0)
+}
+
+/// `counter` counted the packet in hand: its event, if the listener wants it. The first
+/// event of a packet is its event.
+#[inline(always)]
+pub fn note(counter: Counter) {
+    if !listening() || !wanted(counter) {
         return;
     }
     let Some(m) = MONITOR.get_ptr_mut(0) else {
@@ -120,13 +126,9 @@ pub fn note(counter: Counter) {
     }
 }
 
-/// The packet in hand's verdict: its event, if it has one, is sent by `berth_monitor`
-/// (entered by tail call, which returns `action`).
+/// The verdict of a packet while someone listens: its event, if it has one, is sent by `berth_monitor` (entered by tail call, which returns `action`).
 #[inline(always)]
 pub fn flush(ctx: &XdpContext, action: u32) -> u32 {
-    if !listening() {
-        return action;
-    }
     let Some(m) = MONITOR.get_ptr_mut(0) else {
         return action;
     };
@@ -137,6 +139,27 @@ pub fn flush(ctx: &XdpContext, action: u32) -> u32 {
         }
         (*m).action = action;
         // Returns only if it failed (an empty slot): no event.
+        PROGRAMS.tail_call(ctx, PROG_MONITOR);
+        (*m).pending = 0;
+    }
+    action
+}
+
+/// A packet dropped as `reason`: its event, if someone listens (its head is as it
+/// entered). Returns `XDP_DROP`.
+#[inline(always)]
+pub fn dropped(ctx: &XdpContext, reason: Counter) -> u32 {
+    let action = xdp_action::XDP_DROP;
+    if !listening() || !wanted(reason) {
+        return action;
+    }
+    let Some(m) = MONITOR.get_ptr_mut(0) else {
+        return action;
+    };
+    // SAFETY: as in `entered`.
+    unsafe {
+        (*m).pending = reason as u32 + 1;
+        (*m).action = action;
         PROGRAMS.tail_call(ctx, PROG_MONITOR);
         (*m).pending = 0;
     }
@@ -184,9 +207,15 @@ pub fn send(ctx: &XdpContext) -> u32 {
         (*e).ifindex = ctx.ingress_ifindex() as u32;
         (*e).cpu = bpf_get_smp_processor_id();
         (*e).len = (ctx.data_end() - ctx.data()) as u32;
-        (*e).entered_len = (*m).entered_len as u16;
-        (*e).entered = (*m).entered;
         (*e).left_len = head(ctx, (&raw mut (*e).left).cast()) as u16;
+        // A dropped packet left as it entered (and may not have been `entered`).
+        if action == xdp_action::XDP_DROP {
+            (*e).entered_len = (*e).left_len;
+            (*e).entered = (*e).left;
+        } else {
+            (*e).entered_len = (*m).entered_len as u16;
+            (*e).entered = (*m).entered;
+        }
         event.submit(0);
         action
     }

@@ -34,6 +34,9 @@ const PACKAGES: &[(&str, &str)] = &[
     // The monitoring test: deploy/monitoring's rules and dashboard queries against a
     // real Prometheus scraping a daemon (tests/tests/monitoring.rs).
     ("prometheus", "promtool"),
+    // The packet monitor's test reads the pcap `berth monitor` writes
+    // (tests/tests/packet_monitor.rs).
+    ("tshark", "tshark"),
 ];
 
 /// The file at the workspace root that names the pinned nightly (`nightly-YYYY-MM-DD`),

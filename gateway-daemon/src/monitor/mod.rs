@@ -288,6 +288,10 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
         options.sample,
         options.rate,
     )?;
+    eprintln!(
+        "berth monitor: listening to the datapath pinned in {} (Ctrl-C ends)",
+        options.pin_dir.display()
+    );
     // The events' clock (CLOCK_MONOTONIC) to the wall clock's.
     let unix_now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
