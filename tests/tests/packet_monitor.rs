@@ -4,8 +4,8 @@
 //! neighbour is resolved), and so are their replies into the client's default veth;
 //! shown for `--route team-a/web` as JSON lines with their heads as they entered (to
 //! the gateway's port) and left (to a backend); team B's DNS is not; the pcap written beside opens in tshark with both heads. A
-//! second monitor is refused while one listens; a monitor killed with SIGKILL leaves
-//! the events on only until the daemon's next scan. Needs root, tshark.
+//! second monitor is refused while one listens; a monitor printing text lines and
+//! then killed with SIGKILL leaves the events on only until the daemon's next scan. Needs root, tshark.
 
 use std::{
     io::{BufRead, BufReader},
@@ -188,13 +188,28 @@ fn a_routes_kernel_path_packets_are_shown_with_both_heads_and_written_as_pcap() 
 #[test]
 fn a_killed_monitors_events_are_turned_off_by_the_daemon() {
     let topo = Topology::new(1);
+    let _servers = topo.start_servers();
     let dirs = Dirs::with_examples();
     let daemon = Daemon::start(&topo, &dirs);
-    wait_until("the datapath to be pinned", Duration::from_secs(30), || {
-        dirs.pins.join(map_names::EVENTS).exists()
+    let web = SocketAddrV4::new(GW, 30000);
+    wait_until("team A's route to serve", Duration::from_secs(30), || {
+        topo.client.enter(|| http_get(web).is_ok())
     });
     let (mut child, _stderr) = monitor(&topo.gateway, &dirs, &["--duration", "5m"]);
     assert_eq!(listener(&dirs), child.id());
+    // Lines of text: the request as it entered and, after `=>`, as it left.
+    topo.client.enter(|| http_get(web)).expect("team A answers");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("a line");
+    eprintln!("berth monitor printed: {first}");
+    assert!(
+        first.contains(" kernel_forward_")
+            && first.contains(&format!("> {GW}:30000"))
+            && first.contains(" => tcp "),
+        "{first}"
+    );
     child.kill().expect("SIGKILL");
     child.wait().expect("reaped");
     wait_until(
