@@ -1105,6 +1105,31 @@ mod tests {
     }
 
     #[test]
+    fn a_route_with_only_endpoints_of_a_family_its_gateway_does_not_serve_says_so() {
+        // An IPv4 Gateway, a UDPRoute whose Service has only IPv6 endpoints: accepted,
+        // no backend, and the row and the loss log say why (issue 31).
+        let p = published(
+            "an-ipv4-gateway-refuses-a-route-with-only-ipv6-endpoints-and-serves-the-others",
+        );
+        let rows = route_rows(&p, None);
+        let dns = rows.iter().find(|r| r.name == "dns").expect("dns");
+        assert_eq!((dns.accepted.as_str(), dns.backends), ("True (Accepted)", 0));
+        assert_eq!(
+            dns.warning.as_deref(),
+            Some(
+                "no backends: packets to it are dropped (Gateway infra/shared serves IPv4 \
+                 only; Service team-a/dns has only IPv6 endpoints (there is no NAT64))"
+            )
+        );
+        let web = rows.iter().find(|r| r.name == "web").expect("web");
+        assert_eq!((web.backends, web.warning.as_deref()), (1, None));
+        assert_eq!(
+            crate::publish::loss_routes(&p, &p, gateway_common::Counter::DropNoBackend),
+            "UDPRoute/team-a/dns"
+        );
+    }
+
+    #[test]
     fn a_route_of_a_dual_stack_gateway_names_its_endpointless_family() {
         let p = published(
             "a-dual-stack-gateway-serves-a-route-with-only-ipv4-endpoints-on-ipv4-and-says-so",

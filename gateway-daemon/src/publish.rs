@@ -450,7 +450,32 @@ fn log_losses(before: &Published, after: &Published) {
             continue;
         }
         last.insert(name, std::time::Instant::now());
-        let routes: Vec<String> = after
+        let routes = loss_routes(before, after, c);
+        tracing::warn!(
+            counter = name,
+            packets = grew,
+            routes = %routes,
+            "packets lost or handed to the kernel to drop ({}); rate-limited to one line a minute",
+            crate::datapath::kernel_reason(c)
+        );
+    }
+}
+
+/// The routes a loss counted as `c` is of, for its log line (at most
+/// `LOSS_ROUTES_NAMED`, then how many more): those whose services' packets the kernel
+/// carried for that reason since `before`; for `drop_no_backend`, which is counted per
+/// node only, the routes with a service none of whose backends takes new flows.
+pub(crate) fn loss_routes(before: &Published, after: &Published, c: gateway_common::Counter) -> String {
+    let services: Vec<&ServiceAddr> = if c == gateway_common::Counter::DropNoBackend {
+        after
+            .datapath
+            .services
+            .iter()
+            .filter(|(_, b)| b.iter().all(|w| w.weight == 0))
+            .map(|(s, _)| s)
+            .collect()
+    } else {
+        after
             .traffic
             .iter()
             .filter(|(s, t)| {
@@ -460,18 +485,28 @@ fn log_losses(before: &Published, after: &Published) {
                         .get(*s)
                         .is_none_or(|b| b.stats.kernel_packets < t.stats.kernel_packets)
             })
-            .filter_map(|(s, _)| after.owners.get(s))
-            .map(|o| o.to_string())
-            .collect();
-        tracing::warn!(
-            counter = name,
-            packets = grew,
-            routes = %routes.join(" "),
-            "packets lost or handed to the kernel to drop ({}); rate-limited to one line a minute",
-            crate::datapath::kernel_reason(c)
-        );
+            .map(|(s, _)| s)
+            .collect()
+    };
+    let routes: std::collections::BTreeSet<String> = services
+        .into_iter()
+        .filter_map(|s| after.owners.get(s))
+        .map(|o| o.to_string())
+        .collect();
+    let more = routes.len().saturating_sub(LOSS_ROUTES_NAMED);
+    let mut text = routes
+        .into_iter()
+        .take(LOSS_ROUTES_NAMED)
+        .collect::<Vec<_>>()
+        .join(" ");
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
     }
+    text
 }
+
+/// Routes a loss's log line names at most.
+const LOSS_ROUTES_NAMED: usize = 20;
 
 /// Logs each route whose services lost their last backend, or came without any, once
 /// when it happens: a route served with no backend drops its packets, and once went
