@@ -1113,7 +1113,10 @@ mod tests {
         );
         let rows = route_rows(&p, None);
         let dns = rows.iter().find(|r| r.name == "dns").expect("dns");
-        assert_eq!((dns.accepted.as_str(), dns.backends), ("True (Accepted)", 0));
+        assert_eq!(
+            (dns.accepted.as_str(), dns.backends),
+            ("True (Accepted)", 0)
+        );
         assert_eq!(
             dns.warning.as_deref(),
             Some(

@@ -465,7 +465,11 @@ fn log_losses(before: &Published, after: &Published) {
 /// `LOSS_ROUTES_NAMED`, then how many more): those whose services' packets the kernel
 /// carried for that reason since `before`; for `drop_no_backend`, which is counted per
 /// node only, the routes with a service none of whose backends takes new flows.
-pub(crate) fn loss_routes(before: &Published, after: &Published, c: gateway_common::Counter) -> String {
+pub(crate) fn loss_routes(
+    before: &Published,
+    after: &Published,
+    c: gateway_common::Counter,
+) -> String {
     let services: Vec<&ServiceAddr> = if c == gateway_common::Counter::DropNoBackend {
         after
             .datapath

@@ -395,10 +395,24 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
         .context("attaching to the interfaces (nothing new was left attached)")?;
     for change in changes {
         match change {
+            // The mode stays the earlier run's: native and generic XDP cannot be
+            // attached at once, and a switch would leave the interface without the
+            // program for a moment (its packets to the host, connections reset).
             LinkChange::Attached {
                 iface,
-                how: Attached::Replaced,
-            } => tracing::info!(iface, "replaced the program an earlier run attached"),
+                how: Attached::Replaced(Some(AttachMode::Skb)),
+            } if mode == AttachMode::Native => tracing::warn!(
+                iface,
+                pin = %dp.pin_dir().join("links").display(),
+                "--xdp-mode native asked, but an earlier run attached this interface in \
+                 generic (skb) mode, which its program keeps (replaced in place, flows kept): \
+                 to change the mode, stop berth, remove the interface's link pin xdp@INDEX \
+                 there (that detaches it) and start again"
+            ),
+            LinkChange::Attached {
+                iface,
+                how: Attached::Replaced(m),
+            } => tracing::info!(iface, mode = ?m, "replaced the program an earlier run attached"),
             LinkChange::Attached {
                 iface,
                 how: Attached::New(m),

@@ -2,7 +2,8 @@
 //! on an interface whose MTU its driver cannot take in one page (a 9000-byte MTU on a
 //! veth) is refused naming the MTU and the way out, where the kernel said only
 //! "Numerical result out of range"; a route given a port a host process listens on says
-//! so in `berth get routes`. Needs root.
+//! so in `berth get routes`; a restart asking for native XDP over a link an earlier run
+//! attached in generic mode says it stays generic. Needs root.
 
 use std::{net::TcpListener, time::Duration};
 
@@ -59,4 +60,48 @@ fn a_route_on_a_port_a_host_process_listens_on_says_so() {
         "{dns:?}"
     );
     drop(daemon);
+}
+
+#[test]
+fn a_restart_asking_native_xdp_over_a_generic_attach_says_it_stays_generic() {
+    let topo = Topology::new(1);
+    let dirs = Dirs::with_examples();
+    let first = Daemon::start_with(
+        &topo.gateway,
+        &topo.gateway_ifaces,
+        &dirs,
+        &["--xdp-mode", "skb"],
+    );
+    // Killed by PID: the links stay pinned, as after a crash or an upgrade.
+    drop(first);
+    let log = std::env::temp_dir().join(format!("{}.log", berth_tests::netns::unique("native")));
+    let child = dirs
+        .berth_run(&topo.gateway)
+        .args(["--xdp-mode", "native", "--admin-addr", "127.0.0.1:9479"])
+        .args(
+            topo.gateway_ifaces
+                .iter()
+                .flat_map(|i| ["--interface", i.as_str()]),
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("berth run");
+    let _second = berth_tests::netns::Proc::from_child(child, "berth run");
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    let want = "--xdp-mode native asked, but an earlier run attached this interface in generic";
+    wait_until(
+        "the restart to say the mode stays generic",
+        Duration::from_secs(20),
+        || said().contains(want),
+    );
+    let _ = std::fs::remove_file(&log);
+    // And it does: the kernel lists a generic program on the interface.
+    let link = topo
+        .gateway
+        .ip(&["-d", "link", "show", &topo.gateway_ifaces[0]]);
+    assert!(
+        String::from_utf8_lossy(&link.stdout).contains("xdpgeneric"),
+        "{link:?}"
+    );
 }

@@ -214,7 +214,12 @@ impl Datapath {
             FdLink::try_from(link).map_err(|e| e.to_string())
         });
         if replaced {
-            return Ok(Attached::Replaced);
+            let mode = match crate::netlink::xdp_attached(ifindex) {
+                Ok(crate::netlink::XDP_ATTACHED_DRV) => Some(AttachMode::Native),
+                Ok(crate::netlink::XDP_ATTACHED_SKB) => Some(AttachMode::Skb),
+                _ => None,
+            };
+            return Ok(Attached::Replaced(mode));
         }
         let program = xdp(&mut self.ebpf, super::PROGRAM)?;
         let attempts: &[(AttachMode, XdpMode)] = match mode {

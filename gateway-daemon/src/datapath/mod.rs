@@ -382,8 +382,9 @@ pub enum AttachMode {
 /// What `attach` did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Attached {
-    /// A link pinned by an earlier run now runs this program (atomic replacement).
-    Replaced,
+    /// A link pinned by an earlier run now runs this program (atomic replacement), in
+    /// the mode that run attached it in (if the kernel says).
+    Replaced(Option<AttachMode>),
     /// Attached afresh in this mode.
     New(AttachMode),
 }

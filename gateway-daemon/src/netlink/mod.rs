@@ -71,6 +71,14 @@ const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_IFALIAS: u16 = 20;
 const IFLA_INFO_KIND: u16 = 1;
+/// `IFLA_XDP`: nested, the XDP programs attached to the link.
+const IFLA_XDP: u16 = 43;
+/// `IFLA_XDP_ATTACHED` inside `IFLA_XDP`: a `u8`, `XDP_ATTACHED_*`.
+const IFLA_XDP_ATTACHED: u16 = 2;
+/// `XDP_ATTACHED_DRV`: a native (driver) program.
+pub const XDP_ATTACHED_DRV: u8 = 1;
+/// `XDP_ATTACHED_SKB`: a generic (skb) program.
+pub const XDP_ATTACHED_SKB: u8 = 2;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
 const IFINFOMSG_LEN: usize = 16;
@@ -593,6 +601,24 @@ pub fn links() -> Result<BTreeMap<u32, String>, NetlinkError> {
         out.insert(link.index, String::from_utf8_lossy(&link.name).into_owned());
     }
     Ok(out)
+}
+
+/// How an XDP program is attached to link `ifindex` (`XDP_ATTACHED_*`; 0: none).
+pub fn xdp_attached(ifindex: u32) -> Result<u8, NetlinkError> {
+    const WHAT: &str = "asking how XDP is attached to a link";
+    let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
+    let request = Request::new(RTM_GETLINK, NLM_F_ACK).fixed(&ifinfomsg(ifindex, 0, 0));
+    let replies = sock.request(WHAT, &request)?;
+    let reply = replies
+        .iter()
+        .find(|r| r.ty == RTM_NEWLINK)
+        .ok_or(NetlinkError::Malformed {
+            what: WHAT,
+            detail: "no link in the answer",
+        })?;
+    Link::parse(&reply.body)
+        .map(|l| l.xdp_attached)
+        .map_err(|detail| NetlinkError::Malformed { what: WHAT, detail })
 }
 
 /// The link called `name` (or holding it as an alternative name), if any.

@@ -11,6 +11,8 @@ pub(super) struct Link {
     pub(super) kind: Option<Vec<u8>>,
     /// Its alias (`IFLA_IFALIAS`), if it has one.
     pub(super) alias: Option<Vec<u8>>,
+    /// How an XDP program is attached (`XDP_ATTACHED_*`; 0: none).
+    pub(super) xdp_attached: u8,
 }
 
 impl Link {
@@ -23,12 +25,20 @@ impl Link {
             .filter(|&i| i > 0)
             .ok_or("link without a valid index")?;
         let flags = ne_u32(&header[8..12]).ok_or("short ifinfomsg")?;
-        let (mut name, mut kind, mut alias) = (None, None, None);
+        let (mut name, mut kind, mut alias, mut xdp_attached) = (None, None, None, 0);
         for attr in Attrs::new(attrs) {
             let attr = attr?;
             match attr.ty {
                 IFLA_IFNAME => name = Some(until_nul(attr.value).to_vec()),
                 IFLA_IFALIAS => alias = Some(until_nul(attr.value).to_vec()),
+                IFLA_XDP => {
+                    for xdp in Attrs::new(attr.value) {
+                        let xdp = xdp?;
+                        if xdp.ty == IFLA_XDP_ATTACHED {
+                            xdp_attached = xdp.value.first().copied().unwrap_or(0);
+                        }
+                    }
+                }
                 IFLA_LINKINFO => {
                     for info in Attrs::new(attr.value) {
                         let info = info?;
@@ -46,6 +56,7 @@ impl Link {
             name: name.ok_or("link without a name")?,
             kind,
             alias,
+            xdp_attached,
         })
     }
 

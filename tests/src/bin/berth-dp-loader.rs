@@ -68,7 +68,7 @@ fn main() -> anyhow::Result<()> {
             .attach(iface, mode)
             .with_context(|| format!("attaching to {iface}"))?
         {
-            Attached::Replaced => "replaced".to_string(),
+            Attached::Replaced(_) => "replaced".to_string(),
             Attached::New(m) => format!("new {m:?}"),
         };
         attached.push(format!("\"{iface}\":\"{how}\""));
