@@ -295,15 +295,26 @@ pub struct RouteRow {
 pub const UNANSWERED_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The warning of a route whose packets go unanswered, if they do.
-pub fn unanswered(t: &crate::datapath::Traffic) -> Option<String> {
+/// How long a route's packets have been forwarded without a reply, once that is
+/// [`UNANSWERED_AFTER`] or more.
+pub fn unanswered_for(t: &crate::datapath::Traffic) -> Option<Duration> {
     let since = t.unanswered_since?.elapsed();
-    (since >= UNANSWERED_AFTER).then(|| {
-        format!(
-            "packets forwarded for {}s without a reply through the gateway: in router mode \
-             the backends must route replies back through the gateway",
-            since.as_secs()
-        )
-    })
+    (since >= UNANSWERED_AFTER).then_some(since)
+}
+
+/// What [`unanswered_for`] means for a route in SNAT mode or router mode.
+pub fn unanswered(t: &crate::datapath::Traffic, snat: bool) -> Option<String> {
+    let since = unanswered_for(t)?;
+    let why = if snat {
+        "in SNAT mode the backends answer the node's address toward them: are they up, \
+         and does their traffic leave and come back through the interfaces Berth is attached to?"
+    } else {
+        "in router mode the backends must route replies back through the gateway"
+    };
+    Some(format!(
+        "packets forwarded for {}s without a reply through the gateway: {why}",
+        since.as_secs()
+    ))
 }
 
 /// The rows of `berth get routes`, of one namespace or all.
@@ -680,7 +691,25 @@ fn warnings(w: Warned) -> Option<String> {
             format!("no {family} endpoints: {family} clients of {s} get no backend")
         }));
     }
-    out.extend(unanswered(traffic));
+    out.extend(services.iter().flat_map(|s| {
+        let backends = p
+            .datapath
+            .services
+            .get(s)
+            .map(|b| b.as_slice())
+            .unwrap_or_default();
+        backends.iter().filter_map(|b| {
+            let iface = p.snat_egress.get(&b.endpoint)?;
+            Some(format!(
+                "SNAT traffic to {} leaves out of {iface}, where Berth's programs do not run: \
+                 packets the kernel forwards there keep the client's source (give {iface} as \
+                 --interface)",
+                b.endpoint
+            ))
+        })
+    }));
+    let snat = services.iter().any(|s| p.datapath.source_nat.contains(s));
+    out.extend(unanswered(traffic, snat));
     out.extend(services.iter().filter_map(|s| {
         crate::host_listeners::conflict(&p.host_listeners, s.protocol, s.addr, s.port)
     }));

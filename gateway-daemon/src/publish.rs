@@ -51,6 +51,9 @@ pub struct Published {
     /// Per backend of a service (by service and endpoint), what its flows carried: the
     /// backends that counted something or have active flows.
     pub backends: Arc<BTreeMap<(ServiceAddr, std::net::SocketAddr), BackendTraffic>>,
+    /// SNAT backends whose traffic leaves out of an interface without Berth's programs:
+    /// backend → the interface.
+    pub snat_egress: Arc<BTreeMap<std::net::SocketAddr, String>>,
     /// Ports host processes listen on (read with the conntrack scan).
     pub host_listeners: Arc<crate::host_listeners::Listeners>,
     /// How long the last read of the traffic took (reads are spaced by at least
@@ -250,6 +253,9 @@ fn traffic_due(prev: &Published, every: Duration) -> bool {
 fn read_traffic(p: &mut Published, dp: &mut Datapath, stop: &dyn Fn() -> bool) -> bool {
     let started = std::time::Instant::now();
     p.counters = dp.counters().unwrap_or_default();
+    if *p.snat_egress != *dp.snat_egress_without_tc() {
+        p.snat_egress = Arc::new(dp.snat_egress_without_tc().clone());
+    }
     let stats = match dp.service_stats_until(stop) {
         Ok(stats) => stats,
         Err(_) if stop() => return false,
@@ -652,6 +658,7 @@ pub fn effects(
         owners,
         usage,
         traffic: Arc::clone(&prev.traffic),
+        snat_egress: Arc::clone(&prev.snat_egress),
         backends: Arc::clone(&prev.backends),
         host_listeners: Arc::clone(&prev.host_listeners),
         traffic_at: prev.traffic_at,

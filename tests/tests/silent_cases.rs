@@ -3,7 +3,8 @@
 //! veth) is refused naming the MTU and the way out, where the kernel said only
 //! "Numerical result out of range"; a route given a port a host process listens on says
 //! so in `berth get routes`; a restart asking for native XDP over a link an earlier run
-//! attached in generic mode says it stays generic. Needs root.
+//! attached in generic mode says it stays generic; a SNAT route whose backend is reached
+//! out of an interface Berth is not attached to names it. Needs root.
 
 use std::{net::TcpListener, time::Duration};
 
@@ -104,4 +105,31 @@ fn a_restart_asking_native_xdp_over_a_generic_attach_says_it_stays_generic() {
         String::from_utf8_lossy(&link.stdout).contains("xdpgeneric"),
         "{link:?}"
     );
+}
+
+#[test]
+fn a_snat_route_whose_backends_are_reached_out_of_an_unattached_interface_says_so() {
+    let topo = Topology::new(1);
+    let _servers = topo.start_servers();
+    let dirs = Dirs::with_example_files(&["gateway.yaml", "team-a.yaml"]);
+    dirs.edit_manifest(
+        "gateway.yaml",
+        "  releaseCooldown: 300s\n",
+        "  releaseCooldown: 300s\n  sourceNAT: true\n",
+    );
+    // Only the client's side is given: the backend is reached out of the other
+    // interface, where no program of Berth's gives SNAT traffic the node's source.
+    let backend_side = topo.gateway_ifaces[1].clone();
+    let daemon = Daemon::start_on(&topo.gateway, &topo.gateway_ifaces[..1], &dirs);
+    let want = format!("leaves out of {backend_side}, where Berth's programs do not run");
+    wait_until(
+        "team A's SNAT route to name the interface its traffic leaves out of",
+        Duration::from_secs(30),
+        || {
+            daemon.routes(&topo.gateway).iter().any(|r| {
+                r.namespace == "team-a" && r.warning.as_deref().is_some_and(|w| w.contains(&want))
+            })
+        },
+    );
+    drop(daemon);
 }

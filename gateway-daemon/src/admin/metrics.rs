@@ -16,7 +16,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::unanswered;
+use super::unanswered_for;
 use crate::publish::Published;
 
 /// The `Content-Type` of what [`encode`] returns.
@@ -363,7 +363,7 @@ fn address_families(p: &Published) -> [Family; 9] {
         }
         let sum = sums.entry((service.addr, service.protocol)).or_default();
         sum.traffic = sum.traffic.plus(traffic);
-        sum.unanswered += u64::from(unanswered(traffic).is_some());
+        sum.unanswered += u64::from(unanswered_for(traffic).is_some());
     }
     let [mut routes, mut packets, mut bytes, mut flows, mut active, mut snat, mut removed, mut kernel, mut silent] =
         [
@@ -527,7 +527,7 @@ fn route_families(p: &Published) -> [Family; 8] {
         removed = removed.with(route.clone(), traffic.removed_backend_flows);
         let path = traffic.path().unwrap_or_default();
         kernel = kernel.with(with(("path", path)), t.kernel_packets);
-        silent = silent.with(route, u64::from(unanswered(traffic).is_some()));
+        silent = silent.with(route, u64::from(unanswered_for(traffic).is_some()));
     }
     [packets, bytes, flows, active, snat, removed, kernel, silent]
 }

@@ -73,6 +73,10 @@ pub(super) struct Snat {
     refreshed_at: Option<Instant>,
     /// The SNAT backends without a node address last logged.
     unresolved: BTreeSet<SocketAddr>,
+    /// SNAT backends the kernel's routes reach out of an interface this datapath is not
+    /// attached to (no TC program there to give the node's source): backend → the
+    /// interface's name. Checked only once some interface is attached.
+    pub(super) egress_without_tc: std::collections::BTreeMap<SocketAddr, String>,
     /// Conntrack entries this process deleted (idle SNAT flows).
     pub(super) deleted: u64,
 }
@@ -90,6 +94,7 @@ impl Snat {
             resolve: Box::new(node_source),
             refreshed_at: None,
             unresolved: BTreeSet::new(),
+            egress_without_tc: Default::default(),
             deleted: 0,
         }
     }
@@ -207,6 +212,7 @@ impl Datapath {
             .filter(|(_, (bid, _))| self.snat.written.get(bid) == Some(&None))
             .map(|(&endpoint, _)| endpoint)
             .collect();
+        self.check_snat_egress();
         if unresolved != self.snat.unresolved {
             if unresolved.is_empty() {
                 tracing::info!("every SNAT backend has a node address toward it again");
@@ -220,6 +226,59 @@ impl Datapath {
             }
             self.snat.unresolved = unresolved;
         }
+    }
+
+    /// Finds the SNAT backends whose traffic leaves out of an interface without this
+    /// datapath's programs (`Snat::egress_without_tc`) and logs the set when it changes.
+    /// There the kernel forwards their packets as XDP left them, with the client's
+    /// source (the TC program gives the node's on egress): a backend that replies
+    /// straight to the client (one behind a tunnel, on another node) breaks its flows;
+    /// one that routes replies through the gateway (a pod of this node) is served as in
+    /// router mode. Said, not refused, for that second case.
+    fn check_snat_egress(&mut self) {
+        let attached = super::links::attached(&self.pin_dir);
+        let mut found = std::collections::BTreeMap::new();
+        if !attached.is_empty() {
+            let mut asked: HashMap<IpAddr, Option<u32>> = HashMap::new();
+            let endpoints: Vec<SocketAddr> = self
+                .installed
+                .values()
+                .filter(|svc| svc.snat)
+                .flat_map(|svc| svc.backends.keys().copied())
+                .collect();
+            for endpoint in endpoints {
+                let oif = *asked
+                    .entry(endpoint.ip())
+                    .or_insert_with(|| crate::netlink::route_oif(endpoint.ip()).ok().flatten());
+                if let Some(oif) = oif.filter(|i| !attached.contains(i)) {
+                    let name =
+                        crate::sys::iface::index_to_name(oif).unwrap_or_else(|| oif.to_string());
+                    // A backend on this host: delivered, not forwarded.
+                    if name != "lo" {
+                        found.insert(endpoint, name);
+                    }
+                }
+            }
+        }
+        if found != self.snat.egress_without_tc {
+            if !found.is_empty() {
+                let list: Vec<String> = found.iter().map(|(e, i)| format!("{e} via {i}")).collect();
+                tracing::warn!(
+                    backends = list.join(" "),
+                    "SNAT traffic to these backends leaves out of interfaces without Berth's \
+                     programs: packets the kernel forwards there keep the client's source \
+                     (unless the backend routes replies through this gateway, its flows break); \
+                     give those interfaces as --interface"
+                );
+            }
+            self.snat.egress_without_tc = found;
+        }
+    }
+
+    /// SNAT backends whose traffic leaves out of an interface without this datapath's
+    /// programs: backend → the interface's name.
+    pub fn snat_egress_without_tc(&self) -> &std::collections::BTreeMap<SocketAddr, String> {
+        &self.snat.egress_without_tc
     }
 
     /// Makes the port map hold `want` (ascending ranges). Growing, the ports go in

@@ -586,6 +586,30 @@ fn host_prefix_len(addr: IpAddr) -> (i32, u8) {
     }
 }
 
+/// The interface the kernel's routes send a packet to `addr` out of (RTM_GETROUTE, as
+/// `ip route get` asks), if any route reaches it.
+pub fn route_oif(addr: IpAddr) -> Result<Option<u32>, NetlinkError> {
+    const WHAT: &str = "asking the route to an address";
+    let (family, len) = host_prefix_len(addr);
+    let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
+    let request = Request::new(RTM_GETROUTE, NLM_F_ACK)
+        .fixed(&rtmsg(family, len, 0, 0, 0, 0))
+        .attr(RTA_DST, &octets(&addr));
+    let replies = match sock.request(WHAT, &request) {
+        Ok(replies) => replies,
+        Err(e) if matches!(e.errno(), Some(libc::ENETUNREACH | libc::EHOSTUNREACH)) => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    let Some(reply) = replies.iter().find(|r| r.ty == RTM_NEWROUTE) else {
+        return Ok(None);
+    };
+    Route::parse(&reply.body)
+        .map(|r| r.oif)
+        .map_err(|detail| NetlinkError::Malformed { what: WHAT, detail })
+}
+
 /// Index → name of every link (RTM_GETLINK dump).
 pub fn links() -> Result<BTreeMap<u32, String>, NetlinkError> {
     const WHAT: &str = "dumping links";

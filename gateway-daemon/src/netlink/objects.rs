@@ -134,6 +134,8 @@ pub(super) struct Route {
     pub(super) table: u32,
     pub(super) protocol: u8,
     pub(super) dst: Option<IpAddr>,
+    /// The interface it sends out of (`RTA_OIF`), if one.
+    pub(super) oif: Option<u32>,
 }
 
 impl Route {
@@ -147,6 +149,7 @@ impl Route {
             table: u32::from(header[4]),
             protocol: header[5],
             dst: None,
+            oif: None,
         };
         for attr in Attrs::new(attrs) {
             let attr = attr?;
@@ -154,6 +157,7 @@ impl Route {
                 RTA_TABLE => {
                     route.table = ne_u32(attr.value).ok_or("RTA_TABLE not 4 bytes long")?
                 }
+                RTA_OIF => route.oif = Some(ne_u32(attr.value).ok_or("RTA_OIF not 4 bytes long")?),
                 RTA_DST if family == libc::AF_INET => {
                     let a = <[u8; 4]>::try_from(attr.value)
                         .map_err(|_| "IPv4 RTA_DST not 4 bytes long")?;

@@ -208,3 +208,10 @@ fn a_dump_of_one_table_asks_the_kernel_to_filter_by_table_and_protocol() {
     assert_eq!(rtmsg[..8], [2, 0, 0, 0, RT_TABLE_COMPAT, 251, 0, 0]);
     assert_eq!(attrs, vec![(RTA_TABLE, 300u32.to_ne_bytes().to_vec())]);
 }
+
+#[test]
+fn the_route_to_a_local_address_leaves_out_of_loopback() {
+    // RTM_GETROUTE needs no privilege and sends nothing.
+    let lo = crate::sys::iface::name_to_index("lo").expect("lo");
+    assert_eq!(route_oif("127.0.0.1".parse().unwrap()).unwrap(), Some(lo));
+}
