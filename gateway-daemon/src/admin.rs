@@ -6,6 +6,7 @@
 //! over HTTP, [`metrics`] encodes `/metrics`, [`get`] and [`post`] are the clients of
 //! `berth get`, `berth drain` and `berth undrain`.
 
+pub mod addresses;
 pub mod backends;
 pub mod host;
 pub mod metrics;
@@ -66,6 +67,9 @@ pub enum Resource {
     Backends,
     /// `/api/v1/listeners`: how full each range listener is (`berth get listeners`).
     Listeners,
+    /// `/api/v1/addresses`: the routes' traffic per gateway address and protocol
+    /// (`berth get addresses`).
+    Addresses,
     /// `POST /api/v1/drain` or `/api/v1/undrain`: the operator's request.
     Request(crate::announce::control::Request),
 }
@@ -84,6 +88,7 @@ impl Resource {
             "/api/v1/node" => Resource::Node,
             "/api/v1/backends" => Resource::Backends,
             "/api/v1/listeners" => Resource::Listeners,
+            "/api/v1/addresses" => Resource::Addresses,
             "/api/v1/drain" => Resource::Request(Request::Drain),
             "/api/v1/undrain" => Resource::Request(Request::Undrain),
             other => match other.strip_prefix("/api/v1/tables/routes/") {
@@ -153,6 +158,11 @@ impl Resource {
                 StatusCode::OK,
                 JSON,
                 serde_json::to_string_pretty(&p.usage).unwrap_or_default(),
+            ),
+            Resource::Addresses => (
+                StatusCode::OK,
+                JSON,
+                serde_json::to_string_pretty(&addresses::rows(p)).unwrap_or_default(),
             ),
             Resource::Request(_) => (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -277,6 +287,11 @@ pub struct RouteRow {
     /// "router" (the backends see the client's address).
     #[serde(default)]
     pub mode: String,
+    /// The path of the traffic of every route on the route's addresses together, where
+    /// it is the route's own (`berth get routes` then leaves the reason to `berth get
+    /// addresses`, said once per address); empty otherwise.
+    #[serde(default)]
+    pub address_path: String,
     /// Packets from the backends back to clients (reverse NAT).
     #[serde(default)]
     pub reply_packets: u64,
@@ -413,8 +428,11 @@ impl RouteRowParts {
                 }
             };
             let (Some(i), Some(state)) = (next, &p.state) else {
-                if self.format == RowFormat::Json {
-                    out.push(b']');
+                match self.format {
+                    RowFormat::Json => out.push(b']'),
+                    RowFormat::Table => {
+                        out.extend(crate::output::route_table_foot(&p.address_paths).bytes())
+                    }
                 }
                 self.closed = true;
                 break;
@@ -594,6 +612,7 @@ fn row(
         .iter()
         .filter_map(|s| p.traffic.get(s))
         .fold(crate::datapath::Traffic::default(), |a, t| a.plus(t));
+    let path = traffic.path().unwrap_or_else(|| "-".into());
     RouteRow {
         namespace: r.namespace.to_string(),
         name: r.name.to_string(),
@@ -618,7 +637,13 @@ fn row(
         mode: if snat { "snat" } else { "router" }.to_string(),
         reply_packets: traffic.stats.reply_packets,
         kernel_packets: traffic.stats.kernel_packets,
-        path: traffic.path().unwrap_or_else(|| "-".into()),
+        path: path.clone(),
+        address_path: services
+            .iter()
+            .all(|s| p.address_paths.get(&(s.addr, s.protocol)) == Some(&path))
+            .then(|| path.clone())
+            .filter(|_| !services.is_empty())
+            .unwrap_or_default(),
         warning: warnings(Warned {
             p,
             services: &services,
@@ -1213,6 +1238,55 @@ mod tests {
                 "TCP/[2001:db8::1]:30000 is held back: a backend of the other IP family \
                  (there is no NAT64)"
             )
+        );
+    }
+
+    #[test]
+    fn a_kernel_path_all_of_an_addresss_routes_share_is_said_once_per_address() {
+        // Routes on one address, all forwarded by the kernel for one reason: the rows
+        // say PATH kernel, the reason is said once, per address (issue 31).
+        let mut p = published("the-namespace-quota-refuses-the-extra-route-only");
+        let services: Vec<ServiceAddr> = p.datapath.services.keys().copied().collect();
+        let n = services.len();
+        assert!(n >= 2, "{services:?}");
+        for s in &services {
+            let mut traffic = crate::datapath::Traffic::default();
+            traffic.stats.packets = 10;
+            traffic.stats.kernel_packets = 10;
+            traffic.stats.kernel_reason = gateway_common::Counter::KernelNoXdpEgress as u32 + 1;
+            std::sync::Arc::make_mut(&mut p.traffic).insert(*s, traffic);
+        }
+        p.address_paths = Arc::new(
+            addresses::sums(&p)
+                .into_iter()
+                .filter_map(|(k, s)| Some((k, s.traffic.path()?)))
+                .collect(),
+        );
+        let rows = addresses::rows(&p);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let all = 10 * n as u64;
+        assert_eq!(
+            (rows[0].routes, rows[0].packets, rows[0].kernel_packets),
+            (n as u64, all, all)
+        );
+        assert_eq!(rows[0].path, "kernel: egress takes no XDP frames");
+        let table = crate::output::address_table(&rows);
+        assert_eq!(
+            table.matches("forwarded by the kernel").count(),
+            1,
+            "{table}"
+        );
+
+        let routes = RouteRowParts::new(Arc::new(p), None, RowFormat::Table).whole();
+        assert_eq!(
+            routes.matches("egress takes no XDP frames").count(),
+            1,
+            "{routes}"
+        );
+        assert_eq!(
+            routes.matches(" kernel ").count(),
+            n,
+            "every row's PATH: {routes}"
         );
     }
 

@@ -420,6 +420,8 @@ enum What {
     Backends,
     /// Every range listener: ports used, cooling down, free.
     Listeners,
+    /// Every gateway address and protocol: its routes' traffic and path, summed.
+    Addresses,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -629,6 +631,14 @@ fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<()> {
             match output {
                 Output::Table => print!("{}", berth::output::listener_table(&usage)),
                 _ => print_value(&usage, output)?,
+            }
+        }
+        (What::Addresses, _) => {
+            let rows: Vec<admin::addresses::AddressRow> =
+                serde_json::from_str(&admin::get(addr, "/api/v1/addresses")?)?;
+            match output {
+                Output::Table => print!("{}", berth::output::address_table(&rows)),
+                _ => print_value(&rows, output)?,
             }
         }
         (What::Node, _) => {

@@ -190,9 +190,13 @@ pub fn route_table_row(out: &mut String, r: &RouteRow) {
                 String::new()
             }
         );
-        // The slow way and its reason, and anything to look at, below the row.
+        // The slow way and its reason, and anything to look at, below the row; a
+        // reason every route of its addresses shares is said once per address (`berth
+        // get addresses`), not on each of their rows.
         if let Some(why) = r.path.strip_prefix("kernel: ") {
-            let _ = writeln!(out, "  ↳ forwarded by the kernel: {why}");
+            if r.address_path != r.path {
+                let _ = writeln!(out, "  ↳ forwarded by the kernel: {why}");
+            }
         }
         if r.removed_backend_flows > 0 {
             let _ = writeln!(
@@ -305,6 +309,55 @@ pub fn listener_table(usage: &[crate::planner::ListenerUsage]) -> String {
             u.size.saturating_sub(u.bound + u.cooling),
             u.percent()
         );
+    }
+    out
+}
+
+/// The end of `berth get routes`' table: the kernel's path of each gateway address whose
+/// routes the kernel forwards, once (rows whose reason is their address's say no more).
+pub fn route_table_foot(
+    paths: &std::collections::BTreeMap<(std::net::IpAddr, crate::datapath::Protocol), String>,
+) -> String {
+    let mut out = String::new();
+    for ((addr, protocol), path) in paths {
+        if let Some(why) = path.strip_prefix("kernel: ") {
+            let _ = writeln!(
+                out,
+                "{addr} {protocol}: forwarded by the kernel: {why} (its routes' rows say PATH kernel; berth get addresses)"
+            );
+        }
+    }
+    out
+}
+
+/// `berth get addresses`: the routes' traffic per gateway address and protocol, with
+/// the kernel's path and unanswered routes said once per address.
+pub fn address_table(rows: &[crate::admin::addresses::AddressRow]) -> String {
+    let mut out = format!(
+        "{:<40} {:<8} {:>6} {:>12} {:>14} {:>8} {:>12} PATH\n",
+        "ADDRESS", "PROTOCOL", "ROUTES", "PACKETS", "BYTES", "ACTIVE", "KERNEL PKTS"
+    );
+    for r in rows {
+        let path = if r.path.starts_with("kernel") {
+            "kernel"
+        } else {
+            r.path.as_str()
+        };
+        let _ = writeln!(
+            out,
+            "{:<40} {:<8} {:>6} {:>12} {:>14} {:>8} {:>12} {path}",
+            r.address, r.protocol, r.routes, r.packets, r.bytes, r.active_flows, r.kernel_packets
+        );
+        if let Some(why) = r.path.strip_prefix("kernel: ") {
+            let _ = writeln!(out, "  ↳ forwarded by the kernel: {why}");
+        }
+        if r.unanswered_routes > 0 {
+            let _ = writeln!(
+                out,
+                "  ↳ warning: {} route(s) forwarding without replies (berth get routes names them)",
+                r.unanswered_routes
+            );
+        }
     }
     out
 }

@@ -51,6 +51,9 @@ pub struct Published {
     /// Per backend of a service (by service and endpoint), what its flows carried: the
     /// backends that counted something or have active flows.
     pub backends: Arc<BTreeMap<(ServiceAddr, std::net::SocketAddr), BackendTraffic>>,
+    /// The path of each gateway address's routes together (`Traffic::path`), by address
+    /// and protocol.
+    pub address_paths: Arc<BTreeMap<(std::net::IpAddr, crate::datapath::Protocol), String>>,
     /// SNAT backends whose traffic leaves out of an interface without Berth's programs:
     /// backend → the interface.
     pub snat_egress: Arc<BTreeMap<std::net::SocketAddr, String>>,
@@ -371,6 +374,14 @@ fn read_traffic(p: &mut Published, dp: &mut Datapath, stop: &dyn Fn() -> bool) -
         t.unanswered_since = unanswered_since(before, &t.stats, now);
     }
     p.traffic = Arc::new(traffic);
+    // Each address's path, for the route rows: a reason all of an address's routes
+    // share is said once, by `berth get addresses`.
+    p.address_paths = Arc::new(
+        crate::admin::addresses::sums(p)
+            .into_iter()
+            .filter_map(|((addr, protocol), s)| Some(((addr, protocol), s.traffic.path()?)))
+            .collect(),
+    );
     p.traffic_at = Some(now);
     p.traffic_read = started.elapsed();
     tracing::debug!(took = ?started.elapsed(), "read traffic");
@@ -659,6 +670,7 @@ pub fn effects(
         usage,
         traffic: Arc::clone(&prev.traffic),
         snat_egress: Arc::clone(&prev.snat_egress),
+        address_paths: Arc::clone(&prev.address_paths),
         backends: Arc::clone(&prev.backends),
         host_listeners: Arc::clone(&prev.host_listeners),
         traffic_at: prev.traffic_at,

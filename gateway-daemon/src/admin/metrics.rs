@@ -341,30 +341,9 @@ fn listener_labels(namespace: &str, gateway: &str, listener: &str) -> Labels {
 /// protocol, so that their size does not grow with the routes. A sum falls when a
 /// route goes away, which Prometheus' `rate()` takes as a counter reset.
 fn address_families(p: &Published) -> [Family; 9] {
-    use std::collections::BTreeMap;
     use MetricType::{Counter, Gauge};
 
-    use crate::datapath::Traffic;
-    #[derive(Default)]
-    struct Sum {
-        routes: u64,
-        unanswered: u64,
-        traffic: Traffic,
-    }
-    let mut sums: BTreeMap<_, Sum> = BTreeMap::new();
-    for service in p.owners.keys() {
-        sums.entry((service.addr, service.protocol))
-            .or_default()
-            .routes += 1;
-    }
-    for (service, traffic) in p.traffic.iter() {
-        if !p.owners.contains_key(service) {
-            continue;
-        }
-        let sum = sums.entry((service.addr, service.protocol)).or_default();
-        sum.traffic = sum.traffic.plus(traffic);
-        sum.unanswered += u64::from(unanswered_for(traffic).is_some());
-    }
+    let sums = super::addresses::sums(p);
     let [mut routes, mut packets, mut bytes, mut flows, mut active, mut snat, mut removed, mut kernel, mut silent] =
         [
             (
