@@ -267,8 +267,8 @@ pub mod config {
     pub const REPLY_ORIGIN_BACKEND: u32 = 0;
     /// `REPLY_ORIGIN`: replies may come from anywhere.
     pub const REPLY_ORIGIN_ANY: u32 = 1;
-    /// The process id of the `berth monitor` reading `map_names::EVENTS`; 0: nobody
-    /// listens, and the program records no event (two array reads a packet).
+    /// The process id of the `berth monitor` reading `map_names::EVENTS` (as its PID
+    /// namespace sees it); 0: nobody listens, and the program records no event.
     pub const MONITOR: u32 = 3;
     /// Which counters are events (`Counter::is_event`) the monitor wants: bit `i` of
     /// `MONITOR_REASONS_LO` (`i` < 32) or of `MONITOR_REASONS_HI` (`i - 32`).
@@ -283,6 +283,12 @@ pub mod config {
     /// A number the listener picks anew each time it starts: a CPU's count of events
     /// sent in the current second starts again for a new listener.
     pub const MONITOR_SESSION: u32 = 8;
+    /// `CLOCK_MONOTONIC` in seconds when the listener last said it is there (it says so
+    /// a few times a second): a listener silent for `MONITOR_STALE_SECS` is gone (killed),
+    /// whatever PID namespace it ran in, and the daemon turns the events off.
+    pub const MONITOR_ALIVE: u32 = 9;
+    /// See `MONITOR_ALIVE`.
+    pub const MONITOR_STALE_SECS: u32 = 15;
     /// Entries of the array.
     pub const SLOTS: u32 = 16;
 }

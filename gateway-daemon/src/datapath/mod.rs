@@ -540,13 +540,13 @@ impl Datapath {
     }
 
     /// Turns the monitor's events off if the `berth monitor` that turned them on is
-    /// gone (killed before it could): its process id, then.
+    /// gone (killed before it could; silent for `config::MONITOR_STALE_SECS`): its
+    /// process id, then.
     pub fn forget_gone_monitor(&mut self) -> Result<Option<u32>> {
-        let pid = self
-            .config()?
-            .get(&config::MONITOR, 0)
-            .map_err(map_err(map_names::CONFIG))?;
-        if pid == 0 || Path::new(&format!("/proc/{pid}")).exists() {
+        let config = self.config()?;
+        let read = |slot| config.get(&slot, 0).map_err(map_err(map_names::CONFIG));
+        let (pid, alive) = (read(config::MONITOR)?, read(config::MONITOR_ALIVE)?);
+        if pid == 0 || !crate::monitor::stale(alive) {
             return Ok(None);
         }
         self.set_config(config::MONITOR, 0)?;

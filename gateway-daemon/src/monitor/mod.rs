@@ -202,7 +202,8 @@ impl Listening {
         let mut config: Array<MapData, u32> = Array::try_from(Map::Array(data))?;
         let pid = std::process::id();
         let holder = config.get(&config::MONITOR, 0)?;
-        if holder != 0 && holder != pid && Path::new(&format!("/proc/{holder}")).exists() {
+        let alive = config.get(&config::MONITOR_ALIVE, 0)?;
+        if holder != 0 && holder != pid && !stale(alive) {
             bail!(
                 "berth monitor (process {holder}) already listens to the datapath in {}",
                 pin_dir.display()
@@ -222,10 +223,26 @@ impl Listening {
         config.set(config::MONITOR_RATE, rate, 0)?;
         let previous = config.get(&config::MONITOR_SESSION, 0)?;
         config.set(config::MONITOR_SESSION, previous.wrapping_add(1), 0)?;
+        config.set(config::MONITOR_ALIVE, now_secs(), 0)?;
         // Last: the program reads the wishes once this is set.
         config.set(config::MONITOR, pid, 0)?;
         Ok(Listening { config, pid })
     }
+
+    /// Says the listener is still there (see `config::MONITOR_ALIVE`).
+    pub fn still_here(&mut self) {
+        let _ = self.config.set(config::MONITOR_ALIVE, now_secs(), 0);
+    }
+}
+
+/// `CLOCK_MONOTONIC` in seconds, as `config::MONITOR_ALIVE` holds it.
+pub fn now_secs() -> u32 {
+    (crate::sys::clock::monotonic_ns() / 1_000_000_000) as u32
+}
+
+/// Whether a listener last there at `alive` (`config::MONITOR_ALIVE`) is gone.
+pub fn stale(alive: u32) -> bool {
+    now_secs().saturating_sub(alive) > config::MONITOR_STALE_SECS
 }
 
 impl Drop for Listening {
@@ -282,7 +299,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     let lines = options.pcap.as_deref() != Some(Path::new("-"));
     let lost_before = lost(&options.pin_dir);
     let interrupted = crate::sys::signal::catch_interrupts();
-    let listening = Listening::start(
+    let mut listening = Listening::start(
         &options.pin_dir,
         &options.reasons,
         options.sample,
@@ -308,6 +325,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     };
     while !done(shown) {
         crate::sys::poll::poll([Some(ring.as_fd()), None], Duration::from_millis(200))?;
+        listening.still_here();
         while let Some(item) = ring.next() {
             let Some(event) = Event::parse(&item) else {
                 continue;
