@@ -187,7 +187,9 @@ fn a_routes_kernel_path_packets_are_shown_with_both_heads_and_written_as_pcap() 
 
 #[test]
 fn a_killed_monitors_events_are_turned_off_by_the_daemon() {
-    let topo = Topology::new(1);
+    // Both of team A's backends (the examples' 10.251.11.2 and .12.2): with one, a connection
+    // Maglev gives the other is answered "network unreachable" by the gateway.
+    let topo = Topology::new(2);
     let _servers = topo.start_servers();
     let dirs = Dirs::with_examples();
     let daemon = Daemon::start(&topo, &dirs);
