@@ -162,11 +162,7 @@ pub fn route_table_head() -> String {
 pub fn route_table_row(out: &mut String, r: &RouteRow) {
     {
         let port = r.port.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
-        let path = if r.path.starts_with("kernel") {
-            "kernel"
-        } else {
-            r.path.as_str()
-        };
+        let path = path_column(&r.path);
         let _ = writeln!(
             out,
             "{:<16} {:<20} {:<9} {:<16} {:<12} {:<6} {:<24} {:<8} {:<5} {:<6} {:<6} {} pkts, {} B, {} active flows{}",
@@ -330,6 +326,15 @@ pub fn route_table_foot(
     out
 }
 
+/// A path (`xdp`, `kernel: WHY`, `-`) as its column shows it: the reason goes below.
+fn path_column(path: &str) -> &str {
+    if path.starts_with("kernel") {
+        "kernel"
+    } else {
+        path
+    }
+}
+
 /// `berth get addresses`: the routes' traffic per gateway address and protocol, with
 /// the kernel's path and unanswered routes said once per address.
 pub fn address_table(rows: &[crate::admin::addresses::AddressRow]) -> String {
@@ -338,11 +343,7 @@ pub fn address_table(rows: &[crate::admin::addresses::AddressRow]) -> String {
         "ADDRESS", "PROTOCOL", "ROUTES", "PACKETS", "BYTES", "ACTIVE", "KERNEL PKTS"
     );
     for r in rows {
-        let path = if r.path.starts_with("kernel") {
-            "kernel"
-        } else {
-            r.path.as_str()
-        };
+        let path = path_column(&r.path);
         let _ = writeln!(
             out,
             "{:<40} {:<8} {:>6} {:>12} {:>14} {:>8} {:>12} {path}",

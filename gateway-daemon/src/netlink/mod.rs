@@ -633,16 +633,7 @@ pub fn xdp_attached(ifindex: u32) -> Result<u8, NetlinkError> {
     let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
     let request = Request::new(RTM_GETLINK, NLM_F_ACK).fixed(&ifinfomsg(ifindex, 0, 0));
     let replies = sock.request(WHAT, &request)?;
-    let reply = replies
-        .iter()
-        .find(|r| r.ty == RTM_NEWLINK)
-        .ok_or(NetlinkError::Malformed {
-            what: WHAT,
-            detail: "no link in the answer",
-        })?;
-    Link::parse(&reply.body)
-        .map(|l| l.xdp_attached)
-        .map_err(|detail| NetlinkError::Malformed { what: WHAT, detail })
+    the_link(WHAT, &replies).map(|l| l.xdp_attached)
 }
 
 /// The link called `name` (or holding it as an alternative name), if any.
@@ -656,16 +647,19 @@ fn link_by_name(sock: &mut Socket, name: &str) -> Result<Option<Link>, NetlinkEr
         Err(e) if e.errno() == Some(libc::ENODEV) => return Ok(None),
         Err(e) => return Err(e),
     };
+    the_link(WHAT, &replies).map(Some)
+}
+
+/// The link an answer to RTM_GETLINK for one link describes.
+fn the_link(what: &'static str, replies: &[Reply]) -> Result<Link, NetlinkError> {
     let reply = replies
         .iter()
         .find(|r| r.ty == RTM_NEWLINK)
         .ok_or(NetlinkError::Malformed {
-            what: WHAT,
+            what,
             detail: "no link in the answer",
         })?;
-    Link::parse(&reply.body)
-        .map(Some)
-        .map_err(|detail| NetlinkError::Malformed { what: WHAT, detail })
+    Link::parse(&reply.body).map_err(|detail| NetlinkError::Malformed { what, detail })
 }
 
 /// Mirrors the kernel's `dev_valid_name`, so a bad name fails before any request.
