@@ -56,16 +56,25 @@ fn listener(dirs: &Dirs) -> u32 {
     config.get(&config::MONITOR, 0).expect("slot")
 }
 
-#[test]
-fn a_routes_kernel_path_packets_are_shown_with_both_heads_and_written_as_pcap() {
+/// A daemon on the examples whose team A route answers. Both of team A's backends
+/// (the examples' 10.251.11.2 and .12.2): with one, a connection Maglev gives the other
+/// is answered "network unreachable" by the gateway.
+fn serving_team_a() -> (Topology, berth_tests::topo::Servers, Dirs, Daemon) {
     let topo = Topology::new(2);
-    let _servers = topo.start_servers();
+    let servers = topo.start_servers();
     let dirs = Dirs::with_examples();
     let daemon = Daemon::start(&topo, &dirs);
     let web = SocketAddrV4::new(GW, 30000);
     wait_until("team A's route to serve", Duration::from_secs(30), || {
         topo.client.enter(|| http_get(web).is_ok())
     });
+    (topo, servers, dirs, daemon)
+}
+
+#[test]
+fn a_routes_kernel_path_packets_are_shown_with_both_heads_and_written_as_pcap() {
+    let (topo, _servers, dirs, daemon) = serving_team_a();
+    let web = SocketAddrV4::new(GW, 30000);
     let pcap = std::env::temp_dir().join(format!("{}.pcap", unique("monitor")));
     let (child, _stderr) = monitor(
         &topo.gateway,
@@ -187,16 +196,8 @@ fn a_routes_kernel_path_packets_are_shown_with_both_heads_and_written_as_pcap() 
 
 #[test]
 fn a_killed_monitors_events_are_turned_off_by_the_daemon() {
-    // Both of team A's backends (the examples' 10.251.11.2 and .12.2): with one, a connection
-    // Maglev gives the other is answered "network unreachable" by the gateway.
-    let topo = Topology::new(2);
-    let _servers = topo.start_servers();
-    let dirs = Dirs::with_examples();
-    let daemon = Daemon::start(&topo, &dirs);
+    let (topo, _servers, dirs, daemon) = serving_team_a();
     let web = SocketAddrV4::new(GW, 30000);
-    wait_until("team A's route to serve", Duration::from_secs(30), || {
-        topo.client.enter(|| http_get(web).is_ok())
-    });
     let (mut child, _stderr) = monitor(&topo.gateway, &dirs, &["--duration", "5m"]);
     assert_eq!(listener(&dirs), child.id());
     // Lines of text: the request as it entered and, after `=>`, as it left.
