@@ -726,9 +726,9 @@ fn warnings(w: Warned) -> Option<String> {
         backends.iter().filter_map(|b| {
             let iface = p.snat_egress.get(&b.endpoint)?;
             Some(format!(
-                "SNAT traffic to {} leaves out of {iface}, where Berth's programs do not run: \
-                 packets the kernel forwards there keep the client's source (give {iface} as \
-                 --interface)",
+                "SNAT traffic to {} leaves out of {iface}, which refused Berth's programs (the \
+                 daemon's log says why): packets the kernel forwards there keep the client's \
+                 source",
                 b.endpoint
             ))
         })

@@ -3,15 +3,21 @@
 //! veth) is refused naming the MTU and the way out, where the kernel said only
 //! "Numerical result out of range"; a route given a port a host process listens on says
 //! so in `berth get routes`; a restart asking for native XDP over a link an earlier run
-//! attached in generic mode says it stays generic; a SNAT route whose backend is reached
-//! out of an interface Berth is not attached to names it. Needs root.
+//! attached in generic mode says it stays generic; a SNAT route whose backends are
+//! reached out of an interface that is no `--interface` gets Berth's programs there
+//! (its traffic was sent with the client's source, its replies found no socket).
+//! Needs root.
 
-use std::{net::TcpListener, time::Duration};
+use std::{
+    collections::BTreeSet,
+    net::{SocketAddrV4, TcpListener, TcpStream},
+    time::Duration,
+};
 
 use berth_tests::{
     daemon::{Daemon, Dirs},
-    netns::wait_until,
-    topo::Topology,
+    netns::{poll, wait_until, Netns},
+    topo::{http_get, http_request, tcp_peers, Topology, GW, HTTP_PORT},
 };
 
 #[test]
@@ -107,29 +113,96 @@ fn a_restart_asking_native_xdp_over_a_generic_attach_says_it_stays_generic() {
     );
 }
 
+/// Whether `iface` in `ns` runs an XDP program (`ip -d link` lists it).
+fn runs_xdp(ns: &Netns, iface: &str) -> bool {
+    let link = ns.ip(&["-d", "link", "show", iface]);
+    String::from_utf8_lossy(&link.stdout).contains("prog/xdp")
+}
+
 #[test]
-fn a_snat_route_whose_backends_are_reached_out_of_an_unattached_interface_says_so() {
-    let topo = Topology::new(1);
+fn a_snat_route_whose_backends_are_reached_out_of_an_unlisted_interface_gets_the_programs_there() {
+    let topo = Topology::new(2);
+    // The backends reach only their own subnet: only SNAT serves them, and only where
+    // Berth's programs give their packets the node's source and take the replies back.
+    for b in &topo.backends {
+        b.ip(&["route", "del", "default"]);
+    }
     let _servers = topo.start_servers();
     let dirs = Dirs::with_example_files(&["gateway.yaml", "team-a.yaml"]);
-    dirs.edit_manifest(
-        "gateway.yaml",
-        "  releaseCooldown: 300s\n",
-        "  releaseCooldown: 300s\n  sourceNAT: true\n",
-    );
-    // Only the client's side is given: the backend is reached out of the other
-    // interface, where no program of Berth's gives SNAT traffic the node's source.
-    let backend_side = topo.gateway_ifaces[1].clone();
-    let daemon = Daemon::start_on(&topo.gateway, &topo.gateway_ifaces[..1], &dirs);
-    let want = format!("leaves out of {backend_side}, where Berth's programs do not run");
+    let snat_on = "  releaseCooldown: 300s\n  sourceNAT: true\n";
+    dirs.edit_manifest("gateway.yaml", "  releaseCooldown: 300s\n", snat_on);
+    // Only the client's side is given: the backends are reached out of the others.
+    let backend_sides = &topo.gateway_ifaces[1..];
+    let mut daemon = Daemon::start_on(&topo.gateway, &topo.gateway_ifaces[..1], &dirs);
     wait_until(
-        "team A's SNAT route to name the interface its traffic leaves out of",
+        "the programs on the interfaces SNAT traffic leaves out of",
         Duration::from_secs(30),
+        || backend_sides.iter().all(|i| runs_xdp(&topo.gateway, i)),
+    );
+    let web = SocketAddrV4::new(GW, 30000);
+    let answer = poll(
+        "a request through the SNAT gateway",
+        Duration::from_secs(10),
         || {
-            daemon.routes(&topo.gateway).iter().any(|r| {
-                r.namespace == "team-a" && r.warning.as_deref().is_some_and(|w| w.contains(&want))
-            })
+            topo.client
+                .enter(|| http_get(web))
+                .map_err(|e| e.to_string())
         },
     );
+    assert!(answer.starts_with("backend-"), "{answer:?}");
+    let mut seen = BTreeSet::new();
+    for _ in 0..20 {
+        let body = topo
+            .client
+            .enter(|| http_get(web))
+            .expect("a request answered");
+        seen.insert(body);
+    }
+    assert_eq!(seen.len(), 2, "answers from {seen:?}");
+
+    // A connection kept open across a kill -9 and a restart: the links attached for
+    // SNAT stay pinned (the restart takes them over, it does not detach them).
+    let mut conn = topo.client.enter(|| {
+        let mut s = TcpStream::connect_timeout(&web.into(), Duration::from_secs(2))
+            .expect("connect to the gateway port");
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("read timeout");
+        http_request(&mut s).expect("GET on a kept-alive connection");
+        s
+    });
+    let peers: Vec<String> = topo
+        .backends
+        .iter()
+        .flat_map(|b| tcp_peers(b, HTTP_PORT))
+        .collect();
+    assert!(
+        !peers.is_empty() && peers.iter().all(|p| p.starts_with("10.251.1")),
+        "backends see {peers:?}, not the gateway's address on their link"
+    );
+    daemon.kill9();
+    let pins: Vec<String> = std::fs::read_dir(dirs.pins.join("links"))
+        .expect("links/")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        pins.iter().filter(|p| p.starts_with("xdp-snat@")).count() == 2
+            && pins.iter().filter(|p| p.starts_with("tc-snat@")).count() == 2,
+        "{pins:?}"
+    );
+    let daemon = Daemon::start_on(&topo.gateway, &topo.gateway_ifaces[..1], &dirs);
+    let body = http_request(&mut conn).expect("the kept connection after the restart");
+    assert!(body.starts_with("backend-"), "{body:?}");
+    assert!(backend_sides.iter().all(|i| runs_xdp(&topo.gateway, i)));
+    drop(conn);
+
+    // Router mode: no SNAT traffic leaves anywhere, the programs come off again.
+    dirs.edit_manifest("gateway.yaml", snat_on, "  releaseCooldown: 300s\n");
+    wait_until(
+        "the programs off the interfaces no SNAT traffic leaves out of",
+        Duration::from_secs(30),
+        || backend_sides.iter().all(|i| !runs_xdp(&topo.gateway, i)),
+    );
+    assert!(runs_xdp(&topo.gateway, &topo.gateway_ifaces[0]));
     drop(daemon);
 }

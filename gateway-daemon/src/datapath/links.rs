@@ -4,6 +4,13 @@
 //! a restarted daemon replaces the program inside each link atomically, so no packet
 //! sees no program.
 //!
+//! An interface that is no `--interface` but where SNAT traffic to a backend leaves (a
+//! tunnel, a pod's veth) gets both programs too (`xdp-snat@IFINDEX`, `tc-snat@IFINDEX`),
+//! attached and detached as the routes toward the SNAT backends say (`snat.rs`): TC gives
+//! the forwarded packets the node's source there, XDP takes the backend's replies to the
+//! node's address back. `converge` leaves those alone; listing such an interface later
+//! takes its links over (renamed, never detached).
+//!
 //! Links are matched to interfaces by index, not name: a renamed interface keeps its
 //! link (an earlier version matched names, and a renamed interface then failed to
 //! attach with a bare "File exists" because its old link still held it).
@@ -40,6 +47,25 @@ impl LinkKind {
     }
 }
 
+/// Why an interface runs the programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LinkRole {
+    /// It is an `--interface`.
+    Listed,
+    /// SNAT traffic to a backend leaves out of it.
+    SnatEgress,
+}
+
+impl LinkRole {
+    /// What follows the kind in the pin's name.
+    pub(super) fn suffix(self) -> &'static str {
+        match self {
+            LinkRole::Listed => "",
+            LinkRole::SnatEgress => "-snat",
+        }
+    }
+}
+
 /// What `converge` changed, for the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LinkChange {
@@ -63,6 +89,7 @@ pub enum LinkChange {
 #[derive(Debug)]
 struct Pin {
     kind: LinkKind,
+    role: LinkRole,
     ifindex: u32,
     path: PathBuf,
 }
@@ -77,9 +104,10 @@ fn pins(dir: &Path) -> Vec<Pin> {
         .flatten()
         .filter_map(|entry| {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let (kind, ifindex) = super::pins::link_name(&name)?;
+            let (kind, role, ifindex) = super::pins::link_name(&name)?;
             Some(Pin {
                 kind,
+                role,
                 ifindex,
                 path: entry.path(),
             })
@@ -89,12 +117,16 @@ fn pins(dir: &Path) -> Vec<Pin> {
     out
 }
 
-/// The interfaces (by index) that hold a link pinned in pin directory `pin_dir`.
-pub(super) fn attached(pin_dir: &Path) -> std::collections::BTreeSet<u32> {
-    pins(&pin_dir.join("links"))
-        .into_iter()
-        .map(|p| p.ifindex)
-        .collect()
+/// The interfaces (by index) that hold a link pinned in pin directory `pin_dir`, with
+/// why (an interface listed and attached for SNAT too, while being taken over, is
+/// listed).
+pub(super) fn attached(pin_dir: &Path) -> std::collections::BTreeMap<u32, LinkRole> {
+    let mut out = std::collections::BTreeMap::new();
+    for p in pins(&pin_dir.join("links")) {
+        let role = out.entry(p.ifindex).or_insert(p.role);
+        *role = (*role).min(p.role);
+    }
+    out
 }
 
 impl Datapath {
@@ -102,9 +134,9 @@ impl Datapath {
         self.pin_dir.join("links")
     }
 
-    fn link_path(&self, kind: LinkKind, ifindex: u32) -> PathBuf {
+    fn link_path(&self, kind: LinkKind, role: LinkRole, ifindex: u32) -> PathBuf {
         self.links_dir()
-            .join(format!("{}@{ifindex}", kind.prefix()))
+            .join(format!("{}{}@{ifindex}", kind.prefix(), role.suffix()))
     }
 
     /// Attaches both programs to `iface`: where an earlier run left a pinned link, the
@@ -112,8 +144,40 @@ impl Datapath {
     /// Returns what happened to the XDP link. On failure nothing new stays attached.
     pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<Attached> {
         let ifindex = resolve(iface)?;
+        self.attach_as(iface, ifindex, LinkRole::Listed, mode)
+    }
+
+    /// Attaches both programs to interface `ifindex` (named `iface`), where SNAT traffic
+    /// leaves, in the mode the `--interface`s were given.
+    pub(super) fn attach_snat_egress(&mut self, iface: &str, ifindex: u32) -> Result<Attached> {
+        self.attach_as(iface, ifindex, LinkRole::SnatEgress, self.attach_mode)
+    }
+
+    /// Whether this process holds the XDP link attached to interface `ifindex` for SNAT
+    /// traffic (with this build's program in it).
+    pub(super) fn holds_snat_egress(&self, ifindex: u32) -> bool {
+        let path = self.link_path(LinkKind::Xdp, LinkRole::SnatEgress, ifindex);
+        self.links.contains_key(&path)
+    }
+
+    /// Detaches the programs attached to interface `ifindex` for SNAT traffic.
+    pub(super) fn detach_snat_egress(&mut self, ifindex: u32) {
+        for pin in pins(&self.links_dir()) {
+            if pin.ifindex == ifindex && pin.role == LinkRole::SnatEgress {
+                self.unpin(&pin.path);
+            }
+        }
+    }
+
+    fn attach_as(
+        &mut self,
+        iface: &str,
+        ifindex: u32,
+        role: LinkRole,
+        mode: AttachMode,
+    ) -> Result<Attached> {
         let mut created = Vec::new();
-        let result = self.attach_both(iface, ifindex, mode, &mut created);
+        let result = self.attach_both(iface, ifindex, role, mode, &mut created);
         if result.is_err() {
             self.unpin_all(&created);
         }
@@ -130,9 +194,10 @@ impl Datapath {
             .iter()
             .map(|i| Ok((i.clone(), resolve(i)?)))
             .collect::<Result<_>>()?;
+        self.attach_mode = mode;
         let mut changes = Vec::new();
         for pin in pins(&self.links_dir()) {
-            if wanted.iter().any(|(_, ix)| *ix == pin.ifindex) {
+            if pin.role == LinkRole::SnatEgress || wanted.iter().any(|(_, ix)| *ix == pin.ifindex) {
                 continue;
             }
             self.unpin(&pin.path);
@@ -146,7 +211,7 @@ impl Datapath {
         }
         let mut created = Vec::new();
         for (iface, ifindex) in &wanted {
-            match self.attach_both(iface, *ifindex, mode, &mut created) {
+            match self.attach_both(iface, *ifindex, LinkRole::Listed, mode, &mut created) {
                 Ok(how) => changes.push(LinkChange::Attached {
                     iface: iface.clone(),
                     how,
@@ -175,32 +240,48 @@ impl Datapath {
         &mut self,
         iface: &str,
         ifindex: u32,
+        role: LinkRole,
         mode: AttachMode,
         created: &mut Vec<PathBuf>,
     ) -> Result<Attached> {
-        let how = self.attach_xdp(iface, ifindex, mode)?;
+        let xdp_path = self.link_path(LinkKind::Xdp, role, ifindex);
+        let how = self.attach_xdp(iface, ifindex, &xdp_path, mode)?;
         if matches!(how, Attached::New(_)) {
-            created.push(self.link_path(LinkKind::Xdp, ifindex));
+            created.push(xdp_path);
         }
-        if self.attach_tc(iface, ifindex)? {
-            created.push(self.link_path(LinkKind::Tc, ifindex));
+        let tc_path = self.link_path(LinkKind::Tc, role, ifindex);
+        if self.attach_tc(iface, ifindex, &tc_path)? {
+            created.push(tc_path);
         }
         Ok(how)
     }
 
-    fn attach_xdp(&mut self, iface: &str, ifindex: u32, mode: AttachMode) -> Result<Attached> {
-        let path = self.link_path(LinkKind::Xdp, ifindex);
-        // A link pinned by an earlier version under the interface's name moves to the
-        // index-only name first.
+    /// Moves a link of `kind` on `ifindex` pinned under another name (an earlier
+    /// version's `NAME@IFINDEX`, or the other role's) to `path`, so that the program
+    /// in it is replaced rather than a second one attached beside it.
+    fn adopt_pin(&mut self, kind: LinkKind, ifindex: u32, path: &Path) {
         for pin in pins(&self.links_dir()) {
-            if pin.kind == LinkKind::Xdp && pin.ifindex == ifindex && pin.path != path {
+            if pin.kind == kind && pin.ifindex == ifindex && pin.path != path {
                 if path.exists() {
                     self.unpin(&pin.path);
-                } else {
-                    let _ = fs::rename(&pin.path, &path);
+                } else if fs::rename(&pin.path, path).is_ok() {
+                    if let Some(link) = self.links.remove(&pin.path) {
+                        self.links.insert(path.to_path_buf(), link);
+                    }
                 }
             }
         }
+    }
+
+    fn attach_xdp(
+        &mut self,
+        iface: &str,
+        ifindex: u32,
+        path: &Path,
+        mode: AttachMode,
+    ) -> Result<Attached> {
+        let path = path.to_path_buf();
+        self.adopt_pin(LinkKind::Xdp, ifindex, &path);
         let attach_err = |source| attach_error(iface, "XDP", source);
         let link_err = |message: String| DatapathError::Link {
             path: path.clone(),
@@ -262,8 +343,9 @@ impl Datapath {
     }
 
     /// Attaches the TC program to `iface`'s egress; true if a new link was made.
-    fn attach_tc(&mut self, iface: &str, ifindex: u32) -> Result<bool> {
-        let path = self.link_path(LinkKind::Tc, ifindex);
+    fn attach_tc(&mut self, iface: &str, ifindex: u32, path: &Path) -> Result<bool> {
+        let path = path.to_path_buf();
+        self.adopt_pin(LinkKind::Tc, ifindex, &path);
         let attach_err = |source| attach_error(iface, "TC egress", source);
         let link_err = |message: String| DatapathError::Link {
             path: path.clone(),
@@ -363,12 +445,12 @@ fn resolve(iface: &str) -> Result<u32> {
 }
 
 impl Datapath {
-    /// The interfaces the gateway program is attached to (by pinned link), as
+    /// The `--interface`s the gateway program is attached to (by pinned link), as
     /// (index, name) of those that exist.
     pub(super) fn attached_interfaces(&self) -> Vec<(u32, String)> {
         let mut out: Vec<(u32, String)> = pins(&self.links_dir())
             .into_iter()
-            .filter(|p| p.kind == LinkKind::Xdp)
+            .filter(|p| p.kind == LinkKind::Xdp && p.role == LinkRole::Listed)
             .filter_map(|p| Some((p.ifindex, ifname(p.ifindex)?)))
             .collect();
         out.dedup();

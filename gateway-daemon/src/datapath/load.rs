@@ -22,9 +22,9 @@ use super::{
     family::{endpoint_of, service_of, Addr6, ByFamily, MapAddr},
     links, map_err,
     pool::{Region, TablePool},
-    xdp, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limit, Limits,
-    Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM, PROGRAM_ICMP6,
-    PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
+    xdp, AttachMode, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limit,
+    Limits, Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM,
+    PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
 };
 use crate::sys;
 
@@ -441,6 +441,7 @@ impl Datapath {
             publication: Default::default(),
             reserved: Default::default(),
             links: BTreeMap::new(),
+            attach_mode: AttachMode::Auto,
             _pin_lock: pin_lock,
             service_ids: ServiceIds::new(limits.services),
             tables: TablePool::new(limits.maglev_pool_entries()),

@@ -65,7 +65,7 @@ use family::{Addr6, ByFamily};
 use gateway_common::{config, map_names, Backend, Flow, FlowKey, ServiceId, ServiceStats};
 use ids::{IdPool, ServiceIds};
 pub use inspect::{pinned_memory, pinned_tables};
-pub use links::{LinkChange, LinkKind};
+pub use links::{LinkChange, LinkKind, LinkRole};
 pub use load::{pinned_service_ports, remove_pins};
 pub use pins::{PinDirError, PinnedDatapath, Removed};
 pub use traffic::{kernel_reason, ActiveFlows, FlowScan, Traffic};
@@ -487,6 +487,8 @@ pub struct Datapath {
     reserved: crate::host::PortSet,
     /// Links this process holds, by pin path.
     links: BTreeMap<PathBuf, FdLink>,
+    /// The mode the `--interface`s were attached in, for interfaces attached for SNAT.
+    attach_mode: AttachMode,
     /// The shared lock on the pin directory, held while this process uses it
     /// (`berth uninstall` refuses while anyone holds it).
     _pin_lock: pins::PinDirLock,

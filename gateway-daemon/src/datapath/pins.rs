@@ -13,7 +13,10 @@ use std::{
 
 use gateway_common::map_names;
 
-use super::{links::LinkKind, DatapathError};
+use super::{
+    links::{LinkKind, LinkRole},
+    DatapathError,
+};
 use crate::sys;
 
 /// `f_type` of bpffs (statfs(2)).
@@ -103,17 +106,22 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
     }
 }
 
-/// A link pinned under `links/`, as its name says: `xdp@IFINDEX`, `tc@IFINDEX`, or
-/// `NAME@IFINDEX` (XDP, earlier versions).
-pub(super) fn link_name(name: &str) -> Option<(LinkKind, u32)> {
+/// A link pinned under `links/`, as its name says: `xdp@IFINDEX`, `tc@IFINDEX` (an
+/// `--interface`), `xdp-snat@IFINDEX`, `tc-snat@IFINDEX` (where SNAT traffic leaves),
+/// or `NAME@IFINDEX` (XDP on an `--interface`, earlier versions).
+pub(super) fn link_name(name: &str) -> Option<(LinkKind, LinkRole, u32)> {
     let (prefix, index) = name.rsplit_once('@')?;
     let ifindex = index.parse().ok()?;
-    let kind = if prefix == LinkKind::Tc.prefix() {
+    let (kind, role) = match prefix.strip_suffix(LinkRole::SnatEgress.suffix()) {
+        Some(kind) => (kind, LinkRole::SnatEgress),
+        None => (prefix, LinkRole::Listed),
+    };
+    let kind = if kind == LinkKind::Tc.prefix() {
         LinkKind::Tc
     } else {
         LinkKind::Xdp
     };
-    Some((kind, ifindex))
+    Some((kind, role, ifindex))
 }
 
 /// What an entry of the pin directory is by its name and type alone.
@@ -271,10 +279,11 @@ impl PinnedDatapath {
         if found.links_dir {
             for (path, is_dir) in entries(&dir.join(LINKS))? {
                 let name = path.file_name().unwrap_or_default().to_string_lossy();
-                let Some((kind, ifindex)) = link_name(&name).filter(|_| !is_dir) else {
+                let Some((kind, _, ifindex)) = link_name(&name).filter(|_| !is_dir) else {
                     return Err(PinDirError::Unknown {
                         path,
-                        why: "not a link as Berth names them (xdp@IFINDEX, tc@IFINDEX)".into(),
+                        why: "not a link as Berth names them (xdp@IFINDEX, tc-snat@IFINDEX, ...)"
+                            .into(),
                     });
                 };
                 require_kind(&path, "link")?;
@@ -377,11 +386,17 @@ mod tests {
 
     #[test]
     fn links_are_named_kind_at_ifindex() {
-        assert_eq!(link_name("xdp@3"), Some((LinkKind::Xdp, 3)));
-        assert_eq!(link_name("tc@12"), Some((LinkKind::Tc, 12)));
+        use LinkRole::{Listed, SnatEgress};
+        assert_eq!(link_name("xdp@3"), Some((LinkKind::Xdp, Listed, 3)));
+        assert_eq!(link_name("tc@12"), Some((LinkKind::Tc, Listed, 12)));
+        assert_eq!(
+            link_name("xdp-snat@4"),
+            Some((LinkKind::Xdp, SnatEgress, 4))
+        );
+        assert_eq!(link_name("tc-snat@4"), Some((LinkKind::Tc, SnatEgress, 4)));
         assert_eq!(
             link_name("eth0@7"),
-            Some((LinkKind::Xdp, 7)),
+            Some((LinkKind::Xdp, Listed, 7)),
             "earlier versions"
         );
         assert_eq!(link_name("xdp@"), None);

@@ -3,7 +3,7 @@
 //! program claims from for each new flow.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     ops::RangeInclusive,
     time::{Duration, Instant},
@@ -14,7 +14,7 @@ use gateway_common::{map_names, proto, Flow, FlowKey, NAT_DST, NAT_SRC, SNAT_POR
 
 use super::{
     family::{Addr6, ByFamily, MapAddr},
-    map_err, Conntrack, Datapath, Result,
+    map_err, Conntrack, Datapath, LinkRole, Result,
 };
 
 /// How often the daemon asks again for the node's address toward every SNAT backend
@@ -73,10 +73,12 @@ pub(super) struct Snat {
     refreshed_at: Option<Instant>,
     /// The SNAT backends without a node address last logged.
     unresolved: BTreeSet<SocketAddr>,
-    /// SNAT backends the kernel's routes reach out of an interface this datapath is not
-    /// attached to (no TC program there to give the node's source): backend → the
-    /// interface's name. Checked only once some interface is attached.
-    pub(super) egress_without_tc: std::collections::BTreeMap<SocketAddr, String>,
+    /// SNAT backends the kernel's routes reach out of an interface that refused this
+    /// datapath's programs (no TC program there to give the node's source): backend →
+    /// the interface's name. Checked only once some interface is attached.
+    pub(super) egress_without_tc: BTreeMap<SocketAddr, String>,
+    /// Interfaces SNAT traffic leaves out of that refused the programs → why.
+    refused: BTreeMap<u32, String>,
     /// Conntrack entries this process deleted (idle SNAT flows).
     pub(super) deleted: u64,
 }
@@ -95,6 +97,7 @@ impl Snat {
             refreshed_at: None,
             unresolved: BTreeSet::new(),
             egress_without_tc: Default::default(),
+            refused: BTreeMap::new(),
             deleted: 0,
         }
     }
@@ -228,56 +231,102 @@ impl Datapath {
         }
     }
 
-    /// Finds the SNAT backends whose traffic leaves out of an interface without this
-    /// datapath's programs (`Snat::egress_without_tc`) and logs the set when it changes.
-    /// There the kernel forwards their packets as XDP left them, with the client's
-    /// source (the TC program gives the node's on egress): a backend that replies
-    /// straight to the client (one behind a tunnel, on another node) breaks its flows;
-    /// one that routes replies through the gateway (a pod of this node) is served as in
-    /// router mode. Said, not refused, for that second case.
+    /// Gives Berth's programs to every interface that is no `--interface` but where SNAT
+    /// traffic to a backend leaves (`links.rs`: a tunnel, a pod's veth), takes them off
+    /// those where none leaves any more, and logs each change. Without them the kernel
+    /// would forward such packets as XDP left them, with the client's source, and the
+    /// backend's replies to the node's address would find no socket. A backend whose
+    /// interface refuses the programs stays in `Snat::egress_without_tc` (said in its
+    /// route's row); the attach is not tried again while its interface stays the same.
     fn check_snat_egress(&mut self) {
         let attached = super::links::attached(&self.pin_dir);
-        let mut found = std::collections::BTreeMap::new();
-        if !attached.is_empty() {
-            let mut asked: HashMap<IpAddr, Option<u32>> = HashMap::new();
-            let endpoints: Vec<SocketAddr> = self
-                .installed
-                .values()
-                .filter(|svc| svc.snat)
-                .flat_map(|svc| svc.backends.keys().copied())
-                .collect();
-            for endpoint in endpoints {
-                let oif = *asked
-                    .entry(endpoint.ip())
-                    .or_insert_with(|| crate::netlink::route_oif(endpoint.ip()).ok().flatten());
-                if let Some(oif) = oif.filter(|i| !attached.contains(i)) {
-                    let name =
-                        crate::sys::iface::index_to_name(oif).unwrap_or_else(|| oif.to_string());
-                    // A backend on this host: delivered, not forwarded.
-                    if name != "lo" {
-                        found.insert(endpoint, name);
+        if !attached.values().any(|r| *r == LinkRole::Listed) {
+            return;
+        }
+        let endpoints: BTreeSet<SocketAddr> = self
+            .installed
+            .values()
+            .filter(|svc| svc.snat)
+            .flat_map(|svc| svc.backends.keys().copied())
+            .collect();
+        // Every lookup answered: only then is an interface known to carry no SNAT traffic.
+        let mut complete = true;
+        let mut asked: HashMap<IpAddr, Option<u32>> = HashMap::new();
+        let mut egress: BTreeMap<u32, Vec<SocketAddr>> = BTreeMap::new();
+        for endpoint in endpoints {
+            let oif = *asked.entry(endpoint.ip()).or_insert_with(|| {
+                crate::netlink::route_oif(endpoint.ip()).unwrap_or_else(|_| {
+                    complete = false;
+                    None
+                })
+            });
+            if let Some(oif) = oif.filter(|i| attached.get(i) != Some(&LinkRole::Listed)) {
+                egress.entry(oif).or_default().push(endpoint);
+            }
+        }
+        let name = |oif: u32| crate::sys::iface::index_to_name(oif).unwrap_or(oif.to_string());
+        // A backend on this host: delivered, not forwarded.
+        egress.retain(|&oif, _| name(oif) != "lo");
+        self.snat.refused.retain(|oif, _| egress.contains_key(oif));
+        let mut without = BTreeMap::new();
+        for (&oif, backends) in &egress {
+            let iface = name(oif);
+            let list = || {
+                backends
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            if !self.snat.refused.contains_key(&oif) && !self.holds_snat_egress(oif) {
+                let fresh = attached.get(&oif) != Some(&LinkRole::SnatEgress);
+                match self.attach_snat_egress(&iface, oif) {
+                    Ok(how) if fresh => tracing::info!(
+                        iface,
+                        mode = ?how,
+                        backends = list(),
+                        "SNAT traffic to these backends leaves out of an interface that is no \
+                         --interface: attached Berth's programs there (TC gives the packets the \
+                         node's source, XDP takes the replies back)"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(
+                            iface,
+                            backends = list(),
+                            error = %crate::error_chain(&e),
+                            "SNAT traffic to these backends leaves out of an interface that is \
+                             no --interface, and Berth's programs could not be attached there: \
+                             packets the kernel forwards there keep the client's source (unless \
+                             the backend routes replies through this gateway, its flows break)"
+                        );
+                        self.snat.refused.insert(oif, crate::error_chain(&e));
                     }
                 }
             }
+            if self.snat.refused.contains_key(&oif) {
+                without.extend(backends.iter().map(|&b| (b, iface.clone())));
+            }
         }
-        if found != self.snat.egress_without_tc {
-            if !found.is_empty() {
-                let list: Vec<String> = found.iter().map(|(e, i)| format!("{e} via {i}")).collect();
-                tracing::warn!(
-                    backends = list.join(" "),
-                    "SNAT traffic to these backends leaves out of interfaces without Berth's \
-                     programs: packets the kernel forwards there keep the client's source \
-                     (unless the backend routes replies through this gateway, its flows break); \
-                     give those interfaces as --interface"
+        if complete {
+            let unused = attached
+                .iter()
+                .filter(|&(oif, role)| *role == LinkRole::SnatEgress && !egress.contains_key(oif));
+            for (&oif, _) in unused {
+                self.detach_snat_egress(oif);
+                tracing::info!(
+                    iface = name(oif),
+                    "no SNAT traffic leaves out of this interface any more: detached Berth's \
+                     programs"
                 );
             }
-            self.snat.egress_without_tc = found;
         }
+        self.snat.egress_without_tc = without;
     }
 
     /// SNAT backends whose traffic leaves out of an interface without this datapath's
     /// programs: backend → the interface's name.
-    pub fn snat_egress_without_tc(&self) -> &std::collections::BTreeMap<SocketAddr, String> {
+    pub fn snat_egress_without_tc(&self) -> &BTreeMap<SocketAddr, String> {
         &self.snat.egress_without_tc
     }
 

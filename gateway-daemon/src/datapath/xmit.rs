@@ -131,7 +131,7 @@ impl Attached {
     /// Takes the interfaces that exist now (index → name); returns the attached ones
     /// that existed at the last pass and are gone.
     fn pass(&mut self, now: &std::collections::BTreeMap<u32, String>) -> Vec<(u32, String)> {
-        let attached = super::links::attached(&self.pin_dir);
+        let attached = super::links::attached(&self.pin_dir).into_keys().collect();
         gone_since(&mut self.present, &attached, now)
     }
 }
