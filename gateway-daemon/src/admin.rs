@@ -260,6 +260,10 @@ pub struct RouteRow {
     pub listener: String,
     /// Assigned port, if any.
     pub port: Option<u16>,
+    /// The gateway addresses the port is served on (none while it is not in the
+    /// datapath).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<std::net::IpAddr>,
     /// Accepted condition status and reason.
     pub accepted: String,
     /// Backend endpoints in the datapath for this port that take new flows (those
@@ -624,6 +628,7 @@ fn row(
             .or_else(|| pr.section_name.as_ref().map(ToString::to_string))
             .unwrap_or_default(),
         port,
+        addresses: services.iter().map(|s| s.addr).collect(),
         accepted: accepted
             .map(|c| format!("{} ({})", c.status, c.reason))
             .unwrap_or_default(),

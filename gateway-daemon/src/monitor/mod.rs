@@ -87,18 +87,19 @@ pub struct Filter {
     pub routes: Vec<RouteMatch>,
 }
 
-/// A route's packets: to or from one of its ports (its protocol), or one of its
-/// gateway or backend endpoints.
+/// A route's packets: of its protocol, to or from one of its gateway endpoints
+/// (address and port) or backends. Another gateway address serving the same port is
+/// another route's.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RouteMatch {
     /// `namespace/name`.
     pub route: String,
     /// Its IP protocol.
     pub proto: u8,
-    /// Its assigned ports.
-    pub ports: Vec<u16>,
-    /// Its gateway addresses and backends, with their ports.
-    pub endpoints: Vec<SocketAddr>,
+    /// Its gateway addresses with its assigned ports.
+    pub gateway: Vec<SocketAddr>,
+    /// Its backends, with their ports.
+    pub backends: Vec<SocketAddr>,
 }
 
 impl Filter {
@@ -110,8 +111,9 @@ impl Filter {
             && (self.routes.is_empty()
                 || self.routes.iter().any(|r| {
                     any(&|h| {
-                        (h.proto == r.proto && r.ports.iter().any(|p| h.has_port(*p)))
-                            || r.endpoints.iter().any(|e| h.has_endpoint(e.ip(), e.port()))
+                        let at = |e: &SocketAddr| h.has_endpoint(e.ip(), e.port());
+                        h.proto == r.proto
+                            && (r.gateway.iter().any(at) || r.backends.iter().any(at))
                     })
                 }))
     }
@@ -148,28 +150,34 @@ fn resolve_routes(admin: &str, routes: &[String]) -> anyhow::Result<Vec<RouteMat
             } else {
                 gateway_common::proto::TCP
             };
-            // `service` is `TCP/10.0.0.1:30000`, `endpoint` `10.1.0.5:8080`.
-            let endpoints = backends
+            let backends = backends
                 .backends
                 .iter()
                 .filter(|b| {
                     b.namespace == namespace
                         && b.route.split_once('/').is_some_and(|(_, n)| n == name)
                 })
-                .flat_map(|b| {
-                    let service = b.service.split_once('/').map_or("", |(_, s)| s);
-                    [service.parse().ok(), b.endpoint.parse().ok()]
-                })
-                .flatten()
+                .filter_map(|b| b.endpoint.parse().ok())
                 .collect();
             let route = RouteMatch {
                 route: spec.clone(),
                 proto,
-                ports: mine.iter().filter_map(|r| r.port).collect(),
-                endpoints,
+                gateway: mine
+                    .iter()
+                    .flat_map(|r| {
+                        let port = r.port;
+                        r.addresses
+                            .iter()
+                            .filter_map(move |a| Some(SocketAddr::new(*a, port?)))
+                    })
+                    .collect(),
+                backends,
             };
-            if route.ports.is_empty() {
-                bail!("--route {spec}: the route holds no port (`berth get routes` says why)");
+            if route.gateway.is_empty() {
+                bail!(
+                    "--route {spec}: the route is served on no gateway address and port \
+                     (`berth get routes` says why)"
+                );
             }
             Ok(route)
         })
@@ -402,4 +410,48 @@ fn line(event: &Event, unix_ns: u128, iface: &str, json: bool) -> String {
     }
     s.push_str(&format!(" len {}", event.len));
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tcp(src: &str, dst: &str) -> Headers {
+        let (src, dst): (SocketAddr, SocketAddr) = (src.parse().unwrap(), dst.parse().unwrap());
+        Headers {
+            proto: gateway_common::proto::TCP,
+            src: src.ip(),
+            dst: dst.ip(),
+            sport: Some(src.port()),
+            dport: Some(dst.port()),
+            tcp_flags: Some(0x02),
+        }
+    }
+
+    #[test]
+    fn a_route_filter_takes_its_gateway_endpoints_and_backends_not_its_port_elsewhere() {
+        let filter = Filter {
+            routes: vec![RouteMatch {
+                route: "team-a/web".into(),
+                proto: gateway_common::proto::TCP,
+                gateway: vec!["10.0.0.100:30000".parse().unwrap()],
+                backends: vec!["10.1.0.5:8080".parse().unwrap()],
+            }],
+            ..Filter::default()
+        };
+        let to_route = tcp("192.0.2.7:40000", "10.0.0.100:30000");
+        let dnat = tcp("192.0.2.7:40000", "10.1.0.5:8080");
+        assert!(filter.matches(&[to_route.clone(), dnat.clone()]));
+        assert!(filter.matches(&[tcp("10.1.0.5:8080", "192.0.2.7:40000")]));
+        // The same port on another gateway address is another route's; so is a
+        // client's source port that happens to be the route's.
+        assert!(!filter.matches(&[tcp("192.0.2.7:40000", "10.0.0.101:30000")]));
+        assert!(!filter.matches(&[tcp("192.0.2.7:30000", "10.0.0.101:80")]));
+        // Its endpoints over UDP are not its packets.
+        let udp = Headers {
+            proto: gateway_common::proto::UDP,
+            ..to_route
+        };
+        assert!(!filter.matches(&[udp]));
+    }
 }
