@@ -441,7 +441,7 @@ mod tests {
         };
         let to_route = tcp("192.0.2.7:40000", "10.0.0.100:30000");
         let dnat = tcp("192.0.2.7:40000", "10.1.0.5:8080");
-        assert!(filter.matches(&[to_route.clone(), dnat.clone()]));
+        assert!(filter.matches(&[to_route, dnat]));
         assert!(filter.matches(&[tcp("10.1.0.5:8080", "192.0.2.7:40000")]));
         // The same port on another gateway address is another route's; so is a
         // client's source port that happens to be the route's.
