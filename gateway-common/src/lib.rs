@@ -293,6 +293,11 @@ pub mod config {
     pub const SLOTS: u32 = 16;
 }
 
+/// `MonitorEvent::hook` of the XDP program's events (ingress).
+pub const HOOK_XDP: u16 = 0;
+/// `MonitorEvent::hook` of the TC program's events (egress).
+pub const HOOK_TC: u16 = 1;
+
 /// Bytes of a packet's head a `MonitorEvent` holds, as it entered and as it left.
 pub const MONITOR_BYTES: usize = 128;
 
@@ -310,12 +315,15 @@ pub struct MonitorEvent {
     pub time_ns: u64,
     /// The `Counter` it was counted as, host order.
     pub reason: u32,
-    /// The program's verdict (`XDP_DROP` 1, `XDP_PASS` 2, `XDP_TX` 3, `XDP_REDIRECT` 4).
+    /// The program's verdict (`XDP_DROP` 1, `XDP_PASS` 2, `XDP_TX` 3, `XDP_REDIRECT` 4;
+    /// the TC program's as the first two: dropped, or on its way).
     pub action: u32,
-    /// The interface it arrived on.
+    /// The interface it arrived on (XDP) or leaves by (TC).
     pub ifindex: u32,
     /// The CPU that carried it.
-    pub cpu: u32,
+    pub cpu: u16,
+    /// Which program saw it: `HOOK_XDP` or `HOOK_TC`.
+    pub hook: u16,
     /// The packet's length as it left (Ethernet header included).
     pub len: u32,
     /// Bytes of `entered` set (its length as it entered, at most `MONITOR_BYTES`).
@@ -984,9 +992,9 @@ counters! {
 }
 
 impl Counter {
-    /// Whether a packet counted so is an event for `berth monitor`: what the XDP
-    /// program counts but the ordinary course of a flow (sent by XDP, recorded) and the
-    /// monitor's own loss. (The TC programs' counters are not events.)
+    /// Whether a packet counted so is an event for `berth monitor`: what the XDP and TC
+    /// programs count but the ordinary course of a flow (sent by XDP, recorded,
+    /// translated by TC) and the monitor's own loss.
     pub const fn is_event(self) -> bool {
         !matches!(
             self,
@@ -997,8 +1005,6 @@ impl Counter {
                 | Counter::TcReply
                 | Counter::TcMasq
                 | Counter::TcIcmp
-                | Counter::TcUntranslated
-                | Counter::TcRedirectDropped
                 | Counter::SnatNewFlow
                 | Counter::CtCreated
                 | Counter::RedirectError

@@ -206,21 +206,44 @@ fn verdict(ctx: &XdpContext, result: Result<u32, Counter>) -> u32 {
 /// still run.
 #[classifier]
 pub fn berth_tc(ctx: TcContext) -> i32 {
-    tc_verdict(tc::egress(&ctx))
+    monitor::entered(&ctx);
+    tc_verdict(&ctx, tc::egress(&ctx))
 }
 
 /// The IPv6 half of `berth_tc`, entered by tail call (`maps::TC_PROGRAMS`).
 #[classifier]
 pub fn berth_tc_v6(ctx: TcContext) -> i32 {
-    tc_verdict(tc::egress6(&ctx))
+    tc_verdict(&ctx, tc::egress6(&ctx))
 }
 
-/// A TC verdict: a forged reply is dropped, everything else goes on.
+/// Sends the event of the TC programs' packet in hand (`monitor.rs`), entered by tail
+/// call from their verdict (`maps::PROG_TC_MONITOR`) while `berth monitor` listens.
+#[classifier]
+pub fn berth_tc_monitor(ctx: TcContext) -> i32 {
+    tc_action(monitor::send(&ctx))
+}
+
+/// A TC verdict: a forged reply is dropped, everything else goes on; an event, if the
+/// packet is one and `berth monitor` listens.
 #[inline(always)]
-fn tc_verdict(result: Result<(), tc::Stop>) -> i32 {
-    match result {
-        Err(tc::Stop::Drop) => TC_ACT_SHOT,
-        _ => TC_ACT_UNSPEC,
+fn tc_verdict(ctx: &TcContext, result: Result<(), tc::Stop>) -> i32 {
+    let action = match result {
+        Err(tc::Stop::Drop) => xdp_action::XDP_DROP,
+        _ => xdp_action::XDP_PASS,
+    };
+    if monitor::listening() {
+        return tc_action(monitor::flush(ctx, action));
+    }
+    tc_action(action)
+}
+
+/// The TC verdict of an event's action (`MonitorEvent::action`).
+#[inline(always)]
+fn tc_action(action: u32) -> i32 {
+    if action == xdp_action::XDP_DROP {
+        TC_ACT_SHOT
+    } else {
+        TC_ACT_UNSPEC
     }
 }
 
@@ -230,9 +253,9 @@ fn tc_verdict(result: Result<(), tc::Stop>) -> i32 {
 #[classifier]
 pub fn berth_tc_icmp6(ctx: TcContext) -> i32 {
     if tc::is_redirect(&ctx) {
-        return TC_ACT_SHOT;
+        return tc_verdict(&ctx, Err(tc::Stop::Drop));
     }
-    tc_verdict(tc::icmp6(&ctx))
+    tc_verdict(&ctx, tc::icmp6(&ctx))
 }
 
 /// On `xdp:xdp_redirect_err`: counts a redirect of the gateway program that the kernel

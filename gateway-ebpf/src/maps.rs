@@ -341,9 +341,12 @@ pub const PROG_MONITOR: u32 = 2;
 
 /// The TC program's tail-call slots, filled by the loader: slot `PROG_V6` is
 /// `berth_tc_v6`, which `berth_tc` enters for IPv6 frames (a TC program cannot enter
-/// the XDP programs' array).
+/// the XDP programs' array); slot `PROG_TC_MONITOR` is `berth_tc_monitor`.
 #[map(name = "berth_tc_progs")]
-pub static TC_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(2, 0);
+pub static TC_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(3, 0);
+
+/// `berth_tc_progs` slot of the TC monitor program (`monitor::send`).
+pub const PROG_TC_MONITOR: u32 = 2;
 
 /// `berth_tc_progs` slot of the TC program's ICMPv6 part (`berth_tc_icmp6`), which
 /// `berth_tc_v6` enters for ICMPv6 (its header copies need a stack of their own).

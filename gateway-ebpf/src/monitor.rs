@@ -12,17 +12,27 @@
 //! (`config::MONITOR_SAMPLE`), limits the rate per CPU (`config::MONITOR_RATE`, the
 //! rest counted `monitor_lost`) and sends the event. The event's work stays out of the
 //! gateway program, whose every path the verifier walks.
+//!
+//! The TC program on egress does the same with its own packets (`berth_tc_monitor`, in
+//! `maps::TC_PROGRAMS`): each egress packet's head is kept while someone listens (TC
+//! sees every packet the host sends, and asks at entry), its events are the drops of
+//! forged replies and what it could not translate, replies matched by Maglev, stale
+//! services. Both use this CPU's one slot: a TC program does not run inside XDP's (nor
+//! XDP inside TC's: egress runs with softirqs off).
 
 use aya_ebpf::{
     bindings::xdp_action,
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_xdp_load_bytes},
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_skb_load_bytes, bpf_xdp_load_bytes},
     macros::map,
-    maps::{PerCpuArray, RingBuf},
-    programs::XdpContext,
+    maps::{PerCpuArray, ProgramArray, RingBuf},
+    programs::{TcContext, XdpContext},
+    EbpfContext,
 };
-use gateway_common::{config, Counter, MonitorEvent, EVENTS_BYTES, MONITOR_BYTES};
+use gateway_common::{
+    config, Counter, MonitorEvent, EVENTS_BYTES, HOOK_TC, HOOK_XDP, MONITOR_BYTES,
+};
 
-use crate::maps::{count, CONFIG, PROGRAMS, PROG_MONITOR};
+use crate::maps::{count, CONFIG, PROGRAMS, PROG_MONITOR, PROG_TC_MONITOR, TC_PROGRAMS};
 
 /// The events, read by `berth monitor`. Pinned.
 #[map(name = "berth_events")]
@@ -60,19 +70,72 @@ pub fn listening() -> bool {
     CONFIG.get(config::MONITOR).is_some_and(|pid| *pid != 0)
 }
 
+/// A program whose packets make events: XDP on ingress, TC on egress.
+pub trait Watched: EbpfContext {
+    /// `MonitorEvent::hook`.
+    const HOOK: u16;
+    /// The tail-call array and slot of this kind's monitor program.
+    fn monitor() -> (&'static ProgramArray, u32);
+    /// The packet's length (Ethernet header included).
+    fn packet_len(&self) -> usize;
+    /// The interface it arrived on (XDP) or leaves by (TC).
+    fn ifindex(&self) -> u32;
+    /// Copies `len` (1..=`MONITOR_BYTES`) bytes of the packet's head to `buf`; 0 on
+    /// success.
+    ///
+    /// # Safety
+    /// `buf` must have room for `len` bytes.
+    unsafe fn load(&self, buf: *mut u8, len: u32) -> i64;
+}
+
+impl Watched for XdpContext {
+    const HOOK: u16 = HOOK_XDP;
+    fn monitor() -> (&'static ProgramArray, u32) {
+        (&PROGRAMS, PROG_MONITOR)
+    }
+    fn packet_len(&self) -> usize {
+        self.data_end() - self.data()
+    }
+    fn ifindex(&self) -> u32 {
+        self.ingress_ifindex() as u32
+    }
+    unsafe fn load(&self, buf: *mut u8, len: u32) -> i64 {
+        // SAFETY: the caller's.
+        unsafe { bpf_xdp_load_bytes(self.ctx, 0, buf.cast(), len) }
+    }
+}
+
+impl Watched for TcContext {
+    const HOOK: u16 = HOOK_TC;
+    fn monitor() -> (&'static ProgramArray, u32) {
+        (&TC_PROGRAMS, PROG_TC_MONITOR)
+    }
+    fn packet_len(&self) -> usize {
+        self.len() as usize
+    }
+    fn ifindex(&self) -> u32 {
+        // SAFETY: the program's own context, valid while it runs.
+        unsafe { (*self.skb.skb).ifindex }
+    }
+    unsafe fn load(&self, buf: *mut u8, len: u32) -> i64 {
+        // SAFETY: the caller's.
+        unsafe { bpf_skb_load_bytes(self.as_ptr(), 0, buf.cast(), len) }
+    }
+}
+
 /// Copies up to `MONITOR_BYTES` of the packet's head to `buf`; returns how many.
 ///
 /// # Safety
 /// `buf` must have room for `MONITOR_BYTES`.
 #[inline(always)]
-unsafe fn head(ctx: &XdpContext, buf: *mut u8) -> u32 {
+unsafe fn head<C: Watched>(ctx: &C, buf: *mut u8) -> u32 {
     // Bounded in 64 bits, as the verifier reads the register the helper is given.
-    let len = (ctx.data_end() - ctx.data()).min(MONITOR_BYTES);
+    let len = ctx.packet_len().min(MONITOR_BYTES);
     if len == 0 {
         return 0;
     }
     // SAFETY: `buf` has room for `len` <= `MONITOR_BYTES` bytes.
-    if unsafe { bpf_xdp_load_bytes(ctx.ctx, 0, buf.cast(), len as u32) } == 0 {
+    if unsafe { ctx.load(buf, len as u32) } == 0 {
         len as u32
     } else {
         0
@@ -82,7 +145,7 @@ unsafe fn head(ctx: &XdpContext, buf: *mut u8) -> u32 {
 /// A packet found to be ours, before anything in it changed: with a listener, its head
 /// is kept.
 #[inline(always)]
-pub fn entered(ctx: &XdpContext) {
+pub fn entered<C: Watched>(ctx: &C) {
     if !listening() {
         return;
     }
@@ -126,9 +189,11 @@ pub fn note(counter: Counter) {
     }
 }
 
-/// The verdict of a packet while someone listens: its event, if it has one, is sent by `berth_monitor` (entered by tail call, which returns `action`).
+/// The verdict of a packet while someone listens: its event, if it has one, is sent by
+/// the monitor program (entered by tail call, which returns `action`: an XDP verdict,
+/// for TC dropped or passed).
 #[inline(always)]
-pub fn flush(ctx: &XdpContext, action: u32) -> u32 {
+pub fn flush<C: Watched>(ctx: &C, action: u32) -> u32 {
     let Some(m) = MONITOR.get_ptr_mut(0) else {
         return action;
     };
@@ -139,7 +204,8 @@ pub fn flush(ctx: &XdpContext, action: u32) -> u32 {
         }
         (*m).action = action;
         // Returns only if it failed (an empty slot): no event.
-        PROGRAMS.tail_call(ctx, PROG_MONITOR);
+        let (programs, slot) = C::monitor();
+        programs.tail_call(ctx, slot);
         (*m).pending = 0;
     }
     action
@@ -169,7 +235,7 @@ pub fn dropped(ctx: &XdpContext, reason: Counter) -> u32 {
 /// `berth_monitor`: sends the packet in hand's event, sampled and within the rate;
 /// returns the gateway program's verdict.
 #[inline(always)]
-pub fn send(ctx: &XdpContext) -> u32 {
+pub fn send<C: Watched>(ctx: &C) -> u32 {
     let Some(m) = MONITOR.get_ptr_mut(0) else {
         return xdp_action::XDP_PASS;
     };
@@ -204,9 +270,10 @@ pub fn send(ctx: &XdpContext) -> u32 {
         (*e).time_ns = now;
         (*e).reason = reason;
         (*e).action = action;
-        (*e).ifindex = ctx.ingress_ifindex() as u32;
-        (*e).cpu = bpf_get_smp_processor_id();
-        (*e).len = (ctx.data_end() - ctx.data()) as u32;
+        (*e).ifindex = ctx.ifindex();
+        (*e).cpu = bpf_get_smp_processor_id() as u16;
+        (*e).hook = C::HOOK;
+        (*e).len = ctx.packet_len() as u32;
         (*e).left_len = head(ctx, (&raw mut (*e).left).cast()) as u16;
         // A dropped packet left as it entered (and may not have been `entered`).
         if action == xdp_action::XDP_DROP {

@@ -24,7 +24,8 @@ use super::{
     pool::{Region, TablePool},
     xdp, AttachMode, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limit,
     Limits, Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM,
-    PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
+    PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_MONITOR_PROGRAM, TC_PROGRAM,
+    TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
 };
 use crate::sys;
 
@@ -149,7 +150,7 @@ impl Limits {
                 self.backends,
             ),
             shape(map_names::PROGRAMS, 4, 4, 3),
-            shape(map_names::TC_PROGRAMS, 4, 4, 2),
+            shape(map_names::TC_PROGRAMS, 4, 4, 3),
             shape(
                 map_names::SERVICES6,
                 size_of::<ServiceKey<Addr6>>(),
@@ -372,7 +373,7 @@ impl Datapath {
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
         }
-        for name in [TC_PROGRAM_V6, TC_PROGRAM_ICMP6] {
+        for name in [TC_PROGRAM_V6, TC_PROGRAM_ICMP6, TC_MONITOR_PROGRAM] {
             links::classifier(&mut ebpf, name)?
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
@@ -608,7 +609,8 @@ impl Datapath {
 
 /// Puts the IPv6 programs in their tail-call slots: `berth_v6` (slot 0) and
 /// `berth_icmp6` (slot 1) of `map_names::PROGRAMS` (and `berth_monitor` in slot 2), the TC program's IPv6 half and its
-/// ICMPv6 part in slots 0 and 1 of `map_names::TC_PROGRAMS`; the IPv4 programs enter them for IPv6 frames (an empty
+/// ICMPv6 part in slots 0 and 1 of `map_names::TC_PROGRAMS` (and `berth_tc_monitor` in
+/// slot 2); the IPv4 programs enter them for IPv6 frames (an empty
 /// slot passes them, counted `ipv6_no_program`). A pinned array's slots are
 /// overwritten: from now on this build's programs run.
 fn enter_v6(ebpf: &mut Ebpf) -> Result<()> {
@@ -624,12 +626,17 @@ fn enter_v6(ebpf: &mut Ebpf) -> Result<()> {
         TC_PROGRAM_ICMP6,
         links::classifier(ebpf, TC_PROGRAM_ICMP6)?.fd(),
     )?;
+    let tc_monitor = clone(
+        TC_MONITOR_PROGRAM,
+        links::classifier(ebpf, TC_MONITOR_PROGRAM)?.fd(),
+    )?;
     for (name, slot, fd) in [
         (map_names::PROGRAMS, 0, &v6),
         (map_names::PROGRAMS, 1, &icmp6),
         (map_names::PROGRAMS, 2, &monitor),
         (map_names::TC_PROGRAMS, 0, &tc_v6),
         (map_names::TC_PROGRAMS, 1, &tc_icmp6),
+        (map_names::TC_PROGRAMS, 2, &tc_monitor),
     ] {
         let map = ebpf.map_mut(name).ok_or(DatapathError::Map {
             name,

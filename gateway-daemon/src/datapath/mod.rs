@@ -88,6 +88,9 @@ pub const TC_PROGRAM: &str = "berth_tc";
 pub const TC_PROGRAM_V6: &str = "berth_tc_v6";
 /// Name of the ICMPv6 part of `TC_PROGRAM_V6`, entered by tail call from it.
 pub const TC_PROGRAM_ICMP6: &str = "berth_tc_icmp6";
+/// Name of the program sending the TC programs' events, entered by tail call from
+/// their verdicts.
+pub const TC_MONITOR_PROGRAM: &str = "berth_tc_monitor";
 /// Name of a program that returns `XDP_PASS` at once (the benchmark's floor).
 pub const FLOOR_PROGRAM: &str = "berth_pass";
 /// Default pin directory.

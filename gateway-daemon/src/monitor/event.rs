@@ -13,12 +13,14 @@ pub struct Event {
     pub time_ns: u64,
     /// What it was counted as.
     pub reason: Counter,
-    /// The XDP verdict.
+    /// The XDP verdict (the TC program's: drop or pass).
     pub action: u32,
-    /// The interface it arrived on.
+    /// The interface it arrived on (XDP) or leaves by (TC).
     pub ifindex: u32,
     /// The CPU that carried it.
     pub cpu: u32,
+    /// Which program saw it (`gateway_common::HOOK_XDP`, `HOOK_TC`).
+    pub hook: u16,
     /// The packet's length as it left (Ethernet header included).
     pub len: u32,
     /// Its head as it entered.
@@ -45,11 +47,21 @@ impl Event {
             reason: Counter::from_index(u32_at(8))?,
             action: u32_at(12),
             ifindex: u32_at(16),
-            cpu: u32_at(20),
+            cpu: u32::from(u16_at(20)),
+            hook: u16_at(22),
             len: u32_at(24),
             entered: head(ENTERED, u16_at(28)),
             left: head(LEFT, u16_at(30)),
         })
+    }
+
+    /// Which program saw it: `xdp` (ingress) or `tc` (egress).
+    pub fn hook_name(&self) -> &'static str {
+        if self.hook == gateway_common::HOOK_TC {
+            "tc"
+        } else {
+            "xdp"
+        }
     }
 
     /// The verdict's name.

@@ -388,6 +388,7 @@ fn line(event: &Event, unix_ns: u128, iface: &str, json: bool) -> String {
             "reason": event.reason.name(),
             "verdict": event.verdict(),
             "interface": iface,
+            "hook": event.hook_name(),
             "cpu": event.cpu,
             "len": event.len,
             "entered": entered,
@@ -396,11 +397,17 @@ fn line(event: &Event, unix_ns: u128, iface: &str, json: bool) -> String {
         .to_string();
     }
     let head = |h: Option<Headers>| h.map_or_else(|| "(not IP)".to_string(), |h| h.to_string());
+    // The TC program's events say so: the interface is the one the packet leaves by.
+    let at = if event.hook == gateway_common::HOOK_TC {
+        format!("{iface} egress")
+    } else {
+        iface.to_string()
+    };
     let mut s = format!(
         "{} cpu{} {} {} {} {}",
         humantime::format_rfc3339_micros(time),
         event.cpu,
-        iface,
+        at,
         event.reason.name(),
         event.verdict().to_uppercase(),
         head(entered)
