@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     announce::control::Request,
-    datapath::{Protocol, ServiceAddr},
-    model::{claim_name, RouteKind},
+    model::ServiceAddr,
+    model::{claim_name, RouteKey},
     planner::{status::RouteParentStatus, Family, RouteEntry, ServedOn},
     publish::Published,
     state_document::StateDocument,
@@ -541,13 +541,11 @@ fn row(
     // parentRef has no port, so the port is the listener's.
     let port = on.map(|s| s.port).or(pr.port);
     let gw_ns = pr.namespace.as_deref().unwrap_or(&r.namespace);
-    let protocol = if r.kind == RouteKind::Udp {
-        Protocol::Udp
-    } else {
-        Protocol::Tcp
-    };
-    let is_route = |kind: &str, namespace: &str, name: &str| {
-        kind == r.kind.name() && namespace == r.namespace && name == r.name
+    let protocol = r.kind.protocol();
+    let key = RouteKey {
+        kind: r.kind,
+        namespace: r.namespace.clone(),
+        name: r.name.clone(),
     };
     let claim = port.and_then(|port| {
         let name = claim_name(&pr.name, &protocol.to_string(), port);
@@ -556,8 +554,7 @@ fn row(
             .binary_search_by(|c| (c.metadata.ns(), c.metadata.name.as_str()).cmp(&(gw_ns, &name)))
             .ok()?;
         let c = &state.claims[i];
-        let r = crate::state_document::ClaimView::of(c).route;
-        is_route(r.kind, r.namespace, r.name).then_some(c)
+        (c.spec.route.key().as_ref() == Some(&key)).then_some(c)
     });
     // The route's services: one per address its Gateway is served on.
     let mut shadowed_by = None;
@@ -580,7 +577,7 @@ fn row(
                     port,
                 })
                 .filter(|s| match p.owners.get(s) {
-                    Some(o) if is_route(o.kind.name(), &o.namespace, &o.name) => true,
+                    Some(o) if **o == key => true,
                     Some(o) => {
                         shadowed_by.get_or_insert_with(|| format!("{}/{}", o.namespace, o.name));
                         false

@@ -14,7 +14,12 @@ mod run;
 use run::{fill, wait_for, Daemon, Tmpfs};
 
 fn claim(port: u16) -> Arc<PortClaim> {
-    let route = ClaimRoute::new("TCPRoute", "team", &format!("route-{port}"), None);
+    let route = ClaimRoute::new(
+        berth::model::RouteKind::Tcp,
+        "team",
+        &format!("route-{port}"),
+        None,
+    );
     let mut c = PortClaim::bound(
         "infra",
         PortClaimSpec::new("gw", "pool", "TCP", port, route),

@@ -211,7 +211,7 @@ fn claim_json(port: u16, route: &str, phase: &str, rv: &str) -> Value {
 
 fn claim(port: u16, route: &str) -> std::sync::Arc<PortClaim> {
     let route = ClaimRoute::new(
-        "TCPRoute",
+        berth::model::RouteKind::Tcp,
         "team",
         route,
         Some(format!("uid-{route}").into()),
@@ -1098,7 +1098,11 @@ fn a_lost_port_is_offered_back_only_while_no_one_else_holds_it() {
 
 #[test]
 fn a_refusal_is_announced_once_as_a_warning() {
-    let web = ClaimRoute::new("TCPRoute", "team", "web", None);
+    let web = berth::model::RouteKey {
+        kind: berth::model::RouteKind::Tcp,
+        namespace: "team".into(),
+        name: "web".into(),
+    };
     let refused = our_parent(30005, false, "2026-01-01T00:00:00Z");
     let merge = |old: Vec<RouteParentStatus>, new: Vec<RouteParentStatus>| {
         let current: Vec<Value> = old
@@ -1109,6 +1113,7 @@ fn a_refusal_is_announced_once_as_a_warning() {
     };
     let first = berth::kubernetes::events::from_status(
         web.clone(),
+        None,
         &merge(vec![our_parent(30005, true, "t")], vec![refused.clone()]),
     );
     assert_eq!(first.len(), 1);
@@ -1119,8 +1124,11 @@ fn a_refusal_is_announced_once_as_a_warning() {
         "{}",
         first[0].note
     );
-    let again =
-        berth::kubernetes::events::from_status(web, &merge(vec![refused.clone()], vec![refused]));
+    let again = berth::kubernetes::events::from_status(
+        web,
+        None,
+        &merge(vec![refused.clone()], vec![refused]),
+    );
     assert!(again.is_empty(), "no new event while the refusal stands");
 }
 

@@ -286,7 +286,7 @@ fn pinned_maps_of_other_limits_are_refused_with_a_clear_error() {
         matches!(
             err,
             DatapathError::Incompatible {
-                what: "max entries",
+                what: berth::datapath::MapProperty::MaxEntries,
                 ..
             }
         ),

@@ -23,7 +23,7 @@ use super::{
     links, map_err,
     pool::{Region, TablePool},
     xdp, AttachMode, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limit,
-    Limits, Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM,
+    Limits, MapProperty, Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM,
     PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_MONITOR_PROGRAM, TC_PROGRAM,
     TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
 };
@@ -310,7 +310,7 @@ impl Datapath {
                     ..
                 })) = check_pinned(path, pin_dir, shape)
                 {
-                    if what == "max entries" {
+                    if what == MapProperty::MaxEntries {
                         return Err(DatapathError::ConntrackSize {
                             path: path.clone(),
                             found,
@@ -319,7 +319,7 @@ impl Datapath {
                     }
                     tracing::warn!(
                         map = shape.name,
-                        what,
+                        what = %what,
                         found,
                         wanted,
                         "the pinned conntrack has another entry layout (an earlier \
@@ -333,7 +333,7 @@ impl Datapath {
             if let (
                 Some(sized_by),
                 Err(Ok(DatapathError::Incompatible {
-                    what: "max entries",
+                    what: MapProperty::MaxEntries,
                     found,
                     ..
                 })),
@@ -669,7 +669,7 @@ fn replace_pre_pool_maps(pin_dir: &Path, shapes: &[Shape]) {
         .filter(|s| POOL_LAYOUT.contains(&s.name))
         .find_map(|s| match check_pinned(&pin_dir.join(s.name), pin_dir, s) {
             Err(Ok(DatapathError::Incompatible {
-                what: "value size",
+                what: MapProperty::ValueSize,
                 found,
                 wanted,
                 ..
@@ -775,9 +775,17 @@ fn check_pinned(
     }
     let info = MapInfo::from_pin(path).map_err(Err)?;
     let checks = [
-        ("key size", info.key_size(), shape.key_size as u32),
-        ("value size", info.value_size(), shape.value_size as u32),
-        ("max entries", info.max_entries(), shape.max_entries),
+        (MapProperty::KeySize, info.key_size(), shape.key_size as u32),
+        (
+            MapProperty::ValueSize,
+            info.value_size(),
+            shape.value_size as u32,
+        ),
+        (
+            MapProperty::MaxEntries,
+            info.max_entries(),
+            shape.max_entries,
+        ),
     ];
     for (what, found, wanted) in checks {
         if found != wanted {

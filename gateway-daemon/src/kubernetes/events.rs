@@ -6,13 +6,15 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use super::{claims::Change, sources::Versions, status::Merged};
-use crate::model::{ClaimRoute, RouteKind, CONTROLLER_NAME};
+use crate::model::{RouteKey, Str, CONTROLLER_NAME};
 
 /// One event to publish.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Notice {
     /// The route it is about.
-    pub route: ClaimRoute,
+    pub route: RouteKey,
+    /// Its uid, if known.
+    pub uid: Option<Str>,
     /// Warning (refusals) rather than Normal.
     pub warning: bool,
     /// Reason (`PortAssigned`, `PortReleased`, or the refusal's condition reason).
@@ -52,7 +54,9 @@ pub fn from_changes(changes: &[Change]) -> Vec<Notice> {
                 ),
             };
             Some(Notice {
-                route: s.route.clone(),
+                // A claim naming another kind is no route of ours to tell.
+                route: s.route.key()?,
+                uid: s.route.uid.clone(),
                 warning: false,
                 reason: reason.into(),
                 note,
@@ -63,7 +67,7 @@ pub fn from_changes(changes: &[Change]) -> Vec<Notice> {
 }
 
 /// Warning events for parents newly not accepted in a route's status change.
-pub fn from_status(route: ClaimRoute, merged: &Merged) -> Vec<Notice> {
+pub fn from_status(route: RouteKey, uid: Option<Str>, merged: &Merged) -> Vec<Notice> {
     let accepted = |p: &crate::planner::status::RouteParentStatus| {
         p.conditions
             .iter()
@@ -93,6 +97,7 @@ pub fn from_status(route: ClaimRoute, merged: &Merged) -> Vec<Notice> {
                 .unwrap_or(&route.namespace);
             Some(Notice {
                 route: route.clone(),
+                uid: uid.clone(),
                 warning: true,
                 reason: reason.to_string(),
                 note: format!("Gateway {gw_ns}/{}: {message}", p.parent_ref.name),
@@ -115,16 +120,13 @@ pub fn recorder(client: kube::Client, instance: &str) -> Recorder {
 
 /// Publishes a notice; failures are logged only (events are a courtesy).
 pub async fn publish(recorder: &Recorder, versions: &Versions, notice: &Notice) {
-    let kind = match notice.route.kind.as_str() {
-        "UDPRoute" => RouteKind::Udp,
-        _ => RouteKind::Tcp,
-    };
+    let route = &notice.route;
     let reference = ObjectReference {
-        api_version: Some(versions.route(kind).api_version),
-        kind: Some(notice.route.kind.to_string()),
-        namespace: Some(notice.route.namespace.to_string()),
-        name: Some(notice.route.name.to_string()),
-        uid: notice.route.uid.as_ref().map(ToString::to_string),
+        api_version: Some(versions.route(route.kind).api_version),
+        kind: Some(route.kind.name().to_string()),
+        namespace: Some(route.namespace.to_string()),
+        name: Some(route.name.to_string()),
+        uid: notice.uid.as_ref().map(ToString::to_string),
         ..ObjectReference::default()
     };
     let event = Event {
@@ -140,7 +142,7 @@ pub async fn publish(recorder: &Recorder, versions: &Versions, notice: &Notice) 
     };
     if let Err(e) = recorder.publish(&event, &reference).await {
         tracing::warn!(
-            route = format!("{} {}/{}", notice.route.kind, notice.route.namespace, notice.route.name),
+            route = format!("{} {}/{}", route.kind.name(), route.namespace, route.name),
             reason = notice.reason,
             error = %crate::error_chain(&e),
             "publishing an event"

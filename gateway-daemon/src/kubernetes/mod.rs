@@ -50,7 +50,7 @@ use tokio::sync::Notify;
 use crate::{
     announce::Announcer,
     datapath::{Datapath, DatapathError},
-    model::{ClaimRoute, PortClaim},
+    model::{PortClaim, RouteKey},
     planner::{self, Plan},
     publish::{self, Published, Shared},
 };
@@ -348,8 +348,12 @@ impl Controller {
                 continue;
             };
             let uid = cached.and_then(|o| o.metadata.uid.clone());
-            let route = ClaimRoute::new(kind.name(), &ns, &name, uid.map(Into::into));
-            for n in events::from_status(route, &merged) {
+            let route = RouteKey {
+                kind,
+                namespace: ns.as_str().into(),
+                name: name.as_str().into(),
+            };
+            for n in events::from_status(route, uid.map(Into::into), &merged) {
                 events::publish(&self.recorder, &self.versions, &n).await;
             }
         }

@@ -63,7 +63,7 @@ pub fn hints(view: &View) -> Vec<PortClaim> {
                 c.metadata.ns() == gw_ns
                     && c.spec.gateway == *gw_name
                     && c.spec.listener == listener
-                    && c.spec.route.kind == kind.name()
+                    && crate::model::RouteKind::of_name(&c.spec.route.kind) == Some(*kind)
                     && c.spec.route.namespace == *ns
                     && c.spec.route.name == *name
             });
@@ -84,7 +84,7 @@ pub fn hints(view: &View) -> Vec<PortClaim> {
                     listener: listener.into(),
                     protocol: protocol.to_string().into(),
                     port,
-                    route: ClaimRoute::new(kind.name(), ns, name, uid),
+                    route: ClaimRoute::new(*kind, ns, name, uid),
                 },
             ));
         }

@@ -187,10 +187,10 @@ impl ClaimRoute {
     }
 
     /// A Gateway API route (`TCPRoute` or `UDPRoute`) by kind, namespace and name.
-    pub fn new(kind: &str, namespace: &str, name: &str, uid: Option<Str>) -> Self {
+    pub fn new(kind: super::RouteKind, namespace: &str, name: &str, uid: Option<Str>) -> Self {
         ClaimRoute {
             group: Str::const_new(GATEWAY_GROUP),
-            kind: kind.into(),
+            kind: kind.name().into(),
             namespace: namespace.into(),
             name: name.into(),
             uid,

@@ -145,11 +145,13 @@ fn resolve_routes(admin: &str, routes: &[String]) -> anyhow::Result<Vec<RouteMat
             let Some(first) = mine.first() else {
                 bail!("--route {spec}: the daemon at {admin} has no such route");
             };
-            let proto = if first.kind == "UDPRoute" {
-                gateway_common::proto::UDP
-            } else {
-                gateway_common::proto::TCP
+            let Some(kind) = crate::model::RouteKind::of_name(&first.kind) else {
+                bail!(
+                    "--route {spec}: the daemon at {admin} gives it kind {:?}",
+                    first.kind
+                );
             };
+            let proto = kind.protocol().number();
             let backends = backends
                 .backends
                 .iter()

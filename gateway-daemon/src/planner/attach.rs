@@ -35,25 +35,27 @@ pub(super) struct Attachments<'a> {
     pub given_twice: Vec<bool>,
     /// Routes by identity: the oldest, the newest (the tail of `same_next`), and the
     /// last in the snapshot.
-    pub by_identity: FastMap<(&'a str, &'a str, &'a str), (usize, usize, usize)>,
+    pub by_identity: FastMap<(RouteKind, &'a str, &'a str), (usize, usize, usize)>,
 }
 
 impl<'a> Attachments<'a> {
     /// Attachments of the route a claim names, oldest route first.
     pub fn named(&self, r: &ClaimRoute) -> impl Iterator<Item = usize> + '_ {
-        let head = self
-            .by_identity
-            .get(&(r.kind.as_str(), r.namespace.as_str(), r.name.as_str()))
+        let head = RouteKind::of_name(&r.kind)
+            .and_then(|kind| {
+                self.by_identity
+                    .get(&(kind, r.namespace.as_str(), r.name.as_str()))
+            })
             .map(|&(head, _, _)| head);
         std::iter::successors(head, |&ri| self.same_next[ri]).flat_map(|ri| self.of[ri].clone())
     }
 
     /// The last route in the snapshot of the identity `r` names, if it is that route.
     pub fn route_named(&self, r: &ClaimRoute, routes: &[std::sync::Arc<Route>]) -> Option<usize> {
-        let (_, _, i) =
-            *self
-                .by_identity
-                .get(&(r.kind.as_str(), r.namespace.as_str(), r.name.as_str()))?;
+        let kind = RouteKind::of_name(&r.kind)?;
+        let (_, _, i) = *self
+            .by_identity
+            .get(&(kind, r.namespace.as_str(), r.name.as_str()))?;
         holds(r, &routes[i]).then_some(i)
     }
 
@@ -95,10 +97,7 @@ pub(super) fn attach_routes<'a>(
     for &ri in &order {
         let route = &snap.routes[ri];
         let m = &route.metadata;
-        match out
-            .by_identity
-            .entry((route.kind.name(), m.ns(), m.name.as_str()))
-        {
+        match out.by_identity.entry((route.kind, m.ns(), m.name.as_str())) {
             Entry::Vacant(v) => {
                 v.insert((ri, ri, ri));
             }
@@ -246,7 +245,7 @@ pub(super) struct Attachment<'a> {
 
 /// Whether `claimed` names `route` (a missing uid on either side matches any).
 pub(super) fn holds(claimed: &ClaimRoute, route: &Route) -> bool {
-    claimed.kind == route.kind.name()
+    RouteKind::of_name(&claimed.kind) == Some(route.kind)
         && claimed.namespace == route.metadata.ns()
         && claimed.name == route.metadata.name
         && (claimed.uid.is_none()

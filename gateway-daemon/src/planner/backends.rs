@@ -7,7 +7,7 @@ use super::addresses::{Families, Family};
 use super::FastMap;
 use super::{status::Text, Reason};
 use crate::{
-    datapath::{Backends, WeightedBackend},
+    model::{Backends, WeightedBackend},
     model::{EndpointSlice, Protocol, Route, Service, ServicePort, Snapshot, GATEWAY_GROUP},
 };
 

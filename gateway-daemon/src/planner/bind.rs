@@ -159,7 +159,7 @@ fn pending(attachments: &[Attachment]) -> Vec<usize> {
 
 fn route_ref(route: &Route) -> ClaimRoute {
     ClaimRoute::new(
-        route.kind.name(),
+        route.kind,
         route.metadata.ns(),
         &route.metadata.name,
         route.metadata.uid.clone(),

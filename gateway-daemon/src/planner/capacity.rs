@@ -14,7 +14,8 @@
 use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use crate::{
-    datapath::{Capacity, Limit, ServiceAddr, Usage},
+    datapath::{Capacity, Limit, Usage},
+    model::ServiceAddr,
     model::*,
 };
 
@@ -216,7 +217,7 @@ pub(super) fn mark_waiting(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datapath::Protocol;
+    use crate::model::Protocol;
 
     fn service(port: u16) -> ServiceAddr {
         ServiceAddr {

@@ -104,7 +104,7 @@ mod tests {
     use crate::model::{ClaimRoute, PortClaimSpec};
 
     fn claim(ns: &str, port: u16, route: &str) -> Arc<PortClaim> {
-        let route = ClaimRoute::new("TCPRoute", "a", route, None);
+        let route = ClaimRoute::new(crate::model::RouteKind::Tcp, "a", route, None);
         let mut c = PortClaim::bound(ns, PortClaimSpec::new("gw", "pool", "TCP", port, route));
         c.metadata.name = format!("gw-tcp-{port}").into();
         Arc::new(c)

@@ -19,10 +19,7 @@
 
 use std::{collections::BTreeMap, ops::RangeInclusive, sync::Arc, time::SystemTime};
 
-use crate::{
-    datapath::{ServiceAddr, Usage},
-    model::*,
-};
+use crate::{datapath::Usage, model::ServiceAddr, model::*};
 
 use super::{
     backend_index::BackendIndex,

@@ -303,7 +303,7 @@ proptest! {
                         listener: "pool".into(),
                         protocol: "TCP".into(),
                         port: *port,
-                        route: ClaimRoute::new("TCPRoute", "b", "gone", None),
+                        route: ClaimRoute::new(crate::model::RouteKind::Tcp, "b", "gone", None),
                     };
                     let foreign = Arc::new(PortClaim::bound("infra", spec));
                     if !c.iter().any(|x| x.metadata.name == foreign.metadata.name) {

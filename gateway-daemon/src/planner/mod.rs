@@ -38,8 +38,9 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    datapath::{Capacity, DesiredState, ServiceAddr, Usage},
+    datapath::{Capacity, Usage},
     model::*,
+    model::{DesiredState, ServiceAddr},
 };
 use backends::Index;
 use status::*;

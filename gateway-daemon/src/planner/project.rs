@@ -11,8 +11,9 @@ use std::{
 };
 
 use crate::{
-    datapath::{Backends, Capacity, DesiredState, Limit, ServiceAddr, Usage},
+    datapath::{Capacity, Limit, Usage},
     model::*,
+    model::{Backends, DesiredState, ServiceAddr},
 };
 
 use super::{

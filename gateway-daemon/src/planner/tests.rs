@@ -241,7 +241,7 @@ fn claim(gateway: &str, listener: &str, port: u16, route: &str) -> Arc<PortClaim
             listener: listener.into(),
             protocol: "TCP".into(),
             port,
-            route: ClaimRoute::new("TCPRoute", "team", route, None),
+            route: ClaimRoute::new(crate::model::RouteKind::Tcp, "team", route, None),
         },
     ))
 }

@@ -6,7 +6,7 @@
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use crate::{
-    datapath::FlowSettings,
+    model::FlowSettings,
     model::{
         Condition, PolicyAncestorStatus, PolicyStatus, Protocol, RouteKey, RouteKind,
         RouteTrafficPolicy, Snapshot, Str, Time, GATEWAY_GROUP,

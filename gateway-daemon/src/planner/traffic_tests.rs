@@ -5,7 +5,7 @@ use super::{
     traffic::PolicyEntry,
     Plan,
 };
-use crate::datapath::FlowSettings;
+use crate::model::FlowSettings;
 
 /// A Gateway with a UDP and a TCP listener, a UDPRoute `game` and a TCPRoute
 /// `shop` on them, and `policies` (YAML documents).

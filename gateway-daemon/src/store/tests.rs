@@ -50,7 +50,7 @@ fn tear(log: &Path, partial: &[u8]) {
 }
 
 fn claim(port: u16) -> PortClaim {
-    let route = ClaimRoute::new("TCPRoute", "a", "r", None);
+    let route = ClaimRoute::new(crate::model::RouteKind::Tcp, "a", "r", None);
     PortClaim::bound(
         "infra",
         PortClaimSpec::new("gw", "pool", "TCP", port, route),
@@ -308,10 +308,10 @@ fn a_port_held_twice_is_reported_with_its_line_and_the_later_record_ignored() {
     // 30002 after line 4 let it go.
     let mut other = claim(30001);
     other.metadata.name = "hand-made".into();
-    other.spec.route = ClaimRoute::new("TCPRoute", "b", "s", None);
+    other.spec.route = ClaimRoute::new(crate::model::RouteKind::Tcp, "b", "s", None);
     // A claim named after another port than it holds is ignored too (below).
     let mut later = claim(30002);
-    later.spec.route = ClaimRoute::new("TCPRoute", "b", "s", None);
+    later.spec.route = ClaimRoute::new(crate::model::RouteKind::Tcp, "b", "s", None);
     let journal = [
         put(&claim(30001)),
         put(&claim(30002)),

@@ -18,7 +18,7 @@ fn main() {
     let count: u16 = count.parse().expect("COUNT");
     let store = Store::open(std::path::Path::new(dir)).expect("open store");
     for port in 30000..30000 + count {
-        let route = ClaimRoute::new("TCPRoute", who, "r", None);
+        let route = ClaimRoute::new(berth::model::RouteKind::Tcp, who, "r", None);
         let claim = PortClaim::bound(
             "infra",
             PortClaimSpec::new("gw", "pool", "TCP", port, route),
