@@ -16,6 +16,7 @@ use gateway_common::{
 
 use super::{
     desired::BackendSet,
+    diff::{self, MapOp},
     family::{Addr6, ByFamily, MapAddr},
     held_back, maglev, map_err,
     new_services::batch_err,
@@ -222,81 +223,68 @@ impl Datapath {
         }
         // Before the services: those added below take their affinity with them.
         self.sync_traffic(&desired.traffic)?;
-        // The services that may differ from what is installed: those that changed since
-        // the state last applied in full, or (after a failure, and at first) all.
-        let changes: Vec<(ServiceAddr, Option<BackendSet>)> = match scope {
+        // The services that may differ from what is installed, and what each takes.
+        let changes = match scope {
             Scope::Part(changes) => changes,
-            Scope::Whole => match self.applied.take() {
-                Some(last) => {
-                    let (changes, same) = desired.changes_since(&last);
-                    report.unchanged = same;
-                    changes
-                }
-                None => {
-                    let want = desired.normalized();
-                    let wanted = |k: &ServiceAddr| want.binary_search_by(|(s, _)| s.cmp(k)).is_ok();
-                    let gone: Vec<(ServiceAddr, Option<BackendSet>)> = self
-                        .installed
-                        .keys()
-                        .filter(|k| !wanted(k))
-                        .map(|&k| (k, None))
-                        .collect();
-                    gone.into_iter()
-                        .chain(want.into_iter().map(|(k, set)| (k, Some(set))))
-                        .collect()
-                }
-            },
+            Scope::Whole => {
+                let last = self.applied.take();
+                let (changes, same) =
+                    diff::candidates(desired, last.as_deref(), self.installed.keys());
+                report.unchanged = same;
+                changes
+            }
         };
-        // Removals first, then changed services (those giving backends back before
-        // those taking more), then new ones: a state that fits the limits fits them at
-        // every step of its application (an id is taken before the one it replaces is
-        // given back).
-        let mut changes = changes;
-        changes.sort_by_cached_key(|(key, want)| match (want, self.installed.get(key)) {
-            (None, _) => (0, 0),
-            (Some(want), Some(svc)) => (1, want.len() as i64 - svc.backends.len() as i64),
-            (Some(_), None) => (2, 0),
-        });
+        let had_changes = !changes.is_empty();
+        let ops = diff::ops(changes, &self.installed, |s| snat.contains(s));
         // The roles follow the services: written for the endpoints and slots of the
         // services that may change, or whose mode did (or in full when they were never
         // written exactly: a start writes the adopted services' kept with what was there).
-        let roles_due = !changes.is_empty() || snat_changed || !self.roles.is_exact();
+        let roles_due = had_changes || snat_changed || !self.roles.is_exact();
         // Backends that left their services give their ids back if the changes need
         // them (before the views below are taken).
-        self.free_backend_ids(self.backends_added(&changes))?;
+        self.free_backend_ids(self.backends_added(&ops))?;
         // What each changing service is installed with, to take out of the roles after.
-        let before: Vec<Option<Vec<SocketAddr>>> = changes
+        let before: Vec<Option<Vec<SocketAddr>>> = ops
             .iter()
-            .map(|(key, _)| {
+            .map(|op| {
+                let key = op.service();
                 self.installed
-                    .contains_key(key)
-                    .then(|| self.indexed_endpoints(key))
+                    .contains_key(&key)
+                    .then(|| self.indexed_endpoints(&key))
             })
             .collect();
         // The roles of what is installed and what is wanted, before either changes.
         if roles_due {
-            for (key, want) in &changes {
-                if let Some(want) = want {
+            for op in &ops {
+                if let Some(want) = op.wanted() {
+                    let key = op.service();
                     self.roles
                         .book
-                        .add(*key, snat.contains(key), want.keys().copied());
+                        .add(key, snat.contains(&key), want.keys().copied());
                 }
             }
             self.roles.write(true)?;
         }
         let mut adds = Vec::new();
-        for (key, want) in &changes {
-            match (want, self.installed.get(key)) {
-                (None, None) => {}
-                (None, Some(_)) => {
-                    self.remove_service(key)?;
+        for op in &ops {
+            match op {
+                MapOp::Remove(service) => {
+                    self.remove_service(service)?;
                     report.removed += 1;
                 }
-                // New services come last (sorted above): written together below.
-                (Some(backends), None) => adds.push((*key, backends, snat.contains(key))),
-                (Some(backends), Some(svc)) if svc.same_backends(backends) => report.unchanged += 1,
-                (Some(backends), Some(_)) => {
-                    self.update_service(key, backends, snat.contains(key))?;
+                // New services come last (`diff::ops`): written together below.
+                MapOp::Add {
+                    service,
+                    backends,
+                    snat,
+                } => adds.push((*service, backends, *snat)),
+                MapOp::Keep { .. } => report.unchanged += 1,
+                MapOp::Update {
+                    service,
+                    backends,
+                    snat,
+                } => {
+                    self.update_service(service, backends, *snat)?;
                     report.changed += 1;
                 }
             }
@@ -315,13 +303,14 @@ impl Datapath {
         };
         if roles_due {
             // The book again holds exactly what is installed.
-            for ((key, want), old) in changes.iter().zip(before) {
-                let wanted = want.as_ref().map(|w| w.keys().copied().collect::<Vec<_>>());
+            for (op, old) in ops.iter().zip(before) {
+                let key = op.service();
+                let wanted = op.wanted().map(|w| w.keys().copied().collect::<Vec<_>>());
                 let now = self
                     .installed
-                    .get(key)
-                    .map(|svc| (svc.snat, self.indexed_endpoints(key)));
-                self.roles.book.settle(*key, old, wanted, now);
+                    .get(&key)
+                    .map(|svc| (svc.snat, self.indexed_endpoints(&key)));
+                self.roles.book.settle(key, old, wanted, now);
             }
             for key in &switched {
                 if let Some(svc) = self.installed.get(key) {

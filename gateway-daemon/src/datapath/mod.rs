@@ -24,6 +24,7 @@ mod addresses;
 mod apply;
 pub mod capacity;
 mod desired;
+mod diff;
 mod error;
 mod family;
 pub mod held_back;

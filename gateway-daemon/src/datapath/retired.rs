@@ -23,7 +23,7 @@ use std::{
 
 use gateway_common::{Flow, ServiceId};
 
-use super::{BackendSet, Datapath, Protocol, Result, ServiceAddr};
+use super::{Datapath, Protocol, Result, ServiceAddr};
 
 /// A removed backend of a TCP service that keeps serving its connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,15 +233,14 @@ impl Datapath {
 
     /// Backend ids `changes` may take: the endpoints they want that their services do
     /// not have. 0 while nothing is retired (then there is nothing to free for them).
-    pub(super) fn backends_added(&self, changes: &[(ServiceAddr, Option<BackendSet>)]) -> usize {
+    pub(super) fn backends_added(&self, ops: &[super::diff::MapOp]) -> usize {
         if self.retirees.len() == 0 {
             return 0;
         }
-        changes
-            .iter()
-            .filter_map(|(key, want)| Some((key, want.as_ref()?)))
+        ops.iter()
+            .filter_map(|op| Some((op.service(), op.wanted()?)))
             .map(|(key, want)| {
-                let have = self.installed.get(key);
+                let have = self.installed.get(&key);
                 want.keys()
                     .filter(|e| have.is_none_or(|svc| !svc.backends.contains_key(e)))
                     .count()
