@@ -1,4 +1,4 @@
-//! The state document: claims and statuses, as DESIGN.md specifies its JSON shape. The
+//! The state document: claims and statuses, in the JSON shape the README promises. The
 //! admin endpoint serves it (`/api/v1/state`), `berth check -o json` prints it and
 //! `berth get` reads it; `output` prints it as tables.
 

@@ -143,15 +143,44 @@ fn fix_ip_checksum(ip: &mut [u8]) {
     ip[10..12].copy_from_slice(&c.to_be_bytes());
 }
 
+/// The table: every case with its verdict and exact output bytes. The steps share the
+/// conntrack state and run in this order; later sections send again or quote packets
+/// of the first flows.
 fn steps() -> Vec<Step> {
-    use Side::*;
     let mut s = vec![
         Step::Apply("base services", base_state()),
         // Both sides take XDP frames.
         Step::Xmit(vec![Side::Client, Side::Backend]),
     ];
+    let flows = dnat_steps(&mut s);
+    dnat_edge_case_steps(&mut s);
+    let unknown_port = not_ours_steps(&mut s, &flows.syn);
+    malformed_steps(&mut s, &flows.syn, &unknown_port);
+    fragment_steps(&mut s);
+    icmp_error_steps(&mut s, &flows.udp, &flows.udp_reply);
+    weight_steps(&mut s);
+    backend_change_steps(&mut s);
+    no_xdp_egress_steps(&mut s);
+    service_removal_steps(&mut s, &flows.data);
+    s
+}
 
-    // --- DNAT and reverse NAT ---------------------------------------------------------
+/// The packets of the first flows (`dnat_steps`) that later sections send again or
+/// quote.
+struct Flows {
+    /// The syn of tcp/80's flow from client port 40001 (backend B1:8080).
+    syn: Packet,
+    /// A later segment of that flow.
+    data: Packet,
+    /// A datagram of udp/53's flow from client port 50001 (backend B2:5353).
+    udp: Packet,
+    /// The backend's reply to it.
+    udp_reply: Packet,
+}
+
+/// DNAT and reverse NAT, tcp and udp.
+fn dnat_steps(s: &mut Vec<Step>) -> Flows {
+    use Side::*;
     let syn = from_client(Packet::tcp(client(40001), gw(80)).flags(SYN).payload(b""));
     s.push(case(
         "tcp syn to a service is DNATed to its backend and redirected",
@@ -217,6 +246,18 @@ fn steps() -> Vec<Step> {
         XDP_REDIRECT,
         Some(replied(&nocsum_reply, gw(53)).frame()),
     ));
+    Flows {
+        syn,
+        data,
+        udp,
+        udp_reply,
+    }
+}
+
+/// DNAT past ip options, to a backend on the receiving side, a backend with no
+/// neighbour entry, and with ttl 1.
+fn dnat_edge_case_steps(s: &mut Vec<Step>) {
+    use Side::*;
     let opts = from_client(Packet::tcp(client(40002), gw(80)).options(&[1, 1, 1, 0]));
     s.push(case(
         "tcp with ip options is DNATed past the options",
@@ -255,8 +296,12 @@ fn steps() -> Vec<Step> {
         XDP_PASS,
         Some(ttl1.clone().with_dst(sa(B1, 8080)).frame()),
     ));
+}
 
-    // --- Not ours ------------------------------------------------------------------
+/// Not ours: passed untouched. Returns the packet to a port of the gateway address
+/// with no service.
+fn not_ours_steps(s: &mut Vec<Step>, syn: &Packet) -> Packet {
+    use Side::*;
     let unknown_port = from_client(Packet::tcp(client(40003), gw(9999)));
     s.push(case(
         "a packet to an unknown port of the gateway address passes untouched",
@@ -314,8 +359,12 @@ fn steps() -> Vec<Step> {
         XDP_PASS,
         None,
     ));
+    unknown_port
+}
 
-    // --- Malformed -------------------------------------------------------------------
+/// Malformed: dropped when sent to the gateway address, passed otherwise.
+fn malformed_steps(s: &mut Vec<Step>, syn: &Packet, unknown_port: &Packet) {
+    use Side::*;
     let truncated_tcp = with_ip_header(
         unknown_port.clone().with_dst(gw(80)).frame()[..44].to_vec(),
         |ip| {
@@ -365,8 +414,11 @@ fn steps() -> Vec<Step> {
         XDP_DROP,
         None,
     ));
+}
 
-    // --- Fragments -----------------------------------------------------------------
+/// Fragments.
+fn fragment_steps(s: &mut Vec<Step>) {
+    use Side::*;
     let big = from_client(Packet::udp(client(50003), gw(53)).payload(&[7u8; 40]));
     let (first, later) = big.fragments(24);
     let (first_out, later_out) = forwarded(&big, sa(B2, 5353)).fragments(24);
@@ -403,12 +455,16 @@ fn steps() -> Vec<Step> {
         XDP_PASS,
         None,
     ));
+}
 
-    // --- ICMP errors -----------------------------------------------------------------
+/// ICMP errors about `udp` (the datagram of "udp datagram to a service") and its reply
+/// `udp_reply`.
+fn icmp_error_steps(s: &mut Vec<Step>, udp: &Packet, udp_reply: &Packet) {
+    use Side::*;
     // The backend answers the forwarded datagram of "udp datagram to a service" with
     // port unreachable (or a parameter problem, its pointer into the quote); the client
     // must see it come from the gateway, quoting what it sent.
-    let sent = forwarded(&udp, sa(B2, 5353));
+    let sent = forwarded(udp, sa(B2, 5353));
     let mut quote = udp.clone().ttl(sent.ttl).quote();
     quote[26..28].copy_from_slice(&sent.quote()[26..28]); // quoted L4 checksums are left alone
     for (name, kind, code, rest) in [
@@ -446,7 +502,7 @@ fn steps() -> Vec<Step> {
     }
     // A router on the client side cannot forward a reply without fragmenting it.
     let router = Ipv4Addr::new(10, 250, 1, 254);
-    let reply_sent = replied(&udp_reply, gw(53));
+    let reply_sent = replied(udp_reply, gw(53));
     let frag_needed = from_client(Packet::icmp_error(
         router,
         GW,
@@ -476,8 +532,11 @@ fn steps() -> Vec<Step> {
         XDP_PASS,
         None,
     ));
+}
 
-    // --- Weights ---------------------------------------------------------------------
+/// Weights.
+fn weight_steps(s: &mut Vec<Step>) {
+    use Side::*;
     for port in 41000..41008 {
         let p = from_client(Packet::tcp(client(port), gw(81)).flags(SYN));
         s.push(case(
@@ -496,8 +555,11 @@ fn steps() -> Vec<Step> {
         XDP_DROP,
         None,
     ));
+}
 
-    // --- Conntrack across backend changes --------------------------------------------
+/// Conntrack across backend changes.
+fn backend_change_steps(s: &mut Vec<Step>) {
+    use Side::*;
     let before = [wb(B1, 9000, 1), wb(B2, 9000, 1)];
     let grown = [wb(B1, 9000, 1), wb(B2, 9000, 1), wb(B3, 9000, 4)];
     let proto = 6;
@@ -572,8 +634,11 @@ fn steps() -> Vec<Step> {
         XDP_REDIRECT,
         Some(forwarded(&q, y).frame()),
     ));
+}
 
-    // --- Egress that takes no XDP frames ----------------------------------------------
+/// Egress that takes no XDP frames.
+fn no_xdp_egress_steps(s: &mut Vec<Step>) {
+    use Side::*;
     // The backend side takes no XDP frames.
     s.push(Step::Xmit(vec![Side::Client]));
     let slow = from_client(Packet::udp(client(50020), gw(53)).payload(b"slow"));
@@ -603,8 +668,12 @@ fn steps() -> Vec<Step> {
         XDP_REDIRECT,
         Some(replied(&slow_reply, gw(53)).frame()),
     ));
+}
 
-    // --- Service removal -------------------------------------------------------------
+/// Service removal: a tracked flow (`data`, a segment of tcp/80's flow) of a removed
+/// service.
+fn service_removal_steps(s: &mut Vec<Step>, data: &Packet) {
+    use Side::*;
     let mut without_80 = base_state();
     without_80.services.remove(&svc(Protocol::Tcp, 80));
     s.push(Step::Apply("remove the tcp/80 service", without_80));
@@ -615,7 +684,6 @@ fn steps() -> Vec<Step> {
         XDP_PASS,
         None,
     ));
-    s
 }
 
 /// Runs `steps` on `t`; returns the number of packets and the failures, described.
@@ -923,6 +991,54 @@ fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
             assert_eq!(run_gateway(&mut t.dp, fx.fx0, &p.frame()).0, XDP_PASS);
         }
     });
+    let cases = tc_cases(&udp);
+    let mut failures = Vec::new();
+    for case in &cases {
+        let (verdict, got) = fx.ns.enter(|| run_tc(&mut t.dp, &case.input));
+        let want = case.output.clone().unwrap_or_else(|| case.input.clone());
+        if verdict != TC_NEXT || got != want {
+            failures.push(failure(
+                case.name,
+                &case.input,
+                ("tc next", &want),
+                (&format!("tc verdict {verdict:#x}"), &got),
+            ));
+        }
+    }
+    assert_no_failures(cases.len(), &failures);
+    let c = t.dp.counters().expect("counters");
+    assert_eq!(c["tc_reply_translated"], 4, "all: {c:?}");
+    assert_eq!(c["ct_miss_reply"], 1, "all: {c:?}");
+    assert_eq!(c["tc_icmp_translated"], 2, "all: {c:?}");
+    assert_eq!(c["kernel_forward_no_xdp_egress"], 2, "all: {c:?}");
+    let stats = t.dp.service_stats().expect("stats");
+    let s = stats[&svc(Protocol::Udp, 53)];
+    assert_eq!(
+        s.reply_packets, 3,
+        "replies the TC program translated are counted"
+    );
+    assert_eq!(
+        s.kernel_packets, 4,
+        "the forward packet and the three replies took the kernel's path"
+    );
+    let recorded = gateway_common::FlowKey {
+        src: u32::from(CLIENT).to_be(),
+        dst: u32::from(GW).to_be(),
+        sport: 59999u16.to_be(),
+        dport: 53u16.to_be(),
+        proto: 17,
+        pad: [0; 3],
+    };
+    assert!(
+        t.conntrack().get(&recorded, 0).is_ok(),
+        "the matched reply's flow is recorded"
+    );
+}
+
+/// The cases of `tc_egress_translates_what_the_kernel_forwarded_and_nothing_else`, after
+/// XDP handed the kernel the client's datagram `udp` (and a tcp syn from client port
+/// 42000).
+fn tc_cases(udp: &Packet) -> [TcCase; 9] {
     // As the kernel forwards them out of fx0 (TTL decremented, MACs of the client side).
     let out = |p: Packet| p.ttl(63).macs(FX0_MAC, CLIENT_MAC);
     let udp_reply = out(Packet::udp(sa(B2, 5353), client(52000)).payload(b"answer"));
@@ -947,7 +1063,7 @@ fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
         .find(|&p| predict(&tcp82, client(p), gw(82), 6) != sa(B1, 9000))
         .expect("a tuple Maglev maps to B2");
     let elsewhere = out(Packet::tcp(sa(B1, 9000), client(port)));
-    let cases = [
+    [
         TcCase {
             name: "a udp reply the kernel forwarded leaves from the gateway address and port",
             output: Some(udp_reply.clone().with_src(gw(53)).frame()),
@@ -993,48 +1109,7 @@ fn tc_egress_translates_what_the_kernel_forwarded_and_nothing_else() {
             input: elsewhere.frame(),
             output: None,
         },
-    ];
-    let mut failures = Vec::new();
-    for case in &cases {
-        let (verdict, got) = fx.ns.enter(|| run_tc(&mut t.dp, &case.input));
-        let want = case.output.clone().unwrap_or_else(|| case.input.clone());
-        if verdict != TC_NEXT || got != want {
-            failures.push(failure(
-                case.name,
-                &case.input,
-                ("tc next", &want),
-                (&format!("tc verdict {verdict:#x}"), &got),
-            ));
-        }
-    }
-    assert_no_failures(cases.len(), &failures);
-    let c = t.dp.counters().expect("counters");
-    assert_eq!(c["tc_reply_translated"], 4, "all: {c:?}");
-    assert_eq!(c["ct_miss_reply"], 1, "all: {c:?}");
-    assert_eq!(c["tc_icmp_translated"], 2, "all: {c:?}");
-    assert_eq!(c["kernel_forward_no_xdp_egress"], 2, "all: {c:?}");
-    let stats = t.dp.service_stats().expect("stats");
-    let s = stats[&svc(Protocol::Udp, 53)];
-    assert_eq!(
-        s.reply_packets, 3,
-        "replies the TC program translated are counted"
-    );
-    assert_eq!(
-        s.kernel_packets, 4,
-        "the forward packet and the three replies took the kernel's path"
-    );
-    let recorded = gateway_common::FlowKey {
-        src: u32::from(CLIENT).to_be(),
-        dst: u32::from(GW).to_be(),
-        sport: 59999u16.to_be(),
-        dport: 53u16.to_be(),
-        proto: 17,
-        pad: [0; 3],
-    };
-    assert!(
-        t.conntrack().get(&recorded, 0).is_ok(),
-        "the matched reply's flow is recorded"
-    );
+    ]
 }
 
 #[path = "fixtures/affinity.rs"]

@@ -1,7 +1,7 @@
 //! The planner: objects and existing claims in, claims, statuses and the datapath's
 //! desired state out. Pure (no I/O, no clock: the time is an input) and deterministic.
 //!
-//! Allocation follows DESIGN.md: a bound claim never moves while its route attaches;
+//! Allocation: a bound claim never moves while its route attaches;
 //! static requests are served before dynamic ones, each oldest route first; a dynamic
 //! route gets the lowest free port not in cool-down; released claims block their port
 //! until the cool-down ends (and their own route may take them back until then).
