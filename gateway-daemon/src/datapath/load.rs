@@ -1,9 +1,9 @@
 //! Loading the object and adopting what an earlier run pinned: map shapes checked
-//! against this build's, the userspace view rebuilt from the maps, bpffs and tracefs
-//! mounted when the host has none.
+//! against this build's (`shapes.rs`), the userspace view rebuilt from the maps, bpffs
+//! and tracefs mounted when the host has none.
 
 use std::{
-    collections::{BTreeMap, HashMap as StdHashMap},
+    collections::{BTreeMap, HashMap as StdHashMap, HashSet},
     fs, io,
     path::{Path, PathBuf},
 };
@@ -13,234 +13,22 @@ use aya::{
     programs::ProgramError,
     Ebpf, EbpfLoader,
 };
-use gateway_common::{
-    map_names, Backend, Counter, Flow, FlowKey, FragKey, FragPorts, ReplyIndex, Service,
-    ServiceKey, ServiceStats, BACKEND_LIVE, MAGLEV_MAX_SIZE, MAGLEV_POOL_ENTRIES_PER_BACKEND,
-};
+use gateway_common::{map_names, Service, ServiceId, ServiceKey, BACKEND_LIVE};
 
 use super::{
     family::{endpoint_of, service_of, Addr6, ByFamily, MapAddr},
     links, map_err,
+    pins::PinDirLock,
     pool::{Region, TablePool},
-    xdp, AttachMode, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limit,
-    Limits, MapProperty, Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM,
-    PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_MONITOR_PROGRAM, TC_PROGRAM,
-    TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
+    shapes::{self, Shape},
+    xdp, AttachMode, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limits,
+    Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM, PROGRAM_ICMP6,
+    PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_MONITOR_PROGRAM, TC_PROGRAM, TC_PROGRAM_ICMP6,
+    TC_PROGRAM_V6,
 };
 use crate::sys;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gateway"));
-
-impl Limits {
-    /// Entries of each reply index (backend endpoint → services): twice the backends,
-    /// as a change writes the roles of what is installed and what is wanted together
-    /// first (`roles.rs`), which full maps whose endpoints all change make twice as
-    /// many. (A disposable map: pinned with another size by an earlier build, it is
-    /// replaced.)
-    fn reply_index_entries(&self) -> u32 {
-        self.backends.saturating_mul(2)
-    }
-
-    /// The shape of every map.
-    fn shapes(&self) -> [Shape; 30] {
-        use std::mem::size_of;
-        let services = [map_names::SERVICES, map_names::SERVICES6];
-        let backends = [
-            map_names::BACKENDS,
-            map_names::BACKENDS6,
-            map_names::SNAT_SOURCES,
-            map_names::SNAT_SOURCES6,
-            map_names::BACKEND_STATS,
-        ];
-        let shape = |name, key_size, value_size, max_entries| Shape {
-            name,
-            key_size,
-            value_size,
-            max_entries,
-            sized_by: if services.contains(&name) {
-                Some(SizedBy::of(Limit::Services))
-            } else if backends.contains(&name) {
-                Some(SizedBy::of(Limit::Backends))
-            } else if name == map_names::MAGLEV {
-                Some(SizedBy {
-                    limit: Limit::Backends,
-                    per: MAGLEV_POOL_ENTRIES_PER_BACKEND,
-                    extra: MAGLEV_MAX_SIZE,
-                })
-            } else {
-                None
-            },
-            disposable: [
-                map_names::COUNTERS,
-                map_names::SERVICE_STATS,
-                map_names::PROGRAM_ID,
-                map_names::CONFIG,
-                map_names::FLOOD,
-                map_names::REPLY_INDEX,
-                map_names::ADDR_FILTER,
-                map_names::BACKEND_HOPS,
-                map_names::PROGRAMS,
-                map_names::TC_PROGRAMS,
-                map_names::REPLY_INDEX6,
-                // Clients' backends: lost, a client's next flow goes where Maglev
-                // says by its address.
-                map_names::AFFINITY,
-                map_names::AFFINITY6,
-                map_names::BACKEND_STATS,
-                map_names::EVENTS,
-            ]
-            .contains(&name),
-        };
-        [
-            shape(
-                map_names::SERVICES,
-                size_of::<ServiceKey>(),
-                size_of::<Service>(),
-                self.services,
-            ),
-            shape(map_names::ADDRESSES, 4, 4, self.addresses),
-            shape(map_names::MAGLEV, 4, 4, self.maglev_pool_entries()),
-            shape(map_names::BACKENDS, 4, size_of::<Backend>(), self.backends),
-            shape(
-                map_names::CONNTRACK,
-                size_of::<FlowKey>(),
-                size_of::<Flow>(),
-                self.flows,
-            ),
-            shape(
-                map_names::FRAGMENTS,
-                size_of::<FragKey>(),
-                size_of::<FragPorts>(),
-                self.fragments,
-            ),
-            shape(map_names::COUNTERS, 4, 8, Counter::COUNT),
-            shape(
-                map_names::SERVICE_STATS,
-                4,
-                size_of::<ServiceStats>(),
-                self.services,
-            ),
-            shape(map_names::XMIT, 4, 4, gateway_common::XMIT_SLOTS),
-            shape(map_names::PROGRAM_ID, 4, 4, 1),
-            shape(map_names::SNAT_SOURCES, 4, 4, self.backends),
-            shape(map_names::SNAT_PORTS, 4, 4, gateway_common::SNAT_PORT_SLOTS),
-            shape(map_names::CONFIG, 4, 4, gateway_common::config::SLOTS),
-            shape(
-                map_names::FLOOD,
-                4,
-                size_of::<gateway_common::FloodWindow>(),
-                1,
-            ),
-            shape(
-                map_names::REPLY_INDEX,
-                size_of::<ServiceKey>(),
-                size_of::<gateway_common::ReplyIndex>(),
-                self.reply_index_entries(),
-            ),
-            shape(
-                map_names::ADDR_FILTER,
-                4,
-                4,
-                gateway_common::ADDR_FILTER_SLOTS,
-            ),
-            shape(
-                map_names::BACKEND_HOPS,
-                4,
-                size_of::<gateway_common::NextHop>(),
-                self.backends,
-            ),
-            shape(map_names::PROGRAMS, 4, 4, 3),
-            shape(map_names::TC_PROGRAMS, 4, 4, 3),
-            shape(
-                map_names::SERVICES6,
-                size_of::<ServiceKey<Addr6>>(),
-                size_of::<Service>(),
-                self.services,
-            ),
-            shape(map_names::ADDRESSES6, 16, 4, self.addresses),
-            shape(
-                map_names::CONNTRACK6,
-                size_of::<FlowKey<Addr6>>(),
-                size_of::<Flow<Addr6>>(),
-                self.flows,
-            ),
-            shape(
-                map_names::REPLY_INDEX6,
-                size_of::<ServiceKey<Addr6>>(),
-                size_of::<ReplyIndex<Addr6>>(),
-                self.reply_index_entries(),
-            ),
-            shape(map_names::BACKENDS6, 4, 16, self.backends),
-            shape(map_names::SNAT_SOURCES6, 4, 16, self.backends),
-            shape(
-                map_names::FRAGMENTS6,
-                size_of::<gateway_common::FragKey6>(),
-                size_of::<FragPorts>(),
-                self.fragments,
-            ),
-            shape(
-                map_names::BACKEND_STATS,
-                4,
-                size_of::<gateway_common::BackendStats>(),
-                self.backends,
-            ),
-            shape(
-                map_names::AFFINITY,
-                size_of::<gateway_common::AffinityKey>(),
-                size_of::<gateway_common::Affinity>(),
-                gateway_common::AFFINITY_ENTRIES,
-            ),
-            shape(
-                map_names::AFFINITY6,
-                size_of::<gateway_common::AffinityKey<Addr6>>(),
-                size_of::<gateway_common::Affinity>(),
-                gateway_common::AFFINITY_ENTRIES,
-            ),
-            shape(map_names::EVENTS, 0, 0, gateway_common::EVENTS_BYTES),
-        ]
-    }
-}
-
-/// What a map must look like: an earlier run's pinned map is adopted only if it matches.
-struct Shape {
-    name: &'static str,
-    key_size: usize,
-    value_size: usize,
-    max_entries: u32,
-    /// The limit its entries follow (`--max-services`, `--max-backends`).
-    sized_by: Option<SizedBy>,
-    /// Replaced rather than refused when an earlier run's pin has another shape.
-    disposable: bool,
-}
-
-/// How a map's entries follow a limit: `per` entries per unit of it, and `extra`.
-#[derive(Clone, Copy)]
-struct SizedBy {
-    limit: Limit,
-    per: u32,
-    extra: u32,
-}
-
-impl SizedBy {
-    fn of(limit: Limit) -> Self {
-        SizedBy {
-            limit,
-            per: 1,
-            extra: 0,
-        }
-    }
-
-    /// The limit a map of `entries` entries was made for.
-    fn limit_of(self, entries: u32) -> u32 {
-        entries.saturating_sub(self.extra) / self.per
-    }
-}
-
-/// The maps whose values changed meaning with the Maglev pool: the Maglev map went from
-/// one 1021-entry table per entry to one backend id per entry (its value size tells an
-/// earlier build's), and a service's third word from its number of backends to its
-/// table's size (the same size: replaced with the tables).
-const POOL_LAYOUT: [&str; 3] = [map_names::SERVICES, map_names::SERVICES6, map_names::MAGLEV];
 
 impl Datapath {
     /// Loads the program, creating the maps or adopting those an earlier run pinned.
@@ -266,138 +54,32 @@ impl Datapath {
         loaded
     }
 
+    /// Loads the object over the maps pinned in `config.pin_dir` (this build's shapes,
+    /// created or an earlier run's) and rebuilds the userspace view from them.
     fn load_pinned(config: &Config) -> Result<Self> {
         let Config { pin_dir, limits } = config;
-        for (what, wanted, max) in [
-            ("services", limits.services, Limits::MAX_SERVICES),
-            ("backends", limits.backends, Limits::MAX_BACKENDS),
-            ("conntrack entries", limits.flows, Limits::MAX_FLOWS),
-        ] {
-            if wanted > max {
-                return Err(DatapathError::Limit { what, wanted, max });
-            }
-        }
+        check_limits(limits)?;
         fs::create_dir_all(pin_dir.join("links")).map_err(|source| DatapathError::PinDir {
             path: pin_dir.clone(),
             source,
         })?;
-        let pin_lock = super::pins::PinDirLock::take(pin_dir)?;
-
+        let pin_lock = PinDirLock::take(pin_dir)?;
         let shapes = limits.shapes();
-        let paths: Vec<PathBuf> = shapes.iter().map(|s| pin_dir.join(s.name)).collect();
-        replace_pre_pool_maps(pin_dir, &shapes);
-        for (shape, path) in shapes.iter().zip(&paths) {
-            // Counters hold nothing a restart must keep: a build that counts more (or
-            // differently) replaces them instead of refusing to start.
-            if shape.disposable && check_pinned(path, pin_dir, shape).is_err() {
-                tracing::info!(
-                    map = shape.name,
-                    "pinned counters have another shape; replacing them"
-                );
-                let _ = fs::remove_file(path);
-            }
-            // The conntrack of a build whose flow entries had another layout (an
-            // upgrade): its entries cannot be read by this program. Replaced rather than
-            // refused, so an upgrade starts; established flows are balanced again by
-            // Maglev (to the same backend while the backends are unchanged) on their
-            // next forward packet. Another size is refused: a restart with the same
-            // size keeps the flows, resizing (losing them) is the operator's decision.
-            if [map_names::CONNTRACK, map_names::CONNTRACK6].contains(&shape.name) {
-                if let Err(Ok(DatapathError::Incompatible {
-                    what,
-                    found,
-                    wanted,
-                    ..
-                })) = check_pinned(path, pin_dir, shape)
-                {
-                    if what == MapProperty::MaxEntries {
-                        return Err(DatapathError::ConntrackSize {
-                            path: path.clone(),
-                            found,
-                            wanted,
-                        });
-                    }
-                    tracing::warn!(
-                        map = shape.name,
-                        what = %what,
-                        found,
-                        wanted,
-                        "the pinned conntrack has another entry layout (an earlier \
-                         build); replacing it: established flows are balanced again"
-                    );
-                    let _ = fs::remove_file(path);
-                }
-            }
-            // A map sized by --max-services or --max-backends: refused naming the
-            // option and the size it was pinned with.
-            if let (
-                Some(sized_by),
-                Err(Ok(DatapathError::Incompatible {
-                    what: MapProperty::MaxEntries,
-                    found,
-                    ..
-                })),
-            ) = (shape.sized_by, check_pinned(path, pin_dir, shape))
-            {
-                return Err(DatapathError::LimitSize {
-                    path: path.clone(),
-                    what: sized_by.limit.name(),
-                    // Only maps sized by an option are `sized_by`.
-                    option: sized_by.limit.option().unwrap_or("--max-services"),
-                    found: sized_by.limit_of(found),
-                    wanted: sized_by.limit_of(shape.max_entries),
-                    dir: pin_dir.clone(),
-                });
-            }
-            check_pinned(path, pin_dir, shape).map_err(|e| {
-                e.unwrap_or_else(|source| DatapathError::Map {
-                    name: shape.name,
-                    source,
-                })
-            })?;
-        }
-        let mut loader = EbpfLoader::new();
-        for (shape, path) in shapes.iter().zip(&paths) {
-            loader.map_max_entries(shape.name, shape.max_entries);
-            loader.map_pin_path(shape.name, path.as_path());
-        }
-        let mut ebpf = loader.load(OBJECT).map_err(DatapathError::Load)?;
-        for name in [
-            PROGRAM,
-            PROGRAM_V6,
-            PROGRAM_ICMP6,
-            MONITOR_PROGRAM,
-            FLOOR_PROGRAM,
-        ] {
-            xdp(&mut ebpf, name)?
-                .load()
-                .map_err(|source| DatapathError::Program { name, source })?;
-        }
-        for name in [TC_PROGRAM_V6, TC_PROGRAM_ICMP6, TC_MONITOR_PROGRAM] {
-            links::classifier(&mut ebpf, name)?
-                .load()
-                .map_err(|source| DatapathError::Program { name, source })?;
-        }
-        enter_v6(&mut ebpf)?;
-        let tc = links::tc_program(&mut ebpf)?;
-        tc.load().map_err(|source| DatapathError::Program {
-            name: TC_PROGRAM,
-            source,
-        })?;
+        shapes::check_pins(pin_dir, &shapes)?;
+        let ebpf = load_object(pin_dir, &shapes)?;
+        let mut dp = Self::with_maps(ebpf, config, pin_lock)?;
+        dp.adopt()?;
+        dp.keys = super::keys::Keys::of(dp.installed.keys());
+        dp.reserved = dp.installed_ports();
+        dp.count_redirect_errors();
+        Ok(dp)
+    }
 
-        fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T>
-        where
-            T: TryFrom<aya::maps::Map, Error = MapError>,
-        {
-            let map = ebpf.take_map(name).ok_or(DatapathError::Map {
-                name,
-                source: MapError::InvalidName {
-                    name: name.to_string(),
-                },
-            })?;
-            T::try_from(map).map_err(map_err(name))
-        }
-        let mut dp = Datapath {
+    /// A datapath of the loaded object's maps, holding `pin_lock`, with nothing
+    /// installed yet.
+    fn with_maps(mut ebpf: Ebpf, config: &Config, pin_lock: PinDirLock) -> Result<Self> {
+        let Config { pin_dir, limits } = config;
+        Ok(Datapath {
             services: ByFamily {
                 v4: take(&mut ebpf, map_names::SERVICES)?,
                 v6: take(&mut ebpf, map_names::SERVICES6)?,
@@ -449,16 +131,21 @@ impl Datapath {
             backend_ids: IdPool::new("backends", limits.backends),
             retirees: Default::default(),
             traffic: Default::default(),
-        };
-        dp.adopt()?;
-        dp.keys = super::keys::Keys::of(dp.installed.keys());
-        dp.reserved = dp.installed_ports();
-        dp.count_redirect_errors();
-        Ok(dp)
+        })
     }
 
     /// Rebuilds the userspace view of installed services from the (possibly adopted) maps.
     fn adopt(&mut self) -> Result<()> {
+        let by_id = self.adopt_installed()?;
+        let adopted6 = self.adopt_backends(&by_id)?;
+        self.clear_stale_backends6(&adopted6)?;
+        self.note_flow_service_ids()?;
+        self.write_adopted_roles()
+    }
+
+    /// Adopts the services of the service maps, with their tables and session affinity
+    /// (no backends yet): the services by id.
+    fn adopt_installed(&mut self) -> Result<StdHashMap<ServiceId, ServiceAddr>> {
         let mut by_id = StdHashMap::new();
         let services = adopt_services(&self.services.v4, map_names::SERVICES)?
             .into_iter()
@@ -502,8 +189,17 @@ impl Datapath {
             }
             self.service_ids.mark(svc.id);
         }
+        Ok(by_id)
+    }
+
+    /// Adopts the live backends of the backend map into their services (`by_id`),
+    /// clearing those of no service: the ids of the IPv6 backends adopted.
+    fn adopt_backends(
+        &mut self,
+        by_id: &StdHashMap<ServiceId, ServiceAddr>,
+    ) -> Result<HashSet<u32>> {
         let mut orphans = Vec::new();
-        let mut adopted6 = std::collections::HashSet::new();
+        let mut adopted6 = HashSet::new();
         for (id, item) in self.backends.iter().enumerate() {
             let b = item.map_err(map_err(map_names::BACKENDS))?;
             if b.flags & BACKEND_LIVE == 0 {
@@ -540,6 +236,11 @@ impl Datapath {
         for id in orphans {
             self.clear_backend(id)?;
         }
+        Ok(adopted6)
+    }
+
+    /// Clears the IPv6 addresses in `BACKENDS6` of ids that are no adopted IPv6 backend.
+    fn clear_stale_backends6(&mut self, adopted6: &HashSet<u32>) -> Result<()> {
         // Earlier builds left the address of an IPv6 backend that went in `BACKENDS6`,
         // where it named the id's next backend (see `write_backend`).
         let mut stale6 = Vec::new();
@@ -554,9 +255,14 @@ impl Datapath {
                 .set(id, Addr6::default(), 0)
                 .map_err(map_err(map_names::BACKENDS6))?;
         }
+        Ok(())
+    }
+
+    /// Keeps the service ids the conntrack entries name from being handed out.
+    fn note_flow_service_ids(&mut self) -> Result<()> {
         // Conntrack entries may still name services removed before this start: the
         // ids handed out from now on must differ from theirs.
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = HashSet::new();
         self.each_flow(|_, f| {
             seen.insert(f.service);
         })?;
@@ -566,7 +272,7 @@ impl Datapath {
         for id in seen {
             self.service_ids.saw(id);
         }
-        self.write_adopted_roles()
+        Ok(())
     }
 
     /// Attaches the tracepoint that counts redirects the kernel refused (`redirect_error`)
@@ -605,6 +311,75 @@ impl Datapath {
             );
         }
     }
+}
+
+/// Refuses limits beyond what the daemon accepts.
+fn check_limits(limits: &Limits) -> Result<()> {
+    for (what, wanted, max) in [
+        ("services", limits.services, Limits::MAX_SERVICES),
+        ("backends", limits.backends, Limits::MAX_BACKENDS),
+        ("conntrack entries", limits.flows, Limits::MAX_FLOWS),
+    ] {
+        if wanted > max {
+            return Err(DatapathError::Limit { what, wanted, max });
+        }
+    }
+    Ok(())
+}
+
+/// Loads the object with its maps pinned in `pin_dir` (adopting those pinned there), and
+/// its programs.
+fn load_object(pin_dir: &Path, shapes: &[Shape]) -> Result<Ebpf> {
+    let paths: Vec<PathBuf> = shapes.iter().map(|s| pin_dir.join(s.name)).collect();
+    let mut loader = EbpfLoader::new();
+    for (shape, path) in shapes.iter().zip(&paths) {
+        loader.map_max_entries(shape.name, shape.max_entries);
+        loader.map_pin_path(shape.name, path.as_path());
+    }
+    let mut ebpf = loader.load(OBJECT).map_err(DatapathError::Load)?;
+    load_programs(&mut ebpf)?;
+    Ok(ebpf)
+}
+
+/// Loads the programs into the kernel, the IPv6 ones in their tail-call slots.
+fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
+    for name in [
+        PROGRAM,
+        PROGRAM_V6,
+        PROGRAM_ICMP6,
+        MONITOR_PROGRAM,
+        FLOOR_PROGRAM,
+    ] {
+        xdp(ebpf, name)?
+            .load()
+            .map_err(|source| DatapathError::Program { name, source })?;
+    }
+    for name in [TC_PROGRAM_V6, TC_PROGRAM_ICMP6, TC_MONITOR_PROGRAM] {
+        links::classifier(ebpf, name)?
+            .load()
+            .map_err(|source| DatapathError::Program { name, source })?;
+    }
+    enter_v6(ebpf)?;
+    let tc = links::tc_program(ebpf)?;
+    tc.load().map_err(|source| DatapathError::Program {
+        name: TC_PROGRAM,
+        source,
+    })?;
+    Ok(())
+}
+
+/// Takes map `name` out of the loaded object, as a `T`.
+fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T>
+where
+    T: TryFrom<aya::maps::Map, Error = MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(DatapathError::Map {
+        name,
+        source: MapError::InvalidName {
+            name: name.to_string(),
+        },
+    })?;
+    T::try_from(map).map_err(map_err(name))
 }
 
 /// Puts the IPv6 programs in their tail-call slots: `berth_v6` (slot 0) and
@@ -654,43 +429,6 @@ fn enter_v6(ebpf: &mut Ebpf) -> Result<()> {
 /// A program error of program `name`.
 fn program_err(name: &'static str) -> impl Fn(ProgramError) -> DatapathError {
     move |source| DatapathError::Program { name, source }
-}
-
-/// An upgrade from a build of one 1021-entry Maglev table per service: its service maps
-/// and tables cannot be read by this program. They are replaced together rather than
-/// refused, so the upgrade starts; the services are written afresh by the first apply
-/// (new ids, tables sized by their backends). Until then packets to them pass untouched,
-/// and established flows, whose entries name the old ids, are balanced again by the new
-/// tables on their next forward packet (`ct_stale_service`): a flow to a service of
-/// several backends may move to another (its TCP connection breaks).
-fn replace_pre_pool_maps(pin_dir: &Path, shapes: &[Shape]) {
-    let older = shapes
-        .iter()
-        .filter(|s| POOL_LAYOUT.contains(&s.name))
-        .find_map(|s| match check_pinned(&pin_dir.join(s.name), pin_dir, s) {
-            Err(Ok(DatapathError::Incompatible {
-                what: MapProperty::ValueSize,
-                found,
-                wanted,
-                ..
-            })) => Some((s.name, found, wanted)),
-            _ => None,
-        });
-    let Some((map, found, wanted)) = older else {
-        return;
-    };
-    tracing::warn!(
-        map,
-        found,
-        wanted,
-        "the pinned service maps and Maglev tables have another layout (a build before \
-         tables sized by backends); replacing them: services are written afresh, and \
-         established flows are balanced again by the new tables (a flow to a service of \
-         several backends may move to another backend)"
-    );
-    for name in POOL_LAYOUT {
-        let _ = fs::remove_file(pin_dir.join(name));
-    }
 }
 
 /// Ports of the services in the maps pinned in `pin_dir` (none if nothing is pinned).
@@ -762,43 +500,6 @@ pub fn remove_pins(pin_dir: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
     }
-}
-
-/// Compares a pinned map's shape with this build's. `Ok(())` when absent or equal.
-fn check_pinned(
-    path: &Path,
-    dir: &Path,
-    shape: &Shape,
-) -> std::result::Result<(), std::result::Result<DatapathError, MapError>> {
-    if !path.exists() {
-        return Ok(());
-    }
-    let info = MapInfo::from_pin(path).map_err(Err)?;
-    let checks = [
-        (MapProperty::KeySize, info.key_size(), shape.key_size as u32),
-        (
-            MapProperty::ValueSize,
-            info.value_size(),
-            shape.value_size as u32,
-        ),
-        (
-            MapProperty::MaxEntries,
-            info.max_entries(),
-            shape.max_entries,
-        ),
-    ];
-    for (what, found, wanted) in checks {
-        if found != wanted {
-            return Err(Ok(DatapathError::Incompatible {
-                path: path.to_path_buf(),
-                what,
-                found,
-                wanted,
-                dir: dir.to_path_buf(),
-            }));
-        }
-    }
-    Ok(())
 }
 
 /// Mounts tracefs on `/sys/kernel/tracing` if it is not there: attaching to a

@@ -5,14 +5,16 @@
 //! directory, and the XDP attachments are pinned bpf links: a daemon that exits (or is
 //! killed) leaves the datapath serving, and a new one adopts it without a gap.
 //!
-//! Files: `load.rs` loads the object and adopts pinned maps; `apply.rs` applies a
-//! `DesiredState` as a minimal diff (`ids.rs` hands out service and backend ids, `pool.rs`
-//! the Maglev tables' regions of their pool);
+//! Files: `load.rs` loads the object and adopts pinned maps, `shapes.rs` says what each
+//! map must look like (and what becomes of an earlier run's pin of another shape);
+//! `diff.rs` is the services' diff (pure: installed and desired in, ordered `MapOp`s out)
+//! and `apply.rs` applies it (`ids.rs` hands out service and backend ids, `pool.rs`
+//! the Maglev tables' regions of their pool); `error.rs` is what can go wrong;
 //! `traffic.rs` reads counters, service statistics and flows; `links.rs` attaches the
 //! programs; `addresses.rs` publishes the gateway addresses (the dummy interface, proxy
 //! neighbours, the announce table);
-//! `xmit.rs` follows which interfaces take XDP frames; `desired.rs` is the desired
-//! state; `capacity.rs` is what the maps hold at most and what a state takes of it
+//! `xmit.rs` follows which interfaces take XDP frames; `desired.rs` is the datapath's
+//! view of `model::DesiredState`; `capacity.rs` is what the maps hold at most and what a state takes of it
 //! (the planner admits routes by it); `held_back.rs` holds back what the kernel program cannot serve (a service
 //! with backends of the other family); `family.rs` is how each family's addresses are
 //! held in the maps (IPv4 and IPv6 have maps of their own where keys hold addresses);
@@ -39,6 +41,7 @@ mod pool;
 mod retired;
 mod role_book;
 mod roles;
+mod shapes;
 mod snat;
 mod traffic;
 mod xmit;
