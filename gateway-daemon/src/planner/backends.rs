@@ -7,7 +7,7 @@ use super::addresses::{Families, Family};
 use super::FastMap;
 use super::{status::Text, Reason};
 use crate::{
-    model::{Backends, WeightedBackend},
+    model::{BackendRef, Backends, WeightedBackend},
     model::{EndpointSlice, Protocol, Route, Service, ServicePort, Snapshot, GATEWAY_GROUP},
 };
 
@@ -161,149 +161,236 @@ impl<'a> Index<'a> {
 pub fn resolve_backends(route: &Route, snap: &Snapshot, index: &Index) -> Resolved {
     let mut out = Resolved::default();
     let (mut ipv4, mut ipv6) = (Vec::new(), Vec::new());
-    let route_ns = route.metadata.ns();
     for (ri, rule) in route.spec.rules.iter().enumerate() {
         for (bi, b) in rule.backend_refs.iter().enumerate() {
             let field = format!("spec.rules[{ri}].backendRefs[{bi}]");
-            let group = b.group.as_deref().unwrap_or("");
-            let kind = b.kind.as_deref().unwrap_or("Service");
-            if !group.is_empty() || kind != "Service" {
-                out.errors.push((
-                    Reason::InvalidKind,
-                    format!("{field}: {group}/{kind} is not a Service"),
-                ));
-                continue;
-            }
-            let ns = b.namespace.as_deref().unwrap_or(route_ns);
-            if ns != route_ns && !granted(snap, route, ns, &b.name) {
-                out.errors.push((
-                    Reason::RefNotPermitted,
-                    format!("{field}: Service {ns}/{} needs a ReferenceGrant in {ns} for {} from {route_ns}", b.name, route.kind.name()),
-                ));
-                continue;
-            }
-            let Some(svc) = index.services.get(&(ns, b.name.as_str())).copied() else {
-                out.errors.push((
-                    Reason::BackendNotFound,
-                    format!("{field}: Service {ns}/{} not found", b.name),
-                ));
-                continue;
-            };
-            let Some(port) = b.port else {
-                out.errors
-                    .push((Reason::BackendNotFound, format!("{field}.port is required")));
-                continue;
-            };
-            let protocol = route.kind.protocol();
-            let Some(sp) = svc.spec.ports.iter().find(|p| {
-                p.port == port
-                    && Protocol::parse(p.protocol.as_deref().unwrap_or("TCP")) == Some(protocol)
-            }) else {
-                out.errors.push((
-                    Reason::BackendNotFound,
-                    format!(
-                        "{field}: Service {ns}/{} has no {protocol} port {port}",
-                        b.name
-                    ),
-                ));
-                continue;
+            let target = match Target::of(route, b, &field, snap, index) {
+                Ok(target) => target,
+                Err(error) => {
+                    out.errors.push(error);
+                    continue;
+                }
             };
             let weight = b.weight.unwrap_or(1);
             if weight == 0 {
                 continue;
             }
-            let mut endpoints: Vec<(SocketAddr, bool)> = Vec::new();
-            let slices = index
-                .slices
-                .get(&(ns, b.name.as_str()))
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            for slice in slices {
-                let slice_name = &slice.metadata.name;
-                let Some(family) = Family::of_address_type(&slice.address_type) else {
-                    out.notes.push(format!(
-                        "EndpointSlice {ns}/{slice_name} has addressType {:?}, which Berth \
-                         does not serve (left out)",
-                        slice.address_type
-                    ));
-                    continue;
-                };
-                let Some(target) = slice_port(slice, sp, protocol) else {
-                    if !slice.endpoints.is_empty() {
-                        out.notes.push(format!(
-                            "EndpointSlice {ns}/{slice_name} has no {protocol} port named {:?} \
-                             for port {port} of Service {ns}/{} (left out)",
-                            port_name(sp.name.as_deref()),
-                            b.name
-                        ));
-                    }
-                    continue;
-                };
-                let mut wrong: Vec<&str> = Vec::new();
-                for e in &slice.endpoints {
-                    let c = &e.conditions;
-                    let ready = c.ready != Some(false);
-                    // Not ready: no new flows (weight 0), but established ones stay.
-                    // A TCP connection keeps its backend while the backend is listed
-                    // in any condition, as kube-proxy keeps established connections
-                    // (they were reset here when a readiness probe failed); a UDP flow
-                    // moves to a live backend, unless its backend is terminating and
-                    // still serving (draining).
-                    let draining = !ready
-                        && (protocol == Protocol::Tcp
-                            || (c.terminating == Some(true) && c.serving != Some(false)));
-                    if !ready && !draining {
-                        continue;
-                    }
-                    for a in &e.addresses {
-                        match a.parse::<IpAddr>() {
-                            Ok(ip) if Family::of(&ip) == family => {
-                                endpoints.push((SocketAddr::new(ip, target), ready));
-                            }
-                            _ => wrong.push(a),
-                        }
-                    }
-                }
-                if let Some(first) = wrong.first() {
-                    out.notes.push(format!(
-                        "EndpointSlice {ns}/{slice_name}: {} address(es) that are not {family} \
-                         addresses left out (first: {first:?})",
-                        wrong.len()
-                    ));
-                }
-            }
+            let endpoints = target.endpoints(index, &mut out.notes);
             if endpoints.is_empty() {
-                out.empty
-                    .push(format!("Service {ns}/{} port {port}", b.name));
+                out.empty.push(format!(
+                    "Service {}/{} port {}",
+                    target.ns, target.name, target.port
+                ));
             }
             let families = Families::of_iter(endpoints.iter().map(|(e, _)| Family::of(&e.ip())));
-            // A Service named by two backendRefs (or rules) is listed once.
-            let listed = |s: &String| {
-                s.strip_prefix(ns).and_then(|n| n.strip_prefix('/')) == Some(b.name.as_str())
+            target.list_families(families, &mut out.families);
+            spread(&endpoints, families, weight, &mut ipv4, &mut ipv6);
+        }
+    }
+    finish(out, ipv4, ipv6)
+}
+
+/// The Service port a backendRef names, once the ref is checked.
+struct Target<'a> {
+    /// The Service's namespace.
+    ns: &'a str,
+    /// The Service's name.
+    name: &'a str,
+    /// The Service port named.
+    sp: &'a ServicePort,
+    /// Its number.
+    port: u16,
+    /// The route's protocol.
+    protocol: Protocol,
+}
+
+impl<'a> Target<'a> {
+    /// The Service port that backendRef `b` (at `field`) of `route` names, or why it
+    /// names none.
+    fn of(
+        route: &'a Route,
+        b: &'a BackendRef,
+        field: &str,
+        snap: &Snapshot,
+        index: &Index<'a>,
+    ) -> Result<Self, (Reason, String)> {
+        let route_ns = route.metadata.ns();
+        let group = b.group.as_deref().unwrap_or("");
+        let kind = b.kind.as_deref().unwrap_or("Service");
+        if !group.is_empty() || kind != "Service" {
+            return Err((
+                Reason::InvalidKind,
+                format!("{field}: {group}/{kind} is not a Service"),
+            ));
+        }
+        let ns = b.namespace.as_deref().unwrap_or(route_ns);
+        if ns != route_ns && !granted(snap, route, ns, &b.name) {
+            return Err((
+                Reason::RefNotPermitted,
+                format!("{field}: Service {ns}/{} needs a ReferenceGrant in {ns} for {} from {route_ns}", b.name, route.kind.name()),
+            ));
+        }
+        let Some(svc) = index.services.get(&(ns, b.name.as_str())).copied() else {
+            return Err((
+                Reason::BackendNotFound,
+                format!("{field}: Service {ns}/{} not found", b.name),
+            ));
+        };
+        let Some(port) = b.port else {
+            return Err((Reason::BackendNotFound, format!("{field}.port is required")));
+        };
+        let protocol = route.kind.protocol();
+        let Some(sp) = svc.spec.ports.iter().find(|p| {
+            p.port == port
+                && Protocol::parse(p.protocol.as_deref().unwrap_or("TCP")) == Some(protocol)
+        }) else {
+            return Err((
+                Reason::BackendNotFound,
+                format!(
+                    "{field}: Service {ns}/{} has no {protocol} port {port}",
+                    b.name
+                ),
+            ));
+        };
+        Ok(Target {
+            ns,
+            name: b.name.as_str(),
+            sp,
+            port,
+            protocol,
+        })
+    }
+
+    /// The endpoints the Service's EndpointSlices give for this port, each with whether
+    /// it is ready; what is left out, and why, goes to `notes`.
+    fn endpoints(&self, index: &Index, notes: &mut Vec<String>) -> Vec<(SocketAddr, bool)> {
+        let Target {
+            ns,
+            name,
+            sp,
+            port,
+            protocol,
+        } = *self;
+        let mut endpoints: Vec<(SocketAddr, bool)> = Vec::new();
+        let slices = index
+            .slices
+            .get(&(ns, name))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for slice in slices {
+            let slice_name = &slice.metadata.name;
+            let Some(family) = Family::of_address_type(&slice.address_type) else {
+                notes.push(format!(
+                    "EndpointSlice {ns}/{slice_name} has addressType {:?}, which Berth \
+                     does not serve (left out)",
+                    slice.address_type
+                ));
+                continue;
             };
-            if !families.is_empty() && !out.families.iter().any(|(s, _)| listed(s)) {
-                out.families.push((format!("{ns}/{}", b.name), families));
+            let Some(target) = slice_port(slice, sp, protocol) else {
+                if !slice.endpoints.is_empty() {
+                    notes.push(format!(
+                        "EndpointSlice {ns}/{slice_name} has no {protocol} port named {:?} \
+                         for port {port} of Service {ns}/{} (left out)",
+                        port_name(sp.name.as_deref()),
+                        name
+                    ));
+                }
+                continue;
+            };
+            let wrong = read_slice(slice, family, target, protocol, &mut endpoints);
+            if let Some(first) = wrong.first() {
+                notes.push(format!(
+                    "EndpointSlice {ns}/{slice_name}: {} address(es) that are not {family} \
+                     addresses left out (first: {first:?})",
+                    wrong.len()
+                ));
             }
-            for family in families.iter() {
-                let of_family = || {
-                    endpoints
-                        .iter()
-                        .filter(|(e, _)| Family::of(&e.ip()) == family)
-                };
-                let live = of_family().filter(|(_, r)| *r).count().max(1) as u32;
-                let share = (weight.saturating_mul(WEIGHT_SCALE) / live)
-                    .clamp(1, u32::from(u16::MAX)) as u16;
-                let list = match family {
-                    Family::Ipv4 => &mut ipv4,
-                    Family::Ipv6 => &mut ipv6,
-                };
-                list.extend(of_family().map(|&(endpoint, ready)| WeightedBackend {
-                    endpoint,
-                    weight: if ready { share } else { 0 },
-                }));
+        }
+        endpoints
+    }
+
+    /// Lists the Service in `listed` with `families`, those of its endpoints (unless it
+    /// has none).
+    fn list_families(&self, families: Families, listed: &mut Vec<(String, Families)>) {
+        let (ns, name) = (self.ns, self.name);
+        // A Service named by two backendRefs (or rules) is listed once.
+        let same = |s: &String| s.strip_prefix(ns).and_then(|n| n.strip_prefix('/')) == Some(name);
+        if !families.is_empty() && !listed.iter().any(|(s, _)| same(s)) {
+            listed.push((format!("{ns}/{name}"), families));
+        }
+    }
+}
+
+/// Adds the endpoints of `slice` (of `family`) that may take flows of `protocol`, on
+/// port `target`, to `endpoints`, each with whether it is ready. Returns the addresses
+/// that are not of `family`.
+fn read_slice<'s>(
+    slice: &'s EndpointSlice,
+    family: Family,
+    target: u16,
+    protocol: Protocol,
+    endpoints: &mut Vec<(SocketAddr, bool)>,
+) -> Vec<&'s str> {
+    let mut wrong: Vec<&str> = Vec::new();
+    for e in &slice.endpoints {
+        let c = &e.conditions;
+        let ready = c.ready != Some(false);
+        // Not ready: no new flows (weight 0), but established ones stay.
+        // A TCP connection keeps its backend while the backend is listed
+        // in any condition, as kube-proxy keeps established connections
+        // (they were reset here when a readiness probe failed); a UDP flow
+        // moves to a live backend, unless its backend is terminating and
+        // still serving (draining).
+        let draining = !ready
+            && (protocol == Protocol::Tcp
+                || (c.terminating == Some(true) && c.serving != Some(false)));
+        if !ready && !draining {
+            continue;
+        }
+        for a in &e.addresses {
+            match a.parse::<IpAddr>() {
+                Ok(ip) if Family::of(&ip) == family => {
+                    endpoints.push((SocketAddr::new(ip, target), ready));
+                }
+                _ => wrong.push(a),
             }
         }
     }
+    wrong
+}
+
+/// Adds `endpoints` of each of `families` to their family's list (`ipv4`, `ipv6`):
+/// `weight` is shared by the ready ones, the others get weight 0.
+fn spread(
+    endpoints: &[(SocketAddr, bool)],
+    families: Families,
+    weight: u32,
+    ipv4: &mut Vec<WeightedBackend>,
+    ipv6: &mut Vec<WeightedBackend>,
+) {
+    for family in families.iter() {
+        let of_family = || {
+            endpoints
+                .iter()
+                .filter(|(e, _)| Family::of(&e.ip()) == family)
+        };
+        let live = of_family().filter(|(_, r)| *r).count().max(1) as u32;
+        let share =
+            (weight.saturating_mul(WEIGHT_SCALE) / live).clamp(1, u32::from(u16::MAX)) as u16;
+        let list = match family {
+            Family::Ipv4 => &mut *ipv4,
+            Family::Ipv6 => &mut *ipv6,
+        };
+        list.extend(of_family().map(|&(endpoint, ready)| WeightedBackend {
+            endpoint,
+            weight: if ready { share } else { 0 },
+        }));
+    }
+}
+
+/// `out` with its endpoints, `ipv4` and `ipv6`.
+fn finish(mut out: Resolved, ipv4: Vec<WeightedBackend>, ipv6: Vec<WeightedBackend>) -> Resolved {
     out.ipv4 = backends(ipv4);
     out.ipv6 = backends(ipv6);
     // Kept with the route's status until it changes: no spare room.

@@ -167,53 +167,9 @@ fn gateway_view<'a>(
             Ok(on) => view.source_nat = on,
             Err(e) => errors.push(format!("{cname}: {e}")),
         }
-        let mut seen = BTreeSet::new();
-        for (i, r) in config.spec.listeners.iter().enumerate() {
-            let field = format!("{cname}: spec.listeners[{i}]");
-            if !seen.insert(r.name.clone()) {
-                errors.push(format!("{field}.name: listener {} is listed twice", r.name));
-                continue;
-            }
-            let Some(l) = listeners.iter_mut().find(|l| l.spec.name == r.name) else {
-                errors.push(format!(
-                    "{field}.name: the Gateway has no listener {}",
-                    r.name
-                ));
-                continue;
-            };
-            if l.protocol.is_none() {
-                errors.push(format!(
-                    "{field}: listener {} has protocol {}; only TCP and UDP take port ranges",
-                    r.name, l.spec.protocol
-                ));
-                continue;
-            }
-            if r.end_port < l.spec.port {
-                errors.push(format!(
-                    "{field}.endPort: {} is below the listener's port {}",
-                    r.end_port, l.spec.port
-                ));
-                continue;
-            }
-            l.range = Some((l.spec.port, r.end_port));
-            l.quota = r.max_ports_per_namespace;
-        }
+        set_ranges(config, &mut listeners, &cname, &mut errors);
         // Ranges of one protocol must not overlap each other or a fixed listener's port.
-        for (i, a) in listeners.iter().enumerate() {
-            for b in listeners.iter().skip(i + 1) {
-                if a.protocol.is_none() || a.protocol != b.protocol {
-                    continue;
-                }
-                let span = |l: &ListenerView| l.range.unwrap_or((l.spec.port, l.spec.port));
-                let ((a0, a1), (b0, b1)) = (span(a), span(b));
-                if (a.range.is_some() || b.range.is_some()) && a0 <= b1 && b0 <= a1 {
-                    errors.push(format!(
-                        "{cname}: listeners {} ({a0}-{a1}) and {} ({b0}-{b1}) overlap",
-                        a.spec.name, b.spec.name
-                    ));
-                }
-            }
-        }
+        overlapping_ranges(&listeners, &cname, &mut errors);
     } else {
         errors.push(format!(
             "spec.infrastructure.parametersRef: GatewayConfig {ns}/{} not found",
@@ -228,4 +184,65 @@ fn gateway_view<'a>(
     }
     view.listeners = listeners;
     view
+}
+
+/// Makes the listeners `config` (named `cname`) lists ranges; what it gets wrong goes to
+/// `errors`.
+fn set_ranges(
+    config: &GatewayConfig,
+    listeners: &mut [ListenerView],
+    cname: &str,
+    errors: &mut Vec<String>,
+) {
+    let mut seen = BTreeSet::new();
+    for (i, r) in config.spec.listeners.iter().enumerate() {
+        let field = format!("{cname}: spec.listeners[{i}]");
+        if !seen.insert(r.name.clone()) {
+            errors.push(format!("{field}.name: listener {} is listed twice", r.name));
+            continue;
+        }
+        let Some(l) = listeners.iter_mut().find(|l| l.spec.name == r.name) else {
+            errors.push(format!(
+                "{field}.name: the Gateway has no listener {}",
+                r.name
+            ));
+            continue;
+        };
+        if l.protocol.is_none() {
+            errors.push(format!(
+                "{field}: listener {} has protocol {}; only TCP and UDP take port ranges",
+                r.name, l.spec.protocol
+            ));
+            continue;
+        }
+        if r.end_port < l.spec.port {
+            errors.push(format!(
+                "{field}.endPort: {} is below the listener's port {}",
+                r.end_port, l.spec.port
+            ));
+            continue;
+        }
+        l.range = Some((l.spec.port, r.end_port));
+        l.quota = r.max_ports_per_namespace;
+    }
+}
+
+/// Adds to `errors` each two listeners of one protocol, one of them a range, whose
+/// ports overlap (`cname` names the GatewayConfig).
+fn overlapping_ranges(listeners: &[ListenerView], cname: &str, errors: &mut Vec<String>) {
+    for (i, a) in listeners.iter().enumerate() {
+        for b in listeners.iter().skip(i + 1) {
+            if a.protocol.is_none() || a.protocol != b.protocol {
+                continue;
+            }
+            let span = |l: &ListenerView| l.range.unwrap_or((l.spec.port, l.spec.port));
+            let ((a0, a1), (b0, b1)) = (span(a), span(b));
+            if (a.range.is_some() || b.range.is_some()) && a0 <= b1 && b0 <= a1 {
+                errors.push(format!(
+                    "{cname}: listeners {} ({a0}-{a1}) and {} ({b0}-{b1}) overlap",
+                    a.spec.name, b.spec.name
+                ));
+            }
+        }
+    }
 }

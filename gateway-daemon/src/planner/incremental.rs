@@ -19,16 +19,16 @@
 
 use std::{collections::BTreeMap, ops::RangeInclusive, sync::Arc, time::SystemTime};
 
-use crate::{datapath::Usage, model::ServiceAddr, model::*};
+use crate::model::*;
 
 use super::{
     backend_index::BackendIndex,
     changes::{claim_pairs, common_ends},
     gateways::Gateways,
     ledger::{claim_key, ClaimIndex},
-    project,
     scope::{self, OnListeners, Scope},
-    FastMap, Input, Memo, Owners, Plan, RouteEntry,
+    splice::{served, splice, Served},
+    Input, Memo, Plan,
 };
 
 /// A listener in the plan's numbering: (Gateway index, listener index).
@@ -255,55 +255,132 @@ fn scope_limit(routes: usize) -> usize {
 /// The plan of `input` made from the last plan in `memo` (made from `before`), or
 /// `None` when the change since is not small and local (then `memo` holds no last plan).
 pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<Plan> {
-    let mut last = memo.last.take().filter(|_| memo.incremental)?;
+    let mut last = reusable_last(input, before, memo)?;
+    let snap = input.snapshot;
+    let gateways = super::gateways::ours(input);
+    let mut held = std::mem::take(&mut last.held);
+    follow_claims(&mut held, &last.plan.claims, input.claims, &gateways)?;
+    let changed = ChangedRoutes::between(&before.routes, &snap.routes)?;
+    let mut scope = Scope::default();
+    changed.add_to(&mut scope, &gateways, before);
+    let mut backends = std::mem::take(&mut last.backends);
+    backends.follow_routes(changed.old, changed.new);
+    add_changed_claims(&mut scope, &last, &held, input, &gateways);
+    add_changed_backends(&mut scope, &mut backends, before, snap)?;
+    let routes = close_scope(&mut scope, &last.on, changed.shared, &gateways, snap, memo)?;
+    let planned = plan_part(
+        input, routes, &backends, &mut scope, &mut held, &gateways, memo,
+    )?;
+    let Last {
+        plan: last_plan,
+        mut on,
+        mut served,
+        ..
+    } = last;
+    let mut plan = splice(
+        last_plan,
+        &mut served,
+        planned.plan,
+        &scope,
+        &gateways,
+        input,
+    )?;
+    if overflows(&plan, &input.capacity) {
+        // Some route must wait: which one, a full plan decides.
+        return None;
+    }
+    // The touched listeners' waiting and fixed routes are all in scope: as planned now.
+    on.replace(planned.on, &scope.touched);
+    // `held` indexes the plan's claims.
+    plan.cooling = held.cooling();
+    memo.last = Some(Last::of(input, &plan, on, served, held, backends, false));
+    Some(plan)
+}
+
+/// The last plan in `memo`, taken out of it, when the next plan may be made from it:
+/// made from `before`, whose world is `input`'s.
+fn reusable_last(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<Last> {
+    let last = memo.last.take().filter(|_| memo.incremental)?;
     // Which routes fit the datapath is decided over all of them, oldest first: while
     // some wait, every plan is a full one.
     if last.contested || !last.plan.waiting.is_empty() || !last.same_world(before, input) {
         return None;
     }
-    let snap = input.snapshot;
-    let gateways = super::gateways::ours(input);
-    let mut held = std::mem::take(&mut last.held);
-    follow_claims(&mut held, &last.plan.claims, input.claims, &gateways)?;
-    let mut scope = Scope::default();
-    // Routes that changed: those between the longest common head and tail.
-    let (old, new) = (&before.routes, &snap.routes);
-    let (head, tail) = common_ends(old, new, |a, b| a == b);
-    let (old_changed, new_changed) = (&old[head..old.len() - tail], &new[head..new.len() - tail]);
-    if old_changed.len() + new_changed.len() > scope_limit(new.len()) {
-        return None;
-    }
-    for r in new_changed {
-        scope.add_route(r);
-    }
-    for r in old_changed {
-        scope.add_gone(r);
-    }
-    // The routes outside the changes are the allocations the last plan had (as the
-    // manifest source keeps them), or equal ones parsed again (as the Kubernetes
-    // source gives them): then routes are found in the snapshot by key, not address.
-    let shared = old[..head]
-        .iter()
-        .zip(&new[..head])
-        .all(|(a, b)| Arc::ptr_eq(a, b))
-        && old[old.len() - tail..]
+    Some(last)
+}
+
+/// The routes that changed from one snapshot to the next: those between the longest
+/// common head and tail of their routes.
+struct ChangedRoutes<'a> {
+    /// The changed routes of the last snapshot.
+    old: &'a [Arc<Route>],
+    /// The changed routes of this one.
+    new: &'a [Arc<Route>],
+    /// Whether the routes outside the changes are the same allocations in both.
+    shared: bool,
+}
+
+impl<'a> ChangedRoutes<'a> {
+    /// The routes that changed from `old` to `new`, or `None` when they are too many to
+    /// plan incrementally.
+    fn between(old: &'a [Arc<Route>], new: &'a [Arc<Route>]) -> Option<Self> {
+        let (head, tail) = common_ends(old, new, |a, b| a == b);
+        let (old_changed, new_changed) =
+            (&old[head..old.len() - tail], &new[head..new.len() - tail]);
+        if old_changed.len() + new_changed.len() > scope_limit(new.len()) {
+            return None;
+        }
+        // The routes outside the changes are the allocations the last plan had (as the
+        // manifest source keeps them), or equal ones parsed again (as the Kubernetes
+        // source gives them): then routes are found in the snapshot by key, not address.
+        let shared = old[..head]
             .iter()
-            .zip(&new[new.len() - tail..])
-            .all(|(a, b)| Arc::ptr_eq(a, b));
-    for r in old_changed {
-        // The world is unchanged: it attached where it would attach now.
-        scope.add_listeners_of(r, &gateways, before);
+            .zip(&new[..head])
+            .all(|(a, b)| Arc::ptr_eq(a, b))
+            && old[old.len() - tail..]
+                .iter()
+                .zip(&new[new.len() - tail..])
+                .all(|(a, b)| Arc::ptr_eq(a, b));
+        Some(ChangedRoutes {
+            old: old_changed,
+            new: new_changed,
+            shared,
+        })
     }
-    let mut backends = std::mem::take(&mut last.backends);
-    backends.follow_routes(old_changed, new_changed);
+
+    /// Adds the changed routes to `scope`, and the listeners the old ones attached to
+    /// in `before`.
+    fn add_to(&self, scope: &mut Scope, gateways: &Gateways, before: &Snapshot) {
+        for r in self.new {
+            scope.add_route(r);
+        }
+        for r in self.old {
+            scope.add_gone(r);
+        }
+        for r in self.old {
+            // The world is unchanged: it attached where it would attach now.
+            scope.add_listeners_of(r, gateways, before);
+        }
+    }
+}
+
+/// Adds to `scope` the routes of the claims that changed since `last` (`held` indexes
+/// the claims of `input`).
+fn add_changed_claims(
+    scope: &mut Scope,
+    last: &Last,
+    held: &ClaimIndex,
+    input: &Input,
+    gateways: &Gateways,
+) {
     // Claims changed in the input since the last plan, or by the last plan itself.
     for (have, want) in claim_pairs(&last.plan.claims, input.claims) {
         for c in have.into_iter().chain(want) {
-            scope.add_claim(c, &gateways);
+            scope.add_claim(c, gateways);
         }
     }
     for c in &last.changed {
-        scope.add_claim(c, &gateways);
+        scope.add_claim(c, gateways);
     }
     // A claim the last plan made for its route is that route's plan again: only the
     // routes waiting on its listener may be planned otherwise now (a quota is full, a
@@ -316,28 +393,85 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
             &m.listener,
             m.protocol,
             m.ports,
-            &gateways,
+            gateways,
         );
     }
     // Released claims whose cool-down ended since the last plan.
     for c in held.cooled_between(last.now, input.now) {
-        scope.add_claim(c, &gateways);
+        scope.add_claim(c, gateways);
     }
-    // Routes naming a Service whose object or EndpointSlices changed.
+}
+
+/// Adds to `scope` the routes naming a Service whose object or EndpointSlices changed
+/// from `before` to `snap` (`backends` follows them). `None` when `backends` cannot
+/// tell.
+fn add_changed_backends(
+    scope: &mut Scope,
+    backends: &mut BackendIndex,
+    before: &Snapshot,
+    snap: &Snapshot,
+) -> Option<()> {
     for k in backends.follow(before, snap)? {
         for r in backends.users(&k) {
             scope.add_route(r);
         }
     }
+    Some(())
+}
 
-    // Every route waiting on, or fixed to, a touched listener, until no listener comes in.
+/// Closes `scope`: every route waiting on, or fixed to, a touched listener, until no
+/// listener comes in. The routes of `snap` to plan, found by address when `shared`;
+/// `None` when the scope grows too large.
+fn close_scope(
+    scope: &mut Scope,
+    on: &OnListeners,
+    shared: bool,
+    gateways: &Gateways,
+    snap: &Snapshot,
+    memo: &Memo,
+) -> Option<Vec<Arc<Route>>> {
     let find = |k: &RouteKey| memo.address_of(k);
     let find = shared.then_some(&find as &scope::Find);
-    let routes = scope.close(&last.on, new, &gateways, snap, scope_limit(new.len()), find)?;
+    let routes = &snap.routes;
+    scope.close(on, routes, gateways, snap, scope_limit(routes.len()), find)
+}
+
+/// Plans `routes` (the routes in `scope`) with their claims and every other claim
+/// (`held`, then made the index of the planned claims too): their plan, its claims
+/// among the input's. `None` when the part cannot be planned alone.
+fn plan_part(
+    input: &Input,
+    routes: Vec<Arc<Route>>,
+    backends: &BackendIndex,
+    scope: &mut Scope,
+    held: &mut ClaimIndex,
+    gateways: &Gateways,
+    memo: &mut Memo,
+) -> Option<super::Run> {
+    let snap = input.snapshot;
+    let part = part_of(snap, routes, backends);
+    // The routes in scope are planned with their claims, and every other claim held.
+    let claims = held.take(scope.keys(), gateways);
+    let held_claims: ClaimList = claims.iter().cloned().collect();
+    let part_input = Settings::of(input).input(&part, &held_claims, input.now);
+    let mut planned = super::run(&part_input, snap, memo, Some(scope), Some(&*held));
+    if planned.contested || !planned.plan.waiting.is_empty() {
+        return None;
+    }
+    for c in planned.plan.claims.iter() {
+        held.add(c, gateways);
+    }
+    let fresh = std::mem::take(&mut planned.plan.claims);
+    planned.plan.claims = replace_claims(input.claims, &claims, fresh)?;
+    Some(planned)
+}
+
+/// The snapshot `routes` are planned from: `snap` with those routes only.
+fn part_of(snap: &Snapshot, routes: Vec<Arc<Route>>, backends: &BackendIndex) -> Snapshot {
     // Only the Services and slices the routes planned name: resolving their backends
     // indexes what it is given.
     let (services, endpoint_slices) = backends.named_by_all(&routes);
-    let part = Snapshot {
+    Snapshot {
         routes,
         gateway_classes: snap.gateway_classes.clone(),
         gateways: snap.gateways.clone(),
@@ -348,50 +482,16 @@ pub(super) fn plan(input: &Input, before: &Snapshot, memo: &mut Memo) -> Option<
         gateway_configs: snap.gateway_configs.clone(),
         backend_health_policies: Vec::new(),
         route_traffic_policies: Vec::new(),
-    };
-    // The routes in scope are planned with their claims, and every other claim held.
-    let claims = held.take(scope.keys(), &gateways);
-    let held_claims: ClaimList = claims.iter().cloned().collect();
-    let part_input = Settings::of(input).input(&part, &held_claims, input.now);
-    let mut planned = super::run(&part_input, snap, memo, Some(&mut scope), Some(&held));
-    if planned.contested || !planned.plan.waiting.is_empty() {
-        return None;
     }
-    for c in planned.plan.claims.iter() {
-        held.add(c, &gateways);
-    }
-    let fresh = std::mem::take(&mut planned.plan.claims);
-    planned.plan.claims = replace_claims(input.claims, &claims, fresh)?;
-    let Last {
-        plan: last_plan,
-        mut on,
-        mut served,
-        ..
-    } = last;
-    let plan = splice(
-        last_plan,
-        &mut served,
-        planned.plan,
-        &scope,
-        &gateways,
-        input,
-    )?;
-    let most = input.capacity.of_limit(crate::datapath::Limit::Addresses) as usize;
-    if plan.used.exceeds(&input.capacity).is_some()
+}
+
+/// Whether `plan` needs more room than `capacity` gives.
+fn overflows(plan: &Plan, capacity: &crate::datapath::Capacity) -> bool {
+    let most = capacity.of_limit(crate::datapath::Limit::Addresses) as usize;
+    plan.used.exceeds(capacity).is_some()
         || super::capacity::distinct_addresses(&plan.datapath.services)
             .iter()
             .any(|&n| n > most)
-    {
-        // Some route must wait: which one, a full plan decides.
-        return None;
-    }
-    // The touched listeners' waiting and fixed routes are all in scope: as planned now.
-    on.replace(planned.on, &scope.touched);
-    // `held` indexes the plan's claims.
-    let mut plan = plan;
-    plan.cooling = held.cooling();
-    memo.last = Some(Last::of(input, &plan, on, served, held, backends, false));
-    Some(plan)
 }
 
 /// Makes `held`, the index of the claims `was`, the index of `is`: the claims between
@@ -447,125 +547,4 @@ fn replace_claims(
         out.insert(i, c);
     }
     Some(out)
-}
-
-/// The key routes are sorted by in a plan.
-fn entry_key(e: &RouteEntry) -> (RouteKind, &str, &str) {
-    e.key()
-}
-
-/// The datapath services each route serves.
-pub(super) type Served = FastMap<RouteKey, Vec<ServiceAddr>>;
-
-/// The datapath services each route of `owners` serves.
-pub(super) fn served(owners: &Owners) -> Served {
-    // About one service a route: sized at once, not grown by rehashing.
-    let mut out = Served::with_capacity_and_hasher(owners.len(), Default::default());
-    for (service, id) in owners {
-        match out.get_mut(&**id) {
-            Some(list) => list.push(*service),
-            None => {
-                out.insert(RouteKey::clone(id), vec![*service]);
-            }
-        }
-    }
-    out
-}
-
-/// The plan of the whole input: `part` (planned for the routes in scope, with every
-/// claim) spliced into the last plan, `last`, whose services each route served are
-/// `served` (updated). `None` when a service the scope's routes serve is served to a
-/// route outside it (a contest only a full plan settles).
-fn splice(
-    last: Plan,
-    served: &mut Served,
-    mut part: Plan,
-    scope: &Scope,
-    gateways: &Gateways,
-    input: &Input,
-) -> Option<Plan> {
-    // Route entries: the last plan's outside the scope, and the scope's as planned now,
-    // each where it belongs by key (the last plan's list is shared, not copied).
-    let mut routes = last.routes;
-    for k in &scope.routes {
-        let key = (k.kind, k.namespace.as_str(), k.name.as_str());
-        if let Ok(i) = routes.binary_search_by(|e| entry_key(e).cmp(&key)) {
-            routes.remove(i);
-        }
-    }
-    for e in std::mem::take(&mut part.routes) {
-        let i = routes
-            .binary_search_by(|x| entry_key(x).cmp(&entry_key(&e)))
-            .unwrap_or_else(|i| i);
-        routes.insert(i, e);
-    }
-    part.routes = routes;
-
-    // Datapath services: the last plan's served to routes outside the scope, and the
-    // scope's as planned now.
-    let (mut services, mut source_nat) = (last.datapath.services, last.datapath.source_nat);
-    let mut owners = last.owners;
-    let mut used = last.used;
-    // A port of a listener is never a SNAT port: while only such ports are served or
-    // no longer served, the SNAT ports are as they were.
-    let on_listener = |p: u16| {
-        let mut listeners = gateways.views.iter().flat_map(|gw| &gw.listeners);
-        listeners.any(|l| project::ports_of(l).contains(&p))
-    };
-    let mut snat_same = true;
-    for key in &scope.routes {
-        for service in served.remove(key).unwrap_or_default() {
-            snat_same &= on_listener(service.port);
-            if let Some(gone) = services.remove(&service) {
-                used = used.minus(Usage::of_service(&gone));
-            }
-            owners.remove(&service);
-            source_nat.remove(&service);
-        }
-    }
-    for (service, backends) in std::mem::take(&mut part.datapath.services) {
-        if owners.contains_key(&service) {
-            return None;
-        }
-        snat_same &= on_listener(service.port);
-        used = used.plus(Usage::of_service(&backends));
-        if let Some(was) = services.insert(service, backends) {
-            used = used.minus(Usage::of_service(&was));
-        }
-    }
-    for (key, list) in self::served(&part.owners) {
-        served.insert(key, list);
-    }
-    // One by one: `append` rebuilds the whole map.
-    owners.extend(std::mem::take(&mut part.owners));
-    source_nat.extend(std::mem::take(&mut part.datapath.source_nat));
-    part.datapath.snat_ports = match snat_same {
-        true => last.datapath.snat_ports,
-        false => project::snat_ports(
-            &gateways.views,
-            services.keys().map(|s| s.port),
-            &input.snat_ports,
-        ),
-    };
-    part.datapath.services = services;
-    part.datapath.source_nat = source_nat;
-    part.owners = owners;
-    part.used = used;
-
-    // A fixed listener's attached routes are counted from its routes: those of an
-    // untouched listener (none in scope) are as counted last time.
-    for (gi, (entry, view)) in part.gateways.iter_mut().zip(&gateways.views).enumerate() {
-        for (li, (status, l)) in entry
-            .status
-            .listeners
-            .iter_mut()
-            .zip(&view.listeners)
-            .enumerate()
-        {
-            if l.range.is_none() && !scope.touched.contains(&(gi, li)) {
-                status.attached_routes = last.gateways[gi].status.listeners[li].attached_routes;
-            }
-        }
-    }
-    Some(part)
 }

@@ -26,6 +26,7 @@ mod range_use;
 mod reason;
 mod route_status;
 mod scope;
+mod splice;
 pub mod status;
 pub mod traffic;
 
@@ -404,8 +405,20 @@ fn run(
 }
 
 #[cfg(test)]
+mod allowed_routes_tests;
+#[cfg(test)]
+mod capacity_tests;
+#[cfg(test)]
+mod family_tests;
+#[cfg(test)]
+mod overlap_tests;
+#[cfg(test)]
 mod quota_tests;
 #[cfg(test)]
-mod tests;
+mod release_tests;
+#[cfg(test)]
+mod snat_tests;
+#[cfg(test)]
+mod test_support;
 #[cfg(test)]
 mod traffic_tests;

@@ -65,7 +65,7 @@ pub(super) fn mark_nearly_full(plan: &mut Plan, now: &Time) {
 #[cfg(test)]
 mod tests {
     use super::super::{
-        tests::{plan_of, range_gateway, route, CLASS},
+        test_support::{plan_of, range_gateway, route, CLASS},
         Plan, RANGE_NEARLY_FULL,
     };
     /// A range listener says when it is nearly full (`berth.dev/RangeNearlyFull`), and

@@ -1,7 +1,7 @@
 //! RouteTrafficPolicies: the flow settings of their routes' services and their status.
 
 use super::{
-    tests::{gateway, plan_of, route, ALL, CLASS},
+    test_support::{gateway, plan_of, route, ALL, CLASS},
     traffic::PolicyEntry,
     Plan,
 };
