@@ -9,20 +9,15 @@ use std::{
     sync::Arc,
 };
 
-use aya::maps::{HashMap, IterableMap as _, MapData, MapError};
-use gateway_common::{
-    maglev_size, map_names, Backend, NextHop, Service, ServiceId, ServiceKey, BACKEND_LIVE,
-};
+use aya::maps::{HashMap, MapData, MapError};
+use gateway_common::{map_names, Service, ServiceKey};
 
 use super::{
     desired::BackendSet,
     diff::{self, MapOp},
     family::{Addr6, ByFamily, MapAddr},
-    held_back, maglev, map_err,
-    new_services::batch_err,
-    pool::Region,
-    ApplyReport, Capacity, Datapath, DatapathError, DesiredState, FlowSettings, Installed,
-    InstalledBackends, Limit, Result, ServiceAddr, Usage, WeightedBackend,
+    held_back, map_err, ApplyReport, Capacity, Datapath, DatapathError, DesiredState, Limit,
+    Result, ServiceAddr, Usage, WeightedBackend,
 };
 
 /// The service map of one family.
@@ -30,7 +25,7 @@ pub(super) type ServiceMap<A> = HashMap<MapData, ServiceKey<A>, Service>;
 
 /// The service maps of both families, keyed by `ServiceAddr`.
 impl ByFamily<ServiceMap<u32>, ServiceMap<Addr6>> {
-    fn insert(&mut self, s: &ServiceAddr, value: Service) -> Result<()> {
+    pub(super) fn insert(&mut self, s: &ServiceAddr, value: Service) -> Result<()> {
         match (s.key::<u32>(), s.key::<Addr6>()) {
             (Some(k), _) => self.v4.insert(k, value, 0),
             (_, Some(k)) => self.v6.insert(k, value, 0),
@@ -39,7 +34,7 @@ impl ByFamily<ServiceMap<u32>, ServiceMap<Addr6>> {
         .map_err(map_err(services_map(s)))
     }
 
-    fn remove(&mut self, s: &ServiceAddr) -> Result<()> {
+    pub(super) fn remove(&mut self, s: &ServiceAddr) -> Result<()> {
         let removed = match (s.key::<u32>(), s.key::<Addr6>()) {
             (Some(k), _) => self.v4.remove(&k),
             (_, Some(k)) => self.v6.remove(&k),
@@ -51,7 +46,7 @@ impl ByFamily<ServiceMap<u32>, ServiceMap<Addr6>> {
         }
     }
 
-    fn get(&self, s: &ServiceAddr) -> Result<Service> {
+    pub(super) fn get(&self, s: &ServiceAddr) -> Result<Service> {
         match (s.key::<u32>(), s.key::<Addr6>()) {
             (Some(k), _) => self.v4.get(&k, 0),
             (_, Some(k)) => self.v6.get(&k, 0),
@@ -200,29 +195,7 @@ impl Datapath {
         };
         let mut report = ApplyReport::default();
         let snat = &desired.source_nat;
-        // The parts of a start add each service in its mode: only the first may find
-        // the SNAT setting new.
-        let snat_changed = match &scope {
-            Scope::Whole => self
-                .applied
-                .as_ref()
-                .is_none_or(|last| last.source_nat != desired.source_nat),
-            Scope::Part(_) => self.installed.is_empty(),
-        };
-        // Ports first: a service switched to SNAT mode below takes them at once.
-        let ports_changed = self.sync_snat_ports(&desired.snat_ports)?;
-        if (ports_changed || snat_changed)
-            && desired.snat_ports.is_empty()
-            && !desired.source_nat.is_empty()
-        {
-            tracing::warn!(
-                services = desired.source_nat.len(),
-                "no SNAT source port is left (--snat-ports lies inside the listeners' \
-                 ports): every new SNAT flow is dropped (counted drop_snat_ports_exhausted)"
-            );
-        }
-        // Before the services: those added below take their affinity with them.
-        self.sync_traffic(&desired.traffic)?;
+        let snat_changed = self.sync_settings(desired, &scope)?;
         // The services that may differ from what is installed, and what each takes.
         let changes = match scope {
             Scope::Part(changes) => changes,
@@ -234,17 +207,77 @@ impl Datapath {
                 changes
             }
         };
-        let had_changes = !changes.is_empty();
-        let ops = diff::ops(changes, &self.installed, |s| snat.contains(s));
         // The roles follow the services: written for the endpoints and slots of the
         // services that may change, or whose mode did (or in full when they were never
         // written exactly: a start writes the adopted services' kept with what was there).
-        let roles_due = had_changes || snat_changed || !self.roles.is_exact();
+        let roles_due = !changes.is_empty() || snat_changed || !self.roles.is_exact();
+        let ops = diff::ops(changes, &self.installed, |s| snat.contains(s));
         // Backends that left their services give their ids back if the changes need
         // them (before the views below are taken).
         self.free_backend_ids(self.backends_added(&ops))?;
-        // What each changing service is installed with, to take out of the roles after.
-        let before: Vec<Option<Vec<SocketAddr>>> = ops
+        let before = self.roles_before(&ops, snat, roles_due)?;
+        self.write_ops(&ops, &mut report)?;
+        let switched = if snat_changed {
+            // Only services whose backends are the same switch here (the others were
+            // written with their mode above): counted as unchanged so far.
+            let switched = self.sync_snat_flags(snat)?;
+            report.changed += switched.len();
+            report.unchanged = report.unchanged.saturating_sub(switched.len());
+            switched
+        } else {
+            Vec::new()
+        };
+        if roles_due {
+            self.roles_after(&ops, before, &switched)?;
+        }
+        if report.added + report.removed > 0 {
+            self.sync_host()?;
+        }
+        if whole {
+            self.applied = Some(Arc::clone(desired));
+            self.applied_backends = backends;
+        }
+        Ok(report)
+    }
+
+    /// The settings every service shares, before the services: the SNAT source ports (a
+    /// service switched to SNAT mode takes them at once) and the flow settings (a
+    /// service added takes its affinity with it). Returns whether the SNAT setting may
+    /// be new: the parts of a start add each service in its mode, only the first may
+    /// find it new.
+    fn sync_settings(&mut self, desired: &DesiredState, scope: &Scope) -> Result<bool> {
+        let snat_changed = match scope {
+            Scope::Whole => self
+                .applied
+                .as_ref()
+                .is_none_or(|last| last.source_nat != desired.source_nat),
+            Scope::Part(_) => self.installed.is_empty(),
+        };
+        let ports_changed = self.sync_snat_ports(&desired.snat_ports)?;
+        if (ports_changed || snat_changed)
+            && desired.snat_ports.is_empty()
+            && !desired.source_nat.is_empty()
+        {
+            tracing::warn!(
+                services = desired.source_nat.len(),
+                "no SNAT source port is left (--snat-ports lies inside the listeners' \
+                 ports): every new SNAT flow is dropped (counted drop_snat_ports_exhausted)"
+            );
+        }
+        self.sync_traffic(&desired.traffic)?;
+        Ok(snat_changed)
+    }
+
+    /// What each service of `ops` is installed with (to take out of the roles after);
+    /// if the roles are due, the roles of what is installed and what is wanted are
+    /// written before either changes.
+    fn roles_before(
+        &mut self,
+        ops: &[MapOp],
+        snat: &imbl::OrdSet<ServiceAddr>,
+        roles_due: bool,
+    ) -> Result<Vec<Option<Vec<SocketAddr>>>> {
+        let before = ops
             .iter()
             .map(|op| {
                 let key = op.service();
@@ -253,9 +286,8 @@ impl Datapath {
                     .then(|| self.indexed_endpoints(&key))
             })
             .collect();
-        // The roles of what is installed and what is wanted, before either changes.
         if roles_due {
-            for op in &ops {
+            for op in ops {
                 if let Some(want) = op.wanted() {
                     let key = op.service();
                     self.roles
@@ -265,8 +297,13 @@ impl Datapath {
             }
             self.roles.write(true)?;
         }
+        Ok(before)
+    }
+
+    /// Writes the services' ops in their order, new services together last.
+    fn write_ops(&mut self, ops: &[MapOp], report: &mut ApplyReport) -> Result<()> {
         let mut adds = Vec::new();
-        for op in &ops {
+        for op in ops {
             match op {
                 MapOp::Remove(service) => {
                     self.remove_service(service)?;
@@ -291,55 +328,52 @@ impl Datapath {
         }
         self.add_services(&adds)?;
         report.added += adds.len();
-        let switched = if snat_changed {
-            // Only services whose backends are the same switch here (the others were
-            // written with their mode above): counted as unchanged so far.
-            let switched = self.sync_snat_flags(snat)?;
-            report.changed += switched.len();
-            report.unchanged = report.unchanged.saturating_sub(switched.len());
-            switched
-        } else {
-            Vec::new()
-        };
-        if roles_due {
-            // The book again holds exactly what is installed.
-            for (op, old) in ops.iter().zip(before) {
-                let key = op.service();
-                let wanted = op.wanted().map(|w| w.keys().copied().collect::<Vec<_>>());
-                let now = self
-                    .installed
-                    .get(&key)
-                    .map(|svc| (svc.snat, self.indexed_endpoints(&key)));
-                self.roles.book.settle(key, old, wanted, now);
-            }
-            for key in &switched {
-                if let Some(svc) = self.installed.get(key) {
-                    let (snat, endpoints) = (svc.snat, self.indexed_endpoints(key));
-                    self.roles.book.remove(*key, endpoints.iter().copied());
-                    self.roles.book.add(*key, snat, endpoints);
-                }
-            }
-            for key in self.roles.write(false)? {
-                self.write_flags(&key)?;
+        Ok(())
+    }
+
+    /// After the ops: the book holds exactly what is installed again (services that
+    /// switched mode re-entered with it), and the roles are written for it.
+    fn roles_after(
+        &mut self,
+        ops: &[MapOp],
+        before: Vec<Option<Vec<SocketAddr>>>,
+        switched: &[ServiceAddr],
+    ) -> Result<()> {
+        for (op, old) in ops.iter().zip(before) {
+            let key = op.service();
+            let wanted = op.wanted().map(|w| w.keys().copied().collect::<Vec<_>>());
+            let now = self
+                .installed
+                .get(&key)
+                .map(|svc| (svc.snat, self.indexed_endpoints(&key)));
+            self.roles.book.settle(key, old, wanted, now);
+        }
+        for key in switched {
+            if let Some(svc) = self.installed.get(key) {
+                let (snat, endpoints) = (svc.snat, self.indexed_endpoints(key));
+                self.roles.book.remove(*key, endpoints.iter().copied());
+                self.roles.book.add(*key, snat, endpoints);
             }
         }
-        if report.added + report.removed > 0 {
-            self.sync_addresses()?;
-            let (addresses, ports) = self.keys.take_changed();
-            // Also after a publication that failed (it is done again).
-            if addresses || self.publication_unsure() {
-                self.sync_publication()?;
-            }
-            // Also after an update of the setting that failed (tried again).
-            if ports || self.reserved != self.installed_ports() {
-                self.sync_reserved_ports();
-            }
+        for key in self.roles.write(false)? {
+            self.write_flags(&key)?;
         }
-        if whole {
-            self.applied = Some(Arc::clone(desired));
-            self.applied_backends = backends;
+        Ok(())
+    }
+
+    /// The host's side of a change of services: the address maps, the published
+    /// addresses (also after a publication that failed: done again) and the reserved
+    /// ports (also after an update of the setting that failed: tried again).
+    fn sync_host(&mut self) -> Result<()> {
+        self.sync_addresses()?;
+        let (addresses, ports) = self.keys.take_changed();
+        if addresses || self.publication_unsure() {
+            self.sync_publication()?;
         }
-        Ok(report)
+        if ports || self.reserved != self.installed_ports() {
+            self.sync_reserved_ports();
+        }
+        Ok(())
     }
 
     /// Refuses a state that does not fit the maps before anything is touched. The
@@ -382,295 +416,6 @@ impl Datapath {
             }),
             None => Ok(at_most),
         }
-    }
-
-    fn update_service(&mut self, key: &ServiceAddr, want: &BackendSet, snat: bool) -> Result<()> {
-        let Some(old) = self.installed.get(key).cloned() else {
-            return self.add_services(&[(*key, want, snat)]);
-        };
-        // New backends take ids before the removed ones give theirs back (a table must
-        // only name live backends). With too few ids free (the maps nearly full), the
-        // service first switches to the backends it keeps, which frees the others'.
-        let added = want
-            .keys()
-            .filter(|e| !old.backends.contains_key(e))
-            .count();
-        let removed = old.backends.keys().any(|e| !want.contains_key(e));
-        if added > self.backend_ids.free_count() && removed {
-            let kept: BackendSet = want
-                .iter()
-                .filter(|(e, _)| old.backends.contains_key(e))
-                .map(|(&e, &w)| (e, w))
-                .collect();
-            tracing::debug!(
-                service = %key,
-                kept = kept.len(),
-                "backend ids short: switching to the kept backends first"
-            );
-            self.update_service(key, &kept, snat)?;
-        }
-        let Some(old) = self.installed.get(key).cloned() else {
-            return self.add_services(&[(*key, want, snat)]);
-        };
-        let mut svc = Installed {
-            id: old.id,
-            table: Region::EMPTY,
-            table_lost: false,
-            snat,
-            backends: InstalledBackends::default(),
-        };
-        // New and reweighted backends first, so the new table only names live ones.
-        for (&endpoint, &weight) in want {
-            let bid = match old.backends.get(&endpoint) {
-                Some(&(bid, w)) if w == weight && (old.snat || !snat) => bid,
-                Some(&(bid, _)) => {
-                    self.write_backend(bid, svc.id, endpoint, weight, snat)?;
-                    bid
-                }
-                None => match self.unretire(key, &endpoint) {
-                    // Back before its connections ended: a backend again, same id.
-                    Some(bid) => {
-                        self.write_backend(bid, svc.id, endpoint, weight, snat)?;
-                        bid
-                    }
-                    None => self.new_backend(svc.id, endpoint, weight, snat)?,
-                },
-            };
-            svc.backends.insert(endpoint, (bid, weight));
-        }
-        svc.backends.shrink();
-        self.write_table(&mut svc)?;
-        self.services.insert(key, self.service_value(key, &svc))?;
-        // Only now that no table names them: removed backends go, a TCP service's once
-        // their connections ended (`retired`); a UDP flow is balanced again by the
-        // kernel program on its next packet.
-        for (&endpoint, &backend) in &old.backends {
-            if !svc.backends.contains_key(&endpoint) {
-                self.retire_backend(key, (svc.id, snat), endpoint, backend)?;
-            }
-        }
-        if !old.table_lost {
-            self.tables.free(old.table);
-        }
-        self.installed.insert(*key, svc);
-        Ok(())
-    }
-
-    fn remove_service(&mut self, key: &ServiceAddr) -> Result<()> {
-        let Some(svc) = self.installed.remove(key) else {
-            return Ok(());
-        };
-        self.keys.count(key, false);
-        self.services.remove(key)?;
-        for &(bid, _) in svc.backends.values() {
-            self.clear_backend(bid)?;
-        }
-        self.clear_retired(key)?;
-        self.service_ids.free(svc.id);
-        if !svc.table_lost {
-            self.tables.free(svc.table);
-        }
-        Ok(())
-    }
-
-    /// The map value of an installed service.
-    pub(super) fn service_value(&self, key: &ServiceAddr, svc: &Installed) -> Service {
-        Service {
-            id: svc.id,
-            table: Service::table(svc.table.start, svc.table.len),
-            flags: service_flags(svc.snat, self.roles.reply_entry(key), self.affinity(key)),
-        }
-    }
-
-    /// Writes the service's Maglev table into a free region of the pool (`new_table`)
-    /// and sets `svc.table` to it. The service does not point at it yet.
-    fn write_table(&mut self, svc: &mut Installed) -> Result<()> {
-        let Some((region, entries)) = self.new_table(svc)? else {
-            svc.table = Region::EMPTY;
-            return Ok(());
-        };
-        let fd = std::os::fd::AsFd::as_fd(self.maglev.map().fd());
-        if let Err(e) = crate::sys::bpf::update_array_u32(fd, region.start, &entries) {
-            self.tables.free(region);
-            return Err(batch_err(map_names::MAGLEV)(e));
-        }
-        svc.table = region;
-        Ok(())
-    }
-
-    /// The service's Maglev table (backend ids), sized by its backends taking new
-    /// flows, and the free region of the pool taken for it; none without any.
-    pub(super) fn new_table(&mut self, svc: &Installed) -> Result<Option<(Region, Vec<u32>)>> {
-        let candidates: Vec<maglev::Candidate> = svc
-            .backends
-            .iter()
-            .map(|(&endpoint, &(_, weight))| maglev::Candidate { endpoint, weight })
-            .collect();
-        let active = candidates.iter().filter(|c| c.weight > 0).count() as u32;
-        let size = maglev_size(active);
-        let Some(table) = maglev::table(&candidates, size) else {
-            return Ok(None);
-        };
-        let ids: Vec<u32> = svc.backends.values().map(|&(bid, _)| bid).collect();
-        let entries: Vec<u32> = table.iter().map(|&e| ids[e as usize]).collect();
-        Ok(Some((self.tables.alloc(size)?, entries)))
-    }
-
-    /// Gives a new backend an id: one that starts with no next hop (the kernel program
-    /// caches one per id, and a packet of an earlier holder's flow may have refilled it
-    /// since the id was freed).
-    fn new_backend(
-        &mut self,
-        service: ServiceId,
-        e: SocketAddr,
-        weight: u16,
-        snat: bool,
-    ) -> Result<u32> {
-        let bid = self.backend_ids.alloc()?;
-        self.backend_hops
-            .set(bid, NextHop::default(), 0)
-            .map_err(map_err(map_names::BACKEND_HOPS))?;
-        // Its counters start from zero (an earlier holder's stay otherwise).
-        let fd = std::os::fd::AsFd::as_fd(self.backend_stats.map().fd());
-        crate::sys::bpf::zero_batch(fd, &[bid]).map_err(batch_err(map_names::BACKEND_STATS))?;
-        self.write_backend(bid, service, e, weight, snat)?;
-        Ok(bid)
-    }
-
-    /// Writes a backend; in SNAT mode its source first (its flows need it from the
-    /// first packet); an IPv6 backend's address before the entry that makes it live.
-    ///
-    /// An id holds one family: an IPv4 backend's id has no IPv6 address. The kernel
-    /// program reads `BACKENDS6` for any IPv6 packet; an address an IPv6 backend left
-    /// there named the id's next (IPv4) backend, so a reply of the old backend's flow
-    /// cached its next hop for the new one, whose own replies were then dropped as
-    /// forged (`reply_spoofed`; the fuzzer found it).
-    pub(super) fn write_backend(
-        &mut self,
-        bid: u32,
-        service: ServiceId,
-        e: SocketAddr,
-        weight: u16,
-        snat: bool,
-    ) -> Result<()> {
-        if snat {
-            self.write_snat_source(bid, e)?;
-        }
-        let (value, addr6) = backend_entry(service, e, weight);
-        self.backends6
-            .set(bid, addr6, 0)
-            .map_err(map_err(map_names::BACKENDS6))?;
-        self.backends
-            .set(bid, value, 0)
-            .map_err(map_err(map_names::BACKENDS))
-    }
-
-    /// Switches installed services in or out of SNAT mode as `snat` says (sources
-    /// written before the flag that makes new flows use them); returns those switched.
-    /// Established flows keep the translation they started with.
-    fn sync_snat_flags(&mut self, snat: &imbl::OrdSet<ServiceAddr>) -> Result<Vec<ServiceAddr>> {
-        let switch: Vec<ServiceAddr> = self
-            .installed
-            .iter()
-            .filter(|(key, svc)| svc.snat != snat.contains(*key))
-            .map(|(key, _)| *key)
-            .collect();
-        for key in &switch {
-            let Some(mut svc) = self.installed.get(key).cloned() else {
-                continue;
-            };
-            svc.snat = !svc.snat;
-            if svc.snat {
-                for (&endpoint, &(bid, _)) in &svc.backends {
-                    self.write_snat_source(bid, endpoint)?;
-                }
-            }
-            self.installed.insert(*key, svc);
-            self.write_flags(key)?;
-        }
-        Ok(switch)
-    }
-
-    /// The session-affinity timeout of a service, in seconds (0: none).
-    fn affinity(&self, key: &ServiceAddr) -> u32 {
-        self.traffic
-            .get(key)
-            .and_then(|t| t.affinity_secs)
-            .unwrap_or(0)
-    }
-
-    /// Takes `want` as the flow settings in force; rewrites the flags of the installed
-    /// services whose affinity it changes.
-    fn sync_traffic(&mut self, want: &imbl::OrdMap<ServiceAddr, FlowSettings>) -> Result<()> {
-        use imbl::ordmap::DiffItem;
-        if self.traffic.ptr_eq(want) {
-            return Ok(());
-        }
-        let old = std::mem::replace(&mut self.traffic, want.clone());
-        let switched: Vec<ServiceAddr> = old
-            .diff(want)
-            .filter_map(|item| match item {
-                DiffItem::Add(k, new) => new.affinity_secs.is_some().then_some(*k),
-                DiffItem::Remove(k, old) => old.affinity_secs.is_some().then_some(*k),
-                DiffItem::Update { old, new } => {
-                    (old.1.affinity_secs != new.1.affinity_secs).then_some(*new.0)
-                }
-            })
-            .collect();
-        for key in &switched {
-            self.write_flags(key)?;
-        }
-        Ok(())
-    }
-
-    /// Rewrites an installed service's `Service::flags` from its mode and role.
-    pub(super) fn write_flags(&mut self, key: &ServiceAddr) -> Result<()> {
-        let Some(svc) = self.installed.get(key) else {
-            return Ok(());
-        };
-        let flags = service_flags(svc.snat, self.roles.reply_entry(key), self.affinity(key));
-        let mut value = self.services.get(key)?;
-        if value.flags != flags {
-            value.flags = flags;
-            self.services.insert(key, value)?;
-        }
-        Ok(())
-    }
-
-    /// At load, before the programs are attached: adds the roles of the adopted services
-    /// to the pinned maps (kept with what is there: the program still attached may read
-    /// them), so that this build's program finds every role in its own slots from its
-    /// first packet, even if an earlier build put them elsewhere. The first apply then
-    /// writes exactly what is installed.
-    pub(super) fn write_adopted_roles(&mut self) -> Result<()> {
-        self.roles.reset(self.role_views());
-        for key in self.roles.write(true)? {
-            self.write_flags(&key)?;
-        }
-        Ok(())
-    }
-
-    /// The installed services as the roles see them: service, SNAT mode, endpoints.
-    fn role_views(&self) -> Vec<(ServiceAddr, bool, Vec<SocketAddr>)> {
-        self.installed
-            .iter()
-            .map(|(key, svc)| (*key, svc.snat, svc.backends.keys().copied().collect()))
-            .collect()
-    }
-
-    pub(super) fn clear_backend(&mut self, bid: u32) -> Result<()> {
-        self.backends
-            .set(bid, Backend::default(), 0)
-            .map_err(map_err(map_names::BACKENDS))?;
-        self.backends6
-            .set(bid, Addr6::default(), 0)
-            .map_err(map_err(map_names::BACKENDS6))?;
-        // The id's next backend starts without the old one's next hop.
-        self.backend_hops
-            .set(bid, NextHop::default(), 0)
-            .map_err(map_err(map_names::BACKEND_HOPS))?;
-        self.backend_ids.free(bid);
-        Ok(())
     }
 
     /// Keeps the gateway-address maps equal to the addresses of installed services.
@@ -760,31 +505,4 @@ fn log_held_back(held: &[held_back::HeldBack]) {
         held_back = %list.join(", "),
         "services held back from the datapath (berth_services_held_back)"
     );
-}
-
-/// A live backend's entry in `BACKENDS`, and its address in `BACKENDS6` (none for
-/// an IPv4 backend).
-pub(super) fn backend_entry(service: ServiceId, e: SocketAddr, weight: u16) -> (Backend, Addr6) {
-    let entry = Backend {
-        addr: u32::of(e.ip()).unwrap_or(0),
-        port: e.port().to_be(),
-        weight,
-        service,
-        flags: BACKEND_LIVE,
-    };
-    (entry, Addr6::of(e.ip()).unwrap_or_default())
-}
-
-/// `Service::flags` for a service in SNAT mode or not, recording reply entries or not,
-/// with a session-affinity timeout of `affinity_secs` (0: none).
-fn service_flags(snat: bool, reply_entry: bool, affinity_secs: u32) -> u32 {
-    let mode = if snat {
-        gateway_common::SERVICE_SNAT
-    } else if reply_entry {
-        gateway_common::SERVICE_REPLY_ENTRY
-    } else {
-        0
-    };
-    let affinity = affinity_secs.min(gateway_common::SERVICE_AFFINITY_MAX_SECS);
-    mode | affinity << gateway_common::SERVICE_AFFINITY_SHIFT
 }

@@ -44,6 +44,7 @@ mod roles;
 mod shapes;
 mod snat;
 mod traffic;
+mod writes;
 mod xmit;
 
 use std::{

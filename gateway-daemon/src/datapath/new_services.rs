@@ -12,7 +12,7 @@ use aya::maps::IterableMap as _;
 use gateway_common::{map_names, Backend, NextHop, Service, ServiceKey};
 
 use super::{
-    apply::backend_entry, desired::BackendSet, family::Addr6, pool::Region, syscall_err, Datapath,
+    desired::BackendSet, family::Addr6, pool::Region, syscall_err, writes::backend_entry, Datapath,
     DatapathError, Installed, InstalledBackends, Result, ServiceAddr,
 };
 
