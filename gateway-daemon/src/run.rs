@@ -3,13 +3,13 @@
 //! turns ICMP redirects off, owns the address interface and the announce table), serves
 //! the admin endpoint, watches for signals (with `--drain-on-stop`: withdraw, serve on
 //! for the drain timeout, exit), and hands over to the standalone or the Kubernetes
-//! loop.
+//! loop. The datapath's setup is `datapath_setup`.
 //!
 //! Part of the `berth` binary (declared in `main.rs`), not of the library.
 
 use std::{
     net::TcpListener,
-    path::PathBuf,
+    path::Path,
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
@@ -18,13 +18,17 @@ use anyhow::Context as _;
 use berth::{
     admin,
     announce::{drain_file::DrainFile, Announcer, Control, Timing},
-    datapath::{self, AttachMode, Attached, Config, Datapath, LinkChange},
+    datapath,
     publish::{Published, Shared},
     standalone::{self, ManifestSource},
     store::Store,
 };
 
-use crate::{LogFormat, Redirect, ReplyOrigin, RunArgs, XdpMode, DEFAULT_ADDRESS_INTERFACE};
+use crate::cli::{LogFormat, RunArgs, DEFAULT_ADDRESS_INTERFACE};
+
+mod datapath_setup;
+
+use datapath_setup::{load_datapath, DatapathOptions};
 
 /// Runs the daemon as the options say (standalone unless `--kubernetes`).
 pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -64,24 +68,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(log_format);
     berth::memory::starting();
     let default_addresses = berth::planner::DefaultAddresses::from_list(&addresses)?;
-    // Both modes keep the operator's drain in the state directory (Kubernetes mode
-    // keeps nothing else there).
-    let control = Arc::new(Control::default());
-    let announcer = Announcer::new(
-        Timing {
-            not_ready_grace,
-            drain_timeout,
-        },
-        Arc::clone(&control),
-        Some(DrainFile::new(&state_dir)),
-    );
-    let announcing = Announcing {
-        stop: Stop {
-            control,
-            drain: drain_on_stop.then_some(drain_timeout),
-        },
-        announcer,
-    };
+    let announcing = Announcing::new(&state_dir, not_ready_grace, drain_timeout, drain_on_stop);
     let limits = datapath::Limits {
         services: room.max_services,
         backends: room.max_backends,
@@ -105,24 +92,18 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         announce_table,
         announcing: !announcing.announcer.starts_withdrawn(),
     };
+    let admin = AdminOptions {
+        admin_addr: &admin_addr,
+        metrics_addr: metrics_addr.as_deref(),
+        detail,
+    };
     if kubernetes {
-        let identity = match node_name {
-            Some(n) => n,
-            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .context("--node-name is not set and the host name is unreadable")?,
-        };
         let options = berth::kubernetes::Options {
-            identity,
+            identity: node_identity(node_name)?,
             lease_namespace,
             default_addresses,
             snat_ports,
             capacity,
-        };
-        let admin = AdminOptions {
-            admin_addr: &admin_addr,
-            metrics_addr: metrics_addr.as_deref(),
-            detail,
         };
         return run_kubernetes(options, &dp, admin, announcing);
     }
@@ -130,19 +111,23 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<()> {
         dp.address_interface = Some(DEFAULT_ADDRESS_INTERFACE.to_string());
     }
     let dir = manifests.context("--manifests DIR (or --kubernetes) is required")?;
-    let metrics_addr = metrics_addr.as_deref();
     let source = ManifestSource::new(&dir, manifest_settle);
-    let admin = AdminOptions {
-        admin_addr: &admin_addr,
-        metrics_addr,
-        detail,
-    };
     let settings = berth::planner::Settings {
         default_addresses,
         snat_ports,
         capacity,
     };
     run_standalone(source, &dir, &state_dir, &settings, admin, &dp, announcing)
+}
+
+/// This node's name in Kubernetes mode: `--node-name`, else the host's name.
+fn node_identity(node_name: Option<String>) -> anyhow::Result<String> {
+    match node_name {
+        Some(n) => Ok(n),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .context("--node-name is not set and the host name is unreadable"),
+    }
 }
 
 /// What the admin endpoint and the metrics endpoint serve, and where.
@@ -158,6 +143,36 @@ struct AdminOptions<'a> {
 struct Announcing {
     announcer: Announcer,
     stop: Stop,
+}
+
+impl Announcing {
+    /// The announcer, with the operator's drain kept in `state_dir`, and how the daemon
+    /// stops (`--drain-on-stop`: after `drain_timeout`).
+    fn new(
+        state_dir: &Path,
+        not_ready_grace: Duration,
+        drain_timeout: Duration,
+        drain_on_stop: bool,
+    ) -> Self {
+        // Both modes keep the operator's drain in the state directory (Kubernetes mode
+        // keeps nothing else there).
+        let control = Arc::new(Control::default());
+        let announcer = Announcer::new(
+            Timing {
+                not_ready_grace,
+                drain_timeout,
+            },
+            Arc::clone(&control),
+            Some(DrainFile::new(state_dir)),
+        );
+        Announcing {
+            stop: Stop {
+                control,
+                drain: drain_on_stop.then_some(drain_timeout),
+            },
+            announcer,
+        }
+    }
 }
 
 /// How the daemon stops: at once, or (`--drain-on-stop`) after withdrawing its
@@ -211,26 +226,6 @@ fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
-}
-
-/// How `berth run` sets up the datapath.
-struct DatapathOptions {
-    interfaces: Vec<String>,
-    xdp_mode: XdpMode,
-    redirect: Redirect,
-    pin_dir: PathBuf,
-    /// Map sizes: `--max-services`, `--max-backends`, `--conntrack-size`.
-    limits: datapath::Limits,
-    /// New flows per second per CPU the kernel records (0: no limit).
-    new_flow_limit: u32,
-    /// `--reply-origin`.
-    reply_origin: ReplyOrigin,
-    address_interface: Option<String>,
-    /// `--announce-table`.
-    announce_table: Option<u32>,
-    /// Whether the addresses are published from the start (not while a drain kept
-    /// from an earlier run holds).
-    announcing: bool,
 }
 
 fn run_standalone(
@@ -300,164 +295,6 @@ fn exit_on_signal(stop: Stop) -> anyhow::Result<()> {
         })
         .context("starting the signal watcher")?;
     Ok(())
-}
-
-/// Loads the datapath, attaches it to the interfaces (none: no datapath), follows
-/// which interfaces take XDP frames, and owns the address interface if asked to.
-fn load_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>> {
-    // A first start that fails (an interface that does not exist, a hook held by
-    // another program) leaves nothing pinned behind.
-    let fresh = !options.interfaces.is_empty() && !options.pin_dir.exists();
-    let loaded = set_up_datapath(options);
-    if loaded.is_err() && fresh {
-        let _ = datapath::remove_pins(&options.pin_dir);
-    }
-    loaded
-}
-
-fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>> {
-    let DatapathOptions {
-        interfaces,
-        xdp_mode,
-        redirect,
-        pin_dir,
-        limits,
-        new_flow_limit,
-        reply_origin,
-        address_interface,
-        announce_table,
-        announcing,
-    } = options;
-    let conntrack_size = limits.flows;
-    if interfaces.is_empty() {
-        tracing::warn!("no --interface: planning and serving state only, no datapath");
-        if announce_table.is_some() {
-            tracing::warn!(
-                "--announce-table without --interface: no address is served, so none is announced"
-            );
-        }
-        return Ok(None);
-    }
-    let mut dp = Datapath::load(&Config {
-        pin_dir: pin_dir.clone(),
-        limits: *limits,
-    })
-    .context("loading the datapath")?;
-    // The kernel's own accounting of the maps (best effort: only reported).
-    let kernel_memory_mib = berth::datapath::pinned_memory(pin_dir)
-        .map(|maps| maps.values().sum::<u64>() / (1 << 20))
-        .unwrap_or_default();
-    tracing::info!(
-        max_services = limits.services,
-        max_backends = limits.backends,
-        conntrack_size,
-        kernel_memory_mib,
-        "datapath sized: routes beyond it wait for room, oldest served first"
-    );
-    dp.set_new_flow_limit(*new_flow_limit)
-        .context("writing --new-flow-limit into the datapath's config map")?;
-    match new_flow_limit {
-        0 => tracing::info!(
-            conntrack_size,
-            "no new-flow limit: every new flow is recorded in the conntrack"
-        ),
-        limit => tracing::info!(
-            conntrack_size,
-            new_flow_limit = limit,
-            "new flows beyond the limit (per second per CPU) are balanced by Maglev alone"
-        ),
-    }
-    let any_origin = *reply_origin == ReplyOrigin::Any;
-    dp.set_reply_origin_any(any_origin)
-        .context("writing --reply-origin into the datapath's config map")?;
-    if any_origin {
-        tracing::warn!(
-            "--reply-origin any: replies are translated from whatever interface and \
-             neighbour they come from; a host that forges a backend's address can answer \
-             for it"
-        );
-    }
-    if *redirect == Redirect::Auto {
-        datapath::follow_xmit(pin_dir).context("following which interfaces take XDP frames")?;
-    } else {
-        datapath::XmitMap::open(pin_dir)
-            .and_then(|mut m| m.set(&Default::default()))
-            .context("clearing the xmit map")?;
-        tracing::warn!("--redirect never: the kernel forwards every packet");
-    }
-    let mode = match xdp_mode {
-        XdpMode::Auto => AttachMode::Auto,
-        XdpMode::Native => AttachMode::Native,
-        XdpMode::Skb => AttachMode::Skb,
-    };
-    let changes = dp
-        .converge(interfaces, mode)
-        .context("attaching to the interfaces (nothing new was left attached)")?;
-    for change in changes {
-        match change {
-            // The mode stays the earlier run's: native and generic XDP cannot be
-            // attached at once, and a switch would leave the interface without the
-            // program for a moment (its packets to the host, connections reset).
-            LinkChange::Attached {
-                iface,
-                how: Attached::Replaced(Some(AttachMode::Skb)),
-            } if mode == AttachMode::Native => tracing::warn!(
-                iface,
-                pin = %dp.pin_dir().join("links").display(),
-                "--xdp-mode native asked, but an earlier run attached this interface in \
-                 generic (skb) mode, which its program keeps (replaced in place, flows kept): \
-                 to change the mode, stop berth, remove the interface's link pin xdp@INDEX \
-                 there (that detaches it) and start again"
-            ),
-            LinkChange::Attached {
-                iface,
-                how: Attached::Replaced(m),
-            } => tracing::info!(iface, mode = ?m, "replaced the program an earlier run attached"),
-            LinkChange::Attached {
-                iface,
-                how: Attached::New(m),
-            } => tracing::info!(iface, mode = ?m, "attached the XDP and TC programs"),
-            LinkChange::Detached { ifindex, iface } => tracing::warn!(
-                ifindex,
-                iface = iface.as_deref().unwrap_or("(gone)"),
-                "detached the programs an earlier run attached: interface not in --interface"
-            ),
-        }
-    }
-    match berth::host::disable_icmp_redirects(interfaces) {
-        Ok(changed) if !changed.is_empty() => tracing::info!(
-            settings = changed.join(" "),
-            "ICMP redirects off: they would send backends around the gateway's NAT"
-        ),
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "turning ICMP redirects off"),
-    }
-    // Before anything is published: a drain kept from an earlier run holds.
-    dp.set_announcing(*announcing)
-        .context("deciding what to publish")?;
-    if let Some(name) = address_interface {
-        dp.own_addresses_on(name)
-            .context("putting the gateway addresses on their interface")?;
-        tracing::info!(
-            iface = name,
-            "gateway addresses go on this dummy interface (the host answers ARP for them)"
-        );
-    }
-    if let Some(table) = announce_table {
-        dp.announce_in_table(*table).with_context(|| {
-            format!("publishing the gateway addresses in routing table {table}")
-        })?;
-        tracing::info!(
-            table,
-            via = address_interface.as_deref().unwrap_or("lo"),
-            "gateway addresses are also routes of protocol berth (251) in this table, for \
-             the routing daemon to import"
-        );
-    }
-    if !datapath::ipv4_forwarding_enabled().unwrap_or(false) {
-        tracing::error!("IPv4 forwarding is off (net.ipv4.ip_forward=0): every packet the XDP program hands to the kernel (interfaces that take no XDP frames, unresolved neighbours) will be dropped; set net.ipv4.ip_forward=1");
-    }
-    Ok(Some(dp))
 }
 
 /// Binds the admin endpoint (and the metrics endpoint, if asked for) and serves them
