@@ -80,13 +80,21 @@ fn readyz(gw: &Netns) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Waits until the address is published (berth0 and table 100) or withdrawn from both.
+/// Waits until the address is published (berth0 and table 100) or withdrawn from both,
+/// and the announce status says so: the announcer's status follows the datapath's
+/// publication on its next pass (a CI run under load read `berth_announced_addresses 0`
+/// just after the address appeared on berth0).
 fn wait_published(gw: &Netns, published: bool) {
     let what = if published { "published" } else { "withdrawn" };
+    let said = |gw: &Netns| {
+        announce(gw)["addresses"]
+            .as_array()
+            .is_some_and(|a| a.is_empty() != published)
+    };
     wait_until(
-        &format!("{ADDR} {what} on berth0 and in table 100"),
+        &format!("{ADDR} {what} on berth0, in table 100 and in the announce status"),
         Duration::from_secs(10),
-        || routed(gw) == published && on_berth0(gw) == published,
+        || routed(gw) == published && on_berth0(gw) == published && said(gw),
     );
 }
 
