@@ -629,6 +629,19 @@ pub fn fresh_answers(
         .collect()
 }
 
+/// A connection from `ns` to `addr` kept open (2 s timeouts) after a first keep-alive
+/// GET, with that GET's body.
+pub fn kept_alive(ns: &Netns, addr: std::net::SocketAddrV4) -> (TcpStream, String) {
+    ns.enter(|| {
+        let mut s = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(2))
+            .expect("connect to the gateway port");
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("read timeout");
+        let body = http_request(&mut s).expect("GET on a kept-alive connection");
+        (s, body)
+    })
+}
+
 /// Sends a keep-alive GET on `s` and reads one response; returns the body.
 pub fn http_request(s: &mut TcpStream) -> std::io::Result<String> {
     s.write_all(b"GET / HTTP/1.1\r\nHost: berth\r\nConnection: keep-alive\r\n\r\n")?;

@@ -10,14 +10,14 @@
 
 use std::{
     collections::BTreeSet,
-    net::{SocketAddrV4, TcpListener, TcpStream},
+    net::{SocketAddrV4, TcpListener},
     time::Duration,
 };
 
 use berth_tests::{
     daemon::{Daemon, Dirs},
     netns::{poll, wait_until, Netns},
-    topo::{http_get, http_request, tcp_peers, Topology, GW, HTTP_PORT},
+    topo::{http_get, http_request, kept_alive, tcp_peers, Topology, GW, HTTP_PORT},
 };
 
 #[test]
@@ -162,14 +162,7 @@ fn a_snat_route_whose_backends_are_reached_out_of_an_unlisted_interface_gets_the
 
     // A connection kept open across a kill -9 and a restart: the links attached for
     // SNAT stay pinned (the restart takes them over, it does not detach them).
-    let mut conn = topo.client.enter(|| {
-        let mut s = TcpStream::connect_timeout(&web.into(), Duration::from_secs(2))
-            .expect("connect to the gateway port");
-        s.set_read_timeout(Some(Duration::from_secs(2)))
-            .expect("read timeout");
-        http_request(&mut s).expect("GET on a kept-alive connection");
-        s
-    });
+    let (mut conn, _) = kept_alive(&topo.client, web);
     let peers: Vec<String> = topo
         .backends
         .iter()

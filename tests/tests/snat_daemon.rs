@@ -8,7 +8,7 @@ use std::{net::SocketAddrV4, net::TcpStream, time::Duration};
 use berth_tests::{
     daemon::{metrics, sample, Daemon, Dirs},
     netns::poll,
-    topo::{http_get, http_request, tcp_peers, Topology, GW, HTTP_PORT},
+    topo::{http_get, http_request, kept_alive, tcp_peers, Topology, GW, HTTP_PORT},
 };
 
 /// Team A's TCPRoute gets the first port of the example's TCP range.
@@ -86,15 +86,8 @@ fn a_snat_gateway_serves_backends_without_a_route_back_and_counts_snat_flows() {
 
     // A kept-open connection: the backend sees the gateway's address on its link, and
     // the route counts it as an active SNAT flow.
-    let mut conn = topo.client.enter(|| {
-        let mut s = TcpStream::connect_timeout(&web.into(), Duration::from_secs(2))
-            .expect("connect to the gateway port");
-        s.set_read_timeout(Some(Duration::from_secs(2)))
-            .expect("read timeout");
-        let body = http_request(&mut s).expect("GET on a kept-alive connection");
-        assert!(body.starts_with("backend-"), "{body:?}");
-        s
-    });
+    let (mut conn, body) = kept_alive(&topo.client, web);
+    assert!(body.starts_with("backend-"), "{body:?}");
     let peers: Vec<String> = topo.backends.iter().flat_map(nginx_peers).collect();
     assert!(!peers.is_empty(), "no connection established at a backend");
     for p in &peers {
