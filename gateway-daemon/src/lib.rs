@@ -20,6 +20,7 @@ pub mod netlink;
 pub mod output;
 pub mod planner;
 pub mod publish;
+pub mod reconcile;
 pub mod standalone;
 pub mod state_document;
 pub mod store;

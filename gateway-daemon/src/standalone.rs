@@ -223,6 +223,9 @@ pub enum CycleError {
     /// The datapath could not be programmed.
     #[error("programming the datapath")]
     Datapath(#[from] crate::datapath::DatapathError),
+    /// Claims kept changing under us (another writer of the state directory).
+    #[error(transparent)]
+    Unsettled(#[from] crate::reconcile::Unsettled),
 }
 
 /// Runs the loop forever: poll the directory, plan, commit, program, publish; and
@@ -347,15 +350,15 @@ fn step(
     let started = std::time::Instant::now();
     let checked = plans.health.overlay(source.snapshot());
     let now = SystemTime::now();
-    let mut plan = cycle(
+    let health = plans.health.policy_entries(source.snapshot(), now);
+    let plan = cycle(
         store,
         checked.as_ref().unwrap_or_else(|| source.snapshot()),
         now,
         settings,
         &mut plans.memo,
+        health,
     )?;
-    let health = plans.health.policy_entries(source.snapshot(), now);
-    planner::traffic::add_policies(&mut plan, health);
     let t_cycle = started.elapsed();
     let mut datapath = datapath;
     // The plan is indexed for the next one on a second thread while its effects run

@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     model::{PortClaim, PortClaimResource},
-    planner::changes::{claim_changes, ClaimChange},
+    planner::changes::claim_writes,
 };
 
 /// A committed change, for events.
@@ -143,17 +143,9 @@ pub async fn commit(
     done: &mut Vec<Change>,
 ) -> Result<(), ClaimError> {
     let have = held.list();
-    let changes = claim_changes(&have, want);
-    let (mut deletes, mut updates, mut creates) = (Vec::new(), Vec::new(), Vec::new());
-    for change in changes {
-        match change {
-            ClaimChange::Delete(c) => deletes.push(c),
-            ClaimChange::Update(c) => updates.push(c),
-            ClaimChange::Create(c) => creates.push(c),
-        }
-    }
+    let writes = claim_writes(&have, want);
     let rv = |c: &PortClaim| held.claims.get(&key(c)).map(|(_, rv)| rv.clone());
-    for c in deletes {
+    for c in writes.deletes {
         let (ns, name) = key(c);
         leadership.ensure(|| format!("deletion of PortClaim {ns}/{name}"))?;
         let api: Api<PortClaimResource> = Api::namespaced(client.clone(), &ns);
@@ -173,7 +165,7 @@ pub async fn commit(
         recent.record((ns, name), None);
         done.push(Change::Deleted(c.clone()));
     }
-    for c in updates {
+    for c in writes.updates {
         let (ns, name) = key(c);
         leadership.ensure(|| format!("status of PortClaim {ns}/{name}"))?;
         let api: Api<PortClaimResource> = Api::namespaced(client.clone(), &ns);
@@ -192,7 +184,7 @@ pub async fn commit(
             done.push(Change::Released(c.clone()));
         }
     }
-    for c in creates {
+    for c in writes.creates {
         // A released claim that is not stored holds nothing worth creating.
         if c.is_released() {
             continue;

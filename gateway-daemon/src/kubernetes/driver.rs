@@ -1,6 +1,8 @@
 //! The loop of Kubernetes mode (`run`): reflectors, the election, debounced cycles of
 //! `Controller::reconcile`, and the announce decision, until shutdown.
 
+use std::collections::BTreeSet;
+
 use super::*;
 
 /// What `run` needs to know.

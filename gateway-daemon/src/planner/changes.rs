@@ -31,6 +31,39 @@ pub fn claim_changes<'h, 'w>(have: &'h ClaimList, want: &'w ClaimList) -> Vec<Cl
         .collect()
 }
 
+/// The writes of `claim_changes`, grouped in the order stores apply them: deletions,
+/// then updates, then creations (a port handed over within one plan is free before its
+/// new claim is created).
+#[derive(Debug, Default, PartialEq)]
+pub struct ClaimWrites<'h, 'w> {
+    /// Held and no longer wanted.
+    pub deletes: Vec<&'h Arc<PortClaim>>,
+    /// Held and wanted differently (the wanted version).
+    pub updates: Vec<&'w Arc<PortClaim>>,
+    /// Wanted and not held.
+    pub creates: Vec<&'w Arc<PortClaim>>,
+}
+
+impl ClaimWrites<'_, '_> {
+    /// Whether nothing is to be written.
+    pub fn is_empty(&self) -> bool {
+        self.deletes.is_empty() && self.updates.is_empty() && self.creates.is_empty()
+    }
+}
+
+/// `claim_changes(have, want)` grouped by kind of write.
+pub fn claim_writes<'h, 'w>(have: &'h ClaimList, want: &'w ClaimList) -> ClaimWrites<'h, 'w> {
+    let mut writes = ClaimWrites::default();
+    for change in claim_changes(have, want) {
+        match change {
+            ClaimChange::Delete(c) => writes.deletes.push(c),
+            ClaimChange::Update(c) => writes.updates.push(c),
+            ClaimChange::Create(c) => writes.creates.push(c),
+        }
+    }
+    writes
+}
+
 /// A claim held (`.0`) and wanted (`.1`) that differ, either missing.
 pub type ClaimPair<'h, 'w> = (Option<&'h Arc<PortClaim>>, Option<&'w Arc<PortClaim>>);
 

@@ -38,7 +38,7 @@ mod records;
 
 pub use bounded::{read_small, MAX_SMALL};
 pub use claims::Compaction;
-pub use first_seen::FirstSeenTimes;
+pub use first_seen::{FirstSeenTimes, Found};
 pub use lock::{Owner, StoreLock};
 pub use records::BadRecord;
 
