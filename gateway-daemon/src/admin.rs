@@ -15,7 +15,7 @@ mod route_row;
 mod routes;
 pub mod server;
 
-pub use client::{get, post, GET_TIMEOUT};
+pub use client::{get, post, ClientError, GET_TIMEOUT};
 pub use route_row::{unanswered, unanswered_for, RouteRow, UNANSWERED_AFTER};
 pub use routes::{
     route_rows, route_rows_json, route_table_text, RouteRowParts, RowFormat, PART_BYTES,

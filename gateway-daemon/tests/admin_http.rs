@@ -131,7 +131,10 @@ impl Drop for Slowloris {
 }
 
 /// Polls `get` until it answers, for up to 10 s; panics naming `what`.
-fn answered_within_10s(what: &str, mut get: impl FnMut() -> std::io::Result<String>) {
+fn answered_within_10s(
+    what: &str,
+    mut get: impl FnMut() -> Result<String, berth::admin::ClientError>,
+) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match get() {

@@ -4,8 +4,8 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use berth::datapath::{
-    ApplyReport, AttachMode, Attached, Config, Datapath, DatapathError, DesiredState, Limits,
-    LinkChange, Protocol, ServiceAddr, WeightedBackend,
+    ApplyReport, AttachMode, Attached, Config, Datapath, DatapathError, DesiredState, Limit,
+    Limits, LinkChange, Protocol, Resource, ServiceAddr, WeightedBackend,
 };
 use berth_tests::{
     netns::Netns,
@@ -359,7 +359,7 @@ fn a_conntrack_pinned_with_another_size_is_refused_naming_both_sizes_and_its_flo
         matches!(
             err,
             DatapathError::Limit {
-                what: "conntrack entries",
+                what: Resource::ConntrackEntries,
                 ..
             }
         ),
@@ -827,7 +827,10 @@ fn a_state_that_fits_the_limits_applies_at_every_step_and_one_beyond_them_is_ref
     let last = states.last().cloned().expect("a state");
     let three = last.clone().with_service(svc(1002), vec![]);
     let five = last.clone().with_service(svc(999), backends(2, 1));
-    for (state, want, limit) in [(three, "services", 2), (five, "backends", 4)] {
+    for (state, want, limit) in [
+        (three, Resource::Of(Limit::Services), 2),
+        (five, Resource::Of(Limit::Backends), 4),
+    ] {
         match t.dp.apply(&state) {
             Err(DatapathError::Capacity { what, limit: l }) => {
                 assert_eq!((what, l), (want, limit));

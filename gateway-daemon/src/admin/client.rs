@@ -10,48 +10,101 @@ use std::{
 /// How long [`get`] waits for a whole answer: connecting, asking, reading to the end.
 pub const GET_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why a call to the admin endpoint got no answer it takes. Each names the request.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Connecting, asking or reading failed.
+    #[error("{request}: {cause}")]
+    Io {
+        /// `METHOD URL`.
+        request: String,
+        /// Cause.
+        cause: std::io::Error,
+    },
+    /// No whole answer came within [`GET_TIMEOUT`].
+    #[error("{request}: no complete answer within {GET_TIMEOUT:?}")]
+    TimedOut {
+        /// `METHOD URL`.
+        request: String,
+    },
+    /// The daemon answered with another status (404: a path an older daemon does not
+    /// serve; 503: not ready, the body says why).
+    #[error("{request}: {status}: {body}")]
+    Status {
+        /// `METHOD URL`.
+        request: String,
+        /// The status code (0 if the status line had none).
+        code: u16,
+        /// The status line.
+        status: String,
+        /// The answer's body, trimmed.
+        body: String,
+    },
+}
+
+impl ClientError {
+    /// The status code the daemon answered with, if it answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            ClientError::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// The body of an answer with another status.
+    pub fn body(&self) -> Option<&str> {
+        match self {
+            ClientError::Status { body, .. } => Some(body),
+            _ => None,
+        }
+    }
+}
+
 /// A GET against a running daemon's admin endpoint; returns the body of a 200 answer.
 /// A daemon that hangs, or answers a byte at a time, must not hang its caller (`berth
 /// get`, probes, tests): the whole request has [`GET_TIMEOUT`]. Errors name the URL.
-pub fn get(addr: &str, path: &str) -> std::io::Result<String> {
+pub fn get(addr: &str, path: &str) -> Result<String, ClientError> {
     call("GET", addr, path)
 }
 
 /// A POST without a body (`berth drain`, `berth undrain`); returns the body of a 2xx
 /// answer, within [`GET_TIMEOUT`] as [`get`].
-pub fn post(addr: &str, path: &str) -> std::io::Result<String> {
+pub fn post(addr: &str, path: &str) -> Result<String, ClientError> {
     call("POST", addr, path)
 }
 
 /// `method path` against the admin endpoint at `addr`: the body of a 2xx answer (200
-/// for GET); a 404 is an error of kind `NotFound`.
-fn call(method: &str, addr: &str, path: &str) -> std::io::Result<String> {
-    let url = format!("http://{addr}{path}");
-    let named = |e: std::io::Error| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("{method} {url}: no complete answer within {GET_TIMEOUT:?}"),
-        ),
-        kind => std::io::Error::new(kind, format!("{method} {url}: {e}")),
+/// for GET).
+fn call(method: &str, addr: &str, path: &str) -> Result<String, ClientError> {
+    let request = format!("{method} http://{addr}{path}");
+    let (head, body) = match fetch(addr, method, path, Instant::now() + GET_TIMEOUT) {
+        Ok(answer) => answer,
+        Err(e) => {
+            return Err(match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    ClientError::TimedOut { request }
+                }
+                _ => ClientError::Io { request, cause: e },
+            })
+        }
     };
-    let (head, body) = fetch(addr, method, path, Instant::now() + GET_TIMEOUT).map_err(named)?;
     let status = head.lines().next().unwrap_or_default();
-    let code = status.split_whitespace().nth(1).unwrap_or_default();
+    let code: u16 = status
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let ok = match method {
-        "GET" => code == "200",
-        _ => code.len() == 3 && code.starts_with('2'),
+        "GET" => code == 200,
+        _ => (200..300).contains(&code),
     };
     if !ok {
-        // A path the daemon does not serve is told apart by its kind (an older daemon
-        // without a newer endpoint).
-        let kind = match code {
-            "404" => std::io::ErrorKind::NotFound,
-            _ => std::io::ErrorKind::Other,
-        };
-        return Err(std::io::Error::new(
-            kind,
-            format!("{method} {url}: {status}: {}", body.trim()),
-        ));
+        return Err(ClientError::Status {
+            request,
+            code,
+            status: status.to_string(),
+            body: body.trim().to_string(),
+        });
     }
     Ok(body)
 }

@@ -37,7 +37,7 @@ pub(crate) fn get_cmd(what: What, addr: &str, output: Output) -> anyhow::Result<
         // printed here).
         (What::Routes, Output::Table) => match admin::get(addr, "/api/v1/tables/routes") {
             Ok(table) => print!("{table}"),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(e) if e.code() == Some(404) => {
                 let rows: Vec<RouteRow> =
                     serde_json::from_str(&admin::get(addr, "/api/v1/routes")?)?;
                 print!("{}", berth::output::route_table(&rows));
@@ -101,23 +101,16 @@ fn wait_for_first_plan(addr: &str) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match admin::get(addr, "/readyz") {
-            Err(e) if e.to_string().contains("no plan yet") => {
+            Err(e)
+                if e.code() == Some(503) && e.body().is_some_and(|b| b.contains("no plan yet")) =>
+            {
                 if std::time::Instant::now() >= deadline {
                     bail!("the daemon at {addr} has made no plan yet after 10 s (see its log, or /readyz)");
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            // 503 for another reason: the daemon answers. (Its status line follows the
-            // URL: `GET http://ADDR/readyz: HTTP/1.1 503 Service Unavailable: why`.)
-            Err(e)
-                if e.to_string()
-                    .split(": ")
-                    .nth(1)
-                    .and_then(|status| status.split(' ').nth(1))
-                    == Some("503") =>
-            {
-                return Ok(())
-            }
+            // 503 for another reason: the daemon answers.
+            Err(e) if e.code() == Some(503) => return Ok(()),
             other => {
                 other.with_context(|| format!("asking the daemon at {addr}"))?;
                 return Ok(());

@@ -17,7 +17,7 @@ use super::{
     diff::{self, MapOp},
     family::{Addr6, ByFamily, MapAddr},
     held_back, map_err, ApplyReport, Capacity, Datapath, DatapathError, DesiredState, Limit,
-    Result, ServiceAddr, Usage, WeightedBackend,
+    Resource, Result, ServiceAddr, Usage, WeightedBackend,
 };
 
 /// The service map of one family.
@@ -411,7 +411,7 @@ impl Datapath {
         };
         match over {
             Some(limit) => Err(DatapathError::Capacity {
-                what: limit.name(),
+                what: Resource::Of(limit),
                 limit: capacity.of_limit(limit),
             }),
             None => Ok(at_most),
@@ -468,7 +468,7 @@ fn sync_counts<A: MapAddr>(
 ) -> Result<()> {
     if want.len() as u32 > limit {
         return Err(DatapathError::Capacity {
-            what: "addresses",
+            what: Resource::Of(Limit::Addresses),
             limit,
         });
     }

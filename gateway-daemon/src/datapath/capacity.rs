@@ -48,6 +48,27 @@ impl fmt::Display for Limit {
     }
 }
 
+/// What a limit of the datapath counts, in errors that name one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resource {
+    /// A limit the planner fits services into.
+    Of(Limit),
+    /// Entries of the Maglev tables (a table's entries per service).
+    MaglevEntries,
+    /// Conntrack entries (`--conntrack-size`).
+    ConntrackEntries,
+}
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Resource::Of(limit) => limit.name(),
+            Resource::MaglevEntries => "Maglev table entries",
+            Resource::ConntrackEntries => "conntrack entries",
+        })
+    }
+}
+
 /// The datapath's room for services and backends (`Limits::services`,
 /// `Limits::backends`: `berth run --max-services`, `--max-backends`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

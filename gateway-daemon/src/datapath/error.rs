@@ -96,8 +96,8 @@ pub enum DatapathError {
     LimitSize {
         /// Path of the pinned map.
         path: PathBuf,
-        /// What the limit counts (`services`, `backends`).
-        what: &'static str,
+        /// What the limit counts.
+        what: super::Limit,
         /// The option that sets it.
         option: &'static str,
         /// The limit the map was pinned with.
@@ -200,7 +200,7 @@ pub enum DatapathError {
     #[error("a limit of {wanted} {what} is beyond the {max} the datapath can address")]
     Limit {
         /// The limited resource.
-        what: &'static str,
+        what: super::Resource,
         /// The limit asked for.
         wanted: u32,
         /// The largest limit supported.
@@ -211,7 +211,7 @@ pub enum DatapathError {
     #[error("desired state needs more {what} than the limit of {limit}")]
     Capacity {
         /// The exhausted resource.
-        what: &'static str,
+        what: super::Resource,
         /// Its limit.
         limit: u32,
     },

@@ -2,7 +2,7 @@
 
 use gateway_common::ServiceId;
 
-use super::{DatapathError, Result};
+use super::{DatapathError, Limit, Resource, Result};
 
 /// Service ids: a slot from a pool, with the next generation of that slot, so that no
 /// two services (over the datapath's life, restarts included) get the same id.
@@ -15,7 +15,7 @@ pub(super) struct ServiceIds {
 impl ServiceIds {
     pub(super) fn new(capacity: u32) -> Self {
         ServiceIds {
-            slots: IdPool::new("services", capacity),
+            slots: IdPool::new(Resource::Of(Limit::Services), capacity),
             generations: vec![0; capacity as usize],
         }
     }
@@ -61,7 +61,7 @@ impl ServiceIds {
 /// out next-fit, so that a freed id is not reused at once: a CPU may still be reading
 /// the slot through a lookup made just before it was freed.
 pub(super) struct IdPool {
-    what: &'static str,
+    what: Resource,
     used: Vec<bool>,
     /// How many of `used` are true.
     in_use: usize,
@@ -69,7 +69,7 @@ pub(super) struct IdPool {
 }
 
 impl IdPool {
-    pub(super) fn new(what: &'static str, capacity: u32) -> Self {
+    pub(super) fn new(what: Resource, capacity: u32) -> Self {
         IdPool {
             what,
             used: vec![false; capacity as usize],

@@ -21,10 +21,10 @@ use super::{
     pins::PinDirLock,
     pool::{Region, TablePool},
     shapes::{self, Shape},
-    xdp, AttachMode, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limits,
-    Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM, PROGRAM_ICMP6,
-    PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_MONITOR_PROGRAM, TC_PROGRAM, TC_PROGRAM_ICMP6,
-    TC_PROGRAM_V6,
+    xdp, AttachMode, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limit,
+    Limits, Resource, Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM,
+    PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_MONITOR_PROGRAM, TC_PROGRAM,
+    TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
 };
 use crate::sys;
 
@@ -128,7 +128,7 @@ impl Datapath {
             _pin_lock: pin_lock,
             service_ids: ServiceIds::new(limits.services),
             tables: TablePool::new(limits.maglev_pool_entries()),
-            backend_ids: IdPool::new("backends", limits.backends),
+            backend_ids: IdPool::new(Resource::Of(Limit::Backends), limits.backends),
             retirees: Default::default(),
             traffic: Default::default(),
         })
@@ -316,9 +316,17 @@ impl Datapath {
 /// Refuses limits beyond what the daemon accepts.
 fn check_limits(limits: &Limits) -> Result<()> {
     for (what, wanted, max) in [
-        ("services", limits.services, Limits::MAX_SERVICES),
-        ("backends", limits.backends, Limits::MAX_BACKENDS),
-        ("conntrack entries", limits.flows, Limits::MAX_FLOWS),
+        (
+            Resource::Of(Limit::Services),
+            limits.services,
+            Limits::MAX_SERVICES,
+        ),
+        (
+            Resource::Of(Limit::Backends),
+            limits.backends,
+            Limits::MAX_BACKENDS,
+        ),
+        (Resource::ConntrackEntries, limits.flows, Limits::MAX_FLOWS),
     ] {
         if wanted > max {
             return Err(DatapathError::Limit { what, wanted, max });

@@ -64,7 +64,7 @@ use aya::{
     programs::{links::FdLink, ProgramError, SchedClassifier, Xdp},
     Ebpf,
 };
-pub use capacity::{Capacity, Limit, Usage};
+pub use capacity::{Capacity, Limit, Resource, Usage};
 use desired::BackendSet;
 pub use error::{DatapathError, MapProperty};
 pub use family::MapAddr;

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{DatapathError, Result};
+use super::{DatapathError, Resource, Result};
 
 /// A region of the pool: first entry and number of entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl TablePool {
             .or_else(|| self.free.range(self.cursor..).find_map(fits))
             .or_else(|| self.free.range(..self.cursor).find_map(fits))
             .ok_or(DatapathError::Capacity {
-                what: "Maglev table entries",
+                what: Resource::MaglevEntries,
                 limit: self.capacity,
             })?;
         let region = Region { start, len };

@@ -304,7 +304,7 @@ fn refuse_other_limit(path: &Path, pin_dir: &Path, shape: &Shape) -> Result<()> 
     {
         return Err(DatapathError::LimitSize {
             path: path.to_path_buf(),
-            what: sized_by.limit.name(),
+            what: sized_by.limit,
             // Only maps sized by an option are `sized_by`.
             option: sized_by.limit.option().unwrap_or("--max-services"),
             found: sized_by.limit_of(found),

@@ -77,7 +77,7 @@ pub fn entries(snapshot: &Snapshot, results: Option<&Results>, now: &Time) -> Ve
                 })
                 .collect();
             PolicyEntry {
-                kind: Str::const_new("BackendHealthPolicy"),
+                kind: crate::model::PolicyKind::BackendHealthPolicy,
                 namespace: ns.into(),
                 name: name.into(),
                 status: PolicyStatus { ancestors },

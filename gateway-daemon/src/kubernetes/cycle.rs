@@ -138,11 +138,8 @@ impl StatusSink for ApiStatuses<'_> {
             keep_first(&mut first_error, r.await)?;
         }
         for p in &plan.policies {
-            let key = |kind: &'static str| (kind, p.namespace.to_string(), p.name.to_string());
-            let current = ["BackendHealthPolicy", "RouteTrafficPolicy"]
-                .into_iter()
-                .find(|k| *k == p.kind.as_str())
-                .and_then(|k| view.policies.get(&key(k)));
+            let key = (p.kind, p.namespace.to_string(), p.name.to_string());
+            let current = view.policies.get(&key);
             let r = status::apply_policy(client, leadership, p, current.map(|o| &**o));
             keep_first(&mut first_error, r.await)?;
         }

@@ -16,7 +16,7 @@ use kube::{
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
-use crate::model::{self, PortClaim, RouteKind, Snapshot, BERTH_GROUP, GATEWAY_GROUP};
+use crate::model::{self, PolicyKind, PortClaim, RouteKind, Snapshot, BERTH_GROUP, GATEWAY_GROUP};
 
 /// A kind Berth watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -87,15 +87,6 @@ impl Kind {
     /// The Kubernetes kind name.
     pub fn name(self) -> &'static str {
         self.parts().1
-    }
-
-    /// The route kind, for TCPRoute and UDPRoute.
-    pub fn route_kind(self) -> Option<RouteKind> {
-        match self {
-            Kind::TcpRoute => Some(RouteKind::Tcp),
-            Kind::UdpRoute => Some(RouteKind::Udp),
-            _ => None,
-        }
     }
 }
 
@@ -306,9 +297,9 @@ pub struct View {
     pub gateways: BTreeMap<Key, Arc<DynamicObject>>,
     /// Routes as stored (for their current status and resourceVersion).
     pub routes: BTreeMap<(RouteKind, String, String), Arc<DynamicObject>>,
-    /// Berth's policies as stored (for their current status), by kind name,
+    /// Berth's policies as stored (for their current status), by kind,
     /// namespace and name.
-    pub policies: BTreeMap<(&'static str, String, String), Arc<DynamicObject>>,
+    pub policies: BTreeMap<(PolicyKind, String, String), Arc<DynamicObject>>,
     /// Objects that could not be read, each naming the object and field.
     pub errors: Vec<String>,
 }
@@ -326,6 +317,20 @@ pub fn convert<T: DeserializeOwned>(kind: &str, obj: &DynamicObject) -> Result<T
 }
 
 impl View {
+    /// A route of `kind` named `key`: kept as stored, and typed for the planner.
+    fn route(
+        &mut self,
+        kind: RouteKind,
+        (ns, name): (String, String),
+        obj: &Arc<DynamicObject>,
+    ) -> Result<model::Object, String> {
+        self.routes.insert((kind, ns, name), obj.clone());
+        convert::<model::Route>(kind.name(), obj).map(|mut r| {
+            r.kind = kind;
+            model::Object::Route(Arc::new(r))
+        })
+    }
+
     /// The view of a set of stored objects. Objects are ordered by namespace and name,
     /// so a view does not depend on the stores' order.
     pub fn new(objects: impl IntoIterator<Item = (Kind, Arc<DynamicObject>)>) -> View {
@@ -344,14 +349,8 @@ impl View {
                     view.gateways.insert((ns, name), obj.clone());
                     convert(kind.name(), &obj).map(model::Object::Gateway)
                 }
-                Kind::TcpRoute | Kind::UdpRoute => {
-                    let route_kind = kind.route_kind().unwrap_or(RouteKind::Tcp);
-                    view.routes.insert((route_kind, ns, name), obj.clone());
-                    convert::<model::Route>(kind.name(), &obj).map(|mut r| {
-                        r.kind = route_kind;
-                        model::Object::Route(std::sync::Arc::new(r))
-                    })
-                }
+                Kind::TcpRoute => view.route(RouteKind::Tcp, (ns, name), &obj),
+                Kind::UdpRoute => view.route(RouteKind::Udp, (ns, name), &obj),
                 Kind::ReferenceGrant => {
                     convert(kind.name(), &obj).map(model::Object::ReferenceGrant)
                 }
@@ -360,11 +359,13 @@ impl View {
                 Kind::Namespace => convert(kind.name(), &obj).map(model::Object::Namespace),
                 Kind::GatewayConfig => convert(kind.name(), &obj).map(model::Object::GatewayConfig),
                 Kind::BackendHealthPolicy => {
-                    view.policies.insert((kind.name(), ns, name), obj.clone());
+                    let key = (PolicyKind::BackendHealthPolicy, ns, name);
+                    view.policies.insert(key, obj.clone());
                     convert(kind.name(), &obj).map(model::Object::BackendHealthPolicy)
                 }
                 Kind::RouteTrafficPolicy => {
-                    view.policies.insert((kind.name(), ns, name), obj.clone());
+                    let key = (PolicyKind::RouteTrafficPolicy, ns, name);
+                    view.policies.insert(key, obj.clone());
                     convert(kind.name(), &obj).map(model::Object::RouteTrafficPolicy)
                 }
                 Kind::PortClaim => {

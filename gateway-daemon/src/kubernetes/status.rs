@@ -18,7 +18,7 @@ use super::{
     ApiError,
 };
 use crate::{
-    model::{ParentRef, CONTROLLER_NAME},
+    model::{ParentRef, PolicyKind, CONTROLLER_NAME},
     planner::{
         status::{GatewayStatus, RouteParentStatus},
         GatewayEntry,
@@ -126,9 +126,9 @@ pub async fn apply_policy(
     let Some(status) = policy_status(entry, current) else {
         return Ok(false);
     };
-    let kind = match entry.kind.as_str() {
-        "BackendHealthPolicy" => Kind::BackendHealthPolicy,
-        _ => Kind::RouteTrafficPolicy,
+    let kind = match entry.kind {
+        PolicyKind::BackendHealthPolicy => Kind::BackendHealthPolicy,
+        PolicyKind::RouteTrafficPolicy => Kind::RouteTrafficPolicy,
     };
     let status = serde_json::to_value(status).unwrap_or_default();
     let (ns, name) = (entry.namespace.as_str(), entry.name.as_str());

@@ -226,6 +226,11 @@ fn parse_object(value: serde_yaml::Value) -> Result<Parsed, (String, String)> {
         check_listener_names(&v).map_err(fail)?;
         Ok(Parsed::Object(Box::new(v), warnings.clone()))
     };
+    let route = |kind, value| {
+        let mut route: Route = de(value).map_err(fail)?;
+        route.kind = kind;
+        typed(Object::Route(std::sync::Arc::new(route)))
+    };
     match (group, version, kind.as_str()) {
         (GATEWAY_GROUP, "v1" | "v1beta1", "GatewayClass") => {
             typed(Object::GatewayClass(de(value).map_err(fail)?))
@@ -233,15 +238,8 @@ fn parse_object(value: serde_yaml::Value) -> Result<Parsed, (String, String)> {
         (GATEWAY_GROUP, "v1" | "v1beta1", "Gateway") => {
             typed(Object::Gateway(de(value).map_err(fail)?))
         }
-        (GATEWAY_GROUP, "v1" | "v1alpha2", "TCPRoute" | "UDPRoute") => {
-            let mut route: Route = de(value).map_err(fail)?;
-            route.kind = if kind == "TCPRoute" {
-                RouteKind::Tcp
-            } else {
-                RouteKind::Udp
-            };
-            typed(Object::Route(std::sync::Arc::new(route)))
-        }
+        (GATEWAY_GROUP, "v1" | "v1alpha2", "TCPRoute") => route(RouteKind::Tcp, value),
+        (GATEWAY_GROUP, "v1" | "v1alpha2", "UDPRoute") => route(RouteKind::Udp, value),
         (GATEWAY_GROUP, "v1" | "v1beta1", "ReferenceGrant") => {
             typed(Object::ReferenceGrant(de(value).map_err(fail)?))
         }

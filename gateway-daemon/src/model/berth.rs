@@ -4,6 +4,31 @@ use serde::{Deserialize, Serialize};
 
 use super::{Meta, Str, GATEWAY_GROUP};
 
+/// The kind of one of Berth's policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum PolicyKind {
+    /// BackendHealthPolicy.
+    BackendHealthPolicy,
+    /// RouteTrafficPolicy.
+    RouteTrafficPolicy,
+}
+
+impl PolicyKind {
+    /// The Kubernetes kind name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PolicyKind::BackendHealthPolicy => "BackendHealthPolicy",
+            PolicyKind::RouteTrafficPolicy => "RouteTrafficPolicy",
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
 /// `berth.dev/v1alpha1` GatewayConfig.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

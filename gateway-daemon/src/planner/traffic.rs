@@ -25,8 +25,8 @@ pub const DEFAULT_AFFINITY: Duration = Duration::from_secs(3 * 3600);
 /// A policy's computed status, for its status subresource and the state document.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PolicyEntry {
-    /// `RouteTrafficPolicy` or `BackendHealthPolicy`.
-    pub kind: Str,
+    /// Which kind of policy.
+    pub kind: crate::model::PolicyKind,
     /// Namespace.
     pub namespace: Str,
     /// Name.
@@ -196,7 +196,7 @@ pub fn apply(snapshot: &Snapshot, plan: &mut Plan, now: &Time) {
             ancestors.push(PolicyAncestorStatus::ours(t, ns, vec![accepted]));
         }
         plan.policies.push(PolicyEntry {
-            kind: Str::const_new("RouteTrafficPolicy"),
+            kind: crate::model::PolicyKind::RouteTrafficPolicy,
             namespace: ns.into(),
             name: name.into(),
             status: PolicyStatus { ancestors },
