@@ -90,7 +90,7 @@ pub struct ClaimView<'a> {
     /// When a released claim was released (RFC 3339): the port is free after the
     /// listener's cool-down.
     #[serde(rename = "releasedAt", skip_serializing_if = "Option::is_none")]
-    pub released_at: Option<&'a str>,
+    pub released_at: Option<crate::model::Time>,
 }
 
 /// The route of a claim.
@@ -118,7 +118,7 @@ struct ClaimRecord {
     #[serde(default)]
     phase: crate::model::ClaimPhase,
     #[serde(default, rename = "releasedAt")]
-    released_at: Option<String>,
+    released_at: Option<crate::model::Time>,
 }
 
 #[derive(Deserialize)]
@@ -148,7 +148,7 @@ impl<'a> ClaimView<'a> {
                 true => crate::model::ClaimPhase::Released,
                 false => crate::model::ClaimPhase::Bound,
             },
-            released_at: c.status.as_ref().and_then(|s| s.released_at.as_deref()),
+            released_at: c.status.as_ref().and_then(|s| s.released_at),
         }
     }
 }

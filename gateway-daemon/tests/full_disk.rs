@@ -84,16 +84,26 @@ fn a_batch_the_full_disk_cut_short_is_not_held_and_lands_once_there_is_room() {
     assert_eq!(ports(&Store::open(&dir).expect("reopen")), all);
 }
 
+/// TCPRoute `a/name` first seen at RFC 3339 `time`.
+fn seen(name: &str, time: &str) -> (berth::model::RouteKey, berth::model::Time) {
+    let key = berth::model::RouteKey {
+        kind: berth::model::RouteKind::Tcp,
+        namespace: "a".into(),
+        name: name.into(),
+    };
+    (key, berth::model::Time::parse(time).expect("a time"))
+}
+
 #[test]
 fn first_seen_times_the_full_disk_refused_are_not_held() {
     let fs = Tmpfs::new("seen", 256);
     let dir = fs.0.join("state");
     let store = Store::open(&dir).expect("open");
-    let first = vec![("TCPRoute/a/one".to_string(), "2026-12-03T10:00:00Z".into())];
+    let first = vec![seen("one", "2026-12-03T10:00:00Z")];
     store.record_first_seen(&first, &[]).expect("fits");
     let filler = fill(&fs.0, 0);
-    let many: Vec<(String, berth::model::Time)> = (0..200)
-        .map(|i| (format!("TCPRoute/a/r{i}"), "2026-12-03T11:00:00Z".into()))
+    let many: Vec<_> = (0..200)
+        .map(|i| seen(&format!("r{i}"), "2026-12-03T11:00:00Z"))
         .collect();
     store
         .record_first_seen(&many, &[])
@@ -206,8 +216,8 @@ fn temporary_files_of_writes_the_full_disk_refused_are_removed() {
     assert_eq!(ports(&store), (30000..30040).collect::<Vec<_>>());
 
     // And the same for the first-seen journal.
-    let many: Vec<(String, berth::model::Time)> = (0..200)
-        .map(|i| (format!("TCPRoute/a/r{i}"), "2026-12-03T11:00:00Z".into()))
+    let many: Vec<_> = (0..200)
+        .map(|i| seen(&format!("r{i}"), "2026-12-03T11:00:00Z"))
         .collect();
     store
         .record_first_seen(&many, &[])

@@ -120,7 +120,7 @@ fn run_case(input: &Path, memo: &mut planner::Memo) -> String {
         for r in &mut p.routes {
             for parent in &mut std::sync::Arc::make_mut(r).status.parents {
                 for c in &mut parent.conditions {
-                    c.last_transition_time = "".into();
+                    c.last_transition_time = berth::model::Time::at(std::time::UNIX_EPOCH);
                 }
             }
         }

@@ -228,7 +228,7 @@ fn our_parent(port: u16, accepted: bool, time: &str) -> RouteParentStatus {
         status: if ok { "True" } else { "False" }.into(),
         reason: reason.into(),
         message: message.to_string().into(),
-        last_transition_time: time.into(),
+        last_transition_time: berth::model::Time::parse(time).expect("a time"),
         observed_generation: Some(1),
     };
     RouteParentStatus {
@@ -1114,7 +1114,10 @@ fn a_refusal_is_announced_once_as_a_warning() {
     let first = berth::kubernetes::events::from_status(
         web.clone(),
         None,
-        &merge(vec![our_parent(30005, true, "t")], vec![refused.clone()]),
+        &merge(
+            vec![our_parent(30005, true, "2025-12-31T00:00:00Z")],
+            vec![refused.clone()],
+        ),
     );
     assert_eq!(first.len(), 1);
     assert!(first[0].warning);

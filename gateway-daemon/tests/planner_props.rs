@@ -202,9 +202,8 @@ proptest! {
             }
             // A released port is not given to another route within its cool-down.
             for c in &claims {
-                if let Some(at) = c.status.as_ref().and_then(|s| s.released_at.as_deref()) {
-                    let at = humantime::parse_rfc3339(at).expect("releasedAt");
-                    let at = at.duration_since(time(0)).expect("after start").as_secs();
+                if let Some(at) = c.status.as_ref().and_then(|s| s.released_at) {
+                    let at = at.system().duration_since(time(0)).expect("after start").as_secs();
                     released.insert(c.spec.port, (c.spec.route.name.to_string(), at));
                 }
             }

@@ -180,7 +180,7 @@ fn row(
             .map(|c| format!("{} ({})", c.status, c.reason))
             .unwrap_or_default(),
         backends: by_family.iter().map(|(_, n)| n).sum(),
-        created: r.created.as_deref().map(str::to_string),
+        created: r.created.map(|t| t.to_string()),
         packets: traffic.stats.packets + traffic.stats.reply_packets,
         bytes: traffic.stats.bytes + traffic.stats.reply_bytes,
         active_flows: traffic.active_flows,

@@ -66,9 +66,7 @@ pub(crate) fn check_cmd(
     }
     let mut plan = plan;
     // No checks run here: BackendHealthPolicies say whether they are accepted only.
-    let now = humantime::format_rfc3339_seconds(SystemTime::now())
-        .to_string()
-        .into();
+    let now = berth::model::Time::at(SystemTime::now());
     let health = berth::health::status::entries(&snapshot, None, &now);
     planner::traffic::add_policies(&mut plan, health);
     print_document(&state_document::document(&plan), output)

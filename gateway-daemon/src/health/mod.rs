@@ -534,7 +534,7 @@ impl Checker {
             return Vec::new();
         }
         let results = self.health.as_ref().map(Health::results);
-        let now = humantime::format_rfc3339_seconds(now).to_string().into();
+        let now = crate::model::Time::at(now);
         status::entries(snapshot, Some(&results.unwrap_or_default()), &now)
     }
 

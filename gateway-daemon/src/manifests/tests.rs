@@ -56,6 +56,26 @@ fn a_bad_field_is_reported_with_file_document_object_and_path() {
 }
 
 #[test]
+fn a_creation_time_that_is_no_rfc_3339_time_is_an_error_naming_the_field() {
+    for kind in ["TCPRoute", "Gateway"] {
+        let text = format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: {kind}\n\
+             metadata: {{name: web, namespace: team-a, creationTimestamp: yesterday}}\n\
+             spec: {{parentRefs: [{{name: gw}}], gatewayClassName: berth, listeners: []}}\n"
+        );
+        let parsed = parse_file(Path::new("objects.yaml"), &text);
+        assert!(parsed.objects.is_empty(), "{kind}");
+        let err = parsed.errors[0].to_string();
+        assert!(
+            err.contains(&format!(
+                "{kind} team-a/web: field metadata.creationTimestamp"
+            )) && err.contains("RFC 3339"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn names_that_kubernetes_would_refuse_are_errors_naming_the_object_and_field() {
     let route = |name: &str, ns: &str| {
         format!(

@@ -229,9 +229,16 @@ impl ClaimRoute {
 pub struct PortClaimStatus {
     /// `Bound` or `Released`.
     pub phase: ClaimPhase,
+    // A text that is no time reads as none: the claim is kept and its port stays held
+    // (`bind::cooled_down`), never freed early.
     /// When the claim was released (RFC 3339), for the cool-down.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub released_at: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::time::lenient"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub released_at: Option<super::Time>,
 }
 
 /// Phase of a claim.

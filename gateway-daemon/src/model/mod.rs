@@ -20,6 +20,7 @@ mod health;
 mod meta;
 mod protocol;
 mod route;
+mod time;
 mod traffic;
 
 pub use berth::*;
@@ -31,12 +32,8 @@ pub use health::*;
 pub use meta::*;
 pub use protocol::Protocol;
 pub use route::*;
+pub use time::Time;
 pub use traffic::*;
-
-/// An RFC 3339 time as text, shared: the times a plan writes into its conditions,
-/// and the first-seen times of routes Berth first saw together, are one allocation
-/// for all of them.
-pub type Time = std::sync::Arc<str>;
 
 /// A name, namespace, protocol or address of an object: kept inline up to 24 bytes,
 /// as nearly all are. At 100,000 routes the objects held millions of short strings,
@@ -177,17 +174,6 @@ impl Snapshot {
         follow_list(gateway_configs, &to.gateway_configs);
         follow_list(backend_health_policies, &to.backend_health_policies);
         follow_list(route_traffic_policies, &to.route_traffic_policies);
-    }
-}
-
-/// Appends a route's key, `Kind/namespace/name` (first-seen times and the planner's
-/// memo are keyed by it), to `out`.
-pub fn route_key(out: &mut String, kind: &str, ns: &str, name: &str) {
-    for (i, part) in [kind, ns, name].into_iter().enumerate() {
-        if i > 0 {
-            out.push('/');
-        }
-        out.push_str(part);
     }
 }
 

@@ -83,6 +83,22 @@ impl RouteKey {
     }
 }
 
+impl RouteKey {
+    /// The key written as `Kind/namespace/name` (as `Display` writes it).
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.splitn(3, '/');
+        let (kind, namespace, name) = (parts.next()?, parts.next()?, parts.next()?);
+        if namespace.is_empty() || name.is_empty() {
+            return None;
+        }
+        Some(RouteKey {
+            kind: RouteKind::of_name(kind)?,
+            namespace: namespace.into(),
+            name: name.into(),
+        })
+    }
+}
+
 impl std::fmt::Display for RouteKey {
     /// `Kind/namespace/name`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

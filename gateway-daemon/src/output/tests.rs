@@ -27,7 +27,7 @@ fn the_claims_table_tells_a_cooling_claim_from_a_bound_one() {
         if let Some(at) = released_at {
             c.status = Some(PortClaimStatus {
                 phase: ClaimPhase::Released,
-                released_at: Some(at.into()),
+                released_at: crate::model::Time::parse(at),
             });
         }
         std::sync::Arc::new(c)
@@ -48,9 +48,10 @@ fn the_claims_table_tells_a_cooling_claim_from_a_bound_one() {
         "{table}"
     );
     // The JSON keeps the phase; a bound claim has no release time.
-    let json = serde_json::to_value(ClaimView::of(&claim(30001, Some("t")))).expect("json");
+    let released = claim(30001, Some("2026-12-05T10:00:00Z"));
+    let json = serde_json::to_value(ClaimView::of(&released)).expect("json");
     assert_eq!(json["phase"], "Released");
-    assert_eq!(json["releasedAt"], "t");
+    assert_eq!(json["releasedAt"], "2026-12-05T10:00:00Z");
     let json = serde_json::to_value(ClaimView::of(&claim(30000, None))).expect("json");
     assert_eq!(json["phase"], "Bound");
     assert!(json.get("releasedAt").is_none());

@@ -15,7 +15,7 @@ use super::Reason;
 use super::{
     gateways::{GatewayView, Gateways, ListenerView},
     memo::Remembered,
-    parse_time, FastMap,
+    FastMap,
 };
 
 /// The attachments of a plan's routes, and the routes by identity.
@@ -186,7 +186,7 @@ fn created(snap: &Snapshot, known: &[Option<&Remembered>]) -> Vec<Option<SystemT
         .zip(known)
         .map(|(r, k)| match k {
             Some(k) => k.created,
-            None => r.created().and_then(|t| parse_time(t)),
+            None => r.created().map(|t| t.system()),
         })
         .collect()
 }

@@ -12,10 +12,9 @@ use crate::model::*;
 use super::Reason;
 use super::{
     attach::{holds, Attach, Attachment, Attachments},
-    format_time,
     gateways::{GatewayView, Gateways},
     ledger::{claim_key, ClaimIndex, Ledger},
-    overlaps, parse_time, Input, DEFAULT_RELEASE_COOLDOWN,
+    overlaps, Input, DEFAULT_RELEASE_COOLDOWN,
 };
 
 /// The claims of a plan, by the indexes attachments hold (`None`: forgotten).
@@ -231,7 +230,7 @@ fn release(claim: &mut Arc<PortClaim>, now: SystemTime) {
     }
     Arc::make_mut(claim).status = Some(PortClaimStatus {
         phase: ClaimPhase::Released,
-        released_at: Some(format_time(now)),
+        released_at: Some(Time::at(now)),
     });
 }
 
@@ -242,8 +241,8 @@ fn cooled_down(claim: &PortClaim, cooldown: Duration, now: SystemTime) -> bool {
 
 /// When the cool-down of released `claim` ends, if its release time is readable.
 pub(super) fn cooldown_end(claim: &PortClaim, cooldown: Duration) -> Option<SystemTime> {
-    let released = claim.status.as_ref()?.released_at.as_deref();
-    Some(parse_time(released?)? + cooldown)
+    let released = claim.status.as_ref()?.released_at?;
+    Some(released.system() + cooldown)
 }
 
 /// Finds or makes the claim for a range attachment.

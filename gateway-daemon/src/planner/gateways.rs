@@ -12,7 +12,7 @@ use crate::model::*;
 
 use super::{
     addresses::{Addresses, DefaultAddresses},
-    overlaps, parse_time, FastMap, Input, DEFAULT_RELEASE_COOLDOWN,
+    overlaps, FastMap, Input, DEFAULT_RELEASE_COOLDOWN,
 };
 
 /// A listener as the planner sees it.
@@ -89,13 +89,7 @@ pub(super) fn ours<'a>(input: &Input<'a>) -> Gateways<'a> {
     let (mut gateways, source): (Vec<GatewayView>, Vec<usize>) = gateways.into_iter().unzip();
     let created: Vec<Option<SystemTime>> = gateways
         .iter()
-        .map(|g| {
-            g.spec
-                .metadata
-                .creation_timestamp
-                .as_deref()
-                .and_then(parse_time)
-        })
+        .map(|g| g.spec.metadata.creation_timestamp.map(Time::system))
         .collect();
     overlaps::mark(&mut gateways, &created, &source);
     let at = gateways

@@ -245,7 +245,7 @@ fn timeless(mut plan: Plan) -> Plan {
     for r in &mut plan.routes {
         for p in &mut Arc::make_mut(r).status.parents {
             for c in &mut p.conditions {
-                c.last_transition_time = "".into();
+                c.last_transition_time = Time::at(std::time::UNIX_EPOCH);
             }
         }
     }
@@ -291,7 +291,7 @@ proptest! {
                     if let Some(claim) = c.get_mut(*i) {
                         Arc::make_mut(claim).status = Some(PortClaimStatus {
                             phase: ClaimPhase::Released,
-                            released_at: Some(format_time(time(1000 + world.now))),
+                            released_at: Some(Time::at(time(1000 + world.now))),
                         });
                     }
                     next_claims = Some(c);

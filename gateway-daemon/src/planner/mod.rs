@@ -232,14 +232,6 @@ impl RouteEntry {
     }
 }
 
-fn parse_time(t: &str) -> Option<SystemTime> {
-    humantime::parse_rfc3339_weak(t).ok()
-}
-
-fn format_time(t: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(t).to_string()
-}
-
 /// A hash map with a fast, non-cryptographic hasher: the planner's keys are names from
 /// the objects it plans, and a plan is made often.
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
@@ -257,7 +249,7 @@ fn condition(
         status: Text::const_new(if ok { "True" } else { "False" }),
         reason: Text::const_new(reason.as_str()),
         message: message.into(),
-        last_transition_time: Time::clone(now),
+        last_transition_time: *now,
         observed_generation: generation,
     }
 }
@@ -279,13 +271,13 @@ pub fn plan_with(input: &Input, memo: &mut Memo) -> Plan {
         memo.incremental_plans += 1;
         copy.follow(input.snapshot);
         memo.snapshot = copy;
-        let now: Time = format_time(input.now).into();
+        let now = Time::at(input.now);
         traffic::apply(input.snapshot, &mut plan, &now);
         range_use::mark_nearly_full(&mut plan, &now);
         return plan;
     }
     let mut run = run(input, input.snapshot, memo, None, None);
-    let now: Time = format_time(input.now).into();
+    let now = Time::at(input.now);
     traffic::apply(input.snapshot, &mut run.plan, &now);
     range_use::mark_nearly_full(&mut run.plan, &now);
     if memo.keep {
@@ -321,7 +313,7 @@ fn run(
     others: Option<&ledger::ClaimIndex>,
 ) -> Run {
     let snap = input.snapshot;
-    let now_text: Time = format_time(input.now).into();
+    let now_text = Time::at(input.now);
     let gateways = gateways::ours(input);
     let (world_same, pass) = memo.begin(world, input);
     let known = memo.recall(&snap.routes);

@@ -22,7 +22,7 @@ pub fn carry_times(new: &mut [Condition], old: &[Condition]) -> bool {
             .find(|o| o.kind == c.kind && o.status == c.status)
         {
             if c.last_transition_time != o.last_transition_time {
-                c.last_transition_time.clone_from(&o.last_transition_time);
+                c.last_transition_time = o.last_transition_time;
                 changed = true;
             }
         }

@@ -143,7 +143,7 @@ pub fn apply(snapshot: &Snapshot, plan: &mut Plan, now: &Time) {
         snapshot.route_traffic_policies.iter().collect();
     // Oldest first (a policy without a creation time in source order, after those with).
     policies.sort_by(|a, b| {
-        let at = |p: &RouteTrafficPolicy| p.metadata.creation_timestamp.clone();
+        let at = |p: &RouteTrafficPolicy| p.metadata.creation_timestamp;
         (at(a).is_none(), at(a)).cmp(&(at(b).is_none(), at(b)))
     });
     let mut taken: HashMap<RouteKey, (TrafficSettings, String)> = HashMap::new();
@@ -242,7 +242,7 @@ pub fn policy_condition(
         status: Str::const_new(if ok { "True" } else { "False" }),
         reason: Str::const_new(reason),
         message: message.into(),
-        last_transition_time: Time::clone(now),
+        last_transition_time: *now,
         observed_generation: generation,
     }
 }

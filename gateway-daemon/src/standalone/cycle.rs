@@ -54,9 +54,9 @@ impl<'s> Directory<'s> {
     /// time are ordered by when Berth first saw them.
     fn lock(store: &'s Store, snapshot: &Snapshot, now: SystemTime) -> Result<Self, StoreError> {
         let lock = store.lock()?;
-        let now_text: Time = humantime::format_rfc3339_seconds(now).to_string().into();
+        let now_text = Time::at(now);
         let (added, removed) =
-            store.with_first_seen(|seen| seen.pass(&snapshot.routes, &now_text))?;
+            store.with_first_seen(|seen| seen.pass(&snapshot.routes, now_text))?;
         let changed = !added.is_empty() || !removed.is_empty();
         Ok(Directory {
             store,

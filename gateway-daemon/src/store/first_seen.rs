@@ -2,9 +2,9 @@
 //! for the first time is a line `+`, the time and its key, a route gone a line `-` and
 //! its key), and the store's API for them, which keeps them in memory in step with it.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{borrow::Cow, collections::BTreeMap, sync::Arc};
 
-use crate::model::{Route, Time};
+use crate::model::{Route, RouteKey, Time};
 
 use super::{
     claims::Compaction,
@@ -19,14 +19,14 @@ pub(super) struct FirstSeen {
     pub(super) lines: usize,
 }
 
-/// First-seen times of routes (`Kind/namespace/name` → RFC 3339), and how many routes
+/// First-seen times of routes, by route, and how many routes
 /// of the last pass over the routes present have each key. A pass reads only the routes
 /// that are not the same allocations as in the pass before (one file changed: its
 /// routes, not 100,000; 16 ms a change at 100k routes, measured) and tells the routes
 /// that are gone without building a set of the present ones.
 #[derive(Debug, Default)]
 pub struct FirstSeenTimes {
-    times: crate::planner::FastMap<String, Seen>,
+    times: crate::planner::FastMap<RouteKey, Seen>,
     /// The routes of the last pass, when every count follows them and what that pass
     /// found was recorded (else the next pass reads every route).
     last: Option<Vec<Arc<Route>>>,
@@ -43,13 +43,13 @@ struct Seen {
 
 /// What a pass found: keys seen for the first time (with their time) and keys no route
 /// has any more.
-pub type Found = (Vec<(String, Time)>, Vec<String>);
+pub type Found = (Vec<(RouteKey, Time)>, Vec<RouteKey>);
 
 impl FirstSeenTimes {
     /// A pass over the routes present: gives each route without a creation time the
     /// time its key was first seen (`now` for a key not seen before), and returns the
     /// keys seen for the first time and those gone, for `Store::record_first_seen`.
-    pub fn pass(&mut self, routes: &[Arc<Route>], now: &Time) -> Found {
+    pub fn pass(&mut self, routes: &[Arc<Route>], now: Time) -> Found {
         self.unrecorded = None;
         let full = self.last.is_none();
         let (head, tail, last) = match self.last.take() {
@@ -64,38 +64,37 @@ impl FirstSeenTimes {
                 (0, 0, Vec::new())
             }
         };
-        let mut key = String::new();
         let mut gone = Vec::new();
         for r in &last[head..last.len() - tail] {
-            route_key(&mut key, r);
-            if let Some(seen) = self.times.get_mut(key.as_str()) {
+            let key = RouteKey::of(r);
+            if let Some(seen) = self.times.get_mut(&key) {
                 seen.routes = seen.routes.saturating_sub(1);
                 if seen.routes == 0 {
-                    gone.push(key.clone());
+                    gone.push(key);
                 }
             }
         }
-        let mut added: Vec<(String, Time)> = Vec::new();
+        let mut added: Vec<(RouteKey, Time)> = Vec::new();
         let end = routes.len() - tail;
         for r in &routes[head..end] {
-            route_key(&mut key, r);
-            let t = match self.times.get_mut(key.as_str()) {
+            let key = RouteKey::of(r);
+            let t = match self.times.get_mut(&key) {
                 Some(seen) => {
                     seen.routes += 1;
-                    &seen.time
+                    seen.time
                 }
                 None => {
-                    added.push((key.clone(), Time::clone(now)));
+                    added.push((key, now));
                     now
                 }
             };
             if r.metadata.creation_timestamp.is_none() {
                 // Set once per allocation: a route unchanged keeps the time it has.
-                let _ = r.first_seen.set(Time::clone(t));
+                let _ = r.first_seen.set(t);
             }
         }
         // A route that is gone and comes back later is a new object with a new time.
-        let removed: Vec<String> = if full {
+        let removed: Vec<RouteKey> = if full {
             self.times
                 .iter()
                 .filter(|(_, seen)| seen.routes == 0)
@@ -103,7 +102,7 @@ impl FirstSeenTimes {
                 .collect()
         } else {
             gone.into_iter()
-                .filter(|k| self.times.get(k.as_str()).is_some_and(|s| s.routes == 0))
+                .filter(|k| self.times.get(k).is_some_and(|s| s.routes == 0))
                 .collect()
         };
         let mut last = last;
@@ -118,29 +117,26 @@ impl FirstSeenTimes {
     }
 
     /// The first-seen time of `key`.
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.times.get(key).map(|e| &*e.time)
+    pub fn get(&self, key: &RouteKey) -> Option<Time> {
+        self.times.get(key).map(|e| e.time)
     }
 
-    /// All times, by key.
-    pub fn to_map(&self) -> BTreeMap<String, String> {
+    /// All times, by route.
+    pub fn to_map(&self) -> BTreeMap<RouteKey, Time> {
         self.times
             .iter()
-            .map(|(k, e)| (k.clone(), e.time.to_string()))
+            .map(|(k, e)| (k.clone(), e.time))
             .collect()
     }
 
     /// Records a key first seen: a route of the pass that found it has it.
-    pub(super) fn insert(&mut self, key: String, time: Time) {
-        let seen = self.times.entry(key).or_insert(Seen {
-            time: Time::clone(&time),
-            routes: 0,
-        });
+    pub(super) fn insert(&mut self, key: RouteKey, time: Time) {
+        let seen = self.times.entry(key).or_insert(Seen { time, routes: 0 });
         seen.time = time;
         seen.routes += 1;
     }
 
-    fn remove(&mut self, key: &str) {
+    fn remove(&mut self, key: &RouteKey) {
         self.times.remove(key);
     }
 
@@ -157,18 +153,14 @@ impl FirstSeenTimes {
     }
 }
 
-/// The first-seen key of `r` into `out`.
-fn route_key(out: &mut String, r: &Route) {
-    out.clear();
-    crate::model::route_key(out, r.kind.name(), r.metadata.ns(), &r.metadata.name);
-}
-
-/// One record of the first-seen journal.
+/// One record of the first-seen journal: `+`, the time and the route's
+/// `Kind/namespace/name`; or `-` and the route.
+/// Records to write borrow their route; records read own it.
 pub(super) enum SeenRecord<'l> {
-    /// Route key first seen at a time.
-    Seen(&'l str, &'l str),
-    /// Route key gone.
-    Gone(&'l str),
+    /// Route first seen at a time.
+    Seen(Cow<'l, RouteKey>, Time),
+    /// Route gone.
+    Gone(Cow<'l, RouteKey>),
 }
 
 /// The format of the first-seen journal.
@@ -180,13 +172,16 @@ impl Format for FirstSeenLog {
 
     fn parse(line: &str) -> std::result::Result<SeenRecord<'_>, String> {
         let mut fields = line.splitn(3, '\t');
-        match (fields.next(), fields.next(), fields.next()) {
-            (Some("+"), Some(time), Some(key)) if humantime::parse_rfc3339_weak(time).is_ok() => {
-                Ok(SeenRecord::Seen(key, time))
+        let parsed = match (fields.next(), fields.next(), fields.next()) {
+            (Some("+"), Some(time), Some(key)) => RouteKey::parse(key)
+                .zip(Time::parse(time))
+                .map(|(key, time)| SeenRecord::Seen(Cow::Owned(key), time)),
+            (Some("-"), Some(key), None) => {
+                RouteKey::parse(key).map(|key| SeenRecord::Gone(Cow::Owned(key)))
             }
-            (Some("-"), Some(key), None) => Ok(SeenRecord::Gone(key)),
-            _ => Err(format!("not a first-seen record: {line:?}")),
-        }
+            _ => None,
+        };
+        parsed.ok_or_else(|| format!("not a first-seen record: {line:?}"))
     }
 
     fn write(record: &SeenRecord<'_>, out: &mut String) -> std::result::Result<(), String> {
@@ -204,8 +199,8 @@ impl Store {
         Journal::new(&self.dir)
     }
 
-    /// First-seen times of routes (`Kind/namespace/name` → RFC 3339).
-    pub fn first_seen(&self) -> Result<BTreeMap<String, String>> {
+    /// First-seen times of routes.
+    pub fn first_seen(&self) -> Result<BTreeMap<RouteKey, Time>> {
         self.with_first_seen(|t| t.to_map())
     }
 
@@ -228,17 +223,9 @@ impl Store {
             return self.import_first_seen_yaml();
         }
         let mut times = FirstSeenTimes::default();
-        // Routes first seen together have one time: one allocation for all of them.
-        let mut last: Option<Time> = None;
         let lines = journal.replay(|record, _| match record {
-            SeenRecord::Seen(key, time) => {
-                let time = match &last {
-                    Some(t) if **t == *time => Time::clone(t),
-                    _ => last.insert(Time::from(time)).clone(),
-                };
-                times.insert(key.to_string(), time)
-            }
-            SeenRecord::Gone(key) => times.remove(key),
+            SeenRecord::Seen(key, time) => times.insert(key.into_owned(), time),
+            SeenRecord::Gone(key) => times.remove(&key),
         })?;
         self.report_torn(journal.path(), lines.torn);
         Ok(FirstSeen {
@@ -249,7 +236,11 @@ impl Store {
 
     /// Records routes seen for the first time and forgets routes that are gone. Call
     /// under the lock, after `begin_write`.
-    pub fn record_first_seen(&self, added: &[(String, Time)], removed: &[String]) -> Result<()> {
+    pub fn record_first_seen(
+        &self,
+        added: &[(RouteKey, Time)],
+        removed: &[RouteKey],
+    ) -> Result<()> {
         if added.is_empty() && removed.is_empty() {
             return Ok(());
         }
@@ -261,11 +252,15 @@ impl Store {
         let times = &mut seen.times;
         let records: Vec<SeenRecord> = added
             .iter()
-            .map(|(key, time)| SeenRecord::Seen(key, time))
-            .chain(removed.iter().map(|key| SeenRecord::Gone(key)))
+            .map(|(key, time)| SeenRecord::Seen(Cow::Borrowed(key), *time))
+            .chain(
+                removed
+                    .iter()
+                    .map(|key| SeenRecord::Gone(Cow::Borrowed(key))),
+            )
             .collect();
         for (key, time) in added {
-            times.insert(key.clone(), time.clone());
+            times.insert(key.clone(), *time);
         }
         for key in removed {
             times.remove(key);
@@ -294,7 +289,7 @@ impl Store {
         let map = times.to_map();
         let records: Vec<SeenRecord> = map
             .iter()
-            .map(|(key, time)| SeenRecord::Seen(key, time))
+            .map(|(key, time)| SeenRecord::Seen(Cow::Borrowed(key), *time))
             .collect();
         journal.rewrite(&journal.text(&records)?)?;
         self.remove_first_seen_yaml()
@@ -343,11 +338,16 @@ mod tests {
         })
     }
 
+    /// The `n`th time of a test.
+    fn t(n: u64) -> Time {
+        Time::at(std::time::UNIX_EPOCH + std::time::Duration::from_secs(n))
+    }
+
     /// A pass whose findings are recorded, as the cycle records them.
-    fn pass(times: &mut FirstSeenTimes, routes: &[Arc<Route>], now: &str) -> Found {
-        let (added, removed) = times.pass(routes, &Time::from(now));
+    fn pass(times: &mut FirstSeenTimes, routes: &[Arc<Route>], now: Time) -> Found {
+        let (added, removed) = times.pass(routes, now);
         for (k, t) in &added {
-            times.insert(k.clone(), t.clone());
+            times.insert(k.clone(), *t);
         }
         for k in &removed {
             times.remove(k);
@@ -356,15 +356,19 @@ mod tests {
         (added, removed)
     }
 
-    fn keys(found: &[(String, Time)]) -> Vec<&str> {
-        found.iter().map(|(k, _)| k.as_str()).collect()
+    fn keys(found: &[(RouteKey, Time)]) -> Vec<String> {
+        found.iter().map(|(k, _)| k.to_string()).collect()
+    }
+
+    fn key(text: &str) -> RouteKey {
+        RouteKey::parse(text).expect("a route key")
     }
 
     #[test]
     fn a_pass_reads_the_changed_routes_and_finds_what_a_full_pass_finds() {
         let mut times = FirstSeenTimes::default();
         let mut routes: Vec<Arc<Route>> = ["r0", "r1", "r2", "r3"].map(route).to_vec();
-        let (added, removed) = pass(&mut times, &routes, "t0");
+        let (added, removed) = pass(&mut times, &routes, t(0));
         assert_eq!(
             keys(&added),
             [
@@ -376,41 +380,41 @@ mod tests {
         );
         assert!(removed.is_empty());
         assert_eq!(
-            routes[1].created().map(|t| &**t),
-            Some("t0"),
+            routes[1].created().copied(),
+            Some(t(0)),
             "a route without a creation time gets its first-seen time"
         );
         // Nothing changed: nothing found.
-        assert_eq!(pass(&mut times, &routes, "t1"), (vec![], vec![]));
+        assert_eq!(pass(&mut times, &routes, t(1)), (vec![], vec![]));
         // r1 replaced by r5, and a second r3 (the same name twice, as two files may
         // have it) in the middle.
         routes[1] = route("r5");
         routes.insert(2, route("r3"));
-        let (added, removed) = pass(&mut times, &routes, "t2");
+        let (added, removed) = pass(&mut times, &routes, t(2));
         assert_eq!(keys(&added), ["UDPRoute/a/r5"]);
-        assert_eq!(removed, ["UDPRoute/a/r1"]);
-        assert_eq!(routes[1].created().map(|t| &**t), Some("t2"));
-        assert_eq!(routes[2].created().map(|t| &**t), Some("t0"));
+        assert_eq!(removed, [key("UDPRoute/a/r1")]);
+        assert_eq!(routes[1].created().copied(), Some(t(2)));
+        assert_eq!(routes[2].created().copied(), Some(t(0)));
         // One of the two r3 goes: r3 is still there.
         routes.remove(2);
-        assert_eq!(pass(&mut times, &routes, "t3"), (vec![], vec![]));
+        assert_eq!(pass(&mut times, &routes, t(3)), (vec![], vec![]));
         // The other goes too.
         routes.pop();
-        assert_eq!(pass(&mut times, &routes, "t4").1, ["UDPRoute/a/r3"]);
-        assert_eq!(times.get("UDPRoute/a/r3"), None);
-        assert_eq!(times.get("UDPRoute/a/r5"), Some("t2"));
+        assert_eq!(pass(&mut times, &routes, t(4)).1, [key("UDPRoute/a/r3")]);
+        assert_eq!(times.get(&key("UDPRoute/a/r3")), None);
+        assert_eq!(times.get(&key("UDPRoute/a/r5")), Some(t(2)));
     }
 
     #[test]
     fn findings_not_recorded_are_found_again_by_the_next_pass() {
         let mut times = FirstSeenTimes::default();
         let mut routes = vec![route("r0")];
-        pass(&mut times, &routes, "t0");
+        pass(&mut times, &routes, t(0));
         routes.push(route("r1"));
         // The records of this pass are not written (a full disk).
-        let (added, _) = times.pass(&routes, &Time::from("t1"));
+        let (added, _) = times.pass(&routes, t(1));
         assert_eq!(keys(&added), ["UDPRoute/a/r1"]);
-        let (added, removed) = pass(&mut times, &routes, "t2");
+        let (added, removed) = pass(&mut times, &routes, t(2));
         assert_eq!(keys(&added), ["UDPRoute/a/r1"]);
         assert!(removed.is_empty());
     }

@@ -13,7 +13,7 @@ use super::{
     journal::{read_dir, sync_dir},
     Result, Store, StoreError, CLAIMS_LOG, FIRST_SEEN_YAML,
 };
-use crate::model::PortClaim;
+use crate::model::{PortClaim, RouteKey, Time};
 
 impl Store {
     /// Moves claims of earlier versions (a YAML file each) into the journal, once.
@@ -47,8 +47,17 @@ impl Store {
             None => BTreeMap::new(),
         };
         let mut imported = FirstSeenTimes::default();
-        for (key, time) in times {
-            imported.insert(key, time.into());
+        for (key, text) in times {
+            match (RouteKey::parse(&key), Time::parse(&text)) {
+                (Some(route), Some(time)) => imported.insert(route, time),
+                _ => tracing::warn!(
+                    path = %path.display(),
+                    route = key,
+                    time = text,
+                    "a first-seen time of an earlier version is no route and RFC 3339 time; \
+                     left out"
+                ),
+            }
         }
         Ok(FirstSeen {
             times: imported,

@@ -2,7 +2,7 @@
 
 use super::*;
 use super::{bounded, claims::claim_record};
-use crate::model::{ClaimRoute, PortClaim, PortClaimSpec};
+use crate::model::{ClaimRoute, PortClaim, PortClaimSpec, RouteKey, Time};
 use std::{
     collections::BTreeMap,
     fs,
@@ -240,48 +240,36 @@ fn claim_files_of_earlier_versions_are_moved_into_the_journal() {
 fn first_seen_journal_survives_a_torn_append_and_compacts() {
     let dir = TempDir::new("berth-store-seen");
     let store = Store::open(&dir).expect("open");
-    let t = |s: &str| s.to_string();
     store
-        .record_first_seen(
-            &[(t("TCPRoute/a/r"), t("2026-01-01T00:00:00Z").into())],
-            &[],
-        )
+        .record_first_seen(&[(key("TCPRoute/a/r"), time("2026-01-01T00:00:00Z"))], &[])
         .expect("record");
     store
-        .record_first_seen(
-            &[(t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z").into())],
-            &[],
-        )
+        .record_first_seen(&[(key("UDPRoute/b/s"), time("2026-01-02T00:00:00Z"))], &[])
         .expect("record");
     // A writer killed mid-append leaves a torn line: it is ignored, then cut off.
     let log = dir.join(FIRST_SEEN_LOG);
     tear(&log, b"+\t2026-01-03T00:0");
     let reopened = Store::open(&dir).expect("reopen");
-    let want: BTreeMap<String, String> = [
-        (t("TCPRoute/a/r"), t("2026-01-01T00:00:00Z")),
-        (t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z")),
+    let want: BTreeMap<RouteKey, Time> = [
+        (key("TCPRoute/a/r"), time("2026-01-01T00:00:00Z")),
+        (key("UDPRoute/b/s"), time("2026-01-02T00:00:00Z")),
     ]
     .into();
     assert_eq!(reopened.first_seen().expect("read"), want);
     reopened
-        .record_first_seen(&[], &[t("TCPRoute/a/r")])
+        .record_first_seen(&[], &[key("TCPRoute/a/r")])
         .expect("forget");
     let text = fs::read_to_string(&log).expect("log");
     assert!(text.ends_with("-\tTCPRoute/a/r\n"), "{text:?}");
     assert!(!text.contains("2026-01-03"), "torn line cut off: {text:?}");
     // Many records of few routes: the journal is rewritten to what it holds.
     for i in 0..100 {
-        let key = t("TCPRoute/c/x");
+        let route = key("TCPRoute/c/x");
+        let at = time(&format!("2026-02-{:02}T00:00:00Z", i % 28 + 1));
         reopened
-            .record_first_seen(
-                &[(
-                    key.clone(),
-                    format!("2026-02-{:02}T00:00:00Z", i % 28 + 1).into(),
-                )],
-                &[],
-            )
+            .record_first_seen(&[(route.clone(), at)], &[])
             .expect("add");
-        reopened.record_first_seen(&[], &[key]).expect("remove");
+        reopened.record_first_seen(&[], &[route]).expect("remove");
     }
     let lines = fs::read_to_string(&log).expect("log").lines().count();
     assert!(
@@ -289,8 +277,19 @@ fn first_seen_journal_survives_a_torn_append_and_compacts() {
         "compacted (one route held): {lines} lines"
     );
     let fresh = Store::open(&dir).expect("reopen");
-    let want: BTreeMap<String, String> = [(t("UDPRoute/b/s"), t("2026-01-02T00:00:00Z"))].into();
+    let want: BTreeMap<RouteKey, Time> =
+        [(key("UDPRoute/b/s"), time("2026-01-02T00:00:00Z"))].into();
     assert_eq!(fresh.first_seen().expect("read"), want);
+}
+
+/// A route key written `Kind/namespace/name`.
+fn key(text: &str) -> RouteKey {
+    RouteKey::parse(text).expect("a route key")
+}
+
+/// An RFC 3339 time.
+fn time(text: &str) -> Time {
+    Time::parse(text).expect("an RFC 3339 time")
 }
 
 /// A claim record as the journal holds it.
@@ -370,10 +369,7 @@ fn first_seen_of_earlier_versions_is_imported() {
     let store = Store::open(&dir).expect("open");
     assert_eq!(store.first_seen().expect("read").len(), 1);
     store
-        .record_first_seen(
-            &[("UDPRoute/b/s".into(), "2026-01-02T00:00:00Z".into())],
-            &[],
-        )
+        .record_first_seen(&[(key("UDPRoute/b/s"), time("2026-01-02T00:00:00Z"))], &[])
         .expect("record");
     assert!(
         !dir.join(FIRST_SEEN_YAML).exists(),
