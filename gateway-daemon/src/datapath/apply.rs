@@ -78,22 +78,6 @@ fn services_map(s: &ServiceAddr) -> &'static str {
 }
 
 impl Datapath {
-    /// Ports of the installed services.
-    pub(super) fn installed_ports(&self) -> crate::host::PortSet {
-        self.keys.ports()
-    }
-
-    /// Reserves the installed services' ports from the host's ephemeral ports (and
-    /// releases those no longer installed), leaving the operator's entries alone.
-    fn sync_reserved_ports(&mut self) {
-        let want = self.installed_ports();
-        let release = self.reserved.minus(&want);
-        match crate::host::update_reserved_ports(&release, &want) {
-            Ok(()) => self.reserved = want,
-            Err(e) => tracing::warn!(error = %e, "updating net.ipv4.ip_local_reserved_ports"),
-        }
-    }
-
     /// The services of the state last applied that the kernel program does not serve.
     pub fn held_back(&self) -> &[held_back::HeldBack] {
         &self.held_back
@@ -370,7 +354,7 @@ impl Datapath {
         if addresses || self.publication_unsure() {
             self.sync_publication()?;
         }
-        if ports || self.reserved != self.installed_ports() {
+        if ports || self.reserved_ports_stale() {
             self.sync_reserved_ports();
         }
         Ok(())
@@ -429,9 +413,14 @@ impl Datapath {
             }
         }
         let limit = self.limits.addresses;
-        sync_counts(&mut self.addresses.v4, want.v4, limit, map_names::ADDRESSES)?;
         sync_counts(
-            &mut self.addresses.v6,
+            &mut self.maps.addresses.v4,
+            want.v4,
+            limit,
+            map_names::ADDRESSES,
+        )?;
+        sync_counts(
+            &mut self.maps.addresses.v6,
             want.v6,
             limit,
             map_names::ADDRESSES6,

@@ -21,8 +21,8 @@ use super::{
     pins::PinDirLock,
     pool::{Region, TablePool},
     shapes::{self, Shape},
-    xdp, AttachMode, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limit,
-    Limits, Resource, Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM,
+    xdp, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limit, Limits,
+    Resource, Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM,
     PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_MONITOR_PROGRAM, TC_PROGRAM,
     TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
 };
@@ -70,7 +70,7 @@ impl Datapath {
         let mut dp = Self::with_maps(ebpf, config, pin_lock)?;
         dp.adopt()?;
         dp.keys = super::keys::Keys::of(dp.installed.keys());
-        dp.reserved = dp.installed_ports();
+        dp.host.reserved = dp.installed_ports();
         dp.count_redirect_errors();
         Ok(dp)
     }
@@ -80,25 +80,7 @@ impl Datapath {
     fn with_maps(mut ebpf: Ebpf, config: &Config, pin_lock: PinDirLock) -> Result<Self> {
         let Config { pin_dir, limits } = config;
         Ok(Datapath {
-            services: ByFamily {
-                v4: take(&mut ebpf, map_names::SERVICES)?,
-                v6: take(&mut ebpf, map_names::SERVICES6)?,
-            },
-            addresses: ByFamily {
-                v4: take(&mut ebpf, map_names::ADDRESSES)?,
-                v6: take(&mut ebpf, map_names::ADDRESSES6)?,
-            },
-            maglev: take(&mut ebpf, map_names::MAGLEV)?,
-            backends: take(&mut ebpf, map_names::BACKENDS)?,
-            backends6: take(&mut ebpf, map_names::BACKENDS6)?,
-            backend_hops: take(&mut ebpf, map_names::BACKEND_HOPS)?,
-            conntrack: ByFamily {
-                v4: take(&mut ebpf, map_names::CONNTRACK)?,
-                v6: take(&mut ebpf, map_names::CONNTRACK6)?,
-            },
-            counters: take(&mut ebpf, map_names::COUNTERS)?,
-            service_stats: take(&mut ebpf, map_names::SERVICE_STATS)?,
-            backend_stats: take(&mut ebpf, map_names::BACKEND_STATS)?,
+            maps: super::maps::Maps::take(&mut ebpf)?,
             snat: super::snat::Snat::new(
                 ByFamily {
                     v4: take(&mut ebpf, map_names::SNAT_SOURCES)?,
@@ -121,10 +103,7 @@ impl Datapath {
             applied: None,
             applied_backends: 0,
             held_back: Vec::new(),
-            publication: Default::default(),
-            reserved: Default::default(),
-            links: BTreeMap::new(),
-            attach_mode: AttachMode::Auto,
+            host: Default::default(),
             _pin_lock: pin_lock,
             service_ids: ServiceIds::new(limits.services),
             tables: TablePool::new(limits.maglev_pool_entries()),
@@ -147,9 +126,12 @@ impl Datapath {
     /// (no backends yet): the services by id.
     fn adopt_installed(&mut self) -> Result<StdHashMap<ServiceId, ServiceAddr>> {
         let mut by_id = StdHashMap::new();
-        let services = adopt_services(&self.services.v4, map_names::SERVICES)?
+        let services = adopt_services(&self.maps.services.v4, map_names::SERVICES)?
             .into_iter()
-            .chain(adopt_services(&self.services.v6, map_names::SERVICES6)?);
+            .chain(adopt_services(
+                &self.maps.services.v6,
+                map_names::SERVICES6,
+            )?);
         for (key, svc) in services {
             by_id.insert(svc.id, key);
             // The table stays where it is (its flows keep their backends, nothing is
@@ -200,7 +182,7 @@ impl Datapath {
     ) -> Result<HashSet<u32>> {
         let mut orphans = Vec::new();
         let mut adopted6 = HashSet::new();
-        for (id, item) in self.backends.iter().enumerate() {
+        for (id, item) in self.maps.backends.iter().enumerate() {
             let b = item.map_err(map_err(map_names::BACKENDS))?;
             if b.flags & BACKEND_LIVE == 0 {
                 continue;
@@ -214,7 +196,8 @@ impl Datapath {
                     let endpoint = match key.addr {
                         std::net::IpAddr::V4(_) => endpoint_of(b.addr, b.port),
                         std::net::IpAddr::V6(_) => endpoint_of(
-                            self.backends6
+                            self.maps
+                                .backends6
                                 .get(&id, 0)
                                 .map_err(map_err(map_names::BACKENDS6))?,
                             b.port,
@@ -244,14 +227,15 @@ impl Datapath {
         // Earlier builds left the address of an IPv6 backend that went in `BACKENDS6`,
         // where it named the id's next backend (see `write_backend`).
         let mut stale6 = Vec::new();
-        for (id, item) in self.backends6.iter().enumerate() {
+        for (id, item) in self.maps.backends6.iter().enumerate() {
             let addr = item.map_err(map_err(map_names::BACKENDS6))?;
             if addr != Addr6::default() && !adopted6.contains(&(id as u32)) {
                 stale6.push(id as u32);
             }
         }
         for id in stale6 {
-            self.backends6
+            self.maps
+                .backends6
                 .set(id, Addr6::default(), 0)
                 .map_err(map_err(map_names::BACKENDS6))?;
         }
@@ -266,7 +250,7 @@ impl Datapath {
         self.each_flow(|_, f| {
             seen.insert(f.service);
         })?;
-        super::traffic::each_flow_in(&self.conntrack.v6, |_, f| {
+        super::traffic::each_flow_in(&self.maps.conntrack.v6, |_, f| {
             seen.insert(f.service);
         })?;
         for id in seen {
@@ -377,7 +361,7 @@ fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
 }
 
 /// Takes map `name` out of the loaded object, as a `T`.
-fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T>
+pub(super) fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T>
 where
     T: TryFrom<aya::maps::Map, Error = MapError>,
 {

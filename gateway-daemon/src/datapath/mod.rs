@@ -10,9 +10,11 @@
 //! `diff.rs` is the services' diff (pure: installed and desired in, ordered `MapOp`s out)
 //! and `apply.rs` applies it (`ids.rs` hands out service and backend ids, `pool.rs`
 //! the Maglev tables' regions of their pool); `error.rs` is what can go wrong;
-//! `traffic.rs` reads counters, service statistics and flows; `links.rs` attaches the
-//! programs; `addresses.rs` publishes the gateway addresses (the dummy interface, proxy
-//! neighbours, the announce table);
+//! `maps.rs` holds the typed maps of services, backends, flows and counters;
+//! `traffic.rs` reads counters, service statistics and flows; `host/` is what the
+//! datapath changes on the host besides its maps (`links.rs` attaches the programs,
+//! `addresses.rs` publishes the gateway addresses: the dummy interface, proxy
+//! neighbours, the announce table; `reserved.rs` reserves the services' ports);
 //! `xmit.rs` follows which interfaces take XDP frames; `desired.rs` is the datapath's
 //! view of `model::DesiredState`; `capacity.rs` is what the maps hold at most and what a state takes of it
 //! (the planner admits routes by it); `held_back.rs` holds back what the kernel program cannot serve (a service
@@ -22,7 +24,6 @@
 
 pub mod maglev;
 
-mod addresses;
 mod apply;
 pub mod capacity;
 mod desired;
@@ -30,11 +31,12 @@ mod diff;
 mod error;
 mod family;
 pub mod held_back;
+mod host;
 mod ids;
 mod inspect;
 mod keys;
-mod links;
 mod load;
+mod maps;
 mod new_services;
 mod pins;
 mod pool;
@@ -60,16 +62,17 @@ pub use crate::model::{
 use crate::sys::bpf::lookup_batch;
 pub use addresses::address_interface_mark;
 use aya::{
-    maps::{Array, HashMap, MapData, MapError, PerCpuArray},
-    programs::{links::FdLink, ProgramError, SchedClassifier, Xdp},
+    maps::{Array, HashMap, MapData, MapError},
+    programs::{ProgramError, SchedClassifier, Xdp},
     Ebpf,
 };
 pub use capacity::{Capacity, Limit, Resource, Usage};
 use desired::BackendSet;
 pub use error::{DatapathError, MapProperty};
+use family::ByFamily;
 pub use family::MapAddr;
-use family::{Addr6, ByFamily};
-use gateway_common::{config, map_names, Backend, Flow, FlowKey, ServiceId, ServiceStats};
+use gateway_common::{config, map_names, Flow, FlowKey, ServiceId};
+use host::{addresses, links};
 use ids::{IdPool, ServiceIds};
 pub use inspect::{pinned_memory, pinned_tables};
 pub use links::{LinkChange, LinkKind, LinkRole};
@@ -276,18 +279,8 @@ pub struct Datapath {
     ebpf: Ebpf,
     pin_dir: PathBuf,
     limits: Limits,
-    services: ByFamily<apply::ServiceMap<u32>, apply::ServiceMap<Addr6>>,
-    addresses: ByFamily<HashMap<MapData, u32, u32>, HashMap<MapData, Addr6, u32>>,
-    maglev: Array<MapData, u32>,
-    backends: Array<MapData, Backend>,
-    /// The addresses of IPv6 backends (by backend id, as `backends`).
-    backends6: Array<MapData, Addr6>,
-    backend_hops: Array<MapData, gateway_common::NextHop>,
-    conntrack: ByFamily<Conntrack<u32>, Conntrack<Addr6>>,
-    counters: PerCpuArray<MapData, u64>,
-    service_stats: PerCpuArray<MapData, ServiceStats>,
-    /// Per backend id: what its flows carried (zeroed when an id is given out).
-    backend_stats: PerCpuArray<MapData, gateway_common::BackendStats>,
+    /// The maps of services, backends, flows and counters.
+    maps: maps::Maps,
     installed: BTreeMap<ServiceAddr, Installed>,
     /// Installed services per address and port.
     keys: keys::Keys,
@@ -299,15 +292,8 @@ pub struct Datapath {
     applied_backends: u64,
     /// The services of the state last applied that the kernel program does not serve.
     held_back: Vec<held_back::HeldBack>,
-    /// Where and whether the gateway addresses are published (`addresses.rs`).
-    publication: addresses::Publication,
-    /// Ports this process reserved from the host's ephemeral ports (at start: those of
-    /// the services adopted, which the run before reserved).
-    reserved: crate::host::PortSet,
-    /// Links this process holds, by pin path.
-    links: BTreeMap<PathBuf, FdLink>,
-    /// The mode the `--interface`s were attached in, for interfaces attached for SNAT.
-    attach_mode: AttachMode,
+    /// Links, published addresses and reserved ports (`host/`).
+    host: host::Host,
     /// The shared lock on the pin directory, held while this process uses it
     /// (`berth uninstall` refuses while anyone holds it).
     _pin_lock: pins::PinDirLock,

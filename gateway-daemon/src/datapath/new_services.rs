@@ -98,41 +98,41 @@ impl Datapath {
     fn write_staged(&self, s: &Staged) -> Result<()> {
         let no_hops = vec![NextHop::default(); s.backend_ids.len()];
         write(
-            self.backend_hops.map().fd().as_fd(),
+            self.maps.backend_hops.map().fd().as_fd(),
             map_names::BACKEND_HOPS,
             &s.backend_ids,
             &no_hops,
         )?;
         write(
-            self.backends6.map().fd().as_fd(),
+            self.maps.backends6.map().fd().as_fd(),
             map_names::BACKENDS6,
             &s.backend_ids,
             &s.backends6,
         )?;
         write(
-            self.backends.map().fd().as_fd(),
+            self.maps.backends.map().fd().as_fd(),
             map_names::BACKENDS,
             &s.backend_ids,
             &s.backends,
         )?;
         write(
-            self.maglev.map().fd().as_fd(),
+            self.maps.maglev.map().fd().as_fd(),
             map_names::MAGLEV,
             &s.maglev_index,
             &s.maglev_backend,
         )?;
-        crate::sys::bpf::zero_batch(self.service_stats.map().fd().as_fd(), &s.stats)
+        crate::sys::bpf::zero_batch(self.maps.service_stats.map().fd().as_fd(), &s.stats)
             .map_err(batch_err(map_names::SERVICE_STATS))?;
-        crate::sys::bpf::zero_batch(self.backend_stats.map().fd().as_fd(), &s.backend_ids)
+        crate::sys::bpf::zero_batch(self.maps.backend_stats.map().fd().as_fd(), &s.backend_ids)
             .map_err(batch_err(map_names::BACKEND_STATS))?;
         write(
-            self.services.v4.map().fd().as_fd(),
+            self.maps.services.v4.map().fd().as_fd(),
             map_names::SERVICES,
             &s.services4.0,
             &s.services4.1,
         )?;
         write(
-            self.services.v6.map().fd().as_fd(),
+            self.maps.services.v6.map().fd().as_fd(),
             map_names::SERVICES6,
             &s.services6.0,
             &s.services6.1,

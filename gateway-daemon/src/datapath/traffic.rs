@@ -145,6 +145,7 @@ impl Datapath {
             .iter()
             .map(|c| {
                 let values = self
+                    .maps
                     .counters
                     .get(&(*c as u32), 0)
                     .map_err(map_err(map_names::COUNTERS))?;
@@ -175,7 +176,7 @@ impl Datapath {
         // The slots that counted something, in the order the array gives them
         // (ascending, sorted again in case a kernel does otherwise).
         let mut counted: Vec<(u32, ServiceStats)> = Vec::new();
-        let fd = std::os::fd::AsFd::as_fd(self.service_stats.map().fd());
+        let fd = std::os::fd::AsFd::as_fd(self.maps.service_stats.map().fd());
         lookup_batch_until(fd, 4, slot * cpus, stop, |key, value| {
             let index = u32::from_ne_bytes(key.try_into().unwrap_or_default());
             let sum = value
@@ -218,7 +219,7 @@ impl Datapath {
         let slot = std::mem::size_of::<BackendStats>().next_multiple_of(8);
         let cpus = nr_cpus()?;
         let mut counted: StdHashMap<u32, BackendStats> = StdHashMap::new();
-        let fd = std::os::fd::AsFd::as_fd(self.backend_stats.map().fd());
+        let fd = std::os::fd::AsFd::as_fd(self.maps.backend_stats.map().fd());
         lookup_batch_until(fd, 4, slot * cpus, stop, |key, value| {
             let bid = u32::from_ne_bytes(key.try_into().unwrap_or_default());
             let sum = value
@@ -317,22 +318,22 @@ impl Datapath {
         let (mut idle4, mut idle6) = (Vec::new(), Vec::new());
         let entries = [
             scan(
-                &self.conntrack.v4,
+                &self.maps.conntrack.v4,
                 &mut seen,
                 snat4.as_mut(),
                 &mut idle4,
                 stop,
             )?,
             scan(
-                &self.conntrack.v6,
+                &self.maps.conntrack.v6,
                 &mut seen,
                 snat6.as_mut(),
                 &mut idle6,
                 stop,
             )?,
         ];
-        let idle_expired = expire_router_flows(&mut self.conntrack.v4, idle4)
-            + expire_router_flows(&mut self.conntrack.v6, idle6);
+        let idle_expired = expire_router_flows(&mut self.maps.conntrack.v4, idle4)
+            + expire_router_flows(&mut self.maps.conntrack.v6, idle6);
         if idle_expired > 0 {
             tracing::debug!(
                 flows = idle_expired,
@@ -347,10 +348,10 @@ impl Datapath {
             );
         }
         let (e4, d4) = snat4.map_or((0, 0), |seen| {
-            expire_idle(&mut self.conntrack.v4, seen, &idle_of)
+            expire_idle(&mut self.maps.conntrack.v4, seen, &idle_of)
         });
         let (e6, d6) = snat6.map_or((0, 0), |seen| {
-            expire_idle(&mut self.conntrack.v6, seen, &idle_of)
+            expire_idle(&mut self.maps.conntrack.v6, seen, &idle_of)
         });
         self.snat.deleted += d4 + d6;
         let snat_expired = e4 + e6;
@@ -390,7 +391,7 @@ impl Datapath {
 
     /// Calls `f` on every IPv4 conntrack entry (see `each_flow_in`).
     pub(super) fn each_flow(&self, f: impl FnMut(&FlowKey, &Flow)) -> Result<()> {
-        each_flow_in(&self.conntrack.v4, f)
+        each_flow_in(&self.maps.conntrack.v4, f)
     }
 }
 

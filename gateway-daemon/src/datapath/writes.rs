@@ -78,7 +78,9 @@ impl Datapath {
         }
         svc.backends.shrink();
         self.write_table(&mut svc)?;
-        self.services.insert(key, self.service_value(key, &svc))?;
+        self.maps
+            .services
+            .insert(key, self.service_value(key, &svc))?;
         // Only now that no table names them: removed backends go, a TCP service's once
         // their connections ended (`retired`); a UDP flow is balanced again by the
         // kernel program on its next packet.
@@ -99,7 +101,7 @@ impl Datapath {
             return Ok(());
         };
         self.keys.count(key, false);
-        self.services.remove(key)?;
+        self.maps.services.remove(key)?;
         for &(bid, _) in svc.backends.values() {
             self.clear_backend(bid)?;
         }
@@ -127,7 +129,7 @@ impl Datapath {
             svc.table = Region::EMPTY;
             return Ok(());
         };
-        let fd = std::os::fd::AsFd::as_fd(self.maglev.map().fd());
+        let fd = std::os::fd::AsFd::as_fd(self.maps.maglev.map().fd());
         if let Err(e) = crate::sys::bpf::update_array_u32(fd, region.start, &entries) {
             self.tables.free(region);
             return Err(batch_err(map_names::MAGLEV)(e));
@@ -165,11 +167,12 @@ impl Datapath {
         snat: bool,
     ) -> Result<u32> {
         let bid = self.backend_ids.alloc()?;
-        self.backend_hops
+        self.maps
+            .backend_hops
             .set(bid, NextHop::default(), 0)
             .map_err(map_err(map_names::BACKEND_HOPS))?;
         // Its counters start from zero (an earlier holder's stay otherwise).
-        let fd = std::os::fd::AsFd::as_fd(self.backend_stats.map().fd());
+        let fd = std::os::fd::AsFd::as_fd(self.maps.backend_stats.map().fd());
         crate::sys::bpf::zero_batch(fd, &[bid]).map_err(batch_err(map_names::BACKEND_STATS))?;
         self.write_backend(bid, service, e, weight, snat)?;
         Ok(bid)
@@ -195,10 +198,12 @@ impl Datapath {
             self.write_snat_source(bid, e)?;
         }
         let (value, addr6) = backend_entry(service, e, weight);
-        self.backends6
+        self.maps
+            .backends6
             .set(bid, addr6, 0)
             .map_err(map_err(map_names::BACKENDS6))?;
-        self.backends
+        self.maps
+            .backends
             .set(bid, value, 0)
             .map_err(map_err(map_names::BACKENDS))
     }
@@ -273,10 +278,10 @@ impl Datapath {
             return Ok(());
         };
         let flags = service_flags(svc.snat, self.roles.reply_entry(key), self.affinity(key));
-        let mut value = self.services.get(key)?;
+        let mut value = self.maps.services.get(key)?;
         if value.flags != flags {
             value.flags = flags;
-            self.services.insert(key, value)?;
+            self.maps.services.insert(key, value)?;
         }
         Ok(())
     }
@@ -303,14 +308,17 @@ impl Datapath {
     }
 
     pub(super) fn clear_backend(&mut self, bid: u32) -> Result<()> {
-        self.backends
+        self.maps
+            .backends
             .set(bid, Backend::default(), 0)
             .map_err(map_err(map_names::BACKENDS))?;
-        self.backends6
+        self.maps
+            .backends6
             .set(bid, Addr6::default(), 0)
             .map_err(map_err(map_names::BACKENDS6))?;
         // The id's next backend starts without the old one's next hop.
-        self.backend_hops
+        self.maps
+            .backend_hops
             .set(bid, NextHop::default(), 0)
             .map_err(map_err(map_names::BACKEND_HOPS))?;
         self.backend_ids.free(bid);

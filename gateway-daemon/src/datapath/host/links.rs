@@ -27,7 +27,7 @@ use aya::programs::{
     ProgramError, SchedClassifier, TcAttachType, XdpMode,
 };
 
-use super::{xdp, AttachMode, Attached, Datapath, DatapathError, Result, TC_PROGRAM};
+use crate::datapath::{xdp, AttachMode, Attached, Datapath, DatapathError, Result, TC_PROGRAM};
 
 /// Which program a link runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -39,7 +39,7 @@ pub enum LinkKind {
 }
 
 impl LinkKind {
-    pub(super) fn prefix(self) -> &'static str {
+    pub(in crate::datapath) fn prefix(self) -> &'static str {
         match self {
             LinkKind::Xdp => "xdp",
             LinkKind::Tc => "tc",
@@ -58,7 +58,7 @@ pub enum LinkRole {
 
 impl LinkRole {
     /// What follows the kind in the pin's name.
-    pub(super) fn suffix(self) -> &'static str {
+    pub(in crate::datapath) fn suffix(self) -> &'static str {
         match self {
             LinkRole::Listed => "",
             LinkRole::SnatEgress => "-snat",
@@ -104,7 +104,7 @@ fn pins(dir: &Path) -> Vec<Pin> {
         .flatten()
         .filter_map(|entry| {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let (kind, role, ifindex) = super::pins::link_name(&name)?;
+            let (kind, role, ifindex) = crate::datapath::pins::link_name(&name)?;
             Some(Pin {
                 kind,
                 role,
@@ -120,7 +120,7 @@ fn pins(dir: &Path) -> Vec<Pin> {
 /// The interfaces (by index) that hold a link pinned in pin directory `pin_dir`, with
 /// why (an interface listed and attached for SNAT too, while being taken over, is
 /// listed).
-pub(super) fn attached(pin_dir: &Path) -> std::collections::BTreeMap<u32, LinkRole> {
+pub(in crate::datapath) fn attached(pin_dir: &Path) -> std::collections::BTreeMap<u32, LinkRole> {
     let mut out = std::collections::BTreeMap::new();
     for p in pins(&pin_dir.join("links")) {
         let role = out.entry(p.ifindex).or_insert(p.role);
@@ -149,19 +149,23 @@ impl Datapath {
 
     /// Attaches both programs to interface `ifindex` (named `iface`), where SNAT traffic
     /// leaves, in the mode the `--interface`s were given.
-    pub(super) fn attach_snat_egress(&mut self, iface: &str, ifindex: u32) -> Result<Attached> {
-        self.attach_as(iface, ifindex, LinkRole::SnatEgress, self.attach_mode)
+    pub(in crate::datapath) fn attach_snat_egress(
+        &mut self,
+        iface: &str,
+        ifindex: u32,
+    ) -> Result<Attached> {
+        self.attach_as(iface, ifindex, LinkRole::SnatEgress, self.host.attach_mode)
     }
 
     /// Whether this process holds the XDP link attached to interface `ifindex` for SNAT
     /// traffic (with this build's program in it).
-    pub(super) fn holds_snat_egress(&self, ifindex: u32) -> bool {
+    pub(in crate::datapath) fn holds_snat_egress(&self, ifindex: u32) -> bool {
         let path = self.link_path(LinkKind::Xdp, LinkRole::SnatEgress, ifindex);
-        self.links.contains_key(&path)
+        self.host.links.contains_key(&path)
     }
 
     /// Detaches the programs attached to interface `ifindex` for SNAT traffic.
-    pub(super) fn detach_snat_egress(&mut self, ifindex: u32) {
+    pub(in crate::datapath) fn detach_snat_egress(&mut self, ifindex: u32) {
         for pin in pins(&self.links_dir()) {
             if pin.ifindex == ifindex && pin.role == LinkRole::SnatEgress {
                 self.unpin(&pin.path);
@@ -194,7 +198,7 @@ impl Datapath {
             .iter()
             .map(|i| Ok((i.clone(), resolve(i)?)))
             .collect::<Result<_>>()?;
-        self.attach_mode = mode;
+        self.host.attach_mode = mode;
         let mut changes = Vec::new();
         for pin in pins(&self.links_dir()) {
             if pin.role == LinkRole::SnatEgress || wanted.iter().any(|(_, ix)| *ix == pin.ifindex) {
@@ -265,8 +269,8 @@ impl Datapath {
                 if path.exists() {
                     self.unpin(&pin.path);
                 } else if fs::rename(&pin.path, path).is_ok() {
-                    if let Some(link) = self.links.remove(&pin.path) {
-                        self.links.insert(path.to_path_buf(), link);
+                    if let Some(link) = self.host.links.remove(&pin.path) {
+                        self.host.links.insert(path.to_path_buf(), link);
                     }
                 }
             }
@@ -288,7 +292,7 @@ impl Datapath {
             message,
         };
         let replaced = self.replace_pinned(&path, iface, |ebpf, fd| {
-            let program = xdp(ebpf, super::PROGRAM).map_err(|e| e.to_string())?;
+            let program = xdp(ebpf, crate::datapath::PROGRAM).map_err(|e| e.to_string())?;
             let link = XdpLink::try_from(fd).map_err(|e| e.to_string())?;
             let id = program.attach_to_link(link).map_err(|e| e.to_string())?;
             let link = program.take_link(id).map_err(|e| e.to_string())?;
@@ -302,7 +306,7 @@ impl Datapath {
             };
             return Ok(Attached::Replaced(mode));
         }
-        let program = xdp(&mut self.ebpf, super::PROGRAM)?;
+        let program = xdp(&mut self.ebpf, crate::datapath::PROGRAM)?;
         let attempts: &[(AttachMode, XdpMode)] = match mode {
             AttachMode::Auto => &[
                 (AttachMode::Native, XdpMode::Driver),
@@ -318,7 +322,7 @@ impl Datapath {
                     let link = program.take_link(id).map_err(attach_err)?;
                     let fd = FdLink::try_from(link).map_err(|e| link_err(e.to_string()))?;
                     let pinned = fd.pin(&path).map_err(|e| link_err(e.to_string()))?;
-                    self.links.insert(path, FdLink::from(pinned));
+                    self.host.links.insert(path, FdLink::from(pinned));
                     // Native refused: said, with why (generic mode costs more per packet).
                     if let Some(e) = last.take() {
                         let why = native_refusal(iface, e);
@@ -372,7 +376,7 @@ impl Datapath {
         let link = program.take_link(id).map_err(attach_err)?;
         let fd = FdLink::try_from(link).map_err(|e| link_err(e.to_string()))?;
         let pinned = fd.pin(&path).map_err(|e| link_err(e.to_string()))?;
-        self.links.insert(path, FdLink::from(pinned));
+        self.host.links.insert(path, FdLink::from(pinned));
         Ok(true)
     }
 
@@ -393,7 +397,7 @@ impl Datapath {
             .and_then(|p| update(&mut self.ebpf, FdLink::from(p)));
         match replaced {
             Ok(fd) => {
-                self.links.insert(path.to_path_buf(), fd);
+                self.host.links.insert(path.to_path_buf(), fd);
                 true
             }
             Err(e) => {
@@ -408,7 +412,7 @@ impl Datapath {
     /// detaches its program.
     fn unpin(&mut self, path: &Path) {
         let _ = fs::remove_file(path);
-        self.links.remove(path);
+        self.host.links.remove(path);
     }
 
     fn unpin_all(&mut self, paths: &[PathBuf]) {
@@ -419,12 +423,12 @@ impl Datapath {
 }
 
 /// The loaded TC program.
-pub(super) fn tc_program(ebpf: &mut aya::Ebpf) -> Result<&mut SchedClassifier> {
+pub(in crate::datapath) fn tc_program(ebpf: &mut aya::Ebpf) -> Result<&mut SchedClassifier> {
     classifier(ebpf, TC_PROGRAM)
 }
 
 /// The TC program `name` of the object.
-pub(super) fn classifier<'a>(
+pub(in crate::datapath) fn classifier<'a>(
     ebpf: &'a mut aya::Ebpf,
     name: &'static str,
 ) -> Result<&'a mut SchedClassifier> {
@@ -439,7 +443,7 @@ pub(super) fn classifier<'a>(
 
 /// The index of interface `iface`, or an error naming it.
 fn resolve(iface: &str) -> Result<u32> {
-    super::ifindex(iface).ok_or_else(|| DatapathError::NoInterface {
+    crate::datapath::ifindex(iface).ok_or_else(|| DatapathError::NoInterface {
         iface: iface.to_string(),
     })
 }
@@ -447,7 +451,7 @@ fn resolve(iface: &str) -> Result<u32> {
 impl Datapath {
     /// The `--interface`s the gateway program is attached to (by pinned link), as
     /// (index, name) of those that exist.
-    pub(super) fn attached_interfaces(&self) -> Vec<(u32, String)> {
+    pub(in crate::datapath) fn attached_interfaces(&self) -> Vec<(u32, String)> {
         let mut out: Vec<(u32, String)> = pins(&self.links_dir())
             .into_iter()
             .filter(|p| p.kind == LinkKind::Xdp && p.role == LinkRole::Listed)

@@ -25,7 +25,7 @@ use std::{
     net::{IpAddr, Ipv6Addr},
 };
 
-use super::{Datapath, DatapathError, Result};
+use crate::datapath::{Datapath, DatapathError, Result};
 use crate::netlink::{self, HostRoute, RouteAdded, RTPROT_BERTH};
 
 /// The alias that marks an address interface as the one of the datapath pinned in
@@ -44,7 +44,7 @@ pub fn address_interface_mark(pin_dir: &std::path::Path) -> String {
 
 /// Where and whether the gateway addresses are published.
 #[derive(Clone, Debug, Default)]
-pub(super) struct Publication {
+pub(in crate::datapath) struct Publication {
     /// The dummy interface that holds them, if the daemon owns one.
     interface: Option<String>,
     /// The routing table that holds them as routes (`--announce-table`).
@@ -64,7 +64,7 @@ impl Datapath {
             iface: name.to_string(),
             source,
         })?;
-        self.publication.interface = Some(name.to_string());
+        self.host.publication.interface = Some(name.to_string());
         self.sync_publication()
     }
 
@@ -72,16 +72,16 @@ impl Datapath {
     /// table `table`, through the address interface (`lo` without one); routes of that
     /// protocol an earlier run left there for addresses not published are removed.
     pub fn announce_in_table(&mut self, table: u32) -> Result<()> {
-        self.publication.table = Some(table);
-        self.publication.published = None;
+        self.host.publication.table = Some(table);
+        self.host.publication.published = None;
         self.sync_publication()
     }
 
     /// Publishes the served addresses (`announcing`) or none; touches the kernel only
     /// when that changes what is published (or the last sync failed).
     pub fn set_announcing(&mut self, announcing: bool) -> Result<()> {
-        self.publication.withdrawn = !announcing;
-        if self.publication.published.as_ref() == Some(&self.wanted_addresses()) {
+        self.host.publication.withdrawn = !announcing;
+        if self.host.publication.published.as_ref() == Some(&self.wanted_addresses()) {
             return Ok(());
         }
         self.sync_publication()
@@ -93,35 +93,35 @@ impl Datapath {
     }
 
     /// Whether the last sync of the publication failed (or was never made).
-    pub(super) fn publication_unsure(&self) -> bool {
-        self.publication.published.is_none()
+    pub(in crate::datapath) fn publication_unsure(&self) -> bool {
+        self.host.publication.published.is_none()
     }
 
     /// The addresses published by the last sync that succeeded.
     pub fn published_addresses(&self) -> BTreeSet<IpAddr> {
-        self.publication.published.clone().unwrap_or_default()
+        self.host.publication.published.clone().unwrap_or_default()
     }
 
     /// The address interface, if the daemon owns one.
     pub fn address_interface(&self) -> Option<&str> {
-        self.publication.interface.as_deref()
+        self.host.publication.interface.as_deref()
     }
 
     /// The routing table the addresses are published in, if any.
     pub fn announce_table(&self) -> Option<u32> {
-        self.publication.table
+        self.host.publication.table
     }
 
     /// What should be published now.
     fn wanted_addresses(&self) -> BTreeSet<IpAddr> {
-        crate::announce::published(!self.publication.withdrawn, self.served_addresses())
+        crate::announce::published(!self.host.publication.withdrawn, self.served_addresses())
     }
 
     /// Makes the interface, the proxy neighbours and the table hold exactly what
     /// should be published.
-    pub(super) fn sync_publication(&mut self) -> Result<()> {
+    pub(in crate::datapath) fn sync_publication(&mut self) -> Result<()> {
         let want = self.wanted_addresses();
-        self.publication.published = None;
+        self.host.publication.published = None;
         // Routes leave the table before their addresses leave the interface: BIRD
         // missed the deletion of a route whose device had just lost the address, and
         // withdrew it only at its next scan of the table, up to 10 s later (seen in
@@ -129,14 +129,14 @@ impl Datapath {
         let in_table = self.withdraw_from_table(&want)?;
         let device = self.sync_address_interface(&want)?;
         self.add_to_table(&want, &in_table, device)?;
-        self.publication.published = Some(want);
+        self.host.publication.published = Some(want);
         Ok(())
     }
 
     /// Makes the dummy interface hold exactly `want`; returns its ifindex (none
     /// without one).
     fn sync_address_interface(&mut self, want: &BTreeSet<IpAddr>) -> Result<Option<u32>> {
-        let Some(name) = self.publication.interface.clone() else {
+        let Some(name) = self.host.publication.interface.clone() else {
             return Ok(None);
         };
         let err = |source| DatapathError::Addresses {
@@ -171,7 +171,7 @@ impl Datapath {
     /// Removes the announce table's routes of protocol `berth` to addresses not in
     /// `want`; returns the addresses that have one.
     fn withdraw_from_table(&self, want: &BTreeSet<IpAddr>) -> Result<BTreeSet<IpAddr>> {
-        let Some(table) = self.publication.table else {
+        let Some(table) = self.host.publication.table else {
             return Ok(BTreeSet::new());
         };
         let err = |source| DatapathError::AnnounceTable { table, source };
@@ -198,7 +198,7 @@ impl Datapath {
         have: &BTreeSet<IpAddr>,
         device: Option<u32>,
     ) -> Result<()> {
-        let Some(table) = self.publication.table else {
+        let Some(table) = self.host.publication.table else {
             return Ok(());
         };
         let err = |source| DatapathError::AnnounceTable { table, source };
