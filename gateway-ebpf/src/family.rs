@@ -1,4 +1,4 @@
-//! The address family a program instance serves. The flow logic (`conntrack.rs`,
+//! The address family a program instance serves. The flow logic (`conntrack/`,
 //! `nat.rs`, `fwd.rs`, `translate`) is written once, generic over `Family`, which the
 //! address type itself implements (so the family follows from the keys a function is
 //! given): each family brings its maps and how its network header is read and

@@ -11,7 +11,7 @@
 //!    array lookups say whether the destination may be a gateway address and the source
 //!    a backend address (`berth_addr_filter`, kept by the daemon). A packet with neither
 //!    role passes untouched without a hash lookup or a look at its ports.
-//! 3. **Conntrack** (`conntrack.rs`): an LRU hash shared by all CPUs, keyed by the
+//! 3. **Conntrack** (`conntrack/`): an LRU hash shared by all CPUs, keyed by the
 //!    5-tuple as seen on the wire. A router-mode flow has one entry, its forward one
 //!    (client → gateway, rewritten to the backend); a reply (backend → client) finds it
 //!    through the reply index (`berth_reply_index`: backend endpoint → the services it

@@ -247,7 +247,7 @@ pub fn is_gateway_program(id: u32) -> bool {
 }
 
 /// A conntrack entry being inserted, with its key: built here rather than on the
-/// stack (see `conntrack::insert_staged`).
+/// stack (see `conntrack::entry::insert_staged`).
 #[repr(C)]
 pub struct Pending<A: Addr> {
     pub key: FlowKey<A>,
