@@ -33,7 +33,11 @@ const MAX_EXT_HEADERS: usize = 6;
 /// 54): masking with it changes no value.
 const OFF_MASK: usize = 0x3fff;
 
-/// Handles one IPv6 frame.
+/// Handles one IPv6 frame, in stages: the header (`fields`, `end`; ICMPv6 goes on to
+/// `berth_icmp6`, `to_icmp6`), the extension headers (`walk`), the transport protocol
+/// (`transport`) and header (`L4::at`; a later fragment's ports, as its first fragment
+/// remembered them), the tuple (`flow_key`), then the flow as IPv4's (`lookup_or_balance`,
+/// `translate`).
 #[inline(always)]
 pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let Some(eth) = ptr_at::<Eth>(ctx, 0) else {
@@ -43,23 +47,12 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         return PASS;
     };
     // SAFETY: `ip` comes from `ptr_at`.
-    let (vtc, payload_len, first, src, dst) = unsafe {
-        (
-            (*ip).vtc_flow,
-            u16::from_be((*ip).payload_len) as usize,
-            (*ip).next_hdr,
-            (*ip).src,
-            (*ip).dst,
-        )
-    };
+    let (vtc, payload_len, first, src, dst) = unsafe { fields(ip) };
     if first == proto::ICMPV6 {
         // An ICMPv6 error about a flow is addressed to its client or backend, which have
         // no role: ICMPv6 is not filtered by roles (as ICMP in `try_berth`). One after
         // extension headers is left to the kernel.
-        // SAFETY: a tail call into the ICMPv6 program; returns only if it failed.
-        unsafe { PROGRAMS.tail_call(ctx, PROG_ICMP6) };
-        count(Counter::Ipv6NoProgram);
-        return PASS;
+        return to_icmp6(ctx);
     }
     let roles = Roles::of(src, dst);
     if roles.none() {
@@ -69,73 +62,22 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         return malformed(dst);
     };
 
-    let mut next = first;
-    let mut off = ETH_LEN + IPV6_LEN;
-    // The fragment header's offset-and-flags word (host order) and identification.
-    let (mut frag, mut frag_id) = (0u16, 0u32);
-    for _ in 0..MAX_EXT_HEADERS {
-        match next {
-            ipv6_ext::HOP_BY_HOP | ipv6_ext::ROUTING | ipv6_ext::DEST_OPTS | ipv6_ext::AUTH => {
-                let Some(h) = ptr_at::<ExtHdr>(ctx, off) else {
-                    return malformed(dst);
-                };
-                // SAFETY: `h` comes from `ptr_at`.
-                let (n, len) = unsafe { ((*h).next_hdr, (*h).len as usize) };
-                // AH counts 4-byte units after the first 8, the others 8-byte units.
-                let size = if next == ipv6_ext::AUTH {
-                    (len + 2) * 4
-                } else {
-                    (len + 1) * 8
-                };
-                off = (off + size) & OFF_MASK;
-                next = n;
-            }
-            ipv6_ext::FRAGMENT => {
-                let Some(f) = ptr_at::<FragHdr>(ctx, off) else {
-                    return malformed(dst);
-                };
-                // SAFETY: `f` comes from `ptr_at`.
-                let (n, word, id) = unsafe { ((*f).next_hdr, u16::from_be((*f).frag), (*f).id) };
-                next = n;
-                off = (off + core::mem::size_of::<FragHdr>()) & OFF_MASK;
-                frag = word;
-                frag_id = id;
-                // A later fragment: what follows is the datagram's continuation, not
-                // a header. (Walked on, the later fragments of a datagram with options
-                // after its fragment header were read as headers and dropped.)
-                if word & 0xfff8 != 0 {
-                    break;
-                }
-            }
-            _ => break,
-        }
-    }
-    // Every chain of extension headers ends here with other bounds on `off` (and with
-    // or without a fragment header); the verifier would check the rest of the program
-    // once per chain (past its limit). Through a map slot the values are only known by
-    // their width, the same for every chain, so the rest is checked once.
-    let packed = opaque((off as u64) | (u64::from(frag) << 16) | (u64::from(frag_id) << 32));
-    let off = (packed as usize) & OFF_MASK;
-    let frag = (packed >> 16) as u16;
-    let frag_id = (packed >> 32) as u32;
+    let Some(Chain {
+        next,
+        off,
+        frag,
+        frag_id,
+    }) = walk(ctx, first)
+    else {
+        return malformed(dst);
+    };
     let later = frag & 0xfff8 != 0;
-    let udp = match next {
-        proto::TCP => false,
-        proto::UDP => true,
-        // Headers of the fragmentable part (RFC 8200 4.5: destination options,
-        // AH, routing) are in the first fragment only; a later fragment's transport
-        // protocol is its first fragment's (below).
-        ipv6_ext::DEST_OPTS | ipv6_ext::AUTH | ipv6_ext::ROUTING if later => false,
-        ipv6_ext::HOP_BY_HOP
-        | ipv6_ext::ROUTING
-        | ipv6_ext::DEST_OPTS
-        | ipv6_ext::AUTH
-        | ipv6_ext::FRAGMENT => return malformed(dst),
-        // ICMPv6 after extension headers is the kernel's (echo, neighbour discovery).
-        proto::ICMPV6 => return PASS,
-        // No transport header the program can find (ESP, no next header, another
-        // protocol): not for a service (docs/ipv6.md).
-        _ => return malformed(dst),
+    // ICMPv6 after extension headers is the kernel's (echo, neighbour discovery).
+    if next == proto::ICMPV6 {
+        return PASS;
+    }
+    let Some(udp) = transport(next, later) else {
+        return malformed(dst);
     };
     if off > end {
         return malformed(dst);
@@ -185,13 +127,9 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
             }
         }
     };
-    let Some(t) = TUPLE6.get_ptr_mut(0) else {
+    let Some(t) = flow_key(src, dst, sport, dport, proto) else {
         return PASS;
     };
-    // SAFETY: per-CPU slot, used only by this CPU while the program runs.
-    let t = unsafe { &mut *t };
-    (t.src, t.dst, t.sport, t.dport, t.proto, t.pad) = (src, dst, sport, dport, proto, [0; 3]);
-    let t: &FlowKey<Addr6> = t;
     let Some(new) = Family::scratch() else {
         return PASS;
     };
@@ -218,6 +156,134 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     };
     // SAFETY: every pointer in `pkt` comes from `ptr_at`; `found` is this run's.
     Ok(unsafe { translate(ctx, &pkt, t, found, new) })
+}
+
+/// The IPv6 header's version-class-label word, payload length (host order), next
+/// header, source and destination.
+///
+/// # Safety
+/// `ip` must point into the packet, bounds-checked.
+#[inline(always)]
+unsafe fn fields(ip: *const Ipv6) -> (u32, usize, u8, Addr6, Addr6) {
+    (
+        (*ip).vtc_flow,
+        u16::from_be((*ip).payload_len) as usize,
+        (*ip).next_hdr,
+        (*ip).src,
+        (*ip).dst,
+    )
+}
+
+/// Goes on to `berth_icmp6` by tail call; returns only if that failed.
+#[inline(always)]
+fn to_icmp6(ctx: &XdpContext) -> Result<u32, Counter> {
+    // SAFETY: a tail call into the ICMPv6 program; returns only if it failed.
+    unsafe { PROGRAMS.tail_call(ctx, PROG_ICMP6) };
+    count(Counter::Ipv6NoProgram);
+    PASS
+}
+
+/// Where the extension-header walk (`walk`) ends: the next header (the transport
+/// protocol, or what ended the walk), its offset, and the fragment header's
+/// offset-and-flags word (host order) and identification (both 0 without one).
+struct Chain {
+    next: u8,
+    off: usize,
+    frag: u16,
+    frag_id: u32,
+}
+
+/// Walks the extension headers after the IPv6 header (`first`: its next header), at
+/// most `MAX_EXT_HEADERS`; `None` if one is cut short (malformed).
+#[inline(always)]
+fn walk(ctx: &XdpContext, first: u8) -> Option<Chain> {
+    let mut next = first;
+    let mut off = ETH_LEN + IPV6_LEN;
+    // The fragment header's offset-and-flags word (host order) and identification.
+    let (mut frag, mut frag_id) = (0u16, 0u32);
+    for _ in 0..MAX_EXT_HEADERS {
+        match next {
+            ipv6_ext::HOP_BY_HOP | ipv6_ext::ROUTING | ipv6_ext::DEST_OPTS | ipv6_ext::AUTH => {
+                let h = ptr_at::<ExtHdr>(ctx, off)?;
+                // SAFETY: `h` comes from `ptr_at`.
+                let (n, len) = unsafe { ((*h).next_hdr, (*h).len as usize) };
+                // AH counts 4-byte units after the first 8, the others 8-byte units.
+                let size = if next == ipv6_ext::AUTH {
+                    (len + 2) * 4
+                } else {
+                    (len + 1) * 8
+                };
+                off = (off + size) & OFF_MASK;
+                next = n;
+            }
+            ipv6_ext::FRAGMENT => {
+                let f = ptr_at::<FragHdr>(ctx, off)?;
+                // SAFETY: `f` comes from `ptr_at`.
+                let (n, word, id) = unsafe { ((*f).next_hdr, u16::from_be((*f).frag), (*f).id) };
+                next = n;
+                off = (off + core::mem::size_of::<FragHdr>()) & OFF_MASK;
+                frag = word;
+                frag_id = id;
+                // A later fragment: what follows is the datagram's continuation, not
+                // a header. (Walked on, the later fragments of a datagram with options
+                // after its fragment header were read as headers and dropped.)
+                if word & 0xfff8 != 0 {
+                    break;
+                }
+            }
+            _ => break,
+        }
+    }
+    // Every chain of extension headers ends here with other bounds on `off` (and with
+    // or without a fragment header); the verifier would check the rest of the program
+    // once per chain (past its limit). Through a map slot the values are only known by
+    // their width, the same for every chain, so the rest is checked once.
+    let packed = opaque((off as u64) | (u64::from(frag) << 16) | (u64::from(frag_id) << 32));
+    Some(Chain {
+        next,
+        off: (packed as usize) & OFF_MASK,
+        frag: (packed >> 16) as u16,
+        frag_id: (packed >> 32) as u32,
+    })
+}
+
+/// The transport protocol after the extension headers (`next`; `later`: of a later
+/// fragment): whether it is UDP (else TCP); `None` if it is none the program can find
+/// (ICMPv6 is passed before, anything else is malformed).
+#[inline(always)]
+fn transport(next: u8, later: bool) -> Option<bool> {
+    match next {
+        proto::TCP => Some(false),
+        proto::UDP => Some(true),
+        // Headers of the fragmentable part (RFC 8200 4.5: destination options,
+        // AH, routing) are in the first fragment only; a later fragment's transport
+        // protocol is its first fragment's (`try_berth`).
+        ipv6_ext::DEST_OPTS | ipv6_ext::AUTH | ipv6_ext::ROUTING if later => Some(false),
+        ipv6_ext::HOP_BY_HOP
+        | ipv6_ext::ROUTING
+        | ipv6_ext::DEST_OPTS
+        | ipv6_ext::AUTH
+        | ipv6_ext::FRAGMENT => None,
+        // No transport header the program can find (ESP, no next header, another
+        // protocol): not for a service (docs/ipv6.md).
+        _ => None,
+    }
+}
+
+/// The packet's tuple, written to this CPU's slot (`TUPLE6`).
+#[inline(always)]
+fn flow_key(
+    src: Addr6,
+    dst: Addr6,
+    sport: u16,
+    dport: u16,
+    proto: u8,
+) -> Option<&'static FlowKey<Addr6>> {
+    let t = TUPLE6.get_ptr_mut(0)?;
+    // SAFETY: per-CPU slot, used only by this CPU while the program runs.
+    let t = unsafe { &mut *t };
+    (t.src, t.dst, t.sport, t.dport, t.proto, t.pad) = (src, dst, sport, dport, proto, [0; 3]);
+    Some(t)
 }
 
 /// Handles an ICMPv6 frame (`berth_icmp6`): an error about a flow is translated like
