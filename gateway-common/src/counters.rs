@@ -151,6 +151,11 @@ counters! {
     /// An event `berth monitor` asked for that was not sent: over its CPU's rate
     /// (`config::MONITOR_RATE`) or the ring buffer was full.
     MonitorLost = "monitor_lost",
+    /// NATed by XDP for an egress that takes no XDP frames and sent out of it by the TC
+    /// program on the receiving interface's ingress, from the next hop XDP left in the
+    /// frame's metadata (`bpf_redirect`; into a veth peer's namespace
+    /// `bpf_redirect_peer`): the kernel's forwarding path and netfilter skipped.
+    TcRedirect = "tc_redirect",
 }
 
 impl Counter {
@@ -171,6 +176,7 @@ impl Counter {
                 | Counter::CtCreated
                 | Counter::RedirectError
                 | Counter::MonitorLost
+                | Counter::TcRedirect
         )
     }
 

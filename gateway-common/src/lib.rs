@@ -175,6 +175,16 @@ pub const XMIT_SLOTS: u32 = 65536;
 /// `NETDEV_XDP_ACT_NDO_XMIT`), so the program may `bpf_redirect` into it.
 pub const XMIT_OK: u32 = 1;
 
+/// `berth_xmit` value: the interface takes no XDP frames but carries Ethernet (a
+/// bridge, a veth whose peer runs no XDP, a VXLAN): XDP hands the packet to the TC
+/// program on the receiving interface's ingress, which sends it out with `bpf_redirect`.
+pub const XMIT_TC: u32 = 2;
+
+/// `berth_xmit` value: as `XMIT_TC`, for a veth whose peer is in another network
+/// namespace (a pod's): the TC program sends the packet into the peer's namespace with
+/// `bpf_redirect_peer`.
+pub const XMIT_TC_PEER: u32 = 3;
+
 pub mod proto;
 
 /// Key of the service map: a gateway address, protocol and port.

@@ -208,7 +208,8 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) no_address_interface: bool,
     /// Whether XDP sends packets itself (auto: into interfaces that take XDP
-    /// frames) or hands every one to the kernel (never: for troubleshooting, and
+    /// frames, and through the hand-off program on TC ingress into other Ethernet
+    /// interfaces) or hands every one to the kernel (never: for troubleshooting, and
     /// to measure the kernel path).
     #[arg(long, value_enum, default_value_t = Redirect::Auto)]
     pub(crate) redirect: Redirect,

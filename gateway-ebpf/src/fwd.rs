@@ -16,7 +16,9 @@ use aya_ebpf::{
     helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_coarse_ns, bpf_redirect},
     programs::XdpContext,
 };
-use gateway_common::{Counter, NextHop, NEXT_HOP_REFRESH, XMIT_OK, XMIT_SLOTS};
+use gateway_common::{
+    Counter, NextHop, NEXT_HOP_REFRESH, XMIT_OK, XMIT_SLOTS, XMIT_TC, XMIT_TC_PEER,
+};
 
 use crate::{
     family::Family,
@@ -29,6 +31,13 @@ use crate::{
 pub enum Path {
     /// Out of `hop.ifindex` by XDP redirect.
     Redirect,
+    /// Out of `hop.ifindex`, which takes no XDP frames, by the TC program on the
+    /// receiving interface's ingress (`handoff.rs`); `peer`: into the namespace of the
+    /// veth's peer.
+    Tc {
+        /// `bpf_redirect_peer` rather than `bpf_redirect`.
+        peer: bool,
+    },
     /// Up the stack: the kernel forwards it (it resolves the neighbour, fragments or
     /// answers with ICMP). The reason is counted.
     Kernel(Counter),
@@ -83,7 +92,21 @@ pub unsafe fn path<A: Family>(
     }
     match XMIT.get(hop.ifindex) {
         Some(&XMIT_OK) => Path::Redirect,
+        Some(&XMIT_TC) => Path::Tc { peer: false },
+        Some(&XMIT_TC_PEER) => Path::Tc { peer: true },
         _ => Path::Kernel(Counter::KernelNoXdpEgress),
+    }
+}
+
+impl Path {
+    /// Why a packet that does not leave by XDP redirect goes to the kernel, when it
+    /// is not handed to TC either.
+    #[inline(always)]
+    pub fn kernel_reason(self) -> Counter {
+        match self {
+            Path::Kernel(reason) => reason,
+            _ => Counter::KernelNoXdpEgress,
+        }
     }
 }
 

@@ -119,7 +119,8 @@ pub unsafe fn handle<A: Family>(
             count(Counter::IcmpTranslated);
             send::<A>(ctx, eth, ip, &hop)
         }
-        Path::Kernel(reason) => {
+        other => {
+            let reason = other.kernel_reason();
             if dst.is_some() {
                 count(Counter::IcmpTranslated);
             }

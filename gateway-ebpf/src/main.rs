@@ -39,7 +39,12 @@
 //!    packets, `berth_backend_hops`, and in the flow's entry for its replies; asked again
 //!    after about a second) finds the egress and the neighbour's MAC. XDP sends the packet
 //!    itself (TTL, MACs, `bpf_redirect`) only into an interface that accepts XDP frames
-//!    (`berth_xmit`); every other packet goes up the stack with a named reason and the
+//!    (`berth_xmit`). Into another Ethernet interface (a pod's veth, a bridge) a
+//!    router-mode forward packet is handed to TC (`handoff.rs`): XDP leaves the egress
+//!    and MACs in the frame's metadata and passes it; the hand-off program on the
+//!    receiving interface's ingress (`berth_tc_in`) sends it out (`bpf_redirect`, or
+//!    `bpf_redirect_peer` into a veth peer's namespace), past netfilter and the
+//!    forwarding path. Every other packet goes up the stack with a named reason and the
 //!    kernel forwards it.
 //! 6. **Replies through the kernel**: a forward packet is translated in XDP whichever
 //!    way it leaves; a reply only when XDP sends it itself. Otherwise it goes up
@@ -79,7 +84,8 @@
 //! | situation | verdict | counter |
 //! |---|---|---|
 //! | translated, sent into another interface / back out of the receiving one | `XDP_REDIRECT` | `redirect` / `tx` |
-//! | egress takes no XDP frames (default veth, bridge, tunnel) | `XDP_PASS` | `kernel_forward_no_xdp_egress` |
+//! | router-mode forward packet, egress takes no XDP frames but Ethernet (default veth, bridge): sent by TC ingress | `XDP_PASS`, TC: redirect | `tc_redirect` |
+//! | egress takes no XDP frames, not handed to TC (a reply, SNAT, a tunnel, no metadata) | `XDP_PASS` | `kernel_forward_no_xdp_egress` |
 //! | neighbour not resolved yet | `XDP_PASS` | `kernel_forward_no_neighbour` |
 //! | longer than the egress MTU | `XDP_PASS` | `kernel_forward_frag_needed` |
 //! | TTL expired | `XDP_PASS` | `kernel_forward_ttl` |
@@ -120,6 +126,7 @@ mod csum;
 mod family;
 mod frag;
 mod fwd;
+mod handoff;
 mod icmp;
 mod ipv6;
 mod maps;
@@ -214,6 +221,14 @@ pub fn berth_tc(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn berth_tc_v6(ctx: TcContext) -> i32 {
     tc_verdict(&ctx, tc::egress6(&ctx))
+}
+
+/// The hand-off program on the `--interface`s' ingress (tcx): sends out a packet XDP
+/// translated for an egress that takes no XDP frames, from the next hop XDP left in
+/// its metadata (`handoff.rs`); every other packet goes on untouched.
+#[classifier]
+pub fn berth_tc_in(ctx: TcContext) -> i32 {
+    handoff::take(&ctx)
 }
 
 /// Sends the event of the TC programs' packet in hand (`monitor.rs`), entered by tail
@@ -494,9 +509,17 @@ unsafe fn translate<A: Family>(
             }
             fwd::send::<A>(ctx, pkt.eth, pkt.ip, &*hop)
         }
+        // A packet whose translation has no source half (a router-mode forward
+        // packet) into an egress that takes no XDP frames: handed to the TC program
+        // on ingress (`handoff.rs`), last (no packet pointer is valid after it).
+        Path::Tc { peer } if src.is_none() && handoff::leave(ctx, &*hop, peer) => {
+            maps::account_handoff(service);
+            xdp_action::XDP_PASS
+        }
         // The source half is left to the TC program on egress. A reply is counted
         // again (and accounted to the service) there.
-        Path::Kernel(reason) => {
+        other => {
+            let reason = other.kernel_reason();
             count(reason);
             if forward {
                 account_kernel(service, reason);

@@ -217,6 +217,18 @@ pub fn account(service: ServiceId, backend: u32, dir: Direction, len: u64, new_f
     }
 }
 
+/// Notes that a forward packet of a service was handed to TC (`handoff.rs`): not a
+/// packet the kernel forwards, but the reason its replies' kernel path is shown with
+/// (it replaces a reason the flow's first packets left, such as an unresolved
+/// neighbour, which no longer holds).
+#[inline(always)]
+pub fn account_handoff(service: ServiceId) {
+    if let Some(stats) = SERVICE_STATS.get_ptr_mut(service.slot()) {
+        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+        unsafe { (*stats).kernel_reason = Counter::TcRedirect as u32 + 1 };
+    }
+}
+
 /// Accounts one packet of a service that the kernel forwards instead of XDP, and why.
 /// `TcReply` (replies translated on egress) is only a reason while XDP gave none: the
 /// forward path's reason says more.

@@ -94,8 +94,13 @@ impl TestDatapath {
     pub fn allow_redirect(&self, ifindexes: &[u32]) {
         let mut xmit = berth::datapath::XmitMap::open(&self.pin_dir)
             .unwrap_or_else(|e| panic!("opening the xmit map: {}", berth::error_chain(&e)));
-        xmit.set(&ifindexes.iter().copied().collect())
-            .unwrap_or_else(|e| panic!("setting the xmit map: {}", berth::error_chain(&e)));
+        xmit.set(
+            &ifindexes
+                .iter()
+                .map(|&i| (i, berth::datapath::Egress::Xdp))
+                .collect(),
+        )
+        .unwrap_or_else(|e| panic!("setting the xmit map: {}", berth::error_chain(&e)));
     }
 }
 

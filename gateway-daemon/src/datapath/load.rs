@@ -23,8 +23,8 @@ use super::{
     shapes::{self, Shape},
     xdp, Config, Datapath, DatapathError, IdPool, Installed, InstalledBackends, Limit, Limits,
     Resource, Result, ServiceAddr, ServiceIds, FLOOR_PROGRAM, MONITOR_PROGRAM, PROGRAM,
-    PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_MONITOR_PROGRAM, TC_PROGRAM,
-    TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
+    PROGRAM_ICMP6, PROGRAM_V6, REDIRECT_ERR_PROGRAM, TC_INGRESS_PROGRAM, TC_MONITOR_PROGRAM,
+    TC_PROGRAM, TC_PROGRAM_ICMP6, TC_PROGRAM_V6,
 };
 use crate::sys;
 
@@ -346,7 +346,12 @@ fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
             .load()
             .map_err(|source| DatapathError::Program { name, source })?;
     }
-    for name in [TC_PROGRAM_V6, TC_PROGRAM_ICMP6, TC_MONITOR_PROGRAM] {
+    for name in [
+        TC_PROGRAM_V6,
+        TC_PROGRAM_ICMP6,
+        TC_MONITOR_PROGRAM,
+        TC_INGRESS_PROGRAM,
+    ] {
         links::classifier(ebpf, name)?
             .load()
             .map_err(|source| DatapathError::Program { name, source })?;

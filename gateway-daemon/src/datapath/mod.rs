@@ -79,7 +79,7 @@ pub use links::{LinkChange, LinkKind, LinkRole};
 pub use load::{pinned_service_ports, remove_pins};
 pub use pins::{PinDirError, PinnedDatapath, Removed};
 pub use traffic::{kernel_reason, ActiveFlows, FlowScan, Traffic};
-pub use xmit::{follow as follow_xmit, FollowError, XmitChange, XmitMap};
+pub use xmit::{egress, follow as follow_xmit, Egress, FollowError, XmitChange, XmitMap};
 
 /// Name of the gateway program in the object.
 pub const PROGRAM: &str = "berth";
@@ -94,6 +94,9 @@ pub const MONITOR_PROGRAM: &str = "berth_monitor";
 pub const REDIRECT_ERR_PROGRAM: &str = "berth_redirect_err";
 /// Name of the reverse-NAT program attached to the interfaces' egress (tcx).
 pub const TC_PROGRAM: &str = "berth_tc";
+/// Name of the hand-off program attached to the interfaces' ingress (tcx): sends out
+/// the packets XDP translated for an egress that takes no XDP frames.
+pub const TC_INGRESS_PROGRAM: &str = "berth_tc_in";
 /// Name of the IPv6 half of `TC_PROGRAM`, entered by tail call from it.
 pub const TC_PROGRAM_V6: &str = "berth_tc_v6";
 /// Name of the ICMPv6 part of `TC_PROGRAM_V6`, entered by tail call from it.

@@ -116,11 +116,10 @@ pub(super) fn link_name(name: &str) -> Option<(LinkKind, LinkRole, u32)> {
         Some(kind) => (kind, LinkRole::SnatEgress),
         None => (prefix, LinkRole::Listed),
     };
-    let kind = if kind == LinkKind::Tc.prefix() {
-        LinkKind::Tc
-    } else {
-        LinkKind::Xdp
-    };
+    let kind = [LinkKind::Tc, LinkKind::TcIngress]
+        .into_iter()
+        .find(|k| k.prefix() == kind)
+        .unwrap_or(LinkKind::Xdp);
     Some((kind, role, ifindex))
 }
 
@@ -201,6 +200,7 @@ impl fmt::Display for Removed {
                 let program = match kind {
                     LinkKind::Xdp => "XDP",
                     LinkKind::Tc => "TC",
+                    LinkKind::TcIngress => "TC ingress",
                 };
                 let iface = iface.as_deref().unwrap_or("(gone)");
                 write!(
@@ -394,6 +394,11 @@ mod tests {
             Some((LinkKind::Xdp, SnatEgress, 4))
         );
         assert_eq!(link_name("tc-snat@4"), Some((LinkKind::Tc, SnatEgress, 4)));
+        assert_eq!(link_name("tc-in@5"), Some((LinkKind::TcIngress, Listed, 5)));
+        assert_eq!(
+            link_name("tc-in-snat@5"),
+            Some((LinkKind::TcIngress, SnatEgress, 5))
+        );
         assert_eq!(
             link_name("eth0@7"),
             Some((LinkKind::Xdp, Listed, 7)),

@@ -111,10 +111,14 @@ fn add_stats(a: ServiceStats, b: &ServiceStats) -> ServiceStats {
 }
 
 /// Of two `ServiceStats::kernel_reason`s the one to show: the forward path's reasons
-/// (lower indices) over TC's, any over none (0).
+/// (lower indices) over TC's, any over an unresolved neighbour (a flow's first packets
+/// only: a CPU keeps it while it sends nothing else through the kernel), any over none
+/// (0).
 fn min_reason(a: u32, b: u32) -> u32 {
+    let transient = Counter::KernelNoNeighbour as u32 + 1;
     match (a, b) {
         (0, r) | (r, 0) => r,
+        (r, t) | (t, r) if t == transient => r,
         (x, y) => x.min(y),
     }
 }
@@ -130,6 +134,10 @@ pub fn kernel_reason(c: Counter) -> &'static str {
         Counter::KernelForwardingOff => "forwarding disabled (dropped)",
         Counter::KernelEgressUnknown => "egress interface index beyond the map",
         Counter::TcReply => "replies arrive where XDP does not run (translated by TC)",
+        Counter::TcRedirect => {
+            "replies arrive where XDP does not run (translated by TC); forward packets \
+             are sent by TC (egress takes no XDP frames)"
+        }
         Counter::ReplySpoofed => {
             "a reply or ICMP error with a backend's address arrived from elsewhere than \
              that backend (dropped: forged by another host)"

@@ -1,30 +1,76 @@
-//! The interfaces the XDP program may redirect into (`berth_xmit`): the daemon keeps
-//! the map equal to the kernel's list of interfaces that accept XDP frames, and the
-//! program sends every other packet through the kernel.
+//! How a packet leaves by each interface (`berth_xmit`): the daemon keeps the map equal
+//! to what the kernel says of the interfaces. Those that accept XDP frames are
+//! redirected into by XDP; other Ethernet interfaces (bridges, veths whose peer runs
+//! no XDP) by the hand-off program on TC ingress (`bpf_redirect`, or
+//! `bpf_redirect_peer` into a veth peer's namespace); the program sends every other
+//! packet through the kernel.
 
-use std::{collections::BTreeSet, path::Path};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
 
 use aya::maps::{Array, MapData, MapError};
-use gateway_common::{map_names, XMIT_OK, XMIT_SLOTS};
+use gateway_common::{map_names, XMIT_OK, XMIT_SLOTS, XMIT_TC, XMIT_TC_PEER};
 
 use super::{lookup_batch, map_err, Result};
+
+/// How a packet the XDP program translated leaves by an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Egress {
+    /// XDP redirects it (the interface takes XDP frames).
+    Xdp,
+    /// The hand-off program on TC ingress redirects it (`bpf_redirect`).
+    Tc,
+    /// The hand-off program sends it into the namespace of the veth's peer
+    /// (`bpf_redirect_peer`).
+    TcPeer,
+}
+
+impl Egress {
+    fn value(self) -> u32 {
+        match self {
+            Egress::Xdp => XMIT_OK,
+            Egress::Tc => XMIT_TC,
+            Egress::TcPeer => XMIT_TC_PEER,
+        }
+    }
+
+    fn of(value: u32) -> Option<Self> {
+        [Egress::Xdp, Egress::Tc, Egress::TcPeer]
+            .into_iter()
+            .find(|e| e.value() == value)
+    }
+
+    /// What it means for the packets, for the log.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Egress::Xdp => "takes XDP frames: packets to it are redirected by XDP",
+            Egress::Tc => "takes no XDP frames: packets to it are redirected by TC (bpf_redirect)",
+            Egress::TcPeer => {
+                "a veth into another namespace without XDP: packets to it are sent into its \
+                 peer by TC (bpf_redirect_peer)"
+            }
+        }
+    }
+}
 
 /// A handle of its own on the pinned map, so that a thread following the kernel's
 /// link notifications can keep it current while the planner owns the `Datapath`.
 pub struct XmitMap {
     map: Array<MapData, u32>,
-    have: BTreeSet<u32>,
+    have: BTreeMap<u32, Egress>,
 }
 
 /// What `XmitMap::set` changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct XmitChange {
-    /// Interfaces that may now be redirected into.
-    pub added: Vec<u32>,
-    /// Interfaces that no longer may.
+    /// Interfaces whose way out is new or changed.
+    pub added: Vec<(u32, Egress)>,
+    /// Interfaces whose packets now go through the kernel.
     pub removed: Vec<u32>,
-    /// Interfaces that accept XDP frames but whose index is beyond the map (their
-    /// packets take the kernel's path).
+    /// Interfaces whose index is beyond the map (their packets take the kernel's
+    /// path).
     pub beyond: Vec<u32>,
 }
 
@@ -34,14 +80,14 @@ impl XmitMap {
         let name = map_names::XMIT;
         let data = MapData::from_pin(pin_dir.join(name)).map_err(map_err(name))?;
         let map = Array::try_from(aya::maps::Map::Array(data)).map_err(map_err(name))?;
-        let mut have = BTreeSet::new();
+        let mut have = BTreeMap::new();
         {
             use aya::maps::IterableMap as _;
             let fd = std::os::fd::AsFd::as_fd(map.map().fd());
             lookup_batch(fd, 4, 4, |k, v| {
                 let index = u32::from_ne_bytes(k.try_into().unwrap_or_default());
-                if u32::from_ne_bytes(v.try_into().unwrap_or_default()) == XMIT_OK {
-                    have.insert(index);
+                if let Some(e) = Egress::of(u32::from_ne_bytes(v.try_into().unwrap_or_default())) {
+                    have.insert(index, e);
                 }
             })
             .map_err(|io_error| {
@@ -54,41 +100,48 @@ impl XmitMap {
         Ok(XmitMap { map, have })
     }
 
-    /// The interfaces the program may redirect into now.
-    pub fn current(&self) -> &BTreeSet<u32> {
+    /// How packets leave by each interface now (absent: through the kernel).
+    pub fn current(&self) -> &BTreeMap<u32, Egress> {
         &self.have
     }
 
     /// Makes the map hold exactly `want` (indices beyond the map are left out and
-    /// reported). Entries are removed before any is added.
-    pub fn set(&mut self, want: &BTreeSet<u32>) -> Result<XmitChange> {
+    /// reported). Entries are removed before any is added or changed.
+    pub fn set(&mut self, want: &BTreeMap<u32, Egress>) -> Result<XmitChange> {
         let name = map_names::XMIT;
         let mut change = XmitChange::default();
-        let fits: BTreeSet<u32> = want
-            .iter()
-            .copied()
-            .filter(|&i| {
-                let ok = i < XMIT_SLOTS;
-                if !ok {
-                    change.beyond.push(i);
-                }
-                ok
-            })
-            .collect();
-        for &i in self.have.difference(&fits) {
+        let mut fits = want.clone();
+        fits.retain(|&i, _| {
+            let ok = i < XMIT_SLOTS;
+            if !ok {
+                change.beyond.push(i);
+            }
+            ok
+        });
+        for &i in self.have.keys().filter(|i| !fits.contains_key(i)) {
             self.map.set(i, 0, 0).map_err(map_err(name))?;
             change.removed.push(i);
         }
-        for &i in fits.difference(&self.have) {
-            self.map.set(i, XMIT_OK, 0).map_err(map_err(name))?;
-            change.added.push(i);
+        for (&i, &e) in fits.iter().filter(|(i, e)| self.have.get(i) != Some(e)) {
+            self.map.set(i, e.value(), 0).map_err(map_err(name))?;
+            change.added.push((i, e));
         }
         self.have = fits;
         Ok(change)
     }
 }
 
-/// Keeps `berth_xmit` equal to the kernel's list of interfaces that accept XDP frames:
+/// How packets leave by each interface: XDP into those in `xdp` (they take XDP frames),
+/// the hand-off program into the other Ethernet ones (`ethernet`: index → whether it is
+/// a veth whose peer is in another namespace), the kernel otherwise.
+pub fn egress(xdp: &BTreeSet<u32>, ethernet: &BTreeMap<u32, bool>) -> BTreeMap<u32, Egress> {
+    let tc = ethernet
+        .iter()
+        .map(|(&i, &peer)| (i, if peer { Egress::TcPeer } else { Egress::Tc }));
+    tc.chain(xdp.iter().map(|&i| (i, Egress::Xdp))).collect()
+}
+
+/// Keeps `berth_xmit` equal to what the kernel says of the interfaces (`egress`):
 /// reads it at once (before returning, so the program is right from the start), then
 /// on a thread of its own again whenever the kernel announces a link or xdp-features
 /// change, and every `RECHECK` in case a notification was lost. Where the kernel cannot
@@ -183,31 +236,36 @@ fn sync(map: &mut XmitMap, attached: &mut Attached) {
             );
         }
     }
-    let want = match crate::netlink::xdp_xmit_interfaces() {
+    let xdp = match crate::netlink::xdp_xmit_interfaces() {
         Ok(w) => w,
         Err(e) => {
             tracing::warn!(
                 error = %crate::error_chain(&e),
-                "cannot learn which interfaces take XDP frames: every packet goes through the kernel"
+                "cannot learn which interfaces take XDP frames: none is redirected into by XDP"
             );
             BTreeSet::new()
         }
     };
+    let ethernet = match crate::netlink::ethernet_links() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(
+                error = %crate::error_chain(&e),
+                "cannot list the Ethernet interfaces: none is redirected into by TC"
+            );
+            BTreeMap::new()
+        }
+    };
+    let want = egress(&xdp, &ethernet);
     match map.set(&want) {
         Ok(change) => {
             let names = names.unwrap_or_default();
             let name = |i: &u32| names.get(i).cloned().unwrap_or_else(|| format!("#{i}"));
-            for i in &change.added {
-                tracing::info!(
-                    iface = name(i),
-                    "takes XDP frames: packets to it are redirected by XDP"
-                );
+            for (i, e) in &change.added {
+                tracing::info!(iface = name(i), "{}", e.describe());
             }
             for i in &change.removed {
-                tracing::info!(
-                    iface = name(i),
-                    "takes no XDP frames (any more): packets to it go through the kernel"
-                );
+                tracing::info!(iface = name(i), "packets to it go through the kernel");
             }
             for i in &change.beyond {
                 tracing::warn!(
@@ -223,6 +281,28 @@ fn sync(map: &mut XmitMap, attached: &mut Attached) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xdp_takes_what_accepts_its_frames_tc_the_other_ethernet_links() {
+        // 1: lo (not Ethernet), 2: a NIC with XDP frames, 3: a bridge, 4: a pod's veth
+        // (peer in another namespace), 5: a veth whose peer takes XDP frames, 6: a
+        // tunnel (not Ethernet) that says it takes XDP frames.
+        let xdp: BTreeSet<u32> = [2, 5, 6].into();
+        let ethernet: BTreeMap<u32, bool> = [(2, false), (3, false), (4, true), (5, true)].into();
+        let want: BTreeMap<u32, Egress> = [
+            (2, Egress::Xdp),
+            (3, Egress::Tc),
+            (4, Egress::TcPeer),
+            (5, Egress::Xdp),
+            (6, Egress::Xdp),
+        ]
+        .into();
+        assert_eq!(egress(&xdp, &ethernet), want);
+        for e in [Egress::Xdp, Egress::Tc, Egress::TcPeer] {
+            assert_eq!(Egress::of(e.value()), Some(e));
+        }
+        assert_eq!(Egress::of(0), None, "0: the kernel");
+    }
 
     #[test]
     fn an_attached_interface_that_is_deleted_is_reported_once_by_name() {

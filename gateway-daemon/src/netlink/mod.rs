@@ -75,6 +75,10 @@ const RTNLGRP_LINK: u32 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_IFALIAS: u16 = 20;
+/// `IFLA_LINK_NETNSID`: the namespace of the link's other end, when it is another.
+const IFLA_LINK_NETNSID: u16 = 37;
+/// `ARPHRD_ETHER`: a link that carries Ethernet frames.
+const ARPHRD_ETHER: u16 = 1;
 const IFLA_INFO_KIND: u16 = 1;
 /// `IFLA_XDP`: nested, the XDP programs attached to the link.
 const IFLA_XDP: u16 = 43;
@@ -459,19 +463,43 @@ pub fn remove_proxy_neighbour(ifindex: u32, addr: std::net::Ipv6Addr) -> Result<
 
 /// Index → name of every link (RTM_GETLINK dump).
 pub fn links() -> Result<BTreeMap<u32, String>, NetlinkError> {
+    Ok(dump_links()?
+        .into_iter()
+        .map(|l| (l.index, String::from_utf8_lossy(&l.name).into_owned()))
+        .collect())
+}
+
+/// Every link (RTM_GETLINK dump).
+fn dump_links() -> Result<Vec<Link>, NetlinkError> {
     const WHAT: &str = "dumping links";
     let mut sock = Socket::open(libc::NETLINK_ROUTE)?;
     let request = Request::new(RTM_GETLINK, NLM_F_DUMP).fixed(&ifinfomsg(0, 0, 0));
-    let mut out = BTreeMap::new();
+    let mut out = Vec::new();
     for reply in sock.dump(WHAT, &request)? {
         if reply.ty != RTM_NEWLINK {
             continue;
         }
-        let link = Link::parse(&reply.body)
-            .map_err(|detail| NetlinkError::Malformed { what: WHAT, detail })?;
-        out.insert(link.index, String::from_utf8_lossy(&link.name).into_owned());
+        out.push(
+            Link::parse(&reply.body)
+                .map_err(|detail| NetlinkError::Malformed { what: WHAT, detail })?,
+        );
     }
     Ok(out)
+}
+
+/// The links that carry Ethernet (a packet with MACs may be redirected into them), by
+/// index, each with whether it is a veth whose peer is in another namespace.
+pub fn ethernet_links() -> Result<BTreeMap<u32, bool>, NetlinkError> {
+    Ok(dump_links()?
+        .into_iter()
+        .filter(|l| l.arp_type == ARPHRD_ETHER)
+        .map(|l| {
+            (
+                l.index,
+                l.kind.as_deref() == Some(b"veth") && l.link_elsewhere,
+            )
+        })
+        .collect())
 }
 
 /// How an XDP program is attached to link `ifindex` (`XDP_ATTACHED_*`; 0: none).

@@ -6,6 +6,11 @@ use super::*;
 /// A link as RTM_NEWLINK describes it.
 pub(super) struct Link {
     pub(super) index: u32,
+    /// Its hardware type (`ARPHRD_*`).
+    pub(super) arp_type: u16,
+    /// Whether its other end is in another namespace (`IFLA_LINK_NETNSID`: a veth's
+    /// peer there).
+    pub(super) link_elsewhere: bool,
     pub(super) flags: u32,
     pub(super) name: Vec<u8>,
     pub(super) kind: Option<Vec<u8>>,
@@ -24,13 +29,16 @@ impl Link {
             .ok()
             .filter(|&i| i > 0)
             .ok_or("link without a valid index")?;
+        let arp_type = u16::from_ne_bytes([header[2], header[3]]);
         let flags = ne_u32(&header[8..12]).ok_or("short ifinfomsg")?;
         let (mut name, mut kind, mut alias, mut xdp_attached) = (None, None, None, 0);
+        let mut link_elsewhere = false;
         for attr in Attrs::new(attrs) {
             let attr = attr?;
             match attr.ty {
                 IFLA_IFNAME => name = Some(until_nul(attr.value).to_vec()),
                 IFLA_IFALIAS => alias = Some(until_nul(attr.value).to_vec()),
+                IFLA_LINK_NETNSID => link_elsewhere = true,
                 IFLA_XDP => {
                     for xdp in Attrs::new(attr.value) {
                         let xdp = xdp?;
@@ -52,6 +60,8 @@ impl Link {
         }
         Ok(Link {
             index,
+            arp_type,
+            link_elsewhere,
             flags,
             name: name.ok_or("link without a name")?,
             kind,

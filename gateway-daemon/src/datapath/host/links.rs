@@ -1,6 +1,7 @@
-//! Attaching the programs to interfaces: the XDP program on ingress and the TC program
-//! on egress (tcx) of every `--interface`, each as a bpf link pinned under `links/`
-//! (`xdp@IFINDEX`, `tc@IFINDEX`). Pins keep the programs running while no daemon runs;
+//! Attaching the programs to interfaces: the XDP program on ingress, the TC program on
+//! egress (tcx) and the hand-off program on ingress (tcx, after XDP) of every
+//! `--interface`, each as a bpf link pinned under `links/` (`xdp@IFINDEX`,
+//! `tc@IFINDEX`, `tc-in@IFINDEX`). Pins keep the programs running while no daemon runs;
 //! a restarted daemon replaces the program inside each link atomically, so no packet
 //! sees no program.
 //!
@@ -27,7 +28,9 @@ use aya::programs::{
     ProgramError, SchedClassifier, TcAttachType, XdpMode,
 };
 
-use crate::datapath::{xdp, AttachMode, Attached, Datapath, DatapathError, Result, TC_PROGRAM};
+use crate::datapath::{
+    xdp, AttachMode, Attached, Datapath, DatapathError, Result, TC_INGRESS_PROGRAM, TC_PROGRAM,
+};
 
 /// Which program a link runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -36,6 +39,8 @@ pub enum LinkKind {
     Xdp,
     /// The TC program, on egress (tcx).
     Tc,
+    /// The hand-off program, on ingress (tcx).
+    TcIngress,
 }
 
 impl LinkKind {
@@ -43,6 +48,15 @@ impl LinkKind {
         match self {
             LinkKind::Xdp => "xdp",
             LinkKind::Tc => "tc",
+            LinkKind::TcIngress => "tc-in",
+        }
+    }
+
+    /// The TC program of this kind and where it is attached.
+    fn tc(self) -> (&'static str, TcAttachType) {
+        match self {
+            LinkKind::TcIngress => (TC_INGRESS_PROGRAM, TcAttachType::Ingress),
+            _ => (TC_PROGRAM, TcAttachType::Egress),
         }
     }
 }
@@ -253,9 +267,11 @@ impl Datapath {
         if matches!(how, Attached::New(_)) {
             created.push(xdp_path);
         }
-        let tc_path = self.link_path(LinkKind::Tc, role, ifindex);
-        if self.attach_tc(iface, ifindex, &tc_path)? {
-            created.push(tc_path);
+        for kind in [LinkKind::Tc, LinkKind::TcIngress] {
+            let tc_path = self.link_path(kind, role, ifindex);
+            if self.attach_tc(iface, ifindex, kind, &tc_path)? {
+                created.push(tc_path);
+            }
         }
         Ok(how)
     }
@@ -346,17 +362,29 @@ impl Datapath {
         })
     }
 
-    /// Attaches the TC program to `iface`'s egress; true if a new link was made.
-    fn attach_tc(&mut self, iface: &str, ifindex: u32, path: &Path) -> Result<bool> {
+    /// Attaches the TC program of `kind` to `iface` (egress or ingress); true if a new
+    /// link was made.
+    fn attach_tc(
+        &mut self,
+        iface: &str,
+        ifindex: u32,
+        kind: LinkKind,
+        path: &Path,
+    ) -> Result<bool> {
         let path = path.to_path_buf();
-        self.adopt_pin(LinkKind::Tc, ifindex, &path);
-        let attach_err = |source| attach_error(iface, "TC egress", source);
+        let (name, direction) = kind.tc();
+        self.adopt_pin(kind, ifindex, &path);
+        let what = match direction {
+            TcAttachType::Ingress => "TC ingress",
+            _ => "TC egress",
+        };
+        let attach_err = |source| attach_error(iface, what, source);
         let link_err = |message: String| DatapathError::Link {
             path: path.clone(),
             message,
         };
         let replaced = self.replace_pinned(&path, iface, |ebpf, fd| {
-            let program = tc_program(ebpf).map_err(|e| e.to_string())?;
+            let program = classifier(ebpf, name).map_err(|e| e.to_string())?;
             let link = SchedClassifierLink::try_from(fd).map_err(|e| e.to_string())?;
             let id = program.attach_to_link(link).map_err(|e| e.to_string())?;
             let link = program.take_link(id).map_err(|e| e.to_string())?;
@@ -365,11 +393,11 @@ impl Datapath {
         if replaced {
             return Ok(false);
         }
-        let program = tc_program(&mut self.ebpf)?;
+        let program = classifier(&mut self.ebpf, name)?;
         let id = program
             .attach_with_options(
                 iface,
-                TcAttachType::Egress,
+                direction,
                 TcAttachOptions::TcxOrder(LinkOrder::default()),
             )
             .map_err(attach_err)?;
