@@ -1,4 +1,4 @@
-//! Load for the end-to-end benchmark, made and counted by two tiny XDP programs loaded
+//! Load for the end-to-end benchmark, made and counted by two tiny BPF programs loaded
 //! with raw `bpf(2)` calls (a few instructions each, no object file, no toolchain):
 //!
 //! - [`FrameGenerator`]: the kernel's own packet generator, `BPF_PROG_TEST_RUN` with
@@ -10,7 +10,9 @@
 //!   pages with headroom, as a NIC driver hands them over: XDP runs on them in place,
 //!   and the stack builds its skb around the page without a copy.
 //! - [`Sink`]: on a backend's veth, counts UDP/IPv4 and drops it (ARP and the rest
-//!   pass): the cheapest receiver there is, and the same in every mode.
+//!   pass): the cheapest receiver there is, and the same in every mode. As XDP (which
+//!   makes the veth take XDP frames) or, where the backend's interface must take none,
+//!   at TC ingress (tcx), where the stack has received the packet.
 
 use std::{
     net::SocketAddrV4,
@@ -24,21 +26,21 @@ use std::{
 
 use crate::{netns::Netns, packet::Packet};
 
+mod sink;
+pub use sink::Sink;
+
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
-const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 /// `BPF_MAP_TYPE_LRU_HASH`, the conntrack's type.
 pub const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
 const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
-const XDP_DROP: i32 = 1;
-const XDP_PASS: i32 = 2;
 const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
 const HELPER_REDIRECT: i32 = 23;
 
@@ -182,17 +184,22 @@ impl Counter {
 }
 
 fn load_xdp(what: &str, insns: &[u64]) -> OwnedFd {
+    load(what, BPF_PROG_TYPE_XDP, BPF_XDP, insns)
+}
+
+/// Loads a program of `prog_type` for `attach_type`.
+fn load(what: &str, prog_type: u32, attach_type: u32, insns: &[u64]) -> OwnedFd {
     let license = b"GPL\0";
     let mut log = vec![0u8; 1 << 16];
     let mut attr = Attr::default();
-    put_u32(&mut attr, 0, BPF_PROG_TYPE_XDP);
+    put_u32(&mut attr, 0, prog_type);
     put_u32(&mut attr, 4, insns.len() as u32);
     attr[1] = insns.as_ptr() as u64;
     attr[2] = license.as_ptr() as u64;
     put_u32(&mut attr, 24, 1); // log level
     put_u32(&mut attr, 28, log.len() as u32);
     attr[4] = log.as_mut_ptr() as u64;
-    put_u32(&mut attr, 68, BPF_XDP); // expected attach type
+    put_u32(&mut attr, 68, attach_type); // expected attach type
     bpf_fd(BPF_PROG_LOAD, &mut attr).unwrap_or_else(|e| {
         let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
         panic!(
@@ -200,63 +207,6 @@ fn load_xdp(what: &str, insns: &[u64]) -> OwnedFd {
             String::from_utf8_lossy(&log[..end])
         )
     })
-}
-
-/// Counts and drops UDP/IPv4 arriving on an interface; detached on drop.
-pub struct Sink {
-    counter: Counter,
-    _prog: OwnedFd,
-    _link: OwnedFd,
-}
-
-impl Sink {
-    /// Attaches to `iface` of `ns` (native XDP).
-    pub fn attach(ns: &Netns, iface: &str) -> Self {
-        let counter = Counter::new();
-        const DROP: i16 = 18;
-        const PASS: i16 = 20;
-        let mut p = vec![
-            insn(LDXW, 2, 1, 0, 0),             // 0: r2 = data
-            insn(LDXW, 3, 1, 4, 0),             // 1: r3 = data_end
-            insn(MOV, 4, 2, 0, 0),              // 2: r4 = data
-            insn(ADDI, 4, 0, 0, 14 + 20),       // 3: r4 += Ethernet + IPv4
-            insn(JGT, 4, 3, PASS - 5, 0),       // 4: too short: pass
-            insn(LDXH, 5, 2, 12, 0),            // 5: r5 = EtherType
-            insn(JNEI, 5, 0, PASS - 7, 0x0008), // 6: not IPv4 (0x0800 on the wire): pass
-            insn(LDXB, 5, 2, 23, 0),            // 7: r5 = IP protocol
-            insn(JNEI, 5, 0, PASS - 9, 17),     // 8: not UDP: pass
-        ];
-        p.extend(lookup_counter(&counter.0, 9, DROP)); // 9-15: r0 = &counter
-        p.extend([
-            insn(MOVI, 1, 0, 0, 1),               // 16: r1 = 1
-            insn(ATOMIC_DW, 0, 1, 0, ATOMIC_ADD), // 17: *r0 += r1
-            insn(MOVI, 0, 0, 0, XDP_DROP),        // 18 (DROP)
-            insn(EXIT, 0, 0, 0, 0),               // 19
-            insn(MOVI, 0, 0, 0, XDP_PASS),        // 20 (PASS)
-            insn(EXIT, 0, 0, 0, 0),               // 21
-        ]);
-        let prog = load_xdp("sink", &p);
-        let ifindex = ns.ifindex(iface);
-        let link = ns
-            .enter(|| {
-                let mut attr = Attr::default();
-                put_u32(&mut attr, 0, prog.as_raw_fd() as u32);
-                put_u32(&mut attr, 4, ifindex);
-                put_u32(&mut attr, 8, BPF_XDP);
-                bpf_fd(BPF_LINK_CREATE, &mut attr)
-            })
-            .unwrap_or_else(|e| panic!("attaching the sink to {iface} in {}: {e}", ns.name));
-        Sink {
-            counter,
-            _prog: prog,
-            _link: link,
-        }
-    }
-
-    /// UDP packets counted (and dropped) so far.
-    pub fn count(&self) -> u64 {
-        self.counter.get()
-    }
 }
 
 /// Pins a thread (`0`: the calling one) or process to one CPU.

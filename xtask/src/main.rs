@@ -63,8 +63,11 @@ const USAGE: &str =
                    through the gateway by Berth's XDP, iptables, nftables (IPVS if the
                    kernel has it) and plain routing, and Berth's SNAT mode beside
                    iptables DNAT + MASQUERADE: delivered pps, loss, gateway CPU per
-                   packet; tables, target/bench/e2e.svg, a JSON line (arguments go to
-                   it: [--load xdp-live-frames|sendmmsg] [--flows long|new|both] [MODE...])
+                   packet, with the backends on XDP-sink veths, on plain veths and on a
+                   bridge (the last two take no XDP frames, as pods' interfaces); tables,
+                   target/bench/e2e.svg, a JSON line (arguments go to it: [--load
+                   xdp-live-frames|sendmmsg] [--flows long|new|both]
+                   [--backends xdp|veth|bridge|all] [MODE...])
   fuzz datapath    setup, then random and mutated packets through the XDP and TC programs
                    under BPF_PROG_TEST_RUN, invariants checked on every output; reports
                    verdicts, translations, violations, packets/s ([--packets N] [--seed S],

@@ -5,9 +5,10 @@
 
 use super::*;
 
-pub(super) fn route_yaml() -> String {
-    let endpoints: String = (1..=BACKENDS)
-        .map(|i| format!("- addresses: [{}]\n", backend_addr(i)))
+pub(super) fn route_yaml(backends: &[Ipv4Addr]) -> String {
+    let endpoints: String = backends
+        .iter()
+        .map(|a| format!("- addresses: [{a}]\n"))
         .collect();
     format!(
         "apiVersion: gateway.networking.k8s.io/v1\nkind: UDPRoute\nmetadata: {{name: bench, namespace: bench}}\n\
@@ -31,7 +32,7 @@ pub(super) type Running = Box<dyn std::any::Any>;
 /// Sets the gateway up for `mode`.
 pub(super) fn configure(mode: Mode, topo: &Topology) -> Option<Running> {
     let gw = &topo.gateway;
-    let backend = |i: usize| format!("{}:{BACKEND_PORT}", backend_addr(i));
+    let addr = |i: usize| topo.backend_addrs[i - 1];
     if matches!(mode, Mode::BerthSnat | Mode::IptablesMasq) {
         // Source NAT serves backends that do not route via the gateway: take their
         // default route away (they reach the gateway's address on their subnet).
@@ -43,7 +44,11 @@ pub(super) fn configure(mode: Mode, topo: &Topology) -> Option<Running> {
         Mode::Routing => {}
         Mode::Berth | Mode::BerthKernel => {
             let dirs = Dirs::with_example_files(&["gateway.yaml"]);
-            std::fs::write(dirs.manifests.join("bench.yaml"), route_yaml()).expect("write");
+            std::fs::write(
+                dirs.manifests.join("bench.yaml"),
+                route_yaml(&topo.backend_addrs),
+            )
+            .expect("write");
             let extra: &[&str] = if mode == Mode::BerthKernel {
                 &["--redirect", "never"]
             } else {
@@ -69,7 +74,7 @@ pub(super) fn configure(mode: Mode, topo: &Topology) -> Option<Running> {
             };
             let backends = (1..=BACKENDS)
                 .map(|i| WeightedBackend {
-                    endpoint: SocketAddrV4::new(backend_addr(i), BACKEND_PORT).into(),
+                    endpoint: SocketAddrV4::new(addr(i), BACKEND_PORT).into(),
                     weight: 1,
                 })
                 .collect();
@@ -86,63 +91,27 @@ pub(super) fn configure(mode: Mode, topo: &Topology) -> Option<Running> {
             );
             return Some(Box::new(loader));
         }
-        Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesMasq => {
-            let cmd = if mode == Mode::IptablesLegacy {
-                "iptables-legacy"
-            } else {
-                "iptables-nft"
-            };
-            // Rule i takes 1/(remaining) of the new flows: an even split.
-            for i in 1..=BACKENDS {
-                let (gw_addr, port, to) = (GW.to_string(), GW_PORT.to_string(), backend(i));
-                let p = format!("{:.6}", 1.0 / (BACKENDS - i + 1) as f64);
-                let mut rule = vec![
-                    cmd,
-                    "-t",
-                    "nat",
-                    "-A",
-                    "PREROUTING",
-                    "-d",
-                    &gw_addr,
-                    "-p",
-                    "udp",
-                    "--dport",
-                    &port,
-                ];
-                if i < BACKENDS {
-                    rule.extend(["-m", "statistic", "--mode", "random", "--probability", &p]);
-                }
-                rule.extend(["-j", "DNAT", "--to-destination", &to]);
-                gw.exec(&rule);
-            }
-            if mode == Mode::IptablesMasq {
-                // Toward the backends (b1, b2, ...), the source becomes the address of
-                // the interface the packet leaves by.
-                gw.exec(&[
-                    cmd,
-                    "-t",
-                    "nat",
-                    "-A",
-                    "POSTROUTING",
-                    "-o",
-                    "b+",
-                    "-j",
-                    "MASQUERADE",
-                ]);
-            }
-        }
+        Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesMasq => iptables(mode, topo),
         Mode::Ipvs => {
             // IPVS answers addresses of this host: put the gateway address on lo.
             gw.ip(&["addr", "add", &format!("{GW}/32"), "dev", "lo"]);
             let vip = format!("{GW}:{GW_PORT}");
             gw.exec(&["ipvsadm", "-A", "-u", &vip, "-s", "rr"]);
             for i in 1..=BACKENDS {
-                gw.exec(&["ipvsadm", "-a", "-u", &vip, "-r", &backend(i), "-m"]);
+                gw.exec(&[
+                    "ipvsadm",
+                    "-a",
+                    "-u",
+                    &vip,
+                    "-r",
+                    &backend_at(topo, i),
+                    "-m",
+                ]);
             }
         }
         Mode::Nftables => {
             let map: Vec<String> = (1..=BACKENDS)
-                .map(|i| format!("{} : {}", i - 1, backend_addr(i)))
+                .map(|i| format!("{} : {}", i - 1, addr(i)))
                 .collect();
             gw.exec(&[
                 "nft",
@@ -157,4 +126,58 @@ pub(super) fn configure(mode: Mode, topo: &Topology) -> Option<Running> {
         }
     }
     None
+}
+
+/// Backend `i`'s (1-based) address and port, `ip:port`.
+fn backend_at(topo: &Topology, i: usize) -> String {
+    format!("{}:{BACKEND_PORT}", topo.backend_addrs[i - 1])
+}
+
+/// The iptables DNAT rules of `mode` (with MASQUERADE toward the backends for
+/// `IptablesMasq`).
+fn iptables(mode: Mode, topo: &Topology) {
+    let gw = &topo.gateway;
+    let cmd = if mode == Mode::IptablesLegacy {
+        "iptables-legacy"
+    } else {
+        "iptables-nft"
+    };
+    // Rule i takes 1/(remaining) of the new flows: an even split.
+    for i in 1..=BACKENDS {
+        let (gw_addr, port, to) = (GW.to_string(), GW_PORT.to_string(), backend_at(topo, i));
+        let p = format!("{:.6}", 1.0 / (BACKENDS - i + 1) as f64);
+        let mut rule = vec![
+            cmd,
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-d",
+            &gw_addr,
+            "-p",
+            "udp",
+            "--dport",
+            &port,
+        ];
+        if i < BACKENDS {
+            rule.extend(["-m", "statistic", "--mode", "random", "--probability", &p]);
+        }
+        rule.extend(["-j", "DNAT", "--to-destination", &to]);
+        gw.exec(&rule);
+    }
+    if mode == Mode::IptablesMasq {
+        // Toward the backends (b1, b2, ...), the source becomes the address of
+        // the interface the packet leaves by.
+        gw.exec(&[
+            cmd,
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-o",
+            "b+",
+            "-j",
+            "MASQUERADE",
+        ]);
+    }
 }

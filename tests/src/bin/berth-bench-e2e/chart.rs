@@ -198,12 +198,13 @@ pub(super) fn chart(sections: &[Section], load: Load, headlines: &[Vec<String>])
         let top = SECTIONS_TOP + SECTION_H * i as f64;
         let _ = writeln!(
             svg,
-            r##"<line x1="20" y1="{top:.1}" x2="{:.1}" y2="{top:.1}" stroke="#d1d5db"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="17" font-weight="bold" fill="#111827">Load {}: {}</text>"##,
+            r##"<line x1="20" y1="{top:.1}" x2="{:.1}" y2="{top:.1}" stroke="#d1d5db"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="17" font-weight="bold" fill="#111827">Load {}: {} (backends: {})</text>"##,
             w - 20.0,
             w / 2.0,
             top + 24.0,
             i + 1,
-            escape(&section.flows.title())
+            escape(&section.flows.title()),
+            section.backends.name()
         );
         for (j, line) in headline.iter().enumerate() {
             let _ = writeln!(
@@ -247,16 +248,26 @@ fn collapsed(rows: &[Row], row: &Row) -> bool {
 
 /// The chart's foot notes, one line each.
 fn notes(sections: &[Section]) -> Vec<String> {
-    let mut notes: Vec<String> = sections[0]
-        .rows
-        .iter()
-        .filter(|r| r.runs.is_empty())
-        .filter_map(|r| {
-            r.unavailable
-                .as_ref()
-                .map(|why| format!("{}: {why}", r.mode.name()))
-        })
+    let mut notes: Vec<String> = Vec::new();
+    for r in sections.iter().flat_map(|s| &s.rows) {
+        if let Some(why) = r.unavailable.as_ref().filter(|_| r.runs.is_empty()) {
+            let note = format!("{}: {why}", r.label());
+            if !notes.contains(&note) {
+                notes.push(note);
+            }
+        }
+    }
+    let no_napi: Vec<&str> = TOPOLOGIES
+        .into_iter()
+        .filter(|b| !b.napi() && sections.iter().any(|s| s.backends == *b))
+        .map(Backends::name)
         .collect();
+    if !no_napi.is_empty() {
+        notes.push(format!(
+            "backends {}: their veths have no NAPI; their receive and TC sink run in the gateway's thread, counted in its CPU",
+            no_napi.join(", ")
+        ));
+    }
     for section in sections {
         let names = |keep: &dyn Fn(&Row) -> bool| -> Vec<&str> {
             section
@@ -273,17 +284,22 @@ fn notes(sections: &[Section]) -> Vec<String> {
                     .is_some_and(|b| b.0 < UNSATURATED)
         });
         if !unsaturated.is_empty() {
+            let limit = if section.backends.napi() {
+                "CPU 0, shared by the generator and the backends"
+            } else {
+                "CPU 0, the generator's"
+            };
             notes.push(format!(
-                "{} ({}): gateway not saturated (CPU 0, shared by the generator and the backends, was the limit)",
+                "{} ({}): gateway not saturated ({limit}, was the limit)",
                 unsaturated.join(", "),
-                section.flows.name()
+                section.name()
             ));
         }
         if !down.is_empty() {
             notes.push(format!(
                 "{} ({}): delivered under {:.0}% of the best mode's packets; CPU per packet not drawn",
                 down.join(", "),
-                section.flows.name(),
+                section.name(),
                 COLLAPSED * 100.0
             ));
         }
@@ -332,12 +348,28 @@ fn section_panels(svg: &mut String, rows: &[Row], top: f64) {
 
 /// One line per `HEADLINES` comparison that ran: Berth against the kernel NAT
 /// references, e.g. "Berth vs iptables-legacy, iptables-nft, nftables: 3.4x the packets
-/// per second, 4.4-4.5x less gateway CPU per packet".
-pub(super) fn headline(rows: &[Row]) -> Vec<String> {
-    HEADLINES
+/// per second, 4.4-4.5x less gateway CPU per packet"; where the backends take no XDP
+/// frames, Berth's gateway CPU per packet against plain routing's too.
+pub(super) fn headline(section: &Section) -> Vec<String> {
+    let rows = &section.rows;
+    let mut lines: Vec<String> = HEADLINES
         .iter()
         .filter_map(|&(mode, label, references)| comparison(rows, mode, label, references))
-        .collect()
+        .collect();
+    if section.backends != Backends::Xdp {
+        lines.extend(against_routing(rows));
+    }
+    lines
+}
+
+/// Berth's gateway CPU per packet against plain routing's.
+fn against_routing(rows: &[Row]) -> Option<String> {
+    let ns = |m: Mode| rows.iter().find(|r| r.mode == m).and_then(Row::ns);
+    let (berth, routing) = (ns(Mode::Berth)?, ns(Mode::Routing)?);
+    Some(format!(
+        "Berth vs routing: {berth:.0} against {routing:.0} ns of gateway CPU per packet ({:.2}x routing's)",
+        berth / routing
+    ))
 }
 
 fn comparison(rows: &[Row], mode: Mode, label: &str, references: &[Mode]) -> Option<String> {

@@ -9,8 +9,22 @@
 //! POSTROUTING toward the backends. For the two SNAT modes the backends have no default
 //! route (nothing in them routes via the gateway; as the sinks never answer, this shows
 //! only that nothing the benchmark needs depends on it). Modes take turns, `REPS` rounds of `WARMUP` +
-//! `MEASURE`; medians are reported as a table, an SVG chart (`target/bench/e2e.svg`)
-//! and, last, one JSON line.
+//! `MEASURE`; medians are reported as a table per load and topology, an SVG chart
+//! (`target/bench/e2e.svg`, a section each) and, last, one JSON line (its rows carry
+//! `backends`, the topology's name).
+//!
+//! Topologies (`--backends xdp|veth|bridge|all`, default all, each with rows of its own,
+//! labelled `MODE@TOPOLOGY`): the client's link to the gateway (`c0`) is the same in all
+//! (GRO on, as a NIC takes frames); the backends' differ. `xdp`: a veth each, GRO on,
+//! the XDP sink on the backend's end, so the gateway's end takes redirected XDP frames
+//! (every mode runs). `veth`: a veth each as the kernel makes it (GRO off, no XDP on
+//! either end), the backend's end in its namespace as a Kubernetes pod's. `bridge`: the
+//! same veths as ports of bridge `cni0` in the gateway's namespace, which holds the
+//! gateway's address toward the backends (one subnet), as a CNI bridge (flannel's,
+//! kindnet's). On those two no backend interface takes XDP frames, as users have them:
+//! Berth runs on `c0` only, the sink counts at TC ingress, and the modes are routing,
+//! berth-xdp (`berth run`, `--redirect auto`), berth-kernel and iptables-nft; their
+//! headlines are Berth against iptables-nft and Berth's gateway CPU against routing's.
 //!
 //! Loads (`--flows long|new|both`, default both, each run in every mode): 64-byte
 //! frames (18-byte payload, no UDP checksum) sent on CPU 0 as fast as it goes, either
@@ -42,8 +56,9 @@
 //! what plain routing did under that load (~0.6 µs/packet), and a quarter of it under
 //! frames (0.28 against 1.06 µs).
 //!
-//! Counting, the same for every mode: `loadgen::Sink`, an XDP program on each
-//! backend's veth, counts UDP and drops it (so nothing answers, not even ICMP). Sent =
+//! Counting, the same for every mode: `loadgen::Sink` on each backend's veth counts UDP
+//! and drops it (so nothing answers, not even ICMP): as XDP on the `xdp` topology, at TC
+//! ingress (tcx) on the others, where the backends' interfaces take no XDP. Sent =
 //! frames the generator made (`--load sendmmsg`: packets the client's veth took,
 //! transmitted or dropped). Delivered pps = counted / time; loss = 1 − delivered/sent,
 //! nearly all of it at the gateway's receive ring (veth drops there when the gateway
@@ -55,8 +70,14 @@
 //! veth (`c0`) and every backend's veth run *threaded NAPI*: each device's receive
 //! processing is a kernel thread of its own. The gateway's thread, pinned to CPU 1, does
 //! for every mode exactly the gateway's work: receive from the client, XDP or the stack
-//! (routing, conntrack, NAT) and the transmit into the backend's receive ring. The
-//! backends' threads do theirs on CPU 0, next to the generator. NAPI threads run
+//! (routing, conntrack, NAT) and the transmit into the backend's receive ring. On the
+//! `xdp` topology the backends' threads do theirs on CPU 0, next to the generator. On
+//! `veth` and `bridge` the backends' veths have no NAPI (no GRO, no XDP): a backend
+//! receives in softirq on the sending CPU, inside the gateway's thread (ksoftirqd was
+//! seen to take none of it; a kernel with CONFIG_IRQ_TIME_ACCOUNTING, unset on the
+//! development VM, would bill it apart), so the gateway's figure includes the backends'
+//! receive and their TC sink (a few instructions), and no backend CPU is reported.
+//! NAPI threads run
 //! SCHED_FIFO, above ordinary tasks as softirq processing is, so other load on the
 //! machine delays them less. Gateway CPU = that one thread's run time
 //! (`/proc/PID/schedstat`, nanoseconds) over the measurement, divided by the packets
@@ -76,6 +97,7 @@
 
 mod baselines;
 mod chart;
+mod cli;
 mod measure;
 mod report;
 mod sendmmsg;
@@ -97,12 +119,13 @@ use berth_tests::{
     loadgen::{pin, Flows, FrameGenerator, Sink},
     netns::{wait_until, Netns, Proc},
     packet::Packet,
-    topo::{backend_addr, Topology, CLIENT, DNS_PORT, GW},
+    topo::{bridged_with, Topology, Veth, CLIENT, DNS_PORT, GW},
 };
 use serde_json::{json, Value};
 
 use baselines::*;
 use chart::*;
+use cli::*;
 use measure::*;
 use report::*;
 use sendmmsg::*;
@@ -334,78 +357,21 @@ fn have(tool: &str) -> bool {
         .unwrap_or(false)
 }
 
-const USAGE: &str =
-    "usage: berth-bench-e2e [--load xdp-live-frames|sendmmsg] [--flows long|new|both] [MODE...]
-  --flows: 16 long flows, a new 5-tuple every packet, or both (default; long only
-           with --load sendmmsg, whose sockets have fixed ports)
-  MODE: routing berth-xdp berth-kernel iptables-legacy iptables-nft ipvs nftables
-        berth-snat iptables-masq (default: all)";
-
-/// The value after `flag` in `args`, both taken out; `None` if `flag` is absent.
-fn take_option(args: &mut Vec<String>, flag: &str) -> Option<String> {
-    let i = args.iter().position(|a| a == flag)?;
-    let Some(value) = args.get(i + 1).cloned() else {
-        usage_error(&format!("{flag} needs a value"));
-    };
-    args.drain(i..i + 2);
-    Some(value)
-}
-
-fn usage_error(what: &str) -> ! {
-    eprintln!("{what}\n{USAGE}");
-    std::process::exit(2);
-}
-
-/// One load's rows.
+/// One load's rows on one topology.
 struct Section {
+    backends: Backends,
     flows: FlowLoad,
     rows: Vec<Row>,
 }
 
-fn main() {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("sendmmsg") {
-        sendmmsg_generator(&args[1..]);
-        return;
+impl Section {
+    /// The load and the topology, e.g. `long@veth`.
+    fn name(&self) -> String {
+        format!("{}@{}", self.flows.name(), self.backends.name())
     }
-    let load = match take_option(&mut args, "--load").as_deref() {
-        None | Some("xdp-live-frames") => Load::Frames,
-        Some("sendmmsg") => Load::Sendmmsg,
-        Some(other) => usage_error(&format!("--load: unknown load {other}")),
-    };
-    let flows: &[FlowLoad] = match take_option(&mut args, "--flows").as_deref() {
-        None if load == Load::Sendmmsg => &[FlowLoad::Long],
-        None | Some("both") => &[FlowLoad::Long, FlowLoad::New],
-        Some("long") => &[FlowLoad::Long],
-        Some("new") => &[FlowLoad::New],
-        Some(other) => usage_error(&format!("--flows: unknown value {other}")),
-    };
-    if load == Load::Sendmmsg && flows.contains(&FlowLoad::New) {
-        usage_error("--flows new needs the frame generator (--load xdp-live-frames)");
-    }
-    if let Some(bad) = args.iter().find(|a| MODES.iter().all(|m| m.name() != *a)) {
-        usage_error(&format!("unknown mode {bad}"));
-    }
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    assert!(
-        cpus >= 2,
-        "the benchmark needs 2 CPUs (generator and backends, gateway); this machine has {cpus}"
-    );
-    let mut sections: Vec<Section> = flows
-        .iter()
-        .map(|&flows| Section {
-            flows,
-            rows: MODES
-                .iter()
-                .filter(|m| args.is_empty() || args.iter().any(|a| a == m.name()))
-                .map(|&mode| Row {
-                    mode,
-                    unavailable: mode.unavailable(),
-                    runs: Vec::new(),
-                })
-                .collect(),
-        })
-        .collect();
+}
+
+fn print_header(sections: &[Section], load: Load) {
     println!(
         "e2e: 64-byte UDP frames ({} load), client -> gateway -> {BACKENDS} backends over veth; \
          {}s warm-up + {}s per run, {REPS} rounds, medians",
@@ -413,38 +379,43 @@ fn main() {
         WARMUP.as_secs(),
         MEASURE.as_secs()
     );
-    for s in &sections {
-        println!("flows {:<4}: {}", s.flows.name(), s.flows.what());
+    let mut seen = Vec::new();
+    for s in sections {
+        if !seen.contains(&s.flows.name()) {
+            seen.push(s.flows.name());
+            println!("flows {:<4}: {}", s.flows.name(), s.flows.what());
+        }
     }
-    println!("gateway CPU accounting: {ACCOUNTING}");
-    for row in &sections[0].rows {
-        println!("  {:<16} {}", row.mode.name(), row.mode.what());
+    let mut topologies: Vec<Backends> = sections.iter().map(|s| s.backends).collect();
+    topologies.dedup();
+    for b in &topologies {
+        println!("backends {:<6}: {}", b.name(), b.what());
+        println!("  gateway CPU accounting: {}", b.accounting());
     }
+    let mut modes: Vec<Mode> = Vec::new();
+    for row in sections.iter().flat_map(|s| &s.rows) {
+        if !modes.contains(&row.mode) {
+            modes.push(row.mode);
+            println!("  {:<16} {}", row.mode.name(), row.mode.what());
+        }
+    }
+}
+
+/// Measures every row `REPS` times, the modes taking turns.
+fn run_rounds(sections: &mut [Section], load: Load) {
     for round in 1..=REPS {
-        for section in &mut sections {
-            let flows = section.flows;
+        for section in sections.iter_mut() {
+            let (backends, flows) = (section.backends, section.flows);
             for row in section.rows.iter_mut().filter(|r| r.unavailable.is_none()) {
                 let mode = row.mode;
                 let started = Instant::now();
-                match std::panic::catch_unwind(|| measure(mode, load, flows)) {
+                match std::panic::catch_unwind(|| measure(mode, backends, load, flows)) {
                     Ok(run) => {
-                        let conntrack =
-                            match (mode.netfilter(), run.conntrack_entries, run.conntrack_max) {
-                                (true, Some(n), Some(max)) => format!(", conntrack {n}/{max}"),
-                                _ => String::new(),
-                            };
                         eprintln!(
-                            "round {round} {:<4} {:<16} {:>7.1} kpps delivered, {:>7.1} kpps sent, gateway {:>5.0} ns/pkt busy {:>3.0}%, \
-                             backends {:>4.0} ns/pkt; dropped at the gateway's ring {:.1}%, at the backends' {:.1}%{conntrack} ({:.1}s)",
+                            "round {round} {:<4} {}{} ({:.1}s)",
                             flows.name(),
-                            mode.name(),
-                            run.delivered_pps / 1e3,
-                            run.sent_pps / 1e3,
-                            run.gateway_ns_per_packet,
-                            run.gateway_busy * 100.0,
-                            run.backend_ns_per_packet,
-                            run.ingress_drop * 100.0,
-                            run.backend_drop * 100.0,
+                            run_line(row, &run),
+                            conntrack_note(mode, &run),
                             started.elapsed().as_secs_f64()
                         );
                         row.runs.push(run);
@@ -453,7 +424,7 @@ fn main() {
                         eprintln!(
                             "round {round} {} {}: failed (see above)",
                             flows.name(),
-                            mode.name()
+                            row.label()
                         );
                         if row.runs.is_empty() {
                             row.unavailable =
@@ -464,13 +435,49 @@ fn main() {
             }
         }
     }
-    let headlines: Vec<Vec<String>> = sections.iter().map(|s| headline(&s.rows)).collect();
+}
+
+/// One run's figures, for the progress lines.
+fn run_line(row: &Row, run: &Run) -> String {
+    let backends = if run.backend_ns_per_packet.is_finite() {
+        format!("{:>4.0} ns/pkt", run.backend_ns_per_packet)
+    } else {
+        "in the gateway's".into()
+    };
+    format!(
+        "{:<20} {:>7.1} kpps delivered, {:>7.1} kpps sent, gateway {:>5.0} ns/pkt busy {:>3.0}%, \
+         backends {backends}; dropped at the gateway's ring {:.1}%, at the backends' {:.1}%",
+        row.label(),
+        run.delivered_pps / 1e3,
+        run.sent_pps / 1e3,
+        run.gateway_ns_per_packet,
+        run.gateway_busy * 100.0,
+        run.ingress_drop * 100.0,
+        run.backend_drop * 100.0,
+    )
+}
+
+/// `, conntrack N/MAX` for a netfilter mode.
+fn conntrack_note(mode: Mode, run: &Run) -> String {
+    match (mode.netfilter(), run.conntrack_entries, run.conntrack_max) {
+        (true, Some(n), Some(max)) => format!(", conntrack {n}/{max}"),
+        _ => String::new(),
+    }
+}
+
+fn print_report(sections: &[Section], load: Load) {
+    let headlines: Vec<Vec<String>> = sections.iter().map(headline).collect();
     let path = chart_path();
     std::fs::create_dir_all(path.parent().expect("chart dir")).expect("creating target/bench");
-    std::fs::write(&path, chart(&sections, load, &headlines)).expect("writing the chart");
+    std::fs::write(&path, chart(sections, load, &headlines)).expect("writing the chart");
     for (section, headline) in sections.iter().zip(&headlines) {
         println!();
-        println!("flows {}: {}", section.flows.name(), section.flows.what());
+        println!(
+            "flows {}, backends {}: {}",
+            section.flows.name(),
+            section.backends.name(),
+            section.flows.what()
+        );
         print!("{}", table(&section.rows));
         for line in headline {
             println!("{line}");
@@ -479,13 +486,32 @@ fn main() {
     println!(
         "ratios: pps = delivered pps / the reference's; cpu = the reference's gateway ns per packet / this mode's (> 1: better)"
     );
-    if sections.len() > 1 {
+    let summary = summary(sections);
+    if !summary.is_empty() {
         println!();
-        print!("{}", summary(&sections));
+        print!("{summary}");
     }
-    if let Some(max) = conntrack_max(&sections) {
+    if let Some(max) = conntrack_max(sections) {
         println!("netfilter's conntrack table: nf_conntrack_max {max} (the kernel's default here)");
     }
     println!("chart: {}", path.display());
-    println!("{}", json_line(&sections, load, &path));
+    println!("{}", json_line(sections, load, &path));
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("sendmmsg") {
+        sendmmsg_generator(&args[1..]);
+        return;
+    }
+    let args = parse_args(args);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        cpus >= 2,
+        "the benchmark needs 2 CPUs (generator and backends, gateway); this machine has {cpus}"
+    );
+    let mut sections = sections(&args);
+    print_header(&sections, args.load);
+    run_rounds(&mut sections, args.load);
+    print_report(&sections, args.load);
 }

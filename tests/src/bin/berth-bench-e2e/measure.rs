@@ -65,7 +65,8 @@ pub(super) struct Run {
     pub(super) loss: f64,
     pub(super) gateway_ns_per_packet: f64,
     pub(super) gateway_busy: f64,
-    /// The backends' CPU per delivered packet (not the gateway's; for reference).
+    /// The backends' CPU per delivered packet (not the gateway's; for reference; NaN
+    /// where they have no NAPI thread of their own).
     pub(super) backend_ns_per_packet: f64,
     /// Share of the sent packets dropped at the gateway's receive ring.
     pub(super) ingress_drop: f64,
@@ -117,29 +118,28 @@ fn wait_for_conntrack_teardown() {
     }
 }
 
-pub(super) fn measure(mode: Mode, load: Load, flows: FlowLoad) -> Run {
+pub(super) fn measure(mode: Mode, backends: Backends, load: Load, flows: FlowLoad) -> Run {
     wait_for_conntrack_teardown();
-    let topo = Topology::with_gro(BACKENDS);
+    let topo = backends.build();
     if flows == FlowLoad::New {
         topo.gateway
             .ip(&["route", "add", NEW_SOURCES, "via", &CLIENT.to_string()]);
     }
     let _gateway = configure(mode, &topo);
-    let sinks: Vec<Sink> = topo
-        .backends
-        .iter()
-        .map(|b| Sink::attach(b, "eth0"))
-        .collect();
+    let sinks: Vec<Sink> = topo.backends.iter().map(|b| backends.sink(b)).collect();
     // After every attach and feature change, so the NAPI instances stay as they are.
     let gateway_thread = threaded_napi(&topo.gateway, "c0", GATEWAY_CPU);
+    // Backends' veths without NAPI have no thread: they receive in the gateway's.
     let backend_threads: Vec<u32> = topo
         .backends
         .iter()
+        .filter(|_| backends.napi())
         .map(|b| threaded_napi(b, "eth0", BACKEND_CPU))
         .collect();
     let dsts: Vec<SocketAddrV4> = if mode == Mode::Routing {
-        (1..=BACKENDS)
-            .map(|i| SocketAddrV4::new(backend_addr(i), BACKEND_PORT))
+        topo.backend_addrs
+            .iter()
+            .map(|a| SocketAddrV4::new(*a, BACKEND_PORT))
             .collect()
     } else {
         vec![SocketAddrV4::new(GW, GW_PORT)]
@@ -195,7 +195,7 @@ pub(super) fn measure(mode: Mode, load: Load, flows: FlowLoad) -> Run {
             f64::NAN
         },
         gateway_busy,
-        backend_ns_per_packet: if delivered > 0.0 {
+        backend_ns_per_packet: if delivered > 0.0 && !backend_threads.is_empty() {
             (b.backends_ns - a.backends_ns) as f64 / delivered
         } else {
             f64::NAN

@@ -4,6 +4,8 @@ use super::*;
 
 pub(super) struct Row {
     pub(super) mode: Mode,
+    /// The topology it ran on.
+    pub(super) backends: Backends,
     /// Why it did not run.
     pub(super) unavailable: Option<String>,
     pub(super) runs: Vec<Run>,
@@ -20,6 +22,11 @@ pub(super) fn median(mut v: Vec<f64>) -> f64 {
 }
 
 impl Row {
+    /// The mode and its topology, e.g. `berth-xdp@veth`.
+    pub(super) fn label(&self) -> String {
+        format!("{}@{}", self.mode.name(), self.backends.name())
+    }
+
     /// Median, minimum and maximum of `f` over the runs where it is a number (a run
     /// that delivered nothing has no CPU per packet).
     pub(super) fn stat(&self, f: impl Fn(&Run) -> f64) -> Option<Stat> {
@@ -46,19 +53,28 @@ impl Row {
     }
 }
 
+/// The references among `rows`.
+fn references(rows: &[Row]) -> Vec<Mode> {
+    REFERENCES
+        .into_iter()
+        .filter(|m| rows.iter().any(|r| r.mode == *m))
+        .collect()
+}
+
 pub(super) fn table(rows: &[Row]) -> String {
+    let references = references(rows);
     let mut t = String::new();
     let _ = write!(
         t,
-        "{:<16} {:>9} {:>9} {:>7} {:>9} {:>6}",
+        "{:<20} {:>9} {:>9} {:>7} {:>9} {:>6}",
         "mode", "dlv kpps", "sent kpps", "loss %", "gw ns/pkt", "gw %"
     );
-    for r in REFERENCES {
+    for r in &references {
         let _ = write!(t, "  {:>19}", format!("vs {}", r.name()));
     }
     t.push('\n');
     for row in rows {
-        let _ = write!(t, "{:<16} ", row.mode.name());
+        let _ = write!(t, "{:<20} ", row.label());
         if let Some(why) = row.unavailable.as_ref().filter(|_| row.runs.is_empty()) {
             let _ = writeln!(t, "{why}");
             continue;
@@ -73,7 +89,7 @@ pub(super) fn table(rows: &[Row]) -> String {
             m(|r| r.gateway_ns_per_packet),
             m(|r| r.gateway_busy) * 100.0,
         );
-        for reference in REFERENCES {
+        for &reference in &references {
             let cell = rows
                 .iter()
                 .find(|r| r.mode == reference)
@@ -90,9 +106,25 @@ pub(super) fn table(rows: &[Row]) -> String {
     t
 }
 
-/// One row per mode, delivered pps and gateway CPU per load side by side.
+/// Per topology measured under more than one load: one row per mode, delivered pps and
+/// gateway CPU per load side by side.
 pub(super) fn summary(sections: &[Section]) -> String {
-    let mut t = format!("{:<16}", "mode");
+    let mut t = String::new();
+    for backends in TOPOLOGIES {
+        let group: Vec<&Section> = sections.iter().filter(|s| s.backends == backends).collect();
+        if group.len() > 1 {
+            if !t.is_empty() {
+                t.push('\n');
+            }
+            t.push_str(&summary_of(&group));
+        }
+    }
+    t
+}
+
+/// `summary` of one topology's sections (the same rows in each).
+fn summary_of(sections: &[&Section]) -> String {
+    let mut t = format!("{:<20}", "mode");
     for s in sections {
         let _ = write!(
             t,
@@ -103,7 +135,7 @@ pub(super) fn summary(sections: &[Section]) -> String {
     }
     t.push('\n');
     for (i, row) in sections[0].rows.iter().enumerate() {
-        let _ = write!(t, "{:<16}", row.mode.name());
+        let _ = write!(t, "{:<20}", row.label());
         for s in sections {
             let r = &s.rows[i];
             let pps = r.pps().map_or("-".into(), |v| format!("{:.1}", v / 1e3));
@@ -132,6 +164,7 @@ fn modes_json(rows: &[Row]) -> Vec<Value> {
             let Some((pps, pps_lo, pps_hi)) = row.stat(|r| r.delivered_pps) else {
                 return json!({
                     "mode": row.mode.name(),
+                    "backends": row.backends.name(),
                     "available": false,
                     "reason": row.unavailable,
                 });
@@ -160,6 +193,7 @@ fn modes_json(rows: &[Row]) -> Vec<Value> {
                 (row.mode.netfilter() && !conntrack.is_empty()).then(|| median(conntrack).round());
             json!({
                 "mode": row.mode.name(),
+                "backends": row.backends.name(),
                 "available": true,
                 "delivered_pps": pps.round(),
                 "delivered_pps_min": pps_lo.round(),
@@ -180,22 +214,33 @@ fn modes_json(rows: &[Row]) -> Vec<Value> {
         .collect()
 }
 
+/// The JSON line: per load, the rows of every topology (`backends`: its name; the xdp
+/// topology's first).
 pub(super) fn json_line(sections: &[Section], load: Load, chart: &Path) -> Value {
-    let loads: serde_json::Map<String, Value> = sections
-        .iter()
-        .map(|s| {
-            let f = s.flows.flows();
-            let value = json!({
+    let mut loads = serde_json::Map::new();
+    for s in sections {
+        let f = s.flows.flows();
+        let entry = loads.entry(s.flows.name()).or_insert_with(|| {
+            json!({
                 "what": s.flows.what(),
                 "first_source_port": s.flows.first_port(),
                 "source_ports": f.ports,
                 "source_addresses": f.addresses,
                 "tuples": f.tuples(),
-                "modes": modes_json(&s.rows),
-            });
-            (s.flows.name().to_string(), value)
-        })
-        .collect();
+                "modes": [],
+            })
+        });
+        if let Some(modes) = entry["modes"].as_array_mut() {
+            modes.extend(modes_json(&s.rows));
+        }
+    }
+    let mut topologies = serde_json::Map::new();
+    for s in sections {
+        topologies.insert(
+            s.backends.name().into(),
+            json!({"what": s.backends.what(), "gateway_cpu_accounting": s.backends.accounting()}),
+        );
+    }
     json!({
         "bench": "e2e",
         "load": load.name(),
@@ -209,6 +254,7 @@ pub(super) fn json_line(sections: &[Section], load: Load, chart: &Path) -> Value
         "ratios_mean": "pps_vs_X = delivered pps / X's; cpu_vs_X = X's gateway ns per packet / this mode's",
         "nf_conntrack_max": conntrack_max(sections),
         "loads": loads,
+        "topologies": topologies,
         "chart": chart.display().to_string(),
     })
 }

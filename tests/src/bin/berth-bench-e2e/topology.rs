@@ -1,5 +1,6 @@
-//! The parts of the topology a measurement pins down: MACs, the gateway's threaded-NAPI
-//! kernel thread on its own CPU.
+//! The topology a measurement runs on: how the backends are attached (`--backends`),
+//! and the parts it pins down: MACs, the gateway's threaded-NAPI kernel thread on its
+//! own CPU.
 
 use super::*;
 
@@ -65,4 +66,96 @@ pub(super) fn threaded_napi(ns: &Netns, iface: &str, cpu: usize) -> u32 {
         std::io::Error::last_os_error()
     );
     new[0]
+}
+
+/// How the backends are attached to the gateway (`--backends`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Backends {
+    /// A veth each, GRO on, the XDP `Sink` on the backend's end: the gateway's end
+    /// takes redirected XDP frames.
+    Xdp,
+    /// A veth each as the kernel makes it (GRO off, no XDP on either end), the backend's
+    /// end in its namespace as a pod's; the TC sink counts.
+    Veth,
+    /// A veth each, the gateway's ends ports of bridge `cni0`, which holds the gateway's
+    /// address toward the backends (one subnet), as a CNI bridge; the TC sink counts.
+    Bridge,
+}
+
+pub(super) const TOPOLOGIES: [Backends; 3] = [Backends::Xdp, Backends::Veth, Backends::Bridge];
+
+/// The modes measured where the backends' interfaces take no XDP frames.
+const PLAIN_MODES: [Mode; 4] = [
+    Mode::Routing,
+    Mode::Berth,
+    Mode::BerthKernel,
+    Mode::IptablesNft,
+];
+
+/// The CNI-like bridge of `Backends::Bridge`.
+const BRIDGE: &str = "cni0";
+
+impl Backends {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Backends::Xdp => "xdp",
+            Backends::Veth => "veth",
+            Backends::Bridge => "bridge",
+        }
+    }
+
+    pub(super) fn what(self) -> &'static str {
+        match self {
+            Backends::Xdp => "a veth each, GRO on, an XDP sink on the backend's end (the gateway's redirects land as XDP frames)",
+            Backends::Veth => "a veth each as the kernel makes it (GRO off, no XDP), like a pod's; a TC (tcx ingress) sink on the backend's end",
+            Backends::Bridge => "veths on bridge cni0 (one subnet, GRO off, no XDP), like a CNI bridge; a TC (tcx ingress) sink on the backends' ends",
+        }
+    }
+
+    /// Whether the backends' veths run NAPI (then threaded, on `BACKEND_CPU`). Without
+    /// it, a backend receives in softirq on the sending CPU: the gateway's thread.
+    pub(super) fn napi(self) -> bool {
+        self == Backends::Xdp
+    }
+
+    /// How the gateway's CPU is accounted for here.
+    pub(super) fn accounting(self) -> String {
+        if self.napi() {
+            ACCOUNTING.into()
+        } else {
+            format!("{ACCOUNTING}; the backends' veths have no NAPI, so their receive (and the TC sink, a few instructions) runs in softirq on the sending CPU, inside that thread: the figure includes it")
+        }
+    }
+
+    /// Whether `mode` is measured on this topology.
+    pub(super) fn runs(self, mode: Mode) -> bool {
+        self == Backends::Xdp || PLAIN_MODES.contains(&mode)
+    }
+
+    /// Builds the network; the client's link is the same in every topology (GRO on, so
+    /// the gateway's `c0` takes the generator's XDP frames and runs NAPI).
+    pub(super) fn build(self) -> Topology {
+        let mut topo = match self {
+            Backends::Xdp => return Topology::with_gro(BACKENDS),
+            Backends::Veth => Topology::with_links(BACKENDS, Veth::GRO, Veth::default()),
+            Backends::Bridge => {
+                // In cni0's subnet, 10.251.10.0/24, after its own .1.
+                let addrs: Vec<Ipv4Addr> = (1..=BACKENDS)
+                    .map(|i| Ipv4Addr::new(10, 251, 10, 1 + i as u8))
+                    .collect();
+                bridged_with(BRIDGE, &addrs, Veth::GRO, Veth::default())
+            }
+        };
+        // Berth only on the client's link: the backends' take no XDP.
+        topo.gateway_ifaces = vec!["c0".into()];
+        topo
+    }
+
+    /// The sink counting what reaches backend `ns`.
+    pub(super) fn sink(self, ns: &Netns) -> Sink {
+        match self {
+            Backends::Xdp => Sink::attach(ns, "eth0"),
+            Backends::Veth | Backends::Bridge => Sink::attach_tc(ns, "eth0"),
+        }
+    }
 }

@@ -1,0 +1,105 @@
+//! The command line: loads, topologies, modes; the rows it asks for.
+
+use super::*;
+
+const USAGE: &str =
+    "usage: berth-bench-e2e [--load xdp-live-frames|sendmmsg] [--flows long|new|both]
+                       [--backends xdp|veth|bridge|all] [MODE...]
+  --flows: 16 long flows, a new 5-tuple every packet, or both (default; long only
+           with --load sendmmsg, whose sockets have fixed ports)
+  --backends: how the backends are attached (default all, each its own rows):
+           xdp    veths with an XDP sink on the backends' ends (they take XDP frames)
+           veth   veths as the kernel makes them (no GRO, no XDP), as pods' (TC sink)
+           bridge the same as ports of bridge cni0, as behind a CNI bridge (TC sink)
+           (veth and bridge run routing, berth-xdp, berth-kernel, iptables-nft only)
+  MODE: routing berth-xdp berth-kernel iptables-legacy iptables-nft ipvs nftables
+        berth-snat iptables-masq (default: all)";
+
+/// The value after `flag` in `args`, both taken out; `None` if `flag` is absent.
+fn take_option(args: &mut Vec<String>, flag: &str) -> Option<String> {
+    let i = args.iter().position(|a| a == flag)?;
+    let Some(value) = args.get(i + 1).cloned() else {
+        usage_error(&format!("{flag} needs a value"));
+    };
+    args.drain(i..i + 2);
+    Some(value)
+}
+
+fn usage_error(what: &str) -> ! {
+    eprintln!("{what}\n{USAGE}");
+    std::process::exit(2);
+}
+
+/// What the command line asks for.
+pub(super) struct Args {
+    pub(super) load: Load,
+    pub(super) flows: &'static [FlowLoad],
+    pub(super) topologies: Vec<Backends>,
+    /// The modes named (none: all).
+    pub(super) modes: Vec<String>,
+}
+
+pub(super) fn parse_args(mut args: Vec<String>) -> Args {
+    let load = match take_option(&mut args, "--load").as_deref() {
+        None | Some("xdp-live-frames") => Load::Frames,
+        Some("sendmmsg") => Load::Sendmmsg,
+        Some(other) => usage_error(&format!("--load: unknown load {other}")),
+    };
+    let flows: &[FlowLoad] = match take_option(&mut args, "--flows").as_deref() {
+        None if load == Load::Sendmmsg => &[FlowLoad::Long],
+        None | Some("both") => &[FlowLoad::Long, FlowLoad::New],
+        Some("long") => &[FlowLoad::Long],
+        Some("new") => &[FlowLoad::New],
+        Some(other) => usage_error(&format!("--flows: unknown value {other}")),
+    };
+    if load == Load::Sendmmsg && flows.contains(&FlowLoad::New) {
+        usage_error("--flows new needs the frame generator (--load xdp-live-frames)");
+    }
+    let topologies = match take_option(&mut args, "--backends").as_deref() {
+        None | Some("all") => TOPOLOGIES.to_vec(),
+        Some(name) => match TOPOLOGIES.iter().find(|b| b.name() == name) {
+            Some(&b) => vec![b],
+            None => usage_error(&format!("--backends: unknown topology {name}")),
+        },
+    };
+    if let Some(bad) = args.iter().find(|a| MODES.iter().all(|m| m.name() != *a)) {
+        usage_error(&format!("unknown mode {bad}"));
+    }
+    Args {
+        load,
+        flows,
+        topologies,
+        modes: args,
+    }
+}
+
+/// The rows to measure: per topology, per load, the modes asked for that run there.
+pub(super) fn sections(args: &Args) -> Vec<Section> {
+    let mut sections = Vec::new();
+    for &backends in &args.topologies {
+        for &flows in args.flows {
+            let rows: Vec<Row> = MODES
+                .iter()
+                .filter(|m| args.modes.is_empty() || args.modes.iter().any(|a| a == m.name()))
+                .filter(|&&m| backends.runs(m))
+                .map(|&mode| Row {
+                    mode,
+                    backends,
+                    unavailable: mode.unavailable(),
+                    runs: Vec::new(),
+                })
+                .collect();
+            if !rows.is_empty() {
+                sections.push(Section {
+                    backends,
+                    flows,
+                    rows,
+                });
+            }
+        }
+    }
+    if sections.is_empty() {
+        usage_error("none of these modes runs on these topologies");
+    }
+    sections
+}
