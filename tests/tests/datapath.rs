@@ -623,8 +623,8 @@ fn converging_attaches_exactly_the_listed_interfaces_and_a_renamed_one_keeps_its
         .collect();
     assert_eq!(
         pins.len(),
-        4,
-        "an xdp and a tc link for each of two interfaces: {pins:?}"
+        6,
+        "an xdp, a tc and a tc-in link for each of two interfaces: {pins:?}"
     );
 }
 

@@ -63,7 +63,14 @@ fn serving_team_a() -> (Topology, berth_tests::topo::Servers, Dirs, Daemon) {
     let topo = Topology::new(2);
     let servers = topo.start_servers();
     let dirs = Dirs::with_examples();
-    let daemon = Daemon::start(&topo, &dirs);
+    // Every packet through the kernel (`--redirect never`): a request handed to TC, as
+    // on these default veths otherwise, is the ordinary course of a flow and no event.
+    let daemon = Daemon::start_with(
+        &topo.gateway,
+        &topo.gateway_ifaces,
+        &dirs,
+        &["--redirect", "never"],
+    );
     let web = SocketAddrV4::new(GW, 30000);
     wait_until("team A's route to serve", Duration::from_secs(30), || {
         topo.client.enter(|| http_get(web).is_ok())
