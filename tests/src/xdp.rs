@@ -47,6 +47,8 @@ pub struct TestDatapath {
     /// Where its maps are pinned (under bpffs).
     pub pin_dir: PathBuf,
     limits: Limits,
+    /// The object loaded instead of the embedded one (`load_object`).
+    object: Option<Vec<u8>>,
 }
 
 impl TestDatapath {
@@ -57,33 +59,51 @@ impl TestDatapath {
 
     /// Loads the datapath with the given map sizes; panics if the kernel refuses it.
     pub fn load_with(limits: Limits) -> Self {
+        Self::load_as(limits, None)
+    }
+
+    /// Loads `object` (an ELF object of the gateway program, such as another commit's
+    /// build) instead of the embedded one, with the given map sizes and a pin directory
+    /// of its own; panics if its maps differ from this build's or the kernel refuses it.
+    pub fn load_object(limits: Limits, object: Vec<u8>) -> Self {
+        Self::load_as(limits, Some(object))
+    }
+
+    fn load_as(limits: Limits, object: Option<Vec<u8>>) -> Self {
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/berth-test-{}", unique("dp")));
+        let dp = Self::datapath(&pin_dir, limits, object.as_deref()).unwrap_or_else(|e| {
+            // Maps may be pinned already when the program fails to load.
+            let _ = berth::datapath::remove_pins(&pin_dir);
+            panic!("loading datapath: {}", berth::error_chain(&e))
+        });
+        TestDatapath {
+            dp,
+            pin_dir,
+            limits,
+            object,
+        }
+    }
+
+    /// The datapath of `object` (the embedded one when none) pinned in `pin_dir`.
+    fn datapath(
+        pin_dir: &std::path::Path,
+        limits: Limits,
+        object: Option<&[u8]>,
+    ) -> Result<Datapath, berth::datapath::DatapathError> {
         let config = Config {
-            pin_dir: pin_dir.clone(),
+            pin_dir: pin_dir.to_path_buf(),
             limits,
         };
-        match Datapath::load(&config) {
-            Ok(dp) => TestDatapath {
-                dp,
-                pin_dir,
-                limits,
-            },
-            Err(e) => {
-                // Maps may be pinned already when the program fails to load.
-                let _ = berth::datapath::remove_pins(&pin_dir);
-                panic!("loading datapath: {}", berth::error_chain(&e))
-            }
+        match object {
+            Some(object) => Datapath::load_object(&config, object),
+            None => Datapath::load(&config),
         }
     }
 
     /// Loads the datapath again on the same pins, as a restarted daemon does: the new
     /// one adopts the maps (services, backends, conntrack) the old one left.
     pub fn restart(&mut self) {
-        let config = Config {
-            pin_dir: self.pin_dir.clone(),
-            limits: self.limits,
-        };
-        self.dp = Datapath::load(&config)
+        self.dp = Self::datapath(&self.pin_dir, self.limits, self.object.as_deref())
             .unwrap_or_else(|e| panic!("reloading datapath: {}", berth::error_chain(&e)));
     }
 }

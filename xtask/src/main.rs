@@ -1,5 +1,5 @@
-//! Project tasks: `cargo xtask setup|test|demo|bench datapath|planner|health|control-plane|e2e|fuzz
-//! datapath`.
+//! Project tasks: `cargo xtask setup|test|demo|bench
+//! datapath|datapath-ab|planner|health|control-plane|e2e|fuzz datapath`.
 //!
 //! `setup` installs what a fresh machine lacks and is idempotent: Debian packages the
 //! tests and demo use, the nightly toolchain pinned in `ebpf-toolchain` (if no nightly
@@ -15,6 +15,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
+mod ab;
 mod kube;
 
 /// Debian packages and the command each provides (checked before installing).
@@ -48,12 +49,15 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/local/lib/berth-llvm";
 
 const USAGE: &str =
-    "usage: cargo xtask <setup | test | demo | bench datapath|planner|health|control-plane|e2e | fuzz datapath>
+    "usage: cargo xtask <setup | test | demo | bench datapath|datapath-ab|planner|health|control-plane|e2e | fuzz datapath>
   setup            install what this machine lacks (idempotent; needs root), and build
                    Kubernetes' binaries for the tests (kube-toolchain; needs Go)
   test             setup, then fmt and clippy checks and every test (needs root)
   demo             setup, then berth run on the examples in network namespaces (needs root)
   bench datapath   setup, then ns/packet of the XDP program under BPF_PROG_TEST_RUN
+  bench datapath-ab <git-rev>  setup, then the same, this build's XDP program and
+                   <git-rev>'s (built in a worktree under target/ab) in turn in one
+                   process: each one's medians and their ratios per case
   bench planner    setup, then planning time for 1k, 10k and 100k routes
   bench health     setup, then the health checker's CPU for 10,000 endpoints checked
                    every 5 s (TCP, loopback in a namespace; [--endpoints N] [--interval D])
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
         ["test"] => setup().and_then(|()| test()),
         ["demo"] => setup().and_then(|()| demo()),
         ["bench", "datapath"] => setup().and_then(|()| run_bin("berth-bench-datapath")),
+        ["bench", "datapath-ab", rev] => setup().and_then(|()| ab::bench(rev)),
         ["bench", "planner"] => setup().and_then(|()| run_bin("berth-bench-planner")),
         ["bench", "health", rest @ ..] => {
             setup().and_then(|()| run_bin_with("berth-bench-health", rest))
@@ -432,18 +437,29 @@ fn run_bin(name: &str) -> Result<()> {
 
 /// Runs one of the `berth-tests` binaries, optimised, with arguments.
 fn run_bin_with(name: &str, args: &[&str]) -> Result<()> {
-    run(cargo()
-        .args([
-            "run",
-            "--quiet",
-            "--release",
-            "-p",
-            "berth-tests",
-            "--bin",
-            name,
-            "--",
-        ])
-        .args(args))
+    run(&mut bin_command(name, args))
+}
+
+/// Runs one of the `berth-tests` binaries, optimised, with these environment variables.
+pub(crate) fn run_bin_env(name: &str, envs: &[(&str, &std::ffi::OsStr)]) -> Result<()> {
+    run(bin_command(name, &[]).envs(envs.iter().copied()))
+}
+
+/// The command running one of the `berth-tests` binaries, optimised, with arguments.
+fn bin_command(name: &str, args: &[&str]) -> Command {
+    let mut cmd = cargo();
+    cmd.args([
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        "berth-tests",
+        "--bin",
+        name,
+        "--",
+    ])
+    .args(args);
+    cmd
 }
 
 /// Builds binary `bin` of `package`, optimised, for the demo or a benchmark to start.

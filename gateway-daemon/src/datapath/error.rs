@@ -32,6 +32,28 @@ pub enum DatapathError {
     /// The object could not be loaded.
     #[error("loading the XDP object")]
     Load(#[source] aya::EbpfError),
+    /// A map of an object given to `Datapath::load_object` has another shape than this
+    /// build's (an object built with another `gateway-common`).
+    #[error(
+        "map {name} of the given object has {what} {found}, this build's has {wanted}: \
+         the object was built with another map layout (gateway-common)"
+    )]
+    ObjectMap {
+        /// The map's name.
+        name: &'static str,
+        /// The property that differs.
+        what: MapProperty,
+        /// Its value in the given object.
+        found: u32,
+        /// Its value in this build.
+        wanted: u32,
+    },
+    /// A map of this build that an object given to `Datapath::load_object` lacks.
+    #[error("the given object has no map {name} (built with another gateway-common?)")]
+    ObjectMapMissing {
+        /// The map's name.
+        name: &'static str,
+    },
     /// A program could not be loaded or found.
     #[error("program {name}")]
     Program {

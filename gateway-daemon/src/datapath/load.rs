@@ -28,11 +28,25 @@ use super::{
 };
 use crate::sys;
 
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gateway"));
+pub(super) static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gateway"));
 
 impl Datapath {
     /// Loads the program, creating the maps or adopting those an earlier run pinned.
     pub fn load(config: &Config) -> Result<Self> {
+        Self::load_from(config, OBJECT)
+    }
+
+    /// Loads `object` (an ELF object of the gateway program, such as another commit's
+    /// build, for A/B benchmarks) instead of the one this build embeds, as `load` does.
+    /// Its maps must have this build's key and value sizes (the same `gateway-common`):
+    /// refused otherwise, naming the first map that differs.
+    pub fn load_object(config: &Config, object: &[u8]) -> Result<Self> {
+        shapes::check_object(object, &config.limits.shapes())?;
+        Self::load_from(config, object)
+    }
+
+    /// `load` of `object`.
+    fn load_from(config: &Config, object: &[u8]) -> Result<Self> {
         ensure_bpffs(&config.pin_dir)?;
         // A start that fails leaves no pins of its own behind (an earlier run's stay).
         let existed: Vec<bool> = map_names::ALL
@@ -40,7 +54,7 @@ impl Datapath {
             .map(|n| config.pin_dir.join(n).exists())
             .collect();
         let dir_existed = config.pin_dir.exists();
-        let loaded = Self::load_pinned(config);
+        let loaded = Self::load_pinned(config, object);
         if loaded.is_err() {
             for (name, existed) in map_names::ALL.iter().zip(existed) {
                 if !existed {
@@ -54,9 +68,9 @@ impl Datapath {
         loaded
     }
 
-    /// Loads the object over the maps pinned in `config.pin_dir` (this build's shapes,
+    /// Loads `object` over the maps pinned in `config.pin_dir` (this build's shapes,
     /// created or an earlier run's) and rebuilds the userspace view from them.
-    fn load_pinned(config: &Config) -> Result<Self> {
+    fn load_pinned(config: &Config, object: &[u8]) -> Result<Self> {
         let Config { pin_dir, limits } = config;
         check_limits(limits)?;
         fs::create_dir_all(pin_dir.join("links")).map_err(|source| DatapathError::PinDir {
@@ -66,7 +80,7 @@ impl Datapath {
         let pin_lock = PinDirLock::take(pin_dir)?;
         let shapes = limits.shapes();
         shapes::check_pins(pin_dir, &shapes)?;
-        let ebpf = load_object(pin_dir, &shapes)?;
+        let ebpf = load_object(object, pin_dir, &shapes)?;
         let mut dp = Self::with_maps(ebpf, config, pin_lock)?;
         dp.adopt()?;
         dp.keys = super::keys::Keys::of(dp.installed.keys());
@@ -319,16 +333,16 @@ fn check_limits(limits: &Limits) -> Result<()> {
     Ok(())
 }
 
-/// Loads the object with its maps pinned in `pin_dir` (adopting those pinned there), and
+/// Loads `object` with its maps pinned in `pin_dir` (adopting those pinned there), and
 /// its programs.
-fn load_object(pin_dir: &Path, shapes: &[Shape]) -> Result<Ebpf> {
+fn load_object(object: &[u8], pin_dir: &Path, shapes: &[Shape]) -> Result<Ebpf> {
     let paths: Vec<PathBuf> = shapes.iter().map(|s| pin_dir.join(s.name)).collect();
     let mut loader = EbpfLoader::new();
     for (shape, path) in shapes.iter().zip(&paths) {
         loader.map_max_entries(shape.name, shape.max_entries);
         loader.map_pin_path(shape.name, path.as_path());
     }
-    let mut ebpf = loader.load(OBJECT).map_err(DatapathError::Load)?;
+    let mut ebpf = loader.load(object).map_err(DatapathError::Load)?;
     load_programs(&mut ebpf)?;
     Ok(ebpf)
 }

@@ -388,3 +388,60 @@ fn check_pinned(
     }
     Ok(())
 }
+
+/// Checks that the maps of `object` (an ELF object of the gateway program) have these
+/// `shapes`' key and value sizes, map by map in their order: the first that differs or
+/// is missing is named.
+pub(super) fn check_object(object: &[u8], shapes: &[Shape]) -> Result<()> {
+    let parsed = aya_obj::Object::parse(object)
+        .map_err(|e| DatapathError::Load(aya::EbpfError::ParseError(e)))?;
+    for shape in shapes {
+        let Some(map) = parsed.maps.get(shape.name) else {
+            return Err(DatapathError::ObjectMapMissing { name: shape.name });
+        };
+        let checks = [
+            (MapProperty::KeySize, map.key_size(), shape.key_size as u32),
+            (
+                MapProperty::ValueSize,
+                map.value_size(),
+                shape.value_size as u32,
+            ),
+        ];
+        for (what, found, wanted) in checks {
+            if found != wanted {
+                return Err(DatapathError::ObjectMap {
+                    name: shape.name,
+                    what,
+                    found,
+                    wanted,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod object_tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_object_passes_and_a_map_of_another_layout_is_named() {
+        let object = super::super::load::OBJECT;
+        let mut shapes = Limits::default().shapes();
+        assert!(check_object(object, &shapes).is_ok());
+        let conntrack = shapes
+            .iter_mut()
+            .find(|s| s.name == map_names::CONNTRACK)
+            .expect("a conntrack shape");
+        conntrack.value_size += 8;
+        match check_object(object, &shapes) {
+            Err(DatapathError::ObjectMap {
+                name,
+                what: MapProperty::ValueSize,
+                ..
+            }) => assert_eq!(name, map_names::CONNTRACK),
+            other => panic!("expected the conntrack's value size, got {other:?}"),
+        }
+    }
+}
