@@ -51,9 +51,7 @@ fn addresses_sum_their_routes_and_say_the_kernels_path_once() {
                     .enter(|| dns_whoami_from(dns, Duration::from_secs(1)));
             }
             let table = get(&topo.gateway, "addresses");
-            let kernel = table
-                .matches(WHY)
-                .count();
+            let kernel = table.matches(WHY).count();
             if kernel == 2 {
                 Ok(table)
             } else {
@@ -79,9 +77,7 @@ fn addresses_sum_their_routes_and_say_the_kernels_path_once() {
         "no row repeats it: {routes}"
     );
     assert_eq!(
-        routes
-            .matches(WHY)
-            .count(),
+        routes.matches(WHY).count(),
         2,
         "once per address and protocol, at the end: {routes}"
     );

@@ -68,10 +68,11 @@ const USAGE: &str =
                    kernel has it) and plain routing, and Berth's SNAT mode beside
                    iptables DNAT + MASQUERADE: delivered pps, loss, gateway CPU per
                    packet, with the backends on XDP-sink veths, on plain veths and on a
-                   bridge (the last two take no XDP frames, as pods' interfaces); tables,
-                   target/bench/e2e.svg, a JSON line (arguments go to it: [--load
+                   bridge (the last two take no XDP frames, as pods' interfaces), over
+                   IPv4 and with --family 6|both IPv6 too (IPv6 against IPv4 per mode);
+                   tables, target/bench/e2e.svg, a JSON line (arguments go to it: [--load
                    xdp-live-frames|sendmmsg] [--flows long|new|both]
-                   [--backends xdp|veth|bridge|all] [MODE...])
+                   [--backends xdp|veth|bridge|all] [--family 4|6|both] [MODE...])
   fuzz datapath    setup, then random and mutated packets through the XDP and TC programs
                    under BPF_PROG_TEST_RUN, invariants checked on every output; reports
                    verdicts, translations, violations, packets/s ([--packets N] [--seed S],

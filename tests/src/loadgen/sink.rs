@@ -1,4 +1,4 @@
-//! [`Sink`]: counts and drops UDP/IPv4 on a backend's interface, as native XDP or at
+//! [`Sink`]: counts and drops UDP (over IPv4 or IPv6) on a backend's interface, as native XDP or at
 //! TC ingress (tcx).
 
 use super::*;
@@ -43,7 +43,7 @@ const TCX_INGRESS_HOOK: Hook = Hook {
     pass: TC_ACT_UNSPEC,
 };
 
-/// Counts and drops UDP/IPv4 arriving on an interface; detached on drop.
+/// Counts and drops UDP over IPv4 or IPv6 (no extension headers) arriving on an interface; detached on drop.
 pub struct Sink {
     counter: Counter,
     _prog: OwnedFd,
@@ -64,8 +64,9 @@ impl Sink {
 
     fn attach_at(ns: &Netns, iface: &str, hook: &Hook) -> Self {
         let counter = Counter::new();
-        const DROP: i16 = 18;
-        const PASS: i16 = 20;
+        const V4: i16 = 12;
+        const DROP: i16 = 23;
+        const PASS: i16 = 25;
         let mut p = vec![
             insn(LDXW, 2, 1, hook.data, 0),     // 0: r2 = data
             insn(LDXW, 3, 1, hook.data_end, 0), // 1: r3 = data_end
@@ -73,19 +74,25 @@ impl Sink {
             insn(ADDI, 4, 0, 0, 14 + 20),       // 3: r4 += Ethernet + IPv4
             insn(JGT, 4, 3, PASS - 5, 0),       // 4: too short: pass
             insn(LDXH, 5, 2, 12, 0),            // 5: r5 = EtherType
-            insn(JNEI, 5, 0, PASS - 7, 0x0008), // 6: not IPv4 (0x0800 on the wire): pass
-            insn(LDXB, 5, 2, 23, 0),            // 7: r5 = IP protocol
-            insn(JNEI, 5, 0, PASS - 9, 17),     // 8: not UDP: pass
+            insn(JEQI, 5, 0, V4 - 7, 0x0008),   // 6: IPv4 (0x0800 on the wire)
+            insn(JNEI, 5, 0, PASS - 8, 0xdd86), // 7: not IPv6 (0x86dd) either: pass
+            insn(ADDI, 4, 0, 0, 20),            // 8: r4 = data + Ethernet + IPv6
+            insn(JGT, 4, 3, PASS - 10, 0),      // 9: too short: pass
+            insn(LDXB, 5, 2, 14 + 6, 0),        // 10: r5 = IPv6 next header
+            insn(JA, 0, 0, V4 + 1 - 12, 0),     // 11: to the protocol check
+            insn(LDXB, 5, 2, 14 + 9, 0),        // 12 (V4): r5 = IPv4 protocol
+            insn(JNEI, 5, 0, PASS - 14, 17),    // 13: not UDP: pass
         ];
-        p.extend(lookup_counter(&counter.0, 9, DROP)); // 9-15: r0 = &counter
+        p.extend(lookup_counter(&counter.0, 14, DROP)); // 14-20: r0 = &counter
         p.extend([
-            insn(MOVI, 1, 0, 0, 1),               // 16: r1 = 1
-            insn(ATOMIC_DW, 0, 1, 0, ATOMIC_ADD), // 17: *r0 += r1
-            insn(MOVI, 0, 0, 0, hook.drop),       // 18 (DROP)
-            insn(EXIT, 0, 0, 0, 0),               // 19
-            insn(MOVI, 0, 0, 0, hook.pass),       // 20 (PASS)
-            insn(EXIT, 0, 0, 0, 0),               // 21
+            insn(MOVI, 1, 0, 0, 1),               // 21: r1 = 1
+            insn(ATOMIC_DW, 0, 1, 0, ATOMIC_ADD), // 22: *r0 += r1
+            insn(MOVI, 0, 0, 0, hook.drop),       // 23 (DROP)
+            insn(EXIT, 0, 0, 0, 0),               // 24
+            insn(MOVI, 0, 0, 0, hook.pass),       // 25 (PASS)
+            insn(EXIT, 0, 0, 0, 0),               // 26
         ]);
+        assert_eq!(p.len() as i16, PASS + 2);
         let prog = load("sink", hook.prog_type, hook.attach_type, &p);
         let ifindex = ns.ifindex(iface);
         let link = ns

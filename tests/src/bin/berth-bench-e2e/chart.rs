@@ -188,9 +188,10 @@ pub(super) fn chart(sections: &[Section], load: Load, headlines: &[Vec<String>])
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="DejaVu Sans, Helvetica, Arial, sans-serif">
 <rect width="100%" height="100%" fill="white"/>
 <text x="{:.1}" y="30" text-anchor="middle" font-size="20" font-weight="bold" fill="#111827">One gateway, the same UDP loads: Berth's XDP datapath vs kernel NAT</text>
-<text x="{:.1}" y="54" text-anchor="middle" font-size="13" fill="#374151">64-byte UDP frames ({} load), client → gateway → {BACKENDS} backends over veth; median of {REPS} runs of {}s (whiskers: min–max)</text>"##,
+<text x="{:.1}" y="54" text-anchor="middle" font-size="13" fill="#374151">{} UDP frames ({} load), client → gateway → {BACKENDS} backends over veth; median of {REPS} runs of {}s (whiskers: min–max)</text>"##,
         w / 2.0,
         w / 2.0,
+        frame_sizes(sections),
         load.name(),
         MEASURE.as_secs(),
     );
@@ -198,13 +199,18 @@ pub(super) fn chart(sections: &[Section], load: Load, headlines: &[Vec<String>])
         let top = SECTIONS_TOP + SECTION_H * i as f64;
         let _ = writeln!(
             svg,
-            r##"<line x1="20" y1="{top:.1}" x2="{:.1}" y2="{top:.1}" stroke="#d1d5db"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="17" font-weight="bold" fill="#111827">Load {}: {} (backends: {})</text>"##,
+            r##"<line x1="20" y1="{top:.1}" x2="{:.1}" y2="{top:.1}" stroke="#d1d5db"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="17" font-weight="bold" fill="#111827">Load {}: {} (backends: {}{})</text>"##,
             w - 20.0,
             w / 2.0,
             top + 24.0,
             i + 1,
             escape(&section.flows.title()),
-            section.backends.name()
+            section.backends.name(),
+            if section.family == Family::V6 {
+                ", IPv6"
+            } else {
+                ""
+            }
         );
         for (j, line) in headline.iter().enumerate() {
             let _ = writeln!(
@@ -350,7 +356,8 @@ fn section_panels(svg: &mut String, rows: &[Row], top: f64) {
 /// references, e.g. "Berth vs iptables-legacy, iptables-nft, nftables: 3.4x the packets
 /// per second, 4.4-4.5x less gateway CPU per packet"; where the backends take no XDP
 /// frames, Berth's gateway CPU per packet against plain routing's too.
-pub(super) fn headline(section: &Section) -> Vec<String> {
+/// In IPv6, Berth's gateway CPU per packet against its IPv4 figure (of `sections`).
+pub(super) fn headline(section: &Section, sections: &[Section]) -> Vec<String> {
     let rows = &section.rows;
     let mut lines: Vec<String> = HEADLINES
         .iter()
@@ -359,6 +366,7 @@ pub(super) fn headline(section: &Section) -> Vec<String> {
     if section.backends != Backends::Xdp {
         lines.extend(against_routing(rows));
     }
+    lines.extend(family_headline(section, sections));
     lines
 }
 

@@ -4,9 +4,13 @@ use super::*;
 
 const USAGE: &str =
     "usage: berth-bench-e2e [--load xdp-live-frames|sendmmsg] [--flows long|new|both]
-                       [--backends xdp|veth|bridge|all] [MODE...]
+                       [--backends xdp|veth|bridge|all] [--family 4|6|both] [MODE...]
   --flows: 16 long flows, a new 5-tuple every packet, or both (default; long only
            with --load sendmmsg, whose sockets have fixed ports)
+  --family: the load over IPv4 (default), IPv6 (to fd00:251::100, rows labelled
+           MODE@TOPOLOGY/v6) or both, each its own rows, with IPv6 against IPv4 per
+           mode; IPv6 needs the frame generator and runs no SNAT mode (berth-snat,
+           iptables-masq) and no ipvs
   --backends: how the backends are attached (default all, each its own rows):
            xdp    veths with an XDP sink on the backends' ends (they take XDP frames)
            veth   veths as the kernel makes them (no GRO, no XDP), as pods' (TC sink)
@@ -35,6 +39,7 @@ pub(super) struct Args {
     pub(super) load: Load,
     pub(super) flows: &'static [FlowLoad],
     pub(super) topologies: Vec<Backends>,
+    pub(super) families: &'static [Family],
     /// The modes named (none: all).
     pub(super) modes: Vec<String>,
 }
@@ -62,6 +67,15 @@ pub(super) fn parse_args(mut args: Vec<String>) -> Args {
             None => usage_error(&format!("--backends: unknown topology {name}")),
         },
     };
+    let families: &[Family] = match take_option(&mut args, "--family").as_deref() {
+        None | Some("4") => &[Family::V4],
+        Some("6") => &[Family::V6],
+        Some("both") => &[Family::V4, Family::V6],
+        Some(other) => usage_error(&format!("--family: unknown value {other}")),
+    };
+    if load == Load::Sendmmsg && families.contains(&Family::V6) {
+        usage_error("--family 6 needs the frame generator (--load xdp-live-frames)");
+    }
     if let Some(bad) = args.iter().find(|a| MODES.iter().all(|m| m.name() != *a)) {
         usage_error(&format!("unknown mode {bad}"));
     }
@@ -69,32 +83,38 @@ pub(super) fn parse_args(mut args: Vec<String>) -> Args {
         load,
         flows,
         topologies,
+        families,
         modes: args,
     }
 }
 
-/// The rows to measure: per topology, per load, the modes asked for that run there.
+/// The rows to measure: per topology, per load, per family (IPv4's and IPv6's rows
+/// of a load side by side), the modes asked for that run there.
 pub(super) fn sections(args: &Args) -> Vec<Section> {
     let mut sections = Vec::new();
     for &backends in &args.topologies {
         for &flows in args.flows {
-            let rows: Vec<Row> = MODES
-                .iter()
-                .filter(|m| args.modes.is_empty() || args.modes.iter().any(|a| a == m.name()))
-                .filter(|&&m| backends.runs(m))
-                .map(|&mode| Row {
-                    mode,
-                    backends,
-                    unavailable: mode.unavailable(),
-                    runs: Vec::new(),
-                })
-                .collect();
-            if !rows.is_empty() {
-                sections.push(Section {
-                    backends,
-                    flows,
-                    rows,
-                });
+            for &family in args.families {
+                let rows: Vec<Row> = MODES
+                    .iter()
+                    .filter(|m| args.modes.is_empty() || args.modes.iter().any(|a| a == m.name()))
+                    .filter(|&&m| backends.runs(m) && family.runs(m))
+                    .map(|&mode| Row {
+                        mode,
+                        backends,
+                        family,
+                        unavailable: mode.unavailable(family),
+                        runs: Vec::new(),
+                    })
+                    .collect();
+                if !rows.is_empty() {
+                    sections.push(Section {
+                        backends,
+                        flows,
+                        family,
+                        rows,
+                    });
+                }
             }
         }
     }

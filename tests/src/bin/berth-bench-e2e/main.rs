@@ -14,7 +14,7 @@
 //! `backends`, the topology's name).
 //!
 //! Topologies (`--backends xdp|veth|bridge|all`, default all, each with rows of its own,
-//! labelled `MODE@TOPOLOGY`): the client's link to the gateway (`c0`) is the same in all
+//! labelled `MODE@TOPOLOGY`, `MODE@TOPOLOGY/v6` in IPv6): the client's link to the gateway (`c0`) is the same in all
 //! (GRO on, as a NIC takes frames); the backends' differ. `xdp`: a veth each, GRO on,
 //! the XDP sink on the backend's end, so the gateway's end takes redirected XDP frames
 //! (every mode runs). `veth`: a veth each as the kernel makes it (GRO off, no XDP on
@@ -26,8 +26,30 @@
 //! berth-xdp (`berth run`, `--redirect auto`), berth-kernel and iptables-nft; their
 //! headlines are Berth against iptables-nft and Berth's gateway CPU against routing's.
 //!
+//! Address families (`--family 4|6|both`, default 4): the same loads over IPv4 or IPv6
+//! or both, in the same run (every link of the topology carries both, `topo::mirror6`;
+//! IPv6 sections follow their IPv4 twins and take turns with them). In IPv6 the client
+//! sends to the gateway's fd00:251::100 (routing: to the backends' IPv6 addresses);
+//! Berth serves the same route there (the Gateway made dual-stack, the route's
+//! EndpointSlice of `addressType: IPv6`), iptables DNAT becomes ip6tables (legacy and
+//! nft back ends), nftables' table the `ip6` family; the SNAT modes and IPVS run in
+//! IPv4 only. Frames are 80 bytes (84 with the FCS): the IPv6 header is 20 bytes
+//! longer, the UDP payload the same 18 bytes, and the UDP checksum (which IPv6 cannot
+//! leave out) valid in every frame: the generator updates it incrementally for the
+//! source port and address it varies. The new-flow load's sources are
+//! fd00:250::1-fd00:250::800, routed by the gateway via the client's address (one
+//! neighbour entry for all). After the tables, a table of every mode measured in both
+//! families (IPv6's gateway ns per packet over IPv4's) and, in the IPv6 sections'
+//! headlines and the JSON line (`family` per row, `family_ratios`), Berth's IPv6 cost
+//! against its IPv4 cost. Default IPv4 only: `both` nearly doubles the run (6 IPv6
+//! modes + 4 per plain topology: ~22 min instead of ~12 for all topologies and modes).
+//! Seen on the development VM (2026-12-07, busy; xdp topology, `routing berth-xdp
+//! iptables-nft`): Berth's IPv6 cost 1.21x its IPv4 cost under long flows (370 against
+//! 306 ns) and 1.37x under new flows (812 against 590); routing 1.02x and 1.12x,
+//! iptables-nft 1.45x and 1.13x.
+//!
 //! Loads (`--flows long|new|both`, default both, each run in every mode): 64-byte
-//! frames (18-byte payload, no UDP checksum) sent on CPU 0 as fast as it goes, either
+//! frames (18-byte payload, no UDP checksum; IPv6: see above) sent on CPU 0 as fast as it goes, either
 //! as 16 long UDP flows (source ports 40000-40015; with several destinations, flows
 //! alternate between them), or as a new 5-tuple every packet, as DNS clients make
 //! them: the generator's counter picks source port 1024 + n mod 64512, then the next
@@ -57,7 +79,7 @@
 //! frames (0.28 against 1.06 µs).
 //!
 //! Counting, the same for every mode: `loadgen::Sink` on each backend's veth counts UDP
-//! and drops it (so nothing answers, not even ICMP): as XDP on the `xdp` topology, at TC
+//! (over IPv4 or IPv6) and drops it (so nothing answers, not even ICMP): as XDP on the `xdp` topology, at TC
 //! ingress (tcx) on the others, where the backends' interfaces take no XDP. Sent =
 //! frames the generator made (`--load sendmmsg`: packets the client's veth took,
 //! transmitted or dropped). Delivered pps = counted / time; loss = 1 − delivered/sent,
@@ -98,6 +120,7 @@
 mod baselines;
 mod chart;
 mod cli;
+mod family;
 mod measure;
 mod report;
 mod sendmmsg;
@@ -106,7 +129,7 @@ mod topology;
 use std::{
     collections::HashSet,
     fmt::Write as _,
-    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, UdpSocket},
     os::fd::AsRawFd,
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -116,16 +139,16 @@ use std::{
 use berth::datapath::{DesiredState, Protocol, ServiceAddr, WeightedBackend};
 use berth_tests::{
     daemon::{Daemon, Dirs, Loader},
-    loadgen::{pin, Flows, FrameGenerator, Sink},
+    loadgen::{pin, Flows, FrameGenerator, Sink, Template},
     netns::{wait_until, Netns, Proc},
-    packet::Packet,
-    topo::{bridged_with, Topology, Veth, CLIENT, DNS_PORT, GW},
+    topo::{bridged_with, Topology, Veth, CLIENT, CLIENT6, DNS_PORT, GW, GW6},
 };
 use serde_json::{json, Value};
 
 use baselines::*;
 use chart::*;
 use cli::*;
+use family::*;
 use measure::*;
 use report::*;
 use sendmmsg::*;
@@ -213,10 +236,10 @@ impl FlowLoad {
         }
     }
 
-    fn source(self) -> Ipv4Addr {
+    fn source(self, family: Family) -> IpAddr {
         match self {
-            FlowLoad::Long => CLIENT,
-            FlowLoad::New => NEW_FIRST_SOURCE,
+            FlowLoad::Long => family.client(),
+            FlowLoad::New => family.new_first_source(),
         }
     }
 
@@ -332,18 +355,19 @@ impl Mode {
         )
     }
 
-    /// Why the mode cannot run here, if it cannot.
-    fn unavailable(self) -> Option<String> {
+    /// Why the mode cannot run here in `family`, if it cannot.
+    fn unavailable(self, family: Family) -> Option<String> {
         if self == Mode::Ipvs && !Path::new("/proc/net/ip_vs").exists() {
             return Some("unavailable: kernel built without IPVS (CONFIG_IP_VS unset)".into());
         }
         let tool = match self {
-            Mode::IptablesLegacy => "iptables-legacy",
-            Mode::IptablesNft | Mode::IptablesMasq => "iptables-nft",
-            Mode::Ipvs => "ipvsadm",
-            Mode::Nftables => "nft",
+            Mode::IptablesLegacy => family.iptables("iptables-legacy"),
+            Mode::IptablesNft | Mode::IptablesMasq => family.iptables("iptables-nft"),
+            Mode::Ipvs => "ipvsadm".into(),
+            Mode::Nftables => "nft".into(),
             _ => return None,
         };
+        let tool = tool.as_str();
         (!have(tool)).then(|| format!("unavailable: {tool} is not installed"))
     }
 }
@@ -357,24 +381,31 @@ fn have(tool: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// One load's rows on one topology.
+/// One load's rows on one topology, in one address family.
 struct Section {
     backends: Backends,
     flows: FlowLoad,
+    family: Family,
     rows: Vec<Row>,
 }
 
 impl Section {
-    /// The load and the topology, e.g. `long@veth`.
+    /// The load and the topology, e.g. `long@veth` (`long@veth/v6` in IPv6).
     fn name(&self) -> String {
-        format!("{}@{}", self.flows.name(), self.backends.name())
+        format!(
+            "{}@{}{}",
+            self.flows.name(),
+            self.backends.name(),
+            self.family.suffix()
+        )
     }
 }
 
 fn print_header(sections: &[Section], load: Load) {
     println!(
-        "e2e: 64-byte UDP frames ({} load), client -> gateway -> {BACKENDS} backends over veth; \
+        "e2e: {} UDP frames ({} load), client -> gateway -> {BACKENDS} backends over veth; \
          {}s warm-up + {}s per run, {REPS} rounds, medians",
+        frame_sizes(sections),
         load.name(),
         WARMUP.as_secs(),
         MEASURE.as_secs()
@@ -384,6 +415,13 @@ fn print_header(sections: &[Section], load: Load) {
         if !seen.contains(&s.flows.name()) {
             seen.push(s.flows.name());
             println!("flows {:<4}: {}", s.flows.name(), s.flows.what());
+        }
+    }
+    let mut families: Vec<Family> = Vec::new();
+    for s in sections {
+        if !families.contains(&s.family) {
+            families.push(s.family);
+            println!("family {}: {}", s.family.name(), s.family.what());
         }
     }
     let mut topologies: Vec<Backends> = sections.iter().map(|s| s.backends).collect();
@@ -405,11 +443,12 @@ fn print_header(sections: &[Section], load: Load) {
 fn run_rounds(sections: &mut [Section], load: Load) {
     for round in 1..=REPS {
         for section in sections.iter_mut() {
-            let (backends, flows) = (section.backends, section.flows);
+            let (backends, flows, family) = (section.backends, section.flows, section.family);
             for row in section.rows.iter_mut().filter(|r| r.unavailable.is_none()) {
                 let mode = row.mode;
                 let started = Instant::now();
-                match std::panic::catch_unwind(|| measure(mode, backends, load, flows)) {
+                let run = || measure(mode, backends, load, flows, family);
+                match std::panic::catch_unwind(run) {
                     Ok(run) => {
                         eprintln!(
                             "round {round} {:<4} {}{} ({:.1}s)",
@@ -445,7 +484,7 @@ fn run_line(row: &Row, run: &Run) -> String {
         "in the gateway's".into()
     };
     format!(
-        "{:<20} {:>7.1} kpps delivered, {:>7.1} kpps sent, gateway {:>5.0} ns/pkt busy {:>3.0}%, \
+        "{:<26} {:>7.1} kpps delivered, {:>7.1} kpps sent, gateway {:>5.0} ns/pkt busy {:>3.0}%, \
          backends {backends}; dropped at the gateway's ring {:.1}%, at the backends' {:.1}%",
         row.label(),
         run.delivered_pps / 1e3,
@@ -466,16 +505,17 @@ fn conntrack_note(mode: Mode, run: &Run) -> String {
 }
 
 fn print_report(sections: &[Section], load: Load) {
-    let headlines: Vec<Vec<String>> = sections.iter().map(headline).collect();
+    let headlines: Vec<Vec<String>> = sections.iter().map(|s| headline(s, sections)).collect();
     let path = chart_path();
     std::fs::create_dir_all(path.parent().expect("chart dir")).expect("creating target/bench");
     std::fs::write(&path, chart(sections, load, &headlines)).expect("writing the chart");
     for (section, headline) in sections.iter().zip(&headlines) {
         println!();
         println!(
-            "flows {}, backends {}: {}",
+            "flows {}, backends {}, {}: {}",
             section.flows.name(),
             section.backends.name(),
+            section.family.name(),
             section.flows.what()
         );
         print!("{}", table(&section.rows));
@@ -490,6 +530,12 @@ fn print_report(sections: &[Section], load: Load) {
     if !summary.is_empty() {
         println!();
         print!("{summary}");
+    }
+    let families = family_table(sections);
+    if !families.is_empty() {
+        println!();
+        println!("IPv6 against IPv4 (gateway CPU per delivered packet, medians):");
+        print!("{families}");
     }
     if let Some(max) = conntrack_max(sections) {
         println!("netfilter's conntrack table: nf_conntrack_max {max} (the kernel's default here)");

@@ -118,14 +118,19 @@ fn wait_for_conntrack_teardown() {
     }
 }
 
-pub(super) fn measure(mode: Mode, backends: Backends, load: Load, flows: FlowLoad) -> Run {
+pub(super) fn measure(
+    mode: Mode,
+    backends: Backends,
+    load: Load,
+    flows: FlowLoad,
+    family: Family,
+) -> Run {
     wait_for_conntrack_teardown();
     let topo = backends.build();
     if flows == FlowLoad::New {
-        topo.gateway
-            .ip(&["route", "add", NEW_SOURCES, "via", &CLIENT.to_string()]);
+        family.route_new_sources(&topo);
     }
-    let _gateway = configure(mode, &topo);
+    let _gateway = configure(mode, &topo, family);
     let sinks: Vec<Sink> = topo.backends.iter().map(|b| backends.sink(b)).collect();
     // After every attach and feature change, so the NAPI instances stay as they are.
     let gateway_thread = threaded_napi(&topo.gateway, "c0", GATEWAY_CPU);
@@ -136,15 +141,16 @@ pub(super) fn measure(mode: Mode, backends: Backends, load: Load, flows: FlowLoa
         .filter(|_| backends.napi())
         .map(|b| threaded_napi(b, "eth0", BACKEND_CPU))
         .collect();
-    let dsts: Vec<SocketAddrV4> = if mode == Mode::Routing {
-        topo.backend_addrs
-            .iter()
-            .map(|a| SocketAddrV4::new(*a, BACKEND_PORT))
+    let dsts: Vec<SocketAddr> = if mode == Mode::Routing {
+        family
+            .backends(&topo)
+            .into_iter()
+            .map(|a| SocketAddr::new(a, BACKEND_PORT))
             .collect()
     } else {
-        vec![SocketAddrV4::new(GW, GW_PORT)]
+        vec![SocketAddr::new(family.gateway(), GW_PORT)]
     };
-    let mut generator = Generator::start(load, flows, &topo, &dsts);
+    let mut generator = Generator::start(load, flows, family, &topo, &dsts);
     let delivered = || sinks.iter().map(Sink::count).sum::<u64>();
     wait_until(
         &format!("{} to deliver packets", mode.name()),

@@ -6,6 +6,8 @@ pub(super) struct Row {
     pub(super) mode: Mode,
     /// The topology it ran on.
     pub(super) backends: Backends,
+    /// The load's address family.
+    pub(super) family: Family,
     /// Why it did not run.
     pub(super) unavailable: Option<String>,
     pub(super) runs: Vec<Run>,
@@ -22,9 +24,14 @@ pub(super) fn median(mut v: Vec<f64>) -> f64 {
 }
 
 impl Row {
-    /// The mode and its topology, e.g. `berth-xdp@veth`.
+    /// The mode and its topology, e.g. `berth-xdp@veth` (`berth-xdp@veth/v6` in IPv6).
     pub(super) fn label(&self) -> String {
-        format!("{}@{}", self.mode.name(), self.backends.name())
+        format!(
+            "{}@{}{}",
+            self.mode.name(),
+            self.backends.name(),
+            self.family.suffix()
+        )
     }
 
     /// Median, minimum and maximum of `f` over the runs where it is a number (a run
@@ -66,7 +73,7 @@ pub(super) fn table(rows: &[Row]) -> String {
     let mut t = String::new();
     let _ = write!(
         t,
-        "{:<20} {:>9} {:>9} {:>7} {:>9} {:>6}",
+        "{:<26} {:>9} {:>9} {:>7} {:>9} {:>6}",
         "mode", "dlv kpps", "sent kpps", "loss %", "gw ns/pkt", "gw %"
     );
     for r in &references {
@@ -74,7 +81,7 @@ pub(super) fn table(rows: &[Row]) -> String {
     }
     t.push('\n');
     for row in rows {
-        let _ = write!(t, "{:<20} ", row.label());
+        let _ = write!(t, "{:<26} ", row.label());
         if let Some(why) = row.unavailable.as_ref().filter(|_| row.runs.is_empty()) {
             let _ = writeln!(t, "{why}");
             continue;
@@ -106,12 +113,18 @@ pub(super) fn table(rows: &[Row]) -> String {
     t
 }
 
-/// Per topology measured under more than one load: one row per mode, delivered pps and
-/// gateway CPU per load side by side.
+/// Per topology and family measured under more than one load: one row per mode,
+/// delivered pps and gateway CPU per load side by side.
 pub(super) fn summary(sections: &[Section]) -> String {
     let mut t = String::new();
-    for backends in TOPOLOGIES {
-        let group: Vec<&Section> = sections.iter().filter(|s| s.backends == backends).collect();
+    for (backends, family) in TOPOLOGIES
+        .into_iter()
+        .flat_map(|b| [(b, Family::V4), (b, Family::V6)])
+    {
+        let group: Vec<&Section> = sections
+            .iter()
+            .filter(|s| s.backends == backends && s.family == family)
+            .collect();
         if group.len() > 1 {
             if !t.is_empty() {
                 t.push('\n');
@@ -124,7 +137,7 @@ pub(super) fn summary(sections: &[Section]) -> String {
 
 /// `summary` of one topology's sections (the same rows in each).
 fn summary_of(sections: &[&Section]) -> String {
-    let mut t = format!("{:<20}", "mode");
+    let mut t = format!("{:<26}", "mode");
     for s in sections {
         let _ = write!(
             t,
@@ -135,7 +148,7 @@ fn summary_of(sections: &[&Section]) -> String {
     }
     t.push('\n');
     for (i, row) in sections[0].rows.iter().enumerate() {
-        let _ = write!(t, "{:<20}", row.label());
+        let _ = write!(t, "{:<26}", row.label());
         for s in sections {
             let r = &s.rows[i];
             let pps = r.pps().map_or("-".into(), |v| format!("{:.1}", v / 1e3));
@@ -165,6 +178,7 @@ fn modes_json(rows: &[Row]) -> Vec<Value> {
                 return json!({
                     "mode": row.mode.name(),
                     "backends": row.backends.name(),
+                    "family": row.family.name(),
                     "available": false,
                     "reason": row.unavailable,
                 });
@@ -194,6 +208,7 @@ fn modes_json(rows: &[Row]) -> Vec<Value> {
             json!({
                 "mode": row.mode.name(),
                 "backends": row.backends.name(),
+                "family": row.family.name(),
                 "available": true,
                 "delivered_pps": pps.round(),
                 "delivered_pps_min": pps_lo.round(),
@@ -214,8 +229,8 @@ fn modes_json(rows: &[Row]) -> Vec<Value> {
         .collect()
 }
 
-/// The JSON line: per load, the rows of every topology (`backends`: its name; the xdp
-/// topology's first).
+/// The JSON line: per load, the rows of every topology and family (`backends`: its
+/// name, the xdp topology's first; `family`: ipv4 or ipv6).
 pub(super) fn json_line(sections: &[Section], load: Load, chart: &Path) -> Value {
     let mut loads = serde_json::Map::new();
     for s in sections {
@@ -233,6 +248,13 @@ pub(super) fn json_line(sections: &[Section], load: Load, chart: &Path) -> Value
         if let Some(modes) = entry["modes"].as_array_mut() {
             modes.extend(modes_json(&s.rows));
         }
+    }
+    let mut families = serde_json::Map::new();
+    for s in sections {
+        families.insert(
+            s.family.name().into(),
+            json!({"what": s.family.what(), "frame_bytes": s.family.frame_bytes() + 4}),
+        );
     }
     let mut topologies = serde_json::Map::new();
     for s in sections {
@@ -255,6 +277,9 @@ pub(super) fn json_line(sections: &[Section], load: Load, chart: &Path) -> Value
         "nf_conntrack_max": conntrack_max(sections),
         "loads": loads,
         "topologies": topologies,
+        "families": families,
+        "family_ratios": family_json(sections),
+        "family_ratios_mean": "ipv6_over_ipv4_ns = the IPv6 rows' gateway ns per packet / the IPv4 rows' (> 1: IPv6 costs more)",
         "chart": chart.display().to_string(),
     })
 }

@@ -71,30 +71,33 @@ pub(super) enum Generator {
 }
 
 impl Generator {
+    /// Starts `load` of `flows` in `family` to `dsts` (one port; the frame generator
+    /// spreads frames over their addresses).
     pub(super) fn start(
         load: Load,
         flows: FlowLoad,
+        family: Family,
         topo: &Topology,
-        dsts: &[SocketAddrV4],
+        dsts: &[SocketAddr],
     ) -> Self {
         match load {
             Load::Frames => {
-                let source = SocketAddrV4::new(flows.source(), flows.first_port());
-                let template = Packet::udp(source, dsts[0])
-                    .macs(mac(&topo.client, "eth0"), mac(&topo.gateway, "c0"))
-                    .payload(&[0x42; PAYLOAD])
-                    .no_udp_checksum();
+                let source = SocketAddr::new(flows.source(family), flows.first_port());
+                let macs = (mac(&topo.client, "eth0"), mac(&topo.gateway, "c0"));
+                let template = Template::udp(source, dsts[0], macs, &[0x42; PAYLOAD]);
+                let addrs: Vec<IpAddr> = dsts.iter().map(SocketAddr::ip).collect();
                 Generator::Frames(FrameGenerator::start(
                     &topo.client,
                     "eth0",
                     &template,
                     flows.flows(),
-                    dsts,
+                    &addrs,
                     GEN_CPU,
                 ))
             }
             Load::Sendmmsg => {
                 assert!(flows == FlowLoad::Long, "sendmmsg sends long flows only");
+                assert!(family == Family::V4, "sendmmsg sends IPv4 only");
                 let secs = (WARMUP + MEASURE + Duration::from_secs(20)).as_secs_f64();
                 let child = topo
                     .client
