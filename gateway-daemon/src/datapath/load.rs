@@ -360,12 +360,13 @@ fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
             .load()
             .map_err(|source| DatapathError::Program { name, source })?;
     }
-    for name in [
-        TC_PROGRAM_V6,
-        TC_PROGRAM_ICMP6,
-        TC_MONITOR_PROGRAM,
-        TC_INGRESS_PROGRAM,
-    ] {
+    // The hand-off program only where the object has it: an older build's object
+    // loaded for an A/B benchmark has none (attaching it then fails, naming it).
+    let handoff = ebpf.program(TC_INGRESS_PROGRAM).map(|_| TC_INGRESS_PROGRAM);
+    for name in [TC_PROGRAM_V6, TC_PROGRAM_ICMP6, TC_MONITOR_PROGRAM]
+        .into_iter()
+        .chain(handoff)
+    {
         links::classifier(ebpf, name)?
             .load()
             .map_err(|source| DatapathError::Program { name, source })?;
