@@ -556,8 +556,33 @@ fn main() {
         cpus >= 2,
         "the benchmark needs 2 CPUs (generator and backends, gateway); this machine has {cpus}"
     );
+    let _alone = alone();
     let mut sections = sections(&args);
     print_header(&sections, args.load);
     run_rounds(&mut sections, args.load);
     print_report(&sections, args.load);
+}
+
+/// Where a running benchmark holds its lock.
+const LOCK: &str = "/run/berth-bench-e2e.lock";
+
+/// Takes the lock only one run at a time holds (released when the returned file is
+/// dropped, or the process ends): two runs would each pin a SCHED_FIFO gateway thread
+/// to the same CPU and measure half a CPU each. Exits, saying so, if another run
+/// holds it.
+fn alone() -> std::fs::File {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LOCK)
+        .unwrap_or_else(|e| panic!("opening {LOCK}: {e}"));
+    // SAFETY: flock on a file descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        eprintln!(
+            "another berth-bench-e2e runs (it holds {LOCK}): two runs would share the gateway's CPU and both measure wrong; wait for it"
+        );
+        std::process::exit(1);
+    }
+    file
 }
