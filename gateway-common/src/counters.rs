@@ -156,6 +156,10 @@ counters! {
     /// frame's metadata (`bpf_redirect`; into a veth peer's namespace
     /// `bpf_redirect_peer`): the kernel's forwarding path and netfilter skipped.
     TcRedirect = "tc_redirect",
+    /// Of `tc_redirect`: sent into a bridge's port (the port holding the next hop's MAC
+    /// in the bridge's forwarding database, `berth_fdb`) rather than into the bridge:
+    /// the bridge's own forwarding skipped too.
+    TcBridgePort = "tc_bridge_port",
 }
 
 impl Counter {
@@ -177,6 +181,7 @@ impl Counter {
                 | Counter::RedirectError
                 | Counter::MonitorLost
                 | Counter::TcRedirect
+                | Counter::TcBridgePort
         )
     }
 

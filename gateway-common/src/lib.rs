@@ -185,6 +185,27 @@ pub const XMIT_TC: u32 = 2;
 /// `bpf_redirect_peer`.
 pub const XMIT_TC_PEER: u32 = 3;
 
+/// `berth_xmit` value: as `XMIT_TC`, for a bridge without VLAN filtering (`cni0`): the
+/// TC program looks the next hop's MAC up in `map_names::FDB` and sends the packet
+/// into the bridge port that holds it (into its peer's namespace if the port is a veth
+/// with `XMIT_TC_PEER`), past the bridge; a MAC the map lacks goes into the bridge.
+pub const XMIT_TC_BRIDGE: u32 = 4;
+
+/// Key of `map_names::FDB`: a MAC in a bridge's forwarding database.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FdbKey {
+    /// The bridge's interface index, host order.
+    pub bridge: u32,
+    /// The MAC.
+    pub mac: [u8; 6],
+    /// Always zero.
+    pub pad: [u8; 2],
+}
+
+/// Entries of `map_names::FDB`: MACs beyond it are sent into their bridge.
+pub const FDB_ENTRIES: u32 = 8192;
+
 pub mod proto;
 
 /// Key of the service map: a gateway address, protocol and port.
@@ -457,6 +478,7 @@ const _: () = {
     assert!(core::mem::size_of::<ServiceKey<[u32; 4]>>() == 20);
     assert!(core::mem::size_of::<ReplyIndex<[u32; 4]>>() == 84);
     assert!(core::mem::size_of::<NextHop>() == 24);
+    assert!(core::mem::size_of::<FdbKey>() == 12);
     assert!(core::mem::size_of::<FragKey6>() == 40);
     assert!(core::mem::size_of::<Flow>() == 56);
     assert!(core::mem::size_of::<ReplyIndex>() == 36);
@@ -496,6 +518,7 @@ mod pod {
 
     pod_addr!(ServiceKey, FlowKey, Flow, ReplyIndex, AffinityKey);
     pod!(
+        FdbKey,
         Service,
         Affinity,
         Backend,

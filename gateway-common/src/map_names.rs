@@ -68,9 +68,13 @@ pub const AFFINITY: &str = "berth_affinity";
 pub const AFFINITY6: &str = "berth_affinity6";
 /// Ring buffer of `MonitorEvent`s for `berth monitor` (`config::MONITOR`).
 pub const EVENTS: &str = "berth_events";
+/// `FdbKey` (bridge, MAC) → the bridge port that holds the MAC (host order), for the
+/// bridges `berth_xmit` marks `XMIT_TC_BRIDGE`. Written by the daemon from the kernel's
+/// forwarding databases.
+pub const FDB: &str = "berth_fdb";
 
 /// Every map, in a fixed order.
-pub const ALL: [&str; 30] = [
+pub const ALL: [&str; 31] = [
     SERVICES,
     ADDRESSES,
     MAGLEV,
@@ -101,4 +105,5 @@ pub const ALL: [&str; 30] = [
     AFFINITY6,
     BACKEND_STATS,
     EVENTS,
+    FDB,
 ];

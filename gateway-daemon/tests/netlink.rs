@@ -180,6 +180,94 @@ fn link_events_report_a_new_link() {
     });
 }
 
+/// The bridge `br0` with the veth `p0` as its port (its peer `q0` in the same
+/// namespace), all up, and a static entry for `MAC` on `p0`.
+const MAC: [u8; 6] = [0x02, 0xbe, 0, 0, 0, 0x11];
+const MAC_TEXT: &str = "02:be:00:00:00:11";
+
+fn bridge_with_a_port(ns: &Netns) {
+    ns.ip(&["link", "add", "name", "br0", "type", "bridge"]);
+    ns.veth("p0", "q0");
+    ns.ip(&["link", "set", "p0", "master", "br0"]);
+    ns.ip(&["link", "set", "br0", "up"]);
+}
+
+#[test]
+fn a_bridges_ports_and_forwarding_database_are_read_and_their_changes_notified() {
+    let ns = Netns::new();
+    bridge_with_a_port(&ns);
+    ns.enter(|| {
+        let (br0, p0) = (index_of("br0"), index_of("p0"));
+        let links = || netlink::ethernet_links().expect("ethernet_links");
+        assert_eq!(links()[&br0].kind, netlink::EtherKind::Bridge);
+        // A port forwards once the bridge and its carrier are up (no STP).
+        eventually("p0 forwarding for br0", || {
+            links()[&p0].port_of == Some(br0)
+        });
+        assert_eq!(links()[&index_of("q0")].port_of, None);
+
+        let mut events = LinkEvents::new().expect("LinkEvents::new");
+        while events.wait(Duration::from_millis(200)).expect("wait") {}
+        ns.exec(&[
+            "bridge", "fdb", "add", MAC_TEXT, "dev", "p0", "master", "static",
+        ]);
+        assert!(
+            events.wait(Duration::from_secs(2)).expect("wait"),
+            "no notification of the new forwarding-database entry"
+        );
+        let fdb = netlink::fdb().expect("fdb");
+        let entry = fdb
+            .iter()
+            .find(|e| e.mac == MAC)
+            .unwrap_or_else(|| panic!("no entry for {MAC_TEXT} in {fdb:?}"));
+        assert_eq!((entry.port, entry.master), (p0, br0), "{entry:?}");
+        assert!(
+            entry.of_master && !entry.local && entry.vlan.is_none(),
+            "{entry:?}"
+        );
+        assert!(
+            fdb.iter().any(|e| e.port == p0 && e.local),
+            "the bridge's own address on its port is there, and told apart: {fdb:?}"
+        );
+
+        while events.wait(Duration::from_millis(200)).expect("wait") {}
+        ns.exec(&["bridge", "fdb", "del", MAC_TEXT, "dev", "p0", "master"]);
+        assert!(
+            events.wait(Duration::from_secs(2)).expect("wait"),
+            "no notification of the removed entry"
+        );
+        assert!(!netlink::fdb().expect("fdb").iter().any(|e| e.mac == MAC));
+
+        // VLAN filtering: this kernel has none (CONFIG_BRIDGE_VLAN_FILTERING), so the
+        // netlink module's unit tests cover it.
+    });
+}
+
+#[test]
+fn ip_neighbour_changes_do_not_wake_the_link_events() {
+    let ns = Netns::new();
+    ns.veth("va", "vb");
+    ns.enter(|| {
+        let mut events = LinkEvents::new().expect("LinkEvents::new");
+        while events.wait(Duration::from_millis(200)).expect("wait") {}
+        ns.ip(&[
+            "neigh",
+            "add",
+            "192.0.2.1",
+            "lladdr",
+            MAC_TEXT,
+            "dev",
+            "va",
+            "nud",
+            "permanent",
+        ]);
+        assert!(
+            !events.wait(Duration::from_millis(300)).expect("wait"),
+            "an IP neighbour entry is no forwarding-database change"
+        );
+    });
+}
+
 /// The alias the tests' dummy interfaces are marked with.
 const MARK: &str = "berth pin-dir /sys/fs/bpf/berth-netlink-test";
 

@@ -17,7 +17,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use gateway_common::{
-    Counter, NextHop, NEXT_HOP_REFRESH, XMIT_OK, XMIT_SLOTS, XMIT_TC, XMIT_TC_PEER,
+    Counter, NextHop, NEXT_HOP_REFRESH, XMIT_OK, XMIT_SLOTS, XMIT_TC, XMIT_TC_BRIDGE, XMIT_TC_PEER,
 };
 
 use crate::{
@@ -32,15 +32,22 @@ pub enum Path {
     /// Out of `hop.ifindex` by XDP redirect.
     Redirect,
     /// Out of `hop.ifindex`, which takes no XDP frames, by the TC program on the
-    /// receiving interface's ingress (`handoff.rs`); `peer`: into the namespace of the
-    /// veth's peer.
-    Tc {
-        /// `bpf_redirect_peer` rather than `bpf_redirect`.
-        peer: bool,
-    },
+    /// receiving interface's ingress (`handoff.rs`), in the way `Via` says.
+    Tc(Via),
     /// Up the stack: the kernel forwards it (it resolves the neighbour, fragments or
     /// answers with ICMP). The reason is counted.
     Kernel(Counter),
+}
+
+/// How the TC program sends a packet XDP handed to it.
+#[derive(Clone, Copy)]
+pub enum Via {
+    /// `bpf_redirect` into the egress.
+    Redirect,
+    /// `bpf_redirect_peer` into the namespace of the veth's peer.
+    Peer,
+    /// Into the bridge port that holds the next hop's MAC (`berth_fdb`), or the bridge.
+    Bridge,
 }
 
 /// Chooses the path of the packet whose network header is `ip`, as it will be sent (its
@@ -92,8 +99,9 @@ pub unsafe fn path<A: Family>(
     }
     match XMIT.get(hop.ifindex) {
         Some(&XMIT_OK) => Path::Redirect,
-        Some(&XMIT_TC) => Path::Tc { peer: false },
-        Some(&XMIT_TC_PEER) => Path::Tc { peer: true },
+        Some(&XMIT_TC) => Path::Tc(Via::Redirect),
+        Some(&XMIT_TC_PEER) => Path::Tc(Via::Peer),
+        Some(&XMIT_TC_BRIDGE) => Path::Tc(Via::Bridge),
         _ => Path::Kernel(Counter::KernelNoXdpEgress),
     }
 }

@@ -22,6 +22,13 @@
 //! handed off: a packet with one of the gateway's own addresses as its source would be
 //! a martian there.
 //!
+//! Into a bridge without VLAN filtering (`cni0`), the packet is sent into the bridge
+//! port that holds the next hop's MAC in the bridge's forwarding database (`berth_fdb`,
+//! which the daemon keeps from the kernel's), and into the port's peer namespace if the
+//! port is a pod's veth: the bridge's own forwarding (its FDB lookup, the port's
+//! transmit and the backlog queue) is skipped as well. A MAC the map lacks (not learnt
+//! yet, aged out) goes into the bridge, which finds or floods it as it would anyway.
+//!
 //! Where a driver keeps no metadata (`bpf_xdp_adjust_meta` fails), the packet takes
 //! the kernel's path, counted as `kernel_forward_no_xdp_egress`.
 
@@ -30,11 +37,12 @@ use aya_ebpf::{
     helpers::generated::{bpf_csum_update, bpf_redirect, bpf_redirect_peer, bpf_xdp_adjust_meta},
     programs::{TcContext, XdpContext},
 };
-use gateway_common::{Counter, NextHop};
+use gateway_common::{Counter, FdbKey, NextHop, XMIT_TC_PEER};
 
 use crate::{
     family::Family,
-    maps::{count, Addr6},
+    fwd::Via,
+    maps::{count, Addr6, FDB, XMIT},
     packet::{Eth, Ipv4, Ipv6, ETH_LEN, ETH_P_IP, ETH_P_IPV6},
 };
 
@@ -42,7 +50,7 @@ use crate::{
 /// at most 32).
 #[repr(C)]
 struct Handoff {
-    /// `MAGIC`, or `MAGIC | PEER`.
+    /// `MAGIC`, `MAGIC | PEER` or `MAGIC | BRIDGE`.
     magic: u32,
     /// The egress interface.
     ifindex: u32,
@@ -57,6 +65,8 @@ struct Handoff {
 const MAGIC: u32 = 0xbe47_4800;
 /// Set in `magic`: redirect into the veth's peer (another namespace).
 const PEER: u32 = 1;
+/// Set in `magic`: `ifindex` is a bridge; redirect into the port holding `dmac`.
+const BRIDGE: u32 = 2;
 
 const SIZE: usize = core::mem::size_of::<Handoff>();
 
@@ -66,7 +76,7 @@ const SIZE: usize = core::mem::size_of::<Handoff>();
 /// Every packet pointer the caller holds is invalid afterwards (the verifier forgets
 /// them): call it last.
 #[inline(always)]
-pub fn leave(ctx: &XdpContext, hop: &NextHop, peer: bool) -> bool {
+pub fn leave(ctx: &XdpContext, hop: &NextHop, via: Via) -> bool {
     // SAFETY: the program's own context.
     if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -(SIZE as i32)) } != 0 {
         return false;
@@ -78,7 +88,12 @@ pub fn leave(ctx: &XdpContext, hop: &NextHop, peer: bool) -> bool {
     let h = meta as *mut Handoff;
     // SAFETY: `h` lies in the metadata, bounds-checked against `data` above.
     unsafe {
-        (*h).magic = MAGIC | u32::from(peer);
+        (*h).magic = MAGIC
+            | match via {
+                Via::Redirect => 0,
+                Via::Peer => PEER,
+                Via::Bridge => BRIDGE,
+            };
         (*h).ifindex = hop.ifindex;
         (*h).dmac = hop.dmac;
         (*h).smac = hop.smac;
@@ -105,7 +120,7 @@ pub fn take(ctx: &TcContext) -> i32 {
     let h = meta as *const Handoff;
     // SAFETY: `h` lies in the metadata, bounds-checked against `data` above.
     let (magic, ifindex, dmac, smac) = unsafe { ((*h).magic, (*h).ifindex, (*h).dmac, (*h).smac) };
-    if magic & !PEER != MAGIC {
+    if magic & !(PEER | BRIDGE) != MAGIC {
         return TC_ACT_UNSPEC;
     }
     if data + ETH_LEN > end {
@@ -127,12 +142,39 @@ pub fn take(ctx: &TcContext) -> i32 {
         }
         (*eth).dst = dmac;
         (*eth).src = smac;
-        count(Counter::TcRedirect);
-        if magic & PEER != 0 {
+    }
+    count(Counter::TcRedirect);
+    let (ifindex, peer) = if magic & BRIDGE != 0 {
+        bridge_port(ifindex, dmac)
+    } else {
+        (ifindex, magic & PEER != 0)
+    };
+    // SAFETY: helpers on the program's own context.
+    unsafe {
+        if peer {
             bpf_redirect_peer(ifindex, 0) as i32
         } else {
             bpf_redirect(ifindex, 0) as i32
         }
+    }
+}
+
+/// Where a packet to `dmac` through `bridge` goes: the port that holds the MAC, and
+/// whether into its veth peer's namespace; the bridge itself where the map has no port.
+#[inline(always)]
+fn bridge_port(bridge: u32, dmac: [u8; 6]) -> (u32, bool) {
+    let key = FdbKey {
+        bridge,
+        mac: dmac,
+        pad: [0; 2],
+    };
+    // SAFETY: a plain value read from a map the program holds.
+    match unsafe { FDB.get(key) } {
+        Some(&port) => {
+            count(Counter::TcBridgePort);
+            (port, XMIT.get(port) == Some(&XMIT_TC_PEER))
+        }
+        None => (bridge, false),
     }
 }
 

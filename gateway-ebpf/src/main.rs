@@ -512,7 +512,7 @@ unsafe fn translate<A: Family>(
         // A packet whose translation has no source half (a router-mode forward
         // packet) into an egress that takes no XDP frames: handed to the TC program
         // on ingress (`handoff.rs`), last (no packet pointer is valid after it).
-        Path::Tc { peer } if src.is_none() && handoff::leave(ctx, &*hop, peer) => {
+        Path::Tc(via) if src.is_none() && handoff::leave(ctx, &*hop, via) => {
             maps::account_handoff(service);
             xdp_action::XDP_PASS
         }

@@ -7,10 +7,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use gateway_common::{
-    config, Addr, Affinity, AffinityKey, Backend, BackendStats, Counter, FloodWindow, Flow,
+    config, Addr, Affinity, AffinityKey, Backend, BackendStats, Counter, FdbKey, FloodWindow, Flow,
     FlowKey, FragKey, FragKey6, FragPorts, NextHop, ReplyIndex, Service, ServiceId, ServiceKey,
-    ServiceStats, ADDR_BACKEND, ADDR_FILTER_SLOTS, ADDR_GATEWAY, AFFINITY_ENTRIES, SNAT_PORT_SLOTS,
-    XMIT_SLOTS,
+    ServiceStats, ADDR_BACKEND, ADDR_FILTER_SLOTS, ADDR_GATEWAY, AFFINITY_ENTRIES, FDB_ENTRIES,
+    SNAT_PORT_SLOTS, XMIT_SLOTS,
 };
 
 const SERVICES_MAX: u32 = 1024;
@@ -152,6 +152,11 @@ pub static BACKEND_STATS: PerCpuArray<BackendStats> = PerCpuArray::with_max_entr
 /// daemon as the kernel announces link and `xdp-features` changes.
 #[map(name = "berth_xmit")]
 pub static XMIT: Array<u32> = Array::with_max_entries(XMIT_SLOTS, 0);
+
+/// (bridge, MAC) → the bridge port holding the MAC, for the bridges `XMIT` marks
+/// `XMIT_TC_BRIDGE`. Written by the daemon from the kernel's forwarding databases.
+#[map(name = "berth_fdb")]
+pub static FDB: HashMap<FdbKey, u32> = HashMap::with_max_entries(FDB_ENTRIES, 0);
 
 /// Adds one to a named counter on this CPU.
 #[inline(always)]

@@ -451,12 +451,37 @@ fn bridged() -> Topology {
 fn backends_behind_a_bridge_sending_partial_checksums_are_served_with_the_program_on_the_client_side(
 ) {
     let mut lab = Lab::start(bridged(), &["c0"], manifests(&BRIDGED), GW);
-    let before = datapath_counter(&lab, "tc_redirect");
+    let before = datapath_counter(&lab, "tc_bridge_port");
+    let br0_before = tx_packets(&lab, "br0");
+    // A row's `packets` counts both directions.
+    let forward = |c: &Counters| c.packets - c.reply_packets.unwrap_or(0);
+    let b_before = forward(&lab.counters("team-b"));
     serves_tcp_and_udp_across_a_restart_and_counts_both_directions(&mut lab);
-    // The bridge takes no XDP frames: the forward packets are sent into it by the
-    // hand-off program on c0's ingress.
-    counter_grows(&lab, "tc_redirect", before);
+    // The bridge takes no XDP frames: the forward packets are sent by the hand-off
+    // program on c0's ingress, into the bridge port that holds the backend's MAC.
+    let sent = forward(&lab.counters("team-b")) - b_before;
+    let into_ports = datapath_counter(&lab, "tc_bridge_port") - before;
+    assert!(
+        into_ports + 10 >= sent,
+        "team B's {sent} forward packets were sent into bridge ports, tc_bridge_port grew \
+         by {into_ports}"
+    );
+    let through_br0 = tx_packets(&lab, "br0") - br0_before;
+    assert!(
+        through_br0 * 10 < sent,
+        "the forward packets skip the bridge: br0 sent {through_br0} packets of {sent}"
+    );
     nothing_lost(&lab);
+}
+
+/// The packets `iface` of the gateway's namespace has sent (its statistics).
+fn tx_packets(lab: &Lab, iface: &str) -> u64 {
+    let path = format!("/sys/class/net/{iface}/statistics/tx_packets");
+    let out = lab.topo.gateway.exec(&["cat", &path]);
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{path}: {e}: {out:?}"))
 }
 
 #[test]

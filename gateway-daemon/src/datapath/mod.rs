@@ -30,6 +30,7 @@ mod desired;
 mod diff;
 mod error;
 mod family;
+mod fdb;
 pub mod held_back;
 mod host;
 mod ids;

@@ -8,9 +8,9 @@ use std::{fs, mem::size_of, path::Path};
 
 use aya::maps::{MapError, MapInfo};
 use gateway_common::{
-    config, map_names, Affinity, AffinityKey, Backend, BackendStats, Counter, FloodWindow, Flow,
-    FlowKey, FragKey, FragKey6, FragPorts, NextHop, ReplyIndex, Service, ServiceKey, ServiceStats,
-    ADDR_FILTER_SLOTS, AFFINITY_ENTRIES, EVENTS_BYTES, MAGLEV_MAX_SIZE,
+    config, map_names, Affinity, AffinityKey, Backend, BackendStats, Counter, FdbKey, FloodWindow,
+    Flow, FlowKey, FragKey, FragKey6, FragPorts, NextHop, ReplyIndex, Service, ServiceKey,
+    ServiceStats, ADDR_FILTER_SLOTS, AFFINITY_ENTRIES, EVENTS_BYTES, FDB_ENTRIES, MAGLEV_MAX_SIZE,
     MAGLEV_POOL_ENTRIES_PER_BACKEND, SNAT_PORT_SLOTS, XMIT_SLOTS,
 };
 
@@ -27,7 +27,7 @@ impl Limits {
     }
 
     /// The shape of every map.
-    pub(super) fn shapes(&self) -> [Shape; 30] {
+    pub(super) fn shapes(&self) -> [Shape; 31] {
         let shape = |name, key_size, value_size, max_entries| Shape {
             name,
             key_size,
@@ -129,6 +129,7 @@ impl Limits {
                 AFFINITY_ENTRIES,
             ),
             shape(map_names::EVENTS, 0, 0, EVENTS_BYTES),
+            shape(map_names::FDB, size_of::<FdbKey>(), 4, FDB_ENTRIES),
         ]
     }
 }
@@ -159,7 +160,7 @@ fn sized_by(name: &str) -> Option<SizedBy> {
 }
 
 /// The maps that hold nothing a restart must keep (`Shape::disposable`).
-const DISPOSABLE: [&str; 15] = [
+const DISPOSABLE: [&str; 16] = [
     map_names::COUNTERS,
     map_names::SERVICE_STATS,
     map_names::PROGRAM_ID,
@@ -177,6 +178,8 @@ const DISPOSABLE: [&str; 15] = [
     map_names::AFFINITY6,
     map_names::BACKEND_STATS,
     map_names::EVENTS,
+    // The daemon reads the bridges' forwarding databases again.
+    map_names::FDB,
 ];
 
 /// What a map must look like: an earlier run's pinned map is adopted only if it matches.

@@ -2,8 +2,9 @@
 //! to what the kernel says of the interfaces. Those that accept XDP frames are
 //! redirected into by XDP; other Ethernet interfaces (bridges, veths whose peer runs
 //! no XDP) by the hand-off program on TC ingress (`bpf_redirect`, or
-//! `bpf_redirect_peer` into a veth peer's namespace); the program sends every other
-//! packet through the kernel.
+//! `bpf_redirect_peer` into a veth peer's namespace, or into the port of a bridge that
+//! holds the next hop's MAC, `fdb.rs`); the program sends every other packet through
+//! the kernel.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -11,9 +12,13 @@ use std::{
 };
 
 use aya::maps::{Array, MapData, MapError};
-use gateway_common::{map_names, XMIT_OK, XMIT_SLOTS, XMIT_TC, XMIT_TC_PEER};
+use gateway_common::{map_names, XMIT_OK, XMIT_SLOTS, XMIT_TC, XMIT_TC_BRIDGE, XMIT_TC_PEER};
 
-use super::{lookup_batch, map_err, Result};
+use super::{
+    fdb::{self, FdbMap},
+    lookup_batch, map_err, Result,
+};
+use crate::netlink::{EtherKind, EtherLink};
 
 /// How a packet the XDP program translated leaves by an interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +30,9 @@ pub enum Egress {
     /// The hand-off program sends it into the namespace of the veth's peer
     /// (`bpf_redirect_peer`).
     TcPeer,
+    /// A bridge: the hand-off program sends it into the port that holds the next hop's
+    /// MAC (`berth_fdb`), else into the bridge.
+    TcBridge,
 }
 
 impl Egress {
@@ -33,11 +41,12 @@ impl Egress {
             Egress::Xdp => XMIT_OK,
             Egress::Tc => XMIT_TC,
             Egress::TcPeer => XMIT_TC_PEER,
+            Egress::TcBridge => XMIT_TC_BRIDGE,
         }
     }
 
     fn of(value: u32) -> Option<Self> {
-        [Egress::Xdp, Egress::Tc, Egress::TcPeer]
+        [Egress::Xdp, Egress::Tc, Egress::TcPeer, Egress::TcBridge]
             .into_iter()
             .find(|e| e.value() == value)
     }
@@ -50,6 +59,10 @@ impl Egress {
             Egress::TcPeer => {
                 "a veth into another namespace without XDP: packets to it are sent into its \
                  peer by TC (bpf_redirect_peer)"
+            }
+            Egress::TcBridge => {
+                "a bridge: packets to it are sent by TC into the port that holds their \
+                 destination MAC (or into the bridge, for a MAC not learnt yet)"
             }
         }
     }
@@ -132,27 +145,33 @@ impl XmitMap {
 }
 
 /// How packets leave by each interface: XDP into those in `xdp` (they take XDP frames),
-/// the hand-off program into the other Ethernet ones (`ethernet`: index → whether it is
-/// a veth whose peer is in another namespace), the kernel otherwise.
-pub fn egress(xdp: &BTreeSet<u32>, ethernet: &BTreeMap<u32, bool>) -> BTreeMap<u32, Egress> {
-    let tc = ethernet
-        .iter()
-        .map(|(&i, &peer)| (i, if peer { Egress::TcPeer } else { Egress::Tc }));
+/// the hand-off program into the other Ethernet ones (`ethernet`), the kernel otherwise.
+pub fn egress(xdp: &BTreeSet<u32>, ethernet: &BTreeMap<u32, EtherLink>) -> BTreeMap<u32, Egress> {
+    let tc = ethernet.iter().map(|(&i, l)| {
+        let e = match l.kind {
+            EtherKind::Plain => Egress::Tc,
+            EtherKind::PeerElsewhere => Egress::TcPeer,
+            EtherKind::Bridge => Egress::TcBridge,
+        };
+        (i, e)
+    });
     tc.chain(xdp.iter().map(|&i| (i, Egress::Xdp))).collect()
 }
 
-/// Keeps `berth_xmit` equal to what the kernel says of the interfaces (`egress`):
-/// reads it at once (before returning, so the program is right from the start), then
-/// on a thread of its own again whenever the kernel announces a link or xdp-features
+/// Keeps `berth_xmit` equal to what the kernel says of the interfaces (`egress`), and
+/// `berth_fdb` to the bridges' forwarding databases (`fdb::ports`): reads them at once
+/// (before returning, so the program is right from the start), then on a thread of its
+/// own again whenever the kernel announces a link, xdp-features or forwarding-database
 /// change, and every `RECHECK` in case a notification was lost. Where the kernel cannot
 /// say (older than 6.3), the map stays empty: every packet takes the kernel's path,
 /// which is slower but never loses a packet.
 pub fn follow(pin_dir: &Path) -> Result<std::thread::JoinHandle<()>, FollowError> {
     const RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
     let mut map = XmitMap::open(pin_dir)?;
+    let mut fdb = FdbMap::open(pin_dir)?;
     let mut events = crate::netlink::LinkEvents::new()?;
     let mut attached = Attached::new(pin_dir);
-    sync(&mut map, &mut attached);
+    sync(&mut map, &mut fdb, &mut attached);
     std::thread::Builder::new()
         .name("berth-xmit".into())
         .spawn(move || loop {
@@ -160,7 +179,7 @@ pub fn follow(pin_dir: &Path) -> Result<std::thread::JoinHandle<()>, FollowError
                 tracing::warn!(error = %crate::error_chain(&e), "link notifications");
                 std::thread::sleep(std::time::Duration::from_secs(1));
             }
-            sync(&mut map, &mut attached);
+            sync(&mut map, &mut fdb, &mut attached);
         })
         .map_err(FollowError::Thread)
 }
@@ -222,9 +241,9 @@ pub enum FollowError {
     Thread(#[source] std::io::Error),
 }
 
-/// One pass: the kernel's list into the map, changes logged; attached interfaces that
+/// One pass: the kernel's lists into the maps, changes logged; attached interfaces that
 /// are gone logged.
-fn sync(map: &mut XmitMap, attached: &mut Attached) {
+fn sync(map: &mut XmitMap, fdb: &mut FdbMap, attached: &mut Attached) {
     let names = crate::netlink::links();
     if let Ok(names) = &names {
         for (ifindex, iface) in attached.pass(names) {
@@ -257,6 +276,7 @@ fn sync(map: &mut XmitMap, attached: &mut Attached) {
         }
     };
     let want = egress(&xdp, &ethernet);
+    sync_fdb(fdb, &ethernet);
     match map.set(&want) {
         Ok(change) => {
             let names = names.unwrap_or_default();
@@ -278,6 +298,39 @@ fn sync(map: &mut XmitMap, attached: &mut Attached) {
     }
 }
 
+/// The bridges' forwarding databases into `berth_fdb`.
+fn sync_fdb(map: &mut FdbMap, ethernet: &BTreeMap<u32, EtherLink>) {
+    let entries = match crate::netlink::fdb() {
+        Ok(entries) => entries,
+        Err(e) => {
+            tracing::warn!(
+                error = %crate::error_chain(&e),
+                "cannot read the bridges' forwarding databases: packets go into the bridges"
+            );
+            Vec::new()
+        }
+    };
+    match map.set(&fdb::ports(ethernet, &entries)) {
+        Ok(change) => {
+            if change.written + change.removed > 0 {
+                tracing::debug!(
+                    written = change.written,
+                    removed = change.removed,
+                    "bridge ports' MACs updated"
+                );
+            }
+            if let Some(beyond) = change.beyond.filter(|&n| n > 0) {
+                tracing::warn!(
+                    beyond,
+                    room = gateway_common::FDB_ENTRIES,
+                    "bridge ports' MACs beyond the map: packets to them go into their bridge"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %crate::error_chain(&e), "updating the fdb map"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,19 +339,31 @@ mod tests {
     fn xdp_takes_what_accepts_its_frames_tc_the_other_ethernet_links() {
         // 1: lo (not Ethernet), 2: a NIC with XDP frames, 3: a bridge, 4: a pod's veth
         // (peer in another namespace), 5: a veth whose peer takes XDP frames, 6: a
-        // tunnel (not Ethernet) that says it takes XDP frames.
+        // tunnel (not Ethernet) that says it takes XDP frames, 7: a default veth.
         let xdp: BTreeSet<u32> = [2, 5, 6].into();
-        let ethernet: BTreeMap<u32, bool> = [(2, false), (3, false), (4, true), (5, true)].into();
+        let link = |kind| EtherLink {
+            kind,
+            port_of: None,
+        };
+        let ethernet: BTreeMap<u32, EtherLink> = [
+            (2, link(EtherKind::Plain)),
+            (3, link(EtherKind::Bridge)),
+            (4, link(EtherKind::PeerElsewhere)),
+            (5, link(EtherKind::PeerElsewhere)),
+            (7, link(EtherKind::Plain)),
+        ]
+        .into();
         let want: BTreeMap<u32, Egress> = [
             (2, Egress::Xdp),
-            (3, Egress::Tc),
+            (3, Egress::TcBridge),
             (4, Egress::TcPeer),
             (5, Egress::Xdp),
             (6, Egress::Xdp),
+            (7, Egress::Tc),
         ]
         .into();
         assert_eq!(egress(&xdp, &ethernet), want);
-        for e in [Egress::Xdp, Egress::Tc, Egress::TcPeer] {
+        for e in [Egress::Xdp, Egress::Tc, Egress::TcPeer, Egress::TcBridge] {
             assert_eq!(Egress::of(e.value()), Some(e));
         }
         assert_eq!(Egress::of(0), None, "0: the kernel");

@@ -1,9 +1,11 @@
-//! Notifications of link and XDP-feature changes, on non-blocking sockets.
+//! Notifications of link, XDP-feature and forwarding-database changes, on non-blocking
+//! sockets.
 
 use super::*;
 
-/// Link and XDP-feature change notifications: rtnetlink RTNLGRP_LINK plus the netdev genl family's
-/// "mgmt" multicast group (dev add/del/change notifications), on non-blocking sockets.
+/// Link, XDP-feature and forwarding-database change notifications: rtnetlink
+/// RTNLGRP_LINK, the netdev genl family's "mgmt" multicast group (dev add/del/change
+/// notifications) and RTNLGRP_NEIGH's bridge entries, on non-blocking sockets.
 ///
 /// Create it before reading the state it guards, so no change between the read and the
 /// first `wait` is missed. On kernels without the netdev family (before 6.3) only link
@@ -11,6 +13,7 @@ use super::*;
 pub struct LinkEvents {
     route: OwnedFd,
     netdev: Option<OwnedFd>,
+    neigh: OwnedFd,
     buf: Vec<u8>,
 }
 
@@ -18,6 +21,7 @@ impl LinkEvents {
     /// Subscribes to link and netdev notifications in the calling thread's namespace.
     pub fn new() -> Result<Self, NetlinkError> {
         let route = subscribe(libc::NETLINK_ROUTE, RTNLGRP_LINK)?;
+        let neigh = subscribe(libc::NETLINK_ROUTE, RTNLGRP_NEIGH)?;
         let mut control = Socket::open(libc::NETLINK_GENERIC)?;
         let netdev = match resolve_family(&mut control, NETDEV_FAMILY_NAME) {
             Ok(family) => {
@@ -34,12 +38,15 @@ impl LinkEvents {
         Ok(LinkEvents {
             route,
             netdev,
+            neigh,
             buf: vec![0; RECV_BUF],
         })
     }
 
-    /// Blocks up to `timeout` (poll(2) on both sockets); returns true if any notification arrived
-    /// (drains everything that is queued; ENOBUFS overrun also counts as "something changed").
+    /// Blocks up to `timeout` (poll(2) on the sockets); returns true if any notification
+    /// arrived (drains everything that is queued; ENOBUFS overrun also counts as
+    /// "something changed"). Of the neighbour notifications only forwarding-database
+    /// entries count.
     pub fn wait(&mut self, timeout: Duration) -> Result<bool, NetlinkError> {
         const WHAT: &str = "waiting for link notifications";
         let deadline = Instant::now() + timeout;
@@ -48,13 +55,16 @@ impl LinkEvents {
             let fds = [
                 Some(self.route.as_fd()),
                 self.netdev.as_ref().map(|fd| fd.as_fd()),
+                Some(self.neigh.as_fd()),
             ];
+            let relevant: [fn(&[u8]) -> bool; 3] =
+                [|_| true, |_| true, bridge::is_fdb_notification];
             let ready = sys::poll(fds, remaining)
                 .map_err(|source| NetlinkError::Io { what: WHAT, source })?;
             let mut changed = false;
-            for (fd, ready) in fds.into_iter().zip(ready) {
+            for ((fd, ready), relevant) in fds.into_iter().zip(ready).zip(relevant) {
                 if let (Some(fd), true) = (fd, ready) {
-                    changed |= drain(fd, &mut self.buf)?;
+                    changed |= drain(fd, &mut self.buf, relevant)?;
                 }
             }
             if changed {
@@ -83,13 +93,20 @@ fn subscribe(protocol: libc::c_int, group: u32) -> Result<OwnedFd, NetlinkError>
     Ok(fd)
 }
 
-/// Reads every queued datagram; true if any came from the kernel or some were lost.
-fn drain(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<bool, NetlinkError> {
+/// Reads every queued datagram; true if any `relevant` one came from the kernel or some
+/// were lost.
+fn drain(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    relevant: fn(&[u8]) -> bool,
+) -> Result<bool, NetlinkError> {
     let mut changed = false;
     for _ in 0..DRAIN_LIMIT {
         match sys::recv(fd, buf, true) {
             // A truncated notification still says that something changed.
-            Ok((_, sender)) => changed |= sender == KERNEL,
+            Ok((len, sender)) => {
+                changed |= sender == KERNEL && relevant(&buf[..len.min(buf.len())]);
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(changed),
             // The queue overflowed and notifications were lost: something changed.
             Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => changed = true,

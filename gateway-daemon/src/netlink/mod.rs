@@ -17,12 +17,14 @@ use std::{
 
 use crate::sys::netlink_socket as sys;
 
+mod bridge;
 mod events;
 mod objects;
 mod routes;
 mod socket;
 mod wire;
 
+pub use bridge::{fdb, FdbEntry};
 pub use events::LinkEvents;
 use objects::*;
 use routes::*;
@@ -66,12 +68,14 @@ const RTM_DELROUTE: u16 = 25;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNEIGH: u16 = 28;
 const RTM_DELNEIGH: u16 = 29;
+const RTM_GETNEIGH: u16 = 30;
 /// `ndmsg.ndm_flags`: a proxy entry (the host answers neighbour solicitations for it).
 const NTF_PROXY: u8 = 0x08;
 const NUD_PERMANENT: u16 = 0x80;
 const NDA_DST: u16 = 1;
 const NDMSG_LEN: usize = 12;
 const RTNLGRP_LINK: u32 = 1;
+const RTNLGRP_NEIGH: u32 = 3;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_IFALIAS: u16 = 20;
@@ -80,6 +84,13 @@ const IFLA_LINK_NETNSID: u16 = 37;
 /// `ARPHRD_ETHER`: a link that carries Ethernet frames.
 const ARPHRD_ETHER: u16 = 1;
 const IFLA_INFO_KIND: u16 = 1;
+const IFLA_INFO_DATA: u16 = 2;
+const IFLA_INFO_SLAVE_KIND: u16 = 4;
+const IFLA_INFO_SLAVE_DATA: u16 = 5;
+const IFLA_MASTER: u16 = 10;
+const IFLA_BR_VLAN_FILTERING: u16 = 7;
+const IFLA_BRPORT_STATE: u16 = 1;
+const BR_STATE_FORWARDING: u8 = 3;
 /// `IFLA_XDP`: nested, the XDP programs attached to the link.
 const IFLA_XDP: u16 = 43;
 /// `IFLA_XDP_ATTACHED` inside `IFLA_XDP`: a `u8`, `XDP_ATTACHED_*`.
@@ -487,18 +498,33 @@ fn dump_links() -> Result<Vec<Link>, NetlinkError> {
     Ok(out)
 }
 
+/// What a packet redirected into an Ethernet link needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EtherLink {
+    /// What kind of link it is.
+    pub kind: EtherKind,
+    /// The bridge it is a forwarding port of, if any.
+    pub port_of: Option<u32>,
+}
+
+/// Ethernet links by what a redirect into them does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EtherKind {
+    /// A redirect sends the packet out of it.
+    Plain,
+    /// A veth whose peer is in another namespace: a packet may go straight into it.
+    PeerElsewhere,
+    /// A bridge without VLAN filtering: a packet may go straight into the port that
+    /// holds its destination MAC.
+    Bridge,
+}
+
 /// The links that carry Ethernet (a packet with MACs may be redirected into them), by
-/// index, each with whether it is a veth whose peer is in another namespace.
-pub fn ethernet_links() -> Result<BTreeMap<u32, bool>, NetlinkError> {
+/// index.
+pub fn ethernet_links() -> Result<BTreeMap<u32, EtherLink>, NetlinkError> {
     Ok(dump_links()?
         .into_iter()
-        .filter(|l| l.arp_type == ARPHRD_ETHER)
-        .map(|l| {
-            (
-                l.index,
-                l.kind.as_deref() == Some(b"veth") && l.link_elsewhere,
-            )
-        })
+        .filter_map(|l| Some((l.index, l.ether()?)))
         .collect())
 }
 

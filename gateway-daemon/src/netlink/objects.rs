@@ -18,6 +18,23 @@ pub(super) struct Link {
     pub(super) alias: Option<Vec<u8>>,
     /// How an XDP program is attached (`XDP_ATTACHED_*`; 0: none).
     pub(super) xdp_attached: u8,
+    /// The link it is enslaved to (`IFLA_MASTER`; 0: none).
+    pub(super) master: u32,
+    /// A bridge's `vlan_filtering` (`IFLA_BR_VLAN_FILTERING`).
+    pub(super) vlan_filtering: bool,
+    /// A bridge port's STP state (`IFLA_BRPORT_STATE`, `BR_STATE_*`), if it is one.
+    pub(super) port_state: Option<u8>,
+}
+
+/// The first attribute of type `ty` in `nested`, as a u8.
+fn nested_u8(nested: Option<&[u8]>, ty: u16) -> Result<Option<u8>, &'static str> {
+    for attr in Attrs::new(nested.unwrap_or_default()) {
+        let attr = attr?;
+        if attr.ty == ty {
+            return Ok(attr.value.first().copied());
+        }
+    }
+    Ok(None)
 }
 
 impl Link {
@@ -33,12 +50,14 @@ impl Link {
         let flags = ne_u32(&header[8..12]).ok_or("short ifinfomsg")?;
         let (mut name, mut kind, mut alias, mut xdp_attached) = (None, None, None, 0);
         let mut link_elsewhere = false;
+        let (mut master, mut info_data, mut slave_kind, mut slave_data) = (0, None, None, None);
         for attr in Attrs::new(attrs) {
             let attr = attr?;
             match attr.ty {
                 IFLA_IFNAME => name = Some(until_nul(attr.value).to_vec()),
                 IFLA_IFALIAS => alias = Some(until_nul(attr.value).to_vec()),
                 IFLA_LINK_NETNSID => link_elsewhere = true,
+                IFLA_MASTER => master = ne_u32(attr.value).ok_or("short IFLA_MASTER")?,
                 IFLA_XDP => {
                     for xdp in Attrs::new(attr.value) {
                         let xdp = xdp?;
@@ -50,24 +69,53 @@ impl Link {
                 IFLA_LINKINFO => {
                     for info in Attrs::new(attr.value) {
                         let info = info?;
-                        if info.ty == IFLA_INFO_KIND {
-                            kind = Some(until_nul(info.value).to_vec());
+                        match info.ty {
+                            IFLA_INFO_KIND => kind = Some(until_nul(info.value).to_vec()),
+                            IFLA_INFO_DATA => info_data = Some(info.value),
+                            IFLA_INFO_SLAVE_KIND => slave_kind = Some(until_nul(info.value)),
+                            IFLA_INFO_SLAVE_DATA => slave_data = Some(info.value),
+                            _ => {}
                         }
                     }
                 }
                 _ => {}
             }
         }
+        let vlan_filtering = kind.as_deref() == Some(b"bridge")
+            && nested_u8(info_data, IFLA_BR_VLAN_FILTERING)?.is_some_and(|v| v != 0);
+        let port_state = if slave_kind == Some(b"bridge") {
+            nested_u8(slave_data, IFLA_BRPORT_STATE)?
+        } else {
+            None
+        };
         Ok(Link {
             index,
             arp_type,
             link_elsewhere,
+            master,
+            vlan_filtering,
+            port_state,
             flags,
             name: name.ok_or("link without a name")?,
             kind,
             alias,
             xdp_attached,
         })
+    }
+
+    /// What a packet sent into it needs (`ethernet_links`), if it carries Ethernet.
+    pub(super) fn ether(&self) -> Option<EtherLink> {
+        if self.arp_type != ARPHRD_ETHER {
+            return None;
+        }
+        let kind = match self.kind.as_deref() {
+            Some(b"veth") if self.link_elsewhere => EtherKind::PeerElsewhere,
+            Some(b"bridge") if !self.vlan_filtering => EtherKind::Bridge,
+            _ => EtherKind::Plain,
+        };
+        let port_of = (self.master != 0 && self.port_state == Some(BR_STATE_FORWARDING))
+            .then_some(self.master);
+        Some(EtherLink { kind, port_of })
     }
 
     /// Ok if this is the dummy called `name`: never touch another link.

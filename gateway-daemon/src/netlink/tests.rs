@@ -16,6 +16,66 @@ fn attributes_are_read_with_padding_and_nesting() {
     assert_eq!(link.kind.as_deref(), Some(&b"dummy"[..]));
 }
 
+/// A bridge (`vlan_filtering` as given) and a forwarding port of it, as RTM_NEWLINK
+/// describes them.
+fn bridge_and_port(vlan_filtering: u8) -> (Link, Link) {
+    let parse = |request: Request| {
+        let datagram = request.finish(1);
+        let message = Messages::new(&datagram).next().unwrap().unwrap();
+        Link::parse(message.body).unwrap()
+    };
+    let mut ether = ifinfomsg(3, 0, 0);
+    ether[2..4].copy_from_slice(&ARPHRD_ETHER.to_ne_bytes());
+    let bridge = parse(
+        Request::new(RTM_NEWLINK, 0)
+            .fixed(&ether)
+            .attr(IFLA_IFNAME, b"br0\0")
+            .nested(IFLA_LINKINFO, |r| {
+                r.attr(IFLA_INFO_KIND, b"bridge\0")
+                    .nested(IFLA_INFO_DATA, |r| {
+                        r.attr(IFLA_BR_VLAN_FILTERING, &[vlan_filtering])
+                    })
+            }),
+    );
+    ether[4..8].copy_from_slice(&4i32.to_ne_bytes());
+    let port = parse(
+        Request::new(RTM_NEWLINK, 0)
+            .fixed(&ether)
+            .attr(IFLA_IFNAME, b"p0\0")
+            .attr(IFLA_MASTER, &3u32.to_ne_bytes())
+            .attr(IFLA_LINK_NETNSID, &0i32.to_ne_bytes())
+            .nested(IFLA_LINKINFO, |r| {
+                r.attr(IFLA_INFO_KIND, b"veth\0")
+                    .attr(IFLA_INFO_SLAVE_KIND, b"bridge\0")
+                    .nested(IFLA_INFO_SLAVE_DATA, |r| {
+                        r.attr(IFLA_BRPORT_STATE, &[BR_STATE_FORWARDING])
+                    })
+            }),
+    );
+    (bridge, port)
+}
+
+#[test]
+fn a_bridge_and_its_forwarding_port_are_told_and_vlan_filtering_makes_the_bridge_plain() {
+    let (bridge, port) = bridge_and_port(0);
+    assert_eq!(
+        bridge.ether(),
+        Some(EtherLink {
+            kind: EtherKind::Bridge,
+            port_of: None
+        })
+    );
+    assert_eq!(
+        port.ether(),
+        Some(EtherLink {
+            kind: EtherKind::PeerElsewhere,
+            port_of: Some(3)
+        })
+    );
+    let (filtering, _) = bridge_and_port(1);
+    assert_eq!(filtering.ether().map(|l| l.kind), Some(EtherKind::Plain));
+}
+
 #[test]
 fn an_attribute_longer_than_its_buffer_is_rejected() {
     let mut buf = Vec::new();

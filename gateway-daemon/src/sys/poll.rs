@@ -7,9 +7,12 @@ use std::{
     time::Duration,
 };
 
-/// poll(2) for input on up to two descriptors; which ones are ready (or in error,
-/// which a read then reports). An interrupted poll reports none.
-pub(crate) fn poll(fds: [Option<BorrowedFd<'_>>; 2], timeout: Duration) -> io::Result<[bool; 2]> {
+/// poll(2) for input on a few descriptors; which ones are ready (or in error, which a
+/// read then reports). An interrupted poll reports none.
+pub(crate) fn poll<const N: usize>(
+    fds: [Option<BorrowedFd<'_>>; N],
+    timeout: Duration,
+) -> io::Result<[bool; N]> {
     let mut pollfds = fds.map(|fd| libc::pollfd {
         // poll ignores negative descriptors.
         fd: fd.map_or(-1, |fd| fd.as_raw_fd()),
@@ -23,7 +26,7 @@ pub(crate) fn poll(fds: [Option<BorrowedFd<'_>>; 2], timeout: Duration) -> io::R
     if rc < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::Interrupted {
-            return Ok([false; 2]);
+            return Ok([false; N]);
         }
         return Err(e);
     }
