@@ -38,5 +38,9 @@ pub const MONITOR_SESSION: u32 = 8;
 pub const MONITOR_ALIVE: u32 = 9;
 /// See `MONITOR_ALIVE`.
 pub const MONITOR_STALE_SECS: u32 = 15;
+/// The datapath's secret for the hand-off from XDP to TC (random, non-zero, set by the
+/// daemon when it first loads the program on these pins): TC takes only a shim that
+/// carries it, so a frame from the wire cannot forge one. 0: nothing is handed off.
+pub const HANDOFF_NONCE: u32 = 10;
 /// Entries of the array.
 pub const SLOTS: u32 = 16;

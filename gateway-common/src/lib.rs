@@ -191,6 +191,13 @@ pub const XMIT_TC_PEER: u32 = 3;
 /// with `XMIT_TC_PEER`), past the bridge; a MAC the map lacks goes into the bridge.
 pub const XMIT_TC_BRIDGE: u32 = 4;
 
+/// The bits of a `berth_xmit` value that say how a packet leaves by the interface.
+pub const XMIT_EGRESS: u32 = 0xff;
+
+/// `berth_xmit` bit: the interface is attached and its TC ingress holds the hand-off
+/// program (`berth_tc_in`), so XDP may hand packets arriving on it to TC.
+pub const XMIT_HANDOFF_IN: u32 = 1 << 8;
+
 /// Key of `map_names::FDB`: a MAC in a bridge's forwarding database.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -17,7 +17,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use gateway_common::{
-    Counter, NextHop, NEXT_HOP_REFRESH, XMIT_OK, XMIT_SLOTS, XMIT_TC, XMIT_TC_BRIDGE, XMIT_TC_PEER,
+    Counter, NextHop, NEXT_HOP_REFRESH, XMIT_EGRESS, XMIT_OK, XMIT_SLOTS, XMIT_TC, XMIT_TC_BRIDGE, XMIT_TC_PEER,
 };
 
 use crate::{
@@ -97,11 +97,12 @@ pub unsafe fn path<A: Family>(
     if hop.ifindex >= XMIT_SLOTS {
         return Path::Kernel(Counter::KernelEgressUnknown);
     }
-    match XMIT.get(hop.ifindex) {
-        Some(&XMIT_OK) => Path::Redirect,
-        Some(&XMIT_TC) => Path::Tc(Via::Redirect),
-        Some(&XMIT_TC_PEER) => Path::Tc(Via::Peer),
-        Some(&XMIT_TC_BRIDGE) => Path::Tc(Via::Bridge),
+    // The egress bits only: an interface may be an attached ingress too.
+    match XMIT.get(hop.ifindex).map(|x| x & XMIT_EGRESS) {
+        Some(XMIT_OK) => Path::Redirect,
+        Some(XMIT_TC) => Path::Tc(Via::Redirect),
+        Some(XMIT_TC_PEER) => Path::Tc(Via::Peer),
+        Some(XMIT_TC_BRIDGE) => Path::Tc(Via::Bridge),
         _ => Path::Kernel(Counter::KernelNoXdpEgress),
     }
 }

@@ -6,21 +6,29 @@
 //! the packet and passed it up, and the kernel routed it again, ran netfilter on it,
 //! resolved the neighbour again and forwarded it: no faster than iptables' own DNAT.
 //! Now XDP, which already knows the egress and the neighbour's MAC (`bpf_fib_lookup`,
-//! cached per backend), writes them into the frame's metadata (`bpf_xdp_adjust_meta`)
-//! and passes the packet up; the first thing that sees it in the kernel, this crate's
-//! TC program on the receiving interface's ingress (`berth_tc_in`, tcx), finds the
-//! metadata, decrements the TTL, writes the MACs and sends the packet out of the
+//! cached per backend), writes the MACs into the frame and the egress into a shim it
+//! inserts between the Ethernet and the IP header (`bpf_xdp_adjust_head`), and passes
+//! the packet up; the first thing that sees it in the kernel, this crate's TC program
+//! on the receiving interface's ingress (`berth_tc_in`, tcx), finds the shim, removes
+//! it (`bpf_skb_adjust_room`), decrements the TTL and sends the packet out of the
 //! egress (`bpf_redirect`), or straight into the namespace of a veth's peer
 //! (`bpf_redirect_peer`: ingress to ingress, without the backlog queue), as Cilium's
 //! host routing does.
 //!
-//! XDP leaves the packet exactly as the kernel's path wants it (the MACs and TTL as
-//! they came, only the destination half of the translation applied, as for any packet
-//! handed to the kernel), so where the TC program does not run (not attached yet, an
-//! older daemon's) or cannot take the packet, the kernel forwards it as before. Only
-//! packets whose translation has no source half (router-mode forward packets) are
-//! handed off: a packet with one of the gateway's own addresses as its source would be
-//! a martian there.
+//! Why a shim and not the frame's metadata (`bpf_xdp_adjust_meta`, the first design):
+//! many drivers keep no metadata, and some kernels refuse the helper outright (the
+//! 6.18 kernel of this project's machines since 2026-12-07 did: the whole program
+//! failed to load). Moving the head works on every driver and kernel with XDP.
+//!
+//! The shim is no IP header (version 0; for IPv6 also "no next header"): where the TC
+//! program does not take it, the kernel drops the packet and GRO merges nothing. So
+//! XDP hands a packet off only on an interface whose TC hand-off program the daemon
+//! knows is attached (`XMIT_HANDOFF_IN` in `berth_xmit`), and the TC program takes
+//! only a shim carrying the datapath's secret (`config::HANDOFF_NONCE`): a frame from
+//! the wire forging a shim is dropped (`tc_handoff_forged`), never redirected past
+//! netfilter. Only packets whose translation has no source half (router-mode forward
+//! packets) are handed off: a packet with one of the gateway's own addresses as its
+//! source would be a martian on the kernel's path.
 //!
 //! Into a bridge without VLAN filtering (`cni0`), the packet is sent into the bridge
 //! port that holds the next hop's MAC in the bridge's forwarding database (`berth_fdb`,
@@ -28,105 +36,151 @@
 //! port is a pod's veth: the bridge's own forwarding (its FDB lookup, the port's
 //! transmit and the backlog queue) is skipped as well. A MAC the map lacks (not learnt
 //! yet, aged out) goes into the bridge, which finds or floods it as it would anyway.
-//!
-//! Where a driver keeps no metadata (`bpf_xdp_adjust_meta` fails), the packet takes
-//! the kernel's path, counted as `kernel_forward_no_xdp_egress`.
 
 use aya_ebpf::{
-    bindings::{__sk_buff, TC_ACT_UNSPEC},
-    helpers::generated::{bpf_csum_update, bpf_redirect, bpf_redirect_peer, bpf_xdp_adjust_meta},
+    bindings::{__sk_buff, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, TC_ACT_SHOT, TC_ACT_UNSPEC},
+    helpers::generated::{
+        bpf_csum_update, bpf_redirect, bpf_redirect_peer, bpf_skb_adjust_room,
+        bpf_xdp_adjust_head,
+    },
     programs::{TcContext, XdpContext},
 };
-use gateway_common::{Counter, FdbKey, NextHop, XMIT_TC_PEER};
+use gateway_common::{
+    config, Counter, FdbKey, NextHop, XMIT_EGRESS, XMIT_HANDOFF_IN, XMIT_TC_PEER,
+};
 
 use crate::{
     family::Family,
     fwd::Via,
-    maps::{count, Addr6, FDB, XMIT},
+    maps::{count, Addr6, CONFIG, FDB, XMIT},
     packet::{Eth, Ipv4, Ipv6, ETH_LEN, ETH_P_IP, ETH_P_IPV6},
 };
 
-/// What XDP leaves in the frame's metadata (20 bytes: the kernel wants a multiple of 4,
-/// at most 32).
+/// What XDP inserts between the Ethernet and the IP header (16 bytes).
 #[repr(C)]
-struct Handoff {
-    /// `MAGIC`, `MAGIC | PEER` or `MAGIC | BRIDGE`.
-    magic: u32,
+struct Shim {
+    /// Where an IP header has its version: 0, which no IP packet has.
+    zero: u8,
+    /// `PEER` or `BRIDGE` bits.
+    flags: u8,
+    /// `MAGIC`.
+    magic: u16,
+    /// Where an IPv6 header has its payload length, next header and hop limit:
+    /// `IPV6_GUARD`, "no next header", so that IPv6 GRO finds no protocol to merge by.
+    ipv6_guard: [u8; 4],
+    /// The datapath's secret (`config::HANDOFF_NONCE`).
+    nonce: u32,
     /// The egress interface.
     ifindex: u32,
-    /// The next hop's MAC.
-    dmac: [u8; 6],
-    /// The egress interface's MAC.
-    smac: [u8; 6],
 }
 
-/// Says that the metadata is a hand-off (other XDP programs write none on an
-/// interface Berth's program holds; the value only guards against a stale layout).
-const MAGIC: u32 = 0xbe47_4800;
-/// Set in `magic`: redirect into the veth's peer (another namespace).
-const PEER: u32 = 1;
-/// Set in `magic`: `ifindex` is a bridge; redirect into the port holding `dmac`.
-const BRIDGE: u32 = 2;
+const MAGIC: u16 = 0xbe47;
+const IPV6_GUARD: [u8; 4] = [0, 0, 59, 0];
+/// Set in `flags`: redirect into the veth's peer (another namespace).
+const PEER: u8 = 1;
+/// Set in `flags`: `ifindex` is a bridge; redirect into the port holding the MAC.
+const BRIDGE: u8 = 2;
 
-const SIZE: usize = core::mem::size_of::<Handoff>();
+const SIZE: usize = core::mem::size_of::<Shim>();
 
-/// XDP's half: writes `hop` into the frame's metadata for the TC program. False if the
-/// driver keeps no metadata; then the kernel forwards the packet.
+/// The datapath's secret, 0 where the daemon has not set one (then nothing is handed
+/// off: a shim with 0 would be no secret).
+#[inline(always)]
+fn nonce() -> u32 {
+    CONFIG.get(config::HANDOFF_NONCE).copied().unwrap_or(0)
+}
+
+/// XDP's half: writes `hop`'s MACs into the frame and a shim naming its egress. False
+/// where the packet must take the kernel's path instead: the receiving interface has no
+/// hand-off program on TC (as the daemon says), no secret is set, or the head cannot
+/// move.
 ///
 /// Every packet pointer the caller holds is invalid afterwards (the verifier forgets
 /// them): call it last.
 #[inline(always)]
 pub fn leave(ctx: &XdpContext, hop: &NextHop, via: Via) -> bool {
+    let ingress = ctx.ingress_ifindex() as u32;
+    if XMIT.get(ingress).is_none_or(|x| x & XMIT_HANDOFF_IN == 0) {
+        return false;
+    }
+    let nonce = nonce();
+    if nonce == 0 {
+        return false;
+    }
     // SAFETY: the program's own context.
-    if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -(SIZE as i32)) } != 0 {
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(SIZE as i32)) } != 0 {
         return false;
     }
-    let meta = ctx.metadata();
-    if meta + SIZE > ctx.data() {
+    let (data, end) = (ctx.data(), ctx.data_end());
+    // The new Ethernet header, the shim over the old Ethernet header.
+    if data + ETH_LEN + SIZE > end {
         return false;
     }
-    let h = meta as *mut Handoff;
-    // SAFETY: `h` lies in the metadata, bounds-checked against `data` above.
+    let eth = data as *mut Eth;
+    let old = (data + SIZE) as *const Eth;
+    let shim = (data + ETH_LEN) as *mut Shim;
+    // SAFETY: all three lie in the frame, bounds-checked above; the old header's type is
+    // read before the shim overwrites it.
     unsafe {
-        (*h).magic = MAGIC
-            | match via {
+        (*eth).ether_type = (*old).ether_type;
+        (*eth).dst = hop.dmac;
+        (*eth).src = hop.smac;
+        *shim = Shim {
+            zero: 0,
+            flags: match via {
                 Via::Redirect => 0,
                 Via::Peer => PEER,
                 Via::Bridge => BRIDGE,
-            };
-        (*h).ifindex = hop.ifindex;
-        (*h).dmac = hop.dmac;
-        (*h).smac = hop.smac;
+            },
+            magic: MAGIC,
+            ipv6_guard: IPV6_GUARD,
+            nonce,
+            ifindex: hop.ifindex,
+        };
     }
     true
 }
 
 /// TC's half, on the receiving interface's ingress: a packet XDP handed off is sent out
-/// of its egress (counted `tc_redirect`); any other packet goes on (`TC_ACT_UNSPEC`).
+/// of its egress (counted `tc_redirect`); a forged shim is dropped; any other packet
+/// goes on (`TC_ACT_UNSPEC`).
 #[inline(always)]
 pub fn take(ctx: &TcContext) -> i32 {
     let skb = ctx.skb.skb;
-    // SAFETY: the program's own context, valid while it runs.
-    let (meta, data, end) = unsafe {
+    let (data, end) = bounds(skb);
+    if data + ETH_LEN + SIZE > end {
+        return TC_ACT_UNSPEC;
+    }
+    let shim = (data + ETH_LEN) as *const Shim;
+    // SAFETY: `shim` is bounds-checked above.
+    let (zero, magic, flags, nonce, ifindex) = unsafe {
         (
-            (*skb).data_meta as usize,
-            (*skb).data as usize,
-            (*skb).data_end as usize,
+            (*shim).zero,
+            (*shim).magic,
+            (*shim).flags,
+            (*shim).nonce,
+            (*shim).ifindex,
         )
     };
-    if meta + SIZE > data {
+    // Every IP packet has a version here: the fast way out.
+    if zero != 0 || magic != MAGIC {
         return TC_ACT_UNSPEC;
     }
-    let h = meta as *const Handoff;
-    // SAFETY: `h` lies in the metadata, bounds-checked against `data` above.
-    let (magic, ifindex, dmac, smac) = unsafe { ((*h).magic, (*h).ifindex, (*h).dmac, (*h).smac) };
-    if magic & !(PEER | BRIDGE) != MAGIC {
-        return TC_ACT_UNSPEC;
+    if nonce != self::nonce() || nonce == 0 {
+        count(Counter::HandoffForged);
+        return TC_ACT_SHOT;
     }
+    // SAFETY: the program's own context; removes the shim after the Ethernet header.
+    if unsafe { bpf_skb_adjust_room(skb, -(SIZE as i32), BPF_ADJ_ROOM_MAC, 0) } != 0 {
+        count(Counter::HandoffFailed);
+        return TC_ACT_SHOT;
+    }
+    let (data, end) = bounds(skb);
     if data + ETH_LEN > end {
-        return TC_ACT_UNSPEC;
+        count(Counter::HandoffFailed);
+        return TC_ACT_SHOT;
     }
-    let eth = data as *mut Eth;
+    let eth = data as *const Eth;
     // SAFETY: `eth` is bounds-checked above, the network headers below.
     unsafe {
         match (*eth).ether_type {
@@ -138,16 +192,21 @@ pub fn take(ctx: &TcContext) -> i32 {
             ETH_P_IPV6 if data + ETH_LEN + core::mem::size_of::<Ipv6>() <= end => {
                 decrement_hop_limit(skb, (data + ETH_LEN) as *mut Ipv6);
             }
-            _ => return TC_ACT_UNSPEC,
+            _ => {
+                count(Counter::HandoffFailed);
+                return TC_ACT_SHOT;
+            }
         }
-        (*eth).dst = dmac;
-        (*eth).src = smac;
     }
     count(Counter::TcRedirect);
-    let (ifindex, peer) = if magic & BRIDGE != 0 {
+    let (ifindex, peer) = if flags & BRIDGE != 0 {
+        let dmac = {
+            // SAFETY: `eth` is bounds-checked above.
+            unsafe { (*eth).dst }
+        };
         bridge_port(ifindex, dmac)
     } else {
-        (ifindex, magic & PEER != 0)
+        (ifindex, flags & PEER != 0)
     };
     // SAFETY: helpers on the program's own context.
     unsafe {
@@ -157,6 +216,13 @@ pub fn take(ctx: &TcContext) -> i32 {
             bpf_redirect(ifindex, 0) as i32
         }
     }
+}
+
+/// The packet's data and end.
+#[inline(always)]
+fn bounds(skb: *mut __sk_buff) -> (usize, usize) {
+    // SAFETY: the program's own context, valid while it runs.
+    unsafe { ((*skb).data as usize, (*skb).data_end as usize) }
 }
 
 /// Where a packet to `dmac` through `bridge` goes: the port that holds the MAC, and
@@ -172,7 +238,7 @@ fn bridge_port(bridge: u32, dmac: [u8; 6]) -> (u32, bool) {
     match unsafe { FDB.get(key) } {
         Some(&port) => {
             count(Counter::TcBridgePort);
-            (port, XMIT.get(port) == Some(&XMIT_TC_PEER))
+            (port, XMIT.get(port).is_some_and(|x| x & XMIT_EGRESS == XMIT_TC_PEER))
         }
         None => (bridge, false),
     }

@@ -119,6 +119,7 @@ impl TestDatapath {
                 .iter()
                 .map(|&i| (i, berth::datapath::Egress::Xdp))
                 .collect(),
+            &Default::default(),
         )
         .unwrap_or_else(|e| panic!("setting the xmit map: {}", berth::error_chain(&e)));
     }

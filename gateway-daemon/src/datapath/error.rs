@@ -29,6 +29,15 @@ impl std::fmt::Display for MapProperty {
 /// Errors of the datapath.
 #[derive(Debug, thiserror::Error)]
 pub enum DatapathError {
+    /// Random bytes could not be read.
+    #[error("drawing {what}")]
+    Random {
+        /// What they were for.
+        what: &'static str,
+        /// The error reading `/dev/urandom`.
+        #[source]
+        source: std::io::Error,
+    },
     /// The object could not be loaded.
     #[error("loading the XDP object")]
     Load(#[source] aya::EbpfError),

@@ -82,6 +82,7 @@ impl Datapath {
         shapes::check_pins(pin_dir, &shapes)?;
         let ebpf = load_object(object, pin_dir, &shapes)?;
         let mut dp = Self::with_maps(ebpf, config, pin_lock)?;
+        dp.ensure_handoff_nonce()?;
         dp.adopt()?;
         dp.keys = super::keys::Keys::of(dp.installed.keys());
         dp.host.reserved = dp.installed_ports();

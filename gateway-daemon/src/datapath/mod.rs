@@ -115,6 +115,20 @@ type Result<T, E = DatapathError> = std::result::Result<T, E>;
 /// The conntrack of one family.
 type Conntrack<A> = HashMap<MapData, FlowKey<A>, Flow<A>>;
 
+/// A random u32 other than 0, from the kernel's generator.
+fn random_nonzero_u32() -> std::io::Result<u32> {
+    use std::io::Read as _;
+    let mut urandom = std::fs::File::open("/dev/urandom")?;
+    loop {
+        let mut bytes = [0; 4];
+        urandom.read_exact(&mut bytes)?;
+        let n = u32::from_ne_bytes(bytes);
+        if n != 0 {
+            return Ok(n);
+        }
+    }
+}
+
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DatapathError {
     move |source| DatapathError::Map { name, source }
 }
@@ -362,6 +376,25 @@ impl Datapath {
         }
         self.set_config(config::MONITOR, 0)?;
         Ok(Some(pid))
+    }
+
+    /// Gives the datapath its hand-off secret (`config::HANDOFF_NONCE`) unless the pins
+    /// already hold one (a restart keeps it: a packet between XDP and TC at that moment
+    /// is not lost to a new secret).
+    fn ensure_handoff_nonce(&mut self) -> Result<()> {
+        let name = map_names::CONFIG;
+        let have = self
+            .config()?
+            .get(&config::HANDOFF_NONCE, 0)
+            .map_err(map_err(name))?;
+        if have != 0 {
+            return Ok(());
+        }
+        let nonce = random_nonzero_u32().map_err(|source| DatapathError::Random {
+            what: "the hand-off secret",
+            source,
+        })?;
+        self.set_config(config::HANDOFF_NONCE, nonce)
     }
 
     /// Writes `value` into slot `slot` of the program's config map.

@@ -12,7 +12,10 @@ use std::{
 };
 
 use aya::maps::{Array, MapData, MapError};
-use gateway_common::{map_names, XMIT_OK, XMIT_SLOTS, XMIT_TC, XMIT_TC_BRIDGE, XMIT_TC_PEER};
+use gateway_common::{
+    map_names, XMIT_EGRESS, XMIT_HANDOFF_IN, XMIT_OK, XMIT_SLOTS, XMIT_TC, XMIT_TC_BRIDGE,
+    XMIT_TC_PEER,
+};
 
 use super::{
     fdb::{self, FdbMap},
@@ -72,7 +75,8 @@ impl Egress {
 /// link notifications can keep it current while the planner owns the `Datapath`.
 pub struct XmitMap {
     map: Array<MapData, u32>,
-    have: BTreeMap<u32, Egress>,
+    /// The map's non-zero values.
+    have: BTreeMap<u32, u32>,
 }
 
 /// What `XmitMap::set` changed.
@@ -99,8 +103,9 @@ impl XmitMap {
             let fd = std::os::fd::AsFd::as_fd(map.map().fd());
             lookup_batch(fd, 4, 4, |k, v| {
                 let index = u32::from_ne_bytes(k.try_into().unwrap_or_default());
-                if let Some(e) = Egress::of(u32::from_ne_bytes(v.try_into().unwrap_or_default())) {
-                    have.insert(index, e);
+                let value = u32::from_ne_bytes(v.try_into().unwrap_or_default());
+                if value != 0 {
+                    have.insert(index, value);
                 }
             })
             .map_err(|io_error| {
@@ -113,17 +118,17 @@ impl XmitMap {
         Ok(XmitMap { map, have })
     }
 
-    /// How packets leave by each interface now (absent: through the kernel).
-    pub fn current(&self) -> &BTreeMap<u32, Egress> {
-        &self.have
-    }
-
-    /// Makes the map hold exactly `want` (indices beyond the map are left out and
-    /// reported). Entries are removed before any is added or changed.
-    pub fn set(&mut self, want: &BTreeMap<u32, Egress>) -> Result<XmitChange> {
+    /// Makes the map hold exactly `want`, and `XMIT_HANDOFF_IN` for the interfaces in
+    /// `handoff_in` (indices beyond the map are left out and reported). Entries are
+    /// removed before any is added or changed.
+    pub fn set(
+        &mut self,
+        want: &BTreeMap<u32, Egress>,
+        handoff_in: &BTreeSet<u32>,
+    ) -> Result<XmitChange> {
         let name = map_names::XMIT;
         let mut change = XmitChange::default();
-        let mut fits = want.clone();
+        let mut fits = values(want, handoff_in);
         fits.retain(|&i, _| {
             let ok = i < XMIT_SLOTS;
             if !ok {
@@ -135,13 +140,27 @@ impl XmitMap {
             self.map.set(i, 0, 0).map_err(map_err(name))?;
             change.removed.push(i);
         }
-        for (&i, &e) in fits.iter().filter(|(i, e)| self.have.get(i) != Some(e)) {
-            self.map.set(i, e.value(), 0).map_err(map_err(name))?;
-            change.added.push((i, e));
+        for (&i, &v) in fits.iter().filter(|(i, v)| self.have.get(i) != Some(v)) {
+            self.map.set(i, v, 0).map_err(map_err(name))?;
+            if let Some(e) = Egress::of(v & XMIT_EGRESS) {
+                if self.have.get(&i).map(|h| h & XMIT_EGRESS) != Some(v & XMIT_EGRESS) {
+                    change.added.push((i, e));
+                }
+            }
         }
         self.have = fits;
         Ok(change)
     }
+}
+
+/// The map's values: each interface's way out, and `XMIT_HANDOFF_IN` for those in
+/// `handoff_in`.
+fn values(want: &BTreeMap<u32, Egress>, handoff_in: &BTreeSet<u32>) -> BTreeMap<u32, u32> {
+    let mut out: BTreeMap<u32, u32> = want.iter().map(|(&i, e)| (i, e.value())).collect();
+    for &i in handoff_in {
+        *out.entry(i).or_default() |= XMIT_HANDOFF_IN;
+    }
+    out
 }
 
 /// How packets leave by each interface: XDP into those in `xdp` (they take XDP frames),
@@ -277,7 +296,8 @@ fn sync(map: &mut XmitMap, fdb: &mut FdbMap, attached: &mut Attached) {
     };
     let want = egress(&xdp, &ethernet);
     sync_fdb(fdb, &ethernet);
-    match map.set(&want) {
+    let handoff_in = super::links::handoff_ingresses(&attached.pin_dir);
+    match map.set(&want, &handoff_in) {
         Ok(change) => {
             let names = names.unwrap_or_default();
             let name = |i: &u32| names.get(i).cloned().unwrap_or_else(|| format!("#{i}"));
@@ -363,6 +383,12 @@ mod tests {
         ]
         .into();
         assert_eq!(egress(&xdp, &ethernet), want);
+        let handoff_in: BTreeSet<u32> = [2, 3, 9].into();
+        let values = values(&want, &handoff_in);
+        assert_eq!(values[&2], XMIT_OK | XMIT_HANDOFF_IN);
+        assert_eq!(values[&3], XMIT_TC_BRIDGE | XMIT_HANDOFF_IN);
+        assert_eq!(values[&7], XMIT_TC);
+        assert_eq!(values[&9], XMIT_HANDOFF_IN, "an ingress that is no egress");
         for e in [Egress::Xdp, Egress::Tc, Egress::TcPeer, Egress::TcBridge] {
             assert_eq!(Egress::of(e.value()), Some(e));
         }

@@ -68,8 +68,9 @@ fn set_up_datapath(options: &DatapathOptions) -> anyhow::Result<Option<Datapath>
     let mut dp = load_sized(pin_dir, limits)?;
     set_new_flow_limit(&mut dp, *new_flow_limit, limits.flows)?;
     set_reply_origin(&mut dp, *reply_origin)?;
-    set_redirect(pin_dir, *redirect)?;
     attach(&mut dp, interfaces, *xdp_mode)?;
+    // After the attach: the xmit map says which interfaces hold the hand-off program.
+    set_redirect(pin_dir, *redirect)?;
     disable_icmp_redirects(interfaces);
     // Before anything is published: a drain kept from an earlier run holds.
     dp.set_announcing(*announcing)
@@ -150,7 +151,7 @@ fn set_redirect(pin_dir: &Path, redirect: Redirect) -> anyhow::Result<()> {
         datapath::follow_xmit(pin_dir).context("following which interfaces take XDP frames")?;
     } else {
         datapath::XmitMap::open(pin_dir)
-            .and_then(|mut m| m.set(&Default::default()))
+            .and_then(|mut m| m.set(&Default::default(), &Default::default()))
             .context("clearing the xmit map")?;
         tracing::warn!("--redirect never: the kernel forwards every packet");
     }

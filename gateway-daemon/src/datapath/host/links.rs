@@ -143,6 +143,16 @@ pub(in crate::datapath) fn attached(pin_dir: &Path) -> std::collections::BTreeMa
     out
 }
 
+/// The interfaces (by index) whose TC ingress holds the hand-off program (a
+/// `tc-in@IFINDEX` link pinned in pin directory `pin_dir`).
+pub(in crate::datapath) fn handoff_ingresses(pin_dir: &Path) -> std::collections::BTreeSet<u32> {
+    pins(&pin_dir.join("links"))
+        .into_iter()
+        .filter(|p| p.kind == LinkKind::TcIngress)
+        .map(|p| p.ifindex)
+        .collect()
+}
+
 impl Datapath {
     fn links_dir(&self) -> PathBuf {
         self.pin_dir.join("links")
