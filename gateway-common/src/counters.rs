@@ -152,8 +152,8 @@ counters! {
     /// (`config::MONITOR_RATE`) or the ring buffer was full.
     MonitorLost = "monitor_lost",
     /// NATed by XDP for an egress that takes no XDP frames and sent out of it by the TC
-    /// program on the receiving interface's ingress, from the next hop XDP left in the
-    /// frame's metadata (`bpf_redirect`; into a veth peer's namespace
+    /// program on the receiving interface's ingress, from the shim XDP inserted after
+    /// the Ethernet header (`bpf_redirect`; into a veth peer's namespace
     /// `bpf_redirect_peer`): the kernel's forwarding path and netfilter skipped.
     TcRedirect = "tc_redirect",
     /// Of `tc_redirect`: sent into a bridge's port (the port holding the next hop's MAC

@@ -17,7 +17,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use gateway_common::{
-    Counter, NextHop, NEXT_HOP_REFRESH, XMIT_EGRESS, XMIT_OK, XMIT_SLOTS, XMIT_TC, XMIT_TC_BRIDGE, XMIT_TC_PEER,
+    Counter, NextHop, NEXT_HOP_REFRESH, XMIT_EGRESS, XMIT_OK, XMIT_SLOTS, XMIT_TC, XMIT_TC_BRIDGE,
+    XMIT_TC_PEER,
 };
 
 use crate::{

@@ -40,8 +40,7 @@
 use aya_ebpf::{
     bindings::{__sk_buff, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, TC_ACT_SHOT, TC_ACT_UNSPEC},
     helpers::generated::{
-        bpf_csum_update, bpf_redirect, bpf_redirect_peer, bpf_skb_adjust_room,
-        bpf_xdp_adjust_head,
+        bpf_csum_update, bpf_redirect, bpf_redirect_peer, bpf_skb_adjust_room, bpf_xdp_adjust_head,
     },
     programs::{TcContext, XdpContext},
 };
@@ -238,7 +237,11 @@ fn bridge_port(bridge: u32, dmac: [u8; 6]) -> (u32, bool) {
     match unsafe { FDB.get(key) } {
         Some(&port) => {
             count(Counter::TcBridgePort);
-            (port, XMIT.get(port).is_some_and(|x| x & XMIT_EGRESS == XMIT_TC_PEER))
+            (
+                port,
+                XMIT.get(port)
+                    .is_some_and(|x| x & XMIT_EGRESS == XMIT_TC_PEER),
+            )
         }
         None => (bridge, false),
     }

@@ -40,10 +40,11 @@
 //!    after about a second) finds the egress and the neighbour's MAC. XDP sends the packet
 //!    itself (TTL, MACs, `bpf_redirect`) only into an interface that accepts XDP frames
 //!    (`berth_xmit`). Into another Ethernet interface (a pod's veth, a bridge) a
-//!    router-mode forward packet is handed to TC (`handoff.rs`): XDP leaves the egress
-//!    and MACs in the frame's metadata and passes it; the hand-off program on the
-//!    receiving interface's ingress (`berth_tc_in`) sends it out (`bpf_redirect`, or
-//!    `bpf_redirect_peer` into a veth peer's namespace), past netfilter and the
+//!    router-mode forward packet is handed to TC (`handoff.rs`): XDP writes the MACs,
+//!    inserts a shim naming the egress after the Ethernet header and passes it; the
+//!    hand-off program on the receiving interface's ingress (`berth_tc_in`) removes the
+//!    shim and sends it out (`bpf_redirect`, `bpf_redirect_peer` into a veth peer's
+//!    namespace, or into the bridge port holding the MAC), past netfilter and the
 //!    forwarding path. Every other packet goes up the stack with a named reason and the
 //!    kernel forwards it.
 //! 6. **Replies through the kernel**: a forward packet is translated in XDP whichever
@@ -85,7 +86,10 @@
 //! |---|---|---|
 //! | translated, sent into another interface / back out of the receiving one | `XDP_REDIRECT` | `redirect` / `tx` |
 //! | router-mode forward packet, egress takes no XDP frames but Ethernet (default veth, bridge): sent by TC ingress | `XDP_PASS`, TC: redirect | `tc_redirect` |
-//! | egress takes no XDP frames, not handed to TC (a reply, SNAT, a tunnel, no metadata) | `XDP_PASS` | `kernel_forward_no_xdp_egress` |
+//! | of those, into the bridge port holding the next hop's MAC (`berth_fdb`) | TC: redirect | `tc_bridge_port` |
+//! | a frame carrying a hand-off shim without the datapath's secret (forged) | TC: shot | `tc_handoff_forged` |
+//! | a handed-off packet whose shim cannot be removed | TC: shot | `tc_handoff_failed` |
+//! | egress takes no XDP frames, not handed to TC (a reply, SNAT, a tunnel, an ingress without the hand-off program) | `XDP_PASS` | `kernel_forward_no_xdp_egress` |
 //! | neighbour not resolved yet | `XDP_PASS` | `kernel_forward_no_neighbour` |
 //! | longer than the egress MTU | `XDP_PASS` | `kernel_forward_frag_needed` |
 //! | TTL expired | `XDP_PASS` | `kernel_forward_ttl` |
@@ -224,8 +228,8 @@ pub fn berth_tc_v6(ctx: TcContext) -> i32 {
 }
 
 /// The hand-off program on the `--interface`s' ingress (tcx): sends out a packet XDP
-/// translated for an egress that takes no XDP frames, from the next hop XDP left in
-/// its metadata (`handoff.rs`); every other packet goes on untouched.
+/// translated for an egress that takes no XDP frames, from the shim XDP inserted
+/// (`handoff.rs`); every other packet goes on untouched.
 #[classifier]
 pub fn berth_tc_in(ctx: TcContext) -> i32 {
     handoff::take(&ctx)

@@ -112,14 +112,21 @@ impl TestDatapath {
     /// Lets the program redirect into exactly these interfaces (what the daemon learns
     /// from the kernel's `xdp-features`).
     pub fn allow_redirect(&self, ifindexes: &[u32]) {
+        let egress: Vec<_> = ifindexes
+            .iter()
+            .map(|&i| (i, berth::datapath::Egress::Xdp))
+            .collect();
+        self.set_xmit(&egress, &[]);
+    }
+
+    /// Says how packets leave by each interface (`egress`) and on which ones the TC
+    /// hand-off program is attached (`handoff_in`), as the daemon's xmit thread does.
+    pub fn set_xmit(&self, egress: &[(u32, berth::datapath::Egress)], handoff_in: &[u32]) {
         let mut xmit = berth::datapath::XmitMap::open(&self.pin_dir)
             .unwrap_or_else(|e| panic!("opening the xmit map: {}", berth::error_chain(&e)));
         xmit.set(
-            &ifindexes
-                .iter()
-                .map(|&i| (i, berth::datapath::Egress::Xdp))
-                .collect(),
-            &Default::default(),
+            &egress.iter().copied().collect(),
+            &handoff_in.iter().copied().collect(),
         )
         .unwrap_or_else(|e| panic!("setting the xmit map: {}", berth::error_chain(&e)));
     }
@@ -221,6 +228,18 @@ pub fn run_tc(dp: &mut Datapath, input: &[u8]) -> (u32, Vec<u8>) {
     let prog = dp.tc_program_mut().expect("tc program");
     test_run(input, None, |opts| prog.test_run(opts))
 }
+
+/// Runs the TC hand-off program (`berth_tc_in`) once on `input`, as received on the
+/// interface whose ingress it holds.
+pub fn run_tc_in(dp: &mut Datapath, input: &[u8]) -> (u32, Vec<u8>) {
+    let prog = dp
+        .classifier_mut(berth::datapath::TC_INGRESS_PROGRAM)
+        .expect("tc ingress program");
+    test_run(input, None, |opts| prog.test_run(opts))
+}
+
+/// TC verdict "redirect" (`TC_ACT_REDIRECT`).
+pub const TC_REDIRECT: u32 = 7;
 
 /// TC verdict "drop" (`TC_ACT_SHOT`).
 pub const TC_SHOT: u32 = 2;

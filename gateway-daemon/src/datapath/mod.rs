@@ -341,6 +341,12 @@ impl Datapath {
         links::tc_program(&mut self.ebpf)
     }
 
+    /// The loaded TC program `name` (`TC_INGRESS_PROGRAM`, ...), e.g. for
+    /// `BPF_PROG_TEST_RUN`.
+    pub fn classifier_mut(&mut self, name: &'static str) -> Result<&mut SchedClassifier> {
+        links::classifier(&mut self.ebpf, name)
+    }
+
     /// The pin directory.
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir
