@@ -4,7 +4,8 @@ use super::*;
 
 const USAGE: &str =
     "usage: berth-bench-e2e [--load xdp-live-frames|sendmmsg] [--flows long|new|both]
-                       [--backends xdp|veth|bridge|all] [--family 4|6|both] [MODE...]
+                       [--backends xdp|veth|bridge|all] [--family 4|6|both]
+                       [--profile DIR] [MODE...]
   --flows: 16 long flows, a new 5-tuple every packet, or both (default; long only
            with --load sendmmsg, whose sockets have fixed ports)
   --family: the load over IPv4 (default), IPv6 (to fd00:251::100, rows labelled
@@ -16,6 +17,9 @@ const USAGE: &str =
            veth   veths as the kernel makes them (no GRO, no XDP), as pods' (TC sink)
            bridge the same as ports of bridge cni0, as behind a CNI bridge (TC sink)
            (veth and bridge run routing, berth-xdp, berth-kernel, iptables-nft only)
+  --profile: after each row's first measurement, sample the gateway's CPU with perf
+           (cpu-clock, call graphs) into DIR/ROW.data and DIR/ROW.txt, and print the
+           top symbols
   MODE: routing berth-xdp berth-kernel iptables-legacy iptables-nft ipvs nftables
         berth-snat iptables-masq (default: all)";
 
@@ -42,6 +46,8 @@ pub(super) struct Args {
     pub(super) families: &'static [Family],
     /// The modes named (none: all).
     pub(super) modes: Vec<String>,
+    /// Where to keep the rows' profiles (`--profile`), if anywhere.
+    pub(super) profile: Option<std::path::PathBuf>,
 }
 
 pub(super) fn parse_args(mut args: Vec<String>) -> Args {
@@ -76,6 +82,12 @@ pub(super) fn parse_args(mut args: Vec<String>) -> Args {
     if load == Load::Sendmmsg && families.contains(&Family::V6) {
         usage_error("--family 6 needs the frame generator (--load xdp-live-frames)");
     }
+    let profile = take_option(&mut args, "--profile").map(std::path::PathBuf::from);
+    if let Some(dir) = &profile {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            usage_error(&format!("--profile: creating {}: {e}", dir.display()));
+        }
+    }
     if let Some(bad) = args.iter().find(|a| MODES.iter().all(|m| m.name() != *a)) {
         usage_error(&format!("unknown mode {bad}"));
     }
@@ -85,6 +97,7 @@ pub(super) fn parse_args(mut args: Vec<String>) -> Args {
         topologies,
         families,
         modes: args,
+        profile,
     }
 }
 

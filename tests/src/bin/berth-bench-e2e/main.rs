@@ -122,6 +122,7 @@ mod chart;
 mod cli;
 mod family;
 mod measure;
+mod profile;
 mod report;
 mod sendmmsg;
 mod topology;
@@ -440,14 +441,20 @@ fn print_header(sections: &[Section], load: Load) {
 }
 
 /// Measures every row `REPS` times, the modes taking turns.
-fn run_rounds(sections: &mut [Section], load: Load) {
+fn run_rounds(sections: &mut [Section], load: Load, profile: Option<&std::path::Path>) {
     for round in 1..=REPS {
         for section in sections.iter_mut() {
             let (backends, flows, family) = (section.backends, section.flows, section.family);
             for row in section.rows.iter_mut().filter(|r| r.unavailable.is_none()) {
                 let mode = row.mode;
                 let started = Instant::now();
-                let run = || measure(mode, backends, load, flows, family);
+                // Each row is profiled once, after its first measurement.
+                let profile = profile.filter(|_| round == 1).map(|dir| {
+                    let topology = backends.name();
+                    let (flows, family, mode) = (flows.name(), family.name(), mode.name());
+                    dir.join(format!("{mode}@{topology}-{flows}-{family}"))
+                });
+                let run = || measure(mode, backends, load, flows, family, profile.as_deref());
                 match std::panic::catch_unwind(run) {
                     Ok(run) => {
                         eprintln!(
@@ -559,7 +566,7 @@ fn main() {
     let _alone = alone();
     let mut sections = sections(&args);
     print_header(&sections, args.load);
-    run_rounds(&mut sections, args.load);
+    run_rounds(&mut sections, args.load, args.profile.as_deref());
     print_report(&sections, args.load);
 }
 

@@ -124,6 +124,7 @@ pub(super) fn measure(
     load: Load,
     flows: FlowLoad,
     family: Family,
+    profile: Option<&std::path::Path>,
 ) -> Run {
     wait_for_conntrack_teardown();
     let topo = backends.build();
@@ -175,6 +176,9 @@ pub(super) fn measure(
     std::thread::sleep(MEASURE);
     let b = snapshot();
     generator.assert_running();
+    if let Some(base) = profile {
+        super::profile::record(base);
+    }
     let tuples = flows.flows().tuples();
     if flows == FlowLoad::New && b.sent.value > tuples {
         eprintln!(
