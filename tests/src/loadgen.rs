@@ -179,6 +179,28 @@ impl Counter {
     }
 }
 
+/// Whether the kernel runs XDP programs over live frames (`BPF_PROG_TEST_RUN` with
+/// `BPF_F_TEST_XDP_LIVE_FRAMES`), which the frame generator needs: Err with the
+/// kernel's refusal (the 6.18 kernel of the `polyglot` machines since 2026-12-07 says
+/// EPERM) otherwise. Tried with a program that drops its one frame.
+pub fn live_frames() -> std::io::Result<()> {
+    let prog = load_xdp(
+        "live-frames probe",
+        &[insn(MOVI, 0, 0, 0, 1), insn(EXIT, 0, 0, 0, 0)],
+    );
+    let frame = [0u8; 60];
+    let ctx = [0u32, frame.len() as u32, 0, 0, 0, 0];
+    let mut attr = Attr::default();
+    put_u32(&mut attr, 0, prog.as_raw_fd() as u32);
+    put_u32(&mut attr, 8, frame.len() as u32);
+    attr[2] = frame.as_ptr() as u64;
+    put_u32(&mut attr, 32, 1);
+    put_u32(&mut attr, 40, std::mem::size_of_val(&ctx) as u32);
+    attr[6] = ctx.as_ptr() as u64;
+    put_u32(&mut attr, 64, BPF_F_TEST_XDP_LIVE_FRAMES);
+    bpf(BPF_PROG_TEST_RUN, &mut attr).map(|_| ())
+}
+
 fn load_xdp(what: &str, insns: &[u64]) -> OwnedFd {
     load(what, BPF_PROG_TYPE_XDP, BPF_XDP, insns)
 }

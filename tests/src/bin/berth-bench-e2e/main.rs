@@ -564,6 +564,15 @@ fn main() {
         "the benchmark needs 2 CPUs (generator and backends, gateway); this machine has {cpus}"
     );
     let _alone = alone();
+    if args.load == Load::Frames {
+        if let Err(e) = berth_tests::loadgen::live_frames() {
+            eprintln!(
+                "the frame generator needs BPF_PROG_TEST_RUN with live frames, which this \
+                 kernel refuses ({e}); measure long flows with --load sendmmsg"
+            );
+            std::process::exit(2);
+        }
+    }
     let mut sections = sections(&args);
     print_header(&sections, args.load);
     run_rounds(&mut sections, args.load, args.profile.as_deref());
