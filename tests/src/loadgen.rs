@@ -21,8 +21,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use crate::{netns::Netns, packet::Packet};
 
 mod generator;
+mod packet_socket;
 mod sink;
 pub use generator::{generated_frame, generator_output, Flows, FrameGenerator, Template};
+pub use packet_socket::PacketGenerator;
 pub use sink::Sink;
 
 const BPF_MAP_CREATE: libc::c_long = 0;

@@ -3,9 +3,11 @@
 use super::*;
 
 const USAGE: &str =
-    "usage: berth-bench-e2e [--load xdp-live-frames|sendmmsg] [--flows long|new|both]
+    "usage: berth-bench-e2e [--load xdp-live-frames|af-packet|sendmmsg] [--flows long|new|both]
                        [--backends xdp|veth|bridge|all] [--family 4|6|both]
                        [--profile DIR] [MODE...]
+  --load: the kernel's XDP live-frame generator (default), the same frames from an
+           AF_PACKET socket (where the kernel refuses live frames), or UDP sockets
   --flows: 16 long flows, a new 5-tuple every packet, or both (default; long only
            with --load sendmmsg, whose sockets have fixed ports)
   --family: the load over IPv4 (default), IPv6 (to fd00:251::100, rows labelled
@@ -54,6 +56,7 @@ pub(super) fn parse_args(mut args: Vec<String>) -> Args {
     let load = match take_option(&mut args, "--load").as_deref() {
         None | Some("xdp-live-frames") => Load::Frames,
         Some("sendmmsg") => Load::Sendmmsg,
+        Some("af-packet") => Load::PacketSocket,
         Some(other) => usage_error(&format!("--load: unknown load {other}")),
     };
     let flows: &[FlowLoad] = match take_option(&mut args, "--flows").as_deref() {

@@ -188,6 +188,8 @@ enum Load {
     Frames,
     /// UDP sockets, `sendmmsg`.
     Sendmmsg,
+    /// The frame generator's frames from an `AF_PACKET` socket.
+    PacketSocket,
 }
 
 impl Load {
@@ -195,6 +197,7 @@ impl Load {
         match self {
             Load::Frames => "xdp-live-frames",
             Load::Sendmmsg => "sendmmsg",
+            Load::PacketSocket => "af-packet",
         }
     }
 }
@@ -568,7 +571,8 @@ fn main() {
         if let Err(e) = berth_tests::loadgen::live_frames() {
             eprintln!(
                 "the frame generator needs BPF_PROG_TEST_RUN with live frames, which this \
-                 kernel refuses ({e}); measure long flows with --load sendmmsg"
+                 kernel refuses ({e}); use --load af-packet (the same frames from a packet \
+                 socket) or --load sendmmsg"
             );
             std::process::exit(2);
         }

@@ -67,6 +67,7 @@ pub(super) fn sendmmsg_generator(args: &[String]) {
 /// The running generator.
 pub(super) enum Generator {
     Frames(FrameGenerator),
+    Packets(berth_tests::loadgen::PacketGenerator),
     Sendmmsg(Proc),
 }
 
@@ -81,19 +82,21 @@ impl Generator {
         dsts: &[SocketAddr],
     ) -> Self {
         match load {
-            Load::Frames => {
+            Load::Frames | Load::PacketSocket => {
                 let source = SocketAddr::new(flows.source(family), flows.first_port());
                 let macs = (mac(&topo.client, "eth0"), mac(&topo.gateway, "c0"));
                 let template = Template::udp(source, dsts[0], macs, &[0x42; PAYLOAD]);
                 let addrs: Vec<IpAddr> = dsts.iter().map(SocketAddr::ip).collect();
-                Generator::Frames(FrameGenerator::start(
-                    &topo.client,
-                    "eth0",
-                    &template,
-                    flows.flows(),
-                    &addrs,
-                    GEN_CPU,
-                ))
+                let (client, flows) = (&topo.client, flows.flows());
+                if load == Load::Frames {
+                    Generator::Frames(FrameGenerator::start(
+                        client, "eth0", &template, flows, &addrs, GEN_CPU,
+                    ))
+                } else {
+                    Generator::Packets(berth_tests::loadgen::PacketGenerator::start(
+                        client, "eth0", &template, flows, &addrs, GEN_CPU,
+                    ))
+                }
             }
             Load::Sendmmsg => {
                 assert!(flows == FlowLoad::Long, "sendmmsg sends long flows only");
@@ -120,6 +123,7 @@ impl Generator {
     pub(super) fn sent(&self, client: &Netns) -> u64 {
         match self {
             Generator::Frames(g) => g.sent(),
+            Generator::Packets(g) => g.sent(),
             Generator::Sendmmsg(_) => {
                 let (packets, dropped) = tx_stats(client, "eth0");
                 packets + dropped
@@ -130,6 +134,7 @@ impl Generator {
     pub(super) fn assert_running(&mut self) {
         match self {
             Generator::Frames(g) => g.assert_running(),
+            Generator::Packets(g) => g.assert_running(),
             Generator::Sendmmsg(p) => p.assert_running(),
         }
     }
