@@ -161,8 +161,8 @@ counters! {
     /// the bridge's own forwarding skipped too.
     TcBridgePort = "tc_bridge_port",
     /// A frame arrived with a hand-off shim (an IP version 0 and the hand-off's magic
-    /// after its Ethernet header) without the datapath's secret: forged on the wire,
-    /// never redirected (TC: shot).
+    /// after its Ethernet header): forged on the wire, never redirected (XDP_DROP; TC,
+    /// which takes only shims carrying the datapath's secret: shot).
     HandoffForged = "tc_handoff_forged",
     /// A packet XDP handed to TC could not be taken: its shim could not be removed or
     /// what follows it is no IP header (TC: shot).

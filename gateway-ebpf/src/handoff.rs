@@ -26,7 +26,8 @@
 //! knows is attached (`XMIT_HANDOFF_IN` in `berth_xmit`), and the TC program takes
 //! only a shim carrying the datapath's secret (`config::HANDOFF_NONCE`): a frame from
 //! the wire forging a shim is dropped (`tc_handoff_forged`), never redirected past
-//! netfilter. Only packets whose translation has no source half (router-mode forward
+//! netfilter. XDP, which sees every frame first, drops any that arrives with a shim
+//! already (`is_shim`), so the secret is a second lock, not the only one. Only packets whose translation has no source half (router-mode forward
 //! packets) are handed off: a packet with one of the gateway's own addresses as its
 //! source would be a martian on the kernel's path.
 //!
@@ -138,6 +139,14 @@ pub fn leave(ctx: &XdpContext, hop: &NextHop, via: Via) -> bool {
         };
     }
     true
+}
+
+/// Whether a frame XDP received carries a hand-off shim: forged on the wire (only XDP
+/// makes one, after its own work), so dropped there (`tc_handoff_forged`), before TC
+/// could be asked to redirect it. `first`: the 4 bytes after the Ethernet header.
+#[inline(always)]
+pub fn is_shim(first: [u8; 4]) -> bool {
+    first[0] == 0 && u16::from_ne_bytes([first[2], first[3]]) == MAGIC
 }
 
 /// TC's half, on the receiving interface's ingress: a packet XDP handed off is sent out

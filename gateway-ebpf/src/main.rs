@@ -87,7 +87,7 @@
 //! | translated, sent into another interface / back out of the receiving one | `XDP_REDIRECT` | `redirect` / `tx` |
 //! | router-mode forward packet, egress takes no XDP frames but Ethernet (default veth, bridge): sent by TC ingress | `XDP_PASS`, TC: redirect | `tc_redirect` |
 //! | of those, into the bridge port holding the next hop's MAC (`berth_fdb`) | TC: redirect | `tc_bridge_port` |
-//! | a frame carrying a hand-off shim without the datapath's secret (forged) | TC: shot | `tc_handoff_forged` |
+//! | a frame arriving with a hand-off shim (forged; XDP), or one without the datapath's secret (TC) | `XDP_DROP` / TC: shot | `tc_handoff_forged` |
 //! | a handed-off packet whose shim cannot be removed | TC: shot | `tc_handoff_failed` |
 //! | egress takes no XDP frames, not handed to TC (a reply, SNAT, a tunnel, an ingress without the hand-off program) | `XDP_PASS` | `kernel_forward_no_xdp_egress` |
 //! | neighbour not resolved yet | `XDP_PASS` | `kernel_forward_no_neighbour` |
@@ -331,6 +331,9 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
     let ether_type = unsafe { (*eth).ether_type };
     if ether_type != ETH_P_IP {
         if ether_type == ETH_P_IPV6 {
+            if forged_shim(ctx) {
+                return Err(Counter::HandoffForged);
+            }
             if ipv6_has_no_role(ctx) {
                 return MISS;
             }
@@ -362,6 +365,9 @@ fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         || tot_len < ihl
         || ETH_LEN + tot_len > ctx.data_end() - ctx.data()
     {
+        if forged_shim(ctx) {
+            return Err(Counter::HandoffForged);
+        }
         return malformed(dst);
     }
     let l4_off = ETH_LEN + ihl;
@@ -538,6 +544,14 @@ unsafe fn translate<A: Family>(
         conntrack::record(key, &*flow, now);
     }
     verdict
+}
+
+/// Whether the frame arrived with a hand-off shim after its Ethernet header (forged:
+/// `handoff::is_shim`).
+#[inline(always)]
+fn forged_shim(ctx: &XdpContext) -> bool {
+    // SAFETY: `ptr_at` checked that the 4 bytes lie inside the packet.
+    ptr_at::<[u8; 4]>(ctx, ETH_LEN).is_some_and(|first| handoff::is_shim(unsafe { *first }))
 }
 
 /// A packet whose headers cannot be parsed (either family): ours to drop if it was sent

@@ -2,7 +2,8 @@
 //! fixture namespace): XDP translates a forward packet for an egress that takes no XDP
 //! frames and passes it up with the egress's MACs and a shim naming the egress; the TC
 //! hand-off program (`berth_tc_in`) removes the shim, decrements the TTL and redirects
-//! the packet exactly as routing would have sent it. A frame forging the shim is dropped,
+//! the packet exactly as routing would have sent it. A frame forging the shim is dropped
+//! (by XDP, which sees every frame first, and by TC without the datapath's secret),
 //! and without the TC program on the receiving interface XDP hands nothing off.
 //! Needs root.
 
@@ -12,6 +13,7 @@ use berth_tests::{
     xdp::{net::*, run_gateway, run_tc_in, FixtureNet, TestDatapath, TC_REDIRECT, TC_SHOT},
 };
 
+const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 /// The shim's length: what XDP adds to the frame.
 const SHIM: usize = 16;
@@ -98,6 +100,18 @@ fn a_frame_forging_the_shim_is_dropped_not_redirected() {
     assert_eq!(verdict, TC_SHOT);
     assert_eq!(counter(&t, "tc_handoff_forged"), 1);
     assert_eq!(counter(&t, "tc_redirect"), 0);
+    // XDP sees such a frame first, whatever its secret: it never reaches TC.
+    let mut genuine = fx.ns.enter(|| run_gateway(&mut t.dp, fx.fx0, &input)).1;
+    let mut ipv6 = genuine.clone();
+    ipv6[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+    for frame in [&mut genuine, &mut ipv6] {
+        let (verdict, _) = fx.ns.enter(|| run_gateway(&mut t.dp, fx.fx0, frame));
+        assert_eq!(
+            verdict, XDP_DROP,
+            "a shim arriving from the wire: {frame:02x?}"
+        );
+    }
+    assert_eq!(counter(&t, "tc_handoff_forged"), 3);
 
     // An ordinary packet is none of the program's business.
     let (verdict, _) = run_tc_in(&mut t.dp, &forwarded().frame());
