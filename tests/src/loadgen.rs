@@ -203,6 +203,56 @@ pub fn live_frames() -> std::io::Result<()> {
     bpf(BPF_PROG_TEST_RUN, &mut attr).map(|_| ())
 }
 
+/// A sending thread in a namespace, told to stop (and joined) on drop: what both
+/// generators run their loop in.
+struct Sender {
+    what: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sender {
+    /// Runs `body` on a thread in `ns`; `body` sends until its argument says stop.
+    fn spawn(
+        what: &'static str,
+        ns: &Netns,
+        body: impl FnOnce(&std::sync::atomic::AtomicBool) + Send + 'static,
+    ) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = ns.spawn_thread(move || body(&stopped));
+        Sender {
+            what,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Whether to stop, for `body`'s loop.
+    fn stopping(stop: &std::sync::atomic::AtomicBool) -> bool {
+        stop.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Panics if the thread has stopped (with its panic, if it panicked).
+    fn assert_running(&mut self) {
+        if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+            if let Some(Err(e)) = self.thread.take().map(std::thread::JoinHandle::join) {
+                std::panic::resume_unwind(e);
+            }
+            panic!("the {} stopped", self.what);
+        }
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 fn load_xdp(what: &str, insns: &[u64]) -> OwnedFd {
     load(what, BPF_PROG_TYPE_XDP, BPF_XDP, insns)
 }

@@ -1,14 +1,7 @@
 //! [`FrameGenerator`]: the kernel's packet generator (`BPF_PROG_TEST_RUN` with live
 //! frames) over a UDP [`Template`] of either family, through [`Flows`].
 
-use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    thread::JoinHandle,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 use super::*;
 use crate::packet::{Packet6, L4};
@@ -378,8 +371,7 @@ fn checksum_update(l: &Layout) -> Vec<u64> {
 /// the client namespace; stopped on drop.
 pub struct FrameGenerator {
     counter: Counter,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    sender: super::Sender,
 }
 
 impl FrameGenerator {
@@ -398,14 +390,12 @@ impl FrameGenerator {
         let counter = Counter::new();
         let p = generator_program(template, flows, dsts, &counter, ns.ifindex(iface));
         let prog = load_xdp("generator", &p);
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let thread = ns.spawn_thread(move || {
+        let sender = super::Sender::spawn("frame generator", ns, move |stopped| {
             pin(0, cpu);
             // xdp_md: data, data_end, data_meta, ingress_ifindex (0: loopback, whose
             // namespace resolves the redirect), rx_queue_index, egress_ifindex.
             let ctx: [u32; 6] = [0, frame.len() as u32, 0, 0, 0, 0];
-            while !stopped.load(Ordering::Relaxed) {
+            while !super::Sender::stopping(stopped) {
                 let mut attr = Attr::default();
                 put_u32(&mut attr, 0, prog.as_raw_fd() as u32);
                 put_u32(&mut attr, 8, frame.len() as u32);
@@ -422,11 +412,7 @@ impl FrameGenerator {
                 }
             }
         });
-        FrameGenerator {
-            counter,
-            stop,
-            thread: Some(thread),
-        }
+        FrameGenerator { counter, sender }
     }
 
     /// Frames sent so far.
@@ -436,20 +422,6 @@ impl FrameGenerator {
 
     /// Panics if the sending thread has stopped.
     pub fn assert_running(&mut self) {
-        if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
-            if let Some(Err(e)) = self.thread.take().map(JoinHandle::join) {
-                std::panic::resume_unwind(e);
-            }
-            panic!("the frame generator stopped");
-        }
-    }
-}
-
-impl Drop for FrameGenerator {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.sender.assert_running();
     }
 }

@@ -11,13 +11,12 @@ use std::{
     net::IpAddr,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
         Arc,
     },
-    thread::JoinHandle,
 };
 
-use super::{generated_frame, Flows, Template};
+use super::{generated_frame, Flows, Sender, Template};
 use crate::netns::Netns;
 
 /// Frames per `sendmmsg`.
@@ -28,8 +27,7 @@ const PACKET_QDISC_BYPASS: libc::c_int = 20;
 /// A running generator; stops when dropped.
 pub struct PacketGenerator {
     sent: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    sender: Sender,
 }
 
 impl PacketGenerator {
@@ -44,18 +42,15 @@ impl PacketGenerator {
         cpu: usize,
     ) -> Self {
         let ifindex = ns.ifindex(iface);
-        let (sent, stop) = (
-            Arc::new(AtomicU64::new(0)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let (counted, stopped) = (sent.clone(), stop.clone());
+        let sent = Arc::new(AtomicU64::new(0));
+        let counted = sent.clone();
         let (template, dsts) = (template.clone(), dsts.to_vec());
-        let thread = ns.spawn_thread(move || {
+        let sender = Sender::spawn("packet-socket generator", ns, move |stopped| {
             super::pin(0, cpu);
             let sock = socket(ifindex);
             let mut frames: Vec<Vec<u8>> = Vec::with_capacity(BATCH);
             let mut n = 0u64;
-            while !stopped.load(Ordering::Relaxed) {
+            while !Sender::stopping(stopped) {
                 frames.clear();
                 frames.extend(
                     (0..BATCH as u64).map(|i| generated_frame(&template, flows, &dsts, n + i)),
@@ -65,11 +60,7 @@ impl PacketGenerator {
                 counted.fetch_add(written, Ordering::Relaxed);
             }
         });
-        PacketGenerator {
-            sent,
-            stop,
-            thread: Some(thread),
-        }
+        PacketGenerator { sent, sender }
     }
 
     /// Frames sent so far.
@@ -79,21 +70,7 @@ impl PacketGenerator {
 
     /// Panics if the sending thread has stopped.
     pub fn assert_running(&mut self) {
-        if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
-            if let Some(Err(e)) = self.thread.take().map(JoinHandle::join) {
-                std::panic::resume_unwind(e);
-            }
-            panic!("the packet-socket generator stopped");
-        }
-    }
-}
-
-impl Drop for PacketGenerator {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.sender.assert_running();
     }
 }
 
