@@ -109,6 +109,10 @@ pub const TC_MONITOR_PROGRAM: &str = "berth_tc_monitor";
 pub const FLOOR_PROGRAM: &str = "berth_pass";
 /// Default pin directory.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/berth";
+/// The instructions the kernel's verifier processes at most for one program
+/// (`BPF_COMPLEXITY_LIMIT_INSNS`): past it, the program is refused ("BPF program is too
+/// large"). See `Datapath::verified_instructions`.
+pub const VERIFIER_INSN_LIMIT: u32 = 1_000_000;
 
 type Result<T, E = DatapathError> = std::result::Result<T, E>;
 
@@ -345,6 +349,26 @@ impl Datapath {
     /// `BPF_PROG_TEST_RUN`.
     pub fn classifier_mut(&mut self, name: &'static str) -> Result<&mut SchedClassifier> {
         links::classifier(&mut self.ebpf, name)
+    }
+
+    /// The instructions the kernel's verifier processed to accept each loaded program
+    /// (`bpf_prog_info.verified_insns`), largest first: how near each program is to
+    /// `VERIFIER_INSN_LIMIT`, which a kernel whose verifier explores more paths (or a
+    /// change to the program) can cross. 0 where the kernel does not say.
+    pub fn verified_instructions(&self) -> Vec<(String, u32)> {
+        let mut counts: Vec<(String, u32)> = self
+            .ebpf
+            .programs()
+            .filter_map(|(name, program)| {
+                let info = program.info().ok()?;
+                Some((
+                    name.to_string(),
+                    info.verified_instruction_count().unwrap_or(0),
+                ))
+            })
+            .collect();
+        counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        counts
     }
 
     /// The pin directory.

@@ -69,6 +69,19 @@ pub fn counters(dp: &Datapath, label: &str) {
         "{label}snat counters: snat_new_flow {} snat_port_retry {} drop_snat_ports_exhausted {}",
         c["snat_new_flow"], c["snat_port_retry"], c["drop_snat_ports_exhausted"]
     );
+    // How near each program is to the verifier's limit (a change to the program moves
+    // it, sometimes by far more than its size).
+    let verified: Vec<String> = dp
+        .verified_instructions()
+        .iter()
+        .filter(|(_, count)| *count >= 10_000)
+        .map(|(name, count)| format!("{name} {count}"))
+        .collect();
+    println!(
+        "{label}verified instructions (limit {}): {}",
+        berth::datapath::VERIFIER_INSN_LIMIT,
+        verified.join(", ")
+    );
 }
 
 /// The A/B table of every selected case (`results`: hot and cold); the JSON fields of

@@ -67,7 +67,9 @@ pub(super) fn parse_args(mut args: Vec<String>) -> Args {
         Some(other) => usage_error(&format!("--flows: unknown value {other}")),
     };
     if load == Load::Sendmmsg && flows.contains(&FlowLoad::New) {
-        usage_error("--flows new needs the frame generator (--load xdp-live-frames)");
+        usage_error(
+            "--flows new needs the frame generator's frames (--load xdp-live-frames or af-packet)",
+        );
     }
     let topologies = match take_option(&mut args, "--backends").as_deref() {
         None | Some("all") => TOPOLOGIES.to_vec(),
@@ -83,7 +85,9 @@ pub(super) fn parse_args(mut args: Vec<String>) -> Args {
         Some(other) => usage_error(&format!("--family: unknown value {other}")),
     };
     if load == Load::Sendmmsg && families.contains(&Family::V6) {
-        usage_error("--family 6 needs the frame generator (--load xdp-live-frames)");
+        usage_error(
+            "--family 6 needs the frame generator's frames (--load xdp-live-frames or af-packet)",
+        );
     }
     let profile = take_option(&mut args, "--profile").map(std::path::PathBuf::from);
     if let Some(dir) = &profile {
