@@ -19,7 +19,7 @@ use crate::{
     conntrack::{lookup_or_balance, Found, MIDFLOW},
     family::Family,
     frag, icmp, malformed,
-    maps::{count, is_gateway_address, Addr6, Roles, OPAQUE, PROGRAMS, PROG_ICMP6, TUPLE6},
+    maps::{count, is_gateway_address, opaque, Addr6, Roles, PROGRAMS, PROG_ICMP6, TUPLE6},
     nat::L4,
     origin::Origin,
     packet::{ptr_at, Eth, ExtHdr, FragHdr, Ipv6, ETH_LEN, IPV6_LEN},
@@ -309,18 +309,4 @@ pub fn try_icmp(ctx: &XdpContext) -> Result<u32, Counter> {
 fn end(ctx: &XdpContext, vtc: u32, payload_len: usize) -> Option<usize> {
     let end = ETH_LEN + IPV6_LEN + payload_len;
     (vtc & 0xf0 == 0x60 && payload_len != 0 && end <= ctx.data_end() - ctx.data()).then_some(end)
-}
-
-/// `value`, stored to and loaded from this CPU's scratch word: the verifier forgets
-/// what it knew of it.
-#[inline(always)]
-fn opaque(value: u64) -> u64 {
-    let Some(slot) = OPAQUE.get_ptr_mut(0) else {
-        return value;
-    };
-    // SAFETY: per-CPU slot, used only by this CPU while the program runs.
-    unsafe {
-        core::ptr::write_volatile(slot, value);
-        core::ptr::read_volatile(slot)
-    }
 }

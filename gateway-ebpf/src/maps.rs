@@ -285,10 +285,25 @@ pub static PENDING6: PerCpuArray<Pending<Addr6>> = PerCpuArray::with_max_entries
 pub static FIB_PARAMS: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> =
     PerCpuArray::with_max_entries(1, 0);
 
-/// A per-CPU word a value goes through so that the verifier forgets its bounds (see
-/// `ipv6::opaque`).
+/// A per-CPU word a value goes through so that the verifier forgets its bounds
+/// (`opaque`).
 #[map(name = "berth_opaque")]
 pub static OPAQUE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// `value`, stored to and loaded from this CPU's scratch word (`OPAQUE`): the verifier
+/// forgets what it knew of it, so that paths which differ only in it are checked once
+/// from there on, not once per value (see where it is used).
+#[inline(always)]
+pub fn opaque(value: u64) -> u64 {
+    let Some(slot) = OPAQUE.get_ptr_mut(0) else {
+        return value;
+    };
+    // SAFETY: per-CPU slot, used only by this CPU while the program runs.
+    unsafe {
+        core::ptr::write_volatile(slot, value);
+        core::ptr::read_volatile(slot)
+    }
+}
 
 /// An IPv6 address as the IPv6 maps hold it (16 bytes, network order).
 pub type Addr6 = [u32; 4];
