@@ -6,11 +6,13 @@
 //! integer; "host" fields are ordinary native integers.
 #![no_std]
 
+mod addr;
 mod counters;
 mod flow;
 mod monitor;
 mod xmit;
 
+pub use addr::*;
 pub use counters::Counter;
 pub use flow::*;
 pub use monitor::*;
@@ -92,68 +94,6 @@ pub const REPLY_INDEX_SNAT: u16 = 1;
 /// router-mode flows of further services sharing it record a reply entry
 /// (`SERVICE_REPLY_ENTRY`).
 pub const REPLY_CANDIDATES: u32 = 4;
-
-/// Entries of the `map_names::ADDR_FILTER` array.
-pub const ADDR_FILTER_SLOTS: u32 = 1 << 16;
-/// `map_names::ADDR_FILTER` bit: a gateway address hashes to this slot.
-pub const ADDR_GATEWAY: u32 = 1;
-/// `map_names::ADDR_FILTER` bit: a backend address hashes to this slot.
-pub const ADDR_BACKEND: u32 = 2;
-
-/// The `map_names::ADDR_FILTER` slot of an address (network order): a packet none of
-/// whose addresses has a role there is not the program's business, known from two
-/// array lookups (no hash-map lookup). A sharing address only costs its packets the
-/// hash lookups. See `Addr::slot_bits` for each family's slot.
-#[inline(always)]
-pub fn addr_slot<A: Addr>(addr: A) -> u32 {
-    addr.slot_bits() & (ADDR_FILTER_SLOTS - 1)
-}
-
-/// An address of one family as map keys and values hold it, network order: `u32`
-/// (IPv4) or `[u32; 4]` (IPv6, the 16 bytes as four words). Keys and values generic
-/// over it (`FlowKey<A>`, ...) default to IPv4, the layout pinned maps already have.
-pub trait Addr: Copy + Eq + Default + core::fmt::Debug {
-    /// 32 bits whose low 16 are the address filter's slot (`addr_slot`). IPv4: the
-    /// address, host order, so its last 16 bits: the addresses of one subnet up to a
-    /// /16 never share a slot, for one byte swap. IPv6: `fold`, a hash of all 128 bits,
-    /// because IPv6 hosts of different subnets often end alike (`::1`, `::10`), and
-    /// the last 16 bits made a client `fd00:1::10` share a backend `fd00:2::10`'s slot.
-    fn slot_bits(self) -> u32;
-    /// The address folded to 32 bits for `flow_hash` (an IPv4 address is itself).
-    fn fold(self) -> u32;
-    /// Whether every bit is zero ("none" in `Flow::peer_addr`).
-    fn is_zero(self) -> bool;
-}
-
-impl Addr for u32 {
-    #[inline(always)]
-    fn slot_bits(self) -> u32 {
-        u32::from_be(self)
-    }
-    #[inline(always)]
-    fn fold(self) -> u32 {
-        self
-    }
-    #[inline(always)]
-    fn is_zero(self) -> bool {
-        self == 0
-    }
-}
-
-impl Addr for [u32; 4] {
-    #[inline(always)]
-    fn slot_bits(self) -> u32 {
-        self.fold()
-    }
-    #[inline(always)]
-    fn fold(self) -> u32 {
-        mix(self[0] ^ mix(self[1] ^ mix(self[2] ^ mix(self[3]))))
-    }
-    #[inline(always)]
-    fn is_zero(self) -> bool {
-        self[0] | self[1] | self[2] | self[3] == 0
-    }
-}
 
 pub mod config;
 
@@ -422,7 +362,7 @@ pub fn snat_port_slot(hash: u32, attempt: u32, ports: u32) -> u32 {
 
 /// Murmur3's 32-bit finaliser: cheap and well spread.
 #[inline(always)]
-const fn mix(mut h: u32) -> u32 {
+pub(crate) const fn mix(mut h: u32) -> u32 {
     h ^= h >> 16;
     h = h.wrapping_mul(0x85eb_ca6b);
     h ^= h >> 13;
