@@ -308,8 +308,8 @@ const MISS: Result<u32, Counter> = Ok(xdp_action::XDP_PASS | MISS_BIT);
 /// Whether an IPv6 frame is none of the program's business before the tail call into
 /// `berth_v6`: a TCP/UDP (or extension-header) packet whose addresses have neither role
 /// passes as `berth_v6` would pass it, without the tail call, which was most of an
-/// IPv6 miss. Otherwise its roles are handed over to `berth_v6`. ICMPv6 is not
-/// filtered by roles (errors are addressed to clients and backends) and goes on.
+/// IPv6 miss. ICMPv6 is not filtered by roles (errors are addressed to clients and
+/// backends) and goes on.
 #[inline(always)]
 fn ipv6_has_no_role(ctx: &XdpContext) -> bool {
     let Some(ip) = ptr_at::<Ipv6>(ctx, ETH_LEN) else {
@@ -317,12 +317,7 @@ fn ipv6_has_no_role(ctx: &XdpContext) -> bool {
     };
     // SAFETY: `ip` comes from `ptr_at`.
     let (next, src, dst) = unsafe { ((*ip).next_hdr, (*ip).src, (*ip).dst) };
-    if next == proto::ICMPV6 {
-        return false;
-    }
-    let roles = Roles::of(src, dst);
-    roles.hand_over();
-    roles.none()
+    next != proto::ICMPV6 && Roles::of(src, dst).none()
 }
 
 #[inline(always)]

@@ -106,32 +106,6 @@ impl Roles {
     pub fn none(self) -> bool {
         !self.to_gateway && !self.from_backend
     }
-
-    /// Hands the roles of an IPv6 packet from `berth`, which looked them up to spare a
-    /// packet with none the tail call, to `berth_v6` (`taken`), through this CPU's
-    /// scratch word (`OPAQUE`), which `berth_v6` reads before anything else uses it:
-    /// an IPv6 address's slot is a hash of 128 bits, not to be computed twice.
-    #[inline(always)]
-    pub fn hand_over(self) {
-        if let Some(slot) = OPAQUE.get_ptr_mut(0) {
-            let bits = u64::from(self.to_gateway) | (u64::from(self.from_backend) << 1);
-            // SAFETY: per-CPU slot, used only by this CPU while the programs run.
-            unsafe { core::ptr::write_volatile(slot, bits) };
-        }
-    }
-
-    /// The roles `hand_over` left for this run of `berth_v6`.
-    #[inline(always)]
-    pub fn taken() -> Self {
-        // SAFETY: as in `hand_over`.
-        let bits = OPAQUE
-            .get_ptr_mut(0)
-            .map_or(0, |slot| unsafe { core::ptr::read_volatile(slot) });
-        Roles {
-            to_gateway: bits & 1 != 0,
-            from_backend: bits & 2 != 0,
-        }
-    }
 }
 
 /// Backend id → the next hop toward it, shared by the forward packets of all its flows
@@ -312,8 +286,7 @@ pub static FIB_PARAMS: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> =
     PerCpuArray::with_max_entries(1, 0);
 
 /// A per-CPU word a value goes through so that the verifier forgets its bounds
-/// (`opaque`); it also carries an IPv6 packet's roles into `berth_v6`
-/// (`Roles::hand_over`).
+/// (`opaque`).
 #[map(name = "berth_opaque")]
 pub static OPAQUE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
