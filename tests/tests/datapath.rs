@@ -39,7 +39,7 @@ fn state() -> DesiredState {
 
 /// Every program verifies with room to spare. The kernel refuses a program whose
 /// verification passes `VERIFIER_INSN_LIMIT` instructions; the IPv6 program is the
-/// nearest (562,056 on 2026-12-07; 884,064 before `taken` went through `opaque`, when
+/// nearest (444,849 on 2026-12-07; 884,064 before `taken` went through `opaque`, when
 /// two small changes took it past the limit: docs/benchmarks.md, "Issue 33's end"). A
 /// change that brings a program within a tenth of the limit fails here, naming it,
 /// rather than failing to load on a kernel whose verifier explores a little more.
