@@ -54,9 +54,7 @@ pub fn try_berth(ctx: &XdpContext) -> Result<u32, Counter> {
         // extension headers is left to the kernel.
         return to_icmp6(ctx);
     }
-    // Looked up again: a value handed over from `berth` through a per-CPU word would
-    // be lost while a restart's new `berth_v6` is entered from the old `berth`, whose
-    // word is another map.
+    // Looked up again, not handed over: docs/benchmarks.md, "Issue 33's end".
     let roles = Roles::of(src, dst);
     if roles.none() {
         return PASS;
