@@ -7,7 +7,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     io::{BufRead, BufReader, Read, Write},
     net::{TcpListener, TcpStream},
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Stdio},
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -17,17 +17,14 @@ use std::{
 };
 
 mod run;
-use run::{wait_for, Daemon};
+use run::{wait_for, Daemon, TempDir};
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("berth-admin-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+fn temp_dir(tag: &str) -> TempDir {
+    TempDir::new(&format!("admin-{tag}"))
 }
 
 /// The examples' Gateway and two teams' routes, in a manifest directory of `tag`.
-fn manifests(tag: &str) -> PathBuf {
+fn manifests(tag: &str) -> TempDir {
     let dir = temp_dir(&format!("{tag}-man"));
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     for f in ["gateway.yaml", "team-a.yaml", "team-b.yaml"] {
@@ -36,9 +33,12 @@ fn manifests(tag: &str) -> PathBuf {
     dir
 }
 
-/// A ready daemon on the example manifests.
-fn daemon(tag: &str) -> Daemon {
-    Daemon::start(&manifests(tag), &temp_dir(&format!("{tag}-state")))
+/// A ready daemon on the example manifests, after its directories (bound in this order,
+/// the daemon is dropped first).
+fn daemon(tag: &str) -> ([TempDir; 2], Daemon) {
+    let dirs = [manifests(tag), temp_dir(&format!("{tag}-state"))];
+    let d = Daemon::start(&dirs[0], &dirs[1]);
+    (dirs, d)
 }
 
 /// One HTTP/1.x answer as read off the wire.
@@ -149,7 +149,7 @@ fn answered_within_10s(
 
 #[test]
 fn a_slowloris_client_and_200_idle_connections_do_not_block_other_requests_and_are_closed() {
-    let d = daemon("slow");
+    let (_dirs, d) = daemon("slow");
     let _slow = Slowloris::start(&d.admin);
     let idle: Vec<TcpStream> = (0..200)
         .map(|_| TcpStream::connect(&d.admin).expect("idle connection"))
@@ -177,7 +177,7 @@ fn a_slowloris_client_and_200_idle_connections_do_not_block_other_requests_and_a
 
 #[test]
 fn a_1_mib_header_gets_431_and_the_daemon_does_not_keep_the_memory() {
-    let d = daemon("huge");
+    let (_dirs, d) = daemon("huge");
     let before = vm_rss_kib(d.child.id());
     let mut s = TcpStream::connect(&d.admin).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10)))
@@ -205,7 +205,7 @@ fn a_1_mib_header_gets_431_and_the_daemon_does_not_keep_the_memory() {
 
 #[test]
 fn only_get_and_head_are_served_on_kept_alive_connections_and_unknown_paths_are_404() {
-    let d = daemon("methods");
+    let (_dirs, d) = daemon("methods");
     let post = ask(
         &d.admin,
         "POST /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n",
@@ -258,7 +258,7 @@ fn only_get_and_head_are_served_on_kept_alive_connections_and_unknown_paths_are_
 
 #[test]
 fn a_request_to_another_host_name_is_refused_against_dns_rebinding() {
-    let d = daemon("host");
+    let (_dirs, d) = daemon("host");
     let port = d.admin.rsplit_once(':').expect("a port").1.to_string();
     // A page at evil.example whose name was re-pointed at 127.0.0.1.
     for request in [
@@ -388,7 +388,7 @@ fn label_set_end(text: &str) -> Result<usize, String> {
 
 #[test]
 fn metrics_are_valid_exposition_text() {
-    let d = daemon("metrics");
+    let (_dirs, d) = daemon("metrics");
     let text = berth::admin::get(&d.admin, "/metrics").expect("/metrics");
     let errors = exposition_errors(&text);
     assert!(errors.is_empty(), "{}\n\n{text}", errors.join("\n"));
@@ -422,11 +422,12 @@ fn the_metrics_address_serves_health_and_metrics_but_not_the_state_api() {
         l.local_addr().expect("addr").to_string()
     };
     let (admin, metrics) = (free(), free());
+    let dirs = [manifests("split"), temp_dir("split-state")];
     let child = Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(["run", "--manifests"])
-        .arg(manifests("split"))
+        .arg(&dirs[0])
         .arg("--state-dir")
-        .arg(temp_dir("split-state"))
+        .arg(&dirs[1])
         .args(["--admin-addr", &admin, "--metrics-addr", &metrics])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

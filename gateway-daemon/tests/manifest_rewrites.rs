@@ -9,33 +9,26 @@ use std::{
 };
 
 mod run;
-use run::{plans_total, port_of, state, wait_for, Daemon};
+use run::{plans_total, port_of, state, wait_for, Daemon, TempDir};
 
 /// A manifest and a state directory, removed on drop.
 struct Dirs {
     manifests: PathBuf,
     state: PathBuf,
+    _base: TempDir,
 }
 
 impl Dirs {
     fn new(tag: &str) -> Dirs {
-        let base = std::env::temp_dir().join(format!("berth-rw-{tag}-{}", std::process::id()));
+        let base = TempDir::new(&format!("rw-{tag}"));
         let d = Dirs {
             manifests: base.join("manifests"),
             state: base.join("state"),
+            _base: base,
         };
-        let _ = std::fs::remove_dir_all(&base);
         std::fs::create_dir_all(&d.manifests).expect("manifest dir");
         std::fs::create_dir_all(&d.state).expect("state dir");
         d
-    }
-}
-
-impl Drop for Dirs {
-    fn drop(&mut self) {
-        if let Some(base) = self.manifests.parent() {
-            let _ = std::fs::remove_dir_all(base);
-        }
     }
 }
 

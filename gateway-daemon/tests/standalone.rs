@@ -10,13 +10,10 @@ use std::{
 use serde_json::Value;
 
 mod run;
-use run::{plans_total, port_of, state, wait_for, Daemon};
+use run::{plans_total, port_of, state, wait_for, Daemon, TempDir};
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("berth-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+fn temp_dir(tag: &str) -> TempDir {
+    TempDir::new(tag)
 }
 
 fn examples() -> PathBuf {
@@ -160,8 +157,6 @@ fn run_follows_file_changes_keeps_broken_files_last_good_and_survives_kill_9() {
     assert_eq!(released.len(), 1, "{claims:#?}");
     assert_eq!(released[0].spec.route.namespace, "team-c");
     drop(d);
-    let _ = std::fs::remove_dir_all(&manifests);
-    let _ = std::fs::remove_dir_all(&state_dir);
 }
 
 #[test]
@@ -348,7 +343,6 @@ fn check_prints_the_documented_json_and_fails_clearly_on_a_broken_file() {
         err.contains("bad.yaml document 1: TCPRoute y/x: field spec.parentRefs[0].port"),
         "{err}"
     );
-    let _ = std::fs::remove_dir_all(&broken);
 }
 
 #[test]
@@ -382,9 +376,6 @@ fn a_second_daemon_on_the_same_state_directory_refuses_to_start_and_the_first_ke
         before,
         "the first daemon's claims are untouched"
     );
-    for d in [&manifests, &state_dir, &other] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 /// The document `berth check -o json --manifests DIR` prints; it must succeed.
@@ -504,9 +495,6 @@ fn a_bad_state_record_stops_planning_with_a_way_out_and_repair_keeps_every_valid
         "every valid claim kept, ports unchanged"
     );
     drop(d);
-    for dir in [&manifests, &state_dir] {
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
 
 #[test]
@@ -533,9 +521,6 @@ fn sigterm_is_logged_without_colour_codes_and_exits_cleanly() {
         !log.contains('\u{1b}'),
         "colour codes in a log that is not a terminal: {log:?}"
     );
-    for dir in [&manifests, &state_dir] {
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
 
 #[test]
@@ -551,14 +536,13 @@ fn a_manifest_file_that_is_not_text_is_an_error_naming_it() {
         err.contains("blob.yaml") && err.contains("not UTF-8"),
         "the error names the file and why: {err}"
     );
-    let _ = std::fs::remove_dir_all(&manifests);
 }
 
 /// A manifest directory holding some examples and a state directory, for one test;
 /// removed when the test ends, also when it fails (declare it before the daemon).
 struct Dirs {
-    manifests: PathBuf,
-    state: PathBuf,
+    manifests: TempDir,
+    state: TempDir,
 }
 
 impl Dirs {
@@ -569,14 +553,6 @@ impl Dirs {
         };
         copy_examples(&d.manifests, files);
         d
-    }
-}
-
-impl Drop for Dirs {
-    fn drop(&mut self) {
-        for dir in [&self.manifests, &self.state] {
-            let _ = std::fs::remove_dir_all(dir);
-        }
     }
 }
 
@@ -861,7 +837,6 @@ fn check_whose_reader_closes_the_pipe_ends_quietly() {
     stdout.read_exact(&mut first).expect("a first byte");
     drop(stdout);
     let out = child.wait_with_output().expect("berth check");
-    let _ = std::fs::remove_dir_all(&dir);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !stderr.contains("panicked"),

@@ -86,6 +86,7 @@ pub struct Dirs {
     pub state: PathBuf,
     /// The `--pin-dir` under bpffs where the datapath pins its maps and links.
     pub pins: PathBuf,
+    _on_signal: crate::cleanup::OnSignal,
 }
 
 impl Dirs {
@@ -99,10 +100,17 @@ impl Dirs {
     pub fn with_example_files(files: &[&str]) -> Self {
         let id = unique("e");
         let tmp = std::env::temp_dir();
+        let (manifests, state) = (
+            tmp.join(format!("berth-e2e-manifests-{id}")),
+            tmp.join(format!("berth-e2e-state-{id}")),
+        );
+        let pins = PathBuf::from(format!("/sys/fs/bpf/berth-test-{id}"));
+        let (m, s, p) = (manifests.clone(), state.clone(), pins.clone());
         let d = Dirs {
-            manifests: tmp.join(format!("berth-e2e-manifests-{id}")),
-            state: tmp.join(format!("berth-e2e-state-{id}")),
-            pins: PathBuf::from(format!("/sys/fs/bpf/berth-test-{id}")),
+            manifests,
+            state,
+            pins,
+            _on_signal: crate::cleanup::on_signal(move || remove_dirs(&m, &s, &p)),
         };
         std::fs::create_dir_all(&d.manifests).expect("manifest dir");
         let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
@@ -176,10 +184,15 @@ impl Dirs {
 
 impl Drop for Dirs {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.manifests);
-        let _ = std::fs::remove_dir_all(&self.state);
-        let _ = berth::datapath::remove_pins(&self.pins);
+        remove_dirs(&self.manifests, &self.state, &self.pins);
     }
+}
+
+/// Removes a daemon's manifest and state directories and its pins.
+fn remove_dirs(manifests: &Path, state: &Path, pins: &Path) {
+    let _ = std::fs::remove_dir_all(manifests);
+    let _ = std::fs::remove_dir_all(state);
+    let _ = berth::datapath::remove_pins(pins);
 }
 
 /// A running `berth run`, killed (by PID) on drop.

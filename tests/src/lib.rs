@@ -1,6 +1,7 @@
 //! Shared helpers of Berth's privileged integration tests: packets, network
 //! namespaces, and `BPF_PROG_TEST_RUN` of the gateway program.
 
+pub mod cleanup;
 pub mod daemon;
 pub mod fuzz;
 pub mod kube;

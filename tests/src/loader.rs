@@ -4,7 +4,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
 };
 
@@ -22,14 +22,19 @@ pub struct Pins {
     pub dir: PathBuf,
     /// The desired state the loader applies (JSON).
     pub state: PathBuf,
+    _on_signal: crate::cleanup::OnSignal,
 }
 
 impl Pins {
     /// Fresh, unused paths.
     pub fn new() -> Self {
+        let dir = PathBuf::from(format!("/sys/fs/bpf/berth-test-{}", unique("rs")));
+        let state = std::env::temp_dir().join(format!("berth-state-{}.json", unique("st")));
+        let (d, s) = (dir.clone(), state.clone());
         Pins {
-            dir: PathBuf::from(format!("/sys/fs/bpf/berth-test-{}", unique("rs"))),
-            state: std::env::temp_dir().join(format!("berth-state-{}.json", unique("st"))),
+            dir,
+            state,
+            _on_signal: crate::cleanup::on_signal(move || remove(&d, &s)),
         }
     }
 
@@ -65,9 +70,14 @@ impl Default for Pins {
 
 impl Drop for Pins {
     fn drop(&mut self) {
-        let _ = berth::datapath::remove_pins(&self.dir);
-        let _ = std::fs::remove_file(&self.state);
+        remove(&self.dir, &self.state);
     }
+}
+
+/// Removes the pins under `dir` and the state file `state`.
+fn remove(dir: &Path, state: &Path) {
+    let _ = berth::datapath::remove_pins(dir);
+    let _ = std::fs::remove_file(state);
 }
 
 /// Starts the loader binary `bin` (the test's `env!("CARGO_BIN_EXE_berth-dp-loader")`)

@@ -36,6 +36,7 @@ pub fn run(cmd: &[&str]) -> Output {
 pub struct Netns {
     /// The name `ip netns` knows it by (`berth-` + `unique(tag)`).
     pub name: String,
+    _on_signal: crate::cleanup::OnSignal,
 }
 
 impl Netns {
@@ -43,7 +44,11 @@ impl Netns {
     pub fn new(tag: &str) -> Self {
         let name = format!("berth-{}", unique(tag));
         run(&["ip", "netns", "add", &name]);
-        let ns = Netns { name };
+        let removal = name.clone();
+        let ns = Netns {
+            name,
+            _on_signal: crate::cleanup::on_signal(move || remove_netns(&removal)),
+        };
         ns.ip(&["link", "set", "lo", "up"]);
         ns
     }
@@ -89,10 +94,7 @@ impl Netns {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("starting {cmd:?} in {}: {e}", self.name));
-        Proc {
-            child: Some(child),
-            what: format!("{cmd:?}"),
-        }
+        Proc::from_child(child, &format!("{cmd:?}"))
     }
 
     /// A command that will run inside the namespace, started without `ip netns exec`
@@ -171,6 +173,20 @@ impl Drop for Netns {
     }
 }
 
+/// On a signal: kills what still runs in namespace `name` (all of it started by this
+/// process), then deletes the namespace.
+fn remove_netns(name: &str) {
+    if let Ok(out) = Command::new("ip").args(["netns", "pids", name]).output() {
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            if let Ok(pid) = pid.parse::<libc::pid_t>() {
+                // SAFETY: kill(2) of a process in this process's own namespace.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+    let _ = Command::new("ip").args(["netns", "del", name]).status();
+}
+
 /// Moves the calling thread into the network namespace open as `file`.
 fn join_netns(path: &str, file: &File) {
     // SAFETY: setns on this thread only, with a valid namespace descriptor.
@@ -182,12 +198,14 @@ fn join_netns(path: &str, file: &File) {
 pub struct Proc {
     child: Option<Child>,
     what: String,
+    _on_signal: Option<crate::cleanup::OnSignal>,
 }
 
 impl Proc {
     /// Takes charge of a process started elsewhere.
     pub fn from_child(child: Child, what: &str) -> Self {
         Proc {
+            _on_signal: crate::cleanup::kill_on_signal(child.id()),
             child: Some(child),
             what: what.to_string(),
         }
