@@ -60,7 +60,9 @@
 //! and maps, given the same state and the same fixtures. Every case then runs
 //! `AB_ROUNDS` rounds on each, a round of A and one of B in turn, on the same frames,
 //! in the order A B, B A, A B, ... (a drift through a pair of rounds weighs on both
-//! sides alike, and neither always goes first). Each datapath has its own conntrack,
+//! sides alike, and neither always goes first), in each of `AB_EPOCHS` loads of both
+//! (B loaded first in every other: where a program and its maps land moves a new
+//! flow's cost by a few percent for the life of the load). Each datapath has its own conntrack,
 //! so the new-flow cases' distinct tuples stay new flows on both (`limits` sizes the
 //! conntrack for the rounds). Reported per case, hot and cold: A's and B's medians,
 //! and B/A as the median of the round pairs' ratios with their lowest and highest
@@ -88,10 +90,15 @@ const HOT_REPEAT: u32 = 200;
 const HOT_RUNS: usize = 40;
 const COLD_RUNS: usize = 20_000;
 const ROUNDS: usize = 5;
-/// Rounds of each datapath in an A/B comparison: even, so that A and B go first in
-/// as many round pairs. At most 6: a case's clients (`cases::client_of`) have 120,000
-/// distinct tuples, `COLD_RUNS` a round.
-const AB_ROUNDS: usize = 6;
+/// Rounds of each datapath in one epoch of an A/B comparison: even, so that A and B go
+/// first in as many round pairs. At most 6: a case's clients (`cases::client_of`) have
+/// 120,000 distinct tuples, `COLD_RUNS` a round.
+const AB_ROUNDS: usize = 2;
+/// Epochs of an A/B comparison, each loading both datapaths afresh, B first in every
+/// other one: where a program and its maps land decides a few percent of a new flow's
+/// cost for the life of the load (docs/benchmarks.md, "Comparing two builds"), so a
+/// comparison spans several.
+const AB_EPOCHS: usize = 3;
 /// Services in the new-flow ring (= repetitions of a hot run).
 const RING: u32 = HOT_REPEAT;
 const RING_BASE: u16 = 20000;
@@ -194,6 +201,19 @@ struct Measured {
     cold: Vec<Vec<u64>>,
 }
 
+impl Measured {
+    /// The rounds of both, per datapath (`a`'s first).
+    fn join(a: Option<Measured>, b: Option<Measured>) -> Option<Measured> {
+        let (mut a, b) = (a?, b?);
+        for (to, from) in [(&mut a.hot, b.hot), (&mut a.cold, b.cold)] {
+            for (to, from) in to.iter_mut().zip(from) {
+                to.extend(from);
+            }
+        }
+        Some(a)
+    }
+}
+
 /// Every selected case on every datapath of `dps` (`rounds` rounds each, in turn).
 fn measure(dps: &mut [&mut Datapath], cases: &[Case], rounds_each: usize) -> Vec<Option<Measured>> {
     cases
@@ -223,33 +243,73 @@ fn other_object() -> Option<(std::path::PathBuf, Vec<u8>)> {
     Some((path, object))
 }
 
+/// This build's datapath and, for an A/B, the other object's, loaded afresh and given
+/// the bench's state; B first when `b_first`.
+fn load(
+    limits: Limits,
+    other: Option<&[u8]>,
+    b_first: bool,
+    desired: &DesiredState,
+    fx: &FixtureNet,
+) -> (TestDatapath, Option<TestDatapath>) {
+    let load_b = || other.map(|object| TestDatapath::load_object(limits, object.to_vec()));
+    let (mut a, mut b) = if b_first {
+        let b = load_b();
+        (TestDatapath::load_with(limits), b)
+    } else {
+        (TestDatapath::load_with(limits), load_b())
+    };
+    prepare(&mut a, desired, fx);
+    if let Some(b) = &mut b {
+        prepare(b, desired, fx);
+    }
+    (a, b)
+}
+
 fn main() {
     let other = other_object();
-    let rounds_each = if other.is_some() { AB_ROUNDS } else { ROUNDS };
-    let limits = limits(rounds_each);
-    let mut a = TestDatapath::load_with(limits);
-    let mut b = other.map(|(path, object)| {
+    if let Some((path, _)) = &other {
         println!("A/B: B is {}", path.display());
-        TestDatapath::load_object(limits, object)
-    });
+    }
+    let (epochs, rounds_each) = match other {
+        Some(_) => (AB_EPOCHS, AB_ROUNDS),
+        None => (1, ROUNDS),
+    };
+    let limits = limits(rounds_each);
     let fx = state::fixture();
     let snat = state::snat_identity(CLIENT, 100..1000);
     let desired = state::desired_state(snat);
-    prepare(&mut a, &desired, &fx);
-    if let Some(b) = &mut b {
-        prepare(b, &desired, &fx);
-    }
     let frames = Frames::new(snat);
     let cases = cases::cases(fx.fx0, fx.fx1, &frames);
-    let results = fx.ns.enter(|| {
-        let mut dps: Vec<&mut Datapath> = std::iter::once(&mut a.dp)
-            .chain(b.as_mut().map(|b| &mut b.dp))
-            .collect();
-        for dp in dps.iter_mut() {
-            open_flows(dp, fx.fx0, &frames);
-        }
-        measure(&mut dps, &cases, rounds_each)
-    });
+    let mut results: Vec<Option<Measured>> = Vec::new();
+    let mut loaded = None;
+    for epoch in 0..epochs {
+        // The last epoch's datapaths go (their maps freed) before the next load.
+        drop(loaded.take());
+        let object = other.as_ref().map(|(_, o)| o.as_slice());
+        let (mut a, mut b) = load(limits, object, epoch % 2 == 1, &desired, &fx);
+        let measured = fx.ns.enter(|| {
+            let mut dps: Vec<&mut Datapath> = std::iter::once(&mut a.dp)
+                .chain(b.as_mut().map(|b| &mut b.dp))
+                .collect();
+            for dp in dps.iter_mut() {
+                open_flows(dp, fx.fx0, &frames);
+            }
+            measure(&mut dps, &cases, rounds_each)
+        });
+        results = if results.is_empty() {
+            measured
+        } else {
+            results
+                .into_iter()
+                .zip(measured)
+                .map(|(r, m)| Measured::join(r, m))
+                .collect()
+        };
+        loaded = Some((a, b));
+    }
+    let (a, b) = loaded.expect("at least one epoch");
+    let rounds_each = rounds_each * epochs;
 
     // This build's (A's) figures, as without A/B.
     let medians: Vec<(u64, u64)> = results
@@ -269,7 +329,7 @@ fn main() {
             .iter()
             .map(|m| m.as_ref().map(|m| (Ab::of(&m.hot), Ab::of(&m.cold))))
             .collect();
-        headline.extend(report::ab_table(&cases, &abs, rounds_each));
+        headline.extend(report::ab_table(&cases, &abs, rounds_each, epochs));
     }
     println!("{{{}}}", headline.join(","));
 }

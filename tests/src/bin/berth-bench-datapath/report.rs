@@ -86,11 +86,16 @@ pub fn counters(dp: &Datapath, label: &str) {
 
 /// The A/B table of every selected case (`results`: hot and cold); the JSON fields of
 /// B's hot medians and of the ratios.
-pub fn ab_table(cases: &[Case], results: &[Option<(Ab, Ab)>], rounds: usize) -> Vec<String> {
+pub fn ab_table(
+    cases: &[Case],
+    results: &[Option<(Ab, Ab)>],
+    rounds: usize,
+    loads: usize,
+) -> Vec<String> {
     println!(
         "A/B: A = this build's object, B = BERTH_BENCH_AB's, {rounds} rounds each in turn \
-         (A B, B A, A B, ...); ns (medians of round medians), B/A = median of the round \
-         pairs' ratios [lowest-highest]"
+         (A B, B A, A B, ...) over {loads} loads of both; ns (medians of round medians), \
+         B/A = median of the round pairs' ratios [lowest-highest]"
     );
     println!(
         "{:<52} {:>6} {:>6} {:>19}  {:>6} {:>6} {:>19}",
