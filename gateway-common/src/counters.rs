@@ -155,6 +155,9 @@ counters! {
     /// program on the receiving interface's ingress, from the shim XDP inserted after
     /// the Ethernet header (`bpf_redirect`; into a veth peer's namespace
     /// `bpf_redirect_peer`): the kernel's forwarding path and netfilter skipped.
+    /// Counted when the program asks for the redirect: the kernel carries it out after
+    /// the program returns, and one that fails then (a device gone or down) is the
+    /// kernel's drop, not counted here.
     TcRedirect = "tc_redirect",
     /// Of `tc_redirect`: sent into a bridge's port (the port holding the next hop's MAC
     /// in the bridge's forwarding database, `berth_fdb`) rather than into the bridge:
