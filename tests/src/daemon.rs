@@ -200,6 +200,8 @@ pub struct Daemon {
     child: Option<Child>,
     berth: PathBuf,
     gateway: String,
+    /// Killed first if a signal stops the test (before its directories go).
+    _on_signal: Option<crate::cleanup::OnSignal>,
 }
 
 impl Daemon {
@@ -248,6 +250,7 @@ impl Daemon {
             .spawn()
             .expect("start berth run");
         let mut d = Daemon {
+            _on_signal: crate::cleanup::kill_on_signal(child.id()),
             child: Some(child),
             berth,
             gateway: gateway.name.clone(),
