@@ -22,7 +22,7 @@ use std::{
 use berth::store::Store;
 
 mod run;
-use run::{fill, wait_for, Daemon, Tmpfs};
+use run::{fill, wait_for, Daemon, TempDir, Tmpfs};
 
 /// splitmix64: enough randomness to pick moments, reproducible from the seed.
 struct Rng(u64);
@@ -192,7 +192,7 @@ struct Tally {
 struct Campaign {
     rng: Rng,
     fs: Tmpfs,
-    manifests: PathBuf,
+    manifests: TempDir,
     state: PathBuf,
     present: BTreeMap<RouteKey, Route>,
     /// Route files, and the routes in each.
@@ -493,16 +493,7 @@ fn kill_9_with_a_full_disk_at_random_moments_loses_moves_and_doubles_nothing() {
     eprintln!("kill campaign: {rounds} rounds, BERTH_CAMPAIGN_SEED={seed}");
     let fs = Tmpfs::new("campaign", 256);
     // The manifests live elsewhere: only the state directory's disk fills up.
-    let manifests = fs.0.with_extension("manifests");
-    let _ = std::fs::remove_dir_all(&manifests);
-    std::fs::create_dir_all(&manifests).expect("manifests");
-    struct RemoveDir(PathBuf);
-    impl Drop for RemoveDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _manifests_guard = RemoveDir(manifests.clone());
+    let manifests = TempDir::new("campaign-manifests");
     write_whole(&manifests.join("gateway.yaml"), GATEWAY);
     let mut c = Campaign {
         rng: Rng(seed),

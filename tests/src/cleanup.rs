@@ -83,6 +83,8 @@ fn install() {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills the two descriptors it returns.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        let e = std::io::Error::last_os_error();
+        eprintln!("cleanup: no pipe ({e}): a signal will leave what this process set up");
         return;
     }
     PIPE.store(fds[1], Ordering::Relaxed);
@@ -90,7 +92,8 @@ fn install() {
     let spawned = std::thread::Builder::new()
         .name("on-signal".into())
         .spawn(move || remove_on_signal(read));
-    if spawned.is_err() {
+    if let Err(e) = spawned {
+        eprintln!("cleanup: no thread ({e}): a signal will leave what this process set up");
         return;
     }
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
